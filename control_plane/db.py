@@ -1,0 +1,109 @@
+"""Connections to the control-plane database.
+
+Entry points (CLI, job runtime) own connections; library functions take a
+``psycopg.Connection`` and do one unit of work inside ``with conn.transaction():``.
+The control plane lives in one Postgres schema (default ``icebarrier``); a connection
+opened here has its ``search_path`` set to it, so SQL names its objects unqualified.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from collections.abc import Callable
+from typing import TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import dict_row
+
+from control_plane.errors import ConfigurationError, ControlPlaneUnavailableError, IcebarrierError
+from control_plane.model import parse_schema_name
+
+DEFAULT_SCHEMA = "icebarrier"
+DSN_ENV = "ICEBARRIER_DSN"
+SCHEMA_ENV = "ICEBARRIER_SCHEMA"
+RETRY_ATTEMPTS = 5
+
+T = TypeVar("T")
+
+
+def resolve_dsn(dsn: str | None) -> str:
+    dsn = dsn or os.environ.get(DSN_ENV)
+    if not dsn:
+        raise ConfigurationError(
+            f"no control-plane database given; pass --dsn or set {DSN_ENV}, "
+            f"e.g. postgresql://postgres@127.0.0.1:5432/postgres"
+        )
+    return dsn
+
+
+def resolve_schema(schema: str | None) -> str:
+    return parse_schema_name(schema or os.environ.get(SCHEMA_ENV) or DEFAULT_SCHEMA)
+
+
+def connect(dsn: str | None = None, schema: str | None = None, *, check_schema: bool = True) -> psycopg.Connection:
+    """Open a connection to the control plane (autocommit; units of work use transactions).
+
+    With ``check_schema`` it refuses a database whose schema is not at the migrations' head.
+    """
+    dsn = resolve_dsn(dsn)
+    schema = resolve_schema(schema)
+    try:
+        conn = psycopg.connect(
+            dsn,
+            autocommit=True,
+            row_factory=dict_row,
+            options=f"-c search_path={schema}",
+            application_name="icebarrier",
+            connect_timeout=10,
+        )
+    except psycopg.OperationalError as exc:
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise ControlPlaneUnavailableError(
+            f"cannot connect to the control plane at {_redact(dsn)}: {reason}; "
+            f"check that Postgres is running and --dsn / {DSN_ENV} is right"
+        ) from exc
+    conn.info_schema = schema  # type: ignore[attr-defined]
+    if check_schema:
+        from control_plane.schema import require_current
+
+        try:
+            require_current(conn)
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
+def schema_of(conn: psycopg.Connection) -> str:
+    return getattr(conn, "info_schema", DEFAULT_SCHEMA)
+
+
+def lock_key(conn: psycopg.Connection, purpose: str) -> int:
+    """A stable int4 advisory-lock class id for ``purpose`` within this schema."""
+    return zlib.crc32(f"icebarrier:{schema_of(conn)}:{purpose}".encode()) - 2**31
+
+
+def retrying(fn: Callable[[], T], *, attempts: int = RETRY_ATTEMPTS) -> T:
+    """Run a unit of work, retrying serialization failures, deadlocks and marked conflicts."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected):
+            if attempt == attempts:
+                raise
+        except IcebarrierError as exc:
+            if not exc.retryable or attempt == attempts:
+                raise
+        time.sleep(0.005 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def _redact(dsn: str) -> str:
+    """Hide a password in a URL or key=value DSN before printing it."""
+    import re
+
+    dsn = re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", dsn)
+    return re.sub(r"(password\s*=\s*)\S+", r"\1***", dsn)

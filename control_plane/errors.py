@@ -1,0 +1,231 @@
+"""The error hierarchy of icebarrier.
+
+Every error a user can cause is an :class:`IcebarrierError` whose message says what
+happened, the ids involved, expected vs found, and the next step. The CLI prints the
+message as one line and exits 1. Errors marked ``retryable`` are conflicts that a bounded
+retry may resolve; everything else fails fast.
+"""
+
+from __future__ import annotations
+
+
+class IcebarrierError(Exception):
+    """Root of every error icebarrier raises on purpose."""
+
+    retryable: bool = False
+
+
+# -- configuration, schema, connection -----------------------------------------------
+
+
+class ConfigurationError(IcebarrierError):
+    """A setting is missing or malformed."""
+
+
+class ControlPlaneUnavailableError(IcebarrierError):
+    """The control-plane database cannot be reached."""
+
+
+class SchemaOutOfDateError(IcebarrierError):
+    def __init__(self, schema: str, current: str | None, head: str) -> None:
+        self.schema, self.current, self.head = schema, current, head
+        found = f"revision {current}" if current else "no icebarrier schema"
+        super().__init__(
+            f"control-plane schema {schema!r} is out of date ({found}, expected {head}); "
+            f"run `icebarrier db upgrade` first"
+        )
+
+
+class RoleNotFoundError(IcebarrierError):
+    def __init__(self, role: str) -> None:
+        self.role = role
+        super().__init__(f"Postgres role {role!r} does not exist; create it with CREATE ROLE {role} LOGIN first")
+
+
+# -- names and definitions ---------------------------------------------------------------
+
+
+class InvalidNameError(IcebarrierError):
+    """A table, job, schema or input name is malformed (and could inject SQL or paths)."""
+
+
+class JobDefinitionError(IcebarrierError):
+    """A job definition is incomplete or mixes root and intermediate inputs."""
+
+
+class JobNotFoundError(IcebarrierError):
+    def __init__(self, job: str) -> None:
+        self.job = job
+        super().__init__(f"job {job} is not registered; see `icebarrier job list`")
+
+
+class TableNotFoundError(IcebarrierError):
+    def __init__(self, table: str) -> None:
+        self.table = table
+        super().__init__(
+            f"table {table} is not managed by icebarrier; register a job that reads or writes it first"
+        )
+
+
+class JobDefinitionChangedError(IcebarrierError):
+    def __init__(self, job: str, differences: str) -> None:
+        self.job = job
+        super().__init__(
+            f"job {job} is already registered with a different definition ({differences}); "
+            f"pass --replace to change it"
+        )
+
+
+# -- topology ----------------------------------------------------------------------------
+
+
+class TopologyError(IcebarrierError):
+    """A registration would break a topology rule."""
+
+
+class SinkAlreadyOwnedError(TopologyError):
+    def __init__(self, table: str, owner: str, job: str) -> None:
+        self.table, self.owner, self.job = table, owner, job
+        super().__init__(
+            f"table {table} is written by job {owner}; a table has one writer. "
+            f"Unregister {owner} first or let {job} write to another table"
+        )
+
+
+class TopologyCycleError(TopologyError):
+    def __init__(self, job: str, path: list[str]) -> None:
+        self.job, self.path = job, path
+        super().__init__(
+            f"job {job} would close a cycle: {' -> '.join(path)}; the topology must be acyclic. "
+            f"Read from a table that is not downstream of {job}"
+        )
+
+
+class SelfReadError(TopologyError):
+    def __init__(self, job: str, table: str) -> None:
+        self.job, self.table = job, table
+        super().__init__(
+            f"job {job} reads its own sink {table}; a job never reads what it writes. "
+            f"Write to another table"
+        )
+
+
+class SinkHistoryMismatchError(TopologyError):
+    def __init__(self, job: str, watermarks: dict[str, int | None]) -> None:
+        self.job, self.watermarks = job, watermarks
+        listed = ", ".join(f"{t} at {w}" for t, w in sorted(watermarks.items()))
+        super().__init__(
+            f"job {job} would write tables that completed different barriers ({listed}); "
+            f"a job advances all its sinks together. Revise them to one barrier first "
+            f"or register separate jobs"
+        )
+
+
+# -- barriers and completion ---------------------------------------------------------------
+
+
+class BarrierError(IcebarrierError):
+    """A barrier cannot be completed or resolved as asked."""
+
+
+class BarrierNotIssuedError(BarrierError):
+    def __init__(self, barrier: int) -> None:
+        self.barrier = barrier
+        super().__init__(f"barrier {barrier} was never issued; see `icebarrier barrier list`")
+
+
+class BarrierOutOfOrderError(BarrierError):
+    def __init__(self, job: str, barrier: int, expected: int | None, watermark: int | None) -> None:
+        self.job, self.barrier, self.expected, self.watermark = job, barrier, expected, watermark
+        nxt = f"barrier {expected}" if expected is not None else "no barrier yet"
+        super().__init__(
+            f"job {job} cannot complete barrier {barrier}: its sinks are at {watermark}, so it must "
+            f"complete {nxt} next (barriers are completed in order, without gaps); "
+            f"see `icebarrier job next-barrier {job}`"
+        )
+
+
+class SourcesNotReadyError(BarrierError):
+    def __init__(self, job: str, barrier: int, waiting: dict[str, int | None]) -> None:
+        self.job, self.barrier, self.waiting = job, barrier, waiting
+        listed = ", ".join(f"{t} (at {w})" for t, w in sorted(waiting.items()))
+        super().__init__(
+            f"job {job} cannot complete barrier {barrier} before its sources have: {listed}; "
+            f"wait for their jobs to complete it"
+        )
+
+
+class NotASinkError(BarrierError):
+    def __init__(self, job: str, tables: list[str]) -> None:
+        self.job, self.tables = job, tables
+        super().__init__(
+            f"job {job} does not write {', '.join(tables)}; commit only to its sinks "
+            f"(see `icebarrier job show {job}`)"
+        )
+
+
+class CompletionConflictError(BarrierError):
+    def __init__(self, job: str, barrier: int, recorded: dict[str, int | None], given: dict[str, int | None]) -> None:
+        self.job, self.barrier, self.recorded, self.given = job, barrier, recorded, given
+        super().__init__(
+            f"job {job} already completed barrier {barrier} with commits {_fmt_commits(recorded)}, "
+            f"not {_fmt_commits(given)}; a (table, barrier) has one commit. "
+            f"Use `icebarrier revise` to redo it"
+        )
+
+
+class ConcurrentCompletionError(BarrierError):
+    retryable = True
+
+    def __init__(self, job: str, barrier: int) -> None:
+        self.job, self.barrier = job, barrier
+        super().__init__(f"job {job}: another process completed barrier {barrier} at the same time; retry")
+
+
+class NoValidCutError(BarrierError):
+    def __init__(self, tables: list[str], reason: str) -> None:
+        self.tables = tables
+        super().__init__(f"no consistent cut over {', '.join(tables)}: {reason}")
+
+
+class BarrierNotValidError(BarrierError):
+    def __init__(self, barrier: int, reasons: dict[str, str]) -> None:
+        self.barrier, self.reasons = barrier, reasons
+        listed = "; ".join(f"{t} {r}" for t, r in sorted(reasons.items()))
+        super().__init__(
+            f"barrier {barrier} is not a valid cut: {listed}; pick a barrier every table has "
+            f"completed (see `icebarrier table list`)"
+        )
+
+
+# -- leases and snapshots --------------------------------------------------------------------
+
+
+class LeaseNotFoundError(IcebarrierError):
+    def __init__(self, lease_id: str) -> None:
+        self.lease_id = lease_id
+        super().__init__(f"lease {lease_id} does not exist; see `icebarrier lease list`")
+
+
+class LeaseExpiredError(IcebarrierError):
+    def __init__(self, lease_id: str, state: str) -> None:
+        self.lease_id = lease_id
+        super().__init__(
+            f"lease {lease_id} is {state} and protects nothing any more; acquire a new lease"
+        )
+
+
+class SnapshotExpiredError(IcebarrierError):
+    def __init__(self, table: str, snapshot_id: int, barrier: int | None = None) -> None:
+        self.table, self.snapshot_id, self.barrier = table, snapshot_id, barrier
+        at = f" (its snapshot at barrier {barrier})" if barrier is not None else ""
+        super().__init__(
+            f"snapshot {snapshot_id} of {table}{at} was already expired; "
+            f"read a newer barrier instead"
+        )
+
+
+def _fmt_commits(commits: dict[str, int | None]) -> str:
+    if not commits:
+        return "{} (no new snapshots)"
+    return "{" + ", ".join(f"{t}={s}" for t, s in sorted(commits.items())) + "}"

@@ -1,0 +1,257 @@
+"""Leases, protected sets and the control-plane half of expiry.
+
+A lease pins the snapshots of a cut for a holder until it is released or its TTL passes
+without renewal. Races between lease acquisition and expiry are closed both ways by a
+per-table advisory lock: acquisition takes it shared, writes the lease, then re-checks
+that no snapshot it pins has been tombstoned; expiry takes it exclusive, reads leases
+*after* its candidates were chosen, and tombstones what it will delete before deleting.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import psycopg
+
+from control_plane import reads
+from control_plane.cuts import protected_set, removable
+from control_plane.db import lock_key
+from control_plane.errors import (
+    InvalidNameError,
+    LeaseExpiredError,
+    LeaseNotFoundError,
+    SnapshotExpiredError,
+)
+from control_plane.model import Cut, Lease, Level, ProtectedSnapshot, TableName, parse_holder
+from control_plane.tables import require
+
+MAX_TTL_S = 7 * 86400
+
+
+def _check_ttl(ttl_s: float) -> None:
+    if not 0 < ttl_s <= MAX_TTL_S:
+        raise InvalidNameError(f"lease TTL {ttl_s}s is out of range; use more than 0 and at most 7d, e.g. 10m")
+
+
+def _lock_tables(conn: psycopg.Connection, table_ids: list[int], *, exclusive: bool) -> None:
+    fn = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+    conn.execute(
+        f"SELECT {fn}(%s, (id %% 2147483647)::int) FROM unnest(%s::bigint[]) AS id ORDER BY id",
+        (lock_key(conn, "table"), sorted(table_ids)),
+    )
+
+
+def acquire(
+    conn: psycopg.Connection,
+    tables: list[TableName],
+    *,
+    ttl_s: float,
+    holder: str,
+    barrier: int | None = None,
+) -> Cut:
+    """Pin a valid cut (the latest, or at ``barrier``) for ``holder`` for ``ttl_s`` seconds."""
+    _check_ttl(ttl_s)
+    holder = parse_holder(holder)
+    with conn.transaction():
+        ids = [require(conn, t) for t in tables]
+        _lock_tables(conn, ids, exclusive=False)
+        cut, table_ids = reads.resolve_with_ids(conn, tables, level=Level.REPEATABLE_READ, barrier=barrier)
+        row = conn.execute(
+            """
+            INSERT INTO lease (holder, barrier, expires_at)
+            VALUES (%s, %s, now() + make_interval(secs => %s))
+            RETURNING lease_id, expires_at
+            """,
+            (holder, cut.barrier, ttl_s),
+        ).fetchone()
+        conn.execute(
+            """
+            INSERT INTO lease_snapshot (lease_id, table_id, snapshot_id)
+            SELECT %s, t, s FROM unnest(%s::bigint[], %s::bigint[]) AS x(t, s)
+            """,
+            (row["lease_id"], [table_ids[t] for t in cut.snapshots], list(cut.snapshots.values())),
+        )
+        # Written first, re-checked after: an expiry that tombstoned one of these snapshots
+        # before we took the lock wins, and this lease is refused (rolled back).
+        gone = conn.execute(
+            """
+            SELECT t.name, ls.snapshot_id FROM lease_snapshot ls
+            JOIN expired_snapshot e USING (table_id, snapshot_id)
+            JOIN managed_table t USING (table_id)
+            WHERE ls.lease_id = %s ORDER BY t.name LIMIT 1
+            """,
+            (row["lease_id"],),
+        ).fetchone()
+        if gone:
+            raise SnapshotExpiredError(gone["name"], gone["snapshot_id"], cut.barrier)
+    return Cut(
+        barrier=cut.barrier, level=Level.REPEATABLE_READ, snapshots=cut.snapshots,
+        lease_id=str(row["lease_id"]), expires_at=row["expires_at"],
+    )
+
+
+def renew(conn: psycopg.Connection, lease_id: str, *, ttl_s: float) -> Lease:
+    _check_ttl(ttl_s)
+    lid = _parse_id(lease_id)
+    with conn.transaction():
+        row = conn.execute(
+            """
+            UPDATE lease SET expires_at = now() + make_interval(secs => %s)
+            WHERE lease_id = %s AND released_at IS NULL AND expires_at > now()
+            RETURNING lease_id
+            """,
+            (ttl_s, lid),
+        ).fetchone()
+        if row is None:
+            lease = get(conn, lease_id)  # raises if unknown
+            raise LeaseExpiredError(lease_id, lease.state)
+    return get(conn, lease_id)
+
+
+def release(conn: psycopg.Connection, lease_id: str) -> Lease:
+    """Release a lease (releasing it again changes nothing)."""
+    lid = _parse_id(lease_id)
+    with conn.transaction():
+        conn.execute("UPDATE lease SET released_at = now() WHERE lease_id = %s AND released_at IS NULL", (lid,))
+    return get(conn, lease_id)
+
+
+_LEASES = """
+SELECT l.lease_id, l.holder, l.barrier, l.acquired_at, l.expires_at, l.released_at,
+       coalesce(json_object_agg(t.name, ls.snapshot_id) FILTER (WHERE t.name IS NOT NULL), '{}') AS snapshots
+FROM lease l
+LEFT JOIN lease_snapshot ls USING (lease_id)
+LEFT JOIN managed_table t USING (table_id)
+"""
+
+
+def get(conn: psycopg.Connection, lease_id: str) -> Lease:
+    row = conn.execute(_LEASES + " WHERE l.lease_id = %s GROUP BY l.lease_id", (_parse_id(lease_id),)).fetchone()
+    if row is None:
+        raise LeaseNotFoundError(lease_id)
+    return _lease(row)
+
+
+def list_leases(conn: psycopg.Connection, *, include_inactive: bool = False) -> list[Lease]:
+    where = "" if include_inactive else " WHERE l.released_at IS NULL AND l.expires_at > now()"
+    rows = conn.execute(_LEASES + where + " GROUP BY l.lease_id ORDER BY l.acquired_at").fetchall()
+    return [_lease(r) for r in rows]
+
+
+def _lease(r: dict) -> Lease:
+    return Lease(
+        lease_id=str(r["lease_id"]), holder=r["holder"], barrier=r["barrier"], acquired_at=r["acquired_at"],
+        expires_at=r["expires_at"], released_at=r["released_at"],
+        snapshots={TableName.parse(t): s for t, s in r["snapshots"].items()},
+    )
+
+
+def _parse_id(lease_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(lease_id))
+    except ValueError:
+        raise LeaseNotFoundError(lease_id) from None
+
+
+# -- protected sets and expiry ----------------------------------------------------------------
+
+# For one table: its current snapshot, live lease pins, downstream job progress pins and the
+# read-committed window (every snapshot a read-committed reader may resolve now: S(T, lo)
+# and all commits in (lo, W(T)], lo being the lowest watermark of any tracked table).
+_PROTECTION = """
+WITH t AS (SELECT table_id, watermark FROM managed_table WHERE table_id = %(table_id)s),
+lo AS (
+    SELECT min(m.watermark) AS b FROM managed_table m
+    WHERE m.watermark IS NOT NULL)
+SELECT
+  (SELECT c.snapshot_id FROM table_commit c WHERE c.table_id = t.table_id
+    ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1) AS current,
+  coalesce((SELECT json_agg(json_build_array(l.lease_id, ls.snapshot_id))
+            FROM lease_snapshot ls JOIN lease l USING (lease_id)
+            WHERE ls.table_id = t.table_id AND l.released_at IS NULL AND l.expires_at > now()), '[]') AS leases,
+  coalesce((SELECT json_agg(json_build_array(p.job_name, (
+                SELECT c.snapshot_id FROM table_commit c WHERE c.table_id = t.table_id AND c.barrier <= p.progress
+                ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1)))
+            FROM (SELECT j.name AS job_name,
+                         (SELECT max(m.watermark) FROM job_sink k JOIN managed_table m USING (table_id)
+                          WHERE k.job_id = j.job_id) AS progress
+                  FROM job_source s JOIN job j USING (job_id) WHERE s.table_id = t.table_id) p
+            WHERE p.progress IS NOT NULL), '[]') AS job_progress,
+  coalesce((SELECT jsonb_agg(c.snapshot_id) FROM table_commit c
+            WHERE c.table_id = t.table_id AND c.barrier > (SELECT b FROM lo) AND c.barrier <= t.watermark), '[]')
+    || jsonb_build_array((SELECT c.snapshot_id FROM table_commit c
+                          WHERE c.table_id = t.table_id AND c.barrier <= (SELECT b FROM lo)
+                          ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1)) AS read_window
+FROM t
+"""
+
+
+def protected(
+    conn: psycopg.Connection,
+    table: TableName,
+    *,
+    retained: tuple[int, ...] = (),
+    tagged: tuple[tuple[str, int], ...] = (),
+) -> dict[int, ProtectedSnapshot]:
+    """Snapshot ids of ``table`` that must not be expired, each with its reasons."""
+    return _protected(conn, require(conn, table), retained=retained, tagged=tagged)
+
+
+def _protected(conn, table_id: int, *, retained=(), tagged=()) -> dict[int, ProtectedSnapshot]:
+    row = conn.execute(_PROTECTION, {"table_id": table_id}).fetchone()
+    return protected_set(
+        current=row["current"],
+        leases=[(str(lid), sid) for lid, sid in row["leases"]],
+        job_progress=[(job, sid) for job, sid in row["job_progress"]],
+        read_window=row["read_window"],
+        retained=retained,
+        tagged=tagged,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpiryClaim:
+    """What an expiry may delete (already tombstoned) and what it must keep, and why."""
+
+    table: TableName
+    removable: tuple[int, ...]
+    protected: dict[int, ProtectedSnapshot]
+
+    def to_json(self) -> dict:
+        return {
+            "table": str(self.table),
+            "removable": list(self.removable),
+            "protected": {str(s): list(p.reasons) for s, p in self.protected.items()},
+        }
+
+
+def claim_expiry(
+    conn: psycopg.Connection,
+    table: TableName,
+    candidates: list[int],
+    *,
+    retained: tuple[int, ...] = (),
+    tagged: tuple[tuple[str, int], ...] = (),
+    dry_run: bool = False,
+) -> ExpiryClaim:
+    """Decide which of ``candidates`` (chosen by the caller beforehand) may be deleted.
+
+    Under the table's exclusive lock it reads the protected set *now*, and tombstones the
+    removable snapshots before returning, so a lease taken afterwards is refused instead of
+    pinning a snapshot that is about to disappear. The caller deletes only ``removable``.
+    """
+    with conn.transaction():
+        table_id = require(conn, table)
+        _lock_tables(conn, [table_id], exclusive=True)
+        keep = _protected(conn, table_id, retained=retained, tagged=tagged)
+        gone = removable(candidates, keep)
+        if not dry_run and gone:
+            conn.execute(
+                """
+                INSERT INTO expired_snapshot (table_id, snapshot_id)
+                SELECT %s, unnest(%s::bigint[]) ON CONFLICT DO NOTHING
+                """,
+                (table_id, gone),
+            )
+    return ExpiryClaim(table=table, removable=tuple(gone), protected=keep)

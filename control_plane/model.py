@@ -1,0 +1,233 @@
+"""Values of the control plane: names, barriers, cuts, leases.
+
+Parsing and formatting live on the types. Names are validated here, once, so that nothing
+that reaches SQL or a file path can carry quotes, dots in the wrong place or path parts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+
+from control_plane.errors import InvalidNameError
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_JOB = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
+_EXTERNAL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/@=+-]{0,511}")
+_HOLDER = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TableName:
+    """An Iceberg table identifier ``catalog.namespace[.namespace…].table``, lower-cased."""
+
+    catalog: str
+    namespace: tuple[str, ...]
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> TableName:
+        parts = text.strip().split(".")
+        if len(parts) < 3 or not all(_IDENT.fullmatch(p) for p in parts):
+            raise InvalidNameError(
+                f"table name {text!r} is invalid; use catalog.namespace.table with letters, digits "
+                f"and underscores in each part, e.g. lake.db.orders"
+            )
+        parts = [p.lower() for p in parts]
+        return cls(catalog=parts[0], namespace=tuple(parts[1:-1]), name=parts[-1])
+
+    def __str__(self) -> str:
+        return ".".join((self.catalog, *self.namespace, self.name))
+
+    @property
+    def identifier(self) -> tuple[str, ...]:
+        """The identifier inside its catalog, as PyIceberg takes it."""
+        return (*self.namespace, self.name)
+
+
+def parse_job_name(text: str) -> str:
+    if not _JOB.fullmatch(text):
+        raise InvalidNameError(
+            f"job name {text!r} is invalid; start with a letter or underscore, then letters, "
+            f"digits, '_', '-' or '.', at most 128 characters"
+        )
+    return text
+
+
+def parse_external_input(text: str) -> str:
+    if not _EXTERNAL.fullmatch(text):
+        raise InvalidNameError(
+            f"external input {text!r} is invalid; use letters, digits and _.:/@=+- only "
+            f"(e.g. kafka:orders or file:/data/in), at most 512 characters"
+        )
+    return text
+
+
+def parse_schema_name(text: str) -> str:
+    if not _IDENT.fullmatch(text) or text.lower().startswith("pg_"):
+        raise InvalidNameError(
+            f"schema name {text!r} is invalid; use letters, digits and underscores, not starting with pg_"
+        )
+    return text
+
+
+def parse_holder(text: str) -> str:
+    if not _HOLDER.fullmatch(text):
+        raise InvalidNameError(f"lease holder {text!r} is invalid; use 1-200 printable characters")
+    return text
+
+
+_DURATION = re.compile(r"(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h|d)?")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration_s(text: str) -> float:
+    """``"500ms"``, ``"10s"``, ``"10m"``, ``"1.5h"``, ``"2d"`` or plain seconds → seconds."""
+    match = _DURATION.fullmatch(str(text).strip())
+    if not match or float(match["n"]) <= 0:
+        raise InvalidNameError(f"duration {text!r} is invalid; use a positive number with ms, s, m, h or d, e.g. 10m")
+    return float(match["n"]) * _UNIT_S[match["unit"]]
+
+
+def format_duration_s(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+# -- barriers --------------------------------------------------------------------------------
+
+
+def barrier_time(barrier: int) -> datetime:
+    """A barrier is microseconds since the epoch on the control plane's clock."""
+    return datetime.fromtimestamp(barrier / 1_000_000, tz=timezone.utc)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Barrier:
+    barrier: int
+    issued_at: datetime
+    issued_by: str
+
+
+class Level(str, Enum):
+    """Consistency levels for reads (DESIGN.md)."""
+
+    READ_UNCOMMITTED = "read-uncommitted"
+    READ_COMMITTED = "read-committed"
+    REPEATABLE_READ = "repeatable-read"
+
+
+# -- topology ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobDefinition:
+    """What a job reads and writes; the unit of registration."""
+
+    name: str
+    sources: frozenset[TableName] = frozenset()
+    sinks: frozenset[TableName] = frozenset()
+    external_inputs: frozenset[str] = frozenset()
+
+    @property
+    def is_root(self) -> bool:
+        return not self.sources
+
+    def differences(self, other: JobDefinition) -> str:
+        parts = []
+        for label, mine, theirs in (
+            ("sources", self.sources, other.sources),
+            ("sinks", self.sinks, other.sinks),
+            ("external inputs", self.external_inputs, other.external_inputs),
+        ):
+            if mine != theirs:
+                parts.append(f"{label} {sorted(map(str, mine))} -> {sorted(map(str, theirs))}")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TableState:
+    """A managed table's progress: it has completed B iff start <= B <= watermark."""
+
+    name: TableName
+    start_barrier: int | None
+    watermark: int | None
+
+    def has_completed(self, barrier: int) -> bool:
+        return (
+            self.start_barrier is not None
+            and self.watermark is not None
+            and self.start_barrier <= barrier <= self.watermark
+        )
+
+
+# -- cuts and leases ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cut:
+    """A snapshot per table at one barrier. ``snapshot_id`` None: the table was empty at B."""
+
+    barrier: int | None
+    level: Level
+    snapshots: dict[TableName, int | None] = field(default_factory=dict)
+    lease_id: str | None = None
+    expires_at: datetime | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "barrier": self.barrier,
+            "level": self.level.value,
+            "snapshots": {str(t): s for t, s in sorted(self.snapshots.items())},
+            "lease_id": self.lease_id,
+            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    lease_id: str
+    holder: str
+    barrier: int | None
+    acquired_at: datetime
+    expires_at: datetime
+    released_at: datetime | None
+    snapshots: dict[TableName, int | None]
+
+    @property
+    def state(self) -> str:
+        if self.released_at is not None:
+            return "released"
+        if self.expires_at <= datetime.now(timezone.utc):
+            return "expired"
+        return "active"
+
+    def to_json(self) -> dict:
+        return {
+            "lease_id": self.lease_id,
+            "holder": self.holder,
+            "barrier": self.barrier,
+            "state": self.state,
+            "acquired_at": self.acquired_at.isoformat(),
+            "expires_at": self.expires_at.isoformat(),
+            "snapshots": {str(t): s for t, s in sorted(self.snapshots.items())},
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProtectedSnapshot:
+    """A snapshot that expiry must keep, and why (``lease:<id>``, ``job:<name>``, …)."""
+
+    snapshot_id: int
+    reasons: tuple[str, ...]

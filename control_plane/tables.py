@@ -1,0 +1,91 @@
+"""Managed tables: their progress, versions, topology and lineage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import psycopg
+
+from control_plane import jobs, topology
+from control_plane.errors import TableNotFoundError
+from control_plane.model import TableName, TableState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TableVersion:
+    """A row of the ``table_versions`` view."""
+
+    name: TableName
+    kind: str
+    writer_job: str | None
+    start_barrier: int | None
+    watermark: int | None
+    current_snapshot_id: int | None
+    last_commit_at: datetime | None
+    freshness: timedelta | None
+    barriers_behind: int
+
+    def to_json(self) -> dict:
+        return {
+            "table": str(self.name),
+            "kind": self.kind,
+            "writer_job": self.writer_job,
+            "start_barrier": self.start_barrier,
+            "watermark": self.watermark,
+            "current_snapshot_id": self.current_snapshot_id,
+            "last_commit_at": self.last_commit_at.isoformat() if self.last_commit_at else None,
+            "freshness_s": self.freshness.total_seconds() if self.freshness is not None else None,
+            "barriers_behind": self.barriers_behind,
+        }
+
+
+def states(conn: psycopg.Connection, names: list[TableName]) -> list[TableState]:
+    """Progress of the named tables, in the order given; unknown tables are refused."""
+    rows = conn.execute(
+        "SELECT name, start_barrier, watermark FROM managed_table WHERE name = ANY(%s)",
+        ([str(n) for n in names],),
+    ).fetchall()
+    by_name = {r["name"]: r for r in rows}
+    for n in names:
+        if str(n) not in by_name:
+            raise TableNotFoundError(str(n))
+    return [
+        TableState(name=n, start_barrier=by_name[str(n)]["start_barrier"], watermark=by_name[str(n)]["watermark"])
+        for n in names
+    ]
+
+
+def require(conn: psycopg.Connection, name: TableName) -> int:
+    """The table's id; unknown tables are refused."""
+    row = conn.execute("SELECT table_id FROM managed_table WHERE name = %s", (str(name),)).fetchone()
+    if row is None:
+        raise TableNotFoundError(str(name))
+    return row["table_id"]
+
+
+def list_versions(conn: psycopg.Connection) -> list[TableVersion]:
+    rows = conn.execute(
+        """
+        SELECT table_name, table_kind, writer_job, start_barrier, watermark_barrier, current_snapshot_id,
+               last_commit_at, freshness, barriers_behind
+        FROM table_versions ORDER BY table_name
+        """
+    ).fetchall()
+    return [
+        TableVersion(
+            name=TableName.parse(r["table_name"]), kind=r["table_kind"], writer_job=r["writer_job"],
+            start_barrier=r["start_barrier"], watermark=r["watermark_barrier"],
+            current_snapshot_id=r["current_snapshot_id"], last_commit_at=r["last_commit_at"],
+            freshness=r["freshness"], barriers_behind=r["barriers_behind"],
+        )
+        for r in rows
+    ]
+
+
+def lineage(conn: psycopg.Connection, table: TableName, *, direction: str) -> list[topology.LineageStep]:
+    """Tables upstream or downstream of ``table`` (``direction`` "upstream" or "downstream")."""
+    require(conn, table)
+    definitions = jobs.load_definitions(conn).values()
+    walk = topology.upstream if direction == "upstream" else topology.downstream
+    return walk(definitions, table)

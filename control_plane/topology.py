@@ -1,0 +1,191 @@
+"""Topology rules and graph walks. Pure: values in, values out, no I/O.
+
+The topology is a bipartite DAG of tables and jobs: a job reads its sources and writes
+its sinks. Registration rules (DESIGN.md): a table has at most one active writer, the
+graph is acyclic, and a job never reads its own sink.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from control_plane.errors import (
+    JobDefinitionError,
+    SelfReadError,
+    SinkAlreadyOwnedError,
+    TopologyCycleError,
+)
+from control_plane.model import JobDefinition, TableName
+
+
+def check_definition(job: JobDefinition) -> None:
+    """A job writes at least one table and reads either managed tables or external inputs."""
+    if not job.sinks:
+        raise JobDefinitionError(f"job {job.name} has no sink; pass at least one --sink TABLE")
+    if job.sources and job.external_inputs:
+        raise JobDefinitionError(
+            f"job {job.name} reads both managed tables and external inputs; a root job reads only "
+            f"external inputs (--external) and an intermediate job only managed tables (--source). "
+            f"Split it into two jobs"
+        )
+    if not job.sources and not job.external_inputs:
+        raise JobDefinitionError(
+            f"job {job.name} reads nothing; pass --source TABLE (intermediate job) "
+            f"or --external NAME (root job)"
+        )
+    for table in sorted(job.sources & job.sinks):
+        raise SelfReadError(job.name, str(table))
+
+
+def check_registration(existing: Mapping[str, JobDefinition], job: JobDefinition) -> None:
+    """Raise if registering ``job`` (replacing any job of the same name) breaks a rule."""
+    check_definition(job)
+    others = {name: d for name, d in existing.items() if name != job.name}
+    writers = writer_by_table(others.values())
+    for table in sorted(job.sinks):
+        if table in writers:
+            raise SinkAlreadyOwnedError(str(table), writers[table], job.name)
+    path = find_cycle([*others.values(), job], job)
+    if path:
+        raise TopologyCycleError(job.name, path)
+
+
+def writer_by_table(jobs: Iterable[JobDefinition]) -> dict[TableName, str]:
+    return {table: job.name for job in jobs for table in job.sinks}
+
+
+def find_cycle(jobs: Iterable[JobDefinition], start: JobDefinition) -> list[str] | None:
+    """A path ``source -> start -> sink -> … -> source`` if ``start`` closes a cycle."""
+    readers: dict[TableName, list[JobDefinition]] = {}
+    for job in jobs:
+        for table in job.sources:
+            readers.setdefault(table, []).append(job)
+    # Depth-first from each sink of start; reaching a source of start closes the cycle.
+    seen: set[TableName] = set()
+    stack: list[tuple[TableName, list[str]]] = [
+        (sink, [start.name, str(sink)]) for sink in sorted(start.sinks, reverse=True)
+    ]
+    while stack:
+        table, path = stack.pop()
+        if table in start.sources:
+            return [str(table), *path]
+        if table in seen:
+            continue
+        seen.add(table)
+        for reader in sorted(readers.get(table, ()), key=lambda j: j.name, reverse=True):
+            for sink in sorted(reader.sinks, reverse=True):
+                stack.append((sink, [*path, reader.name, str(sink)]))
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LineageStep:
+    """``table`` is reached from the start table through ``job`` at ``depth`` hops."""
+
+    table: TableName
+    job: str
+    depth: int
+
+
+def downstream(jobs: Iterable[JobDefinition], table: TableName) -> list[LineageStep]:
+    """Every table computed (transitively) from ``table``, nearest first."""
+    readers: dict[TableName, list[JobDefinition]] = {}
+    for job in jobs:
+        for source in job.sources:
+            readers.setdefault(source, []).append(job)
+    return _walk(table, lambda t: [(j.name, s) for j in readers.get(t, ()) for s in j.sinks])
+
+
+def upstream(jobs: Iterable[JobDefinition], table: TableName) -> list[LineageStep]:
+    """Every managed table ``table`` is computed from (transitively), nearest first."""
+    writer = {sink: job for job in jobs for sink in job.sinks}
+    return _walk(table, lambda t: [(writer[t].name, s) for s in writer[t].sources] if t in writer else [])
+
+
+def _walk(start: TableName, neighbours) -> list[LineageStep]:
+    steps: list[LineageStep] = []
+    seen = {start}
+    frontier = [start]
+    depth = 0
+    while frontier:
+        depth += 1
+        nxt: list[TableName] = []
+        for table in frontier:
+            for job_name, other in sorted(neighbours(table), key=lambda p: (p[0], p[1])):
+                if other not in seen:
+                    seen.add(other)
+                    nxt.append(other)
+                    steps.append(LineageStep(table=other, job=job_name, depth=depth))
+        frontier = nxt
+    return steps
+
+
+# -- rendering ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Edge:
+    from_node: str
+    to_node: str
+    edge_kind: str  # "reads" (input -> job) or "writes" (job -> table)
+    from_kind: str  # "table", "external" or "job"
+    to_kind: str
+
+
+def edges_of(jobs: Iterable[JobDefinition]) -> list[Edge]:
+    edges = []
+    for job in sorted(jobs, key=lambda j: j.name):
+        for ext in sorted(job.external_inputs):
+            edges.append(Edge(from_node=ext, to_node=job.name, edge_kind="reads", from_kind="external", to_kind="job"))
+        for src in sorted(job.sources):
+            edges.append(Edge(from_node=str(src), to_node=job.name, edge_kind="reads", from_kind="table", to_kind="job"))
+        for sink in sorted(job.sinks):
+            edges.append(Edge(from_node=job.name, to_node=str(sink), edge_kind="writes", from_kind="job", to_kind="table"))
+    return edges
+
+
+def render_dot(edges: list[Edge]) -> str:
+    shapes = {"table": "box", "external": "note", "job": "ellipse"}
+    nodes = {}
+    for e in edges:
+        nodes[e.from_node] = e.from_kind
+        nodes[e.to_node] = e.to_kind
+    lines = ["digraph icebarrier {", "  rankdir=LR;"]
+    for node, kind in nodes.items():
+        lines.append(f'  "{_dot_escape(node)}" [shape={shapes[kind]}];')
+    for e in edges:
+        lines.append(f'  "{_dot_escape(e.from_node)}" -> "{_dot_escape(e.to_node)}";')
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def render_mermaid(edges: list[Edge]) -> str:
+    ids: dict[str, str] = {}
+
+    def node(name: str, kind: str) -> str:
+        if name not in ids:
+            ids[name] = f"{kind[0]}{len(ids)}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}"
+            label = name.replace('"', "'")
+            shape = {"table": f'["{label}"]', "external": f'>"{label}"]', "job": f'(["{label}"])'}[kind]
+            return ids[name] + shape
+        return ids[name]
+
+    lines = ["flowchart LR"]
+    for e in edges:
+        lines.append(f"  {node(e.from_node, e.from_kind)} --> {node(e.to_node, e.to_kind)}")
+    return "\n".join(lines)
+
+
+def render_text(jobs: Iterable[JobDefinition]) -> str:
+    lines = []
+    for job in sorted(jobs, key=lambda j: j.name):
+        inputs = sorted(job.external_inputs) or [str(t) for t in sorted(job.sources)]
+        kind = "root" if job.is_root else "intermediate"
+        lines.append(f"{', '.join(inputs)} --[{job.name} ({kind})]--> {', '.join(str(t) for t in sorted(job.sinks))}")
+    return "\n".join(lines)
+
+
+def _dot_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
