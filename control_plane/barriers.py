@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import psycopg
 
-from control_plane.errors import InvalidNameError
+from control_plane.errors import InvalidValueError
 from control_plane.model import Barrier
 
 BARRIER_INTERVAL_KEY = "barrier_interval_ms"
@@ -72,7 +72,7 @@ def get_interval_s(conn: psycopg.Connection) -> float:
 
 def set_interval_s(conn: psycopg.Connection, seconds: float) -> float:
     if seconds <= 0 or seconds > 86400 * 7:
-        raise InvalidNameError(f"barrier interval {seconds}s is out of range; use more than 0 and at most 7d")
+        raise InvalidValueError(f"barrier interval {seconds}s is out of range; use more than 0 and at most 7d")
     with conn.transaction():
         conn.execute(
             "UPDATE setting SET value = %s WHERE key = %s", (str(round(seconds * 1000)), BARRIER_INTERVAL_KEY)

@@ -45,7 +45,11 @@ class RoleNotFoundError(IcebarrierError):
 # -- names and definitions ---------------------------------------------------------------
 
 
-class InvalidNameError(IcebarrierError):
+class InvalidValueError(IcebarrierError):
+    """A value given by the user (duration, TTL, commit spec…) is malformed or out of range."""
+
+
+class InvalidNameError(InvalidValueError):
     """A table, job, schema or input name is malformed (and could inject SQL or paths)."""
 
 

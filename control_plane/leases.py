@@ -18,7 +18,7 @@ from control_plane import reads
 from control_plane.cuts import protected_set, removable
 from control_plane.db import lock_key
 from control_plane.errors import (
-    InvalidNameError,
+    InvalidValueError,
     LeaseExpiredError,
     LeaseNotFoundError,
     SnapshotExpiredError,
@@ -31,7 +31,7 @@ MAX_TTL_S = 7 * 86400
 
 def _check_ttl(ttl_s: float) -> None:
     if not 0 < ttl_s <= MAX_TTL_S:
-        raise InvalidNameError(f"lease TTL {ttl_s}s is out of range; use more than 0 and at most 7d, e.g. 10m")
+        raise InvalidValueError(f"lease TTL {ttl_s}s is out of range; use more than 0 and at most 7d, e.g. 10m")
 
 
 def _lock_tables(conn: psycopg.Connection, table_ids: list[int], *, exclusive: bool) -> None:

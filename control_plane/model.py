@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 
-from control_plane.errors import InvalidNameError
+from control_plane.errors import InvalidNameError, InvalidValueError
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _JOB = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
@@ -87,7 +87,7 @@ def parse_duration_s(text: str) -> float:
     """``"500ms"``, ``"10s"``, ``"10m"``, ``"1.5h"``, ``"2d"`` or plain seconds → seconds."""
     match = _DURATION.fullmatch(str(text).strip())
     if not match or float(match["n"]) <= 0:
-        raise InvalidNameError(f"duration {text!r} is invalid; use a positive number with ms, s, m, h or d, e.g. 10m")
+        raise InvalidValueError(f"duration {text!r} is invalid; use a positive number with ms, s, m, h or d, e.g. 10m")
     return float(match["n"]) * _UNIT_S[match["unit"]]
 
 

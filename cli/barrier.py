@@ -1,0 +1,57 @@
+"""``icebarrier barrier``: issue and list barriers, set the barrier interval."""
+
+from __future__ import annotations
+
+import click
+
+from cli.render import barrier_label, duration, emit, table
+from control_plane import barriers
+from control_plane.model import parse_duration_s
+
+
+def _barrier_json(b) -> dict:
+    return {"barrier": b.barrier, "issued_at": b.issued_at.isoformat(), "issued_by": b.issued_by}
+
+
+@click.group("barrier")
+def barrier_group() -> None:
+    """Issue and list barriers (cut lines through the pipeline's input)."""
+
+
+@barrier_group.command("issue")
+@click.pass_obj
+def issue(obj) -> None:
+    """Issue a barrier now, from the control plane's database clock."""
+    b = barriers.issue(obj.conn())
+    emit(obj, _barrier_json(b), f"issued barrier {barrier_label(b.barrier)}")
+
+
+@barrier_group.command("list")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=20, show_default=True, help="Newest N barriers.")
+@click.pass_obj
+def list_(obj, limit: int) -> None:
+    """List the newest barriers."""
+    items = barriers.list_barriers(obj.conn(), limit=limit)
+    emit(
+        obj,
+        [_barrier_json(b) for b in items],
+        lambda: table(["barrier", "issued_at", "issued_by"], [(b.barrier, b.issued_at.isoformat(), b.issued_by) for b in items]),
+    )
+
+
+@barrier_group.command("interval")
+@click.argument("duration_text", metavar="[DURATION]", required=False)
+@click.pass_obj
+def interval(obj, duration_text: str | None) -> None:
+    """Show or set the barrier interval (e.g. 10s, 500ms, 1m).
+
+    A root job asking for its next barrier gets a new one when the newest is older than this.
+    """
+    conn = obj.conn()
+    seconds = (
+        barriers.set_interval_s(conn, parse_duration_s(duration_text)) if duration_text else barriers.get_interval_s(conn)
+    )
+    emit(obj, {"barrier_interval_s": seconds}, f"barrier interval: {duration(seconds)}")
+
+
+COMMANDS = [barrier_group]

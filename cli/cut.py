@@ -1,0 +1,43 @@
+"""``icebarrier cut``: a consistent snapshot per table."""
+
+from __future__ import annotations
+
+import click
+
+from cli.render import barrier_label, emit, table
+from control_plane import leases, reads
+from control_plane.model import Cut, Level, TableName, parse_duration_s
+
+LEVELS = [level.value for level in Level]
+
+
+def render_cut(cut: Cut) -> str:
+    head = f"level {cut.level.value}, barrier {barrier_label(cut.barrier)}"
+    if cut.lease_id:
+        head += f"\nlease {cut.lease_id} until {cut.expires_at.isoformat()}"
+    rows = [(str(t), s if s is not None else "(empty)") for t, s in sorted(cut.snapshots.items())]
+    return head + "\n" + table(["table", "snapshot"], rows)
+
+
+@click.command("cut")
+@click.argument("table_names", metavar="TABLE...", nargs=-1, required=True)
+@click.option("--level", type=click.Choice(LEVELS), default=Level.READ_COMMITTED.value, show_default=True)
+@click.option("--barrier", type=int, help="The cut at this past barrier (refused if not valid for these tables).")
+@click.option("--ttl", default="10m", show_default=True, help="Lease TTL for repeatable-read.")
+@click.option("--holder", default="cli", show_default=True, help="Lease holder for repeatable-read.")
+@click.pass_obj
+def cut(obj, table_names, level: str, barrier: int | None, ttl: str, holder: str) -> None:
+    """Resolve a cut over TABLE...: the barrier and a snapshot id per table.
+
+    read-committed is the latest valid cut; read-uncommitted each table's latest snapshot;
+    repeatable-read acquires a lease that pins the cut (release it with `lease release`).
+    """
+    names = [TableName.parse(t) for t in table_names]
+    if Level(level) is Level.REPEATABLE_READ:
+        result = leases.acquire(obj.conn(), names, ttl_s=parse_duration_s(ttl), holder=holder, barrier=barrier)
+    else:
+        result = reads.resolve(obj.conn(), names, level=Level(level), barrier=barrier)
+    emit(obj, result.to_json(), lambda: render_cut(result))
+
+
+COMMANDS = [cut]

@@ -1,0 +1,53 @@
+"""``icebarrier db``: schema migrations and role grants."""
+
+from __future__ import annotations
+
+import click
+
+from cli.render import emit
+from control_plane import db as cp_db
+from control_plane import schema
+
+
+@click.group("db")
+def db_group() -> None:
+    """Create, upgrade and inspect the control-plane schema; grant roles."""
+
+
+@db_group.command("upgrade")
+@click.pass_obj
+def upgrade(obj) -> None:
+    """Apply migrations up to head (idempotent; safe from two processes at once)."""
+    st = schema.upgrade(obj.dsn, obj.schema)
+    emit(obj, st.to_json(), f"schema {st.schema} is at revision {st.current} (head)")
+
+
+@db_group.command("status")
+@click.pass_obj
+def status(obj) -> None:
+    """Show the schema's current revision against the migrations' head."""
+    with cp_db.connect(obj.dsn, obj.schema, check_schema=False) as conn:
+        st = schema.status(conn)
+    state = "up to date" if st.up_to_date else "out of date: run `icebarrier db upgrade`"
+    emit(obj, st.to_json(), f"schema {st.schema}: current {st.current or '(none)'}, head {st.head} ({state})")
+
+
+@db_group.command("grant-reader")
+@click.argument("role")
+@click.pass_obj
+def grant_reader(obj, role: str) -> None:
+    """Let ROLE SELECT the control-plane views only (no base tables, no writes)."""
+    granted = schema.grant_reader(obj.conn(), role)
+    emit(obj, {"role": role, "granted": granted}, "\n".join(f"granted {g} to {role}" for g in granted))
+
+
+@db_group.command("grant-writer")
+@click.argument("role")
+@click.pass_obj
+def grant_writer(obj, role: str) -> None:
+    """Let ROLE do what a job needs: read and write control-plane tables (no DDL)."""
+    granted = schema.grant_writer(obj.conn(), role)
+    emit(obj, {"role": role, "granted": granted}, "\n".join(f"granted {g} to {role}" for g in granted))
+
+
+COMMANDS = [db_group]

