@@ -18,7 +18,6 @@ from control_plane.errors import (
     BarrierNotIssuedError,
     BarrierOutOfOrderError,
     CompletionConflictError,
-    ConcurrentCompletionError,
     JobDefinitionChangedError,
     JobNotFoundError,
     NotASinkError,
@@ -319,11 +318,9 @@ def _due(conn: psycopg.Connection) -> bool:
 
 # -- completing a barrier ------------------------------------------------------------------------------
 
-# Everything completion needs to decide, in one round trip, after taking the shared side of
-# the topology lock (registration and revision take the exclusive side).
+# Everything completion needs to decide, in one round trip.
 _COMPLETION_STATE = """
-SELECT pg_advisory_xact_lock_shared(%(lock)s, 0) IS NULL AS _locked,
-       j.job_id,
+SELECT j.job_id,
        EXISTS (SELECT 1 FROM barrier WHERE barrier = %(barrier)s) AS barrier_issued,
        coalesce((SELECT json_agg(json_build_object('id', t.table_id, 'name', t.name,
                                                    'start', t.start_barrier, 'watermark', t.watermark))
@@ -341,8 +338,12 @@ SELECT pg_advisory_xact_lock_shared(%(lock)s, 0) IS NULL AS _locked,
 FROM job j WHERE j.name = %(job)s AND j.active
 """
 
-# Advance every sink from the job's progress to B (compare-and-set), record the commits and
-# completion times, all in one statement; the caller checks that every sink moved.
+# The write, as one atomic statement (its own transaction): advance every sink from the
+# job's progress to B (compare-and-set), record the commits and completion times. If a
+# sink did not move (another process completed it, or a revision moved it) or the job's
+# sinks changed since the state was read, the statement aborts with a retryable
+# serialization failure and nothing is written. Sources need no re-check: their
+# watermarks only move back through a revision, which also moves these sinks.
 _ADVANCE = """
 WITH moved AS (
     UPDATE managed_table
@@ -353,12 +354,17 @@ commits AS (
     INSERT INTO table_commit (table_id, barrier, snapshot_id, job_name, run_id)
     SELECT c.table_id, %(barrier)s, c.snapshot_id, %(job)s, %(run_id)s
     FROM unnest(%(commit_ids)s::bigint[], %(snapshot_ids)s::bigint[]) AS c(table_id, snapshot_id)
-    WHERE (SELECT count(*) FROM moved) = %(n_sinks)s),
+    WHERE (SELECT count(*) FROM moved) = %(n_sinks)s),  -- else no unique violation before the raise
 completions AS (
     INSERT INTO table_completion (table_id, barrier, job_name, completed_at)
-    SELECT table_id, %(barrier)s, %(job)s, clock_timestamp() FROM moved
-    WHERE (SELECT count(*) FROM moved) = %(n_sinks)s)
-SELECT count(*) AS moved FROM moved
+    SELECT table_id, %(barrier)s, %(job)s, clock_timestamp() FROM moved)
+SELECT CASE
+    WHEN (SELECT count(*) FROM moved) = %(n_sinks)s
+     AND (SELECT array_agg(table_id ORDER BY table_id) FROM job_sink k
+          JOIN job j USING (job_id) WHERE j.job_id = %(job_id)s AND j.active) = %(sink_ids)s::bigint[]
+    THEN %(n_sinks)s
+    ELSE raise_conflict('another process completed or revised these sinks, or the job changed')
+END AS moved
 """
 
 
@@ -383,49 +389,45 @@ def complete(
 def _complete_once(
     conn: psycopg.Connection, name: str, barrier: int, commits: dict[TableName, int], run_id: str | None
 ) -> Completion:
-    with conn.transaction():
-        state = conn.execute(
-            _COMPLETION_STATE, {"lock": lock_key(conn, "topology"), "barrier": barrier, "job": name}
-        ).fetchone()
-        if state is None:
-            raise JobNotFoundError(name)
-        if not state["barrier_issued"]:
-            raise BarrierNotIssuedError(barrier)
-        sinks = {s["name"]: s for s in state["sinks"]}
-        strangers = sorted(str(t) for t in commits if str(t) not in sinks)
-        if strangers:
-            raise NotASinkError(name, strangers)
-        marks = {s["name"]: s["watermark"] for s in sinks.values()}
-        if len(set(marks.values())) > 1:
-            raise SinkHistoryMismatchError(name, marks)
-        progress = next(iter(marks.values()))
-        start = min((s["start"] for s in sinks.values() if s["start"] is not None), default=None)
-        given = {str(t): s for t, s in commits.items()}
-        sink_names = tuple(sorted(TableName.parse(n) for n in sinks))
+    # Two round trips and no explicit transaction: a read, then one atomic compare-and-set
+    # statement that re-validates what the decision relied on (see _ADVANCE).
+    state = conn.execute(_COMPLETION_STATE, {"barrier": barrier, "job": name}).fetchone()
+    if state is None:
+        raise JobNotFoundError(name)
+    if not state["barrier_issued"]:
+        raise BarrierNotIssuedError(barrier)
+    sinks = {s["name"]: s for s in state["sinks"]}
+    strangers = sorted(str(t) for t in commits if str(t) not in sinks)
+    if strangers:
+        raise NotASinkError(name, strangers)
+    marks = {s["name"]: s["watermark"] for s in sinks.values()}
+    if len(set(marks.values())) > 1:
+        raise SinkHistoryMismatchError(name, marks)
+    progress = next(iter(marks.values()))
+    start = min((s["start"] for s in sinks.values() if s["start"] is not None), default=None)
+    given = {str(t): s for t, s in commits.items()}
+    sink_names = tuple(sorted(TableName.parse(n) for n in sinks))
 
-        if progress is not None and start <= barrier <= progress:
-            if state["recorded"] != given:
-                raise CompletionConflictError(name, barrier, state["recorded"], given)
-            return Completion(job=name, barrier=barrier, commits=commits, sinks=sink_names, noop=True)
-        if progress is not None and barrier != state["expected"]:
-            raise BarrierOutOfOrderError(name, barrier, state["expected"], progress)
-        waiting = {
-            s["name"]: s["watermark"]
-            for s in state["sources"]
-            if not (s["start"] is not None and s["start"] <= barrier <= s["watermark"])
-        }
-        if waiting:
-            raise SourcesNotReadyError(name, barrier, waiting)
+    if progress is not None and start <= barrier <= progress:
+        if state["recorded"] != given:
+            raise CompletionConflictError(name, barrier, state["recorded"], given)
+        return Completion(job=name, barrier=barrier, commits=commits, sinks=sink_names, noop=True)
+    if progress is not None and barrier != state["expected"]:
+        raise BarrierOutOfOrderError(name, barrier, state["expected"], progress)
+    waiting = {
+        s["name"]: s["watermark"]
+        for s in state["sources"]
+        if not (s["start"] is not None and s["start"] <= barrier <= s["watermark"])
+    }
+    if waiting:
+        raise SourcesNotReadyError(name, barrier, waiting)
 
-        ids = [sinks[str(t)]["id"] for t in commits]
-        row = conn.execute(
-            _ADVANCE,
-            {
-                "barrier": barrier, "progress": progress, "job": name, "run_id": run_id,
-                "sink_ids": [s["id"] for s in sinks.values()], "n_sinks": len(sinks),
-                "commit_ids": ids, "snapshot_ids": list(commits.values()),
-            },
-        ).fetchone()
-        if row["moved"] != len(sinks):
-            raise ConcurrentCompletionError(name, barrier)
+    conn.execute(
+        _ADVANCE,
+        {
+            "barrier": barrier, "progress": progress, "job": name, "job_id": state["job_id"],
+            "run_id": run_id, "sink_ids": sorted(s["id"] for s in sinks.values()), "n_sinks": len(sinks),
+            "commit_ids": [sinks[str(t)]["id"] for t in commits], "snapshot_ids": list(commits.values()),
+        },
+    )
     return Completion(job=name, barrier=barrier, commits=commits, sinks=sink_names, noop=False)

@@ -9,6 +9,7 @@ lease: see :mod:`control_plane.leases`.
 from __future__ import annotations
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from control_plane.cuts import check_valid_at, latest_valid_barrier
 from control_plane.errors import BarrierNotIssuedError, IcebarrierError, SnapshotExpiredError, TableNotFoundError
@@ -17,20 +18,30 @@ from control_plane.model import Cut, Level, TableName, TableState
 NO_BOUND = 2**63 - 1
 
 # Table progress and S(T, bound) for every table, in one round trip. bound is the given
-# barrier, else the tables' lowest watermark (the read-committed candidate).
+# barrier, else the tables' lowest watermark (the read-committed candidate); "valid" says
+# whether every table completed bound (start <= bound <= watermark). Rows come in the
+# order of the names given, with NULLs for unknown tables.
 _CUT = """
 WITH t AS (
-    SELECT table_id, name, start_barrier, watermark FROM managed_table WHERE name = ANY(%(names)s)),
-bound AS (SELECT coalesce(%(barrier)s::bigint, min(watermark)) AS b FROM t)
-SELECT t.table_id, t.name, t.start_barrier, t.watermark, bound.b AS bound, s.snapshot_id,
-       EXISTS (SELECT 1 FROM barrier WHERE barrier = bound.b) AS bound_issued,
+    SELECT n.ord, m.table_id, m.start_barrier, m.watermark
+    FROM unnest(%(names)s::text[]) WITH ORDINALITY AS n(name, ord)
+    LEFT JOIN managed_table m ON m.name = n.name),
+bound AS (SELECT coalesce(%(barrier)s::bigint, min(watermark)) AS b FROM t),
+verdict AS MATERIALIZED (
+    SELECT bound.b,
+           EXISTS (SELECT 1 FROM barrier WHERE barrier = bound.b) AS issued,
+           (SELECT bool_and(t.start_barrier <= bound.b AND bound.b <= t.watermark) FROM t) AS valid
+    FROM bound)
+SELECT t.table_id, t.start_barrier, t.watermark, s.snapshot_id,
        EXISTS (SELECT 1 FROM expired_snapshot e
-               WHERE e.table_id = t.table_id AND e.snapshot_id = s.snapshot_id) AS expired
-FROM t CROSS JOIN bound
+               WHERE e.table_id = t.table_id AND e.snapshot_id = s.snapshot_id) AS expired,
+       verdict.b, verdict.issued, coalesce(verdict.valid, false) AS valid
+FROM t CROSS JOIN verdict
 LEFT JOIN LATERAL (
     SELECT c.snapshot_id FROM table_commit c
-    WHERE c.table_id = t.table_id AND c.barrier <= bound.b
+    WHERE c.table_id = t.table_id AND c.barrier <= verdict.b
     ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1) s ON true
+ORDER BY t.ord
 """
 
 
@@ -58,29 +69,30 @@ def resolve_with_ids(
     if not tables:
         raise IcebarrierError("no tables given; name at least one table to read")
     uncommitted = level is Level.READ_UNCOMMITTED and barrier is None
-    rows = conn.execute(
-        _CUT, {"names": [str(t) for t in tables], "barrier": NO_BOUND if uncommitted else barrier}
-    ).fetchall()
-    by_name = {r["name"]: r for r in rows}
-    for t in tables:
-        if str(t) not in by_name:
+    with conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute(
+            _CUT, {"names": [str(t) for t in tables], "barrier": NO_BOUND if uncommitted else barrier}
+        ).fetchall()
+    for t, (table_id, *_rest) in zip(tables, rows):
+        if table_id is None:
             raise TableNotFoundError(str(t))
-    ids = {t: by_name[str(t)]["table_id"] for t in tables}
-    snapshots = {t: by_name[str(t)]["snapshot_id"] for t in tables}
+    ids = {t: r[0] for t, r in zip(tables, rows)}
+    snapshots = {t: r[3] for t, r in zip(tables, rows)}
     if uncommitted:
         return Cut(barrier=None, level=level, snapshots=snapshots), ids
 
-    states = [
-        TableState(name=t, start_barrier=by_name[str(t)]["start_barrier"], watermark=by_name[str(t)]["watermark"])
-        for t in tables
-    ]
-    if barrier is None:
-        barrier = latest_valid_barrier(states)
-    else:
-        if not rows[0]["bound_issued"]:
-            raise BarrierNotIssuedError(barrier)
-        check_valid_at(states, barrier)
-    for t in tables:
-        if by_name[str(t)]["expired"]:
-            raise SnapshotExpiredError(str(t), snapshots[t], barrier)
-    return Cut(barrier=barrier, level=level, snapshots=snapshots), ids
+    _, _, _, _, _, bound, issued, valid = rows[0]
+    if barrier is not None and not issued:
+        raise BarrierNotIssuedError(barrier)
+    if not valid:
+        # The pure functions are the definition; they say which table failed and why.
+        states = [TableState(name=t, start_barrier=r[1], watermark=r[2]) for t, r in zip(tables, rows)]
+        if barrier is None:
+            latest_valid_barrier(states)
+        else:
+            check_valid_at(states, barrier)
+        raise AssertionError(f"cut at {bound} judged invalid by SQL but valid by cuts.py")
+    for t, r in zip(tables, rows):
+        if r[4]:
+            raise SnapshotExpiredError(str(t), r[3], bound)
+    return Cut(barrier=bound, level=level, snapshots=snapshots), ids

@@ -111,6 +111,14 @@ CREATE TABLE lease_snapshot (
 );
 CREATE INDEX lease_snapshot_table ON lease_snapshot (table_id, snapshot_id);
 
+-- Raised inside single-statement compare-and-set writes when a precondition no longer
+-- holds: SQLSTATE 40001 (serialization_failure) aborts the statement and marks it retryable.
+CREATE FUNCTION raise_conflict(message text) RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION '%', message USING ERRCODE = 'serialization_failure';
+END
+$$;
+
 -- Tombstones written by expiry, under the per-table lock, before it deletes anything.
 CREATE TABLE expired_snapshot (
     table_id    bigint      NOT NULL CONSTRAINT expired_snapshot_table_fkey REFERENCES managed_table,
@@ -227,3 +235,4 @@ def downgrade() -> None:
         op.execute(f"DROP VIEW IF EXISTS {view}")
     for table in TABLE_NAMES:
         op.execute(f"DROP TABLE IF EXISTS {table}")
+    op.execute("DROP FUNCTION IF EXISTS raise_conflict(text)")
