@@ -105,14 +105,20 @@ def next_barrier(obj, name: str) -> None:
 
     def text() -> str:
         if nb.barrier is None:
-            waiting = ", ".join(f"{t} (at {w})" for t, w in nb.waiting_for.items())
+            waiting = _waiting(nb)
             return f"job {name}: no barrier to complete yet" + (f"; waiting for {waiting}" if waiting else "")
         if not nb.ready:
-            waiting = ", ".join(f"{t} (at {w})" for t, w in nb.waiting_for.items())
+            waiting = _waiting(nb)
             return f"job {name}: next barrier {nb.barrier}, waiting for {waiting}"
         return f"job {name}: next barrier {nb.barrier} (ready{', newly issued' if nb.issued else ''})"
 
     emit(obj, nb.to_json(), text)
+
+
+def _waiting(nb: jobs.NextBarrier) -> str:
+    return ", ".join(
+        f"{t} ({'no barrier completed yet' if w is None else f'at {w}'})" for t, w in nb.waiting_for.items()
+    )
 
 
 def _parse_commit(text: str) -> tuple[TableName, int]:

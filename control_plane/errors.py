@@ -152,7 +152,7 @@ class BarrierOutOfOrderError(BarrierError):
 class SourcesNotReadyError(BarrierError):
     def __init__(self, job: str, barrier: int, waiting: dict[str, int | None]) -> None:
         self.job, self.barrier, self.waiting = job, barrier, waiting
-        listed = ", ".join(f"{t} (at {w})" for t, w in sorted(waiting.items()))
+        listed = ", ".join(f"{t} ({_at(w)})" for t, w in sorted(waiting.items()))
         super().__init__(
             f"job {job} cannot complete barrier {barrier} before its sources have: {listed}; "
             f"wait for their jobs to complete it"
@@ -227,6 +227,10 @@ class SnapshotExpiredError(IcebarrierError):
             f"snapshot {snapshot_id} of {table}{at} was already expired; "
             f"read a newer barrier instead"
         )
+
+
+def _at(watermark: int | None) -> str:
+    return "no barrier completed yet" if watermark is None else f"at {watermark}"
 
 
 def _fmt_commits(commits: dict[str, int | None]) -> str:

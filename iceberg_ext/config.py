@@ -1,0 +1,146 @@
+"""One configuration source: flags, then environment variables, then ``icebarrier.toml``.
+
+By default the Iceberg catalog is a JDBC/SQL catalog in the same Postgres as the control
+plane, in its own schema (``icebarrier_catalog``), shared by Spark (``type=jdbc``) and
+PyIceberg (``SqlCatalog``) under one catalog name (default ``lake``), with a local
+warehouse directory. Other PyIceberg catalogs (REST, Hive, Glue) are configuration:
+``[catalog]`` properties in the TOML file are passed through to both engines.
+
+``icebarrier.toml`` (looked up in ``$ICEBARRIER_CONFIG``, else ./icebarrier.toml)::
+
+    dsn = "postgresql://postgres@127.0.0.1:5432/postgres"
+    schema = "icebarrier"
+    catalog = "lake"
+    warehouse = "file:///data/warehouse"      # or s3://bucket/prefix
+    [catalog_properties]                       # optional, for non-default catalogs
+    type = "rest"
+    uri = "http://rest-catalog:8181"
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+
+from control_plane.db import DEFAULT_SCHEMA, resolve_dsn
+from control_plane.errors import ConfigurationError
+from control_plane.model import parse_schema_name
+
+CONFIG_ENV = "ICEBARRIER_CONFIG"
+HOME_ENV = "ICEBARRIER_HOME"
+ENV = {
+    "dsn": "ICEBARRIER_DSN",
+    "schema": "ICEBARRIER_SCHEMA",
+    "catalog": "ICEBARRIER_CATALOG",
+    "catalog_schema": "ICEBARRIER_CATALOG_SCHEMA",
+    "warehouse": "ICEBARRIER_WAREHOUSE",
+}
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get(HOME_ENV, Path.home() / ".icebarrier"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    dsn: str
+    schema: str = DEFAULT_SCHEMA
+    catalog: str = "lake"
+    catalog_schema: str = "icebarrier_catalog"
+    warehouse: str = ""
+    catalog_properties: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, **flags: str | None) -> Settings:
+        """Flags win over environment variables, which win over the TOML file."""
+        path = Path(config_file or os.environ.get(CONFIG_ENV) or "icebarrier.toml")
+        values: dict = {}
+        if path.is_file():
+            try:
+                values = tomllib.loads(path.read_text())
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigurationError(f"config file {path} is not valid TOML ({exc}); fix or remove it") from None
+            unknown = set(values) - {*ENV, "catalog_properties"}
+            if unknown:
+                raise ConfigurationError(
+                    f"config file {path} has unknown keys {sorted(unknown)}; "
+                    f"known: {sorted([*ENV, 'catalog_properties'])}"
+                )
+        for key, env in ENV.items():
+            if os.environ.get(env):
+                values[key] = os.environ[env]
+            if flags.get(key):
+                values[key] = flags[key]
+        values["dsn"] = resolve_dsn(values.get("dsn"))
+        settings = cls(**{k: v for k, v in values.items() if v is not None})
+        return settings.validated()
+
+    def validated(self) -> Settings:
+        parse_schema_name(self.schema)
+        parse_schema_name(self.catalog_schema)
+        if not self.catalog.isidentifier():
+            raise ConfigurationError(f"catalog name {self.catalog!r} is invalid; use an identifier such as lake")
+        warehouse = self.warehouse or (state_dir() / "warehouse").as_uri()
+        if "://" not in warehouse:
+            warehouse = Path(warehouse).resolve().as_uri()
+        return replace(self, warehouse=warehouse)
+
+    # -- derived connection strings ------------------------------------------------------------
+
+    @property
+    def _conninfo(self) -> dict:
+        info = psycopg.conninfo.conninfo_to_dict(self.dsn)
+        return {
+            "host": info.get("host") or "127.0.0.1",
+            "port": int(info.get("port") or 5432),
+            "dbname": info.get("dbname") or info.get("user") or "postgres",
+            "user": info.get("user") or "postgres",
+            "password": info.get("password"),
+        }
+
+    @property
+    def is_default_catalog(self) -> bool:
+        return not self.catalog_properties
+
+    @property
+    def sqlalchemy_uri(self) -> str:
+        """The SQL catalog for PyIceberg: the control-plane database, catalog schema first."""
+        c = self._conninfo
+        auth = quote(c["user"], safe="") + (f":{quote(c['password'], safe='')}" if c["password"] else "")
+        options = quote(f"-csearch_path={self.catalog_schema}", safe="")
+        return f"postgresql+psycopg://{auth}@{c['host']}:{c['port']}/{quote(c['dbname'], safe='')}?options={options}"
+
+    @property
+    def jdbc_uri(self) -> str:
+        """The same catalog for Spark's JdbcCatalog."""
+        c = self._conninfo
+        return f"jdbc:postgresql://{c['host']}:{c['port']}/{c['dbname']}?currentSchema={self.catalog_schema}"
+
+    @property
+    def jdbc_user(self) -> str:
+        return self._conninfo["user"]
+
+    @property
+    def jdbc_password(self) -> str | None:
+        return self._conninfo["password"]
+
+    def pyiceberg_properties(self) -> dict[str, str]:
+        if not self.is_default_catalog:
+            return {"warehouse": self.warehouse, **self.catalog_properties}
+        return {"type": "sql", "uri": self.sqlalchemy_uri, "warehouse": self.warehouse, "schema_version": "v1"}
+
+    def ensure_catalog_schema(self) -> None:
+        """The default SQL catalog lives in its own Postgres schema; create it if missing."""
+        if not self.is_default_catalog:
+            return
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(
+                psycopg.sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(psycopg.sql.Identifier(self.catalog_schema))
+            )
+        if self.warehouse.startswith("file://"):
+            Path(self.warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,138 @@
+"""Spark configuration for icebarrier: the Iceberg catalog, extensions and jars, offline.
+
+Jars are found without Maven: the Iceberg runtime from the ``snowpark-connect-deps-iceberg``
+wheel (1.0.2; 1.0.3's jar lacks shaded Jackson), the Postgres JDBC driver from Debian's
+``libpostgresql-jdbc-java`` (or the ``wbjdbc`` wheel). Override with
+``ICEBARRIER_ICEBERG_JAR`` / ``ICEBARRIER_JDBC_JAR`` (paths), or
+``ICEBARRIER_SPARK_PACKAGES`` (Maven coordinates, where Maven is reachable).
+PySpark is imported lazily; without it, Spark features say how to install it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import zipfile
+from pathlib import Path
+
+from control_plane.errors import ConfigurationError, IcebarrierError
+from iceberg_ext.config import Settings
+
+ICEBERG_JAR_NAME = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
+ICEBERG_JAR_ENV = "ICEBARRIER_ICEBERG_JAR"
+JDBC_JAR_ENV = "ICEBARRIER_JDBC_JAR"
+PACKAGES_ENV = "ICEBARRIER_SPARK_PACKAGES"
+DEBIAN_JDBC_JAR = "/usr/share/java/postgresql.jar"
+SHADED_JACKSON = "org/apache/iceberg/shaded/com/fasterxml/jackson/databind/ObjectMapper.class"
+EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+
+
+class SparkUnavailableError(IcebarrierError):
+    """PySpark or a jar Spark needs is missing."""
+
+
+def require_pyspark():
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise SparkUnavailableError(
+            "this needs PySpark; pip install 'icebarrier[spark]' (pyspark 3.5 and the Iceberg jar)"
+        ) from None
+    return pyspark
+
+
+def iceberg_jar() -> Path:
+    override = os.environ.get(ICEBERG_JAR_ENV)
+    if override:
+        path = Path(override)
+    else:
+        try:
+            import snowpark_connect_deps_iceberg as deps
+        except ImportError:
+            raise SparkUnavailableError(
+                f"no Iceberg Spark runtime jar; pip install 'icebarrier[spark]' "
+                f"(snowpark-connect-deps-iceberg==1.0.2) or set {ICEBERG_JAR_ENV} to the jar's path"
+            ) from None
+        path = Path(deps.get_jars_dir()) / ICEBERG_JAR_NAME
+    if not path.is_file():
+        raise SparkUnavailableError(f"Iceberg runtime jar {path} does not exist; fix {ICEBERG_JAR_ENV} or reinstall")
+    with zipfile.ZipFile(path) as jar:
+        if SHADED_JACKSON not in jar.namelist():
+            raise SparkUnavailableError(
+                f"Iceberg runtime jar {path} lacks shaded Jackson and fails on the first CREATE TABLE; "
+                f"pip install 'snowpark-connect-deps-iceberg==1.0.2' (not 1.0.3) or set {ICEBERG_JAR_ENV}"
+            )
+    return path
+
+
+def jdbc_jar() -> Path:
+    override = os.environ.get(JDBC_JAR_ENV)
+    candidates = [override] if override else [DEBIAN_JDBC_JAR, *_wheel_jdbc_jars()]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    raise SparkUnavailableError(
+        f"no Postgres JDBC driver jar{f' at {override}' if override else ''}; "
+        f"apt-get install libpostgresql-jdbc-java, pip install wbjdbc, or set {JDBC_JAR_ENV}"
+    )
+
+
+def _wheel_jdbc_jars() -> list[str]:
+    import importlib.util
+
+    spec = importlib.util.find_spec("wbjdbc")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    root = next(iter(spec.submodule_search_locations))
+    return sorted(glob.glob(f"{root}/**/postgresql-*.jar", recursive=True))
+
+
+def spark_conf(settings: Settings) -> dict[str, str]:
+    """Everything a SparkSession needs to use the icebarrier catalog."""
+    cat = f"spark.sql.catalog.{settings.catalog}"
+    conf = {"spark.sql.extensions": EXTENSIONS}
+    packages = os.environ.get(PACKAGES_ENV)
+    if packages:
+        conf["spark.jars.packages"] = packages
+    else:
+        conf["spark.jars"] = ",".join(str(p) for p in (iceberg_jar(), jdbc_jar()))
+    conf[cat] = "org.apache.iceberg.spark.SparkCatalog"
+    conf[f"{cat}.cache-enabled"] = "false"  # a cut must never read stale cached metadata
+    conf[f"{cat}.warehouse"] = settings.warehouse
+    if settings.is_default_catalog:
+        conf[f"{cat}.type"] = "jdbc"
+        conf[f"{cat}.uri"] = settings.jdbc_uri
+        conf[f"{cat}.jdbc.user"] = settings.jdbc_user
+        if settings.jdbc_password:
+            conf[f"{cat}.jdbc.password"] = settings.jdbc_password
+        conf[f"{cat}.jdbc.schema-version"] = "V1"
+    else:
+        for key, value in settings.catalog_properties.items():
+            conf[f"{cat}.{key}"] = str(value)
+    return conf
+
+
+def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: str | None = None, extra=None):
+    """A SparkSession configured for icebarrier (reuses an active one with the same catalog)."""
+    require_pyspark()
+    from pyspark.sql import SparkSession
+
+    settings.ensure_catalog_schema()
+    builder = SparkSession.builder.appName(app_name)
+    builder = builder.master(master or os.environ.get("ICEBARRIER_SPARK_MASTER", "local[2]"))
+    for key, value in {**spark_conf(settings), **(extra or {})}.items():
+        builder = builder.config(key, value)
+    builder = builder.config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+    spark = builder.getOrCreate()
+    if spark.conf.get(f"spark.sql.catalog.{settings.catalog}", None) is None:
+        raise ConfigurationError(
+            f"an existing SparkSession has no catalog {settings.catalog}; "
+            f"stop it or create it with icebarrier's spark-conf"
+        )
+    return spark
+
+
+def conf_as_flags(conf: dict[str, str]) -> str:
+    import shlex
+
+    return " ".join(f"--conf {shlex.quote(f'{k}={v}')}" for k, v in conf.items())
