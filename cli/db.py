@@ -18,7 +18,8 @@ def db_group() -> None:
 @click.pass_obj
 def upgrade(obj) -> None:
     """Apply migrations up to head (idempotent; safe from two processes at once)."""
-    st = schema.upgrade(obj.dsn, obj.schema)
+    settings = obj.settings()
+    st = schema.upgrade(settings.dsn, settings.schema)
     emit(obj, st.to_json(), f"schema {st.schema} is at revision {st.current} (head)")
 
 
@@ -26,7 +27,8 @@ def upgrade(obj) -> None:
 @click.pass_obj
 def status(obj) -> None:
     """Show the schema's current revision against the migrations' head."""
-    with cp_db.connect(obj.dsn, obj.schema, check_schema=False) as conn:
+    settings = obj.settings()
+    with cp_db.connect(settings.dsn, settings.schema, check_schema=False) as conn:
         st = schema.status(conn)
     state = "up to date" if st.up_to_date else "out of date: run `icebarrier db upgrade`"
     emit(obj, st.to_json(), f"schema {st.schema}: current {st.current or '(none)'}, head {st.head} ({state})")

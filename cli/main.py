@@ -17,16 +17,39 @@ from control_plane.errors import IcebarrierError
 class Context:
     """Per-invocation state: settings and a lazily opened control-plane connection."""
 
-    def __init__(self, dsn: str | None, schema: str | None, output: str, debug: bool) -> None:
-        self.dsn, self.schema, self.output, self.debug = dsn, schema, output, debug
+    def __init__(self, dsn: str | None, schema: str | None, config: str | None, output: str, debug: bool) -> None:
+        self.dsn, self.schema, self.config, self.output, self.debug = dsn, schema, config, output, debug
         self._conn: psycopg.Connection | None = None
+        self._settings = None
+        self._catalog = None
+
+    def settings(self):
+        """Flags, then environment, then icebarrier.toml (see iceberg_ext.config)."""
+        if self._settings is None:
+            from iceberg_ext.config import Settings
+
+            self._settings = Settings.load(self.config, dsn=self.dsn, schema=self.schema)
+        return self._settings
 
     def conn(self) -> psycopg.Connection:
         if self._conn is None:
             from control_plane.db import connect
 
-            self._conn = connect(self.dsn, self.schema)
+            settings = self.settings()
+            self._conn = connect(settings.dsn, settings.schema)
         return self._conn
+
+    def catalog(self):
+        if self._catalog is None:
+            from iceberg_ext.catalog import load_catalog
+
+            self._catalog = load_catalog(self.settings())
+        return self._catalog
+
+    def spark(self, app_name: str = "icebarrier-cli"):
+        from iceberg_ext.spark import spark_session
+
+        return spark_session(self.settings(), app_name=app_name)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -67,24 +90,26 @@ def _debug(ctx: click.Context) -> bool:
     "--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True,
     help="Text for people, JSON (stable, documented in the README) for scripts.",
 )
+@click.option("--config", envvar="ICEBARRIER_CONFIG", type=click.Path(dir_okay=False),
+              help="icebarrier.toml with dsn, schema, catalog, warehouse (default ./icebarrier.toml).")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(package_name="icebarrier")
 @click.pass_context
-def cli(ctx: click.Context, dsn: str | None, schema: str | None, output: str, debug: bool) -> None:
+def cli(ctx: click.Context, dsn: str | None, schema: str | None, config: str | None, output: str, debug: bool) -> None:
     """icebarrier: consistent reads across a pipeline of Iceberg tables.
 
     Barriers cut the pipeline's input; jobs complete them in order; readers get a
     consistent snapshot per table at a consistency level. See `icebarrier COMMAND --help`.
     """
-    obj = Context(dsn, schema, output, debug)
+    obj = Context(dsn, schema, config, output, debug)
     ctx.obj = obj
     ctx.call_on_close(obj.close)
 
 
 def _register_commands() -> None:
-    from cli import barrier, cut, db, delay, job, lease, table
+    from cli import barrier, cut, db, delay, job, lease, maintenance, spark, table
 
-    for module in (db, job, barrier, table, cut, lease, delay):
+    for module in (db, job, barrier, table, cut, lease, delay, spark, maintenance):
         for command in module.COMMANDS:
             cli.add_command(command)
 

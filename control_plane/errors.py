@@ -202,6 +202,21 @@ class BarrierNotValidError(BarrierError):
         )
 
 
+class RevisionInProgressError(BarrierError):
+    retryable = True
+
+    def __init__(self, table: str, revision_id: int) -> None:
+        self.table, self.revision_id = table, revision_id
+        super().__init__(
+            f"table {table} is being revised (revision {revision_id}); its job may complete barriers again "
+            f"once `icebarrier revise` finishes (rerun it to resume an interrupted revision)"
+        )
+
+
+class RevisionError(IcebarrierError):
+    """A revision cannot be planned or applied as asked."""
+
+
 # -- leases and snapshots --------------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ from control_plane.errors import (
     JobDefinitionChangedError,
     JobNotFoundError,
     NotASinkError,
+    RevisionInProgressError,
     SinkHistoryMismatchError,
     SourcesNotReadyError,
 )
@@ -322,7 +323,7 @@ def _due(conn: psycopg.Connection) -> bool:
 _COMPLETION_STATE = """
 SELECT j.job_id,
        EXISTS (SELECT 1 FROM barrier WHERE barrier = %(barrier)s) AS barrier_issued,
-       coalesce((SELECT json_agg(json_build_object('id', t.table_id, 'name', t.name,
+       coalesce((SELECT json_agg(json_build_object('id', t.table_id, 'name', t.name, 'revision', t.revision_id,
                                                    'start', t.start_barrier, 'watermark', t.watermark))
                  FROM job_sink k JOIN managed_table t USING (table_id) WHERE k.job_id = j.job_id), '[]') AS sinks,
        coalesce((SELECT json_agg(json_build_object('id', t.table_id, 'name', t.name,
@@ -331,6 +332,7 @@ SELECT j.job_id,
        coalesce((SELECT json_object_agg(t.name, c.snapshot_id)
                  FROM job_sink k JOIN managed_table t USING (table_id)
                  JOIN table_commit c ON c.table_id = k.table_id AND c.barrier = %(barrier)s AND c.operation = 'data'
+                                     AND c.revoked_by IS NULL
                  WHERE k.job_id = j.job_id), '{}') AS recorded,
        (SELECT min(b.barrier) FROM barrier b
          WHERE b.barrier > (SELECT max(t.watermark) FROM job_sink k JOIN managed_table t USING (table_id)
@@ -349,6 +351,7 @@ WITH moved AS (
     UPDATE managed_table
     SET watermark = %(barrier)s, start_barrier = coalesce(start_barrier, %(barrier)s)
     WHERE table_id = ANY(%(sink_ids)s) AND watermark IS NOT DISTINCT FROM %(progress)s
+      AND revision_id IS NULL
     RETURNING table_id),
 commits AS (
     INSERT INTO table_commit (table_id, barrier, snapshot_id, job_name, run_id)
@@ -397,6 +400,9 @@ def _complete_once(
     if not state["barrier_issued"]:
         raise BarrierNotIssuedError(barrier)
     sinks = {s["name"]: s for s in state["sinks"]}
+    revising = sorted(n for n, s in sinks.items() if s["revision"] is not None)
+    if revising:
+        raise RevisionInProgressError(revising[0], sinks[revising[0]]["revision"])
     strangers = sorted(str(t) for t in commits if str(t) not in sinks)
     if strangers:
         raise NotASinkError(name, strangers)

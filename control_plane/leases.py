@@ -165,13 +165,13 @@ lo AS (
     SELECT min(m.watermark) AS b FROM managed_table m
     WHERE m.watermark IS NOT NULL)
 SELECT
-  (SELECT c.snapshot_id FROM table_commit c WHERE c.table_id = t.table_id
+  (SELECT c.snapshot_id FROM table_commit c WHERE c.revoked_by IS NULL AND c.table_id = t.table_id
     ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1) AS current,
   coalesce((SELECT json_agg(json_build_array(l.lease_id, ls.snapshot_id))
             FROM lease_snapshot ls JOIN lease l USING (lease_id)
             WHERE ls.table_id = t.table_id AND l.released_at IS NULL AND l.expires_at > now()), '[]') AS leases,
   coalesce((SELECT json_agg(json_build_array(p.job_name, (
-                SELECT c.snapshot_id FROM table_commit c WHERE c.table_id = t.table_id AND c.barrier <= p.progress
+                SELECT c.snapshot_id FROM table_commit c WHERE c.revoked_by IS NULL AND c.table_id = t.table_id AND c.barrier <= p.progress
                 ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1)))
             FROM (SELECT j.name AS job_name,
                          (SELECT max(m.watermark) FROM job_sink k JOIN managed_table m USING (table_id)
@@ -179,9 +179,9 @@ SELECT
                   FROM job_source s JOIN job j USING (job_id) WHERE s.table_id = t.table_id) p
             WHERE p.progress IS NOT NULL), '[]') AS job_progress,
   coalesce((SELECT jsonb_agg(c.snapshot_id) FROM table_commit c
-            WHERE c.table_id = t.table_id AND c.barrier > (SELECT b FROM lo) AND c.barrier <= t.watermark), '[]')
+            WHERE c.revoked_by IS NULL AND c.table_id = t.table_id AND c.barrier > (SELECT b FROM lo) AND c.barrier <= t.watermark), '[]')
     || jsonb_build_array((SELECT c.snapshot_id FROM table_commit c
-                          WHERE c.table_id = t.table_id AND c.barrier <= (SELECT b FROM lo)
+                          WHERE c.revoked_by IS NULL AND c.table_id = t.table_id AND c.barrier <= (SELECT b FROM lo)
                           ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1)) AS read_window
 FROM t
 """

@@ -39,7 +39,7 @@ SELECT t.table_id, t.start_barrier, t.watermark, s.snapshot_id,
 FROM t CROSS JOIN verdict
 LEFT JOIN LATERAL (
     SELECT c.snapshot_id FROM table_commit c
-    WHERE c.table_id = t.table_id AND c.barrier <= verdict.b
+    WHERE c.table_id = t.table_id AND c.barrier <= verdict.b AND c.revoked_by IS NULL
     ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1) s ON true
 ORDER BY t.ord
 """

@@ -1,0 +1,122 @@
+"""``icebarrier expire``, ``compact``, ``reconcile``, ``revise`` and ``tag``."""
+
+from __future__ import annotations
+
+import click
+
+from cli.cut import render_cut
+from cli.render import emit, table
+from control_plane import tables
+from control_plane.model import TableName, parse_duration_s
+
+
+@click.command("expire")
+@click.option("--table", "table_names", multiple=True, metavar="TABLE", help="Only these tables (default: all).")
+@click.option("--older-than", help="Only snapshots older than this (e.g. 7d); default: any age.")
+@click.option("--retain-last", type=click.IntRange(1), default=1, show_default=True,
+              help="Keep the newest N snapshots regardless.")
+@click.option("--dry-run", is_flag=True, help="Show what would be expired and why the rest is kept.")
+@click.pass_obj
+def expire(obj, table_names, older_than: str | None, retain_last: int, dry_run: bool) -> None:
+    """Expire snapshots outside the protected set (leases, downstream job progress, current,
+    the read-committed window, retention, tags), deleting files nothing references any more."""
+    from iceberg_ext.maintenance import expire as run
+
+    conn, catalog = obj.conn(), obj.catalog()
+    names = [TableName.parse(t) for t in table_names] or [v.name for v in tables.list_versions(conn)]
+    older = parse_duration_s(older_than) if older_than else None
+    reports = [run(conn, catalog, t, older_than_s=older, retain_last=retain_last, dry_run=dry_run) for t in names]
+    emit(
+        obj,
+        [r.to_json() for r in reports],
+        lambda: table(
+            ["table", "candidates", "expired" if not dry_run else "would expire", "kept", "files deleted"],
+            [(str(r.table), r.candidates, len(r.expired), len(r.protected), r.files_deleted) for r in reports],
+        ),
+    )
+
+
+@click.command("compact")
+@click.argument("table_name", metavar="TABLE")
+@click.option("--min-input-files", type=click.IntRange(1), default=2, show_default=True)
+@click.pass_obj
+def compact(obj, table_name: str, min_input_files: int) -> None:
+    """Rewrite small files of TABLE (Spark); the new snapshot keeps the barrier it compacted."""
+    from iceberg_ext.maintenance import compact as run
+
+    report = run(obj.spark(), obj.conn(), obj.catalog(), TableName.parse(table_name), min_input_files=min_input_files)
+    emit(obj, report.to_json(),
+         f"{report.table}: compacted at barrier {report.barrier} into snapshot {report.snapshot_id}"
+         if report.snapshot_id else f"{report.table}: nothing to compact")
+
+
+@click.command("reconcile")
+@click.argument("table_names", metavar="[TABLE]...", nargs=-1)
+@click.pass_obj
+def reconcile(obj, table_names) -> None:
+    """Compare the control plane with the tables' snapshot summaries: adopt missing records,
+    list commits awaiting their job, and report snapshots written by anyone else (exit 1)."""
+    import sys
+
+    from iceberg_ext.maintenance import reconcile as run
+
+    conn, catalog = obj.conn(), obj.catalog()
+    names = [TableName.parse(t) for t in table_names] or [v.name for v in tables.list_versions(conn)]
+    reports = [run(conn, catalog, t) for t in names]
+
+    def text() -> str:
+        rows = []
+        for r in reports:
+            rows += [(str(r.table), "adopted", s, f"barrier {b}") for b, s in r.adopted]
+            rows += [(str(r.table), "pending", s, f"barrier {b}, awaits job {j}") for b, s, j in r.pending]
+            rows += [(str(r.table), "VIOLATION", s, why) for s, why in r.foreign]
+            rows += [(str(r.table), "MISSING", s, "recorded but not in Iceberg") for s in r.missing_in_iceberg]
+        return table(["table", "status", "snapshot", "detail"], rows, empty="control plane and tables agree")
+
+    emit(obj, [r.to_json() for r in reports], text)
+    bad = [r for r in reports if not r.ok]
+    if bad:
+        click.echo(f"error: single-writer violations or missing snapshots in {', '.join(str(r.table) for r in bad)}",
+                   err=True)
+        sys.exit(1)
+
+
+@click.command("revise")
+@click.argument("table_name", metavar="TABLE")
+@click.option("--to-barrier", type=int, required=True, help="Roll back to the state at this barrier.")
+@click.option("--dry-run", is_flag=True, help="Print the plan only.")
+@click.pass_obj
+def revise(obj, table_name: str, to_barrier: int, dry_run: bool) -> None:
+    """Roll TABLE and everything downstream back to their snapshots at a barrier, reset
+    watermarks and job progress; jobs then recompute the barriers after it."""
+    from iceberg_ext.maintenance import revise as run
+
+    plan = run(obj.conn(), obj.catalog(), TableName.parse(table_name), to_barrier, dry_run=dry_run)
+
+    def text() -> str:
+        head = f"{'plan' if dry_run else 'revised'}: {plan.root} and downstream to barrier {plan.to_barrier}"
+        rows = [(str(t.table), f"{t.from_watermark} -> {t.to_watermark}", f"{t.from_snapshot} -> {t.to_snapshot}",
+                 t.writer_job, "yes" if t.changes else "no") for t in plan.tables]
+        body = table(["table", "watermark", "snapshot", "job", "changes"], rows)
+        return f"{head}\n{body}\njobs reset: {', '.join(plan.jobs_reset) or '(none)'}"
+
+    emit(obj, {**plan.to_json(), "dry_run": dry_run}, text)
+
+
+@click.command("tag")
+@click.argument("name")
+@click.argument("table_names", metavar="TABLE...", nargs=-1, required=True)
+@click.option("--barrier", type=int, help="Tag the cut at this barrier (default: the latest valid cut).")
+@click.option("--max-age", help="Let the tag expire after this long (e.g. 30d).")
+@click.pass_obj
+def tag(obj, name: str, table_names, barrier: int | None, max_age: str | None) -> None:
+    """Create Iceberg tag NAME on each TABLE at the cut's snapshot; any engine can then read
+    the consistent cut with VERSION AS OF 'NAME'."""
+    from iceberg_ext.maintenance import tag as run
+
+    cut = run(obj.conn(), obj.catalog(), name, [TableName.parse(t) for t in table_names], barrier=barrier,
+              max_age_s=parse_duration_s(max_age) if max_age else None)
+    emit(obj, {"tag": name, **cut.to_json()}, lambda: f"tag {name}\n" + render_cut(cut))
+
+
+COMMANDS = [expire, compact, reconcile, revise, tag]

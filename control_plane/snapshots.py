@@ -1,0 +1,85 @@
+"""The barrier -> snapshot map outside completion: compaction records, adoption, listing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from control_plane.errors import BarrierError
+from control_plane.model import TableName
+from control_plane.tables import require
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordedCommit:
+    barrier: int
+    snapshot_id: int
+    operation: str
+    job_name: str
+    run_id: str | None
+    revoked: bool
+
+
+def recorded(conn: psycopg.Connection, table: TableName) -> dict[int, RecordedCommit]:
+    """Every snapshot of ``table`` in the map (revoked ones too), by snapshot id."""
+    rows = conn.execute(
+        """
+        SELECT c.barrier, c.snapshot_id, c.operation, c.job_name, c.run_id, c.revoked_by IS NOT NULL AS revoked
+        FROM table_commit c WHERE c.table_id = %s ORDER BY c.commit_id
+        """,
+        (require(conn, table),),
+    ).fetchall()
+    return {r["snapshot_id"]: RecordedCommit(**r) for r in rows}
+
+
+def known_writers(conn: psycopg.Connection, table: TableName) -> set[str]:
+    """Jobs that ever completed barriers of ``table`` (current and former writers)."""
+    rows = conn.execute(
+        """
+        SELECT DISTINCT job_name FROM table_completion WHERE table_id = %(t)s
+        UNION SELECT DISTINCT job_name FROM table_commit WHERE table_id = %(t)s
+        UNION SELECT j.name FROM job_sink k JOIN job j USING (job_id) WHERE k.table_id = %(t)s
+        """,
+        {"t": require(conn, table)},
+    ).fetchall()
+    return {r["job_name"] for r in rows}
+
+
+def record(
+    conn: psycopg.Connection,
+    table: TableName,
+    *,
+    barrier: int,
+    snapshot_id: int,
+    operation: str,
+    job_name: str,
+    run_id: str | None = None,
+) -> bool:
+    """Add a snapshot the table has completed ``barrier`` with (compaction, or adoption by
+    reconcile). Returns False if it was already recorded. Refused for a barrier the table
+    has not completed: its job adopts such a commit when it completes the barrier."""
+    with conn.transaction():
+        table_id = require(conn, table)
+        state = conn.execute(
+            "SELECT start_barrier, watermark FROM managed_table WHERE table_id = %s FOR UPDATE", (table_id,)
+        ).fetchone()
+        if state["watermark"] is None or not state["start_barrier"] <= barrier <= state["watermark"]:
+            raise BarrierError(
+                f"table {table} has not completed barrier {barrier} (it completed "
+                f"{state['start_barrier']}..{state['watermark']}); its job records that commit when it completes it"
+            )
+        exists = conn.execute(
+            "SELECT 1 FROM table_commit WHERE table_id = %s AND snapshot_id = %s AND revoked_by IS NULL",
+            (table_id, snapshot_id),
+        ).fetchone()
+        if exists:
+            return False
+        conn.execute(
+            """
+            INSERT INTO table_commit (table_id, barrier, snapshot_id, operation, job_name, run_id)
+            VALUES (%s, %s, %s, %s, %s, %s)
+            """,
+            (table_id, barrier, snapshot_id, operation, job_name, run_id),
+        )
+    return True

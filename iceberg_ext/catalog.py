@@ -1,0 +1,131 @@
+"""The Iceberg side through PyIceberg (no JVM): catalog, tables, barrier-tagged snapshots.
+
+The control plane's barrier -> snapshot map is the source of truth; the snapshot summary
+properties below are the copy that lets it be rebuilt and lets a crashed job find its own
+commit.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+
+from control_plane.errors import IcebarrierError, SnapshotExpiredError
+from control_plane.model import TableName
+from iceberg_ext.config import Settings
+
+SUMMARY_BARRIER = "icebarrier.barrier"
+SUMMARY_JOB = "icebarrier.job"
+SUMMARY_RUN = "icebarrier.run"
+SUMMARY_OPERATION = "icebarrier.operation"
+OPERATION_COMPACTION = "compaction"
+OPERATION_REVISION = "revision"
+
+# Properties every managed table gets: busy tables need more commit retries (bounded).
+MANAGED_TABLE_PROPERTIES = {
+    "commit.retry.num-retries": "20",
+    "commit.retry.min-wait-ms": "20",
+    "commit.retry.max-wait-ms": "2000",
+    "commit.retry.total-timeout-ms": "120000",
+}
+
+
+class IcebergTableNotFoundError(IcebarrierError):
+    def __init__(self, table: TableName) -> None:
+        self.table = table
+        super().__init__(f"Iceberg table {table} does not exist in catalog {table.catalog}; create it first")
+
+
+class CatalogMismatchError(IcebarrierError):
+    def __init__(self, table: TableName, catalog: str) -> None:
+        super().__init__(
+            f"table {table} is in catalog {table.catalog}, but icebarrier is configured for catalog {catalog}; "
+            f"set ICEBARRIER_CATALOG={table.catalog} or use {catalog}.<namespace>.<table>"
+        )
+
+
+@functools.lru_cache(maxsize=8)
+def _catalog(name: str, props: tuple[tuple[str, str], ...]):
+    from pyiceberg.catalog import load_catalog
+
+    return load_catalog(name, **dict(props))
+
+
+def load_catalog(settings: Settings):
+    """The PyIceberg catalog named like Spark's, so both see the same tables."""
+    try:
+        import pyiceberg  # noqa: F401
+    except ImportError:
+        raise IcebarrierError("this needs PyIceberg; pip install 'icebarrier[iceberg]'") from None
+    settings.ensure_catalog_schema()
+    return _catalog(settings.catalog, tuple(sorted(settings.pyiceberg_properties().items())))
+
+
+def load_table(catalog, table: TableName):
+    from pyiceberg.exceptions import NoSuchTableError
+
+    if table.catalog != catalog.name:
+        raise CatalogMismatchError(table, catalog.name)
+    try:
+        return catalog.load_table(table.identifier)
+    except NoSuchTableError:
+        raise IcebergTableNotFoundError(table) from None
+
+
+def create_table(catalog, table: TableName, schema, *, properties: dict[str, str] | None = None):
+    """Create a managed table (namespace too) with icebarrier's table properties."""
+    if table.catalog != catalog.name:
+        raise CatalogMismatchError(table, catalog.name)
+    catalog.create_namespace_if_not_exists(table.namespace)
+    return catalog.create_table_if_not_exists(
+        table.identifier, schema=schema, properties={**MANAGED_TABLE_PROPERTIES, **(properties or {})}
+    )
+
+
+def summary_properties(snapshot) -> dict[str, str]:
+    summary = snapshot.summary
+    if summary is None:
+        return {}
+    return dict(summary.additional_properties)
+
+
+def barrier_of(snapshot) -> int | None:
+    value = summary_properties(snapshot).get(SUMMARY_BARRIER)
+    return int(value) if value is not None else None
+
+
+def is_compaction(snapshot) -> bool:
+    return summary_properties(snapshot).get(SUMMARY_OPERATION) == OPERATION_COMPACTION
+
+
+def lineage(table) -> Iterator:
+    """The current snapshot and its ancestors, newest first (rolled-back branches excluded)."""
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        yield snapshot
+        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+
+
+def find_barrier_commit(table, barrier: int) -> int | None:
+    """The data snapshot carrying ``barrier`` in the table's current lineage, if any.
+
+    Used before writing (exactly once per (table, barrier)): a crash between the Iceberg
+    commit and the control-plane record leaves such a snapshot to adopt. Only the current
+    lineage counts, so snapshots undone by a revision are never adopted.
+    """
+    for snapshot in lineage(table):
+        b = barrier_of(snapshot)
+        if b is None:
+            continue
+        if b == barrier and not is_compaction(snapshot):
+            return snapshot.snapshot_id
+        if b < barrier:
+            return None
+    return None
+
+
+def require_snapshots(catalog, snapshots: dict[TableName, int | None], barrier: int | None = None) -> None:
+    """Raise :class:`SnapshotExpiredError` if a snapshot no longer exists in its table."""
+    for name, snapshot_id in snapshots.items():
+        if snapshot_id is not None and load_table(catalog, name).snapshot_by_id(snapshot_id) is None:
+            raise SnapshotExpiredError(str(name), snapshot_id, barrier)

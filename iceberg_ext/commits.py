@@ -1,0 +1,115 @@
+"""Barrier-tagged commits: exactly once per (table, barrier).
+
+A :class:`BarrierCommit` gathers one job's writes for one barrier. Each write carries
+``icebarrier.barrier``, ``icebarrier.job`` and ``icebarrier.run`` in its snapshot summary.
+Before writing a table it checks the control plane (barrier already completed: nothing to
+do), then the table's lineage for a snapshot carrying the barrier (a crash after the
+Iceberg commit and before the control-plane record) and adopts it instead of writing
+again. On success it completes the barrier for all the job's sinks in one control-plane
+transaction; tables that were not written keep their snapshot.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import psycopg
+
+from control_plane import jobs
+from control_plane.errors import IcebarrierError
+from control_plane.model import TableName
+from iceberg_ext import faults
+from iceberg_ext.catalog import SUMMARY_BARRIER, SUMMARY_JOB, SUMMARY_RUN, find_barrier_commit, load_table
+
+
+class DuplicateWriteError(IcebarrierError):
+    def __init__(self, job: str, table: TableName, barrier: int) -> None:
+        super().__init__(
+            f"job {job} already wrote {table} for barrier {barrier}; a (table, barrier) has one commit. "
+            f"Combine the writes into one (e.g. a single overwrite or MERGE)"
+        )
+
+
+class BarrierCommit:
+    """One job's writes for one barrier; use as a context manager."""
+
+    def __init__(self, conn: psycopg.Connection, catalog, *, job: str, barrier: int, run_id: str | None = None):
+        self.conn, self.catalog, self.job, self.barrier = conn, catalog, job, barrier
+        self.run_id = run_id or uuid.uuid4().hex
+        self.commits: dict[TableName, int] = {}
+        self.adopted: set[TableName] = set()
+        info = jobs.show(conn, job)
+        self.sinks = frozenset(info.definition.sinks)
+        # Already completed (a replay of a finished barrier): every write is skipped.
+        self.already_completed = info.progress is not None and info.start_barrier <= barrier <= info.progress
+        self.completion: jobs.Completion | None = None
+
+    @property
+    def properties(self) -> dict[str, str]:
+        """The snapshot summary properties every write of this barrier carries."""
+        return {SUMMARY_BARRIER: str(self.barrier), SUMMARY_JOB: self.job, SUMMARY_RUN: self.run_id}
+
+    def write(self, table: TableName, do_write: Callable[[dict[str, str]], None]) -> int | None:
+        """Write ``table`` once for this barrier with ``do_write(properties)``; returns the snapshot id.
+
+        Skips the write if the barrier is already completed or if the table already holds a
+        snapshot for it (adopted). Returns None when the write produced no snapshot.
+        """
+        if table not in self.sinks:
+            from control_plane.errors import NotASinkError
+
+            raise NotASinkError(self.job, [str(table)])
+        if table in self.commits or table in self.adopted:
+            raise DuplicateWriteError(self.job, table, self.barrier)
+        if self.already_completed:
+            self.adopted.add(table)
+            return None
+        existing = find_barrier_commit(load_table(self.catalog, table), self.barrier)
+        if existing is not None:
+            self.adopted.add(table)
+            self.commits[table] = existing
+            return existing
+        do_write(self.properties)
+        faults.point(faults.AFTER_ICEBERG_COMMIT)
+        written = find_barrier_commit(load_table(self.catalog, table), self.barrier)
+        if written is not None:
+            self.commits[table] = written
+        return written
+
+    def complete(self) -> jobs.Completion:
+        """Record the barrier for all the job's sinks (idempotent for a replayed barrier)."""
+        if self.already_completed:
+            self.completion = jobs.Completion(
+                job=self.job, barrier=self.barrier, commits={}, sinks=tuple(sorted(self.sinks)), noop=True
+            )
+        else:
+            self.completion = jobs.complete(self.conn, self.job, self.barrier, self.commits, run_id=self.run_id)
+        faults.point(faults.AFTER_CONTROL_PLANE)
+        return self.completion
+
+    def __enter__(self) -> BarrierCommit:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.complete()
+
+    # -- PyIceberg writes (no JVM) ----------------------------------------------------------------
+
+    def append_arrow(self, table: TableName, data) -> int | None:
+        """Append a PyArrow table (an empty one writes nothing)."""
+        if data.num_rows == 0:
+            return self.write(table, lambda props: None)
+        return self.write(table, lambda props: load_table(self.catalog, table).append(data, snapshot_properties=props))
+
+    def overwrite_arrow(self, table: TableName, data, overwrite_filter=None) -> int | None:
+        """Replace the table's rows (or those matching ``overwrite_filter``) with ``data``."""
+        from pyiceberg.expressions import AlwaysTrue
+
+        return self.write(
+            table,
+            lambda props: load_table(self.catalog, table).overwrite(
+                data, overwrite_filter=overwrite_filter or AlwaysTrue(), snapshot_properties=props
+            ),
+        )

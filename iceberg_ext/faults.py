@@ -1,0 +1,30 @@
+"""Fault points that tests (and the consistency checker) trigger to crash a real process.
+
+Set ``ICEBARRIER_FAULT`` to a point's name; the process then exits abruptly (os._exit, no
+cleanup, like a kill -9) when it reaches that point. ``ICEBARRIER_FAULT_AFTER=N`` lets the
+point pass N times first.
+"""
+
+from __future__ import annotations
+
+import os
+
+FAULT_ENV = "ICEBARRIER_FAULT"
+FAULT_AFTER_ENV = "ICEBARRIER_FAULT_AFTER"
+CRASH_EXIT_CODE = 137
+
+AFTER_INPUT_RANGE = "after-input-range"
+AFTER_ICEBERG_COMMIT = "after-iceberg-commit"
+AFTER_CONTROL_PLANE = "after-control-plane"
+POINTS = (AFTER_INPUT_RANGE, AFTER_ICEBERG_COMMIT, AFTER_CONTROL_PLANE)
+
+_passed: dict[str, int] = {}
+
+
+def point(name: str) -> None:
+    """Crash here if the environment asks for it."""
+    if os.environ.get(FAULT_ENV) != name:
+        return
+    _passed[name] = _passed.get(name, 0) + 1
+    if _passed[name] > int(os.environ.get(FAULT_AFTER_ENV, "0")):
+        os._exit(CRASH_EXIT_CODE)

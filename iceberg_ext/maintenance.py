@@ -1,0 +1,331 @@
+"""Lease-aware maintenance: expiry, compaction, reconcile, revision and tags.
+
+Expiry chooses its candidates from the table's metadata, then asks the control plane
+(under the table's exclusive lock, after choosing) which of them are outside the protected
+set; those are tombstoned before anything is deleted, so a lease racing the expiry either
+pins first (and the snapshot is kept) or is refused. Deletion runs through PyIceberg and
+removes the files no remaining snapshot references.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+
+from control_plane import leases, reads, revisions, snapshots, tables
+from control_plane.errors import IcebarrierError
+from control_plane.model import Cut, Level, TableName
+from iceberg_ext.catalog import (
+    OPERATION_COMPACTION,
+    OPERATION_REVISION,
+    SUMMARY_BARRIER,
+    SUMMARY_JOB,
+    SUMMARY_OPERATION,
+    SUMMARY_RUN,
+    barrier_of,
+    is_compaction,
+    lineage,
+    load_table,
+    summary_properties,
+)
+
+MAINTENANCE_JOB = "icebarrier-maintenance"
+
+
+# -- expiry ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpiryReport:
+    table: TableName
+    candidates: int
+    expired: tuple[int, ...]
+    protected: dict[int, tuple[str, ...]]
+    files_deleted: int
+    dry_run: bool
+    planning_s: float
+
+    def to_json(self) -> dict:
+        return {
+            "table": str(self.table), "candidates": self.candidates, "expired": list(self.expired),
+            "protected": {str(k): list(v) for k, v in self.protected.items()},
+            "files_deleted": self.files_deleted, "dry_run": self.dry_run, "planning_s": round(self.planning_s, 4),
+        }
+
+
+def plan_candidates(tbl, *, older_than_s: float | None, retain_last: int, now_ms: int | None = None):
+    """Candidates (every non-current snapshot, older than the cut-off if given), what the
+    retention policy keeps (the newest ``retain_last``), and the refs (tags, branches)."""
+    now_ms = now_ms or int(time.time() * 1000)
+    current = tbl.metadata.current_snapshot_id
+    snaps = tbl.metadata.snapshots
+    candidates = [
+        s.snapshot_id for s in snaps
+        if s.snapshot_id != current and (older_than_s is None or s.timestamp_ms < now_ms - older_than_s * 1000)
+    ]
+    newest = sorted(snaps, key=lambda s: (s.timestamp_ms, s.sequence_number or 0), reverse=True)[:retain_last]
+    refs = [(name, ref.snapshot_id) for name, ref in tbl.metadata.refs.items()]
+    return candidates, tuple(s.snapshot_id for s in newest), tuple(refs)
+
+
+def expire(
+    conn: psycopg.Connection,
+    catalog,
+    table: TableName,
+    *,
+    older_than_s: float | None = None,
+    retain_last: int = 1,
+    dry_run: bool = False,
+) -> ExpiryReport:
+    """Expire the snapshots of ``table`` outside the protected set, and their files."""
+    if retain_last < 1:
+        raise IcebarrierError(f"--retain-last {retain_last} is invalid; keep at least 1 snapshot")
+    started = time.perf_counter()
+    tbl = load_table(catalog, table)
+    candidates, retained, refs = plan_candidates(tbl, older_than_s=older_than_s, retain_last=retain_last)
+    claim = leases.claim_expiry(conn, table, candidates, retained=retained, tagged=refs, dry_run=dry_run)
+    planning_s = time.perf_counter() - started
+    deleted = 0
+    if claim.removable and not dry_run:
+        deleted = _expire_and_delete(load_table(catalog, table), list(claim.removable))
+    return ExpiryReport(
+        table=table, candidates=len(candidates), expired=claim.removable,
+        protected={s: p.reasons for s, p in claim.protected.items()}, files_deleted=deleted,
+        dry_run=dry_run, planning_s=planning_s,
+    )
+
+
+def _reachable(tbl, snapshot_list, cache: dict[str, set[str]]) -> set[str]:
+    """Every file path (manifest lists, manifests, data and delete files) the snapshots use."""
+    files: set[str] = set()
+    for snap in snapshot_list:
+        files.add(snap.manifest_list)
+        for manifest in snap.manifests(tbl.io):
+            if manifest.manifest_path not in cache:
+                entries = manifest.fetch_manifest_entry(tbl.io, discard_deleted=False)
+                cache[manifest.manifest_path] = {e.data_file.file_path for e in entries}
+            files.add(manifest.manifest_path)
+            files |= cache[manifest.manifest_path]
+    return files
+
+
+def _expire_and_delete(tbl, snapshot_ids: list[int]) -> int:
+    present = {s.snapshot_id for s in tbl.metadata.snapshots}
+    ids = [s for s in snapshot_ids if s in present]
+    if not ids:
+        return 0
+    cache: dict[str, set[str]] = {}
+    removed = [s for s in tbl.metadata.snapshots if s.snapshot_id in set(ids)]
+    before = _reachable(tbl, removed, cache)
+    tbl.maintenance.expire_snapshots().by_ids(ids).commit()
+    tbl.refresh()
+    after = _reachable(tbl, tbl.metadata.snapshots, cache)
+    doomed = before - after
+    for path in doomed:
+        tbl.io.delete(path)
+    return len(doomed)
+
+
+# -- compaction ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompactionReport:
+    table: TableName
+    barrier: int | None
+    snapshot_id: int | None
+    rewritten_files: int
+
+    def to_json(self) -> dict:
+        return {"table": str(self.table), "barrier": self.barrier, "snapshot_id": self.snapshot_id,
+                "rewritten_files": self.rewritten_files}
+
+
+def data_barrier(tbl, snapshot) -> int | None:
+    """The barrier whose content a snapshot holds: its own, or for a compaction its ancestor's."""
+    for s in _from(tbl, snapshot):
+        if not is_compaction(s) and barrier_of(s) is not None:
+            return barrier_of(s)
+    return None
+
+
+def _from(tbl, snapshot):
+    while snapshot is not None:
+        yield snapshot
+        snapshot = tbl.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+
+
+def compact(spark, conn: psycopg.Connection, catalog, table: TableName, *, min_input_files: int = 2) -> CompactionReport:
+    """Rewrite small files (Spark ``rewrite_data_files``). The new snapshot carries the barrier
+    it compacted and ``icebarrier.operation=compaction`` and becomes S(T, B) for new readers;
+    older snapshots stay for lease-aware expiry."""
+    from iceberg_ext.spark_io import run_with_commit_properties
+
+    tbl = load_table(catalog, table)
+    current = tbl.current_snapshot()
+    barrier = data_barrier(tbl, current) if current else None
+    if barrier is None:
+        raise IcebarrierError(f"table {table} has no barrier-tagged snapshot to compact; let its job commit first")
+    state = tables.states(conn, [table])[0]
+    if not state.has_completed(barrier):
+        raise IcebarrierError(
+            f"table {table} holds a commit for barrier {barrier} that its job has not completed yet; "
+            f"compact after the job completes it"
+        )
+    ident = ".".join((*table.namespace, table.name))
+    statement = (
+        f"CALL {table.catalog}.system.rewrite_data_files(table => '{ident}', "
+        f"options => map('min-input-files', '{int(min_input_files)}'))"
+    )
+    run_with_commit_properties(
+        spark, statement,
+        {SUMMARY_BARRIER: str(barrier), SUMMARY_OPERATION: OPERATION_COMPACTION, SUMMARY_JOB: MAINTENANCE_JOB},
+    )
+    tbl = load_table(catalog, table)
+    new = next(
+        (s for s in lineage(tbl) if is_compaction(s) and (s.sequence_number or 0) > (current.sequence_number or 0)),
+        None,
+    )
+    if new is None:
+        return CompactionReport(table=table, barrier=barrier, snapshot_id=None, rewritten_files=0)
+    # If the job committed meanwhile, the compaction holds the newer content: record it there.
+    holds = data_barrier(tbl, new)
+    snapshots.record(conn, table, barrier=holds, snapshot_id=new.snapshot_id, operation="compaction",
+                     job_name=MAINTENANCE_JOB)
+    rewritten = int(summary_properties(new).get("deleted-data-files", "0"))
+    return CompactionReport(table=table, barrier=holds, snapshot_id=new.snapshot_id, rewritten_files=rewritten)
+
+
+# -- reconcile ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReconcileReport:
+    table: TableName
+    adopted: list[tuple[int, int]] = field(default_factory=list)  # (barrier, snapshot)
+    pending: list[tuple[int, int, str]] = field(default_factory=list)  # (barrier, snapshot, job)
+    foreign: list[tuple[int, str]] = field(default_factory=list)  # (snapshot, why)
+    missing_in_iceberg: list[int] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.foreign and not self.missing_in_iceberg
+
+    def to_json(self) -> dict:
+        return {
+            "table": str(self.table), "ok": self.ok,
+            "adopted": [{"barrier": b, "snapshot_id": s} for b, s in self.adopted],
+            "pending": [{"barrier": b, "snapshot_id": s, "job": j} for b, s, j in self.pending],
+            "foreign": [{"snapshot_id": s, "why": w} for s, w in self.foreign],
+            "missing_in_iceberg": self.missing_in_iceberg,
+        }
+
+
+def reconcile(conn: psycopg.Connection, catalog, table: TableName) -> ReconcileReport:
+    """Compare the control plane with the table's snapshot summaries; adopt missing records,
+    report commits awaiting their job, and snapshots written by anyone else."""
+    tbl = load_table(catalog, table)
+    state = tables.states(conn, [table])[0]
+    known = snapshots.recorded(conn, table)
+    writers = snapshots.known_writers(conn, table)
+    in_lineage = {s.snapshot_id for s in lineage(tbl)}
+    report = ReconcileReport(table=table)
+    for snap in sorted(tbl.metadata.snapshots, key=lambda s: s.sequence_number or 0):
+        props = summary_properties(snap)
+        sid = snap.snapshot_id
+        if sid in known:
+            continue
+        if SUMMARY_BARRIER not in props:
+            report.foreign.append((sid, f"no {SUMMARY_BARRIER} in its summary (operation {snap.summary.operation.value})"))
+            continue
+        job = props.get(SUMMARY_JOB, "?")
+        if job not in writers and job != MAINTENANCE_JOB and props.get(SUMMARY_OPERATION) != OPERATION_REVISION:
+            report.foreign.append((sid, f"written by {job}, which does not own {table}"))
+            continue
+        if sid not in in_lineage:
+            continue  # undone by a revision or replaced concurrently: history, not state
+        barrier = data_barrier(tbl, snap) if is_compaction(snap) else int(props[SUMMARY_BARRIER])
+        if state.has_completed(barrier):
+            op = "compaction" if is_compaction(snap) else "data"
+            same = [c for c in known.values() if c.barrier == barrier and c.operation == "data" and not c.revoked]
+            if op == "data" and same:
+                if same[0].run_id != props.get(SUMMARY_RUN):
+                    report.foreign.append((sid, f"a second data commit for barrier {barrier}"))
+                # else: an earlier snapshot of the same atomic commit (e.g. overwrite = delete + append)
+                continue
+            snapshots.record(conn, table, barrier=barrier, snapshot_id=sid, operation=op, job_name=job)
+            report.adopted.append((barrier, sid))
+        else:
+            report.pending.append((barrier, sid, job))
+    for sid, c in known.items():
+        if not c.revoked and tbl.snapshot_by_id(sid) is None and not _tombstoned(conn, table, sid):
+            report.missing_in_iceberg.append(sid)
+    return report
+
+
+def _tombstoned(conn, table: TableName, snapshot_id: int) -> bool:
+    return conn.execute(
+        "SELECT 1 FROM expired_snapshot e JOIN managed_table m USING (table_id) WHERE m.name = %s AND e.snapshot_id = %s",
+        (str(table), snapshot_id),
+    ).fetchone() is not None
+
+
+# -- revision ---------------------------------------------------------------------------------------------
+
+
+def revise(conn: psycopg.Connection, catalog, table: TableName, to_barrier: int, *, dry_run: bool = False):
+    """Roll ``table`` and everything downstream back to their snapshots at ``to_barrier``."""
+    if dry_run:
+        return revisions.plan(conn, table, to_barrier)
+    plan = revisions.begin(conn, table, to_barrier)
+    for t in plan.tables:
+        if not t.changes:
+            continue
+        tbl = load_table(catalog, t.table)
+        current = tbl.metadata.current_snapshot_id
+        if t.to_snapshot is not None:
+            if current != t.to_snapshot:
+                tbl.manage_snapshots().set_current_snapshot(snapshot_id=t.to_snapshot).commit()
+        elif current is not None and not _is_revision_snapshot(tbl.current_snapshot(), plan):
+            from pyiceberg.expressions import AlwaysTrue
+
+            tbl.delete(AlwaysTrue(), snapshot_properties={
+                SUMMARY_BARRIER: str(plan.to_barrier), SUMMARY_OPERATION: OPERATION_REVISION,
+                SUMMARY_JOB: MAINTENANCE_JOB, "icebarrier.revision": str(plan.revision_id)})
+            emptied = load_table(catalog, t.table).metadata.current_snapshot_id
+            if emptied is not None and emptied != current:
+                revisions.record_revision_snapshot(conn, plan, t.table, emptied)
+    revisions.finish(conn, plan.revision_id)
+    return plan
+
+
+def _is_revision_snapshot(snapshot, plan) -> bool:
+    return summary_properties(snapshot).get("icebarrier.revision") == str(plan.revision_id)
+
+
+# -- tags -----------------------------------------------------------------------------------------------------
+
+
+def tag(conn: psycopg.Connection, catalog, name: str, table_names: list[TableName], *, barrier: int | None = None,
+        max_age_s: float | None = None) -> Cut:
+    """Create Iceberg tag ``name`` on each table at the cut's snapshot, so any engine can read
+    the consistent cut with ``VERSION AS OF 'name'``."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", name):
+        raise IcebarrierError(f"tag name {name!r} is invalid; use letters, digits, '_', '-' and '.'")
+    cut = reads.resolve(conn, table_names, level=Level.READ_COMMITTED, barrier=barrier)
+    empty = [str(t) for t, s in cut.snapshots.items() if s is None]
+    if empty:
+        raise IcebarrierError(f"{', '.join(empty)} had no snapshot at barrier {cut.barrier}; a tag needs one")
+    for t, snapshot_id in cut.snapshots.items():
+        tbl = load_table(catalog, t)
+        if name in tbl.metadata.refs:
+            raise IcebarrierError(f"table {t} already has a ref named {name}; pick another tag name")
+    for t, snapshot_id in cut.snapshots.items():
+        load_table(catalog, t).manage_snapshots().create_tag(
+            snapshot_id, name, max_ref_age_ms=int(max_age_s * 1000) if max_age_s else None
+        ).commit()
+    return cut

@@ -1,0 +1,118 @@
+"""Spark reads and writes through icebarrier (the module that imports pyspark, lazily).
+
+Writes go through a :class:`~iceberg_ext.commits.BarrierCommit`: DataFrame writes carry the
+barrier as ``snapshot-property.*`` options; SQL writes (MERGE, INSERT OVERWRITE, DELETE)
+run inside ``org.apache.iceberg.spark.CommitMetadata.withCommitProperties`` called through
+py4j, which works in PySpark's default pinned-thread mode.
+"""
+
+from __future__ import annotations
+
+import re
+
+from control_plane.model import TableName
+from iceberg_ext.commits import BarrierCommit
+from iceberg_ext.spark import require_pyspark
+
+
+class _SqlCallable:
+    """A java.util.concurrent.Callable that runs one SQL statement from the JVM's side."""
+
+    def __init__(self, spark, statement: str) -> None:
+        self.spark, self.statement = spark, statement
+
+    def call(self):
+        self.spark.sql(self.statement).collect()
+        return None
+
+    class Java:
+        implements = ["java.util.concurrent.Callable"]
+
+
+def run_with_commit_properties(spark, statement: str, properties: dict[str, str]) -> None:
+    """Run a SQL write so that the snapshot it commits carries ``properties``."""
+    require_pyspark()
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    sc = spark.sparkContext
+    ensure_callback_server_started(sc._gateway)
+    jvm = sc._jvm
+    props = jvm.java.util.HashMap()
+    for key, value in properties.items():
+        props.put(key, value)
+    exc_class = jvm.java.lang.Class.forName("java.lang.RuntimeException")
+    jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(props, _SqlCallable(spark, statement), exc_class)
+
+
+def _options(properties: dict[str, str]) -> dict[str, str]:
+    return {f"snapshot-property.{k}": v for k, v in properties.items()}
+
+
+def append_df(tx: BarrierCommit, table: TableName, df) -> int | None:
+    """Append a DataFrame to ``table`` for the barrier (an empty DataFrame writes nothing)."""
+    if df.isEmpty():
+        return tx.write(table, lambda props: None)
+    return tx.write(table, lambda props: df.writeTo(str(table)).options(**_options(props)).append())
+
+
+def overwrite_df(tx: BarrierCommit, table: TableName, df) -> int | None:
+    """Replace all rows of ``table`` with the DataFrame, in one snapshot."""
+    from pyspark.sql import functions as F
+
+    return tx.write(table, lambda props: df.writeTo(str(table)).options(**_options(props)).overwrite(F.lit(True)))
+
+
+def merge_df(tx: BarrierCommit, table: TableName, df, keys: list[str]) -> int | None:
+    """Upsert the DataFrame into ``table`` by ``keys`` with one MERGE (one snapshot)."""
+    if not keys or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in keys):
+        raise ValueError(f"merge keys {keys!r} must be plain column names")
+    if df.isEmpty():
+        return tx.write(table, lambda props: None)
+    view = f"__icebarrier_merge_{abs(hash((str(table), tx.barrier)))}"
+    on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    statement = (
+        f"MERGE INTO {table} t USING {view} s ON {on} "
+        f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+    )
+
+    def write(props):
+        df.createOrReplaceTempView(view)
+        try:
+            run_with_commit_properties(df.sparkSession, statement, props)
+        finally:
+            df.sparkSession.catalog.dropTempView(view)
+
+    return tx.write(table, write)
+
+
+def sql_write(tx: BarrierCommit, table: TableName, statement: str, spark) -> int | None:
+    """Run one SQL write statement (INSERT, INSERT OVERWRITE, MERGE, DELETE, UPDATE) on ``table``."""
+    return tx.write(table, lambda props: run_with_commit_properties(spark, statement, props))
+
+
+# -- reads -----------------------------------------------------------------------------------------
+
+
+def table_at(spark, table: TableName, snapshot_id: int | None):
+    """``table`` as of a snapshot; an empty DataFrame with its schema when it had none."""
+    if snapshot_id is None:
+        return spark.table(str(table)).limit(0)
+    return spark.read.option("snapshot-id", str(snapshot_id)).table(str(table))
+
+
+def pin_sql(spark, query: str, snapshots: dict[TableName, int | None]) -> str:
+    """Rewrite ``query`` so each named table reads its pinned snapshot (VERSION AS OF)."""
+    for table, snapshot_id in sorted(snapshots.items(), key=lambda kv: -len(str(kv[0]))):
+        if snapshot_id is None:
+            view = f"__icebarrier_empty_{'_'.join((table.catalog, *table.namespace, table.name))}"
+            table_at(spark, table, None).createOrReplaceTempView(view)
+            replacement = view
+        else:
+            replacement = f"{table} VERSION AS OF {snapshot_id}"
+        query = re.sub(rf"(?<![\w.`]){re.escape(str(table))}(?![\w.`])", replacement, query, flags=re.IGNORECASE)
+    return query
+
+
+def referenced_tables(query: str, known: list[TableName]) -> list[TableName]:
+    """The managed tables whose full names appear in ``query``."""
+    return [t for t in known if re.search(rf"(?<![\w.`]){re.escape(str(t))}(?![\w.`])", query, re.IGNORECASE)]

@@ -1,0 +1,75 @@
+"""Fixtures for the Iceberg side: one catalog database and one SparkSession per run.
+
+Every test gets its own control-plane schema and its own Iceberg namespace in the shared
+catalog ``lake`` (Spark's catalog configuration is fixed when the session starts, so the
+catalog stays and the namespaces change).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from control_plane import db, schema
+from control_plane.model import TableName
+from iceberg_ext.catalog import load_catalog
+from iceberg_ext.config import Settings
+
+
+@pytest.fixture(scope="session")
+def lake_dsn(pg_server):
+    name = f"icebarrier_lake_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield psycopg.conninfo.make_conninfo(pg_server, dbname=name)
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def warehouse(tmp_path_factory):
+    return tmp_path_factory.mktemp("warehouse")
+
+
+@pytest.fixture(scope="session")
+def spark(lake_dsn, warehouse):
+    """One local[2] SparkSession for the whole run, on the shared catalog."""
+    from iceberg_ext.spark import spark_session
+
+    session = spark_session(Settings(dsn=lake_dsn, warehouse=str(warehouse)).validated(), app_name="icebarrier-tests")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@dataclass
+class Lake:
+    settings: Settings
+    conn: psycopg.Connection
+    catalog: object
+    namespace: str
+
+    def T(self, name: str) -> TableName:
+        return TableName.parse(f"lake.{self.namespace}.{name}")
+
+
+@pytest.fixture
+def lake(lake_dsn, warehouse, monkeypatch):
+    """A fresh control-plane schema and Iceberg namespace (env set for the CLI too)."""
+    cp_schema = f"cp_{uuid.uuid4().hex[:10]}"
+    schema.upgrade(lake_dsn, cp_schema)
+    settings = Settings(dsn=lake_dsn, schema=cp_schema, warehouse=str(warehouse)).validated()
+    monkeypatch.setenv("ICEBARRIER_DSN", lake_dsn)
+    monkeypatch.setenv("ICEBARRIER_SCHEMA", cp_schema)
+    monkeypatch.setenv("ICEBARRIER_WAREHOUSE", str(warehouse))
+    catalog = load_catalog(settings)
+    namespace = f"ns_{uuid.uuid4().hex[:10]}"
+    catalog.create_namespace(namespace)
+    with db.connect(lake_dsn, cp_schema) as conn:
+        yield Lake(settings=settings, conn=conn, catalog=catalog, namespace=namespace)
+    with psycopg.connect(lake_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(cp_schema)))

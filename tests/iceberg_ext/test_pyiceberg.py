@@ -1,0 +1,236 @@
+"""Barrier-tagged commits, reads, expiry, reconcile and revision through PyIceberg (no JVM)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pytest
+
+from control_plane import barriers, jobs, leases, tables
+from control_plane.errors import BarrierNotValidError, SnapshotExpiredError
+from control_plane.model import Level
+from iceberg_ext.catalog import SUMMARY_BARRIER, SUMMARY_JOB, barrier_of, load_table, summary_properties
+from iceberg_ext.commits import BarrierCommit, DuplicateWriteError
+from iceberg_ext.faults import AFTER_ICEBERG_COMMIT, CRASH_EXIT_CODE
+from iceberg_ext.maintenance import expire, reconcile, revise
+from iceberg_ext.reads import LEASE_TAG_PREFIX, ConsistentRead
+from tests.iceberg_ext import pipeline
+from tests.iceberg_ext.pipeline import compute_report, compute_totals, ingest, run_barrier
+
+
+def rows(lake, name, snapshot_id=None):
+    tbl = load_table(lake.catalog, lake.T(name))
+    return tbl.scan(snapshot_id=snapshot_id).to_arrow() if snapshot_id else tbl.scan().to_arrow()
+
+
+def test_commits_carry_the_barrier_and_are_recorded(lake):
+    """Each write's snapshot summary names barrier, job and run; the map records it."""
+    pipeline.setup(lake)
+    b = run_barrier(lake, 1)
+    tbl = load_table(lake.catalog, lake.T("orders"))
+    props = summary_properties(tbl.current_snapshot())
+    assert props[SUMMARY_BARRIER] == str(b) and props[SUMMARY_JOB] == "ingest" and props["icebarrier.run"]
+    cut = __import__("control_plane.reads", fromlist=["x"]).resolve(
+        lake.conn, [lake.T("orders"), lake.T("totals"), lake.T("report")])
+    assert cut.barrier == b
+    assert cut.snapshots[lake.T("orders")] == tbl.current_snapshot().snapshot_id
+    assert rows(lake, "report")["grand_total"].to_pylist() == [50]
+
+
+def test_a_crash_after_the_iceberg_commit_is_adopted_on_restart(lake):
+    """A job killed between the Iceberg commit and the control-plane record (a real process)
+    finds its snapshot on restart and adopts it: no duplicate rows, the barrier completes."""
+    pipeline.setup(lake)
+    b = barriers.issue(lake.conn).barrier
+    args = [sys.executable, "-m", "tests.iceberg_ext.worker", "ingest", lake.settings.dsn, lake.settings.schema,
+            lake.settings.warehouse, lake.namespace, str(b), "1"]
+    crashed = subprocess.run(args, env={**os.environ, "ICEBARRIER_FAULT": AFTER_ICEBERG_COMMIT},
+                             capture_output=True, text=True, timeout=120)
+    assert crashed.returncode == CRASH_EXIT_CODE, crashed.stderr
+    assert tables.states(lake.conn, [lake.T("orders")])[0].watermark is None  # not recorded
+    assert barrier_of(load_table(lake.catalog, lake.T("orders")).current_snapshot()) == b  # but committed
+    restarted = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert restarted.returncode == 0, restarted.stderr
+    result = json.loads(restarted.stdout)
+    assert result["adopted"] == [str(lake.T("orders"))] and not result["noop"]
+    assert rows(lake, "orders").num_rows == 5
+    assert len(load_table(lake.catalog, lake.T("orders")).metadata.snapshots) == 1
+    assert tables.states(lake.conn, [lake.T("orders")])[0].watermark == b
+
+
+def test_replaying_a_completed_barrier_writes_nothing(lake):
+    """Running a completed barrier again skips every write and is a no-op."""
+    pipeline.setup(lake)
+    b = run_barrier(lake, 1)
+    tx = ingest(lake, b, 1)
+    assert tx.completion.noop and rows(lake, "orders").num_rows == 5
+
+
+def test_one_write_per_table_and_barrier(lake):
+    """Writing the same table twice for one barrier is refused."""
+    pipeline.setup(lake)
+    b = barriers.issue(lake.conn).barrier
+    with pytest.raises(DuplicateWriteError, match="one commit"):
+        with BarrierCommit(lake.conn, lake.catalog, job="ingest", barrier=b) as tx:
+            tx.append_arrow(lake.T("orders"), pipeline.orders_batch(1))
+            tx.append_arrow(lake.T("orders"), pipeline.orders_batch(2))
+    assert tables.states(lake.conn, [lake.T("orders")])[0].watermark is None
+
+
+def test_levels_read_uncommitted_mixes_moments_read_committed_does_not(lake):
+    """With orders ahead of totals, read-uncommitted sees totals that disagree with orders;
+    read-committed sees both at the same barrier; as-of reads a past cut."""
+    pipeline.setup(lake)
+    b1 = run_barrier(lake, 1)
+    b2 = barriers.issue(lake.conn).barrier
+    ingest(lake, b2, 2)  # orders at b2, totals/report still at b1
+    names = [lake.T("orders"), lake.T("totals")]
+
+    def consistent(data):
+        return sum(data[lake.T("orders")]["amount"].to_pylist()) == sum(data[lake.T("totals")]["total"].to_pylist())
+
+    with ConsistentRead(lake.conn, lake.catalog, names, level=Level.READ_UNCOMMITTED) as r:
+        assert not consistent(r.read()[1])
+    with ConsistentRead(lake.conn, lake.catalog, names, level=Level.READ_COMMITTED) as r:
+        cut, data = r.read()
+        assert cut.barrier == b1 and consistent(data)
+    compute_totals(lake, b2)
+    with ConsistentRead(lake.conn, lake.catalog, names, barrier=b1) as r:
+        cut, data = r.read()
+        assert cut.barrier == b1 and consistent(data) and data[lake.T("orders")].num_rows == 5
+    with pytest.raises(BarrierNotValidError):
+        ConsistentRead(lake.conn, lake.catalog, [lake.T("report")], barrier=b2).__enter__()
+
+
+def test_repeatable_read_is_stable_and_leased(lake):
+    """Every statement in a repeatable-read block sees the same data while jobs commit; the
+    lease (mirrored as a tag) protects the cut and is released at exit."""
+    pipeline.setup(lake)
+    run_barrier(lake, 1)
+    names = [lake.T("orders"), lake.T("totals"), lake.T("report")]
+    with ConsistentRead(lake.conn, lake.catalog, names, level=Level.REPEATABLE_READ, mirror_tags=True) as r:
+        first = r.read()[1]
+        lease_id = r.cut().lease_id
+        assert LEASE_TAG_PREFIX + lease_id in load_table(lake.catalog, lake.T("orders")).metadata.refs
+        run_barrier(lake, 2)
+        run_barrier(lake, 3)
+        again = r.read()[1]
+        assert {t: d.to_pylist() for t, d in first.items()} == {t: d.to_pylist() for t, d in again.items()}
+        assert [x.lease_id for x in leases.list_leases(lake.conn)] == [lease_id]
+    assert leases.list_leases(lake.conn) == []
+    assert LEASE_TAG_PREFIX + lease_id not in load_table(lake.catalog, lake.T("orders")).metadata.refs
+    with ConsistentRead(lake.conn, lake.catalog, names, level=Level.READ_COMMITTED) as r:
+        assert r.read()[1][lake.T("report")]["grand_total"].to_pylist() == [150]
+
+
+def test_expiry_keeps_protected_snapshots_and_deletes_files(lake):
+    """Expiry removes unprotected snapshots and their files, keeps leased and current ones,
+    and a lease on an expired snapshot is refused."""
+    pipeline.setup(lake)
+    marks = [run_barrier(lake, i) for i in range(1, 5)]
+    pinned = leases.acquire(lake.conn, [lake.T("orders")], ttl_s=600, holder="keep", barrier=marks[1])
+    dry = expire(lake.conn, lake.catalog, lake.T("orders"), dry_run=True)
+    assert dry.files_deleted == 0 and len(load_table(lake.catalog, lake.T("orders")).metadata.snapshots) == 4
+    report = expire(lake.conn, lake.catalog, lake.T("orders"))
+    orders_snaps = {m: s for m, s in zip(marks, _recorded(lake, "orders"))}
+    assert set(report.expired) == {orders_snaps[marks[0]], orders_snaps[marks[2]]}
+    assert report.files_deleted > 0
+    assert f"lease:{pinned.lease_id}" in report.protected[orders_snaps[marks[1]]]
+    remaining = {s.snapshot_id for s in load_table(lake.catalog, lake.T("orders")).metadata.snapshots}
+    assert remaining == {orders_snaps[marks[1]], orders_snaps[marks[3]]}
+    assert rows(lake, "orders", orders_snaps[marks[1]]).num_rows == 10  # still readable
+    for path in _data_files(lake, "orders"):
+        assert os.path.exists(path.removeprefix("file://"))
+    with pytest.raises(SnapshotExpiredError):
+        ConsistentRead(lake.conn, lake.catalog, [lake.T("orders")], level=Level.REPEATABLE_READ,
+                       barrier=marks[0]).__enter__()
+
+
+def _recorded(lake, name):
+    return [r["snapshot_id"] for r in lake.conn.execute(
+        "SELECT c.snapshot_id FROM table_commit c JOIN managed_table m USING (table_id) WHERE m.name = %s "
+        "ORDER BY c.barrier", (str(lake.T(name)),)).fetchall()]
+
+
+def _data_files(lake, name):
+    tbl = load_table(lake.catalog, lake.T(name))
+    return [t.file.file_path for t in tbl.scan().plan_files()]
+
+
+def test_lease_acquisition_racing_expiry_in_processes(lake, capsys):
+    """Many rounds of leases racing expiry in separate processes: no leased snapshot is ever
+    expired, and leases whose snapshot was already gone are refused."""
+    pipeline.setup(lake)
+    barriers.set_interval_s(lake.conn, 0.001)
+    for i in range(1, 31):
+        b = barriers.issue(lake.conn).barrier
+        ingest(lake, b, i)
+    base = [sys.executable, "-m", "tests.iceberg_ext.worker"]
+    common = [lake.settings.dsn, lake.settings.schema, lake.settings.warehouse, lake.namespace]
+    procs = [subprocess.Popen([*base, "leases", *common, "40", str(seed)], stdout=subprocess.PIPE, text=True)
+             for seed in (1, 2)]
+    procs.append(subprocess.Popen([*base, "expire", *common, "15"], stdout=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    results = [json.loads(o) for o in outs]
+    granted = [g for r in results[:2] for g in r["granted"]]
+    refused = sum(r["refused"] for r in results[:2])
+    expired = set(results[2]["expired"])
+    pinned = {snap for _, snap in granted}
+    present = {s.snapshot_id for s in load_table(lake.catalog, lake.T("orders")).metadata.snapshots}
+    with capsys.disabled():
+        print(f"\n[expiry race] {len(granted)} leases granted, {refused} refused (snapshot already expired), "
+              f"{len(expired)} snapshots expired, {len(pinned & expired)} pinned snapshots expired")
+    assert not pinned & expired
+    assert pinned <= present
+    assert len(granted) + refused == 80 and expired
+
+
+def test_reconcile_adopts_missing_records_and_reports_foreign_writers(lake):
+    """Reconcile rebuilds a lost map record from the summary and reports a snapshot written
+    outside icebarrier as a single-writer violation."""
+    pipeline.setup(lake)
+    run_barrier(lake, 1)
+    lost = _recorded(lake, "orders")[0]
+    lake.conn.execute("DELETE FROM table_commit WHERE snapshot_id = %s", (lost,))
+    load_table(lake.catalog, lake.T("orders")).append(pipeline.orders_batch(9))  # no barrier tag
+    report = reconcile(lake.conn, lake.catalog, lake.T("orders"))
+    assert [s for _, s in report.adopted] == [lost]
+    foreign = load_table(lake.catalog, lake.T("orders")).current_snapshot().snapshot_id
+    assert [s for s, _ in report.foreign] == [foreign] and not report.ok
+    assert _recorded(lake, "orders") == [lost]
+    assert reconcile(lake.conn, lake.catalog, lake.T("totals")).ok
+
+
+def test_revision_of_a_three_level_chain(lake):
+    """Revising the root to R rolls it and everything downstream back to their snapshots at
+    R, resets watermarks and job progress; recomputation then gives the same totals."""
+    pipeline.setup(lake)
+    marks = [run_barrier(lake, i) for i in range(1, 4)]
+    r = marks[0]
+    names = [lake.T("orders"), lake.T("totals"), lake.T("report")]
+    at_r = __import__("control_plane.reads", fromlist=["x"]).resolve(lake.conn, names, barrier=r).snapshots
+    plan = revise(lake.conn, lake.catalog, lake.T("orders"), r, dry_run=True)
+    assert [str(t.table) for t in plan.tables] == [str(n) for n in names]
+    assert plan.jobs_reset == ["ingest", "report", "totals"]
+    assert tables.states(lake.conn, names)[0].watermark == marks[2]  # dry run changed nothing
+
+    revise(lake.conn, lake.catalog, lake.T("orders"), r)
+    for name in names:
+        assert tables.states(lake.conn, [name])[0].watermark == r
+        assert load_table(lake.catalog, name).metadata.current_snapshot_id == at_r[name]
+    assert rows(lake, "report")["grand_total"].to_pylist() == [50]
+    assert jobs.next_barrier(lake.conn, "ingest").barrier == marks[1]
+    revoked = lake.conn.execute("SELECT count(*) AS n FROM table_commit WHERE revoked_by IS NOT NULL").fetchone()
+    assert revoked["n"] == 6  # two barriers x three tables, kept for audit
+
+    for i, b in enumerate(marks[1:], start=2):  # recompute (root replays the same input)
+        tx = ingest(lake, b, i)
+        assert not tx.adopted  # the undone snapshots are not in the lineage: written anew
+        compute_totals(lake, b)
+        compute_report(lake, b)
+    assert rows(lake, "report")["grand_total"].to_pylist() == [150]
+    assert rows(lake, "orders").num_rows == 15
+    assert all(reconcile(lake.conn, lake.catalog, n).ok for n in names)

@@ -1,0 +1,65 @@
+"""Entry points run as separate OS processes by the Iceberg tests.
+
+    python -m tests.iceberg_ext.worker ingest DSN SCHEMA WAREHOUSE NAMESPACE BARRIER BARRIER_NO
+    python -m tests.iceberg_ext.worker leases DSN SCHEMA WAREHOUSE NAMESPACE ROUNDS SEED
+    python -m tests.iceberg_ext.worker expire DSN SCHEMA WAREHOUSE NAMESPACE ROUNDS
+
+Crash points come from ICEBARRIER_FAULT (see iceberg_ext.faults). Results go to stdout as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+from control_plane import db
+from control_plane.errors import SnapshotExpiredError
+from control_plane.model import Level
+from iceberg_ext.catalog import load_catalog
+from iceberg_ext.config import Settings
+from iceberg_ext.maintenance import expire
+from iceberg_ext.reads import ConsistentRead
+from tests.iceberg_ext.conftest import Lake
+from tests.iceberg_ext.pipeline import ingest
+
+
+def _lake(dsn, cp_schema, warehouse, namespace) -> Lake:
+    settings = Settings(dsn=dsn, schema=cp_schema, warehouse=warehouse).validated()
+    return Lake(settings=settings, conn=db.connect(dsn, cp_schema), catalog=load_catalog(settings), namespace=namespace)
+
+
+def main(argv: list[str]) -> None:
+    action, dsn, cp_schema, warehouse, namespace, *rest = argv
+    lake = _lake(dsn, cp_schema, warehouse, namespace)
+    if action == "ingest":
+        tx = ingest(lake, int(rest[0]), int(rest[1]))
+        print(json.dumps({"commits": {str(k): v for k, v in tx.commits.items()},
+                          "adopted": sorted(map(str, tx.adopted)), "noop": tx.completion.noop}))
+    elif action == "leases":
+        rounds, rng = int(rest[0]), random.Random(int(rest[1]))
+        marks = [r["barrier"] for r in lake.conn.execute("SELECT barrier FROM barrier ORDER BY barrier").fetchall()]
+        marks = marks[: len(marks) * 2 // 3]  # the newer third is never leased: expiry always has work
+        granted, refused = [], 0
+        for i in range(rounds):
+            try:
+                reader = ConsistentRead(lake.conn, lake.catalog, [lake.T("orders")], level=Level.REPEATABLE_READ,
+                                        barrier=rng.choice(marks), ttl_s=3600, holder=f"race{i}")
+                reader.__enter__()  # keep the lease: it must protect its snapshot until the end
+                reader._stop.set()
+                granted.append([reader._pinned.lease_id, reader._pinned.snapshots[lake.T("orders")]])
+            except SnapshotExpiredError:
+                refused += 1
+        print(json.dumps({"granted": granted, "refused": refused}))
+    elif action == "expire":
+        expired = []
+        for _ in range(int(rest[0])):
+            report = expire(lake.conn, lake.catalog, lake.T("orders"))
+            expired += list(report.expired)
+        print(json.dumps({"expired": expired}))
+    else:
+        raise SystemExit(f"unknown action {action}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
