@@ -161,8 +161,6 @@ def compact(spark, conn: psycopg.Connection, catalog, table: TableName, *, min_i
     """Rewrite small files (Spark ``rewrite_data_files``). The new snapshot carries the barrier
     it compacted and ``icebarrier.operation=compaction`` and becomes S(T, B) for new readers;
     older snapshots stay for lease-aware expiry."""
-    from iceberg_ext.spark_io import run_with_commit_properties
-
     tbl = load_table(catalog, table)
     current = tbl.current_snapshot()
     barrier = data_barrier(tbl, current) if current else None
@@ -174,15 +172,16 @@ def compact(spark, conn: psycopg.Connection, catalog, table: TableName, *, min_i
             f"table {table} holds a commit for barrier {barrier} that its job has not completed yet; "
             f"compact after the job completes it"
         )
-    ident = ".".join((*table.namespace, table.name))
-    statement = (
-        f"CALL {table.catalog}.system.rewrite_data_files(table => '{ident}', "
-        f"options => map('min-input-files', '{int(min_input_files)}'))"
-    )
-    run_with_commit_properties(
-        spark, statement,
-        {SUMMARY_BARRIER: str(barrier), SUMMARY_OPERATION: OPERATION_COMPACTION, SUMMARY_JOB: MAINTENANCE_JOB},
-    )
+    # The rewrite commits from Spark's action, not the calling thread: pass the summary
+    # properties to the action itself (CommitMetadata's thread-local would not reach it).
+    jvm = spark.sparkContext._jvm
+    jtable = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, str(table))
+    action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession).rewriteDataFiles(jtable)
+    action = action.option("min-input-files", str(int(min_input_files)))
+    for key, value in {SUMMARY_BARRIER: str(barrier), SUMMARY_OPERATION: OPERATION_COMPACTION,
+                       SUMMARY_JOB: MAINTENANCE_JOB}.items():
+        action = action.snapshotProperty(key, value)
+    action.execute()
     tbl = load_table(catalog, table)
     new = next(
         (s for s in lineage(tbl) if is_compaction(s) and (s.sequence_number or 0) > (current.sequence_number or 0)),

@@ -118,6 +118,7 @@ def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: s
     from pyspark.sql import SparkSession
 
     settings.ensure_catalog_schema()
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: no guessing at interfaces
     builder = SparkSession.builder.appName(app_name)
     builder = builder.master(master or os.environ.get("ICEBARRIER_SPARK_MASTER", "local[2]"))
     for key, value in {**spark_conf(settings), **(extra or {})}.items():
