@@ -82,6 +82,15 @@ def create_table(catalog, table: TableName, schema, *, properties: dict[str, str
     )
 
 
+def ensure_managed_properties(tbl):
+    """Give a table icebarrier's commit-retry properties if it lacks them (one metadata commit)."""
+    missing = {k: v for k, v in MANAGED_TABLE_PROPERTIES.items() if k not in tbl.properties}
+    if missing:
+        with tbl.transaction() as tx:
+            tx.set_properties(missing)
+    return tbl
+
+
 def summary_properties(snapshot) -> dict[str, str]:
     summary = snapshot.summary
     if summary is None:

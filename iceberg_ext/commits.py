@@ -20,7 +20,14 @@ from control_plane import jobs
 from control_plane.errors import IcebarrierError
 from control_plane.model import TableName
 from iceberg_ext import faults
-from iceberg_ext.catalog import SUMMARY_BARRIER, SUMMARY_JOB, SUMMARY_RUN, find_barrier_commit, load_table
+from iceberg_ext.catalog import (
+    SUMMARY_BARRIER,
+    SUMMARY_JOB,
+    SUMMARY_RUN,
+    ensure_managed_properties,
+    find_barrier_commit,
+    load_table,
+)
 
 
 class DuplicateWriteError(IcebarrierError):
@@ -65,7 +72,7 @@ class BarrierCommit:
         if self.already_completed:
             self.adopted.add(table)
             return None
-        existing = find_barrier_commit(load_table(self.catalog, table), self.barrier)
+        existing = find_barrier_commit(ensure_managed_properties(load_table(self.catalog, table)), self.barrier)
         if existing is not None:
             self.adopted.add(table)
             self.commits[table] = existing

@@ -234,3 +234,45 @@ def test_revision_of_a_three_level_chain(lake):
     assert rows(lake, "report")["grand_total"].to_pylist() == [150]
     assert rows(lake, "orders").num_rows == 15
     assert all(reconcile(lake.conn, lake.catalog, n).ok for n in names)
+
+
+def test_managed_tables_get_commit_retry_properties(lake):
+    """A table written through icebarrier gets bounded commit retries for busy tables."""
+    pipeline.setup(lake)
+    lake.catalog.create_table(lake.namespace + ".plain", schema=pipeline.ORDERS)  # without our properties
+    from control_plane.model import JobDefinition
+
+    jobs.register(lake.conn, JobDefinition(name="plain", sinks=frozenset([lake.T("plain")]),
+                                           external_inputs=frozenset(["x"])))
+    b = barriers.issue(lake.conn).barrier
+    with BarrierCommit(lake.conn, lake.catalog, job="plain", barrier=b) as tx:
+        tx.append_arrow(lake.T("plain"), pipeline.orders_batch(1))
+    assert load_table(lake.catalog, lake.T("plain")).properties["commit.retry.num-retries"] == "20"
+
+
+def test_maintenance_commands(lake):
+    """expire, revise, reconcile and tag from the CLI: dry runs change nothing, JSON is stable,
+    a single-writer violation exits 1."""
+    from click.testing import CliRunner
+
+    from cli.main import cli as command
+
+    pipeline.setup(lake)
+    marks = [run_barrier(lake, i) for i in range(1, 4)]
+    run = CliRunner().invoke
+
+    dry = run(command, ["-o", "json", "expire", "--table", str(lake.T("orders")), "--dry-run"])
+    assert dry.exit_code == 0, dry.stderr
+    assert json.loads(dry.stdout)[0]["dry_run"] and len(load_table(lake.catalog, lake.T("orders")).metadata.snapshots) == 3
+    plan = run(command, ["-o", "json", "revise", str(lake.T("orders")), "--to-barrier", str(marks[0]), "--dry-run"])
+    assert plan.exit_code == 0 and json.loads(plan.stdout)["jobs_reset"] == ["ingest", "report", "totals"]
+    assert tables.states(lake.conn, [lake.T("orders")])[0].watermark == marks[-1]
+    tagged = run(command, ["tag", "v1", str(lake.T("orders")), str(lake.T("report")), "--barrier", str(marks[1])])
+    assert tagged.exit_code == 0 and "v1" in load_table(lake.catalog, lake.T("report")).metadata.refs
+    assert run(command, ["reconcile"]).exit_code == 0
+    load_table(lake.catalog, lake.T("totals")).append(
+        pa.table({"customer": pa.array([9], pa.int64()), "total": pa.array([1], pa.int64())}))
+    bad = run(command, ["reconcile", str(lake.T("totals"))])
+    assert bad.exit_code == 1 and "VIOLATION" in bad.stdout and "single-writer" in bad.stderr
+    wrong = run(command, ["revise", str(lake.T("orders")), "--to-barrier", "123"])
+    assert wrong.exit_code == 1 and "never issued" in wrong.stderr
