@@ -53,10 +53,10 @@ def list_(obj) -> None:
         obj,
         [i.to_json() for i in items],
         lambda: table(
-            ["job", "kind", "reads", "writes", "progress", "behind"],
+            ["job", "kind", "status", "reads", "writes", "progress", "behind"],
             [
                 (
-                    i.definition.name, i.kind,
+                    i.definition.name, i.kind, i.status,
                     ", ".join(sorted(i.definition.external_inputs) or sorted(map(str, i.definition.sources))),
                     ", ".join(sorted(map(str, i.definition.sinks))),
                     barrier_label(i.progress), i.barriers_behind,
@@ -80,6 +80,7 @@ def show(obj, name: str) -> None:
         lines = [
             f"job:        {d.name} ({info.kind})",
             f"registered: {info.registered_at.isoformat()}",
+            f"status:     {info.status}" + (f" (heartbeat {info.heartbeat_at.isoformat()})" if info.heartbeat_at else ""),
             f"progress:   {barrier_label(info.progress)} ({info.barriers_behind} barriers behind)",
         ]
         if d.external_inputs:

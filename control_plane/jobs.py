@@ -44,6 +44,8 @@ class Registration:
 class JobInfo:
     definition: JobDefinition
     registered_at: datetime
+    status: str  # registered, running, stopped, or lost (running without a heartbeat for 30 s)
+    heartbeat_at: datetime | None
     progress: int | None
     start_barrier: int | None
     barriers_behind: int
@@ -60,6 +62,8 @@ class JobInfo:
             "kind": self.kind,
             **definition_json(self.definition),
             "registered_at": self.registered_at.isoformat(),
+            "status": self.status,
+            "heartbeat_at": self.heartbeat_at.isoformat() if self.heartbeat_at else None,
             "start_barrier": self.start_barrier,
             "progress": self.progress,
             "barriers_behind": self.barriers_behind,
@@ -202,7 +206,9 @@ def _check_sink_history(conn: psycopg.Connection, job: JobDefinition) -> None:
 
 
 _JOB_STATE = """
-SELECT j.job_id, j.name, j.external_inputs, j.registered_at,
+SELECT j.job_id, j.name, j.external_inputs, j.registered_at, j.heartbeat_at,
+       CASE WHEN j.status = 'running' AND j.heartbeat_at < now() - interval '30 seconds' THEN 'lost'
+            ELSE j.status END AS status,
        coalesce(src.names, '{}') AS sources, coalesce(snk.names, '{}') AS sinks,
        coalesce(src.states, '[]') AS source_states, coalesce(snk.states, '[]') AS sink_states,
        snk.progress, snk.start_barrier,
@@ -236,6 +242,8 @@ def _job_info(r: dict) -> JobInfo:
     return JobInfo(
         definition=_definition(r),
         registered_at=r["registered_at"],
+        status=r["status"],
+        heartbeat_at=r["heartbeat_at"],
         progress=r["progress"],
         start_barrier=r["start_barrier"],
         barriers_behind=r["barriers_behind"],

@@ -124,6 +124,7 @@ def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: s
     for key, value in {**spark_conf(settings), **(extra or {})}.items():
         builder = builder.config(key, value)
     builder = builder.config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+    builder = builder.config("spark.sql.session.timeZone", "UTC")
     spark = builder.getOrCreate()
     if spark.conf.get(f"spark.sql.catalog.{settings.catalog}", None) is None:
         raise ConfigurationError(

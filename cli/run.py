@@ -1,0 +1,45 @@
+"""``icebarrier run FILE.py``: run a job defined with the icebarrier runtime."""
+
+from __future__ import annotations
+
+import runpy
+
+import click
+
+from cli.render import emit
+from control_plane.errors import IcebarrierError
+from control_plane.model import parse_duration_s
+
+
+def load_job(path: str):
+    """The Job a file defines: its variable ``job``, or its only Job instance."""
+    from iceberg_ext.runtime import Job
+
+    namespace = runpy.run_path(path, run_name="icebarrier_job")
+    if isinstance(namespace.get("job"), Job):
+        return namespace["job"]
+    found = [v for v in namespace.values() if isinstance(v, Job)]
+    if len(found) != 1:
+        raise IcebarrierError(
+            f"{path} defines {len(found)} jobs; define exactly one, or name the one to run `job`"
+        )
+    return found[0]
+
+
+@click.command("run")
+@click.argument("path", metavar="FILE.py", type=click.Path(exists=True, dir_okay=False))
+@click.option("--once", "mode", flag_value="once", default=True, help="Complete every ready barrier, then exit.")
+@click.option("--follow", "mode", flag_value="follow", help="Keep going until SIGINT/SIGTERM.")
+@click.option("--poll", default="1s", show_default=True, help="How often --follow looks for a new barrier.")
+@click.pass_obj
+def run(obj, path: str, mode: str, poll: str) -> None:
+    """Run the job FILE.py defines (register, complete barriers in order, heartbeat, stop cleanly)."""
+    from iceberg_ext.runtime import Runtime
+
+    job = load_job(path)
+    summary = Runtime(job, settings=obj.settings()).run(follow=mode == "follow", poll_s=parse_duration_s(poll))
+    emit(obj, {"job": summary.job, "completed": summary.completed, "stopped_by_signal": summary.stopped_by_signal},
+         f"job {summary.job}: completed {len(summary.completed)} barrier(s)")
+
+
+COMMANDS = [run]

@@ -1,0 +1,76 @@
+"""What a running job records: input ranges for deterministic replay, and liveness."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import psycopg
+
+from control_plane.errors import JobNotFoundError
+
+HEARTBEAT_STALE_S = 30
+
+
+def record_range(conn: psycopg.Connection, job: str, barrier: int, spec: dict, *, range_key: str | None = None) -> dict:
+    """Record the input of ``barrier`` before it is written; returns the recorded range.
+
+    If a range is already recorded for this barrier (a replay after a crash) that one is
+    returned, unchanged: the barrier re-reads exactly the same input.
+    """
+    with conn.transaction():
+        row = conn.execute(
+            """
+            INSERT INTO input_range (job_name, barrier, range_key, spec) VALUES (%s, %s, %s, %s)
+            ON CONFLICT (job_name, barrier) DO NOTHING
+            RETURNING spec
+            """,
+            (job, barrier, range_key, json.dumps(spec)),
+        ).fetchone()
+        if row is None:
+            row = conn.execute(
+                "SELECT spec FROM input_range WHERE job_name = %s AND barrier = %s", (job, barrier)
+            ).fetchone()
+    return row["spec"]
+
+
+def recorded_range(conn: psycopg.Connection, job: str, barrier: int) -> dict | None:
+    row = conn.execute("SELECT spec FROM input_range WHERE job_name = %s AND barrier = %s", (job, barrier)).fetchone()
+    return row["spec"] if row else None
+
+
+def barrier_for_key(conn: psycopg.Connection, job: str, range_key: str) -> int | None:
+    """The barrier a source position (e.g. ``batch:17``) was assigned, if any."""
+    row = conn.execute(
+        "SELECT barrier FROM input_range WHERE job_name = %s AND range_key = %s", (job, range_key)
+    ).fetchone()
+    return row["barrier"] if row else None
+
+
+def ranges(conn: psycopg.Connection, job: str, *, up_to_barrier: int | None = None) -> list[dict]:
+    """All recorded ranges of a job (oldest first), for sources that track consumption."""
+    rows = conn.execute(
+        "SELECT barrier, spec FROM input_range WHERE job_name = %s AND (%s::bigint IS NULL OR barrier <= %s) "
+        "ORDER BY barrier",
+        (job, up_to_barrier, up_to_barrier),
+    ).fetchall()
+    return [{"barrier": r["barrier"], **r["spec"]} for r in rows]
+
+
+def set_status(conn: psycopg.Connection, job: str, status: str) -> None:
+    with conn.transaction():
+        row = conn.execute(
+            """
+            UPDATE job SET status = %s, heartbeat_at = now(), runner = %s
+            WHERE name = %s AND active RETURNING job_id
+            """,
+            (status, f"{socket.gethostname()}:{os.getpid()}", job),
+        ).fetchone()
+    if row is None:
+        raise JobNotFoundError(job)
+
+
+def heartbeat(conn: psycopg.Connection, job: str) -> None:
+    with conn.transaction():
+        conn.execute("UPDATE job SET heartbeat_at = now() WHERE name = %s AND active", (job,))

@@ -1,0 +1,13 @@
+"""Run with `icebarrier run ingest_shopping.py [--once|--follow]` or `python ingest_shopping.py [--once|--follow]`."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from pipeline import build  # noqa: E402
+
+job = build()["ingest_shopping"]
+
+if __name__ == "__main__":
+    job.main()

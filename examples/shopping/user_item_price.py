@@ -1,0 +1,13 @@
+"""Run with `icebarrier run user_item_price.py [--once|--follow]` or `python user_item_price.py [--once|--follow]`."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from pipeline import build  # noqa: E402
+
+job = build()["user_item_price"]
+
+if __name__ == "__main__":
+    job.main()

@@ -1,0 +1,441 @@
+"""The PySpark job runtime: jobs that complete barriers, so consistency comes from using it.
+
+    job = SqlJob("user_item_amount", '''
+        INSERT INTO lake.shop.user_item_amount
+        SELECT user_id, item_id, sum(amount) AS amount FROM lake.shop.shopping GROUP BY user_id, item_id''')
+    if __name__ == "__main__":
+        job.main()          # python my_job.py --once | --follow   (or: icebarrier run my_job.py)
+
+For each barrier B, in order, once every source has completed B, a job reads its sources
+at B, writes its sinks (barrier-tagged, exactly once) and completes B for all of them in one
+control-plane transaction. A root job first records its input range (replayed after a
+crash); an intermediate job's input is ``S(source, B)`` by construction. A job added to
+tables with history bootstraps from their latest common completed barrier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psycopg
+
+from control_plane import db, jobs, runs
+from control_plane.errors import IcebarrierError
+from control_plane.model import JobDefinition, TableName, format_duration_s, parse_duration_s, parse_job_name
+from iceberg_ext import faults
+from iceberg_ext.catalog import is_compaction, load_catalog, load_table
+from iceberg_ext.commits import BarrierCommit
+from iceberg_ext.config import Settings
+from iceberg_ext.reads import ConsistentRead
+from iceberg_ext.sources import Source
+
+HEARTBEAT_S = 5.0
+
+
+class IncrementUnavailableError(IcebarrierError):
+    def __init__(self, table: TableName, snapshot_id: int, operation: str) -> None:
+        super().__init__(
+            f"source {table} has snapshot {snapshot_id} (operation {operation}) since the previous barrier, and "
+            f"incremental reads silently skip such snapshots; this source needs a full recompute: use ctx.table({str(table)!r})"
+        )
+
+
+# -- what a transform returns ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Output:
+    df: object
+    mode: str = "append"  # append, overwrite or merge
+    keys: tuple[str, ...] = ()
+
+
+def append(df) -> Output:
+    return Output(df, "append")
+
+
+def overwrite(df) -> Output:
+    return Output(df, "overwrite")
+
+
+def merge(df, keys: list[str]) -> Output:
+    return Output(df, "merge", tuple(keys))
+
+
+# -- the per-barrier context -----------------------------------------------------------------------------
+
+
+class BarrierContext:
+    """A job's view of barrier B: its sources at B and at its previous barrier."""
+
+    def __init__(self, spark, reader: ConsistentRead, catalog, *, barrier: int, previous: int | None,
+                 previous_snapshots: dict[TableName, int | None]) -> None:
+        self.spark, self.barrier, self.previous = spark, barrier, previous
+        self._reader, self._catalog = reader, catalog
+        self._cut = reader.cut()
+        self._previous_snapshots = previous_snapshots
+
+    @property
+    def bootstrap(self) -> bool:
+        """True for the job's first barrier: inputs are read in full."""
+        return self.previous is None
+
+    def snapshot(self, table: str | TableName) -> int | None:
+        return self._cut.snapshots[_name(table)]
+
+    def table(self, table: str | TableName):
+        """The source as of barrier B (full snapshot)."""
+        from iceberg_ext.spark_io import table_at
+
+        return table_at(self.spark, _name(table), self.snapshot(table))
+
+    def previous_table(self, table: str | TableName):
+        """The source as of the job's previous barrier (empty at bootstrap)."""
+        from iceberg_ext.spark_io import table_at
+
+        name = _name(table)
+        return table_at(self.spark, name, self._previous_snapshots.get(name))
+
+    def increment(self, table: str | TableName):
+        """Rows appended to the source since the previous barrier (all rows at bootstrap).
+
+        Only for append-only history: an overwrite or delete snapshot in between raises
+        :class:`IncrementUnavailableError` (incremental reads would silently skip it).
+        Compaction snapshots add nothing and are skipped.
+        """
+        name = _name(table)
+        start, end = self._previous_snapshots.get(name), self.snapshot(name)
+        if end is None or start == end:
+            return self.table(name).limit(0)
+        if start is None:  # bootstrap, or the source was empty at the previous barrier
+            return self.table(name)
+        tbl = load_table(self._catalog, name)
+        snapshot = tbl.snapshot_by_id(end)
+        while snapshot is not None and snapshot.snapshot_id != start:
+            operation = snapshot.summary.operation.value if snapshot.summary else "unknown"
+            if operation != "append" and not (operation == "replace" and is_compaction(snapshot)):
+                raise IncrementUnavailableError(name, snapshot.snapshot_id, operation)
+            snapshot = tbl.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+        return (self.spark.read.format("iceberg").option("start-snapshot-id", str(start))
+                .option("end-snapshot-id", str(end)).load(str(name)))
+
+
+def delta_join(ctx: BarrierContext, left: str | TableName, right: str | TableName, on: list[str], how: str = "inner"):
+    """The increment of ``left ⋈ right`` at B for append-only inputs, from the tables
+    themselves (no copy of either kept in job state):  ΔL ⋈ R(B)  ∪  L(prev) ⋈ ΔR."""
+    if ctx.bootstrap:
+        return ctx.table(left).join(ctx.table(right), on, how)
+    new_left = ctx.increment(left).join(ctx.table(right), on, how)
+    new_right = ctx.previous_table(left).join(ctx.increment(right), on, how)
+    return new_left.unionByName(new_right)
+
+
+def _name(table: str | TableName) -> TableName:
+    return table if isinstance(table, TableName) else TableName.parse(table)
+
+
+# -- jobs ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    name: str
+    sinks: list[str]
+    sources: list[str] = field(default_factory=list)
+    external_inputs: list[str] = field(default_factory=list)
+
+    def definition(self) -> JobDefinition:
+        return JobDefinition(
+            name=parse_job_name(self.name),
+            sources=frozenset(TableName.parse(t) for t in self.sources),
+            sinks=frozenset(TableName.parse(t) for t in self.sinks),
+            external_inputs=frozenset(self.external_inputs),
+        )
+
+    def outputs(self, ctx: BarrierContext) -> dict[TableName, Output]:
+        raise NotImplementedError
+
+    def main(self, argv: list[str] | None = None) -> None:
+        """``python my_job.py [--once | --follow] [--poll 1s]``"""
+        parser = argparse.ArgumentParser(prog=f"job {self.name}")
+        mode = parser.add_mutually_exclusive_group()
+        mode.add_argument("--once", action="store_true", help="complete every ready barrier, then exit (default)")
+        mode.add_argument("--follow", action="store_true", help="keep going until SIGINT/SIGTERM")
+        parser.add_argument("--poll", default="1s", help="how often to look for a new barrier in --follow")
+        args = parser.parse_args(argv)
+        try:
+            Runtime(self).run(follow=args.follow, poll_s=parse_duration_s(args.poll))
+        except IcebarrierError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
+
+
+@dataclass
+class TransformJob(Job):
+    """An intermediate job: ``transform(ctx)`` returns an Output (one sink) or {sink: Output}."""
+
+    transform: Callable[[BarrierContext], Output | dict] | None = None
+
+    def outputs(self, ctx):
+        result = self.transform(ctx)
+        if isinstance(result, Output):
+            if len(self.sinks) != 1:
+                raise IcebarrierError(f"job {self.name} has several sinks; return {{sink: Output}} from its transform")
+            return {TableName.parse(self.sinks[0]): result}
+        return {_name(k): v for k, v in result.items()}
+
+
+_INSERT = re.compile(r"^\s*INSERT\s+(?P<verb>INTO|OVERWRITE)\s+(?:TABLE\s+)?(?P<sink>[\w.]+)\s+(?P<select>.+)$",
+                     re.IGNORECASE | re.DOTALL)
+_QUALIFIED = re.compile(r"(?<![\w.`])([A-Za-z_]\w*\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?![\w.`(])")
+
+
+class SqlJob(TransformJob):
+    """A job defined by ``INSERT INTO|OVERWRITE sink SELECT …`` over managed tables.
+
+    At each barrier the SELECT runs against its sources pinned at B and replaces the sink's
+    contents (a materialized view; ``mode="append"`` appends instead, ``mode="merge"`` upserts
+    by ``keys``). Sources are the fully qualified tables the SELECT names.
+    """
+
+    def __init__(self, name: str, statement: str, *, mode: str = "overwrite", keys: list[str] = ()):
+        match = _INSERT.match(statement)
+        if not match:
+            raise IcebarrierError(f"SQL job {name}: write it as INSERT INTO <catalog.namespace.table> SELECT …")
+        sink = TableName.parse(match["sink"])
+        select = match["select"]
+        sources = sorted({str(TableName.parse(t)) for t in _QUALIFIED.findall(select)} - {str(sink)})
+        if not sources:
+            raise IcebarrierError(f"SQL job {name}: its SELECT names no catalog.namespace.table source")
+        super().__init__(name=name, sinks=[str(sink)], sources=sources)
+        self.select, self.mode, self.keys = select, mode, list(keys)
+        self.transform = self._run
+
+    def _run(self, ctx):
+        from iceberg_ext.spark_io import pin_sql
+
+        df = ctx.spark.sql(pin_sql(ctx.spark, self.select, {TableName.parse(s): ctx.snapshot(s) for s in self.sources}))
+        return Output(df, self.mode, tuple(self.keys))
+
+
+@dataclass
+class RootJob(Job):
+    """A root job: ``source`` -> (optional ``transform(df, ctx)``) -> one sink, ``mode`` append or merge."""
+
+    source: Source | None = None
+    transform: Callable | None = None
+    mode: str = "append"
+    keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.external_inputs and self.source is not None:
+            self.external_inputs = [self.source.describe()]
+
+
+# -- the runtime ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunSummary:
+    job: str
+    completed: list[int] = field(default_factory=list)
+    stopped_by_signal: bool = False
+
+
+class Runtime:
+    """Runs one job: registers it, completes ready barriers in order, heartbeats, stops cleanly."""
+
+    def __init__(self, job: Job, *, settings: Settings | None = None, spark=None, conn: psycopg.Connection | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.job = job
+        self.settings = settings or Settings.load()
+        self.conn = conn or db.connect(self.settings.dsn, self.settings.schema)
+        self.catalog = load_catalog(self.settings)
+        self._spark = spark
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.stop = threading.Event()
+
+    @property
+    def spark(self):
+        if self._spark is None:
+            from iceberg_ext.spark import spark_session
+
+            self._spark = spark_session(self.settings, app_name=f"icebarrier-{self.job.name}")
+        return self._spark
+
+    def register(self) -> None:
+        result = jobs.register(self.conn, self.job.definition(), replace=True)
+        if result.status != "unchanged":
+            self.log(f"job {self.job.name}: registered ({result.status})")
+
+    def run(self, *, follow: bool = False, poll_s: float = 1.0, max_barriers: int | None = None) -> RunSummary:
+        """Complete every ready barrier (then exit, or with ``follow`` keep polling until stopped)."""
+        self.stop.clear()
+        self.register()
+        runs.set_status(self.conn, self.job.name, "running")
+        summary = RunSummary(job=self.job.name)
+        beat = threading.Thread(target=self._heartbeat, daemon=True, name="icebarrier-heartbeat")
+        beat.start()
+        restore = self._install_signal_handlers() if follow else None
+        try:
+            while not self.stop.is_set():
+                if max_barriers is not None and len(summary.completed) >= max_barriers:
+                    break
+                barrier = self._next_ready()
+                if barrier is None:
+                    if not follow:
+                        break
+                    self.stop.wait(poll_s)
+                    continue
+                self._complete(barrier, summary)
+        finally:
+            self.stop.set()
+            if restore:
+                restore()
+            beat.join(timeout=HEARTBEAT_S)
+            runs.set_status(self.conn, self.job.name, "stopped")
+        summary.stopped_by_signal = self._signalled
+        self.log(f"job {self.job.name}: stopped after {len(summary.completed)} barrier(s)")
+        return summary
+
+    _signalled = False
+
+    def _install_signal_handlers(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def handler(signum, frame):
+            self._signalled = True
+            self.log(f"job {self.job.name}: {signal.Signals(signum).name}, finishing the current barrier")
+            self.stop.set()
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        return lambda: [signal.signal(s, h) for s, h in previous.items()]
+
+    def _heartbeat(self) -> None:
+        with db.connect(self.settings.dsn, self.settings.schema) as conn:
+            while not self.stop.wait(HEARTBEAT_S):
+                runs.heartbeat(conn, self.job.name)
+
+    def _next_ready(self) -> int | None:
+        nb = jobs.next_barrier(self.conn, self.job.name)
+        if not nb.ready:
+            return None
+        source = getattr(self.job, "source", None)
+        if source is not None and not source.ready(nb.barrier):
+            return None
+        return nb.barrier
+
+    def _complete(self, barrier: int, summary: RunSummary) -> None:
+        started = time.perf_counter()
+        info = jobs.show(self.conn, self.job.name)
+        behind = info.barriers_behind
+        if info.progress is None:
+            self.log(f"job {self.job.name}: bootstrapping at barrier {barrier} (full read of its inputs)")
+        if isinstance(self.job, RootJob):
+            written = self._complete_root(barrier)
+        else:
+            written = self._complete_intermediate(barrier, info.progress)
+        summary.completed.append(barrier)
+        rows = ", ".join(f"{t}: {'adopted' if s is None else s}" for t, s in written.items()) or "no changes"
+        self.log(f"job {self.job.name}: barrier {barrier} completed in "
+                 f"{format_duration_s(time.perf_counter() - started)} ({rows}); {max(behind - 1, 0)} behind")
+
+    def _write(self, tx: BarrierCommit, table: TableName, out: Output):
+        from iceberg_ext.spark_io import append_df, merge_df, overwrite_df
+
+        if out.mode == "append":
+            return append_df(tx, table, out.df)
+        if out.mode == "overwrite":
+            return overwrite_df(tx, table, out.df)
+        if out.mode == "merge":
+            return merge_df(tx, table, out.df, list(out.keys))
+        raise IcebarrierError(f"job {self.job.name}: unknown write mode {out.mode!r}; use append, overwrite or merge")
+
+    def _complete_root(self, barrier: int) -> dict:
+        job: RootJob = self.job
+        spec = runs.recorded_range(self.conn, job.name, barrier)
+        if spec is None:
+            spec = runs.record_range(self.conn, job.name, barrier, job.source.plan(self.conn, job.name, barrier))
+        faults.point(faults.AFTER_INPUT_RANGE)
+        df = job.source.read(self.spark, spec)
+        if job.transform is not None:
+            df = job.transform(df)
+        sink = TableName.parse(job.sinks[0])
+        with BarrierCommit(self.conn, self.catalog, job=job.name, barrier=barrier) as tx:
+            self._write(tx, sink, Output(df, job.mode, tuple(job.keys)))
+        return {str(t): s for t, s in tx.commits.items()}
+
+    def _complete_intermediate(self, barrier: int, previous: int | None) -> dict:
+        sources = [TableName.parse(s) for s in self.job.sources]
+        previous_snapshots = {}
+        if previous is not None:
+            from control_plane import reads
+
+            previous_snapshots = reads.resolve(self.conn, sources, barrier=previous).snapshots
+        with ConsistentRead(self.conn, self.catalog, sources, barrier=barrier) as reader:
+            ctx = BarrierContext(self.spark, reader, self.catalog, barrier=barrier, previous=previous,
+                                 previous_snapshots=previous_snapshots)
+            outputs = self.job.outputs(ctx)
+            with BarrierCommit(self.conn, self.catalog, job=self.job.name, barrier=barrier) as tx:
+                for table in sorted(outputs):
+                    self._write(tx, table, outputs[table])
+        return {str(t): s for t, s in tx.commits.items()}
+
+
+# -- streaming root jobs -------------------------------------------------------------------------------------
+
+
+def foreach_batch(job: RootJob | Job, *, settings: Settings | None = None, wait_s: float = 0.2,
+                  log: Callable[[str], None] | None = None):
+    """A ``foreachBatch`` function for Spark Structured Streaming in which each micro-batch
+    completes exactly one barrier. The batch id is recorded as the barrier's input range
+    before writing (Spark's checkpoint maps it to source offsets); a restarted query that
+    replays a batch id completes the same barrier again, which writes nothing twice.
+
+        query = (stream_df.writeStream.foreachBatch(foreach_batch(job))
+                 .option("checkpointLocation", ...).start())
+    """
+    runtime: dict = {}
+
+    def run(df, batch_id: int) -> None:
+        if "rt" not in runtime:
+            runtime["rt"] = Runtime(job, settings=settings, spark=df.sparkSession, log=log)
+            runtime["rt"].register()
+            runs.set_status(runtime["rt"].conn, job.name, "running")
+        rt: Runtime = runtime["rt"]
+        key = f"batch:{batch_id}"
+        barrier = runs.barrier_for_key(rt.conn, job.name, key)
+        if barrier is None:
+            barrier = _wait_for_barrier(rt, wait_s)
+            runs.record_range(rt.conn, job.name, barrier, {"batch_id": batch_id}, range_key=key)
+        faults.point(faults.AFTER_INPUT_RANGE)
+        data = job.transform(df) if getattr(job, "transform", None) else df
+        sink = TableName.parse(job.sinks[0])
+        with BarrierCommit(rt.conn, rt.catalog, job=job.name, barrier=barrier) as tx:
+            rt._write(tx, sink, Output(data, getattr(job, "mode", "append"), tuple(getattr(job, "keys", ()))))
+        runs.heartbeat(rt.conn, job.name)
+        rt.log(f"job {job.name}: micro-batch {batch_id} completed barrier {barrier}")
+
+    return run
+
+
+def _wait_for_barrier(rt: Runtime, wait_s: float) -> int:
+    """The job's next barrier; a micro-batch waits until one is due (bounded by the interval)."""
+    from control_plane import barriers
+
+    deadline = time.monotonic() + max(barriers.get_interval_s(rt.conn) * 2, 5)
+    while True:
+        nb = jobs.next_barrier(rt.conn, rt.job.name)
+        if nb.ready:
+            return nb.barrier
+        if time.monotonic() > deadline:
+            raise IcebarrierError(f"job {rt.job.name}: no barrier became due; check `icebarrier barrier interval`")
+        time.sleep(wait_s)
