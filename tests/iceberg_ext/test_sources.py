@@ -1,0 +1,64 @@
+"""Root-job sources against a real Postgres: event-time barriers and the source watermark."""
+
+import uuid
+
+import psycopg
+import pytest
+
+from control_plane import barriers, runs, tables
+from control_plane.model import TableName, barrier_time
+from iceberg_ext.runtime import RootJob, Runtime
+from iceberg_ext.sources import PostgresSource, SourceError
+
+
+@pytest.fixture
+def transfers(lake_dsn):
+    name = f"transfers_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(lake_dsn, autocommit=True) as c:
+        c.execute(f"CREATE TABLE public.{name} (id bigserial, account int, delta bigint, "
+                  f"ts timestamptz NOT NULL DEFAULT now())")
+    yield name
+    with psycopg.connect(lake_dsn, autocommit=True) as c:
+        c.execute(f"DROP TABLE public.{name}")
+
+
+def _transfer(conn, table, a, b, amount):
+    """One source transaction: two legs stamped with the same event time (now() = transaction start)."""
+    with conn.transaction():
+        conn.execute(f"INSERT INTO public.{table} (account, delta) VALUES (%s, %s), (%s, %s)", (a, -amount, b, amount))
+
+
+def test_event_time_barrier_waits_for_open_transactions_and_keeps_them_whole(lake, spark, lake_dsn, transfers):
+    """A barrier closes only when no open source transaction started before it; it takes
+    exactly the rows stamped <= B, so a transfer's two legs land in the same barrier."""
+    sink = f"lake.{lake.namespace}.ledger"
+    spark.sql(f"CREATE TABLE {sink} (id bigint, account int, delta bigint, ts timestamp) USING iceberg")
+    source = PostgresSource(lake_dsn, f"public.{transfers}", ["id", "account", "delta", "ts"], event_time="ts")
+    job = RootJob(name=f"{lake.namespace}_ledger", sinks=[sink], source=source)
+    rt = Runtime(job, settings=lake.settings, spark=spark, conn=lake.conn, log=lambda _: None)
+    with psycopg.connect(lake_dsn, autocommit=True) as writer, psycopg.connect(lake_dsn) as slow:
+        _transfer(writer, transfers, 1, 2, 10)
+        slow.execute(f"INSERT INTO public.{transfers} (account, delta) VALUES (3, -5)")  # open transaction
+        b1 = barriers.issue(lake.conn).barrier
+        _transfer(writer, transfers, 2, 3, 7)  # committed, but stamped after b1
+        assert not source.ready(b1)  # the open transaction started before b1 and may still commit
+        assert rt.run().completed == []
+        slow.execute(f"INSERT INTO public.{transfers} (account, delta) VALUES (4, 5)")
+        slow.commit()  # the slow transfer lands, stamped before b1
+    assert source.ready(b1)
+    assert rt.run().completed == [b1]
+    rows = spark.table(sink).collect()
+    assert sorted(r.delta for r in rows) == [-10, -5, 5, 10]  # both transfers before b1, whole; not the later one
+    assert sum(r.delta for r in rows) == 0
+    spec = runs.recorded_range(lake.conn, job.name, b1)
+    assert spec["event_time_le"] == barrier_time(b1).isoformat()
+    b2 = barriers.issue(lake.conn).barrier
+    assert rt.run().completed == [b2]
+    assert sum(r.delta for r in spark.table(sink).collect()) == 0 and spark.table(sink).count() == 6
+    assert tables.states(lake.conn, [TableName.parse(sink)])[0].watermark == b2
+
+
+def test_source_needs_one_strategy(lake_dsn):
+    """A Postgres source takes a key (system-time) or an event-time column, not both or neither."""
+    with pytest.raises(SourceError, match="exactly one"):
+        PostgresSource(lake_dsn, "public.t", ["a"])
