@@ -39,10 +39,11 @@ class ConsistentRead:
         ttl_s: float = 600,
         holder: str = "reader",
         mirror_tags: bool = False,
+        verify_snapshots: bool = True,
     ) -> None:
         self.conn, self.catalog, self.tables = conn, catalog, list(dict.fromkeys(tables))
         self.level, self.barrier, self.ttl_s, self.holder = Level(level), barrier, ttl_s, holder
-        self.mirror_tags = mirror_tags
+        self.mirror_tags, self.verify_snapshots = mirror_tags, verify_snapshots
         self._pinned: Cut | None = None
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
@@ -82,7 +83,8 @@ class ConsistentRead:
 
     def _resolve(self) -> Cut:
         cut = reads.resolve(self.conn, self.tables, level=self.level, barrier=self.barrier)
-        require_snapshots(self.catalog, cut.snapshots, cut.barrier)
+        if self.verify_snapshots:
+            require_snapshots(self.catalog, cut.snapshots, cut.barrier)
         return cut
 
     def cut(self) -> Cut:
