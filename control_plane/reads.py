@@ -30,7 +30,8 @@ bound AS (SELECT coalesce(%(barrier)s::bigint, min(watermark)) AS b FROM t),
 verdict AS MATERIALIZED (
     SELECT bound.b,
            EXISTS (SELECT 1 FROM barrier WHERE barrier = bound.b) AS issued,
-           (SELECT bool_and(t.start_barrier <= bound.b AND bound.b <= t.watermark) FROM t) AS valid
+           (SELECT bool_and(coalesce(t.start_barrier <= bound.b AND bound.b <= t.watermark, false))
+            FROM t) AS valid
     FROM bound)
 SELECT t.table_id, t.start_barrier, t.watermark, s.snapshot_id,
        EXISTS (SELECT 1 FROM expired_snapshot e

@@ -126,11 +126,13 @@ def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: s
     builder = builder.config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     spark = builder.getOrCreate()
-    if spark.conf.get(f"spark.sql.catalog.{settings.catalog}", None) is None:
-        raise ConfigurationError(
-            f"an existing SparkSession has no catalog {settings.catalog}; "
-            f"stop it or create it with icebarrier's spark-conf"
-        )
+    wanted = spark_conf(settings)
+    for key in (f"spark.sql.catalog.{settings.catalog}", f"spark.sql.catalog.{settings.catalog}.uri"):
+        if key in wanted and spark.conf.get(key, None) != wanted[key]:
+            raise ConfigurationError(
+                f"the running SparkSession has {key}={spark.conf.get(key, None)}, not {wanted[key]}; "
+                f"stop it first or start it with `icebarrier spark-conf`"
+            )
     return spark
 
 

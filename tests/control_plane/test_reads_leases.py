@@ -60,6 +60,11 @@ def test_no_valid_cut_before_every_table_started(conn):
     register_chain(conn)
     with pytest.raises(NoValidCutError, match="completed no barrier yet"):
         reads.resolve(conn, ALL)
+    jobs.complete(conn, "ingest_orders", new_barrier(conn), {T("orders"): 1})
+    with pytest.raises(NoValidCutError, match="lake.db.payments, lake.db.revenue, lake.db.report completed no"):
+        reads.resolve(conn, ALL)
+    with pytest.raises(NoValidCutError):
+        leases.acquire(conn, ALL, ttl_s=60, holder="x")
 
 
 def test_lease_pins_a_cut_and_expires(conn, two_barriers):
