@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
-import uuid
 from dataclasses import replace
 
 import click
 import psycopg
-from psycopg import sql
 
 from cli.render import duration, emit, table
+from cli.scratch import scratch
 from control_plane import db, schema
-from control_plane.db import DSN_ENV
 
 
 @click.command("demo")
@@ -30,44 +26,19 @@ def demo(obj, scenario: str, rounds: int, keep: bool) -> None:
     Without --dsn / ICEBARRIER_DSN it starts an embedded Postgres (data under
     ~/.icebarrier/, or $ICEBARRIER_HOME) and stops it afterwards; it writes nothing
     outside that state directory."""
-    from control_plane.embedded import EmbeddedPostgres
-    from iceberg_ext.config import Settings, state_dir
+    from iceberg_ext.config import Settings
 
     say = lambda line: click.echo(line, err=obj.output == "json")  # noqa: E731
-    server = None
-    base_dsn = obj.dsn or os.environ.get(DSN_ENV)
-    home = state_dir()
-    if not base_dsn:
-        say(f"starting an embedded Postgres under {home / 'demo-pg'} …")
-        server = EmbeddedPostgres(state_dir=home / "demo-pg")
-        base_dsn = server.start()
-    dbname = f"icebarrier_demo_{uuid.uuid4().hex[:8]}"
-    warehouse = home / "demo-warehouse" / dbname
     started = time.perf_counter()
-    try:
-        with psycopg.connect(base_dsn, autocommit=True) as admin:
-            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-        dsn = psycopg.conninfo.make_conninfo(base_dsn, dbname=dbname)
+    with scratch(obj, "demo", say, keep=keep) as (dsn, warehouse):
         settings = Settings(dsn=dsn, warehouse=str(warehouse)).validated()
         results = _run(settings, scenario, rounds, say)
-        payload = {"database": dbname, "warehouse": str(warehouse), "results": [r.to_json() for r in results],
-                   "seconds": round(time.perf_counter() - started, 1)}
+        payload = {"database": psycopg.conninfo.conninfo_to_dict(dsn)["dbname"], "warehouse": str(warehouse),
+                   "results": [r.to_json() for r in results], "seconds": round(time.perf_counter() - started, 1)}
         emit(obj, payload, lambda: "\n\n".join(_render(r) for r in results)
              + f"\n\ndemo finished in {duration(time.perf_counter() - started)}")
-        bad = [r for r in results for lvl in ("read-committed", "repeatable-read") if r.levels[lvl].anomalies]
-        if bad:
-            raise SystemExit(1)
-    finally:
-        if not keep:
-            with psycopg.connect(base_dsn, autocommit=True) as admin:
-                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
-            shutil.rmtree(warehouse, ignore_errors=True)
-            if server is not None:
-                server.stop()
-                say("embedded Postgres stopped")
-        elif server is not None:
-            say(f"kept: database {dbname} on {base_dsn}; stop the server with "
-                f"`pg_ctl -D {home / 'demo-pg' / 'pgdata'} stop` (as its owner)")
+    if any(r.levels[lvl].anomalies for r in results for lvl in ("read-committed", "repeatable-read")):
+        raise SystemExit(1)
 
 
 def _run(settings, scenario: str, rounds: int, say):

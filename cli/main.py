@@ -107,9 +107,9 @@ def cli(ctx: click.Context, dsn: str | None, schema: str | None, config: str | N
 
 
 def _register_commands() -> None:
-    from cli import barrier, cut, db, delay, demo, job, lease, maintenance, run, spark, table
+    from cli import barrier, check, cut, db, delay, demo, job, lease, maintenance, run, spark, table
 
-    for module in (db, job, barrier, table, cut, lease, delay, spark, maintenance, run, demo):
+    for module in (db, job, barrier, table, cut, lease, delay, spark, maintenance, run, demo, check):
         for command in module.COMMANDS:
             cli.add_command(command)
 

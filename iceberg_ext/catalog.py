@@ -133,6 +133,27 @@ def find_barrier_commit(table, barrier: int) -> int | None:
     return None
 
 
+COMMIT_ATTEMPTS = 10
+
+
+def retry_commit(fn, *, attempts: int = COMMIT_ATTEMPTS):
+    """Run a PyIceberg commit, retrying (bounded, with backoff) when another writer committed
+    first; ``fn`` must reload the table itself. Spark retries on its own (commit.retry.*)."""
+    import random
+    import time
+
+    from pyiceberg.exceptions import CommitFailedException
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except CommitFailedException:
+            if attempt == attempts:
+                raise
+            time.sleep(min(2.0, 0.02 * 2**attempt) * (0.5 + random.random()))
+    raise AssertionError("unreachable")
+
+
 def require_snapshots(catalog, snapshots: dict[TableName, int | None], barrier: int | None = None) -> None:
     """Raise :class:`SnapshotExpiredError` if a snapshot no longer exists in its table."""
     for name, snapshot_id in snapshots.items():

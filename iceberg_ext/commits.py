@@ -27,6 +27,7 @@ from iceberg_ext.catalog import (
     ensure_managed_properties,
     find_barrier_commit,
     load_table,
+    retry_commit,
 )
 
 
@@ -77,7 +78,7 @@ class BarrierCommit:
             self.adopted.add(table)
             self.commits[table] = existing
             return existing
-        do_write(self.properties)
+        retry_commit(lambda: do_write(self.properties))
         faults.point(faults.AFTER_ICEBERG_COMMIT)
         written = find_barrier_commit(load_table(self.catalog, table), self.barrier)
         if written is not None:

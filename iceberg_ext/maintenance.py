@@ -28,6 +28,7 @@ from iceberg_ext.catalog import (
     is_compaction,
     lineage,
     load_table,
+    retry_commit,
     summary_properties,
 )
 
@@ -89,7 +90,7 @@ def expire(
     planning_s = time.perf_counter() - started
     deleted = 0
     if claim.removable and not dry_run:
-        deleted = _expire_and_delete(load_table(catalog, table), list(claim.removable))
+        deleted = retry_commit(lambda: _expire_and_delete(load_table(catalog, table), list(claim.removable)))
     return ExpiryReport(
         table=table, candidates=len(candidates), expired=claim.removable,
         protected={s: p.reasons for s, p in claim.protected.items()}, files_deleted=deleted,

@@ -1,0 +1,49 @@
+"""A scratch environment for the demo and the checker: a fresh database on the given
+Postgres (or on an embedded one under the state directory) and a fresh warehouse, both
+removed afterwards unless kept."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from control_plane.db import DSN_ENV
+
+
+@contextmanager
+def scratch(obj, purpose: str, say, *, keep: bool = False):
+    """Yield (dsn, warehouse) of a new database and warehouse directory for ``purpose``."""
+    from control_plane.embedded import EmbeddedPostgres
+    from iceberg_ext.config import state_dir
+
+    home = state_dir()
+    server = None
+    base_dsn = obj.dsn or os.environ.get(DSN_ENV)
+    if not base_dsn:
+        say(f"starting an embedded Postgres under {home / 'demo-pg'} …")
+        server = EmbeddedPostgres(state_dir=home / "demo-pg")
+        base_dsn = server.start()
+    dbname = f"icebarrier_{purpose}_{uuid.uuid4().hex[:8]}"
+    warehouse = Path(home / f"{purpose}-warehouse" / dbname)
+    try:
+        with psycopg.connect(base_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+        yield psycopg.conninfo.make_conninfo(base_dsn, dbname=dbname), warehouse
+    finally:
+        if not keep:
+            with psycopg.connect(base_dsn, autocommit=True) as admin:
+                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+            shutil.rmtree(warehouse, ignore_errors=True)
+            if server is not None:
+                server.stop()
+                say("embedded Postgres stopped")
+        else:
+            say(f"kept: database {dbname} and warehouse {warehouse}"
+                + (f"; stop the embedded server with `pg_ctl -D {home / 'demo-pg' / 'pgdata'} stop` as its owner"
+                   if server else ""))
