@@ -15,15 +15,14 @@ import argparse
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-import psycopg
-from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from control_plane import barriers, db, jobs, schema  # noqa: E402
+from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
+from control_plane import barriers, db, jobs  # noqa: E402
 from control_plane.model import JobDefinition, TableName  # noqa: E402
 from iceberg_ext.catalog import load_catalog, load_table  # noqa: E402
 from iceberg_ext.commits import BarrierCommit  # noqa: E402
@@ -110,18 +109,13 @@ def bench_expiry_planning(conn, catalog, n_snapshots: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--dsn", default=DEFAULT_SERVER)
     parser.add_argument("--barriers", type=int, default=5)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--snapshots", type=int, default=10_000)
     args = parser.parse_args()
 
-    name = f"icebarrier_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = psycopg.conninfo.make_conninfo(args.dsn, dbname=name)
-    try:
-        schema.upgrade(dsn)
+    with scratch_database(args.dsn) as dsn:
         with tempfile.TemporaryDirectory() as warehouse:
             settings = Settings(dsn=dsn, warehouse=warehouse).validated()
             spark = spark_session(settings, app_name="icebarrier-bench")
@@ -138,9 +132,6 @@ def main() -> int:
                 print(f"expiry planning, {args.snapshots} snapshots: {planning:.3f} s   "
                       f"(goal <= 1 s: {'met' if planning <= 1 else 'MISSED'})")
             spark.stop()
-    finally:
-        with psycopg.connect(args.dsn, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
     return 0
 
 

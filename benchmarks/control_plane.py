@@ -16,15 +16,15 @@ import argparse
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from control_plane import barriers, db, jobs, reads, schema  # noqa: E402
+from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
+from control_plane import barriers, db, jobs, reads  # noqa: E402
 from control_plane.model import JobDefinition, TableName  # noqa: E402
 
 GOALS_MS = {10: 2, 100: 3, 1000: 5}
@@ -71,18 +71,13 @@ def bench_cut(conn: psycopg.Connection, n_tables: int, reps: int) -> tuple[float
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres",
+    parser.add_argument("--dsn", default=DEFAULT_SERVER,
                         help="a server where we may CREATE DATABASE")
     parser.add_argument("--n", type=int, default=2000, help="operations per throughput measurement")
     parser.add_argument("--reps", type=int, default=200, help="cut resolutions per size")
     args = parser.parse_args()
 
-    name = f"icebarrier_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = psycopg.conninfo.make_conninfo(args.dsn, dbname=name)
-    try:
-        schema.upgrade(dsn)
+    with scratch_database(args.dsn) as dsn:
         with db.connect(dsn) as conn:
             plain = bench_single_row(conn, args.n)
             complete = bench_complete(conn, args.n)
@@ -95,9 +90,6 @@ def main() -> int:
                 verdict = "met" if p50 <= goal else "MISSED"
                 print(f"read-committed cut, {n_tables:5d} tables: p50 {p50:6.2f} ms  p95 {p95:6.2f} ms"
                       f"   (goal p50 <= {goal} ms: {verdict})")
-    finally:
-        with psycopg.connect(args.dsn, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
     return 0
 
 

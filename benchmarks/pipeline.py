@@ -18,15 +18,14 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-import psycopg
-from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from control_plane import barriers, db, schema  # noqa: E402
+from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
+from control_plane import barriers, db  # noqa: E402
 from iceberg_ext.config import Settings  # noqa: E402
 from iceberg_ext.runtime import RootJob, Runtime, SqlJob  # noqa: E402
 from iceberg_ext.sources import FileSource  # noqa: E402
@@ -62,16 +61,11 @@ def run_plain(spark, folder: Path, ns: str, k: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--dsn", default=DEFAULT_SERVER)
     parser.add_argument("--barriers", type=int, default=5)
     parser.add_argument("--rows", type=int, default=100_000)
     args = parser.parse_args()
-    name = f"icebarrier_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = psycopg.conninfo.make_conninfo(args.dsn, dbname=name)
-    try:
-        schema.upgrade(dsn)
+    with scratch_database(args.dsn) as dsn:
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
             settings = Settings(dsn=dsn, warehouse=str(tmp / "warehouse")).validated()
@@ -115,9 +109,6 @@ def main() -> int:
             ratio = managed / plain
             print(f"  ratio:                 {ratio:6.3f}   (goal <= 1.05: {'met' if ratio <= 1.05 else 'MISSED'})")
             spark.stop()
-    finally:
-        with psycopg.connect(args.dsn, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
     return 0
 
 

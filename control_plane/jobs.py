@@ -274,13 +274,21 @@ def _states(items: list[dict]) -> list[TableState]:
 def next_barrier(conn: psycopg.Connection, name: str) -> NextBarrier:
     """The barrier ``name`` must complete next.
 
-    With progress P it is the first barrier after P. Without progress, a root job starts at
-    the newest barrier and an intermediate job at its sources' latest common completed
-    barrier (bootstrap, no need to wait for a new one). A root job asking when there is no
+    With progress P it is the first barrier after P. Without progress, a job resumes the
+    first barrier whose input it recorded; otherwise a root job starts at the newest barrier
+    and an intermediate job at its sources' latest common completed barrier (bootstrap, no
+    need to wait for a new one). A root job asking when there is no
     next barrier issues one if the newest is older than the barrier interval.
     """
     info = show(conn, name)
     issued = False
+    if info.progress is None:
+        # A job that recorded the input of its first barrier and then crashed must resume that
+        # barrier, not start at a newer one (its commit may already be in a table to adopt).
+        row = conn.execute("SELECT min(barrier) AS b FROM input_range WHERE job_name = %s", (name,)).fetchone()
+        if row["b"] is not None:
+            waiting = {str(s.name): s.watermark for s in info.sources if not s.has_completed(row["b"])}
+            return NextBarrier(job=name, barrier=row["b"], ready=not waiting, waiting_for=waiting)
     if info.definition.is_root:
         candidate = _first_after(conn, info.progress) if info.progress is not None else _newest_barrier(conn)
         if candidate is None or (info.progress is None and _due(conn)):

@@ -49,8 +49,15 @@ def acquire(
     ttl_s: float,
     holder: str,
     barrier: int | None = None,
+    bootstrap_job: str | None = None,
 ) -> Cut:
-    """Pin a valid cut (the latest, or at ``barrier``) for ``holder`` for ``ttl_s`` seconds."""
+    """Pin a valid cut (the latest, or at ``barrier``) for ``holder`` for ``ttl_s`` seconds.
+
+    With ``bootstrap_job`` the lease also starts that job at the cut's barrier B, in the same
+    transaction: it records B as the job's first input range (so B is pinned as the job's
+    progress would be, even after the lease ends) and checks that no snapshot the job will
+    read after B (its sources' commits in (B, W]) was expired before the pin.
+    """
     _check_ttl(ttl_s)
     holder = parse_holder(holder)
     with conn.transaction():
@@ -85,6 +92,23 @@ def acquire(
         ).fetchone()
         if gone:
             raise SnapshotExpiredError(gone["name"], gone["snapshot_id"], cut.barrier)
+        if bootstrap_job is not None:
+            later = conn.execute(
+                """
+                SELECT m.name, c.snapshot_id, c.barrier FROM table_commit c
+                JOIN managed_table m USING (table_id)
+                JOIN expired_snapshot e ON e.table_id = c.table_id AND e.snapshot_id = c.snapshot_id
+                WHERE c.table_id = ANY(%s) AND c.barrier > %s AND c.revoked_by IS NULL
+                ORDER BY c.barrier LIMIT 1
+                """,
+                (ids, cut.barrier),
+            ).fetchone()
+            if later:
+                raise SnapshotExpiredError(later["name"], later["snapshot_id"], later["barrier"])
+            conn.execute(
+                "INSERT INTO input_range (job_name, barrier, spec) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                (bootstrap_job, cut.barrier, '{"bootstrap": true}'),
+            )
     return Cut(
         barrier=cut.barrier, level=Level.REPEATABLE_READ, snapshots=cut.snapshots,
         lease_id=str(row["lease_id"]), expires_at=row["expires_at"],
@@ -158,12 +182,20 @@ def _parse_id(lease_id: str) -> uuid.UUID:
 
 # For one table: its current snapshot, live lease pins, downstream job progress pins and the
 # read-committed window (every snapshot a read-committed reader may resolve now: S(T, lo)
-# and all commits in (lo, W(T)], lo being the lowest watermark of any tracked table).
+# and all commits in (lo, W(T)], lo being the lowest watermark of any table, or the lowest
+# progress of any job: a job that has recorded its first barrier but not completed it yet
+# counts as being there, so what it reads next is kept).
 _PROTECTION = """
 WITH t AS (SELECT table_id, watermark FROM managed_table WHERE table_id = %(table_id)s),
+started AS (  -- jobs' progress: their sinks' watermark, else the first barrier they recorded
+    SELECT j.job_id, j.name,
+           coalesce((SELECT max(m.watermark) FROM job_sink k JOIN managed_table m USING (table_id)
+                     WHERE k.job_id = j.job_id),
+                    (SELECT min(r.barrier) FROM input_range r WHERE r.job_name = j.name)) AS progress
+    FROM job j WHERE j.active),
 lo AS (
-    SELECT min(m.watermark) AS b FROM managed_table m
-    WHERE m.watermark IS NOT NULL)
+    SELECT least((SELECT min(m.watermark) FROM managed_table m WHERE m.watermark IS NOT NULL),
+                 (SELECT min(progress) FROM started)) AS b)
 SELECT
   (SELECT c.snapshot_id FROM table_commit c WHERE c.revoked_by IS NULL AND c.table_id = t.table_id
     ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1) AS current,
@@ -173,10 +205,8 @@ SELECT
   coalesce((SELECT json_agg(json_build_array(p.job_name, (
                 SELECT c.snapshot_id FROM table_commit c WHERE c.revoked_by IS NULL AND c.table_id = t.table_id AND c.barrier <= p.progress
                 ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1)))
-            FROM (SELECT j.name AS job_name,
-                         (SELECT max(m.watermark) FROM job_sink k JOIN managed_table m USING (table_id)
-                          WHERE k.job_id = j.job_id) AS progress
-                  FROM job_source s JOIN job j USING (job_id) WHERE s.table_id = t.table_id) p
+            FROM (SELECT st.name AS job_name, st.progress
+                  FROM job_source s JOIN started st USING (job_id) WHERE s.table_id = t.table_id) p
             WHERE p.progress IS NOT NULL), '[]') AS job_progress,
   coalesce((SELECT jsonb_agg(c.snapshot_id) FROM table_commit c
             WHERE c.revoked_by IS NULL AND c.table_id = t.table_id AND c.barrier > (SELECT b FROM lo) AND c.barrier <= t.watermark), '[]')

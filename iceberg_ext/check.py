@@ -18,7 +18,6 @@ barrier, replayable after a crash.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import subprocess
@@ -39,6 +38,7 @@ from iceberg_ext.commits import BarrierCommit
 from iceberg_ext.config import Settings
 from iceberg_ext.maintenance import expire
 from iceberg_ext.reads import ConsistentRead
+from iceberg_ext.runtime import inputs_at
 
 WINDOW = 4
 ACCOUNTS = 5
@@ -136,9 +136,9 @@ def root_step(env: Env, conn, catalog, job: str, barrier: int, previous: int | N
         tx.append_arrow(env.t(table), events(env.seed, table, spec["t_from"], spec["t_to"]))
 
 
-def derived_step(env: Env, conn, catalog, job: str, barrier: int) -> None:
+def derived_step(env: Env, conn, catalog, job: str, barrier: int, previous: int | None) -> None:
     sources, sink = DERIVED[job]
-    with ConsistentRead(conn, catalog, [env.t(s) for s in sources], barrier=barrier) as r:
+    with inputs_at(conn, catalog, job, [env.t(s) for s in sources], barrier, bootstrap=previous is None) as r:
         _, data = r.read()
     data = {t.name: d for t, d in data.items()}
     if sink == "balances":
@@ -172,8 +172,13 @@ def worker(env: Env, job: str, until_barrier: int, speed_seed: int) -> None:
             time.sleep(rng.random() * 0.15)
             if job in ROOTS:
                 root_step(env, conn, catalog, job, nb.barrier, info.progress)
-            else:
-                derived_step(env, conn, catalog, job, nb.barrier)
+                continue
+            try:
+                derived_step(env, conn, catalog, job, nb.barrier, info.progress)
+            except SnapshotExpiredError:
+                if info.progress is not None:
+                    raise  # with progress, its inputs are protected: this would be a bug
+                # bootstrapping: expiry took the start snapshot first; start at a newer barrier
 
 
 # -- the driver ------------------------------------------------------------------------------------------------

@@ -40,10 +40,11 @@ class ConsistentRead:
         holder: str = "reader",
         mirror_tags: bool = False,
         verify_snapshots: bool = True,
+        bootstrap_job: str | None = None,
     ) -> None:
         self.conn, self.catalog, self.tables = conn, catalog, list(dict.fromkeys(tables))
         self.level, self.barrier, self.ttl_s, self.holder = Level(level), barrier, ttl_s, holder
-        self.mirror_tags, self.verify_snapshots = mirror_tags, verify_snapshots
+        self.mirror_tags, self.verify_snapshots, self.bootstrap_job = mirror_tags, verify_snapshots, bootstrap_job
         self._pinned: Cut | None = None
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
@@ -52,7 +53,8 @@ class ConsistentRead:
 
     def __enter__(self) -> ConsistentRead:
         if self.level is Level.REPEATABLE_READ:
-            cut = leases.acquire(self.conn, self.tables, ttl_s=self.ttl_s, holder=self.holder, barrier=self.barrier)
+            cut = leases.acquire(self.conn, self.tables, ttl_s=self.ttl_s, holder=self.holder, barrier=self.barrier,
+                                 bootstrap_job=self.bootstrap_job)
             try:
                 # Written first, re-checked after: the snapshots must still exist in Iceberg.
                 require_snapshots(self.catalog, cut.snapshots, cut.barrier)

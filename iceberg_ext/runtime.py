@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import psycopg
 
 from control_plane import db, jobs, runs
-from control_plane.errors import IcebarrierError
-from control_plane.model import JobDefinition, TableName, format_duration_s, parse_duration_s, parse_job_name
+from control_plane.errors import IcebarrierError, SnapshotExpiredError
+from control_plane.model import JobDefinition, Level, TableName, format_duration_s, parse_duration_s, parse_job_name
 from iceberg_ext import faults
 from iceberg_ext.catalog import is_compaction, load_catalog, load_table
 from iceberg_ext.commits import BarrierCommit
@@ -125,6 +125,19 @@ class BarrierContext:
             snapshot = tbl.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
         return (self.spark.read.format("iceberg").option("start-snapshot-id", str(start))
                 .option("end-snapshot-id", str(end)).load(str(name)))
+
+
+def inputs_at(conn, catalog, job: str, sources: list[TableName], barrier: int, *, bootstrap: bool) -> ConsistentRead:
+    """A job's inputs at B. Once the job has progress P < B, S(source, B) is protected for
+    as long as it has not completed B (its progress holds the read-committed window's floor
+    at P), so no lease is needed and the existence check is left to the engine's own error.
+    A bootstrapping job has no progress yet: it takes a lease that also records B as its
+    start, atomically (refused if expiry got there first; the job then starts at a newer
+    barrier)."""
+    if bootstrap:
+        return ConsistentRead(conn, catalog, sources, barrier=barrier, level=Level.REPEATABLE_READ,
+                              ttl_s=3600, holder=f"bootstrap:{job}", bootstrap_job=job)
+    return ConsistentRead(conn, catalog, sources, barrier=barrier, verify_snapshots=False)
 
 
 def delta_join(ctx: BarrierContext, left: str | TableName, right: str | TableName, on: list[str], how: str = "inner"):
@@ -295,7 +308,12 @@ class Runtime:
                         break
                     self.stop.wait(poll_s)
                     continue
-                self._complete(barrier, summary)
+                try:
+                    self._complete(barrier, summary)
+                except SnapshotExpiredError as exc:
+                    if jobs.show(self.conn, self.job.name).progress is not None:
+                        raise
+                    self.log(f"job {self.job.name}: {exc}; bootstrapping from a newer barrier")
         finally:
             self.stop.set()
             if restore:
@@ -382,9 +400,7 @@ class Runtime:
             from control_plane import reads
 
             previous_snapshots = reads.resolve(self.conn, sources, barrier=previous).snapshots
-        # S(source, B) is protected while this job has not completed B (read-committed window),
-        # so the per-read existence check is left to Spark's own error.
-        with ConsistentRead(self.conn, self.catalog, sources, barrier=barrier, verify_snapshots=False) as reader:
+        with inputs_at(self.conn, self.catalog, self.job.name, sources, barrier, bootstrap=previous is None) as reader:
             ctx = BarrierContext(self.spark, reader, self.catalog, barrier=barrier, previous=previous,
                                  previous_snapshots=previous_snapshots)
             outputs = self.job.outputs(ctx)

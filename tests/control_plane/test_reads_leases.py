@@ -9,7 +9,7 @@ from control_plane.errors import (
 )
 from control_plane.model import Level
 from tests.helpers import T, complete_all, job, new_barrier, register_chain
-from tests.workers import expiry_worker, lease_worker, run_all
+from tests.workers import expiry_worker, lease_worker
 
 ALL = [T("orders"), T("payments"), T("revenue"), T("report")]
 
