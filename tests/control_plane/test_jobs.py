@@ -215,3 +215,15 @@ def test_concurrent_completions_of_consecutive_barriers_stay_gap_free(dsn, conn)
         "SELECT barrier FROM table_completion ORDER BY barrier").fetchall()]
     assert recorded == sorted(set(recorded))
     assert recorded == marks
+
+
+def test_a_root_job_resumes_the_first_barrier_it_recorded(conn):
+    """Found by `icebarrier check`: a root job that crashed after recording (and maybe
+    committing) its first barrier resumes it instead of starting at a newer one."""
+    from control_plane import runs
+
+    jobs.register(conn, job("ingest", sinks=["a"]))
+    b1 = new_barrier(conn)
+    runs.record_range(conn, "ingest", b1, {"files": ["x"]})
+    new_barrier(conn)
+    assert jobs.next_barrier(conn, "ingest").barrier == b1

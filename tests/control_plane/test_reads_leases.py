@@ -153,3 +153,35 @@ def test_lease_and_expiry_race_simultaneous(dsn, conn):
     assert not expired_pinned
     assert len(granted) + refused == 160
     assert conn.execute("SELECT count(*) AS n FROM lease").fetchone()["n"] == len(granted)
+
+
+def test_a_started_job_holds_the_window_floor_at_its_first_barrier(conn):
+    """Found by `icebarrier check`: a job that recorded its first barrier but has not completed
+    it yet keeps what it will read next; without that, expiry took the snapshot after B0."""
+    from control_plane import runs
+
+    jobs.register(conn, job("ingest", sinks=["src"]))
+    jobs.register(conn, job("late", sources=["src"], sinks=["derived"]))
+    marks = [new_barrier(conn) for _ in range(3)]
+    for i, b in enumerate(marks):
+        jobs.complete(conn, "ingest", b, {T("src"): 100 + i})
+    assert leases.claim_expiry(conn, T("src"), [100, 101], dry_run=True).removable == (100, 101)
+    runs.record_range(conn, "late", marks[0], {"bootstrap": True})
+    claim = leases.claim_expiry(conn, T("src"), [100, 101])
+    assert claim.removable == () and "job:late" in claim.protected[100].reasons
+    assert jobs.next_barrier(conn, "late").barrier == marks[0]
+
+
+def test_bootstrap_is_refused_when_a_later_snapshot_is_already_gone(conn):
+    """Starting a job at B pins B and checks the snapshots it will read after B still exist."""
+    jobs.register(conn, job("ingest", sinks=["src"]))
+    jobs.register(conn, job("late", sources=["src"], sinks=["derived"]))
+    marks = [new_barrier(conn) for _ in range(3)]
+    for i, b in enumerate(marks):
+        jobs.complete(conn, "ingest", b, {T("src"): 100 + i})
+    leases.claim_expiry(conn, T("src"), [101])
+    with pytest.raises(SnapshotExpiredError, match="snapshot 101"):
+        leases.acquire(conn, [T("src")], ttl_s=60, holder="b", barrier=marks[0], bootstrap_job="late")
+    assert jobs.next_barrier(conn, "late").barrier == marks[2]  # nothing was recorded: start newer
+    cut = leases.acquire(conn, [T("src")], ttl_s=60, holder="b", barrier=marks[2], bootstrap_job="late")
+    assert cut.barrier == marks[2]
