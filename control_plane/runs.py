@@ -10,8 +10,6 @@ import psycopg
 
 from control_plane.errors import JobNotFoundError
 
-HEARTBEAT_STALE_S = 30
-
 
 def record_range(conn: psycopg.Connection, job: str, barrier: int, spec: dict, *, range_key: str | None = None) -> dict:
     """Record the input of ``barrier`` before it is written; returns the recorded range.

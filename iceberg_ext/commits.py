@@ -17,7 +17,7 @@ from collections.abc import Callable
 import psycopg
 
 from control_plane import jobs
-from control_plane.errors import IcebarrierError
+from control_plane.errors import IcebarrierError, NotASinkError
 from control_plane.model import TableName
 from iceberg_ext import faults
 from iceberg_ext.catalog import (
@@ -65,8 +65,6 @@ class BarrierCommit:
         snapshot for it (adopted). Returns None when the write produced no snapshot.
         """
         if table not in self.sinks:
-            from control_plane.errors import NotASinkError
-
             raise NotASinkError(self.job, [str(table)])
         if table in self.commits or table in self.adopted:
             raise DuplicateWriteError(self.job, table, self.barrier)
