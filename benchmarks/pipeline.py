@@ -1,6 +1,6 @@
 """The job runtime through a three-level chain on local Spark, measured in one run.
 
-    python benchmarks/pipeline.py [--dsn DSN] [--barriers 5] [--rows 100000]
+    python benchmarks/pipeline.py [--dsn DSN] [--barriers 8] [--rows 100000]
 
     files --ingest--> events --daily (SQL)--> per_customer --top (SQL)--> top_customers
 
@@ -62,7 +62,7 @@ def run_plain(spark, folder: Path, ns: str, k: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dsn", default=DEFAULT_SERVER)
-    parser.add_argument("--barriers", type=int, default=5)
+    parser.add_argument("--barriers", type=int, default=8)
     parser.add_argument("--rows", type=int, default=100_000)
     args = parser.parse_args()
     with scratch_database(args.dsn) as dsn:
@@ -83,11 +83,10 @@ def main() -> int:
             with db.connect(dsn) as conn:
                 barriers.set_interval_s(conn, 3600)
                 runtimes = [Runtime(j, settings=settings, spark=spark, conn=conn, log=lambda _: None) for j in chain]
-                for k in range(args.barriers + 1):  # batch 0 warms both paths up
-                    write_batch(tmp / "plain_in", k, args.rows)
-                    write_batch(tmp / "managed_in", k, args.rows)
                 plain_s, managed_s = [], []
-                for k in range(args.barriers + 1):
+                for k in range(args.barriers + 1):  # batch 0 warms both paths up
+                    write_batch(tmp / "plain_in", k, args.rows)  # one new input file per barrier
+                    write_batch(tmp / "managed_in", k, args.rows)
                     start = time.perf_counter()
                     run_plain(spark, tmp / "plain_in", "plain", k)
                     plain_s.append(time.perf_counter() - start)

@@ -28,7 +28,21 @@ from iceberg_ext.catalog import (
     find_barrier_commit,
     load_table,
     retry_commit,
+    summary_properties,
 )
+
+
+_CHANGE_COUNTERS = ("added-data-files", "deleted-data-files", "added-delete-files", "removed-delete-files")
+
+
+def _changes_nothing(snapshot) -> bool:
+    """An append/overwrite snapshot that added and removed no file (and has a parent to return to)."""
+    if snapshot is None or snapshot.parent_snapshot_id is None or snapshot.summary is None:
+        return False
+    props = summary_properties(snapshot)
+    return snapshot.summary.operation.value in ("append", "overwrite") and all(
+        int(props.get(k, "0")) == 0 for k in _CHANGE_COUNTERS
+    )
 
 
 class DuplicateWriteError(IcebarrierError):
@@ -42,12 +56,13 @@ class DuplicateWriteError(IcebarrierError):
 class BarrierCommit:
     """One job's writes for one barrier; use as a context manager."""
 
-    def __init__(self, conn: psycopg.Connection, catalog, *, job: str, barrier: int, run_id: str | None = None):
+    def __init__(self, conn: psycopg.Connection, catalog, *, job: str, barrier: int, run_id: str | None = None,
+                 job_info: jobs.JobInfo | None = None):
         self.conn, self.catalog, self.job, self.barrier = conn, catalog, job, barrier
         self.run_id = run_id or uuid.uuid4().hex
         self.commits: dict[TableName, int] = {}
         self.adopted: set[TableName] = set()
-        info = jobs.show(conn, job)
+        info = job_info or jobs.show(conn, job)
         self.sinks = frozenset(info.definition.sinks)
         # Already completed (a replay of a finished barrier): every write is skipped.
         self.already_completed = info.progress is not None and info.start_barrier <= barrier <= info.progress
@@ -78,7 +93,15 @@ class BarrierCommit:
             return existing
         retry_commit(lambda: do_write(self.properties))
         faults.point(faults.AFTER_ICEBERG_COMMIT)
-        written = find_barrier_commit(load_table(self.catalog, table), self.barrier)
+        tbl = load_table(self.catalog, table)
+        written = find_barrier_commit(tbl, self.barrier)
+        if written is not None and _changes_nothing(tbl.snapshot_by_id(written)):
+            # Engines commit a snapshot even for an empty write; a barrier that changes nothing
+            # writes no snapshot, so step back to the parent (cheaper than probing the data first).
+            parent = tbl.snapshot_by_id(written).parent_snapshot_id
+            retry_commit(lambda: load_table(self.catalog, table).manage_snapshots()
+                         .set_current_snapshot(snapshot_id=parent).commit())
+            written = None
         if written is not None:
             self.commits[table] = written
         return written
@@ -104,7 +127,7 @@ class BarrierCommit:
     # -- PyIceberg writes (no JVM) ----------------------------------------------------------------
 
     def append_arrow(self, table: TableName, data) -> int | None:
-        """Append a PyArrow table (an empty one writes nothing)."""
+        """Append a PyArrow table (an empty one writes no snapshot)."""
         if data.num_rows == 0:
             return self.write(table, lambda props: None)
         return self.write(table, lambda props: load_table(self.catalog, table).append(data, snapshot_properties=props))

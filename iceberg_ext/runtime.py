@@ -284,10 +284,16 @@ class Runtime:
             self._spark = spark_session(self.settings, app_name=f"icebarrier-{self.job.name}")
         return self._spark
 
+    _registered = False
+
     def register(self) -> None:
+        """Register the job's definition (once per Runtime)."""
+        if self._registered:
+            return
         result = jobs.register(self.conn, self.job.definition(), replace=True)
         if result.status != "unchanged":
             self.log(f"job {self.job.name}: registered ({result.status})")
+        self._registered = True
 
     def run(self, *, follow: bool = False, poll_s: float = 1.0, max_barriers: int | None = None) -> RunSummary:
         """Complete every ready barrier (then exit, or with ``follow`` keep polling until stopped)."""
@@ -355,14 +361,14 @@ class Runtime:
 
     def _complete(self, barrier: int, summary: RunSummary) -> None:
         started = time.perf_counter()
-        info = jobs.show(self.conn, self.job.name)
+        info = jobs.show(self.conn, self.job.name)  # fresh: the job's progress as of now
         behind = info.barriers_behind
         if info.progress is None:
             self.log(f"job {self.job.name}: bootstrapping at barrier {barrier} (full read of its inputs)")
         if isinstance(self.job, RootJob):
-            written = self._complete_root(barrier)
+            written = self._complete_root(barrier, info)
         else:
-            written = self._complete_intermediate(barrier, info.progress)
+            written = self._complete_intermediate(barrier, info)
         summary.completed.append(barrier)
         rows = ", ".join(f"{t}: {'adopted' if s is None else s}" for t, s in written.items()) or "no changes"
         self.log(f"job {self.job.name}: barrier {barrier} completed in "
@@ -379,7 +385,7 @@ class Runtime:
             return merge_df(tx, table, out.df, list(out.keys))
         raise IcebarrierError(f"job {self.job.name}: unknown write mode {out.mode!r}; use append, overwrite or merge")
 
-    def _complete_root(self, barrier: int) -> dict:
+    def _complete_root(self, barrier: int, info: jobs.JobInfo) -> dict:
         job: RootJob = self.job
         spec = runs.recorded_range(self.conn, job.name, barrier)
         if spec is None:
@@ -389,11 +395,12 @@ class Runtime:
         if job.transform is not None:
             df = job.transform(df)
         sink = TableName.parse(job.sinks[0])
-        with BarrierCommit(self.conn, self.catalog, job=job.name, barrier=barrier) as tx:
+        with BarrierCommit(self.conn, self.catalog, job=job.name, barrier=barrier, job_info=info) as tx:
             self._write(tx, sink, Output(df, job.mode, tuple(job.keys)))
         return {str(t): s for t, s in tx.commits.items()}
 
-    def _complete_intermediate(self, barrier: int, previous: int | None) -> dict:
+    def _complete_intermediate(self, barrier: int, info: jobs.JobInfo) -> dict:
+        previous = info.progress
         sources = [TableName.parse(s) for s in self.job.sources]
         previous_snapshots = {}
         if previous is not None:
@@ -404,7 +411,7 @@ class Runtime:
             ctx = BarrierContext(self.spark, reader, self.catalog, barrier=barrier, previous=previous,
                                  previous_snapshots=previous_snapshots)
             outputs = self.job.outputs(ctx)
-            with BarrierCommit(self.conn, self.catalog, job=self.job.name, barrier=barrier) as tx:
+            with BarrierCommit(self.conn, self.catalog, job=self.job.name, barrier=barrier, job_info=info) as tx:
                 for table in sorted(outputs):
                     self._write(tx, table, outputs[table])
         return {str(t): s for t, s in tx.commits.items()}

@@ -48,22 +48,9 @@ def _options(properties: dict[str, str]) -> dict[str, str]:
     return {f"snapshot-property.{k}": v for k, v in properties.items()}
 
 
-def _nonempty(df):
-    """Persist ``df`` and say whether it has rows; the emptiness probe's partitions are then
-    reused by the write instead of computed twice. Call ``df.unpersist()`` after writing."""
-    df = df.persist()
-    return df, not df.isEmpty()
-
-
 def append_df(tx: BarrierCommit, table: TableName, df) -> int | None:
-    """Append a DataFrame to ``table`` for the barrier (an empty DataFrame writes no snapshot)."""
-    df, has_rows = _nonempty(df)
-    try:
-        if not has_rows:
-            return tx.write(table, lambda props: None)
-        return tx.write(table, lambda props: df.writeTo(str(table)).options(**_options(props)).append())
-    finally:
-        df.unpersist()
+    """Append a DataFrame to ``table`` for the barrier (an empty DataFrame leaves no snapshot)."""
+    return tx.write(table, lambda props: df.writeTo(str(table)).options(**_options(props)).append())
 
 
 def overwrite_df(tx: BarrierCommit, table: TableName, df) -> int | None:
@@ -77,10 +64,6 @@ def merge_df(tx: BarrierCommit, table: TableName, df, keys: list[str]) -> int | 
     """Upsert the DataFrame into ``table`` by ``keys`` with one MERGE (one snapshot)."""
     if not keys or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in keys):
         raise ValueError(f"merge keys {keys!r} must be plain column names")
-    df, has_rows = _nonempty(df)
-    if not has_rows:
-        df.unpersist()
-        return tx.write(table, lambda props: None)
     view = f"__icebarrier_merge_{abs(hash((str(table), tx.barrier)))}"
     on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
     statement = (
@@ -95,10 +78,7 @@ def merge_df(tx: BarrierCommit, table: TableName, df, keys: list[str]) -> int | 
         finally:
             df.sparkSession.catalog.dropTempView(view)
 
-    try:
-        return tx.write(table, write)
-    finally:
-        df.unpersist()
+    return tx.write(table, write)
 
 
 def sql_write(tx: BarrierCommit, table: TableName, statement: str, spark) -> int | None:

@@ -171,3 +171,17 @@ def test_tag_lets_any_engine_read_the_cut(lake, spark):
     _ingest(lake, spark, b2, 100)
     assert spark.sql(f"SELECT count(*) AS n FROM {lake.T('events')} VERSION AS OF 'eod'").collect()[0]["n"] == 4
     assert spark.table(str(lake.T("events"))).count() == 8
+
+
+def test_a_barrier_that_changes_nothing_leaves_no_snapshot(lake, spark):
+    """An empty append completes the barrier but leaves the table's current snapshot as it was."""
+    _setup(lake, spark)
+    b1 = barriers.issue(lake.conn).barrier
+    _ingest(lake, spark, b1, 0)
+    before = load_table(lake.catalog, lake.T("events")).metadata.current_snapshot_id
+    b2 = barriers.issue(lake.conn).barrier
+    with BarrierCommit(lake.conn, lake.catalog, job="ingest", barrier=b2) as tx:
+        assert append_df(tx, lake.T("events"), spark.createDataFrame([], "id bigint, user_id bigint, amount bigint")) is None
+    assert load_table(lake.catalog, lake.T("events")).metadata.current_snapshot_id == before
+    assert tables.states(lake.conn, [lake.T("events")])[0].watermark == b2
+    assert reads.resolve(lake.conn, [lake.T("events")]).snapshots[lake.T("events")] == before
