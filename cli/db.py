@@ -39,8 +39,7 @@ def status(obj) -> None:
 @click.pass_obj
 def grant_reader(obj, role: str) -> None:
     """Let ROLE SELECT the control-plane views only (no base tables, no writes)."""
-    granted = schema.grant_reader(obj.conn(), role)
-    emit(obj, {"role": role, "granted": granted}, "\n".join(f"granted {g} to {role}" for g in granted))
+    _report_grants(obj, role, schema.grant_reader(obj.conn(), role))
 
 
 @db_group.command("grant-writer")
@@ -48,7 +47,10 @@ def grant_reader(obj, role: str) -> None:
 @click.pass_obj
 def grant_writer(obj, role: str) -> None:
     """Let ROLE do what a job needs: read and write control-plane tables (no DDL)."""
-    granted = schema.grant_writer(obj.conn(), role)
+    _report_grants(obj, role, schema.grant_writer(obj.conn(), role))
+
+
+def _report_grants(obj, role: str, granted: list[str]) -> None:
     emit(obj, {"role": role, "granted": granted}, "\n".join(f"granted {g} to {role}" for g in granted))
 
 
