@@ -30,7 +30,7 @@ from control_plane import db, jobs, runs
 from control_plane.errors import IcebarrierError, SnapshotExpiredError
 from control_plane.model import JobDefinition, Level, TableName, format_duration_s, parse_duration_s, parse_job_name
 from iceberg_ext import faults
-from iceberg_ext.catalog import is_compaction, load_catalog, load_table
+from iceberg_ext.catalog import is_compaction, load_catalog, load_table, summary_properties
 from iceberg_ext.commits import BarrierCommit
 from iceberg_ext.config import Settings
 from iceberg_ext.reads import ConsistentRead
@@ -40,10 +40,11 @@ HEARTBEAT_S = 5.0
 
 
 class IncrementUnavailableError(IcebarrierError):
-    def __init__(self, table: TableName, snapshot_id: int, operation: str) -> None:
+    def __init__(self, table: TableName, snapshot_id: int, operation: str, *, changelog_possible: bool = True) -> None:
+        way = (f"read its changelog with ctx.changes({str(table)!r}) or " if changelog_possible else "")
         super().__init__(
-            f"source {table} has snapshot {snapshot_id} (operation {operation}) since the previous barrier, and "
-            f"incremental reads silently skip such snapshots; this source needs a full recompute: use ctx.table({str(table)!r})"
+            f"source {table} has snapshot {snapshot_id} (operation {operation}) since the previous barrier, which "
+            f"incremental reads skip silently; {way}do a full recompute from ctx.table({str(table)!r})"
         )
 
 
@@ -125,6 +126,35 @@ class BarrierContext:
             snapshot = tbl.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
         return (self.spark.read.format("iceberg").option("start-snapshot-id", str(start))
                 .option("end-snapshot-id", str(end)).load(str(name)))
+
+    def changes(self, table: str | TableName):
+        """The source's changelog since the previous barrier: its rows plus ``_change_type``
+        (INSERT / DELETE / UPDATE_BEFORE / UPDATE_AFTER), for sources written copy-on-write
+        (overwrites, MERGE, DELETE included). At bootstrap: every row as an INSERT. A
+        merge-on-read history (delete files) raises :class:`IncrementUnavailableError`."""
+        from pyspark.sql import functions as F
+
+        name = _name(table)
+        start, end = self._previous_snapshots.get(name), self.snapshot(name)
+        if end is None or start == end:
+            return self.table(name).limit(0).withColumn("_change_type", F.lit("INSERT"))
+        if start is None:
+            return self.table(name).withColumn("_change_type", F.lit("INSERT"))
+        tbl = load_table(self._catalog, name)
+        snapshot = tbl.snapshot_by_id(end)
+        while snapshot is not None and snapshot.snapshot_id != start:
+            props = summary_properties(snapshot)
+            if int(props.get("added-delete-files", "0")) > 0:
+                raise IncrementUnavailableError(name, snapshot.snapshot_id, "merge-on-read delete",
+                                                changelog_possible=False)
+            snapshot = tbl.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+        view = f"__icebarrier_changes_{abs(hash((str(name), start, end)))}"
+        ident = ".".join((*name.namespace, name.name))
+        self.spark.sql(
+            f"CALL {name.catalog}.system.create_changelog_view(table => '{ident}', changelog_view => '{view}', "
+            f"options => map('start-snapshot-id', '{start}', 'end-snapshot-id', '{end}'))"
+        )
+        return self.spark.table(view).drop("_change_ordinal", "_commit_snapshot_id")
 
 
 def inputs_at(conn, catalog, job: str, sources: list[TableName], barrier: int, *, bootstrap: bool) -> ConsistentRead:
