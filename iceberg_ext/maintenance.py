@@ -173,16 +173,10 @@ def compact(spark, conn: psycopg.Connection, catalog, table: TableName, *, min_i
             f"table {table} holds a commit for barrier {barrier} that its job has not completed yet; "
             f"compact after the job completes it"
         )
-    # The rewrite commits from Spark's action, not the calling thread: pass the summary
-    # properties to the action itself (CommitMetadata's thread-local would not reach it).
-    jvm = spark.sparkContext._jvm
-    jtable = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, str(table))
-    action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession).rewriteDataFiles(jtable)
-    action = action.option("min-input-files", str(int(min_input_files)))
-    for key, value in {SUMMARY_BARRIER: str(barrier), SUMMARY_OPERATION: OPERATION_COMPACTION,
-                       SUMMARY_JOB: MAINTENANCE_JOB}.items():
-        action = action.snapshotProperty(key, value)
-    action.execute()
+    from iceberg_ext.spark_io import rewrite_data_files
+
+    rewrite_data_files(spark, table, min_input_files=min_input_files, properties={
+        SUMMARY_BARRIER: str(barrier), SUMMARY_OPERATION: OPERATION_COMPACTION, SUMMARY_JOB: MAINTENANCE_JOB})
     tbl = load_table(catalog, table)
     new = next(
         (s for s in lineage(tbl) if is_compaction(s) and (s.sequence_number or 0) > (current.sequence_number or 0)),

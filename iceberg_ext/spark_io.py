@@ -44,6 +44,20 @@ def run_with_commit_properties(spark, statement: str, properties: dict[str, str]
     jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(props, _SqlCallable(spark, statement), exc_class)
 
 
+def rewrite_data_files(spark, table: TableName, *, min_input_files: int, properties: dict[str, str]) -> None:
+    """Spark's rewrite-data-files action with ``properties`` in the new snapshot's summary.
+
+    The action commits from its own threads, so CommitMetadata's thread-local would not reach
+    it: the properties go to the action itself."""
+    jvm = spark.sparkContext._jvm
+    jtable = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, str(table))
+    action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession).rewriteDataFiles(jtable)
+    action = action.option("min-input-files", str(int(min_input_files)))
+    for key, value in properties.items():
+        action = action.snapshotProperty(key, value)
+    action.execute()
+
+
 def _options(properties: dict[str, str]) -> dict[str, str]:
     return {f"snapshot-property.{k}": v for k, v in properties.items()}
 
