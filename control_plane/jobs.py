@@ -387,6 +387,53 @@ END AS moved
 """
 
 
+# The common case in one round trip: a job with progress P completes the barrier right after
+# P, its sources have completed it, and it commits only to its sinks. Every condition is
+# checked inside the statement; if one fails nothing moves (moved = 0) and the caller takes
+# the two-step path below, which says exactly what is wrong (or sees a no-op). As in
+# _ADVANCE, a concurrent completion or revision makes the compare-and-set find nothing, and a
+# partial move aborts the statement with a retryable serialization failure.
+_FAST_ADVANCE = """
+WITH j AS (SELECT job_id FROM job WHERE name = %(job)s AND active),
+sinks AS (
+    SELECT t.table_id, t.name, t.watermark, t.revision_id
+    FROM job_sink k JOIN managed_table t USING (table_id) WHERE k.job_id = (SELECT job_id FROM j)),
+state AS (
+    SELECT max(watermark) AS progress, count(*) AS n FROM sinks
+    HAVING count(*) > 0 AND bool_and(watermark IS NOT NULL) AND count(DISTINCT watermark) = 1
+       AND bool_and(revision_id IS NULL)),
+ok AS (
+    SELECT s.progress, s.n FROM state s
+    WHERE %(barrier)s = (SELECT min(b.barrier) FROM barrier b WHERE b.barrier > s.progress)
+      AND NOT EXISTS (
+          SELECT 1 FROM job_source src JOIN managed_table m USING (table_id)
+          WHERE src.job_id = (SELECT job_id FROM j)
+            AND NOT coalesce(m.start_barrier <= %(barrier)s AND %(barrier)s <= m.watermark, false))
+      AND (SELECT count(*) FROM unnest(%(commit_names)s::text[]) AS c(name) JOIN sinks USING (name))
+          = cardinality(%(commit_names)s::text[])),
+moved AS (
+    UPDATE managed_table m SET watermark = %(barrier)s
+    FROM ok
+    WHERE m.table_id IN (SELECT table_id FROM sinks) AND m.watermark = ok.progress AND m.revision_id IS NULL
+    RETURNING m.table_id),
+commits AS (
+    INSERT INTO table_commit (table_id, barrier, snapshot_id, job_name, run_id)
+    SELECT s.table_id, %(barrier)s, c.snapshot_id, %(job)s, %(run_id)s
+    FROM unnest(%(commit_names)s::text[], %(snapshot_ids)s::bigint[]) AS c(name, snapshot_id)
+    JOIN sinks s USING (name)
+    WHERE (SELECT count(*) FROM moved) = (SELECT n FROM ok)),
+completions AS (
+    INSERT INTO table_completion (table_id, barrier, job_name, completed_at)
+    SELECT table_id, %(barrier)s, %(job)s, clock_timestamp() FROM moved
+    WHERE (SELECT count(*) FROM moved) = (SELECT n FROM ok))
+SELECT CASE
+    WHEN (SELECT count(*) FROM moved) = 0 THEN NULL
+    WHEN (SELECT count(*) FROM moved) = (SELECT n FROM ok) THEN (SELECT array_agg(name) FROM sinks)
+    ELSE raise_conflict('sinks moved concurrently')::text::text[]
+END AS sinks
+"""
+
+
 def complete(
     conn: psycopg.Connection,
     name: str,
@@ -408,8 +455,18 @@ def complete(
 def _complete_once(
     conn: psycopg.Connection, name: str, barrier: int, commits: dict[TableName, int], run_id: str | None
 ) -> Completion:
-    # Two round trips and no explicit transaction: a read, then one atomic compare-and-set
-    # statement that re-validates what the decision relied on (see _ADVANCE).
+    names = [str(t) for t in commits]
+    row = conn.execute(
+        _FAST_ADVANCE,
+        {"job": name, "barrier": barrier, "run_id": run_id, "commit_names": names,
+         "snapshot_ids": list(commits.values())},
+    ).fetchone()
+    if row["sinks"] is not None:
+        return Completion(job=name, barrier=barrier, commits=commits,
+                          sinks=tuple(sorted(TableName.parse(n) for n in row["sinks"])), noop=False)
+    # Otherwise two round trips and no explicit transaction: a read that decides (and names
+    # what is wrong), then one atomic compare-and-set statement that re-validates what the
+    # decision relied on (see _ADVANCE).
     state = conn.execute(_COMPLETION_STATE, {"barrier": barrier, "job": name}).fetchone()
     if state is None:
         raise JobNotFoundError(name)
