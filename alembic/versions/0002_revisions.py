@@ -12,6 +12,33 @@ down_revision = "0001"
 branch_labels = None
 depends_on = None
 
+# table_versions' current snapshot must skip revoked commits after this migration.
+TABLE_VERSIONS = """
+CREATE OR REPLACE VIEW table_versions AS
+SELECT t.name AS table_name,
+       CASE WHEN w.job_id IS NULL THEN 'unowned'
+            WHEN EXISTS (SELECT 1 FROM job_source s WHERE s.job_id = w.job_id) THEN 'intermediate'
+            ELSE 'root' END                                    AS table_kind,
+       j.name                                                  AS writer_job,
+       t.start_barrier                                         AS start_barrier,
+       t.watermark                                             AS watermark_barrier,
+       b.issued_at                                             AS watermark_issued_at,
+       c.snapshot_id                                           AS current_snapshot_id,
+       c.recorded_at                                           AS last_commit_at,
+       now() - b.issued_at                                     AS freshness,
+       (SELECT count(*) FROM barrier x
+         WHERE x.barrier > coalesce(t.watermark,
+               (extract(epoch FROM t.created_at) * 1000000)::bigint)) AS barriers_behind
+FROM managed_table t
+LEFT JOIN job_sink w ON w.table_id = t.table_id
+LEFT JOIN job j ON j.job_id = w.job_id
+LEFT JOIN barrier b ON b.barrier = t.watermark
+LEFT JOIN LATERAL (
+    SELECT snapshot_id, recorded_at FROM table_commit c
+    WHERE c.table_id = t.table_id{commit_filter}
+    ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1) c ON true;
+"""
+
 UPGRADE = """
 CREATE TABLE revision (
     revision_id bigint GENERATED ALWAYS AS IDENTITY CONSTRAINT revision_pkey PRIMARY KEY,
@@ -40,55 +67,9 @@ DROP INDEX table_commit_at_barrier;
 CREATE INDEX table_commit_at_barrier ON table_commit (table_id, barrier DESC, commit_id DESC)
     WHERE revoked_by IS NULL;
 
-CREATE OR REPLACE VIEW table_versions AS
-SELECT t.name AS table_name,
-       CASE WHEN w.job_id IS NULL THEN 'unowned'
-            WHEN EXISTS (SELECT 1 FROM job_source s WHERE s.job_id = w.job_id) THEN 'intermediate'
-            ELSE 'root' END                                    AS table_kind,
-       j.name                                                  AS writer_job,
-       t.start_barrier                                         AS start_barrier,
-       t.watermark                                             AS watermark_barrier,
-       b.issued_at                                             AS watermark_issued_at,
-       c.snapshot_id                                           AS current_snapshot_id,
-       c.recorded_at                                           AS last_commit_at,
-       now() - b.issued_at                                     AS freshness,
-       (SELECT count(*) FROM barrier x
-         WHERE x.barrier > coalesce(t.watermark,
-               (extract(epoch FROM t.created_at) * 1000000)::bigint)) AS barriers_behind
-FROM managed_table t
-LEFT JOIN job_sink w ON w.table_id = t.table_id
-LEFT JOIN job j ON j.job_id = w.job_id
-LEFT JOIN barrier b ON b.barrier = t.watermark
-LEFT JOIN LATERAL (
-    SELECT snapshot_id, recorded_at FROM table_commit c
-    WHERE c.table_id = t.table_id AND c.revoked_by IS NULL
-    ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1) c ON true;
 """
 
 DOWNGRADE = """
-CREATE OR REPLACE VIEW table_versions AS
-SELECT t.name AS table_name,
-       CASE WHEN w.job_id IS NULL THEN 'unowned'
-            WHEN EXISTS (SELECT 1 FROM job_source s WHERE s.job_id = w.job_id) THEN 'intermediate'
-            ELSE 'root' END                                    AS table_kind,
-       j.name                                                  AS writer_job,
-       t.start_barrier                                         AS start_barrier,
-       t.watermark                                             AS watermark_barrier,
-       b.issued_at                                             AS watermark_issued_at,
-       c.snapshot_id                                           AS current_snapshot_id,
-       c.recorded_at                                           AS last_commit_at,
-       now() - b.issued_at                                     AS freshness,
-       (SELECT count(*) FROM barrier x
-         WHERE x.barrier > coalesce(t.watermark,
-               (extract(epoch FROM t.created_at) * 1000000)::bigint)) AS barriers_behind
-FROM managed_table t
-LEFT JOIN job_sink w ON w.table_id = t.table_id
-LEFT JOIN job j ON j.job_id = w.job_id
-LEFT JOIN barrier b ON b.barrier = t.watermark
-LEFT JOIN LATERAL (
-    SELECT snapshot_id, recorded_at FROM table_commit c
-    WHERE c.table_id = t.table_id
-    ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1) c ON true;
 DELETE FROM table_commit WHERE revoked_by IS NOT NULL OR operation = 'revision';
 DROP INDEX table_commit_at_barrier;
 CREATE INDEX table_commit_at_barrier ON table_commit (table_id, barrier DESC, commit_id DESC);
@@ -105,7 +86,9 @@ DROP TABLE revision;
 
 def upgrade() -> None:
     op.execute(UPGRADE)
+    op.execute(TABLE_VERSIONS.format(commit_filter=" AND c.revoked_by IS NULL"))
 
 
 def downgrade() -> None:
+    op.execute(TABLE_VERSIONS.format(commit_filter=""))
     op.execute(DOWNGRADE)
