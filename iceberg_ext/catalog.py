@@ -107,12 +107,16 @@ def is_compaction(snapshot) -> bool:
     return summary_properties(snapshot).get(SUMMARY_OPERATION) == OPERATION_COMPACTION
 
 
-def lineage(table) -> Iterator:
-    """The current snapshot and its ancestors, newest first (rolled-back branches excluded)."""
-    snapshot = table.current_snapshot()
-    while snapshot is not None:
+def ancestors(table, snapshot, *, stop_at: int | None = None) -> Iterator:
+    """``snapshot`` and its ancestors, newest first, up to (not including) ``stop_at``."""
+    while snapshot is not None and snapshot.snapshot_id != stop_at:
         yield snapshot
         snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+
+
+def lineage(table) -> Iterator:
+    """The current snapshot and its ancestors, newest first (rolled-back branches excluded)."""
+    return ancestors(table, table.current_snapshot())
 
 
 def find_barrier_commit(table, barrier: int) -> int | None:

@@ -24,6 +24,7 @@ from iceberg_ext.catalog import (
     SUMMARY_JOB,
     SUMMARY_OPERATION,
     SUMMARY_RUN,
+    ancestors,
     barrier_of,
     is_compaction,
     lineage,
@@ -146,16 +147,10 @@ class CompactionReport:
 
 def data_barrier(tbl, snapshot) -> int | None:
     """The barrier whose content a snapshot holds: its own, or for a compaction its ancestor's."""
-    for s in _from(tbl, snapshot):
+    for s in ancestors(tbl, snapshot):
         if not is_compaction(s) and barrier_of(s) is not None:
             return barrier_of(s)
     return None
-
-
-def _from(tbl, snapshot):
-    while snapshot is not None:
-        yield snapshot
-        snapshot = tbl.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
 
 
 def compact(spark, conn: psycopg.Connection, catalog, table: TableName, *, min_input_files: int = 2) -> CompactionReport:

@@ -30,7 +30,7 @@ from control_plane import db, jobs, runs
 from control_plane.errors import IcebarrierError, SnapshotExpiredError
 from control_plane.model import JobDefinition, Level, TableName, format_duration_s, parse_duration_s, parse_job_name
 from iceberg_ext import faults
-from iceberg_ext.catalog import is_compaction, load_catalog, load_table, summary_properties
+from iceberg_ext.catalog import ancestors, is_compaction, load_catalog, load_table, summary_properties
 from iceberg_ext.commits import BarrierCommit
 from iceberg_ext.config import Settings
 from iceberg_ext.reads import ConsistentRead
@@ -104,6 +104,11 @@ class BarrierContext:
         name = _name(table)
         return table_at(self.spark, name, self._previous_snapshots.get(name))
 
+    def _since_previous(self, name: TableName, start: int, end: int):
+        """The source's snapshots after the previous barrier's, up to B's, newest first."""
+        tbl = load_table(self._catalog, name)
+        return ancestors(tbl, tbl.snapshot_by_id(end), stop_at=start)
+
     def increment(self, table: str | TableName):
         """Rows appended to the source since the previous barrier (all rows at bootstrap).
 
@@ -117,13 +122,10 @@ class BarrierContext:
             return self.table(name).limit(0)
         if start is None:  # bootstrap, or the source was empty at the previous barrier
             return self.table(name)
-        tbl = load_table(self._catalog, name)
-        snapshot = tbl.snapshot_by_id(end)
-        while snapshot is not None and snapshot.snapshot_id != start:
+        for snapshot in self._since_previous(name, start, end):
             operation = snapshot.summary.operation.value if snapshot.summary else "unknown"
             if operation != "append" and not (operation == "replace" and is_compaction(snapshot)):
                 raise IncrementUnavailableError(name, snapshot.snapshot_id, operation)
-            snapshot = tbl.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
         return (self.spark.read.format("iceberg").option("start-snapshot-id", str(start))
                 .option("end-snapshot-id", str(end)).load(str(name)))
 
@@ -140,14 +142,10 @@ class BarrierContext:
             return self.table(name).limit(0).withColumn("_change_type", F.lit("INSERT"))
         if start is None:
             return self.table(name).withColumn("_change_type", F.lit("INSERT"))
-        tbl = load_table(self._catalog, name)
-        snapshot = tbl.snapshot_by_id(end)
-        while snapshot is not None and snapshot.snapshot_id != start:
-            props = summary_properties(snapshot)
-            if int(props.get("added-delete-files", "0")) > 0:
+        for snapshot in self._since_previous(name, start, end):
+            if int(summary_properties(snapshot).get("added-delete-files", "0")) > 0:
                 raise IncrementUnavailableError(name, snapshot.snapshot_id, "merge-on-read delete",
                                                 changelog_possible=False)
-            snapshot = tbl.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
         view = f"__icebarrier_changes_{abs(hash((str(name), start, end)))}"
         ident = ".".join((*name.namespace, name.name))
         self.spark.sql(
