@@ -54,11 +54,6 @@ def newest(conn: psycopg.Connection) -> Barrier | None:
     return Barrier(**row) if row else None
 
 
-def get(conn: psycopg.Connection, barrier: int) -> Barrier | None:
-    row = conn.execute("SELECT barrier, issued_at, issued_by FROM barrier WHERE barrier = %s", (barrier,)).fetchone()
-    return Barrier(**row) if row else None
-
-
 def list_barriers(conn: psycopg.Connection, *, limit: int = 20) -> list[Barrier]:
     rows = conn.execute(
         "SELECT barrier, issued_at, issued_by FROM barrier ORDER BY barrier DESC LIMIT %s", (limit,)

@@ -16,7 +16,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,17 +151,3 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_ready(dsn: str, timeout_s: float = 30) -> None:
-    import psycopg
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            psycopg.connect(dsn, connect_timeout=2).close()
-            return
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)

@@ -178,14 +178,6 @@ class CompletionConflictError(BarrierError):
         )
 
 
-class ConcurrentCompletionError(BarrierError):
-    retryable = True
-
-    def __init__(self, job: str, barrier: int) -> None:
-        self.job, self.barrier = job, barrier
-        super().__init__(f"job {job}: another process completed barrier {barrier} at the same time; retry")
-
-
 class NoValidCutError(BarrierError):
     def __init__(self, tables: list[str], reason: str) -> None:
         self.tables = tables
