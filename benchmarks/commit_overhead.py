@@ -22,14 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
-from control_plane import barriers, db, jobs  # noqa: E402
-from control_plane.model import JobDefinition, TableName  # noqa: E402
-from iceberg_ext.catalog import load_catalog, load_table  # noqa: E402
-from iceberg_ext.commits import BarrierCommit  # noqa: E402
-from iceberg_ext.config import Settings  # noqa: E402
-from iceberg_ext.maintenance import expire  # noqa: E402
-from iceberg_ext.spark import spark_session  # noqa: E402
-from iceberg_ext.spark_io import append_df  # noqa: E402
+from icebarrier.control_plane import barriers, db, jobs  # noqa: E402
+from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
+from icebarrier.iceberg_ext.catalog import load_catalog, load_table  # noqa: E402
+from icebarrier.iceberg_ext.commits import BarrierCommit  # noqa: E402
+from icebarrier.iceberg_ext.config import Settings  # noqa: E402
+from icebarrier.iceberg_ext.maintenance import expire  # noqa: E402
+from icebarrier.iceberg_ext.spark import spark_session  # noqa: E402
+from icebarrier.iceberg_ext.spark_io import append_df  # noqa: E402
 
 
 def batch(spark, barrier_no: int, rows: int):
@@ -77,7 +77,7 @@ def bench_expiry_planning(conn, catalog, n_snapshots: int) -> float:
     from pyiceberg.table.snapshots import Operation, Snapshot, Summary
     from pyiceberg.table.update import AddSnapshotUpdate, SetSnapshotRefUpdate
 
-    from iceberg_ext.catalog import create_table
+    from icebarrier.iceberg_ext.catalog import create_table
 
     name = TableName.parse("lake.bench.many")
     tbl = create_table(catalog, name, pa.schema([("id", pa.int64())]))

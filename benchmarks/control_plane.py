@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
-from control_plane import barriers, db, jobs, reads  # noqa: E402
-from control_plane.model import JobDefinition, TableName  # noqa: E402
+from icebarrier.control_plane import barriers, db, jobs, reads  # noqa: E402
+from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
 
 GOALS_MS = {10: 2, 100: 3, 1000: 5}
 

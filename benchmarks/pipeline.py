@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
-from control_plane import barriers, db  # noqa: E402
-from iceberg_ext.config import Settings  # noqa: E402
-from iceberg_ext.runtime import RootJob, Runtime, SqlJob  # noqa: E402
-from iceberg_ext.sources import FileSource  # noqa: E402
-from iceberg_ext.spark import spark_session  # noqa: E402
+from icebarrier.control_plane import barriers, db  # noqa: E402
+from icebarrier.iceberg_ext.config import Settings  # noqa: E402
+from icebarrier.iceberg_ext.runtime import RootJob, Runtime, SqlJob  # noqa: E402
+from icebarrier.iceberg_ext.sources import FileSource  # noqa: E402
+from icebarrier.iceberg_ext.spark import spark_session  # noqa: E402
 
 SCHEMA = "id bigint, customer bigint, amount bigint"
 MID = "SELECT customer, sum(amount) AS total, count(*) AS orders FROM {src} GROUP BY customer"

@@ -12,7 +12,8 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from control_plane import schema  # noqa: E402
+from icebarrier.control_plane import schema
+from icebarrier.iceberg_ext.config import Settings  # noqa: E402
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -26,6 +27,7 @@ def scratch_database(server_dsn: str):
     try:
         dsn = psycopg.conninfo.make_conninfo(server_dsn, dbname=name)
         schema.upgrade(dsn)
+        Settings(dsn=dsn).ensure_catalog_schema()
         yield dsn
     finally:
         with psycopg.connect(server_dsn, autocommit=True) as admin:

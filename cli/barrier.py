@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from cli.render import barrier_label, duration, emit, table
-from control_plane import barriers
-from control_plane.model import parse_duration_s
+from icebarrier.cli.render import barrier_label, duration, emit, table
+from icebarrier.control_plane import barriers
+from icebarrier.control_plane.model import parse_duration_s
 
 
 def _barrier_json(b) -> dict:

@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from cli.render import emit, table
-from cli.scratch import scratch
+from icebarrier.cli.render import emit, table
+from icebarrier.apps.scratch import scratch
 
 
 @click.command("check")
@@ -24,16 +24,16 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, keep: boo
     fault points and restart them, while readers query at every level and expiry runs; validate
     everything against a model. Exits 1 on any anomaly at read-committed or repeatable-read,
     any lost or duplicated (table, barrier), or any pinned snapshot expired."""
-    from control_plane import schema
-    from iceberg_ext.check import Env, run_check
-    from iceberg_ext.config import Settings
+    from icebarrier.apps.check import Env, run_check
+    from icebarrier.iceberg_ext.catalog import upgrade
+    from icebarrier.iceberg_ext.config import Settings
 
     seed = seed if seed is not None else random.randrange(1, 1_000_000)
     say = lambda line: click.echo(line, err=True)  # noqa: E731
     say(f"check: seed {seed} (reproduce with --seed {seed})")
     with scratch(obj, "check", say, keep=keep) as (dsn, warehouse):
         settings = Settings(dsn=dsn, schema="icebarrier", warehouse=str(warehouse)).validated()
-        schema.upgrade(settings.dsn, settings.schema)
+        upgrade(settings)
         report = run_check(Env(settings=settings, ns=f"check_{seed}", seed=seed), duration_s=duration_s,
                            fault_rate=fault_rate, progress=say)
 

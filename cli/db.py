@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from cli.render import emit
-from control_plane import db as cp_db
-from control_plane import schema
+from icebarrier.cli.render import emit
+from icebarrier.control_plane import db as cp_db
+from icebarrier.control_plane import schema
 
 
 @click.group("db")
@@ -17,9 +17,12 @@ def db_group() -> None:
 @db_group.command("upgrade")
 @click.pass_obj
 def upgrade(obj) -> None:
-    """Apply migrations up to head (idempotent; safe from two processes at once)."""
-    settings = obj.settings()
-    st = schema.upgrade(settings.dsn, settings.schema)
+    """Apply migrations up to head and create the Iceberg catalog's schema and tables
+    (idempotent; safe from two processes at once). Plain Spark with `icebarrier spark-conf`
+    works right after."""
+    from icebarrier.iceberg_ext.catalog import upgrade as run
+
+    st = run(obj.settings())
     emit(obj, st.to_json(), f"schema {st.schema} is at revision {st.current} (head)")
 
 

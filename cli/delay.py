@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from cli.render import duration, emit, table
-from control_plane import delays
+from icebarrier.cli.render import duration, emit, table
+from icebarrier.control_plane import delays
 
 
 @click.command("delay")

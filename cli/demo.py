@@ -8,9 +8,9 @@ from dataclasses import replace
 import click
 import psycopg
 
-from cli.render import duration, emit, table
-from cli.scratch import scratch
-from control_plane import db, schema
+from icebarrier.cli.render import duration, emit, table
+from icebarrier.apps.scratch import scratch
+from icebarrier.control_plane import db, schema
 
 
 @click.command("demo")
@@ -26,7 +26,7 @@ def demo(obj, scenario: str, rounds: int, keep: bool) -> None:
     Without --dsn / ICEBARRIER_DSN it starts an embedded Postgres (data under
     ~/.icebarrier/, or $ICEBARRIER_HOME) and stops it afterwards; it writes nothing
     outside that state directory."""
-    from iceberg_ext.config import Settings
+    from icebarrier.iceberg_ext.config import Settings
 
     say = lambda line: click.echo(line, err=obj.output == "json")  # noqa: E731
     started = time.perf_counter()
@@ -42,10 +42,11 @@ def demo(obj, scenario: str, rounds: int, keep: bool) -> None:
 
 
 def _run(settings, scenario: str, rounds: int, say):
-    from iceberg_ext.catalog import load_catalog
-    from iceberg_ext.demo import run_demo
-    from iceberg_ext.spark import spark_session
+    from icebarrier.apps.demo import run_demo
+    from icebarrier.iceberg_ext.catalog import load_catalog, upgrade
+    from icebarrier.iceberg_ext.spark import spark_session
 
+    upgrade(settings)
     say("starting Spark (local) …")
     spark = spark_session(settings, app_name="icebarrier-demo")
     spark.sparkContext.setLogLevel("ERROR")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from cli.render import barrier_label, emit, table
-from control_plane import jobs
-from control_plane.errors import InvalidValueError
-from control_plane.model import JobDefinition, TableName, parse_external_input, parse_job_name
+from icebarrier.cli.render import barrier_label, emit, table
+from icebarrier.control_plane import jobs
+from icebarrier.control_plane.errors import InvalidValueError
+from icebarrier.control_plane.model import JobDefinition, TableName, parse_external_input, parse_job_name
 
 
 @click.group("job")
@@ -53,13 +53,13 @@ def list_(obj) -> None:
         obj,
         [i.to_json() for i in items],
         lambda: table(
-            ["job", "kind", "status", "reads", "writes", "progress", "behind"],
+            ["job", "kind", "status", "reads", "writes", "progress", "behind", "waiting for"],
             [
                 (
                     i.definition.name, i.kind, i.status,
                     ", ".join(sorted(i.definition.external_inputs) or sorted(map(str, i.definition.sources))),
                     ", ".join(sorted(map(str, i.definition.sinks))),
-                    barrier_label(i.progress), i.barriers_behind,
+                    barrier_label(i.progress), i.barriers_behind, i.waiting_for or "-",
                 )
                 for i in items
             ],
@@ -83,6 +83,8 @@ def show(obj, name: str) -> None:
             f"status:     {info.status}" + (f" (heartbeat {info.heartbeat_at.isoformat()})" if info.heartbeat_at else ""),
             f"progress:   {barrier_label(info.progress)} ({info.barriers_behind} barriers behind)",
         ]
+        if info.waiting_for:
+            lines.append(f"waiting for: {info.waiting_for}")
         if d.external_inputs:
             lines.append(f"external:   {', '.join(sorted(d.external_inputs))}")
         lines.append("")
@@ -105,21 +107,12 @@ def next_barrier(obj, name: str) -> None:
     nb = jobs.next_barrier(obj.conn(), name)
 
     def text() -> str:
-        if nb.barrier is None:
-            waiting = _waiting(nb)
-            return f"job {name}: no barrier to complete yet" + (f"; waiting for {waiting}" if waiting else "")
-        if not nb.ready:
-            waiting = _waiting(nb)
-            return f"job {name}: next barrier {nb.barrier}, waiting for {waiting}"
-        return f"job {name}: next barrier {nb.barrier} (ready{', newly issued' if nb.issued else ''})"
+        if nb.ready:
+            return f"job {name}: next barrier {nb.barrier} (ready{', newly issued' if nb.issued else ''})"
+        where = f"next barrier {nb.barrier}" if nb.barrier is not None else "no barrier to complete yet"
+        return f"job {name}: {where}, waiting for {nb.describe_wait()}"
 
     emit(obj, nb.to_json(), text)
-
-
-def _waiting(nb: jobs.NextBarrier) -> str:
-    return ", ".join(
-        f"{t} ({'no barrier completed yet' if w is None else f'at {w}'})" for t, w in nb.waiting_for.items()
-    )
 
 
 def _parse_commit(text: str) -> tuple[TableName, int]:

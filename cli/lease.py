@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from cli.cut import render_cut
-from cli.render import emit, table
-from control_plane import leases
-from control_plane.model import TableName, parse_duration_s
+from icebarrier.cli.cut import render_cut, wait_for_first_cut, wait_option
+from icebarrier.cli.render import emit, table
+from icebarrier.control_plane import leases
+from icebarrier.control_plane.model import Level, TableName, parse_duration_s
 
 
 @click.group("lease")
@@ -20,10 +20,12 @@ def lease_group() -> None:
 @click.option("--ttl", default="10m", show_default=True, help="Time to live without renewal (e.g. 30s, 10m, 2h).")
 @click.option("--holder", default="cli", show_default=True, help="Who holds the lease (shown in lease list).")
 @click.option("--barrier", type=int, help="Pin the cut at this barrier instead of the latest valid one.")
+@wait_option
 @click.pass_obj
-def acquire(obj, table_names, ttl: str, holder: str, barrier: int | None) -> None:
+def acquire(obj, table_names, ttl: str, holder: str, barrier: int | None, wait: str) -> None:
     """Pin the latest valid cut (or --barrier) over TABLE...; prints id, barrier, snapshots, expiry."""
     names = [TableName.parse(t) for t in table_names]
+    wait_for_first_cut(obj, names, Level.REPEATABLE_READ, barrier, wait)
     result = leases.acquire(obj.conn(), names, ttl_s=parse_duration_s(ttl), holder=holder, barrier=barrier)
     emit(obj, result.to_json(), lambda: render_cut(result))
 

@@ -11,7 +11,7 @@ import sys
 import click
 import psycopg
 
-from control_plane.errors import IcebarrierError
+from icebarrier.control_plane.errors import IcebarrierError
 
 
 class Context:
@@ -26,14 +26,14 @@ class Context:
     def settings(self):
         """Flags, then environment, then icebarrier.toml (see iceberg_ext.config)."""
         if self._settings is None:
-            from iceberg_ext.config import Settings
+            from icebarrier.iceberg_ext.config import Settings
 
             self._settings = Settings.load(self.config, dsn=self.dsn, schema=self.schema)
         return self._settings
 
     def conn(self) -> psycopg.Connection:
         if self._conn is None:
-            from control_plane.db import connect
+            from icebarrier.control_plane.db import connect
 
             settings = self.settings()
             self._conn = connect(settings.dsn, settings.schema)
@@ -41,13 +41,13 @@ class Context:
 
     def catalog(self):
         if self._catalog is None:
-            from iceberg_ext.catalog import load_catalog
+            from icebarrier.iceberg_ext.catalog import load_catalog
 
             self._catalog = load_catalog(self.settings())
         return self._catalog
 
     def spark(self, app_name: str = "icebarrier-cli"):
-        from iceberg_ext.spark import spark_session
+        from icebarrier.iceberg_ext.spark import spark_session
 
         return spark_session(self.settings(), app_name=app_name)
 
@@ -107,7 +107,7 @@ def cli(ctx: click.Context, dsn: str | None, schema: str | None, config: str | N
 
 
 def _register_commands() -> None:
-    from cli import barrier, check, cut, db, delay, demo, job, lease, maintenance, run, spark, table
+    from icebarrier.cli import barrier, check, cut, db, delay, demo, job, lease, maintenance, run, spark, table
 
     for module in (db, job, barrier, table, cut, lease, delay, spark, maintenance, run, demo, check):
         for command in module.COMMANDS:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from cli.cut import render_cut
-from cli.render import emit, table
-from control_plane import tables
-from control_plane.model import TableName, parse_duration_s
+from icebarrier.cli.cut import render_cut
+from icebarrier.cli.render import emit, table
+from icebarrier.control_plane import tables
+from icebarrier.control_plane.model import TableName, parse_duration_s, parse_tag_name
 
 
 @click.command("expire")
@@ -20,11 +20,12 @@ from control_plane.model import TableName, parse_duration_s
 def expire(obj, table_names, older_than: str | None, retain_last: int, dry_run: bool) -> None:
     """Expire snapshots outside the protected set (leases, downstream job progress, current,
     the read-committed window, retention, tags), deleting files nothing references any more."""
-    from iceberg_ext.maintenance import expire as run
+    from icebarrier.iceberg_ext.maintenance import expire as run
 
+    older = parse_duration_s(older_than, allow_zero=True) if older_than else None
+    names = [TableName.parse(t) for t in table_names]
     conn, catalog = obj.conn(), obj.catalog()
-    names = [TableName.parse(t) for t in table_names] or [v.name for v in tables.list_versions(conn)]
-    older = parse_duration_s(older_than) if older_than else None
+    names = names or [v.name for v in tables.list_versions(conn)]
     reports = [run(conn, catalog, t, older_than_s=older, retain_last=retain_last, dry_run=dry_run) for t in names]
     emit(
         obj,
@@ -42,7 +43,7 @@ def expire(obj, table_names, older_than: str | None, retain_last: int, dry_run: 
 @click.pass_obj
 def compact(obj, table_name: str, min_input_files: int) -> None:
     """Rewrite small files of TABLE (Spark); the new snapshot keeps the barrier it compacted."""
-    from iceberg_ext.maintenance import compact as run
+    from icebarrier.iceberg_ext.maintenance import compact as run
 
     report = run(obj.spark(), obj.conn(), obj.catalog(), TableName.parse(table_name), min_input_files=min_input_files)
     emit(obj, report.to_json(),
@@ -58,7 +59,7 @@ def reconcile(obj, table_names) -> None:
     list commits awaiting their job, and report snapshots written by anyone else (exit 1)."""
     import sys
 
-    from iceberg_ext.maintenance import reconcile as run
+    from icebarrier.iceberg_ext.maintenance import reconcile as run
 
     conn, catalog = obj.conn(), obj.catalog()
     names = [TableName.parse(t) for t in table_names] or [v.name for v in tables.list_versions(conn)]
@@ -89,7 +90,7 @@ def reconcile(obj, table_names) -> None:
 def revise(obj, table_name: str, to_barrier: int, dry_run: bool) -> None:
     """Roll TABLE and everything downstream back to their snapshots at a barrier, reset
     watermarks and job progress; jobs then recompute the barriers after it."""
-    from iceberg_ext.maintenance import revise as run
+    from icebarrier.iceberg_ext.maintenance import revise as run
 
     plan = run(obj.conn(), obj.catalog(), TableName.parse(table_name), to_barrier, dry_run=dry_run)
 
@@ -112,10 +113,11 @@ def revise(obj, table_name: str, to_barrier: int, dry_run: bool) -> None:
 def tag(obj, name: str, table_names, barrier: int | None, max_age: str | None) -> None:
     """Create Iceberg tag NAME on each TABLE at the cut's snapshot; any engine can then read
     the consistent cut with VERSION AS OF 'NAME'."""
-    from iceberg_ext.maintenance import tag as run
+    from icebarrier.iceberg_ext.maintenance import tag as run
 
-    cut = run(obj.conn(), obj.catalog(), name, [TableName.parse(t) for t in table_names], barrier=barrier,
-              max_age_s=parse_duration_s(max_age) if max_age else None)
+    name, names = parse_tag_name(name), [TableName.parse(t) for t in table_names]
+    max_age_s = parse_duration_s(max_age) if max_age else None
+    cut = run(obj.conn(), obj.catalog(), name, names, barrier=barrier, max_age_s=max_age_s)
     emit(obj, {"tag": name, **cut.to_json()}, lambda: f"tag {name}\n" + render_cut(cut))
 
 

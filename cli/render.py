@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import click
 
-from control_plane.model import barrier_time, format_duration_s
+from icebarrier.control_plane.model import barrier_time, format_duration_s
 
 
 def emit(ctx_obj, payload, text: str | Callable[[], str]) -> None:

@@ -6,14 +6,14 @@ import runpy
 
 import click
 
-from cli.render import emit
-from control_plane.errors import IcebarrierError
-from control_plane.model import parse_duration_s
+from icebarrier.cli.render import emit
+from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.control_plane.model import parse_duration_s
 
 
 def load_job(path: str):
     """The Job a file defines: its variable ``job``, or its only Job instance."""
-    from iceberg_ext.runtime import Job
+    from icebarrier.iceberg_ext.runtime import Job
 
     namespace = runpy.run_path(path, run_name="icebarrier_job")
     if isinstance(namespace.get("job"), Job):
@@ -34,10 +34,11 @@ def load_job(path: str):
 @click.pass_obj
 def run(obj, path: str, mode: str, poll: str) -> None:
     """Run the job FILE.py defines (register, complete barriers in order, heartbeat, stop cleanly)."""
-    from iceberg_ext.runtime import Runtime
+    from icebarrier.iceberg_ext.runtime import Runtime
 
     job = load_job(path)
-    summary = Runtime(job, settings=obj.settings()).run(follow=mode == "follow", poll_s=parse_duration_s(poll))
+    with Runtime(job, settings=obj.settings()) as runtime:
+        summary = runtime.run(follow=mode == "follow", poll_s=parse_duration_s(poll))
     emit(obj, {"job": summary.job, "completed": summary.completed, "stopped_by_signal": summary.stopped_by_signal},
          f"job {summary.job}: completed {len(summary.completed)} barrier(s)")
 

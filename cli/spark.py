@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from cli.cut import LEVELS
-from cli.render import barrier_label, emit, table
-from control_plane import tables
-from control_plane.errors import IcebarrierError
-from control_plane.model import Level, parse_duration_s
+from icebarrier.cli.cut import LEVELS, wait_for_first_cut, wait_option
+from icebarrier.cli.render import barrier_label, emit, table
+from icebarrier.control_plane import tables
+from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.control_plane.model import Level, parse_duration_s
 
 
 @click.command("spark-conf")
@@ -19,7 +19,7 @@ def spark_conf(obj, fmt: str) -> None:
     """Print the Spark configuration for the icebarrier catalog (jars located offline)."""
     import json
 
-    from iceberg_ext.spark import conf_as_flags, spark_conf as build
+    from icebarrier.iceberg_ext.spark import conf_as_flags, spark_conf as build
 
     conf = build(obj.settings())
     if fmt == "json" or obj.output == "json":
@@ -35,20 +35,23 @@ def spark_conf(obj, fmt: str) -> None:
 @click.option("--level", type=click.Choice(LEVELS), default=Level.READ_COMMITTED.value, show_default=True)
 @click.option("--barrier", type=int, help="Read the cut at this past barrier.")
 @click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, show_default=True, help="Rows to print.")
+@wait_option
 @click.pass_obj
-def query(obj, sql: str, level: str, barrier: int | None, limit: int) -> None:
+def query(obj, sql: str, level: str, barrier: int | None, limit: int, wait: str) -> None:
     """Run a Spark SQL query over a consistent cut; print the rows, the barrier and snapshots read.
 
-    Every managed table named in full (catalog.namespace.table) reads its snapshot at the cut.
+    Every managed table the query reads (found by Spark's parser) reads its snapshot at the cut.
     """
-    from iceberg_ext.reads import ConsistentRead
-    from iceberg_ext.spark_io import referenced_tables
+    from icebarrier.iceberg_ext import spark_sql
+    from icebarrier.iceberg_ext.reads import ConsistentRead
 
     conn = obj.conn()
-    names = referenced_tables(sql, [v.name for v in tables.list_versions(conn)])
-    if not names:
-        raise IcebarrierError("the query names no managed table; name tables in full, e.g. lake.db.orders")
     spark = obj.spark()
+    names = spark_sql.check_pinnable(spark_sql.parse(spark, sql), tables.managed_names(conn))
+    if not names:
+        raise IcebarrierError("the query reads no managed table; name one, e.g. lake.db.orders "
+                              "(`icebarrier table list` shows them)")
+    wait_for_first_cut(obj, names, Level(level), barrier, wait)
     with ConsistentRead(conn, obj.catalog(), names, level=Level(level), barrier=barrier,
                         ttl_s=parse_duration_s("10m"), holder="icebarrier query") as reader:
         cut = reader.cut()

@@ -6,9 +6,9 @@ import json
 
 import click
 
-from cli.render import barrier_label, duration, emit, table
-from control_plane import jobs, tables, topology
-from control_plane.model import TableName
+from icebarrier.cli.render import barrier_label, duration, emit, table
+from icebarrier.control_plane import jobs, tables, topology
+from icebarrier.control_plane.model import TableName
 
 
 @click.group("table")

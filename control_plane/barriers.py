@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import psycopg
 
-from control_plane.errors import InvalidValueError
-from control_plane.model import Barrier
+from icebarrier.control_plane.errors import InvalidValueError
+from icebarrier.control_plane.model import Barrier
 
 BARRIER_INTERVAL_KEY = "barrier_interval_ms"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from control_plane.errors import BarrierNotValidError, NoValidCutError
-from control_plane.model import ProtectedSnapshot, TableState
+from icebarrier.control_plane.errors import BarrierNotValidError, NoValidCutError
+from icebarrier.control_plane.model import ProtectedSnapshot, TableState
 
 
 def latest_valid_barrier(states: Sequence[TableState]) -> int:

@@ -15,11 +15,12 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
-from control_plane.errors import ConfigurationError, ControlPlaneUnavailableError, IcebarrierError
-from control_plane.model import parse_schema_name
+from icebarrier.control_plane.errors import ConfigurationError, ControlPlaneUnavailableError, IcebarrierError
+from icebarrier.control_plane.model import parse_schema_name
 
 DEFAULT_SCHEMA = "icebarrier"
 DSN_ENV = "ICEBARRIER_DSN"
@@ -67,7 +68,7 @@ def connect(dsn: str | None = None, schema: str | None = None, *, check_schema: 
         ) from exc
     conn.info_schema = schema  # type: ignore[attr-defined]
     if check_schema:
-        from control_plane.schema import require_current
+        from icebarrier.control_plane.schema import require_current
 
         try:
             require_current(conn)
@@ -75,6 +76,16 @@ def connect(dsn: str | None = None, schema: str | None = None, *, check_schema: 
             conn.close()
             raise
     return conn
+
+
+def reopen(conn: psycopg.Connection) -> psycopg.Connection:
+    """A new connection to the same database and schema as ``conn``, for a thread of its own
+    (a psycopg connection carries one transaction state: a background renewal on the caller's
+    connection would become a savepoint of whatever transaction the caller has open)."""
+    dsn = conn.info.dsn
+    if conn.info.password:
+        dsn = make_conninfo(dsn, password=conn.info.password)
+    return connect(dsn, schema_of(conn), check_schema=False)
 
 
 def schema_of(conn: psycopg.Connection) -> str:

@@ -12,9 +12,9 @@ from datetime import datetime
 
 import psycopg
 
-from control_plane import barriers
-from control_plane.db import lock_key, retrying
-from control_plane.errors import (
+from icebarrier.control_plane import barriers
+from icebarrier.control_plane.db import lock_key, retrying
+from icebarrier.control_plane.errors import (
     BarrierNotIssuedError,
     BarrierOutOfOrderError,
     CompletionConflictError,
@@ -25,10 +25,10 @@ from control_plane.errors import (
     SinkHistoryMismatchError,
     SourcesNotReadyError,
 )
-from control_plane.model import JobDefinition, TableName, TableState
-from control_plane.topology import check_registration
-from control_plane.cuts import latest_valid_barrier
-from control_plane.errors import NoValidCutError
+from icebarrier.control_plane.model import JobDefinition, TableName, TableState
+from icebarrier.control_plane.topology import check_registration
+from icebarrier.control_plane.cuts import latest_valid_barrier
+from icebarrier.control_plane.errors import NoValidCutError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +49,7 @@ class JobInfo:
     progress: int | None
     start_barrier: int | None
     barriers_behind: int
+    waiting_for: str | None = None  # what a running job reported it waits for
     sources: tuple[TableState, ...] = ()
     sinks: tuple[TableState, ...] = ()
 
@@ -67,6 +68,7 @@ class JobInfo:
             "start_barrier": self.start_barrier,
             "progress": self.progress,
             "barriers_behind": self.barriers_behind,
+            "waiting_for": self.waiting_for,
             "table_states": {
                 str(s.name): {"start_barrier": s.start_barrier, "watermark": s.watermark}
                 for s in (*self.sources, *self.sinks)
@@ -83,6 +85,16 @@ class NextBarrier:
     ready: bool
     waiting_for: dict[str, int | None] = field(default_factory=dict)
     issued: bool = False  # this call issued the barrier
+
+    def describe_wait(self) -> str | None:
+        """What the job waits for, in words (None when ready)."""
+        if self.ready:
+            return None
+        if self.waiting_for:
+            return "sources " + ", ".join(
+                f"{t} (at barrier {w})" if w is not None else f"{t} (no barrier completed yet)"
+                for t, w in sorted(self.waiting_for.items()))
+        return "the next barrier (none due yet; see `icebarrier barrier interval`)"
 
     def to_json(self) -> dict:
         return {
@@ -206,7 +218,7 @@ def _check_sink_history(conn: psycopg.Connection, job: JobDefinition) -> None:
 
 
 _JOB_STATE = """
-SELECT j.job_id, j.name, j.external_inputs, j.registered_at, j.heartbeat_at,
+SELECT j.job_id, j.name, j.external_inputs, j.registered_at, j.heartbeat_at, j.waiting_for,
        CASE WHEN j.status = 'running' AND j.heartbeat_at < now() - interval '30 seconds' THEN 'lost'
             ELSE j.status END AS status,
        coalesce(src.names, '{}') AS sources, coalesce(snk.names, '{}') AS sinks,
@@ -247,6 +259,7 @@ def _job_info(r: dict) -> JobInfo:
         progress=r["progress"],
         start_barrier=r["start_barrier"],
         barriers_behind=r["barriers_behind"],
+        waiting_for=r["waiting_for"] if r["status"] == "running" else None,
         sources=tuple(_states(r["source_states"])),
         sinks=tuple(_states(r["sink_states"])),
     )

@@ -10,21 +10,23 @@ that no snapshot it pins has been tombstoned; expiry takes it exclusive, reads l
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psycopg
 
-from control_plane import reads
-from control_plane.cuts import protected_set, removable
-from control_plane.db import lock_key
-from control_plane.errors import (
+from icebarrier.control_plane import reads
+from icebarrier.control_plane.cuts import protected_set, removable
+from icebarrier.control_plane.db import lock_key
+from icebarrier.control_plane.errors import (
     InvalidValueError,
     LeaseExpiredError,
     LeaseNotFoundError,
     SnapshotExpiredError,
 )
-from control_plane.model import Cut, Lease, Level, ProtectedSnapshot, TableName, parse_holder
-from control_plane.tables import require
+from icebarrier.control_plane.model import Cut, Lease, Level, ProtectedSnapshot, TableName, parse_holder
+from icebarrier.control_plane.tables import require
 
 MAX_TTL_S = 7 * 86400
 
@@ -254,6 +256,20 @@ class ExpiryClaim:
             "removable": list(self.removable),
             "protected": {str(s): list(p.reasons) for s, p in self.protected.items()},
         }
+
+
+@contextmanager
+def expiry_lock(conn: psycopg.Connection, table: TableName) -> Iterator[None]:
+    """Run one expiry of ``table`` at a time, from planning to deleting files (a session-level
+    advisory lock on ``conn``; a second expiry of the same table waits here)."""
+    table_id = require(conn, table)
+    args = (lock_key(conn, "expiry"), table_id % 2147483647)
+    conn.execute("SELECT pg_advisory_lock(%s, %s::int)", args)
+    try:
+        yield
+    finally:
+        if not conn.closed:
+            conn.execute("SELECT pg_advisory_unlock(%s, %s::int)", args)
 
 
 def claim_expiry(

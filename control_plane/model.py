@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 
-from control_plane.errors import InvalidNameError, InvalidValueError
+from icebarrier.control_plane.errors import InvalidNameError, InvalidValueError
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _JOB = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
@@ -83,12 +83,24 @@ _DURATION = re.compile(r"(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h|d)?")
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
-def parse_duration_s(text: str) -> float:
-    """``"500ms"``, ``"10s"``, ``"10m"``, ``"1.5h"``, ``"2d"`` or plain seconds → seconds."""
+def parse_duration_s(text: str, *, allow_zero: bool = False) -> float:
+    """``"500ms"``, ``"10s"``, ``"10m"``, ``"1.5h"``, ``"2d"`` or plain seconds → seconds
+    (``allow_zero``: ``"0s"`` is accepted, e.g. "older than 0s" = any age)."""
     match = _DURATION.fullmatch(str(text).strip())
-    if not match or float(match["n"]) <= 0:
-        raise InvalidValueError(f"duration {text!r} is invalid; use a positive number with ms, s, m, h or d, e.g. 10m")
+    if not match or float(match["n"]) < 0 or (float(match["n"]) == 0 and not allow_zero):
+        least = "zero or more" if allow_zero else "a positive number"
+        raise InvalidValueError(f"duration {text!r} is invalid; use {least} with ms, s, m, h or d, e.g. 10m")
     return float(match["n"]) * _UNIT_S[match["unit"]]
+
+
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
+def parse_tag_name(text: str) -> str:
+    """An Iceberg tag name icebarrier creates: letters, digits, '_', '-' and '.'."""
+    if not _TAG.fullmatch(text):
+        raise InvalidNameError(f"tag name {text!r} is invalid; use letters, digits, '_', '-' and '.' (at most 128)")
+    return text
 
 
 def format_duration_s(seconds: float | None) -> str:

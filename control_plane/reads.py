@@ -3,17 +3,26 @@
 ``read-committed`` is the latest valid cut over the tables read, ``--barrier B`` the cut at
 B (refused if B is not valid or its snapshots were expired), ``read-uncommitted`` the latest
 recorded snapshot of each table with no alignment. ``repeatable-read`` is a cut pinned by a
-lease: see :mod:`control_plane.leases`.
+lease: see :mod:`icebarrier.control_plane.leases`.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import psycopg
 from psycopg.rows import tuple_row
 
-from control_plane.cuts import check_valid_at, latest_valid_barrier
-from control_plane.errors import BarrierNotIssuedError, IcebarrierError, SnapshotExpiredError, TableNotFoundError
-from control_plane.model import Cut, Level, TableName, TableState
+from icebarrier.control_plane.cuts import check_valid_at, latest_valid_barrier
+from icebarrier.control_plane.errors import (
+    BarrierNotIssuedError,
+    IcebarrierError,
+    NoValidCutError,
+    SnapshotExpiredError,
+    TableNotFoundError,
+)
+from icebarrier.control_plane.model import Cut, Level, TableName, TableState
 
 NO_BOUND = 2**63 - 1
 
@@ -53,7 +62,7 @@ def resolve(
     level: Level = Level.READ_COMMITTED,
     barrier: int | None = None,
 ) -> Cut:
-    """Resolve a cut (no lease; for repeatable-read use :func:`control_plane.leases.acquire`)."""
+    """Resolve a cut (no lease; for repeatable-read use :func:`icebarrier.control_plane.leases.acquire`)."""
     cut, _ = resolve_with_ids(conn, tables, level=level, barrier=barrier)
     return cut
 
@@ -98,3 +107,50 @@ def resolve_with_ids(
         if r[4]:
             raise SnapshotExpiredError(str(t), r[3], bound)
     return Cut(barrier=bound, level=level, snapshots=snapshots), ids
+
+
+def wait_for_cut(
+    conn: psycopg.Connection,
+    tables: list[TableName],
+    *,
+    timeout_s: float,
+    progress: Callable[[str], None] | None = None,
+    poll_s: float = 0.2,
+    idle: Callable[[], None] | None = None,
+) -> int:
+    """Wait, at most ``timeout_s``, until ``tables`` have a valid cut; return its barrier.
+
+    While waiting, ``progress`` gets a line naming the jobs that hold the first cut back
+    (each time that changes), and ``idle`` runs between polls (default: sleep ``poll_s``;
+    a program that drives its own jobs passes one step of them). Past the timeout the
+    :class:`NoValidCutError` is raised."""
+    deadline = time.monotonic() + timeout_s
+    said = None
+    while True:
+        try:
+            return resolve(conn, tables, level=Level.READ_COMMITTED).barrier
+        except NoValidCutError:
+            if time.monotonic() >= deadline:
+                raise
+            line = "waiting for a first consistent cut: " + _holding_back(conn, tables)
+            if progress is not None and line != said:
+                progress(line)
+                said = line
+            idle() if idle is not None else time.sleep(poll_s)
+
+
+def _holding_back(conn: psycopg.Connection, tables: list[TableName]) -> str:
+    """Which jobs keep ``tables`` from a valid cut, in words."""
+    rows = conn.execute(
+        "SELECT table_name, writer_job, start_barrier, watermark_barrier FROM table_versions WHERE table_name = ANY(%s)",
+        ([str(t) for t in tables],),
+    ).fetchall()
+    lowest = min((r["watermark_barrier"] for r in rows if r["watermark_barrier"] is not None), default=None)
+    parts = []
+    for r in rows:
+        job = f"job {r['writer_job']}" if r["writer_job"] else "no job"
+        if r["watermark_barrier"] is None:
+            parts.append(f"{job} ({r['table_name']} has completed no barrier yet)")
+        elif lowest is not None and r["start_barrier"] > lowest:
+            parts.append(f"{job} ({r['table_name']} started at barrier {r['start_barrier']}, after barrier {lowest})")
+    return "; ".join(parts) or "jobs to complete a common barrier"

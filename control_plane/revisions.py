@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import psycopg
 
-from control_plane import jobs, topology
-from control_plane.db import lock_key
-from control_plane.errors import BarrierNotIssuedError, RevisionError
-from control_plane.model import TableName
+from icebarrier.control_plane import jobs, topology
+from icebarrier.control_plane.db import lock_key
+from icebarrier.control_plane.errors import BarrierNotIssuedError, RevisionError
+from icebarrier.control_plane.model import TableName
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,7 +8,7 @@ import socket
 
 import psycopg
 
-from control_plane.errors import JobNotFoundError
+from icebarrier.control_plane.errors import JobNotFoundError
 
 
 def record_range(conn: psycopg.Connection, job: str, barrier: int, spec: dict, *, range_key: str | None = None) -> dict:
@@ -67,6 +67,13 @@ def set_status(conn: psycopg.Connection, job: str, status: str) -> None:
         ).fetchone()
     if row is None:
         raise JobNotFoundError(job)
+
+
+def set_waiting(conn: psycopg.Connection, job: str, waiting_for: str | None) -> None:
+    """Record what the job waits for (None: nothing); writes only when it changes."""
+    with conn.transaction():
+        conn.execute("UPDATE job SET waiting_for = %s WHERE name = %s AND active AND waiting_for IS DISTINCT FROM %s",
+                     (waiting_for, job, waiting_for))
 
 
 def heartbeat(conn: psycopg.Connection, job: str) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from control_plane.db import resolve_dsn, resolve_schema, schema_of
-from control_plane.errors import RoleNotFoundError, SchemaOutOfDateError
+from icebarrier.control_plane.db import resolve_dsn, resolve_schema, schema_of
+from icebarrier.control_plane.errors import RoleNotFoundError, SchemaOutOfDateError
 
 # Views users may read; grant-reader exposes these and nothing else.
 VIEWS = (
@@ -98,7 +98,7 @@ def _run_alembic(dsn: str | None, schema: str | None, direction: str, revision: 
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 
-    from control_plane.db import connect
+    from icebarrier.control_plane.db import connect
 
     dsn = resolve_dsn(dsn)
     schema = resolve_schema(schema)

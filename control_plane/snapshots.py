@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import psycopg
 
-from control_plane.errors import BarrierError
-from control_plane.model import TableName
-from control_plane.tables import require
+from icebarrier.control_plane.errors import BarrierError
+from icebarrier.control_plane.model import TableName
+from icebarrier.control_plane.tables import require
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

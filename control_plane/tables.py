@@ -7,9 +7,9 @@ from datetime import datetime, timedelta
 
 import psycopg
 
-from control_plane import jobs, topology
-from control_plane.errors import TableNotFoundError
-from control_plane.model import TableName, TableState
+from icebarrier.control_plane import jobs, topology
+from icebarrier.control_plane.errors import TableNotFoundError
+from icebarrier.control_plane.model import TableName, TableState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +54,11 @@ def states(conn: psycopg.Connection, names: list[TableName]) -> list[TableState]
         TableState(name=n, start_barrier=by_name[str(n)]["start_barrier"], watermark=by_name[str(n)]["watermark"])
         for n in names
     ]
+
+
+def managed_names(conn: psycopg.Connection) -> set[TableName]:
+    """The names of every managed table (what a consistent SQL read must pin or refuse)."""
+    return {TableName.parse(r["name"]) for r in conn.execute("SELECT name FROM managed_table").fetchall()}
 
 
 def require(conn: psycopg.Connection, name: TableName) -> int:

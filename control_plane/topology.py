@@ -11,13 +11,13 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from control_plane.errors import (
+from icebarrier.control_plane.errors import (
     JobDefinitionError,
     SelfReadError,
     SinkAlreadyOwnedError,
     TopologyCycleError,
 )
-from control_plane.model import JobDefinition, TableName
+from icebarrier.control_plane.model import JobDefinition, TableName
 
 
 def check_definition(job: JobDefinition) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 
-from control_plane.errors import IcebarrierError, SnapshotExpiredError
-from control_plane.model import TableName
-from iceberg_ext.config import Settings
+from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError
+from icebarrier.control_plane.model import TableName
+from icebarrier.iceberg_ext.config import Settings
 
 SUMMARY_BARRIER = "icebarrier.barrier"
 SUMMARY_JOB = "icebarrier.job"
@@ -57,8 +57,24 @@ def load_catalog(settings: Settings):
         import pyiceberg  # noqa: F401
     except ImportError:
         raise IcebarrierError("this needs PyIceberg; pip install 'icebarrier[iceberg]'") from None
-    settings.ensure_catalog_schema()
+    settings.require_catalog_schema()
     return _catalog(settings.catalog, tuple(sorted(settings.pyiceberg_properties().items())))
+
+
+def upgrade(settings: Settings):
+    """Everything ``icebarrier db upgrade`` does: migrate the control-plane schema, then create
+    the default catalog's schema and tables and the local warehouse folder, so plain Spark with
+    ``icebarrier spark-conf`` works right after. Idempotent. Returns the schema status."""
+    from icebarrier.control_plane import schema
+
+    status = schema.upgrade(settings.dsn, settings.schema)
+    settings.ensure_catalog_schema()
+    try:
+        import pyiceberg  # noqa: F401
+    except ImportError:
+        return status  # Spark's JDBC catalog creates its tables in the schema on first use
+    _catalog(settings.catalog, tuple(sorted(settings.pyiceberg_properties().items())))  # creates the tables
+    return status
 
 
 def load_table(catalog, table: TableName):

@@ -16,11 +16,11 @@ from collections.abc import Callable
 
 import psycopg
 
-from control_plane import jobs
-from control_plane.errors import IcebarrierError, NotASinkError
-from control_plane.model import TableName
-from iceberg_ext import faults
-from iceberg_ext.catalog import (
+from icebarrier.control_plane import jobs
+from icebarrier.control_plane.errors import IcebarrierError, NotASinkError
+from icebarrier.control_plane.model import TableName
+from icebarrier.iceberg_ext import faults
+from icebarrier.iceberg_ext.catalog import (
     SUMMARY_BARRIER,
     SUMMARY_JOB,
     SUMMARY_RUN,

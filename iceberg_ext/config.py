@@ -27,9 +27,9 @@ from urllib.parse import quote
 
 import psycopg
 
-from control_plane.db import DEFAULT_SCHEMA, resolve_dsn
-from control_plane.errors import ConfigurationError
-from control_plane.model import parse_schema_name
+from icebarrier.control_plane.db import DEFAULT_SCHEMA, resolve_dsn
+from icebarrier.control_plane.errors import ConfigurationError
+from icebarrier.control_plane.model import parse_schema_name
 
 CONFIG_ENV = "ICEBARRIER_CONFIG"
 HOME_ENV = "ICEBARRIER_HOME"
@@ -133,6 +133,18 @@ class Settings:
         if not self.is_default_catalog:
             return {"warehouse": self.warehouse, **self.catalog_properties}
         return {"type": "sql", "uri": self.sqlalchemy_uri, "warehouse": self.warehouse, "schema_version": "v1"}
+
+    def require_catalog_schema(self) -> None:
+        """The default SQL catalog's schema must exist (``icebarrier db upgrade`` creates it);
+        nothing is created here, so a command refused later has written nothing."""
+        if not self.is_default_catalog:
+            return
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            found = conn.execute("SELECT to_regnamespace(%s) IS NOT NULL", (self.catalog_schema,)).fetchone()[0]
+        if not found:
+            raise ConfigurationError(
+                f"the Iceberg catalog schema {self.catalog_schema!r} does not exist in the control-plane database; "
+                f"run `icebarrier db upgrade` first")
 
     def ensure_catalog_schema(self) -> None:
         """The default SQL catalog lives in its own Postgres schema; create it if missing."""

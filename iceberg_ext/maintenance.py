@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from control_plane import leases, reads, revisions, snapshots, tables
-from control_plane.errors import IcebarrierError
-from control_plane.model import Cut, Level, TableName
-from iceberg_ext.catalog import (
+from icebarrier.control_plane import leases, reads, revisions, snapshots, tables
+from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.control_plane.model import Cut, Level, TableName
+from icebarrier.iceberg_ext.catalog import (
     OPERATION_COMPACTION,
     OPERATION_REVISION,
     SUMMARY_BARRIER,
@@ -81,17 +81,21 @@ def expire(
     retain_last: int = 1,
     dry_run: bool = False,
 ) -> ExpiryReport:
-    """Expire the snapshots of ``table`` outside the protected set, and their files."""
+    """Expire the snapshots of ``table`` outside the protected set, and their files.
+
+    Expiries of one table run one at a time (a second one waits, then plans from the table
+    as the first left it)."""
     if retain_last < 1:
         raise IcebarrierError(f"--retain-last {retain_last} is invalid; keep at least 1 snapshot")
-    started = time.perf_counter()
-    tbl = load_table(catalog, table)
-    candidates, retained, refs = plan_candidates(tbl, older_than_s=older_than_s, retain_last=retain_last)
-    claim = leases.claim_expiry(conn, table, candidates, retained=retained, tagged=refs, dry_run=dry_run)
-    planning_s = time.perf_counter() - started
-    deleted = 0
-    if claim.removable and not dry_run:
-        deleted = retry_commit(lambda: _expire_and_delete(load_table(catalog, table), list(claim.removable)))
+    with leases.expiry_lock(conn, table):
+        started = time.perf_counter()
+        tbl = load_table(catalog, table)
+        candidates, retained, refs = plan_candidates(tbl, older_than_s=older_than_s, retain_last=retain_last)
+        claim = leases.claim_expiry(conn, table, candidates, retained=retained, tagged=refs, dry_run=dry_run)
+        planning_s = time.perf_counter() - started
+        deleted = 0
+        if claim.removable and not dry_run:
+            deleted = retry_commit(lambda: _expire_and_delete(load_table(catalog, table), list(claim.removable)))
     return ExpiryReport(
         table=table, candidates=len(candidates), expired=claim.removable,
         protected={s: p.reasons for s, p in claim.protected.items()}, files_deleted=deleted,
@@ -168,7 +172,7 @@ def compact(spark, conn: psycopg.Connection, catalog, table: TableName, *, min_i
             f"table {table} holds a commit for barrier {barrier} that its job has not completed yet; "
             f"compact after the job completes it"
         )
-    from iceberg_ext.spark_io import rewrite_data_files
+    from icebarrier.iceberg_ext.spark_io import rewrite_data_files
 
     rewrite_data_files(spark, table, min_input_files=min_input_files, properties={
         SUMMARY_BARRIER: str(barrier), SUMMARY_OPERATION: OPERATION_COMPACTION, SUMMARY_JOB: MAINTENANCE_JOB})
@@ -301,10 +305,7 @@ def tag(conn: psycopg.Connection, catalog, name: str, table_names: list[TableNam
         max_age_s: float | None = None) -> Cut:
     """Create Iceberg tag ``name`` on each table at the cut's snapshot, so any engine can read
     the consistent cut with ``VERSION AS OF 'name'``."""
-    import re
-
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", name):
-        raise IcebarrierError(f"tag name {name!r} is invalid; use letters, digits, '_', '-' and '.'")
+    name = parse_tag_name(name)
     cut = reads.resolve(conn, table_names, level=Level.READ_COMMITTED, barrier=barrier)
     empty = [str(t) for t, s in cut.snapshots.items() if s is None]
     if empty:

@@ -9,7 +9,10 @@
   ``arrow``, ``read`` call, or ``create_views``);
 - repeatable-read: one cut resolved at entry and pinned by a lease, renewed in the
   background while the block runs and released at exit (optionally mirrored as Iceberg
-  tags with a maximum age, so engines that know nothing of leases keep the snapshots);
+  tags with a maximum age, so engines that know nothing of leases keep the snapshots).
+  The lease lives on a connection of its own, so the caller's transactions cannot roll it
+  back; if it cannot be renewed in time, the next statement raises
+  :class:`~icebarrier.iceberg_ext.errors.LeaseLostError` instead of reading unprotected;
 - read-uncommitted: each table's latest recorded snapshot;
 - ``barrier=B``: the cut at B, or a clear error if B is not valid or its snapshots are gone.
 """
@@ -17,14 +20,86 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import psycopg
 
-from control_plane import leases, reads
-from control_plane.model import Cut, Level, TableName
-from iceberg_ext.catalog import load_table, require_snapshots
+from icebarrier.control_plane import db, leases, reads
+from icebarrier.control_plane.errors import IcebarrierError, LeaseExpiredError, LeaseNotFoundError
+from icebarrier.control_plane.model import Cut, Level, TableName
+from icebarrier.iceberg_ext.catalog import load_table, require_snapshots
+from icebarrier.iceberg_ext.errors import LeaseLostError
 
 LEASE_TAG_PREFIX = "icebarrier-lease-"
+
+
+class _LeaseKeeper:
+    """Holds a lease on a connection of its own and renews it from a thread.
+
+    A renewal that fails is retried until the lease would lapse; then the keeper is *lost*
+    and :meth:`check` raises. ``check`` also trusts only its own clock: past the last
+    renewal's TTL it raises even if the thread never ran."""
+
+    def __init__(self, conn: psycopg.Connection, ttl_s: float) -> None:
+        self.conn, self.ttl_s = db.reopen(conn), ttl_s
+        self.lease_id: str | None = None
+        self.lost: str | None = None
+        self.renewals = 0
+        self._valid_until = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self, tables, *, barrier, holder, bootstrap_job) -> Cut:
+        started = time.monotonic()
+        cut = leases.acquire(self.conn, tables, ttl_s=self.ttl_s, holder=holder, barrier=barrier,
+                             bootstrap_job=bootstrap_job)
+        self.lease_id, self._valid_until = cut.lease_id, started + self.ttl_s
+        return cut
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"icebarrier-lease-{self.lease_id}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        interval = max(self.ttl_s / 3, 0.1)
+        while not self._stop.wait(interval):
+            started = time.monotonic()
+            try:
+                leases.renew(self.conn, self.lease_id, ttl_s=self.ttl_s)
+            except Exception as exc:  # noqa: BLE001 - any failure is retried until the lease lapses
+                if isinstance(exc, (LeaseExpiredError, LeaseNotFoundError)):  # gone for good
+                    self.lost = str(exc)
+                    return
+                if time.monotonic() >= self._valid_until:
+                    self.lost = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                    return
+                self._reconnect()
+                interval = max(self.ttl_s / 10, 0.05)
+                continue
+            self._valid_until, self.renewals, interval = started + self.ttl_s, self.renewals + 1, max(self.ttl_s / 3, 0.1)
+
+    def _reconnect(self) -> None:
+        if self.conn.closed or self.conn.broken:
+            try:
+                self.conn = db.reopen(self.conn)
+            except IcebarrierError:
+                pass
+
+    def check(self) -> None:
+        if self.lost is None and time.monotonic() >= self._valid_until:
+            self.lost = f"no renewal within its TTL of {self.ttl_s:g}s"
+        if self.lost is not None:
+            raise LeaseLostError(self.lease_id, self.lost)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        try:
+            if self.lease_id is not None and not self.conn.closed:
+                leases.release(self.conn, self.lease_id)
+        finally:
+            self.conn.close()
 
 
 class ConsistentRead:
@@ -41,47 +116,53 @@ class ConsistentRead:
         mirror_tags: bool = False,
         verify_snapshots: bool = True,
         bootstrap_job: str | None = None,
+        wait_s: float = 0,
+        progress=None,
     ) -> None:
+        """``wait_s``: wait that long for the tables' first consistent cut (``progress`` gets a
+        line naming the job waited for) instead of raising NoValidCutError at once."""
         self.conn, self.catalog, self.tables = conn, catalog, list(dict.fromkeys(tables))
         self.level, self.barrier, self.ttl_s, self.holder = Level(level), barrier, ttl_s, holder
         self.mirror_tags, self.verify_snapshots, self.bootstrap_job = mirror_tags, verify_snapshots, bootstrap_job
         self._pinned: Cut | None = None
-        self._stop = threading.Event()
-        self._renewer: threading.Thread | None = None
+        self._keeper: _LeaseKeeper | None = None
+        self.wait_s, self.progress = wait_s, progress
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
     def __enter__(self) -> ConsistentRead:
+        if self.wait_s > 0 and self.barrier is None and self.level is not Level.READ_UNCOMMITTED:
+            reads.wait_for_cut(self.conn, self.tables, timeout_s=self.wait_s, progress=self.progress)
         if self.level is Level.REPEATABLE_READ:
-            cut = leases.acquire(self.conn, self.tables, ttl_s=self.ttl_s, holder=self.holder, barrier=self.barrier,
-                                 bootstrap_job=self.bootstrap_job)
+            keeper = _LeaseKeeper(self.conn, self.ttl_s)
             try:
+                cut = keeper.acquire(self.tables, barrier=self.barrier, holder=self.holder,
+                                     bootstrap_job=self.bootstrap_job)
                 # Written first, re-checked after: the snapshots must still exist in Iceberg.
                 require_snapshots(self.catalog, cut.snapshots, cut.barrier)
                 if self.mirror_tags:
                     self._tag(cut)
             except BaseException:
-                leases.release(self.conn, cut.lease_id)
+                keeper.close()
                 raise
-            self._pinned = cut
-            self._renewer = threading.Thread(target=self._renew, name="icebarrier-lease-renewal", daemon=True)
-            self._renewer.start()
+            self._pinned, self._keeper = cut, keeper
+            keeper.start()
         elif self.barrier is not None:
             self._pinned = self._resolve()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._renewer is not None:
-            self._renewer.join(timeout=10)
-        if self._pinned is not None and self._pinned.lease_id:
-            if self.mirror_tags:
-                self._untag(self._pinned)
-            leases.release(self.conn, self._pinned.lease_id)
+        if self._keeper is not None:
+            try:
+                if self.mirror_tags:
+                    self._untag(self._pinned)
+            finally:
+                self._keeper.close()
 
-    def _renew(self) -> None:
-        while not self._stop.wait(max(self.ttl_s / 3, 0.5)):
-            leases.renew(self.conn, self._pinned.lease_id, ttl_s=self.ttl_s)
+    @property
+    def lease_renewals(self) -> int:
+        """How many times the lease was renewed (0 without a lease)."""
+        return self._keeper.renewals if self._keeper else 0
 
     def _resolve(self) -> Cut:
         cut = reads.resolve(self.conn, self.tables, level=self.level, barrier=self.barrier)
@@ -90,7 +171,12 @@ class ConsistentRead:
         return cut
 
     def cut(self) -> Cut:
-        """The cut the next statement reads: pinned, or resolved now (read-committed/uncommitted)."""
+        """The cut the next statement reads: pinned, or resolved now (read-committed/uncommitted).
+
+        Every statement goes through here; a repeatable read whose lease was not renewed
+        raises :class:`LeaseLostError`."""
+        if self._keeper is not None:
+            self._keeper.check()
         return self._pinned if self._pinned is not None else self._resolve()
 
     def _tag(self, cut: Cut) -> None:
@@ -121,19 +207,28 @@ class ConsistentRead:
     # -- Spark --------------------------------------------------------------------------------------------
 
     def df(self, spark, table: TableName):
-        from iceberg_ext.spark_io import table_at
+        from icebarrier.iceberg_ext.spark_io import table_at
 
         return table_at(spark, table, self.cut().snapshots[table])
 
     def sql(self, spark, query: str):
-        """Run a Spark SQL query with every managed table it names pinned to one cut."""
-        from iceberg_ext.spark_io import pin_sql
+        """Run a Spark SQL query with every managed table it reads pinned to one cut.
 
-        return spark.sql(pin_sql(spark, query, self.cut().snapshots))
+        The tables are found by Spark's parser (:mod:`icebarrier.iceberg_ext.spark_sql`),
+        resolved against the session's current catalog and namespace. A query that reads a
+        managed table outside this read, or one already time-travelled, a metadata table or a
+        table-valued function, raises :class:`StatementNotPinnableError` instead of reading
+        it unpinned."""
+        from icebarrier.control_plane.tables import managed_names
+        from icebarrier.iceberg_ext import spark_sql
+
+        statement = spark_sql.parse(spark, query)
+        spark_sql.check_pinnable(statement, managed_names(self.conn), set(self.tables))
+        return spark.sql(spark_sql.pin(spark, statement, self.cut().snapshots))
 
     def create_views(self, spark, names: dict[TableName, str] | None = None) -> Cut:
         """Temp views (default: the table's short name) pinned to one cut, for plain spark.sql."""
-        from iceberg_ext.spark_io import table_at
+        from icebarrier.iceberg_ext.spark_io import table_at
 
         cut = self.cut()
         for table, snapshot_id in cut.snapshots.items():

@@ -16,7 +16,6 @@ tables with history bootstraps from their latest common completed barrier.
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import sys
 import threading
@@ -26,15 +25,15 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from control_plane import db, jobs, runs
-from control_plane.errors import IcebarrierError, SnapshotExpiredError
-from control_plane.model import JobDefinition, Level, TableName, format_duration_s, parse_duration_s, parse_job_name
-from iceberg_ext import faults
-from iceberg_ext.catalog import ancestors, is_compaction, load_catalog, load_table, summary_properties
-from iceberg_ext.commits import BarrierCommit
-from iceberg_ext.config import Settings
-from iceberg_ext.reads import ConsistentRead
-from iceberg_ext.sources import Source
+from icebarrier.control_plane import db, jobs, runs
+from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError
+from icebarrier.control_plane.model import JobDefinition, Level, TableName, format_duration_s, parse_duration_s, parse_job_name
+from icebarrier.iceberg_ext import faults
+from icebarrier.iceberg_ext.catalog import ancestors, is_compaction, load_catalog, load_table, summary_properties
+from icebarrier.iceberg_ext.commits import BarrierCommit
+from icebarrier.iceberg_ext.config import Settings
+from icebarrier.iceberg_ext.reads import ConsistentRead
+from icebarrier.iceberg_ext.sources import Source
 
 HEARTBEAT_S = 5.0
 
@@ -93,13 +92,13 @@ class BarrierContext:
 
     def table(self, table: str | TableName):
         """The source as of barrier B (full snapshot)."""
-        from iceberg_ext.spark_io import table_at
+        from icebarrier.iceberg_ext.spark_io import table_at
 
         return table_at(self.spark, _name(table), self.snapshot(table))
 
     def previous_table(self, table: str | TableName):
         """The source as of the job's previous barrier (empty at bootstrap)."""
-        from iceberg_ext.spark_io import table_at
+        from icebarrier.iceberg_ext.spark_io import table_at
 
         name = _name(table)
         return table_at(self.spark, name, self._previous_snapshots.get(name))
@@ -187,6 +186,8 @@ def _name(table: str | TableName) -> TableName:
 
 @dataclass
 class Job:
+    needs_spark_to_define = False  # a SqlJob learns its sink and sources from Spark's parser
+
     name: str
     sinks: list[str]
     sources: list[str] = field(default_factory=list)
@@ -212,7 +213,8 @@ class Job:
         parser.add_argument("--poll", default="1s", help="how often to look for a new barrier in --follow")
         args = parser.parse_args(argv)
         try:
-            Runtime(self).run(follow=args.follow, poll_s=parse_duration_s(args.poll))
+            with Runtime(self) as runtime:
+                runtime.run(follow=args.follow, poll_s=parse_duration_s(args.poll))
         except IcebarrierError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(1) from None
@@ -233,37 +235,67 @@ class TransformJob(Job):
         return {_name(k): v for k, v in result.items()}
 
 
-_INSERT = re.compile(r"^\s*INSERT\s+(?P<verb>INTO|OVERWRITE)\s+(?:TABLE\s+)?(?P<sink>[\w.]+)\s+(?P<select>.+)$",
-                     re.IGNORECASE | re.DOTALL)
-_QUALIFIED = re.compile(r"(?<![\w.`])([A-Za-z_]\w*\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?![\w.`(])")
-
-
 class SqlJob(TransformJob):
-    """A job defined by ``INSERT INTO|OVERWRITE sink SELECT …`` over managed tables.
+    """A job defined by ``INSERT INTO|OVERWRITE <sink> <query>`` over managed tables.
 
-    At each barrier the SELECT runs against its sources pinned at B and replaces the sink's
+    At each barrier the query runs against its sources pinned at B and replaces the sink's
     contents (a materialized view; ``mode="append"`` appends instead, ``mode="merge"`` upserts
-    by ``keys``). Sources are the fully qualified tables the SELECT names.
+    by ``keys``). The sink and the sources come from Spark's parser when the job starts
+    (every table the query reads, resolved against the session's current catalog and
+    namespace), or from ``sources=``; the statement is never searched with patterns.
     """
 
-    def __init__(self, name: str, statement: str, *, mode: str = "overwrite", keys: list[str] = ()):
-        match = _INSERT.match(statement)
-        if not match:
-            raise IcebarrierError(f"SQL job {name}: write it as INSERT INTO <catalog.namespace.table> SELECT …")
-        sink = TableName.parse(match["sink"])
-        select = match["select"]
-        sources = sorted({str(TableName.parse(t)) for t in _QUALIFIED.findall(select)} - {str(sink)})
-        if not sources:
-            raise IcebarrierError(f"SQL job {name}: its SELECT names no catalog.namespace.table source")
-        super().__init__(name=name, sinks=[str(sink)], sources=sources)
-        self.select, self.mode, self.keys = select, mode, list(keys)
+    needs_spark_to_define = True
+
+    def __init__(self, name: str, statement: str, *, mode: str = "overwrite", keys: list[str] = (),
+                 sources: list[str] | None = None):
+        super().__init__(name=name, sinks=[], sources=list(sources or []))
+        self.statement, self.mode, self.keys = statement, mode, list(keys)
+        self._declared_sources = sources is not None
+        self._parsed = None
         self.transform = self._run
 
-    def _run(self, ctx):
-        from iceberg_ext.spark_io import pin_sql
+    def bind(self, spark) -> None:
+        """Parse the statement with the session's parser: sink and sources."""
+        from icebarrier.iceberg_ext import spark_sql
 
-        df = ctx.spark.sql(pin_sql(ctx.spark, self.select, {TableName.parse(s): ctx.snapshot(s) for s in self.sources}))
-        return Output(df, self.mode, tuple(self.keys))
+        try:
+            parsed = spark_sql.parse(spark, self.statement, insert=True)
+        except IcebarrierError as exc:
+            raise IcebarrierError(f"SQL job {self.name}: {exc}") from None
+        if parsed.sink is None:
+            raise IcebarrierError(f"SQL job {self.name}: write it as INSERT INTO <catalog.namespace.table> SELECT …")
+        for relation in parsed.relations:
+            if relation.kind == "function":
+                raise IcebarrierError(f"SQL job {self.name}: table-valued function {relation.written}(…) may read "
+                                      f"tables the barrier cannot pin; read the table by name")
+            if relation.time_travel:
+                raise IcebarrierError(f"SQL job {self.name}: {relation.written} has {relation.time_travel}; a job "
+                                      f"reads each source at the barrier, drop the clause")
+        read = [str(t) for t in parsed.tables()]
+        if not read:
+            raise IcebarrierError(f"SQL job {self.name}: its query reads no table")
+        if self._declared_sources:
+            undeclared = sorted(set(read) - {str(TableName.parse(s)) for s in self.sources})
+            if undeclared:
+                raise IcebarrierError(f"SQL job {self.name}: its query reads {', '.join(undeclared)}, which is not "
+                                      f"among its sources=; add it, or leave sources= out to take them from the query")
+        else:
+            self.sources = read
+        self.sinks = [str(parsed.sink)]
+        self._parsed = parsed
+
+    def definition(self) -> JobDefinition:
+        if self._parsed is None:
+            raise IcebarrierError(f"SQL job {self.name}: its sink and sources come from Spark's parser; "
+                                  f"run it through Runtime / `icebarrier run`, or call job.bind(spark) first")
+        return super().definition()
+
+    def _run(self, ctx):
+        from icebarrier.iceberg_ext import spark_sql
+
+        pinned = spark_sql.pin(ctx.spark, self._parsed, {t: ctx.snapshot(t) for t in self._parsed.tables()})
+        return Output(ctx.spark.sql(pinned), self.mode, tuple(self.keys))
 
 
 @dataclass
@@ -276,6 +308,10 @@ class RootJob(Job):
     keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if len(self.sinks) != 1:
+            raise IcebarrierError(
+                f"root job {self.name} names {len(self.sinks)} sinks; a RootJob writes exactly one. Use one RootJob "
+                f"per sink, or a TransformJob that returns {{sink: Output}} from the root table")
         if not self.external_inputs and self.source is not None:
             self.external_inputs = [self.source.describe()]
 
@@ -297,6 +333,7 @@ class Runtime:
                  log: Callable[[str], None] | None = None) -> None:
         self.job = job
         self.settings = settings or Settings.load()
+        self._owns_conn = conn is None
         self.conn = conn or db.connect(self.settings.dsn, self.settings.schema)
         self.catalog = load_catalog(self.settings)
         self._spark = spark
@@ -304,10 +341,24 @@ class Runtime:
         self.stop = threading.Event()
         self._beat_conn: psycopg.Connection | None = None
 
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections this runtime opened (a connection passed in stays open)."""
+        if self._beat_conn is not None:
+            self._beat_conn.close()
+            self._beat_conn = None
+        if self._owns_conn:
+            self.conn.close()
+
     @property
     def spark(self):
         if self._spark is None:
-            from iceberg_ext.spark import spark_session
+            from icebarrier.iceberg_ext.spark import spark_session
 
             self._spark = spark_session(self.settings, app_name=f"icebarrier-{self.job.name}")
         return self._spark
@@ -318,6 +369,8 @@ class Runtime:
         """Register the job's definition (once per Runtime)."""
         if self._registered:
             return
+        if self.job.needs_spark_to_define:
+            self.job.bind(self.spark)
         result = jobs.register(self.conn, self.job.definition(), replace=True)
         if result.status != "unchanged":
             self.log(f"job {self.job.name}: registered ({result.status})")
@@ -331,6 +384,10 @@ class Runtime:
         summary = RunSummary(job=self.job.name)
         beat = threading.Thread(target=self._heartbeat, daemon=True, name="icebarrier-heartbeat")
         beat.start()
+        if follow:
+            # SparkContext replaces the SIGINT handler when it starts: start it first, so that
+            # Ctrl-C finishes the current barrier and exits 0 like SIGTERM.
+            _ = self.spark
         restore = self._install_signal_handlers() if follow else None
         try:
             while not self.stop.is_set():
@@ -353,6 +410,9 @@ class Runtime:
             if restore:
                 restore()
             beat.join(timeout=HEARTBEAT_S)
+            if self._beat_conn is not None:
+                self._beat_conn.close()
+                self._beat_conn = None
             runs.set_status(self.conn, self.job.name, "stopped")
         summary.stopped_by_signal = self._signalled
         self.log(f"job {self.job.name}: stopped after {len(summary.completed)} barrier(s)")
@@ -379,13 +439,14 @@ class Runtime:
             runs.heartbeat(self._beat_conn, self.job.name)
 
     def _next_ready(self) -> int | None:
+        """The next barrier if the job can complete it now; else records what it waits for."""
         nb = jobs.next_barrier(self.conn, self.job.name)
-        if not nb.ready:
-            return None
+        waiting = nb.describe_wait()
         source = getattr(self.job, "source", None)
-        if source is not None and not source.ready(nb.barrier):
-            return None
-        return nb.barrier
+        if waiting is None and source is not None:
+            waiting = source.waiting_for(nb.barrier)
+        runs.set_waiting(self.conn, self.job.name, waiting)
+        return nb.barrier if waiting is None else None
 
     def _complete(self, barrier: int, summary: RunSummary) -> None:
         started = time.perf_counter()
@@ -403,7 +464,7 @@ class Runtime:
                  f"{format_duration_s(time.perf_counter() - started)} ({rows}); {max(behind - 1, 0)} behind")
 
     def _write(self, tx: BarrierCommit, table: TableName, out: Output):
-        from iceberg_ext.spark_io import append_df, merge_df, overwrite_df
+        from icebarrier.iceberg_ext.spark_io import append_df, merge_df, overwrite_df
 
         if out.mode == "append":
             return append_df(tx, table, out.df)
@@ -432,7 +493,7 @@ class Runtime:
         sources = [TableName.parse(s) for s in self.job.sources]
         previous_snapshots = {}
         if previous is not None:
-            from control_plane import reads
+            from icebarrier.control_plane import reads
 
             previous_snapshots = reads.resolve(self.conn, sources, barrier=previous).snapshots
         with inputs_at(self.conn, self.catalog, self.job.name, sources, barrier, bootstrap=previous is None) as reader:
@@ -458,6 +519,8 @@ def foreach_batch(job: RootJob | Job, *, settings: Settings | None = None, wait_
         query = (stream_df.writeStream.foreachBatch(foreach_batch(job))
                  .option("checkpointLocation", ...).start())
     """
+    if len(job.sinks) != 1:
+        raise IcebarrierError(f"job {job.name} names {len(job.sinks)} sinks; a streaming root job writes exactly one")
     runtime: dict = {}
 
     def run(df, batch_id: int) -> None:
@@ -484,7 +547,7 @@ def foreach_batch(job: RootJob | Job, *, settings: Settings | None = None, wait_
 
 def _wait_for_barrier(rt: Runtime, wait_s: float) -> int:
     """The job's next barrier; a micro-batch waits until one is due (bounded by the interval)."""
-    from control_plane import barriers
+    from icebarrier.control_plane import barriers
 
     deadline = time.monotonic() + max(barriers.get_interval_s(rt.conn) * 2, 5)
     while True:

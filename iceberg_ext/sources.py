@@ -6,9 +6,12 @@ range exactly (deterministic replay after a crash).
   the previous barrier (system-time). Files must appear atomically (write, then rename).
 - :class:`PostgresSource` — a table read by a monotone key (system-time: the key interval),
   or by event time (event-time: exactly the rows with event time <= B, once the source
-  watermark — the start of the oldest open transaction — has passed B). With an event-time
-  column that defaults to ``now()`` (a transaction's start time), a source transaction
-  never straddles two barriers.
+  watermark — the start of the oldest open writing transaction in the source's database by
+  a role that may write the table — has passed B). With an event-time column that defaults
+  to ``now()`` (a transaction's start time), a source transaction never straddles two
+  barriers. Transactions in other databases, or of roles that cannot write the table, do
+  not hold the watermark back. The source's role must see other sessions' transactions
+  (superuser or ``pg_read_all_stats``); otherwise the source refuses to close barriers.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from datetime import datetime, timezone
 import psycopg
 from psycopg import sql
 
-from control_plane import runs
-from control_plane.errors import IcebarrierError
-from control_plane.model import barrier_time
+from icebarrier.control_plane import runs
+from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.control_plane.model import barrier_time
 
 SYSTEM_TIME = "system-time"
 EVENT_TIME = "event-time"
@@ -39,9 +42,13 @@ class Source:
     def plan(self, conn: psycopg.Connection, job: str, barrier: int) -> dict:
         raise NotImplementedError
 
+    def waiting_for(self, barrier: int) -> str | None:
+        """What keeps the job from closing ``barrier`` now, in words; None when it may."""
+        return None
+
     def ready(self, barrier: int) -> bool:
         """May the job close ``barrier`` now? (event-time sources wait for their watermark)"""
-        return True
+        return self.waiting_for(barrier) is None
 
     def read(self, spark, spec: dict):
         raise NotImplementedError
@@ -118,22 +125,52 @@ class PostgresSource(Source):
             high = low
         return {"source": self.describe(), "key_gt": low, "key_le": high}
 
-    def watermark(self) -> datetime:
-        """No transaction still open started before this; rows stamped earlier are all visible."""
-        row = self._db().execute(
+    def _oldest_writer(self) -> dict | None:
+        """The oldest open transaction that has written and whose role may write the table,
+        in the source's database (None if there is none)."""
+        conn = self._db()
+        if not getattr(self, "_stats_checked", False):
+            sees_all = conn.execute("SELECT pg_has_role('pg_read_all_stats', 'USAGE') "
+                                    "OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)").fetchone()[0]
+            if not sees_all:
+                raise SourceError(
+                    f"source {self.table}: role cannot see other sessions' transactions, so its event-time watermark "
+                    f"would be wrong; GRANT pg_read_all_stats TO the source's role")
+            self._stats_checked = True
+        row = conn.execute(
             """
-            SELECT least(now(), coalesce(min(xact_start) FILTER (
-                       WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()), now()))
-            FROM pg_stat_activity
-            """
+            SELECT a.pid, a.xact_start, a.usename, a.application_name
+            FROM pg_stat_activity a
+            WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+              AND a.backend_xid IS NOT NULL AND a.xact_start IS NOT NULL AND a.usesysid IS NOT NULL
+              AND has_table_privilege(a.usesysid, to_regclass(%s), 'INSERT, UPDATE')
+            ORDER BY a.xact_start LIMIT 1
+            """,
+            (self._ident(self.table).as_string(conn),),
         ).fetchone()
-        return row[0]
+        return None if row is None else dict(zip(("pid", "xact_start", "user", "application"), row))
 
-    def ready(self, barrier: int) -> bool:
+    def watermark(self) -> datetime:
+        """No transaction that may write the table is still open from before this; rows
+        stamped earlier are all visible."""
+        return self._watermark()[0]
+
+    def _watermark(self) -> tuple[datetime, dict | None]:
+        now = self._db().execute("SELECT now()").fetchone()[0]
+        oldest = self._oldest_writer()
+        return (now if oldest is None else min(now, oldest["xact_start"])), oldest
+
+    def waiting_for(self, barrier: int) -> str | None:
         if self.strategy != EVENT_TIME:
-            return True
-        lateness = self.allowed_lateness_s
-        return (self.watermark() - barrier_time(barrier)).total_seconds() > lateness
+            return None
+        watermark, oldest = self._watermark()
+        if (watermark - barrier_time(barrier)).total_seconds() > self.allowed_lateness_s:
+            return None
+        if oldest is not None and oldest["xact_start"] <= barrier_time(barrier):
+            return (f"event-time watermark of {self.describe()}: transaction pid {oldest['pid']} "
+                    f"(user {oldest['user']}, application {oldest['application']!r}) open since "
+                    f"{oldest['xact_start'].isoformat()}")
+        return f"event-time watermark of {self.describe()}: allowed lateness {self.allowed_lateness_s:g}s"
 
     def read(self, spark, spec):
         cols = sql.SQL(", ").join(sql.Identifier(c) for c in self.columns)

@@ -15,8 +15,8 @@ import os
 import zipfile
 from pathlib import Path
 
-from control_plane.errors import ConfigurationError, IcebarrierError
-from iceberg_ext.config import Settings
+from icebarrier.control_plane.errors import ConfigurationError, IcebarrierError
+from icebarrier.iceberg_ext.config import Settings
 
 ICEBERG_JAR_NAME = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 ICEBERG_JAR_ENV = "ICEBARRIER_ICEBERG_JAR"
@@ -117,7 +117,7 @@ def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: s
     require_pyspark()
     from pyspark.sql import SparkSession
 
-    settings.ensure_catalog_schema()
+    settings.require_catalog_schema()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: no guessing at interfaces
     builder = SparkSession.builder.appName(app_name)
     builder = builder.master(master or os.environ.get("ICEBARRIER_SPARK_MASTER", "local[2]"))

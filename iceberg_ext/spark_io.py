@@ -1,6 +1,6 @@
 """Spark reads and writes through icebarrier (the module that imports pyspark, lazily).
 
-Writes go through a :class:`~iceberg_ext.commits.BarrierCommit`: DataFrame writes carry the
+Writes go through a :class:`~icebarrier.iceberg_ext.commits.BarrierCommit`: DataFrame writes carry the
 barrier as ``snapshot-property.*`` options; SQL writes (MERGE, INSERT OVERWRITE, DELETE)
 run inside ``org.apache.iceberg.spark.CommitMetadata.withCommitProperties`` called through
 py4j, which works in PySpark's default pinned-thread mode.
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 
-from control_plane.model import TableName
-from iceberg_ext.commits import BarrierCommit
-from iceberg_ext.spark import require_pyspark
+from icebarrier.control_plane.model import TableName
+from icebarrier.iceberg_ext.commits import BarrierCommit
+from icebarrier.iceberg_ext.spark import require_pyspark
 
 
 class _SqlCallable:
@@ -108,21 +108,3 @@ def table_at(spark, table: TableName, snapshot_id: int | None):
     if snapshot_id is None:
         return spark.table(str(table)).limit(0)
     return spark.read.option("snapshot-id", str(snapshot_id)).table(str(table))
-
-
-def pin_sql(spark, query: str, snapshots: dict[TableName, int | None]) -> str:
-    """Rewrite ``query`` so each named table reads its pinned snapshot (VERSION AS OF)."""
-    for table, snapshot_id in sorted(snapshots.items(), key=lambda kv: -len(str(kv[0]))):
-        if snapshot_id is None:
-            view = f"__icebarrier_empty_{'_'.join((table.catalog, *table.namespace, table.name))}"
-            table_at(spark, table, None).createOrReplaceTempView(view)
-            replacement = view
-        else:
-            replacement = f"{table} VERSION AS OF {snapshot_id}"
-        query = re.sub(rf"(?<![\w.`]){re.escape(str(table))}(?![\w.`])", replacement, query, flags=re.IGNORECASE)
-    return query
-
-
-def referenced_tables(query: str, known: list[TableName]) -> list[TableName]:
-    """The managed tables whose full names appear in ``query``."""
-    return [t for t in known if re.search(rf"(?<![\w.`]){re.escape(str(t))}(?![\w.`])", query, re.IGNORECASE)]

@@ -20,7 +20,8 @@ import pytest
 from click.testing import CliRunner
 from psycopg import sql
 
-from control_plane import db, schema
+from icebarrier.control_plane import db, schema
+from icebarrier.iceberg_ext.config import Settings
 
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -64,7 +65,7 @@ def pg_server():
             yield container.get_connection_url()
         return
     tried.append("testcontainers (no Docker engine answers)")
-    from control_plane.embedded import EmbeddedPostgres, EmbeddedPostgresError
+    from icebarrier.apps.embedded import EmbeddedPostgres, EmbeddedPostgresError
 
     state = Path(tempfile.mkdtemp(prefix="icebarrier-test-pg-"))
     server = EmbeddedPostgres(state_dir=state)
@@ -95,6 +96,7 @@ def template_db(pg_server):
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     dsn = _with_db(pg_server, name)
     schema.upgrade(dsn)
+    Settings(dsn=dsn).ensure_catalog_schema()  # what `db upgrade` adds for the Iceberg side
     try:
         yield name
     finally:
@@ -141,7 +143,7 @@ def conn(dsn):
 @pytest.fixture
 def cli(dsn):
     """Run the CLI in-process: ``cli("job", "list", output="json")`` -> click Result."""
-    from cli.main import cli as command
+    from icebarrier.cli.main import cli as command
 
     runner = CliRunner()
 

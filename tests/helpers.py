@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from control_plane import barriers, jobs
-from control_plane.model import JobDefinition, TableName
+from icebarrier.control_plane import barriers, jobs
+from icebarrier.control_plane.model import JobDefinition, TableName
 
 
 def T(name: str) -> TableName:

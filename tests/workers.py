@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
-from control_plane import barriers, db, jobs, leases, schema
-from control_plane.errors import IcebarrierError
+from icebarrier.control_plane import barriers, db, jobs, leases, schema
+from icebarrier.control_plane.errors import IcebarrierError
 from tests.helpers import T, job
 
 CTX = mp.get_context("spawn")

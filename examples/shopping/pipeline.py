@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 
-from iceberg_ext.runtime import RootJob, SqlJob, TransformJob, append, delta_join
-from iceberg_ext.sources import FileSource
+from icebarrier.iceberg_ext.runtime import RootJob, SqlJob, TransformJob, append, delta_join
+from icebarrier.iceberg_ext.sources import FileSource
 
 SHOPPING_SCHEMA = "order_id bigint, user_id bigint, item_id bigint, amount bigint, price double"
 SHIPMENT_SCHEMA = "order_id bigint, carrier string"

@@ -7,7 +7,7 @@ import sys
 import pyarrow as pa
 import pytest
 
-from iceberg_ext.check import ACCOUNTS, OPENING, SCHEMAS, check_cut, events
+from icebarrier.apps.check import ACCOUNTS, OPENING, SCHEMAS, check_cut, events
 
 
 def _cut(orders, payments, ledger_rows, balances, paid):
@@ -51,7 +51,7 @@ def test_short_seeded_check_run_passes(pg_server):
     """A seeded run with jobs killed at random fault points: no anomaly at read-committed or
     repeatable-read, nothing lost or duplicated, no pinned snapshot expired."""
     result = subprocess.run(
-        [sys.executable, "-m", "cli.main", "--dsn", pg_server, "--output", "json", "check", "--seed", "11",
+        [sys.executable, "-m", "icebarrier.cli.main", "--dsn", pg_server, "--output", "json", "check", "--seed", "11",
          "--duration", "10", "--fault-rate", "0.6"],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]

@@ -6,7 +6,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from cli.main import cli as command
+from icebarrier.cli.main import cli as command
 
 
 def _all_commands(group: click.Group, prefix=()):
@@ -143,7 +143,7 @@ def test_missing_dsn_is_a_clear_error(monkeypatch):
 
 def test_debug_shows_the_traceback(cli, dsn):
     """--debug lets the exception through for a traceback."""
-    from control_plane.errors import JobNotFoundError
+    from icebarrier.control_plane.errors import JobNotFoundError
 
     with pytest.raises(JobNotFoundError):
         CliRunner().invoke(command, ["--debug", "job", "show", "ghost"], catch_exceptions=False)
@@ -154,9 +154,9 @@ def test_console_script_runs_as_a_process(dsn):
     import subprocess
     import sys
 
-    ok = subprocess.run([sys.executable, "-m", "cli.main", "--dsn", dsn, "barrier", "issue"],
+    ok = subprocess.run([sys.executable, "-m", "icebarrier.cli.main", "--dsn", dsn, "barrier", "issue"],
                         capture_output=True, text=True)
     assert ok.returncode == 0 and "issued barrier" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "cli.main", "--dsn", dsn, "job", "show", "ghost"],
+    bad = subprocess.run([sys.executable, "-m", "icebarrier.cli.main", "--dsn", dsn, "job", "show", "ghost"],
                          capture_output=True, text=True)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr

@@ -2,8 +2,8 @@
 
 import time
 
-from control_plane import barriers
-from control_plane.model import barrier_time
+from icebarrier.control_plane import barriers
+from icebarrier.control_plane.model import barrier_time
 from tests.workers import issue_worker, run_all
 
 

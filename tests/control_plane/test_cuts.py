@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from control_plane.cuts import check_valid_at, latest_valid_barrier, protected_set, removable
-from control_plane.errors import BarrierNotValidError, NoValidCutError
-from control_plane.model import TableState
+from icebarrier.control_plane.cuts import check_valid_at, latest_valid_barrier, protected_set, removable
+from icebarrier.control_plane.errors import BarrierNotValidError, NoValidCutError
+from icebarrier.control_plane.model import TableState
 from tests.helpers import T
 
 

@@ -2,7 +2,7 @@
 
 from datetime import timedelta
 
-from control_plane import delays, jobs
+from icebarrier.control_plane import delays, jobs
 from tests.helpers import T, new_barrier, register_chain
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from control_plane import barriers, jobs, tables
-from control_plane.errors import (
+from icebarrier.control_plane import barriers, jobs, tables
+from icebarrier.control_plane.errors import (
     BarrierNotIssuedError, BarrierOutOfOrderError, CompletionConflictError, JobDefinitionChangedError,
     JobNotFoundError, NotASinkError, SinkAlreadyOwnedError, SinkHistoryMismatchError, SourcesNotReadyError,
     TopologyCycleError,
@@ -220,7 +220,7 @@ def test_concurrent_completions_of_consecutive_barriers_stay_gap_free(dsn, conn)
 def test_a_root_job_resumes_the_first_barrier_it_recorded(conn):
     """Found by `icebarrier check`: a root job that crashed after recording (and maybe
     committing) its first barrier resumes it instead of starting at a newer one."""
-    from control_plane import runs
+    from icebarrier.control_plane import runs
 
     jobs.register(conn, job("ingest", sinks=["a"]))
     b1 = new_barrier(conn)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from control_plane.errors import InvalidNameError, InvalidValueError
-from control_plane.model import (
+from icebarrier.control_plane.errors import InvalidNameError, InvalidValueError
+from icebarrier.control_plane.model import (
     TableName, parse_duration_s, parse_external_input, parse_job_name, parse_schema_name,
 )
 

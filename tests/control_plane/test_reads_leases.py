@@ -2,12 +2,12 @@
 
 import pytest
 
-from control_plane import jobs, leases, reads
-from control_plane.errors import (
+from icebarrier.control_plane import jobs, leases, reads
+from icebarrier.control_plane.errors import (
     BarrierNotIssuedError, BarrierNotValidError, LeaseExpiredError, LeaseNotFoundError, NoValidCutError,
     SnapshotExpiredError, TableNotFoundError,
 )
-from control_plane.model import Level
+from icebarrier.control_plane.model import Level
 from tests.helpers import T, complete_all, job, new_barrier, register_chain
 from tests.workers import expiry_worker, lease_worker
 
@@ -158,7 +158,7 @@ def test_lease_and_expiry_race_simultaneous(dsn, conn):
 def test_a_started_job_holds_the_window_floor_at_its_first_barrier(conn):
     """Found by `icebarrier check`: a job that recorded its first barrier but has not completed
     it yet keeps what it will read next; without that, expiry took the snapshot after B0."""
-    from control_plane import runs
+    from icebarrier.control_plane import runs
 
     jobs.register(conn, job("ingest", sinks=["src"]))
     jobs.register(conn, job("late", sources=["src"], sinks=["derived"]))

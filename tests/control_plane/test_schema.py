@@ -6,8 +6,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from control_plane import db, schema
-from control_plane.errors import ControlPlaneUnavailableError, RoleNotFoundError, SchemaOutOfDateError
+from icebarrier.control_plane import db, schema
+from icebarrier.control_plane.errors import ControlPlaneUnavailableError, RoleNotFoundError, SchemaOutOfDateError
 from tests.workers import run_all, upgrade_worker
 
 
@@ -90,7 +90,7 @@ def test_grant_reader_exposes_views_only(conn, dsn, role):
 
 def test_grant_writer_allows_job_work(conn, dsn, role):
     """A writer role can register a job and complete barriers."""
-    from control_plane import jobs
+    from icebarrier.control_plane import jobs
     from tests.helpers import job
 
     schema.grant_writer(conn, role)

@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from control_plane.errors import (
+from icebarrier.control_plane.errors import (
     JobDefinitionError, SelfReadError, SinkAlreadyOwnedError, TopologyCycleError,
 )
-from control_plane.topology import (
+from icebarrier.control_plane.topology import (
     check_registration, downstream, edges_of, find_cycle, render_dot, render_mermaid, upstream,
 )
 from tests.helpers import T, job

@@ -14,10 +14,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from control_plane import db, schema
-from control_plane.model import TableName
-from iceberg_ext.catalog import load_catalog
-from iceberg_ext.config import Settings
+from icebarrier.control_plane import db, schema
+from icebarrier.control_plane.model import TableName
+from icebarrier.iceberg_ext.catalog import load_catalog
+from icebarrier.iceberg_ext.config import Settings
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +25,9 @@ def lake_dsn(pg_server):
     name = f"icebarrier_lake_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_server, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    yield psycopg.conninfo.make_conninfo(pg_server, dbname=name)
+    dsn = psycopg.conninfo.make_conninfo(pg_server, dbname=name)
+    Settings(dsn=dsn).ensure_catalog_schema()  # what `db upgrade` adds for the Iceberg side
+    yield dsn
     with psycopg.connect(pg_server, autocommit=True) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
@@ -38,7 +40,7 @@ def warehouse(tmp_path_factory):
 @pytest.fixture(scope="session")
 def spark(lake_dsn, warehouse):
     """One local[2] SparkSession for the whole run, on the shared catalog."""
-    from iceberg_ext.spark import spark_session
+    from icebarrier.iceberg_ext.spark import spark_session
 
     session = spark_session(Settings(dsn=lake_dsn, warehouse=str(warehouse)).validated(), app_name="icebarrier-tests")
     session.sparkContext.setLogLevel("ERROR")

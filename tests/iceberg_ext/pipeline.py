@@ -10,11 +10,11 @@ import pyarrow as pa
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
 
-from control_plane import barriers, jobs
-from control_plane.model import JobDefinition
-from iceberg_ext.catalog import create_table
-from iceberg_ext.commits import BarrierCommit
-from iceberg_ext.reads import ConsistentRead
+from icebarrier.control_plane import barriers, jobs
+from icebarrier.control_plane.model import JobDefinition
+from icebarrier.iceberg_ext.catalog import create_table
+from icebarrier.iceberg_ext.commits import BarrierCommit
+from icebarrier.iceberg_ext.reads import ConsistentRead
 
 ORDERS = Schema(NestedField(1, "order_id", LongType(), required=False),
                 NestedField(2, "customer", LongType(), required=False),

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from iceberg_ext.config import Settings
-from iceberg_ext.runtime import Runtime, TransformJob, overwrite
+from icebarrier.iceberg_ext.config import Settings
+from icebarrier.iceberg_ext.runtime import Runtime, TransformJob, overwrite
 from tests.iceberg_ext.test_runtime import shop
 
 

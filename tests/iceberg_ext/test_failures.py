@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from control_plane import barriers, jobs, reads, runs, tables
-from control_plane.model import TableName
-from iceberg_ext.faults import AFTER_CONTROL_PLANE, AFTER_ICEBERG_COMMIT, AFTER_INPUT_RANGE, CRASH_EXIT_CODE
-from iceberg_ext.runtime import RootJob, Runtime, foreach_batch
+from icebarrier.control_plane import barriers, jobs, reads, runs, tables
+from icebarrier.control_plane.model import TableName
+from icebarrier.iceberg_ext.faults import AFTER_CONTROL_PLANE, AFTER_ICEBERG_COMMIT, AFTER_INPUT_RANGE, CRASH_EXIT_CODE
+from icebarrier.iceberg_ext.runtime import RootJob, Runtime, foreach_batch
 from tests.iceberg_ext.test_runtime import generate, shop
 
 
@@ -113,8 +113,10 @@ def test_streaming_micro_batches_complete_one_barrier_each_and_replays_write_not
 
 
 @pytest.mark.slow
-def test_follow_mode_stops_cleanly_on_sigterm(lake, spark, tmp_path):
-    """`icebarrier run FILE --follow` heartbeats while alive and shows stopped after SIGTERM."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_follow_mode_stops_cleanly_on_a_signal(lake, spark, tmp_path, sig):
+    """`icebarrier run FILE --follow` heartbeats while alive; SIGTERM and Ctrl-C (SIGINT, which
+    PySpark's own handler would turn into `Aborted!`) both finish the barrier, exit 0 and show stopped."""
     shop.create_tables(spark, lake.namespace)
     job_file = tmp_path / "job.py"
     job_file.write_text(
@@ -123,7 +125,7 @@ def test_follow_mode_stops_cleanly_on_sigterm(lake, spark, tmp_path):
         "from pipeline import build\n"
         f"job = build({lake.namespace!r}, {str(tmp_path / 'input')!r})['user_item_amount']\n")
     env = {**os.environ}
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", str(job_file), "--follow", "--poll", "200ms"],
+    proc = subprocess.Popen([sys.executable, "-m", "icebarrier.cli.main", "run", str(job_file), "--follow", "--poll", "200ms"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     name = f"{lake.namespace}_user_item_amount"
     deadline = time.monotonic() + 120
@@ -135,7 +137,7 @@ def test_follow_mode_stops_cleanly_on_sigterm(lake, spark, tmp_path):
             pass
         time.sleep(0.5)
     assert jobs.show(lake.conn, name).status == "running"
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-2000:]
-    assert "SIGTERM" in err and jobs.show(lake.conn, name).status == "stopped"
+    assert sig.name in err and "Aborted" not in err and jobs.show(lake.conn, name).status == "stopped"

@@ -8,14 +8,14 @@ import sys
 import pyarrow as pa
 import pytest
 
-from control_plane import barriers, jobs, leases, tables
-from control_plane.errors import BarrierNotValidError, SnapshotExpiredError
-from control_plane.model import Level
-from iceberg_ext.catalog import SUMMARY_BARRIER, SUMMARY_JOB, barrier_of, load_table, summary_properties
-from iceberg_ext.commits import BarrierCommit, DuplicateWriteError
-from iceberg_ext.faults import AFTER_ICEBERG_COMMIT, CRASH_EXIT_CODE
-from iceberg_ext.maintenance import expire, reconcile, revise
-from iceberg_ext.reads import LEASE_TAG_PREFIX, ConsistentRead
+from icebarrier.control_plane import barriers, jobs, leases, tables
+from icebarrier.control_plane.errors import BarrierNotValidError, SnapshotExpiredError
+from icebarrier.control_plane.model import Level
+from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER, SUMMARY_JOB, barrier_of, load_table, summary_properties
+from icebarrier.iceberg_ext.commits import BarrierCommit, DuplicateWriteError
+from icebarrier.iceberg_ext.faults import AFTER_ICEBERG_COMMIT, CRASH_EXIT_CODE
+from icebarrier.iceberg_ext.maintenance import expire, reconcile, revise
+from icebarrier.iceberg_ext.reads import LEASE_TAG_PREFIX, ConsistentRead
 from tests.iceberg_ext import pipeline
 from tests.iceberg_ext.pipeline import compute_report, compute_totals, ingest, run_barrier
 
@@ -32,7 +32,7 @@ def test_commits_carry_the_barrier_and_are_recorded(lake):
     tbl = load_table(lake.catalog, lake.T("orders"))
     props = summary_properties(tbl.current_snapshot())
     assert props[SUMMARY_BARRIER] == str(b) and props[SUMMARY_JOB] == "ingest" and props["icebarrier.run"]
-    cut = __import__("control_plane.reads", fromlist=["x"]).resolve(
+    cut = __import__("icebarrier.control_plane.reads", fromlist=["x"]).resolve(
         lake.conn, [lake.T("orders"), lake.T("totals"), lake.T("report")])
     assert cut.barrier == b
     assert cut.snapshots[lake.T("orders")] == tbl.current_snapshot().snapshot_id
@@ -211,7 +211,7 @@ def test_revision_of_a_three_level_chain(lake):
     marks = [run_barrier(lake, i) for i in range(1, 4)]
     r = marks[0]
     names = [lake.T("orders"), lake.T("totals"), lake.T("report")]
-    at_r = __import__("control_plane.reads", fromlist=["x"]).resolve(lake.conn, names, barrier=r).snapshots
+    at_r = __import__("icebarrier.control_plane.reads", fromlist=["x"]).resolve(lake.conn, names, barrier=r).snapshots
     plan = revise(lake.conn, lake.catalog, lake.T("orders"), r, dry_run=True)
     assert [str(t.table) for t in plan.tables] == [str(n) for n in names]
     assert plan.jobs_reset == ["ingest", "report", "totals"]
@@ -240,7 +240,7 @@ def test_managed_tables_get_commit_retry_properties(lake):
     """A table written through icebarrier gets bounded commit retries for busy tables."""
     pipeline.setup(lake)
     lake.catalog.create_table(lake.namespace + ".plain", schema=pipeline.ORDERS)  # without our properties
-    from control_plane.model import JobDefinition
+    from icebarrier.control_plane.model import JobDefinition
 
     jobs.register(lake.conn, JobDefinition(name="plain", sinks=frozenset([lake.T("plain")]),
                                            external_inputs=frozenset(["x"])))
@@ -255,7 +255,7 @@ def test_maintenance_commands(lake):
     a single-writer violation exits 1."""
     from click.testing import CliRunner
 
-    from cli.main import cli as command
+    from icebarrier.cli.main import cli as command
 
     pipeline.setup(lake)
     marks = [run_barrier(lake, i) for i in range(1, 4)]

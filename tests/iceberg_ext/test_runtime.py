@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from control_plane import barriers, jobs, runs, tables
-from control_plane.model import Level, TableName
-from iceberg_ext.reads import ConsistentRead
-from iceberg_ext.runtime import IncrementUnavailableError, Runtime, TransformJob, append, overwrite
+from icebarrier.control_plane import barriers, jobs, runs, tables
+from icebarrier.control_plane.model import Level, TableName
+from icebarrier.iceberg_ext.reads import ConsistentRead
+from icebarrier.iceberg_ext.runtime import IncrementUnavailableError, Runtime, TransformJob, append, overwrite
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "shopping"
 
@@ -66,10 +66,11 @@ def test_shopping_pipeline_end_to_end(lake, spark, shopping):
     assert len({s.watermark for s in states}) == 1
 
 
-def test_sql_job_sources_come_from_its_select(shopping):
-    """A SQL job's sources are the tables its SELECT names; its sink the INSERT target."""
+def test_sql_job_sources_come_from_its_select(shopping, spark):
+    """A SQL job's sources are the tables its SELECT reads (Spark's parser); its sink the INSERT target."""
     built, _, _ = shopping
     job = built["user_item_amount"]
+    job.bind(spark)
     assert job.sources == [built["ingest_shopping"].sinks[0]] and job.sinks[0].endswith("user_item_amount")
 
 

@@ -2,13 +2,15 @@
 
 import uuid
 
+import psycopg.conninfo
+
 import psycopg
 import pytest
 
-from control_plane import barriers, runs, tables
-from control_plane.model import TableName, barrier_time
-from iceberg_ext.runtime import RootJob, Runtime
-from iceberg_ext.sources import PostgresSource, SourceError
+from icebarrier.control_plane import barriers, runs, tables
+from icebarrier.control_plane.model import TableName, barrier_time
+from icebarrier.iceberg_ext.runtime import RootJob, Runtime
+from icebarrier.iceberg_ext.sources import PostgresSource, SourceError
 
 
 @pytest.fixture
@@ -84,3 +86,51 @@ def test_key_interval_source_reads_new_rows_and_replays_its_recorded_range(lake,
         _transfer(writer, transfers, 3, 4, 1)  # after the range: not part of b2 on replay
     assert sorted(r.id for r in source.read(spark, spec).collect()) == [3, 4]
     assert spark.table(sink).count() == 4
+
+
+def test_event_time_watermark_is_scoped_and_job_list_says_what_holds_it(lake, spark, lake_dsn, pg_server, transfers):
+    """Open writing transactions in another database, or of a role that cannot write the source
+    table, do not hold the watermark; one that can write it does, and `job list` names it."""
+    import threading
+
+    from icebarrier.control_plane import jobs
+
+    sink = f"lake.{lake.namespace}.ledger"
+    spark.sql(f"CREATE TABLE {sink} (id bigint, account int, delta bigint, ts timestamp) USING iceberg")
+    source = PostgresSource(lake_dsn, f"public.{transfers}", ["id", "account", "delta", "ts"], event_time="ts")
+    job = RootJob(name=f"{lake.namespace}_ledger", sinks=[sink], source=source)
+    reader_role = f"ro_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(lake_dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {reader_role} LOGIN")
+        admin.execute(f"GRANT SELECT ON public.{transfers} TO {reader_role}")
+    try:
+        ro_dsn = psycopg.conninfo.make_conninfo(lake_dsn, user=reader_role)
+        with psycopg.connect(pg_server) as elsewhere, psycopg.connect(ro_dsn) as reader:
+            elsewhere.execute("SELECT txid_current()")  # a writing transaction in another database
+            reader.execute("SELECT txid_current()")     # one by a role that cannot write the table
+            b1 = barriers.issue(lake.conn).barrier
+            assert source.waiting_for(b1) is None
+            with Runtime(job, settings=lake.settings, spark=spark, log=lambda _: None) as rt:
+                assert rt.run().completed == [b1]
+        with psycopg.connect(lake_dsn) as writer:
+            writer.execute("SELECT txid_current()")  # the table's writer (superuser), still open
+            b2 = barriers.issue(lake.conn).barrier
+            pid = writer.info.backend_pid
+            assert f"transaction pid {pid}" in source.waiting_for(b2)
+            with Runtime(job, settings=lake.settings, spark=spark, log=lambda _: None) as rt:
+                follower = threading.Thread(target=rt.run, kwargs={"follow": True, "poll_s": 0.1})
+                follower.start()
+                try:
+                    for _ in range(100):
+                        info = jobs.show(lake.conn, job.name)
+                        if info.waiting_for:
+                            break
+                        threading.Event().wait(0.1)
+                    assert info.status == "running" and f"transaction pid {pid}" in info.waiting_for
+                finally:
+                    rt.stop.set()
+                    follower.join(30)
+    finally:
+        with psycopg.connect(lake_dsn, autocommit=True) as admin:
+            admin.execute(f"DROP OWNED BY {reader_role}")
+            admin.execute(f"DROP ROLE {reader_role}")

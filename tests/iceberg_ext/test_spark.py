@@ -6,15 +6,15 @@ import zipfile
 import pytest
 from click.testing import CliRunner
 
-from cli.main import cli as command
-from control_plane import barriers, jobs, leases, reads, tables
-from control_plane.model import JobDefinition, Level
-from iceberg_ext.catalog import OPERATION_COMPACTION, SUMMARY_BARRIER, SUMMARY_OPERATION, load_table, summary_properties
-from iceberg_ext.commits import BarrierCommit
-from iceberg_ext.maintenance import compact, expire, tag
-from iceberg_ext.reads import ConsistentRead
-from iceberg_ext.spark import ICEBERG_JAR_ENV, SparkUnavailableError, iceberg_jar, spark_conf
-from iceberg_ext.spark_io import append_df, merge_df, overwrite_df, sql_write
+from icebarrier.cli.main import cli as command
+from icebarrier.control_plane import barriers, jobs, leases, reads, tables
+from icebarrier.control_plane.model import JobDefinition, Level
+from icebarrier.iceberg_ext.catalog import OPERATION_COMPACTION, SUMMARY_BARRIER, SUMMARY_OPERATION, load_table, summary_properties
+from icebarrier.iceberg_ext.commits import BarrierCommit
+from icebarrier.iceberg_ext.maintenance import compact, expire, tag
+from icebarrier.iceberg_ext.reads import ConsistentRead
+from icebarrier.iceberg_ext.spark import ICEBERG_JAR_ENV, SparkUnavailableError, iceberg_jar, spark_conf
+from icebarrier.iceberg_ext.spark_io import append_df, merge_df, overwrite_df, sql_write
 
 
 def test_spark_conf_is_complete_and_offline(lake):

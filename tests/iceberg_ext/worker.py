@@ -13,13 +13,11 @@ import json
 import random
 import sys
 
-from control_plane import db
-from control_plane.errors import SnapshotExpiredError
-from control_plane.model import Level
-from iceberg_ext.catalog import load_catalog
-from iceberg_ext.config import Settings
-from iceberg_ext.maintenance import expire
-from iceberg_ext.reads import ConsistentRead
+from icebarrier.control_plane import db, leases
+from icebarrier.control_plane.errors import SnapshotExpiredError
+from icebarrier.iceberg_ext.catalog import load_catalog, require_snapshots
+from icebarrier.iceberg_ext.config import Settings
+from icebarrier.iceberg_ext.maintenance import expire
 from tests.iceberg_ext.conftest import Lake
 from tests.iceberg_ext.pipeline import ingest
 
@@ -42,14 +40,21 @@ def main(argv: list[str]) -> None:
         marks = marks[: len(marks) * 2 // 3]  # the newer third is never leased: expiry always has work
         granted, refused = [], 0
         for i in range(rounds):
+            # What a repeatable read does on entry: write the lease, then re-check the snapshot
+            # exists. The lease is kept to the end: it must protect its snapshot until then.
             try:
-                reader = ConsistentRead(lake.conn, lake.catalog, [lake.T("orders")], level=Level.REPEATABLE_READ,
-                                        barrier=rng.choice(marks), ttl_s=3600, holder=f"race{i}")
-                reader.__enter__()  # keep the lease: it must protect its snapshot until the end
-                reader._stop.set()
-                granted.append([reader._pinned.lease_id, reader._pinned.snapshots[lake.T("orders")]])
+                cut = leases.acquire(lake.conn, [lake.T("orders")], barrier=rng.choice(marks), ttl_s=3600,
+                                     holder=f"race{i}")
             except SnapshotExpiredError:
                 refused += 1
+                continue
+            try:
+                require_snapshots(lake.catalog, cut.snapshots, cut.barrier)
+            except SnapshotExpiredError:
+                leases.release(lake.conn, cut.lease_id)
+                refused += 1
+                continue
+            granted.append([cut.lease_id, cut.snapshots[lake.T("orders")]])
         print(json.dumps({"granted": granted, "refused": refused}))
     elif action == "expire":
         expired = []

@@ -13,14 +13,14 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from control_plane.db import DSN_ENV
+from icebarrier.control_plane.db import DSN_ENV
 
 
 @contextmanager
 def scratch(obj, purpose: str, say, *, keep: bool = False):
     """Yield (dsn, warehouse) of a new database and warehouse directory for ``purpose``."""
-    from control_plane.embedded import EmbeddedPostgres
-    from iceberg_ext.config import state_dir
+    from icebarrier.apps.embedded import EmbeddedPostgres
+    from icebarrier.iceberg_ext.config import state_dir
 
     home = state_dir()
     server = None

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from control_plane import barriers, delays, jobs, topology
-from control_plane.errors import NoValidCutError
-from control_plane.model import Level, TableName
-from iceberg_ext.maintenance import expire
-from iceberg_ext.reads import ConsistentRead
-from iceberg_ext.runtime import RootJob, Runtime, SqlJob
-from iceberg_ext.sources import PostgresSource
+from icebarrier.control_plane import barriers, delays, jobs, reads, topology
+from icebarrier.control_plane.errors import NoValidCutError
+from icebarrier.control_plane.model import Level, TableName
+from icebarrier.iceberg_ext.maintenance import expire
+from icebarrier.iceberg_ext.reads import ConsistentRead
+from icebarrier.iceberg_ext.runtime import RootJob, Runtime, SqlJob
+from icebarrier.iceberg_ext.sources import PostgresSource
 
 ACCOUNTS = 8
 OPENING = 1000
@@ -223,6 +223,9 @@ def run_demo(conn: psycopg.Connection, settings, spark, catalog, *, scenario: st
                 if not done:
                     break
         if round_no == 2:
+            # A session needs a first consistent cut: wait for it (bounded), running the jobs meanwhile.
+            reads.wait_for_cut(conn, names, timeout_s=120, progress=lambda line: progress(f"[{scenario}] {line}"),
+                               idle=lambda: [rt.run(max_barriers=1) for rt in runtimes])
             rr_reader = ConsistentRead(conn, catalog, names, level=Level.REPEATABLE_READ, holder="demo-session")
             rr_reader.__enter__()
             rr_first = _snapshot_of(spark, rr_reader, names)

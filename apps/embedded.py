@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from control_plane.errors import IcebarrierError
+from icebarrier.control_plane.errors import IcebarrierError
 
 OS_USER = "icebarrier-pg"
 DEFAULT_STATE_DIR = Path(os.environ.get("ICEBARRIER_HOME", Path.home() / ".icebarrier"))

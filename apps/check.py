@@ -29,16 +29,16 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import psycopg
 
-from control_plane import barriers, db, jobs, leases, runs
-from control_plane.errors import BarrierNotValidError, IcebarrierError, NoValidCutError, SnapshotExpiredError
-from control_plane.model import JobDefinition, Level, TableName
-from iceberg_ext import faults
-from iceberg_ext.catalog import create_table, load_catalog, load_table
-from iceberg_ext.commits import BarrierCommit
-from iceberg_ext.config import Settings
-from iceberg_ext.maintenance import expire
-from iceberg_ext.reads import ConsistentRead
-from iceberg_ext.runtime import inputs_at
+from icebarrier.control_plane import barriers, db, jobs, leases, runs
+from icebarrier.control_plane.errors import BarrierNotValidError, IcebarrierError, NoValidCutError, SnapshotExpiredError
+from icebarrier.control_plane.model import JobDefinition, Level, TableName
+from icebarrier.iceberg_ext import faults
+from icebarrier.iceberg_ext.catalog import create_table, load_catalog, load_table
+from icebarrier.iceberg_ext.commits import BarrierCommit
+from icebarrier.iceberg_ext.config import Settings
+from icebarrier.iceberg_ext.maintenance import expire
+from icebarrier.iceberg_ext.reads import ConsistentRead
+from icebarrier.iceberg_ext.runtime import inputs_at
 
 WINDOW = 4
 ACCOUNTS = 5
@@ -244,7 +244,7 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, prog
             if point:
                 env_vars.update({faults.FAULT_ENV: point, faults.FAULT_AFTER_ENV: str(rng.randrange(0, 3))})
             procs[job] = subprocess.Popen(
-                [sys.executable, "-m", "iceberg_ext.check", "worker", *env.argv(), job, str(until),
+                [sys.executable, "-m", "icebarrier.apps.check", "worker", *env.argv(), job, str(until),
                  str(env.seed * 31 + launches[job])],
                 env=env_vars, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             procs[job].fault = point  # type: ignore[attr-defined]
@@ -379,7 +379,7 @@ def _validate_history(env: Env, conn, catalog, names, first: int, final: int, re
 
 def main(argv: list[str]) -> None:
     if argv[0] != "worker":
-        raise SystemExit("usage: python -m iceberg_ext.check worker DSN SCHEMA WAREHOUSE NS SEED JOB UNTIL SPEED_SEED")
+        raise SystemExit("usage: python -m icebarrier.apps.check worker DSN SCHEMA WAREHOUSE NS SEED JOB UNTIL SPEED_SEED")
     dsn, schema_name, warehouse, ns, seed, job, until, speed = argv[1:]
     env = Env(settings=Settings(dsn=dsn, schema=schema_name, warehouse=warehouse).validated(), ns=ns, seed=int(seed))
     worker(env, job, int(until), int(speed))

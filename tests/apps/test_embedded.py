@@ -4,8 +4,8 @@ import socket
 
 import psycopg
 
-from control_plane import schema
-from control_plane.embedded import EmbeddedPostgres
+from icebarrier.control_plane import schema
+from icebarrier.apps.embedded import EmbeddedPostgres
 
 
 def test_embedded_postgres_starts_on_tcp_restarts_and_stops(tmp_path):

@@ -1,0 +1,30 @@
+"""Errors of the Iceberg side (the control plane's are in :mod:`icebarrier.control_plane.errors`)."""
+
+from __future__ import annotations
+
+from icebarrier.control_plane.errors import IcebarrierError
+
+
+class StatementNotPinnableError(IcebarrierError):
+    """A Spark SQL statement references a managed table in a way a consistent read cannot pin."""
+
+    def __init__(self, table: str | None, reason: str) -> None:
+        self.table, self.reason = table, reason
+        super().__init__(f"table {table}: {reason}" if table else reason)
+
+    def __reduce__(self):
+        return type(self), (self.table, self.reason)
+
+
+class LeaseLostError(IcebarrierError):
+    """A repeatable-read lease could not be renewed; its snapshots are no longer protected."""
+
+    def __init__(self, lease_id: str, reason: str) -> None:
+        self.lease_id, self.reason = lease_id, reason
+        super().__init__(
+            f"lease {lease_id} was not renewed ({reason}); its snapshots may be expired, so this read "
+            f"stopped instead of reading unprotected. Start a new repeatable-read session"
+        )
+
+    def __reduce__(self):
+        return type(self), (self.lease_id, self.reason)
