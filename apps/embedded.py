@@ -16,6 +16,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +45,8 @@ class EmbeddedPostgres:
     def dsn(self, port: int, dbname: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{port}/{dbname}"
 
-    def start(self) -> str:
-        """Start (or reuse a running) server and return its DSN."""
+    def start(self, *, port: int | None = None) -> str:
+        """Start (or reuse a running) server and return its DSN (on ``port``, else a free one)."""
         bin_dir = find_binaries()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         user = _os_user()
@@ -66,7 +67,7 @@ class EmbeddedPostgres:
                  "--encoding=UTF8", "--no-sync"],
                 user,
             )
-        port = _free_port()
+        port = port or _free_port()
         log = self.data_dir / "server.log"
         _run(
             [str(bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-l", str(log), "-w", "-t", "60", "-o",
@@ -76,6 +77,14 @@ class EmbeddedPostgres:
         )
         self._port_file.write_text(json.dumps({"port": port}))
         return self.dsn(port)
+
+    def restart(self, *, down_s: float = 0.0) -> str:
+        """Stop (fast: every connection is closed), stay down ``down_s``, start on the same port
+        (so clients reconnect with the DSN they have)."""
+        port = json.loads(self._port_file.read_text())["port"]
+        self.stop()
+        time.sleep(down_s)
+        return self.start(port=port)
 
     def stop(self) -> None:
         if not (self.data_dir / "postmaster.pid").exists():

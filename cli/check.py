@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import click
 
 from icebarrier.cli.render import emit, table
-from icebarrier.apps.scratch import scratch
 
 
 @click.command("check")
@@ -16,35 +18,59 @@ from icebarrier.apps.scratch import scratch
 @click.option("--duration", "duration_s", type=click.FloatRange(3, 86400), default=20, show_default=True,
               help="Seconds of barriers, jobs, faults, readers and expiry before the final validation.")
 @click.option("--fault-rate", type=click.FloatRange(0, 1), default=0.3, show_default=True,
-              help="Chance that a job process is started with a random fault point armed.")
-@click.option("--keep", is_flag=True, help="Keep the scratch database and warehouse for inspection.")
+              help="Chance that a job process is started with a random fault point armed (kills scale with it).")
+@click.option("--restarts/--no-restarts", default=True, show_default=True,
+              help="Restart the run's control-plane Postgres at random moments (about one per 10 s).")
+@click.option("--keep", is_flag=True, help="Keep the run's Postgres data and warehouse for inspection.")
 @click.pass_obj
-def check(obj, seed: int | None, duration_s: float, fault_rate: float, keep: bool) -> None:
-    """Run root and intermediate jobs as real processes at random speeds, kill them at random
-    fault points and restart them, while readers query at every level and expiry runs; validate
-    everything against a model. Exits 1 on any anomaly at read-committed or repeatable-read,
-    any lost or duplicated (table, barrier), or any pinned snapshot expired."""
-    from icebarrier.apps.check import Env, run_check
+def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts: bool, keep: bool) -> None:
+    """Run root and intermediate jobs and an expiry as real processes at random speeds, kill jobs
+    at random fault points and restart the control-plane Postgres, while readers query at every
+    level; validate every barrier, read and pin against a model that is a function of the seed.
+
+    The run always uses a private embedded Postgres (never --dsn: it restarts its server).
+    Exits 1 on any anomaly at read-committed or repeatable-read, any lost or duplicated
+    (table, barrier), any pinned snapshot expired, or coverage below the stated floor."""
+    from icebarrier.apps.check import cleanup, private_env, run_check
+    from icebarrier.apps.embedded import EmbeddedPostgres
     from icebarrier.iceberg_ext.catalog import upgrade
-    from icebarrier.iceberg_ext.config import Settings
 
     seed = seed if seed is not None else random.randrange(1, 1_000_000)
     say = lambda line: click.echo(line, err=True)  # noqa: E731
     say(f"check: seed {seed} (reproduce with --seed {seed})")
-    with scratch(obj, "check", say, keep=keep) as (dsn, warehouse):
-        settings = Settings(dsn=dsn, schema="icebarrier", warehouse=str(warehouse)).validated()
-        upgrade(settings)
-        report = run_check(Env(settings=settings, ns=f"check_{seed}", seed=seed), duration_s=duration_s,
-                           fault_rate=fault_rate, progress=say)
+    home = Path(tempfile.mkdtemp(prefix=f"icebarrier-check-{seed}-"))
+    server = EmbeddedPostgres(state_dir=home / "pg")
+    say(f"check: starting a private embedded Postgres under {home} …")
+    try:
+        env = private_env(server.start(), (home / "warehouse").as_uri(), seed)
+        upgrade(env.settings)
+        report = run_check(env, duration_s=duration_s, fault_rate=fault_rate, server=server if restarts else None,
+                           progress=say)
+        cleanup(env)
+    finally:
+        server.stop()
+        if keep:
+            say(f"check: kept {home} (start its Postgres with pg_ctl -D {home / 'pg' / 'pgdata'} start)")
+        else:
+            shutil.rmtree(home, ignore_errors=True)
 
     def text() -> str:
         rows = [(lvl, report.reads[lvl], report.anomalies[lvl], report.examples.get(lvl, "-")) for lvl in report.reads]
-        lines = [f"seed {report.seed}: {report.barriers} barriers", table(["level", "reads", "anomalies", "example"], rows)]
-        lines.append("faults injected: " + (", ".join(f"{k} x{v}" for k, v in sorted(report.faults.items()) if v)
-                                             or "none"))
-        lines.append(f"expiry: {report.snapshots_expired} snapshots expired, {report.pinned_expired} of them pinned; "
-                     f"{report.leases_refused} lease(s) refused")
-        lines.append(f"repeatable-read sessions that saw a change: {report.repeatable_read_changes}")
+        faults = ", ".join(f"{k} x{v}" for k, v in sorted(report.faults.items()) if v) or "none"
+        waits = sorted((w[2] for w in report.waits), reverse=True)
+        lines = [
+            f"seed {report.seed}: {report.barriers} barriers issued, {report.validated} validated "
+            f"(coverage {report.coverage:.0%}, floor {report.coverage_floor:.0%}; excused: "
+            + (", ".join(f"{k} x{v}" for k, v in report.excused.items()) or "none") + ")",
+            table(["level", "reads", "anomalies", "example"], rows),
+            f"no valid cut yet: {report.no_valid_cut} read(s); read-uncommitted errors: {report.read_uncommitted_errors}",
+            f"repeatable-read: {report.rr_sessions} session(s), {report.leases_renewed} lease renewal(s), "
+            f"{report.leases_lost} lease(s) lost (reads stopped), {report.leases_refused} refused",
+            f"expiry (own process, racing the readers): {report.expiry_runs} run(s), "
+            f"{report.snapshots_expired} snapshot(s) expired",
+            f"faults injected: {faults}; Postgres restarts: {report.restarts}",
+            f"reconnects: {len(waits)}" + (f" (longest wait {waits[0]:.1f}s)" if waits else ""),
+        ]
         lines += [f"VIOLATION: {v}" for v in report.violations]
         lines.append("OK" if report.ok else f"FAILED (reproduce with --seed {report.seed})")
         return "\n".join(lines)

@@ -47,10 +47,10 @@ def cut(obj, table_names, level: str, barrier: int | None, ttl: str, holder: str
     read-committed is the latest valid cut; read-uncommitted each table's latest snapshot;
     repeatable-read acquires a lease that pins the cut (release it with `lease release`).
     """
-    names = [TableName.parse(t) for t in table_names]
+    names, ttl_s = [TableName.parse(t) for t in table_names], parse_duration_s(ttl)
     wait_for_first_cut(obj, names, Level(level), barrier, wait)
     if Level(level) is Level.REPEATABLE_READ:
-        result = leases.acquire(obj.conn(), names, ttl_s=parse_duration_s(ttl), holder=holder, barrier=barrier)
+        result = leases.acquire(obj.conn(), names, ttl_s=ttl_s, holder=holder, barrier=barrier)
     else:
         result = reads.resolve(obj.conn(), names, level=Level(level), barrier=barrier)
     emit(obj, result.to_json(), lambda: render_cut(result))

@@ -24,9 +24,9 @@ def lease_group() -> None:
 @click.pass_obj
 def acquire(obj, table_names, ttl: str, holder: str, barrier: int | None, wait: str) -> None:
     """Pin the latest valid cut (or --barrier) over TABLE...; prints id, barrier, snapshots, expiry."""
-    names = [TableName.parse(t) for t in table_names]
+    names, ttl_s = [TableName.parse(t) for t in table_names], parse_duration_s(ttl)
     wait_for_first_cut(obj, names, Level.REPEATABLE_READ, barrier, wait)
-    result = leases.acquire(obj.conn(), names, ttl_s=parse_duration_s(ttl), holder=holder, barrier=barrier)
+    result = leases.acquire(obj.conn(), names, ttl_s=ttl_s, holder=holder, barrier=barrier)
     emit(obj, result.to_json(), lambda: render_cut(result))
 
 

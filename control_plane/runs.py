@@ -60,7 +60,7 @@ def set_status(conn: psycopg.Connection, job: str, status: str) -> None:
     with conn.transaction():
         row = conn.execute(
             """
-            UPDATE job SET status = %s, heartbeat_at = now(), runner = %s
+            UPDATE job SET status = %s, heartbeat_at = now(), runner = %s, waiting_for = NULL
             WHERE name = %s AND active RETURNING job_id
             """,
             (status, f"{socket.gethostname()}:{os.getpid()}", job),

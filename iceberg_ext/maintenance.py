@@ -16,7 +16,7 @@ import psycopg
 
 from icebarrier.control_plane import leases, reads, revisions, snapshots, tables
 from icebarrier.control_plane.errors import IcebarrierError
-from icebarrier.control_plane.model import Cut, Level, TableName
+from icebarrier.control_plane.model import Cut, Level, TableName, parse_tag_name
 from icebarrier.iceberg_ext.catalog import (
     OPERATION_COMPACTION,
     OPERATION_REVISION,

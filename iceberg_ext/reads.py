@@ -6,7 +6,8 @@
         r.create_views(spark)                 # temp views `orders`, `payments` for spark.sql
 
 - read-committed: the latest valid cut, resolved anew for each statement (each ``sql``,
-  ``arrow``, ``read`` call, or ``create_views``);
+  ``arrow``, ``read`` call, or ``create_views``); an eager statement (``read``, ``arrow``)
+  holds a lease on its cut while it reads, so expiry cannot pull files from under it;
 - repeatable-read: one cut resolved at entry and pinned by a lease, renewed in the
   background while the block runs and released at exit (optionally mirrored as Iceberg
   tags with a maximum age, so engines that know nothing of leases keep the snapshots).
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 
@@ -31,6 +34,7 @@ from icebarrier.iceberg_ext.catalog import load_table, require_snapshots
 from icebarrier.iceberg_ext.errors import LeaseLostError
 
 LEASE_TAG_PREFIX = "icebarrier-lease-"
+STATEMENT_LEASE_TTL_S = 30.0  # renewed while an eager read-committed statement runs
 
 
 class _LeaseKeeper:
@@ -193,16 +197,35 @@ class ConsistentRead:
                 if LEASE_TAG_PREFIX + cut.lease_id in tbl.metadata.refs:
                     tbl.manage_snapshots().remove_tag(LEASE_TAG_PREFIX + cut.lease_id).commit()
 
+    @contextmanager
+    def _statement(self) -> Iterator[Cut]:
+        """The cut of one eager statement. A read-committed statement pins its cut with a lease
+        of its own while it reads: the cut is protected when resolved, but once the tables
+        move on, expiry could otherwise remove its snapshots' files in the middle of the read."""
+        if self.level is not Level.READ_COMMITTED or self._pinned is not None:
+            yield self.cut()
+            return
+        keeper = _LeaseKeeper(self.conn, STATEMENT_LEASE_TTL_S)
+        try:
+            cut = keeper.acquire(self.tables, barrier=None, holder=f"{self.holder} (statement)", bootstrap_job=None)
+            if self.verify_snapshots:
+                require_snapshots(self.catalog, cut.snapshots, cut.barrier)
+            keeper.start()
+            yield Cut(barrier=cut.barrier, level=Level.READ_COMMITTED, snapshots=cut.snapshots)
+        finally:
+            keeper.close()
+
     # -- PyIceberg (Arrow) -------------------------------------------------------------------------------
 
     def read(self) -> tuple[Cut, dict[TableName, object]]:
         """One statement: every table as a PyArrow table, all from one cut."""
-        cut = self.cut()
-        return cut, {t: _arrow_at(self.catalog, t, s) for t, s in cut.snapshots.items()}
+        with self._statement() as cut:
+            return cut, {t: _arrow_at(self.catalog, t, s) for t, s in cut.snapshots.items()}
 
     def arrow(self, table: TableName):
         """One table as a PyArrow table at the (current) cut."""
-        return _arrow_at(self.catalog, table, self.cut().snapshots[table])
+        with self._statement() as cut:
+            return _arrow_at(self.catalog, table, cut.snapshots[table])
 
     # -- Spark --------------------------------------------------------------------------------------------
 

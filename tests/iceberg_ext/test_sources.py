@@ -99,6 +99,7 @@ def test_event_time_watermark_is_scoped_and_job_list_says_what_holds_it(lake, sp
     spark.sql(f"CREATE TABLE {sink} (id bigint, account int, delta bigint, ts timestamp) USING iceberg")
     source = PostgresSource(lake_dsn, f"public.{transfers}", ["id", "account", "delta", "ts"], event_time="ts")
     job = RootJob(name=f"{lake.namespace}_ledger", sinks=[sink], source=source)
+    barriers.set_interval_s(lake.conn, 3600)  # only the test issues barriers
     reader_role = f"ro_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(lake_dsn, autocommit=True) as admin:
         admin.execute(f"CREATE ROLE {reader_role} LOGIN")

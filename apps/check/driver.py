@@ -1,0 +1,489 @@
+"""The checker's driver: barriers, faults, readers, validation and audits.
+
+The driver issues barriers, launches the job and expiry processes (:mod:`.processes`),
+applies the fault schedule (a pure function of the seed: which job is killed when, which
+fault point each launch arms, when the control-plane Postgres restarts and for how long),
+reads at every level, and checks everything against the model (:mod:`.model`):
+
+- every barrier is validated as soon as every table has completed it (while its snapshots
+  are protected): the cut holds exactly the model's rows. Barriers whose snapshots expired
+  first are excused and counted; coverage (validated / issued) below the floor fails the run;
+- read-committed and repeatable-read reads satisfy the invariants; one that errors is an
+  anomaly, except "no valid cut yet" (counted apart); a repeatable-read session re-reads and
+  compares rows with its first read and with the model at its barrier;
+- pins: no snapshot protected by a lease or a job's progress is ever missing from its table;
+- commits (at the end): each Iceberg snapshot carrying a barrier is the one recorded for
+  (table, barrier), and no (table, barrier) has two.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from icebarrier.apps.check.model import DERIVED, JOBS, ROOTS, SCHEMAS, check_cut, compare
+from icebarrier.apps.check.processes import Env, Reconnecting, barrier_number
+from icebarrier.control_plane import barriers, jobs, leases
+from icebarrier.control_plane.errors import (
+    BarrierNotValidError,
+    IcebarrierError,
+    NoValidCutError,
+    SnapshotExpiredError,
+)
+from icebarrier.control_plane.model import JobDefinition, Level, TableName
+from icebarrier.iceberg_ext import faults
+from icebarrier.iceberg_ext.catalog import (
+    SUMMARY_BARRIER,
+    SUMMARY_RUN,
+    create_table,
+    is_compaction,
+    lineage,
+    load_catalog,
+    load_table,
+    summary_properties,
+)
+from icebarrier.iceberg_ext.errors import LeaseLostError
+from icebarrier.iceberg_ext.reads import ConsistentRead
+
+_PROCESS_MAIN = "import sys; from icebarrier.apps.check.processes import main; main(sys.argv[1:])"
+COVERAGE_FLOOR = 0.6   # barriers validated / issued
+RR_TTL_S = 2.0         # short: repeatable-read sessions outlive it, so renewal is exercised
+
+
+# -- the fault schedule: a pure function of the seed ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    at_s: float
+    kind: str            # kill (a job process, -9) or restart (the control-plane Postgres)
+    job: str | None = None
+    down_s: float = 0.0
+
+
+def fault_schedule(seed: int, duration_s: float, fault_rate: float, *, restarts: bool) -> list[Fault]:
+    rng = random.Random(f"{seed}:schedule")
+    kills = [Fault(at_s=rng.uniform(0.5, duration_s), kind="kill", job=rng.choice(JOBS))
+             for _ in range(round(duration_s * fault_rate * 0.7))]
+    downs = [Fault(at_s=rng.uniform(1.0, duration_s), kind="restart", down_s=round(rng.uniform(0.2, 1.5), 2))
+             for _ in range(max(1, round(duration_s / 10)) if restarts else 0)]
+    return sorted(kills + downs, key=lambda f: f.at_s)
+
+
+def launch_fault(seed: int, job: str, launch_no: int, fault_rate: float) -> tuple[str | None, int]:
+    """The fault point (and how many times it passes first) armed for a job's n-th launch."""
+    rng = random.Random(f"{seed}:{job}:{launch_no}")
+    if rng.random() >= fault_rate:
+        return None, 0
+    return rng.choice(faults.POINTS), rng.randrange(0, 3)
+
+
+# -- the report ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CheckReport:
+    seed: int
+    barriers: int = 0
+    validated: int = 0
+    excused: Counter = field(default_factory=Counter)
+    reads: dict[str, int] = field(default_factory=lambda: {lvl.value: 0 for lvl in Level})
+    anomalies: dict[str, int] = field(default_factory=lambda: {lvl.value: 0 for lvl in Level})
+    examples: dict[str, str] = field(default_factory=dict)
+    no_valid_cut: int = 0
+    read_uncommitted_errors: int = 0
+    rr_sessions: int = 0
+    leases_renewed: int = 0
+    leases_lost: int = 0
+    leases_refused: int = 0
+    expiry_runs: int = 0
+    snapshots_expired: int = 0
+    faults: Counter = field(default_factory=Counter)
+    restarts: int = 0
+    waits: list[tuple[str, str, float]] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    coverage_floor: float = COVERAGE_FLOOR
+
+    @property
+    def coverage(self) -> float:
+        return self.validated / self.barriers if self.barriers else 0.0
+
+    def anomaly(self, level: Level, problem: str) -> None:
+        self.anomalies[level.value] += 1
+        self.examples.setdefault(level.value, problem)
+
+    @property
+    def ok(self) -> bool:
+        return (not self.violations and self.anomalies["read-committed"] == 0
+                and self.anomalies["repeatable-read"] == 0 and self.coverage >= self.coverage_floor)
+
+    def to_json(self) -> dict:
+        return {"seed": self.seed, "ok": self.ok, "barriers": self.barriers, "validated": self.validated,
+                "coverage": round(self.coverage, 3), "coverage_floor": self.coverage_floor,
+                "excused": dict(self.excused), "reads": self.reads, "anomalies": self.anomalies,
+                "examples": self.examples, "no_valid_cut": self.no_valid_cut,
+                "read_uncommitted_errors": self.read_uncommitted_errors, "rr_sessions": self.rr_sessions,
+                "leases_renewed": self.leases_renewed, "leases_lost": self.leases_lost,
+                "leases_refused": self.leases_refused, "expiry_runs": self.expiry_runs,
+                "snapshots_expired": self.snapshots_expired, "faults": dict(self.faults), "restarts": self.restarts,
+                "reconnects": len(self.waits), "max_wait_s": round(max((w[2] for w in self.waits), default=0), 3),
+                "violations": self.violations}
+
+
+# -- setup -----------------------------------------------------------------------------------------------------
+
+
+def setup(env: Env, conn, catalog) -> None:
+    for name, schema in SCHEMAS.items():
+        create_table(catalog, env.t(name), schema)
+    for job, table in ROOTS.items():
+        jobs.register(conn, JobDefinition(name=job, sinks=frozenset([env.t(table)]),
+                                          external_inputs=frozenset([f"model:{table}"])))
+    for job, (sources, sink) in DERIVED.items():
+        jobs.register(conn, JobDefinition(name=job, sources=frozenset(env.t(s) for s in sources),
+                                          sinks=frozenset([env.t(sink)])))
+    barriers.set_interval_s(conn, 86400)  # only the driver issues barriers
+
+
+# -- the run -----------------------------------------------------------------------------------------------------
+
+
+class _Run:
+    def __init__(self, env: Env, report: CheckReport, *, fault_rate: float, server, progress) -> None:
+        self.env, self.report, self.fault_rate, self.server, self.progress = env, report, fault_rate, server, progress
+        self.rng = random.Random(env.seed)
+        self.catalog = load_catalog(env.settings)
+        self.names = [env.t(n) for n in SCHEMAS]
+        self.cp = Reconnecting(env, "driver", on_wait=lambda what, s: report.waits.append(("driver", what, s)))
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.launches: Counter = Counter()
+        self.examined = 0          # barriers (by number) looked at by the validator so far
+        self.rr: ConsistentRead | None = None
+        self.rr_first = None
+
+    # -- processes
+
+    def _spawn(self, *args: str, extra_env: dict | None = None) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", _PROCESS_MAIN, *args],
+                                env={**os.environ, faults.FAULT_ENV: "", faults.FAULT_AFTER_ENV: "0", **(extra_env or {})},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def launch(self, job: str, until: int) -> None:
+        self.launches[job] += 1
+        point, after = launch_fault(self.env.seed, job, self.launches[job], self.fault_rate)
+        extra = {faults.FAULT_ENV: point, faults.FAULT_AFTER_ENV: str(after)} if point else {}
+        proc = self._spawn("job", self.env.to_json(), job, str(until), str(self.env.seed * 31 + self.launches[job]),
+                           extra_env=extra)
+        proc.fault = point  # type: ignore[attr-defined]
+        self.procs[job] = proc
+
+    def kill(self, job: str) -> None:
+        if self.procs[job].poll() is None:
+            self.procs[job].kill()
+            self.procs[job].wait()
+            self.report.faults[f"{job}@killed"] += 1
+
+    def reap(self, final: int | None) -> None:
+        """Restart job processes that ended before their work was done."""
+        for job, proc in self.procs.items():
+            code = proc.poll()
+            if code is None:
+                continue
+            if code == faults.CRASH_EXIT_CODE:
+                self.report.faults[f"{job}@{proc.fault}"] += 1
+            elif code not in (0, -9):
+                raise IcebarrierError(f"check process {job} failed (exit {code}): {proc.stderr.read()[-2000:]}")
+            if final is None or code != 0 or self.cp.run("progress", lambda c: jobs.show(c, job).progress) != final:
+                self.launch(job, final or 2**62)
+
+    def wait_for_start(self, timeout_s: float = 180) -> None:
+        """Every job completes the first barrier before the clock starts: a derived job
+        bootstraps at its sources' latest common barrier, so barriers issued before it
+        started could never be validated."""
+        self.progress("check: waiting for every job to complete the first barrier")
+        deadline = time.monotonic() + timeout_s
+        while not all(self.cp.run("progress", lambda c, j=j: jobs.show(c, j).progress) is not None for j in JOBS):
+            if time.monotonic() > deadline:
+                raise IcebarrierError(f"check: the jobs did not complete the first barrier in {timeout_s:g}s")
+            self.reap(None)
+            time.sleep(0.1)
+
+    # -- reads
+
+    def read_levels(self) -> None:
+        for level in (Level.READ_UNCOMMITTED, Level.READ_COMMITTED):
+            try:
+                data = self.cp.run(f"read {level.value}", lambda conn: self._read(conn, level))
+            except NoValidCutError:
+                self.report.no_valid_cut += 1
+                continue
+            except Exception as exc:  # noqa: BLE001 - classified below
+                if level is Level.READ_UNCOMMITTED:
+                    self.report.read_uncommitted_errors += 1  # no protection at this level: expected
+                    continue
+                self.report.reads[level.value] += 1
+                self.report.anomaly(level, f"read failed: {type(exc).__name__}: {str(exc)[:200]}")
+                continue
+            self.report.reads[level.value] += 1
+            problem = check_cut(data)
+            if problem:
+                self.report.anomaly(level, problem)
+
+    def _read(self, conn, level: Level):
+        with ConsistentRead(conn, self.catalog, self.names, level=level, holder="check") as r:
+            return {t.name: d for t, d in r.read()[1].items()}
+
+    def repeatable_read(self) -> None:
+        """Open a session now and then; re-read it; close it now and then."""
+        if self.rr is None:
+            if self.rng.random() >= 0.2:
+                return
+            try:
+                self.rr = self.cp.run("rr open", lambda conn: ConsistentRead(
+                    conn, self.catalog, self.names, level=Level.REPEATABLE_READ, ttl_s=RR_TTL_S,
+                    holder="check-session").__enter__())
+            except NoValidCutError:
+                self.report.no_valid_cut += 1
+                return
+            except SnapshotExpiredError:
+                self.report.leases_refused += 1
+                return
+            self.report.rr_sessions += 1
+            self.rr_first = self._rr_read()
+            return
+        if self.rr_first is not None:
+            again = self._rr_read()
+            if again is not None and again != self.rr_first:
+                self.report.anomaly(Level.REPEATABLE_READ, "a repeatable-read session saw its rows change")
+        if self.rr is not None and self.rng.random() < 0.15:
+            self.close_rr()
+
+    def _rr_read(self):
+        self.report.reads["repeatable-read"] += 1
+        try:
+            cut, data = self._with_connection_retry(self.rr.read)
+        except LeaseLostError:
+            self.report.leases_lost += 1  # the read stopped instead of reading unprotected
+            self.close_rr()
+            return None
+        except Exception as exc:  # noqa: BLE001
+            self.report.anomaly(Level.REPEATABLE_READ, f"read failed: {type(exc).__name__}: {str(exc)[:200]}")
+            self.close_rr()
+            return None
+        data = {t.name: d for t, d in data.items()}
+        problem = check_cut(data) or compare(self.env.seed, self._number(cut.barrier), data)
+        if problem:
+            self.report.anomaly(Level.REPEATABLE_READ, problem)
+        return {t: sorted(map(tuple, (tuple(r.values()) for r in d.to_pylist()))) for t, d in data.items()}
+
+    def close_rr(self) -> None:
+        if self.rr is not None:
+            self.report.leases_renewed += self.rr.lease_renewals
+            try:
+                self._with_connection_retry(lambda: self.rr.__exit__(None, None, None))
+            except Exception:  # noqa: BLE001 - an unrenewable lease lapses on its own
+                pass
+            self.rr, self.rr_first = None, None
+
+    def _with_connection_retry(self, fn):
+        return self.cp.run("read", lambda _conn: fn())
+
+    def _number(self, barrier: int) -> int:
+        return self.cp.run("barrier number", lambda conn: barrier_number(conn, barrier))
+
+    # -- history
+
+    def validate_new(self, upto: int | None = None) -> None:
+        """Validate, in order, every barrier every table has completed and not yet looked at."""
+        marks = self.cp.run("barriers", lambda conn: [r["barrier"] for r in conn.execute(
+            "SELECT barrier FROM barrier ORDER BY barrier").fetchall()])
+        try:
+            newest_valid = upto or self.cp.run("cut", lambda conn: ConsistentRead(
+                conn, self.catalog, self.names).cut().barrier)
+        except NoValidCutError:
+            return
+        while self.examined < len(marks) and marks[self.examined] <= newest_valid:
+            self.examined += 1
+            self._validate(marks[self.examined - 1], self.examined)
+
+    def _validate(self, barrier: int, number: int) -> None:
+        def read(conn):
+            with ConsistentRead(conn, self.catalog, self.names, level=Level.REPEATABLE_READ, barrier=barrier,
+                                ttl_s=60, holder="check-validator") as r:
+                return r.read()[1]
+        try:
+            data = {t.name: d for t, d in self.cp.run("validate", read).items()}
+        except SnapshotExpiredError:
+            self.report.excused["expired before validation"] += 1
+            return
+        except BarrierNotValidError:
+            self.report.excused["before every job started"] += 1
+            return
+        self.report.validated += 1
+        problem = compare(self.env.seed, number, data) or check_cut(data)
+        if problem:
+            self.report.violations.append(f"cut at barrier #{number}: {problem}")
+
+    # -- audits
+
+    def audit_pins(self) -> None:
+        """No snapshot protected (by a lease, job progress, the read window or as current)
+        before and after loading a table's metadata is missing from it."""
+        for table in self.names:
+            def audit(conn):
+                before = leases.protected(conn, table)
+                present = {s.snapshot_id for s in load_table(self.catalog, table).metadata.snapshots}
+                after = leases.protected(conn, table)
+                return [(sid, sorted(set(before[sid].reasons) | set(after[sid].reasons)))
+                        for sid in before.keys() & after.keys() if sid not in present]
+            for sid, reasons in self.cp.run("audit pins", audit):
+                violation = f"snapshot {sid} of {table} is protected ({', '.join(reasons)}) but was expired"
+                if violation not in self.report.violations:
+                    self.report.violations.append(violation)
+
+    def audit_commits(self, *, final: bool) -> None:
+        """In each table's current lineage, the snapshots carrying a barrier come from one run
+        (an overwrite is a delete and an append, both tagged) and include the one recorded for
+        (table, barrier). Unrecorded barriers are checked at the end only: a crashed job adopts
+        its own snapshot on restart."""
+        for table in self.names:
+            tbl = load_table(self.catalog, table)
+            runs_of, ids_of = defaultdict(set), defaultdict(set)
+            for snap in lineage(tbl):
+                props = summary_properties(snap)
+                if SUMMARY_BARRIER in props and not is_compaction(snap):
+                    runs_of[int(props[SUMMARY_BARRIER])].add(props.get(SUMMARY_RUN))
+                    ids_of[int(props[SUMMARY_BARRIER])].add(snap.snapshot_id)
+            for barrier, runs in runs_of.items():
+                if len(runs) > 1:
+                    self._violation(f"{table} was written {len(runs)} times for barrier {barrier} "
+                                    f"(snapshots {sorted(ids_of[barrier])})")
+            if not final:
+                continue
+            records = self.cp.run("audit commits", lambda conn: conn.execute(
+                """SELECT c.barrier, c.snapshot_id,
+                          EXISTS (SELECT 1 FROM expired_snapshot e WHERE e.table_id = c.table_id
+                                  AND e.snapshot_id = c.snapshot_id) AS expired
+                   FROM table_commit c JOIN managed_table m USING (table_id)
+                   WHERE m.name = %s AND c.revoked_by IS NULL""", (str(table),)).fetchall())
+            recorded = {r["barrier"]: r for r in records}
+            present = {s.snapshot_id for s in tbl.metadata.snapshots}
+            for barrier, ids in ids_of.items():
+                record = recorded.get(barrier)
+                if record is None:
+                    self._violation(f"snapshot(s) {sorted(ids)} of {table} carry barrier {barrier} but the control "
+                                    f"plane has no record of that barrier")
+                elif record["snapshot_id"] not in ids and not record["expired"]:
+                    self._violation(f"{table}: barrier {barrier} is recorded as snapshot {record['snapshot_id']}, "
+                                    f"but the table's lineage has {sorted(ids)} for it")
+            for r in records:
+                if r["snapshot_id"] not in present and not r["expired"]:
+                    self._violation(f"{table}: the record of barrier {r['barrier']} names snapshot "
+                                    f"{r['snapshot_id']}, which is neither in the table nor expired")
+
+    def _violation(self, text: str) -> None:
+        if text not in self.report.violations:
+            self.report.violations.append(text)
+
+    # -- reports of the processes
+
+    def collect(self) -> None:
+        for path in Path(self.env.reports).glob("*.jsonl"):
+            for line in path.read_text().splitlines():
+                record = json.loads(line)
+                if "waited_s" in record:
+                    self.report.waits.append((path.stem, record["for"], record["waited_s"]))
+                elif path.stem == "expiry":
+                    self.report.expiry_runs += 1
+                    self.report.snapshots_expired += len(record["expired"])
+
+
+def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, server=None, progress=print,
+              report: CheckReport | None = None) -> CheckReport:
+    """One seeded run. ``server`` (an :class:`~icebarrier.apps.embedded.EmbeddedPostgres` the run
+    owns) is restarted by the fault schedule; without it the schedule has no restarts. Pass a
+    ``report`` to watch a live run from another thread."""
+    report = report or CheckReport(seed=env.seed)
+    Path(env.reports).mkdir(parents=True, exist_ok=True)
+    running = Path(env.reports) / "running"
+    running.touch()
+    run = _Run(env, report, fault_rate=fault_rate, server=server, progress=progress)
+    run.cp.run("setup", lambda conn: setup(env, conn, run.catalog))
+    schedule = fault_schedule(env.seed, duration_s, fault_rate, restarts=server is not None)
+    run.cp.run("barrier", lambda conn: barriers.issue(conn))
+    report.barriers = 1
+    for job in JOBS:
+        run.launch(job, 2**62)
+    run.wait_for_start()
+    expiry = run._spawn("expiry", env.to_json(), str(env.seed))
+    started, final = time.monotonic(), None
+    try:
+        while True:
+            elapsed = time.monotonic() - started
+            while final is None and schedule and schedule[0].at_s <= elapsed:
+                fault = schedule.pop(0)
+                if fault.kind == "kill":
+                    run.kill(fault.job)
+                else:
+                    progress(f"check: restarting the control-plane Postgres ({fault.down_s}s down)")
+                    server.restart(down_s=fault.down_s)
+                    report.restarts += 1
+            if final is None and elapsed > duration_s:
+                final = run.cp.run("barrier", lambda conn: barriers.newest(conn).barrier)
+                progress(f"check: {report.barriers} barriers issued; waiting for every job to complete the last")
+                for job in JOBS:  # a hard kill mid-work, then a run that stops at the final barrier
+                    run.kill(job)
+                    run.launch(job, final)
+            if final is None and run.rng.random() < 0.5:
+                run.cp.run("barrier", lambda conn: barriers.issue(conn))
+                report.barriers += 1
+            run.reap(final)
+            run.read_levels()
+            run.repeatable_read()
+            run.validate_new()
+            if run.rng.random() < 0.2:
+                run.audit_pins()
+                run.audit_commits(final=False)
+            if final is not None and all(run.procs[j].poll() is not None for j in JOBS) and all(
+                    run.cp.run("progress", lambda c, j=j: jobs.show(c, j).progress) == final for j in JOBS):
+                break
+            time.sleep(0.05)
+    finally:
+        run.close_rr()
+        running.unlink(missing_ok=True)
+        try:
+            expiry.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            expiry.kill()
+        for proc in run.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    if expiry.returncode not in (0, None):
+        report.violations.append(f"the expiry process failed: {expiry.stderr.read()[-1000:]}")
+    run.validate_new(upto=final)
+    run.audit_pins()
+    run.audit_commits(final=True)
+    run.collect()
+    run.cp.close()
+    return report
+
+
+def private_env(dsn: str, warehouse: str, seed: int) -> Env:
+    """An Env for a run on ``dsn`` with a fresh report folder."""
+    return Env(dsn=dsn, schema="icebarrier", warehouse=warehouse, ns=f"check_{seed}", seed=seed,
+               reports=tempfile.mkdtemp(prefix=f"icebarrier-check-{seed}-"))
+
+
+def cleanup(env: Env) -> None:
+    shutil.rmtree(env.reports, ignore_errors=True)
+
+
