@@ -12,8 +12,9 @@ reads at every level, and checks everything against the model (:mod:`.model`):
   anomaly, except "no valid cut yet" (counted apart); a repeatable-read session re-reads and
   compares rows with its first read and with the model at its barrier;
 - pins: no snapshot protected by a lease or a job's progress is ever missing from its table;
-- commits (at the end): each Iceberg snapshot carrying a barrier is the one recorded for
-  (table, barrier), and no (table, barrier) has two.
+- commits: each Iceberg snapshot carrying a barrier is the one recorded for (table,
+  barrier), no (table, barrier) is written twice, and (at the end) every barrier a root job
+  took model rows for has its commit record.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from icebarrier.apps.check.model import DERIVED, JOBS, ROOTS, SCHEMAS, check_cut, compare
+from icebarrier.apps.check.model import DERIVED, JOBS, ROOTS, SCHEMAS, check_cut, compare, events
 from icebarrier.apps.check.processes import Env, Reconnecting, barrier_number
-from icebarrier.control_plane import barriers, jobs, leases
+from icebarrier.control_plane import barriers, jobs, leases, reads
 from icebarrier.control_plane.errors import (
     BarrierNotValidError,
     IcebarrierError,
@@ -222,7 +223,7 @@ class _Run:
     def read_levels(self) -> None:
         for level in (Level.READ_UNCOMMITTED, Level.READ_COMMITTED):
             try:
-                data = self.cp.run(f"read {level.value}", lambda conn: self._read(conn, level))
+                cut, data = self.cp.run(f"read {level.value}", lambda conn: self._read(conn, level))
             except NoValidCutError:
                 self.report.no_valid_cut += 1
                 continue
@@ -235,12 +236,15 @@ class _Run:
                 continue
             self.report.reads[level.value] += 1
             problem = check_cut(data)
+            if level is Level.READ_COMMITTED:  # a valid cut holds exactly the model's rows at its barrier
+                problem = problem or compare(self.env.seed, self._number(cut.barrier), data)
             if problem:
                 self.report.anomaly(level, problem)
 
     def _read(self, conn, level: Level):
         with ConsistentRead(conn, self.catalog, self.names, level=level, holder="check") as r:
-            return {t.name: d for t, d in r.read()[1].items()}
+            cut, data = r.read()
+        return cut, {t.name: d for t, d in data.items()}
 
     def repeatable_read(self) -> None:
         """Open a session now and then; re-read it; close it now and then."""
@@ -307,8 +311,7 @@ class _Run:
         marks = self.cp.run("barriers", lambda conn: [r["barrier"] for r in conn.execute(
             "SELECT barrier FROM barrier ORDER BY barrier").fetchall()])
         try:
-            newest_valid = upto or self.cp.run("cut", lambda conn: ConsistentRead(
-                conn, self.catalog, self.names).cut().barrier)
+            newest_valid = upto or self.cp.run("cut", lambda conn: reads.resolve(conn, self.names).barrier)
         except NoValidCutError:
             return
         while self.examined < len(marks) and marks[self.examined] <= newest_valid:
@@ -327,6 +330,9 @@ class _Run:
             return
         except BarrierNotValidError:
             self.report.excused["before every job started"] += 1
+            return
+        except Exception as exc:  # noqa: BLE001 - a pinned cut that cannot be read is damage to report
+            self._violation(f"cut at barrier #{number} could not be read: {type(exc).__name__}: {str(exc)[:200]}")
             return
         self.report.validated += 1
         problem = compare(self.env.seed, number, data) or check_cut(data)
@@ -389,6 +395,22 @@ class _Run:
                 if r["snapshot_id"] not in present and not r["expired"]:
                     self._violation(f"{table}: the record of barrier {r['barrier']} names snapshot "
                                     f"{r['snapshot_id']}, which is neither in the table nor expired")
+
+    def audit_inputs(self) -> None:
+        """Each barrier a root job took input for (its recorded range) and completed has a commit
+        record if the model has rows in that range: no (table, barrier) lost from the map."""
+        for job, table in ROOTS.items():
+            def ranges(conn, job=job, table=table):
+                return conn.execute(
+                    """SELECT r.barrier, r.spec, c.snapshot_id
+                       FROM input_range r JOIN managed_table m ON m.name = %s
+                       LEFT JOIN table_commit c ON c.table_id = m.table_id AND c.barrier = r.barrier
+                                               AND c.revoked_by IS NULL
+                       WHERE r.job_name = %s AND r.barrier <= m.watermark""", (str(self.env.t(table)), job)).fetchall()
+            for r in self.cp.run("audit inputs", ranges):
+                if r["snapshot_id"] is None and events(self.env.seed, table, r["spec"]["t_from"], r["spec"]["t_to"]).num_rows:
+                    self._violation(f"{self.env.t(table)} completed barrier {r['barrier']} with input "
+                                    f"({r['spec']['t_from']}, {r['spec']['t_to']}] but has no commit record for it")
 
     def _violation(self, text: str) -> None:
         if text not in self.report.violations:
@@ -472,6 +494,7 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, serv
     run.validate_new(upto=final)
     run.audit_pins()
     run.audit_commits(final=True)
+    run.audit_inputs()
     run.collect()
     run.cp.close()
     return report

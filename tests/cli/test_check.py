@@ -47,14 +47,29 @@ def test_model_inputs_are_deterministic_and_keep_transfers_whole():
 
 
 @pytest.mark.slow
-def test_short_seeded_check_run_passes(pg_server):
-    """A seeded run with jobs killed at random fault points: no anomaly at read-committed or
-    repeatable-read, nothing lost or duplicated, no pinned snapshot expired."""
+def test_short_seeded_check_run_passes():
+    """A seeded run on its private embedded Postgres, restarted mid-run, with jobs killed at
+    random fault points: no anomaly at read-committed or repeatable-read, nothing lost or
+    duplicated, no pinned snapshot expired, coverage above the floor, renewals exercised."""
     result = subprocess.run(
-        [sys.executable, "-m", "icebarrier.cli.main", "--dsn", pg_server, "--output", "json", "check", "--seed", "11",
-         "--duration", "10", "--fault-rate", "0.6"],
-        capture_output=True, text=True, timeout=600)
+        [sys.executable, "-m", "icebarrier.cli.main", "--output", "json", "check", "--seed", "11",
+         "--duration", "12", "--fault-rate", "0.6"],
+        capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     report = json.loads(result.stdout)
     assert report["ok"] and report["reads"]["read-committed"] > 0 and report["reads"]["read-uncommitted"] > 0
-    assert sum(report["faults"].values()) > 0
+    assert report["coverage"] >= report["coverage_floor"] and report["validated"] > 0
+    assert report["restarts"] >= 1 and report["reconnects"] > 0 and sum(report["faults"].values()) > 0
+    assert report["expiry_runs"] > 0 and report["rr_sessions"] > 0
+
+
+def test_fault_schedule_is_a_function_of_the_seed():
+    """The same seed gives the same kills, restarts and armed fault points; another seed differs."""
+    from icebarrier.apps.check import fault_schedule
+    from icebarrier.apps.check.driver import launch_fault
+
+    assert fault_schedule(7, 20, 0.3, restarts=True) == fault_schedule(7, 20, 0.3, restarts=True)
+    assert fault_schedule(7, 20, 0.3, restarts=True) != fault_schedule(8, 20, 0.3, restarts=True)
+    assert [launch_fault(7, "orders_in", n, 0.5) for n in range(10)] == \
+        [launch_fault(7, "orders_in", n, 0.5) for n in range(10)]
+    assert not [f for f in fault_schedule(7, 20, 0.3, restarts=False) if f.kind == "restart"]

@@ -1,0 +1,133 @@
+"""The checker can fail: a live run corrupted from outside is reported, a clean one passes.
+
+Each test runs the checker in a thread on a fresh database (no restarts, no job faults, so
+the corruption is the only thing wrong), corrupts the run from the test's own connections
+once it is under way, and asserts that the report names the damage."""
+
+import threading
+import time
+import uuid
+
+import psycopg
+import pyarrow as pa
+import pytest
+from psycopg import sql
+
+from icebarrier.apps.check import CheckReport, cleanup, events, private_env, run_check
+from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER, SUMMARY_JOB, SUMMARY_RUN, load_catalog, load_table, \
+    retry_commit, upgrade
+
+pytestmark = pytest.mark.slow
+SEED = 5
+
+
+@pytest.fixture
+def live_run(pg_server, tmp_path):
+    """Start a checker run; yields (env, report, wait_for_barriers, finish)."""
+    name = f"icebarrier_mut_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    env = private_env(psycopg.conninfo.make_conninfo(pg_server, dbname=name), (tmp_path / "wh").as_uri(), SEED)
+    upgrade(env.settings)
+    report = CheckReport(seed=SEED)
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(run_check(env, duration_s=10, fault_rate=0.0,
+                                                                    progress=lambda _: None, report=report)))
+    thread.start()
+
+    def wait_for_barriers(n: int) -> None:
+        deadline = time.monotonic() + 120
+        while report.barriers < n and thread.is_alive():
+            assert time.monotonic() < deadline, "the checker run issued no barriers"
+            time.sleep(0.1)
+
+    def finish() -> CheckReport:
+        thread.join(300)
+        assert done, "the checker run did not finish"
+        return done[0]
+
+    yield env, wait_for_barriers, finish
+    thread.join(300)
+    cleanup(env)
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _cp(env):
+    return psycopg.connect(env.dsn, autocommit=True, options=f"-c search_path={env.schema}")
+
+
+def _problems(report: CheckReport) -> list[str]:
+    """What fails a run: violations, and anomalies at the levels that promise consistency."""
+    return report.violations + [report.examples[lvl] for lvl in ("read-committed", "repeatable-read")
+                                if report.anomalies[lvl]]
+
+
+def test_a_clean_run_passes(live_run):
+    """Without corruption the same run passes, with the coverage floor met."""
+    _, wait_for_barriers, finish = live_run
+    report = finish()
+    assert report.ok, report.to_json()
+    assert report.coverage >= report.coverage_floor and report.reads["read-committed"] > 0
+
+
+def test_a_deleted_barrier_record_is_reported(live_run):
+    """Deleting the newest barrier->snapshot record of a root table is caught."""
+    env, wait_for_barriers, finish = live_run
+    wait_for_barriers(4)
+    with _cp(env) as c:
+        deleted = c.execute(
+            "DELETE FROM table_commit WHERE commit_id = (SELECT max(commit_id) FROM table_commit "
+            "JOIN managed_table USING (table_id) WHERE name = %s) RETURNING barrier, snapshot_id",
+            (str(env.t("orders")),)).fetchone()
+    assert deleted is not None
+    report = finish()
+    assert not report.ok, report.to_json()
+    assert any("orders" in p or "payment" in p for p in _problems(report)), report.to_json()
+
+
+def test_a_pinned_snapshot_expired_behind_the_control_planes_back_is_reported(live_run):
+    """Expiring a lease-pinned snapshot with plain PyIceberg (no lease check) is caught."""
+    env, wait_for_barriers, finish = live_run
+    wait_for_barriers(3)
+    catalog = load_catalog(env.settings)
+    deadline = time.monotonic() + 60
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        with _cp(env) as c:
+            pinned = c.execute("SELECT table_name, snapshot_id FROM active_leases WHERE holder = 'check-session' "
+                               "AND snapshot_id IS NOT NULL").fetchall()
+        for table_name, snapshot_id in pinned:
+            tbl = load_table(catalog, env.t(table_name.rsplit(".", 1)[1]))
+            if tbl.current_snapshot().snapshot_id != snapshot_id:
+                retry_commit(lambda: load_table(catalog, env.t(table_name.rsplit(".", 1)[1]))
+                             .maintenance.expire_snapshots().by_ids([snapshot_id]).commit())
+                with _cp(env) as c:  # still pinned after the expiry: a real corruption, not a late one
+                    still = c.execute("SELECT 1 FROM active_leases WHERE holder = 'check-session' "
+                                      "AND snapshot_id = %s", (snapshot_id,)).fetchone()
+                if still:
+                    victim = (table_name, snapshot_id)
+                    break
+        time.sleep(0.1)
+    assert victim is not None, "no repeatable-read lease pinned a non-current snapshot"
+    report = finish()
+    assert not report.ok, report.to_json()
+    assert any(str(victim[1]) in p or "read failed" in p for p in _problems(report)), report.to_json()
+
+
+def test_a_second_commit_for_a_table_and_barrier_is_reported(live_run):
+    """Appending a second snapshot tagged with an already committed barrier is caught."""
+    env, wait_for_barriers, finish = live_run
+    wait_for_barriers(4)
+    with _cp(env) as c:
+        barrier = c.execute("SELECT max(c.barrier) FROM table_commit c JOIN managed_table m USING (table_id) "
+                            "WHERE m.name = %s", (str(env.t("orders")),)).fetchone()[0]
+    catalog = load_catalog(env.settings)
+    extra = events(SEED, "orders", 0, 4)
+    props = {SUMMARY_BARRIER: str(barrier), SUMMARY_JOB: "orders_in", SUMMARY_RUN: "mutant"}
+    retry_commit(lambda: load_table(catalog, env.t("orders")).append(pa.Table.from_batches(extra.to_batches(),
+                                                                                          extra.schema),
+                                                                      snapshot_properties=props))
+    report = finish()
+    assert not report.ok, report.to_json()
+    assert any("orders" in p for p in _problems(report)), report.to_json()
