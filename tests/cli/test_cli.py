@@ -160,3 +160,29 @@ def test_console_script_runs_as_a_process(dsn):
     bad = subprocess.run([sys.executable, "-m", "icebarrier.cli.main", "--dsn", dsn, "job", "show", "ghost"],
                          capture_output=True, text=True)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_a_read_waits_for_the_first_cut_and_names_the_job(cli, dsn):
+    """`cut` with no valid cut yet waits (bounded), says which job it waits for, then reads the
+    cut once the job completes its first barrier; with --wait 0s it fails at once."""
+    import subprocess
+    import sys
+    import time
+
+    from icebarrier.control_plane import barriers, db, jobs
+    from tests.helpers import T, job
+
+    with db.connect(dsn) as c:
+        jobs.register(c, job("ingest", sinks=["orders"]))
+        b = barriers.issue(c).barrier
+    assert cli("cut", str(T("orders")), "--wait", "0s").exit_code == 1
+    proc = subprocess.Popen([sys.executable, "-m", "icebarrier.cli.main", "--output", "json", "cut", str(T("orders")),
+                             "--wait", "60s"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2)
+    assert proc.poll() is None, proc.communicate()  # still waiting
+    with db.connect(dsn) as c:
+        jobs.complete(c, "ingest", b, {T("orders"): 101})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "waiting for a first consistent cut: job ingest (lake.db.orders has completed no barrier yet)" in err
+    assert json.loads(out)["barrier"] == b

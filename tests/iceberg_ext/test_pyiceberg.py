@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pyarrow as pa
 import pytest
@@ -169,9 +170,10 @@ def test_lease_acquisition_racing_expiry_in_processes(lake, capsys):
         ingest(lake, b, i)
     base = [sys.executable, "-m", "tests.iceberg_ext.worker"]
     common = [lake.settings.dsn, lake.settings.schema, lake.settings.warehouse, lake.namespace]
-    procs = [subprocess.Popen([*base, "leases", *common, "40", str(seed)], stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, "RACE_START_AT": str(time.time() + 8)}
+    procs = [subprocess.Popen([*base, "leases", *common, "40", str(seed)], stdout=subprocess.PIPE, text=True, env=env)
              for seed in (1, 2)]
-    procs.append(subprocess.Popen([*base, "expire", *common, "15"], stdout=subprocess.PIPE, text=True))
+    procs.append(subprocess.Popen([*base, "expire", *common, "15"], stdout=subprocess.PIPE, text=True, env=env))
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     results = [json.loads(o) for o in outs]
@@ -186,6 +188,7 @@ def test_lease_acquisition_racing_expiry_in_processes(lake, capsys):
     assert not pinned & expired
     assert pinned <= present
     assert len(granted) + refused == 80 and expired
+    assert granted, "no lease was granted: the workers did not race"
 
 
 def test_reconcile_adopts_missing_records_and_reports_foreign_writers(lake):

@@ -10,8 +10,10 @@ Crash points come from ICEBARRIER_FAULT (see iceberg_ext.faults). Results go to 
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
+import time
 
 from icebarrier.control_plane import db, leases
 from icebarrier.control_plane.errors import SnapshotExpiredError
@@ -30,6 +32,8 @@ def _lake(dsn, cp_schema, warehouse, namespace) -> Lake:
 def main(argv: list[str]) -> None:
     action, dsn, cp_schema, warehouse, namespace, *rest = argv
     lake = _lake(dsn, cp_schema, warehouse, namespace)
+    # Racing workers start together (after their imports), so the race is real.
+    time.sleep(max(0.0, float(os.environ.get("RACE_START_AT", "0")) - time.time()))
     if action == "ingest":
         tx = ingest(lake, int(rest[0]), int(rest[1]))
         print(json.dumps({"commits": {str(k): v for k, v in tx.commits.items()},
