@@ -45,6 +45,7 @@ class _LeaseKeeper:
     renewal's TTL it raises even if the thread never ran."""
 
     def __init__(self, conn: psycopg.Connection, ttl_s: float) -> None:
+        self._origin = conn  # the caller's connection: where to reconnect to
         self.conn, self.ttl_s = db.reopen(conn), ttl_s
         self.lease_id: str | None = None
         self.lost: str | None = None
@@ -85,9 +86,9 @@ class _LeaseKeeper:
     def _reconnect(self) -> None:
         if self.conn.closed or self.conn.broken:
             try:
-                self.conn = db.reopen(self.conn)
+                self.conn = db.reopen(self._origin)
             except IcebarrierError:
-                pass
+                pass  # still unreachable: the next round tries again, until the lease would lapse
 
     def check(self) -> None:
         if self.lost is None and time.monotonic() >= self._valid_until:
@@ -138,19 +139,15 @@ class ConsistentRead:
         if self.wait_s > 0 and self.barrier is None and self.level is not Level.READ_UNCOMMITTED:
             reads.wait_for_cut(self.conn, self.tables, timeout_s=self.wait_s, progress=self.progress)
         if self.level is Level.REPEATABLE_READ:
-            keeper = _LeaseKeeper(self.conn, self.ttl_s)
+            cut, keeper = self._lease(self.ttl_s, holder=self.holder, barrier=self.barrier,
+                                      bootstrap_job=self.bootstrap_job)
             try:
-                cut = keeper.acquire(self.tables, barrier=self.barrier, holder=self.holder,
-                                     bootstrap_job=self.bootstrap_job)
-                # Written first, re-checked after: the snapshots must still exist in Iceberg.
-                require_snapshots(self.catalog, cut.snapshots, cut.barrier)
                 if self.mirror_tags:
                     self._tag(cut)
             except BaseException:
                 keeper.close()
                 raise
             self._pinned, self._keeper = cut, keeper
-            keeper.start()
         elif self.barrier is not None:
             self._pinned = self._resolve()
         return self
@@ -167,6 +164,20 @@ class ConsistentRead:
     def lease_renewals(self) -> int:
         """How many times the lease was renewed (0 without a lease)."""
         return self._keeper.renewals if self._keeper else 0
+
+    def _lease(self, ttl_s: float, *, holder: str, barrier: int | None = None,
+               bootstrap_job: str | None = None) -> tuple[Cut, _LeaseKeeper]:
+        """A lease on a cut, held and renewed on its own connection. Written first, re-checked
+        after: the snapshots must still exist in Iceberg."""
+        keeper = _LeaseKeeper(self.conn, ttl_s)
+        try:
+            cut = keeper.acquire(self.tables, barrier=barrier, holder=holder, bootstrap_job=bootstrap_job)
+            require_snapshots(self.catalog, cut.snapshots, cut.barrier)
+        except BaseException:
+            keeper.close()
+            raise
+        keeper.start()
+        return cut, keeper
 
     def _resolve(self) -> Cut:
         cut = reads.resolve(self.conn, self.tables, level=self.level, barrier=self.barrier)
@@ -205,12 +216,8 @@ class ConsistentRead:
         if self.level is not Level.READ_COMMITTED or self._pinned is not None:
             yield self.cut()
             return
-        keeper = _LeaseKeeper(self.conn, STATEMENT_LEASE_TTL_S)
+        cut, keeper = self._lease(STATEMENT_LEASE_TTL_S, holder=f"{self.holder} (statement)")
         try:
-            cut = keeper.acquire(self.tables, barrier=None, holder=f"{self.holder} (statement)", bootstrap_job=None)
-            if self.verify_snapshots:
-                require_snapshots(self.catalog, cut.snapshots, cut.barrier)
-            keeper.start()
             yield Cut(barrier=cut.barrier, level=Level.READ_COMMITTED, snapshots=cut.snapshots)
         finally:
             keeper.close()

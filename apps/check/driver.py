@@ -40,7 +40,7 @@ from icebarrier.control_plane.errors import (
     NoValidCutError,
     SnapshotExpiredError,
 )
-from icebarrier.control_plane.model import JobDefinition, Level, TableName
+from icebarrier.control_plane.model import JobDefinition, Level
 from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import (
     SUMMARY_BARRIER,

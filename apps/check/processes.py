@@ -13,7 +13,6 @@ own Iceberg commit, a derived job reads its sources at the same barrier.
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from collections.abc import Callable

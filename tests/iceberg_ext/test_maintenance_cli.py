@@ -45,9 +45,9 @@ def test_two_concurrent_expiries_of_one_table_both_succeed(lake):
         assert expired[0] | expired[1] == before - after and before - after
 
 
-def test_db_upgrade_readies_the_catalog_and_refused_commands_write_nothing(pg_server, tmp_path, monkeypatch):
-    """`db upgrade` creates the Iceberg catalog's schema and tables; commands refused for bad
-    input change nothing in the database (compared as a dump of every schema's objects)."""
+@pytest.fixture
+def fresh_dsn(pg_server, tmp_path, monkeypatch):
+    """An empty database (nothing migrated), set in the environment for the CLI; dropped after."""
     name = f"icebarrier_fresh_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_server, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -55,34 +55,38 @@ def test_db_upgrade_readies_the_catalog_and_refused_commands_write_nothing(pg_se
     monkeypatch.setenv("ICEBARRIER_DSN", dsn)
     monkeypatch.delenv("ICEBARRIER_SCHEMA", raising=False)
     monkeypatch.setenv("ICEBARRIER_WAREHOUSE", str(tmp_path / "warehouse"))
-    runner = CliRunner()
-    try:
-        schema.upgrade(dsn)  # the control plane only: the catalog is not there yet
-        refused = [["expire", "--older-than", "abc"], ["revise", "lake.nope.nope", "--to-barrier", "1"],
-                   ["tag", "bad!tag", "lake.db.t"]]
+    yield dsn
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
-        def objects():
-            with psycopg.connect(dsn) as c:
-                return c.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                                 "WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') "
-                                 "ORDER BY 1, 2").fetchall()
 
-        before = objects()
-        for args in refused:
-            result = runner.invoke(command, args)
-            assert result.exit_code in (1, 2) and "Traceback" not in result.output, (args, result.output)
-        assert objects() == before
-        result = runner.invoke(command, ["db", "upgrade"])
-        assert result.exit_code == 0, result.output
-        tables = {t for s, t in objects() if s == "icebarrier_catalog"}
-        assert {"iceberg_tables", "iceberg_namespace_properties"} <= tables
-        before = objects()
-        for args in refused:
-            assert runner.invoke(command, args).exit_code in (1, 2)
-        assert objects() == before
-    finally:
-        with psycopg.connect(pg_server, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+def test_db_upgrade_readies_the_catalog_and_refused_commands_write_nothing(fresh_dsn):
+    """`db upgrade` creates the Iceberg catalog's schema and tables; commands refused for bad
+    input change nothing in the database (compared as a dump of every schema's objects)."""
+    dsn, runner = fresh_dsn, CliRunner()
+    schema.upgrade(dsn)  # the control plane only: the catalog is not there yet
+    refused = [["expire", "--older-than", "abc"], ["revise", "lake.nope.nope", "--to-barrier", "1"],
+               ["tag", "bad!tag", "lake.db.t"]]
+
+    def objects():
+        with psycopg.connect(dsn) as c:
+            return c.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                             "WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') "
+                             "ORDER BY 1, 2").fetchall()
+
+    before = objects()
+    for args in refused:
+        result = runner.invoke(command, args)
+        assert result.exit_code in (1, 2) and "Traceback" not in result.output, (args, result.output)
+    assert objects() == before
+    result = runner.invoke(command, ["db", "upgrade"])
+    assert result.exit_code == 0, result.output
+    tables = {t for s, t in objects() if s == "icebarrier_catalog"}
+    assert {"iceberg_tables", "iceberg_namespace_properties"} <= tables
+    before = objects()
+    for args in refused:
+        assert runner.invoke(command, args).exit_code in (1, 2)
+    assert objects() == before
 
 
 PLAIN_SPARK = """
@@ -101,24 +105,13 @@ print(spark.sql("SELECT count(*) FROM lake.plain.t").collect()[0][0])
 
 
 @pytest.mark.slow
-def test_plain_spark_works_right_after_db_upgrade(pg_server, tmp_path, monkeypatch):
+def test_plain_spark_works_right_after_db_upgrade(fresh_dsn):
     """A fresh database, `icebarrier db upgrade`, then plain Spark with `icebarrier spark-conf`
     (no icebarrier code in the Spark process) creates and writes a table."""
-    name = f"icebarrier_fresh_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = psycopg.conninfo.make_conninfo(pg_server, dbname=name)
-    monkeypatch.setenv("ICEBARRIER_DSN", dsn)
-    monkeypatch.delenv("ICEBARRIER_SCHEMA", raising=False)
-    monkeypatch.setenv("ICEBARRIER_WAREHOUSE", str(tmp_path / "warehouse"))
-    try:
-        runner = CliRunner()
-        assert runner.invoke(command, ["db", "upgrade"]).exit_code == 0
-        conf = runner.invoke(command, ["spark-conf", "--format", "json"])
-        assert conf.exit_code == 0, conf.output
-        out = subprocess.run([sys.executable, "-c", PLAIN_SPARK, conf.stdout], capture_output=True, text=True,
-                             timeout=300)
-        assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "2", out.stderr[-3000:]
-    finally:
-        with psycopg.connect(pg_server, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    runner = CliRunner()
+    assert runner.invoke(command, ["db", "upgrade"]).exit_code == 0
+    conf = runner.invoke(command, ["spark-conf", "--format", "json"])
+    assert conf.exit_code == 0, conf.output
+    out = subprocess.run([sys.executable, "-c", PLAIN_SPARK, conf.stdout], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "2", out.stderr[-3000:]
