@@ -39,7 +39,7 @@ def list_(obj, limit: int) -> None:
     )
 
 
-@barrier_group.command("interval")
+@barrier_group.command("interval", context_settings={"ignore_unknown_options": True})  # "-5s" is a value
 @click.argument("duration_text", metavar="[DURATION]", required=False)
 @click.pass_obj
 def interval(obj, duration_text: str | None) -> None:

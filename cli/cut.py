@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from icebarrier.cli.render import barrier_label, emit, table
+from icebarrier.cli.render import BARRIER, barrier_label, emit, table
 from icebarrier.control_plane import leases, reads
 from icebarrier.control_plane.model import Cut, Level, TableName, parse_duration_s
 
@@ -36,7 +36,7 @@ def render_cut(cut: Cut) -> str:
 @click.command("cut")
 @click.argument("table_names", metavar="TABLE...", nargs=-1, required=True)
 @click.option("--level", type=click.Choice(LEVELS), default=Level.READ_COMMITTED.value, show_default=True)
-@click.option("--barrier", type=int, help="The cut at this past barrier (refused if not valid for these tables).")
+@click.option("--barrier", type=BARRIER, help="The cut at this past barrier (refused if not valid for these tables).")
 @click.option("--ttl", default="10m", show_default=True, help="Lease TTL for repeatable-read.")
 @click.option("--holder", default="cli", show_default=True, help="Lease holder for repeatable-read.")
 @wait_option

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from icebarrier.cli.render import barrier_label, emit, table
+from icebarrier.cli.render import BARRIER, barrier_label, emit, table
 from icebarrier.control_plane import jobs
 from icebarrier.control_plane.errors import InvalidValueError
 from icebarrier.control_plane.model import JobDefinition, TableName, parse_external_input, parse_job_name
@@ -121,21 +121,35 @@ def _parse_commit(text: str) -> tuple[TableName, int]:
         if not sep:
             raise ValueError
         snapshot_id = int(snapshot)
+        if not 0 < snapshot_id < 2**63:
+            raise ValueError
     except ValueError:
-        raise InvalidValueError(f"--commit {text!r} is malformed; use TABLE=SNAPSHOT_ID, e.g. lake.db.orders=123") from None
+        raise InvalidValueError(f"--commit {text!r} is malformed; use TABLE=SNAPSHOT_ID with a positive 64-bit "
+                                f"snapshot id, e.g. lake.db.orders=123") from None
     return TableName.parse(table_text), snapshot_id
+
+
+def _parse_commits(texts) -> dict[TableName, int]:
+    """Each sink at most once: a (table, barrier) has one commit."""
+    parsed: dict[TableName, int] = {}
+    for table, snapshot_id in map(_parse_commit, texts):
+        if table in parsed:
+            raise InvalidValueError(f"--commit names {table} twice ({parsed[table]} and {snapshot_id}); a table has "
+                                    f"one commit per barrier, give it once")
+        parsed[table] = snapshot_id
+    return parsed
 
 
 @job_group.command("complete")
 @click.argument("name")
-@click.option("--barrier", "barrier", type=int, required=True, help="The barrier completed.")
+@click.option("--barrier", "barrier", type=BARRIER, required=True, help="The barrier completed.")
 @click.option("--commit", "commits", multiple=True, metavar="TABLE=SNAPSHOT_ID",
               help="Snapshot written to a sink for this barrier (repeatable); other sinks keep theirs.")
 @click.option("--run-id", help="Identifier of the run that wrote the commits.")
 @click.pass_obj
 def complete(obj, name: str, barrier: int, commits, run_id: str | None) -> None:
     """Record that job NAME completed BARRIER for all its sinks, in one transaction."""
-    parsed = dict(_parse_commit(c) for c in commits)
+    parsed = _parse_commits(commits)
     result = jobs.complete(obj.conn(), name, barrier, parsed, run_id=run_id)
     what = "already completed (no change)" if result.noop else "completed"
     emit(obj, result.to_json(), f"job {name}: barrier {barrier} {what} for {', '.join(map(str, result.sinks))}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from icebarrier.cli.cut import render_cut, wait_for_first_cut, wait_option
-from icebarrier.cli.render import emit, table
+from icebarrier.cli.render import BARRIER, emit, table
 from icebarrier.control_plane import leases
 from icebarrier.control_plane.model import Level, TableName, parse_duration_s
 
@@ -19,7 +19,7 @@ def lease_group() -> None:
 @click.argument("table_names", metavar="TABLE...", nargs=-1, required=True)
 @click.option("--ttl", default="10m", show_default=True, help="Time to live without renewal (e.g. 30s, 10m, 2h).")
 @click.option("--holder", default="cli", show_default=True, help="Who holds the lease (shown in lease list).")
-@click.option("--barrier", type=int, help="Pin the cut at this barrier instead of the latest valid one.")
+@click.option("--barrier", type=BARRIER, help="Pin the cut at this barrier instead of the latest valid one.")
 @wait_option
 @click.pass_obj
 def acquire(obj, table_names, ttl: str, holder: str, barrier: int | None, wait: str) -> None:

@@ -11,6 +11,7 @@ import sys
 import click
 import psycopg
 
+from icebarrier.cli.render import one_line
 from icebarrier.control_plane.errors import IcebarrierError
 
 
@@ -58,7 +59,24 @@ class Context:
 
 
 class IcebarrierGroup(click.Group):
-    """Maps library errors to a one-line message and exit 1."""
+    """Maps library errors to a one-line message and exit 1, bad usage to one line and exit 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx else "icebarrier"
+            click.echo(f"error: {one_line(exc.format_message())} (see `{where} --help`)", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"error: {one_line(exc.format_message())}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("error: aborted", err=True)
+            sys.exit(1)
+        if isinstance(code, int) and code:
+            sys.exit(code)
+        return code
 
     def invoke(self, ctx: click.Context):
         try:
@@ -66,13 +84,14 @@ class IcebarrierGroup(click.Group):
         except IcebarrierError as exc:
             if _debug(ctx):
                 raise
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {one_line(str(exc))}", err=True)
             sys.exit(1)
         except psycopg.Error as exc:
             if _debug(ctx):
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            click.echo(f"error: control-plane database error: {first} (rerun with --debug for details)", err=True)
+            click.echo(f"error: control-plane database error: {one_line(first)} (rerun with --debug for details)",
+                       err=True)
             sys.exit(1)
 
 

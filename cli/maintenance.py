@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from icebarrier.cli.cut import render_cut
-from icebarrier.cli.render import emit, table
+from icebarrier.cli.render import BARRIER, emit, table
 from icebarrier.control_plane import tables
 from icebarrier.control_plane.model import TableName, parse_duration_s, parse_tag_name
 
@@ -45,7 +45,9 @@ def compact(obj, table_name: str, min_input_files: int) -> None:
     """Rewrite small files of TABLE (Spark); the new snapshot keeps the barrier it compacted."""
     from icebarrier.iceberg_ext.maintenance import compact as run
 
-    report = run(obj.spark(), obj.conn(), obj.catalog(), TableName.parse(table_name), min_input_files=min_input_files)
+    name, conn = TableName.parse(table_name), obj.conn()
+    tables.require(conn, name)  # before starting Spark (seconds) for a table that is not there
+    report = run(obj.spark(), conn, obj.catalog(), name, min_input_files=min_input_files)
     emit(obj, report.to_json(),
          f"{report.table}: compacted at barrier {report.barrier} into snapshot {report.snapshot_id}"
          if report.snapshot_id else f"{report.table}: nothing to compact")
@@ -84,7 +86,7 @@ def reconcile(obj, table_names) -> None:
 
 @click.command("revise")
 @click.argument("table_name", metavar="TABLE")
-@click.option("--to-barrier", type=int, required=True, help="Roll back to the state at this barrier.")
+@click.option("--to-barrier", type=BARRIER, required=True, help="Roll back to the state at this barrier.")
 @click.option("--dry-run", is_flag=True, help="Print the plan only.")
 @click.pass_obj
 def revise(obj, table_name: str, to_barrier: int, dry_run: bool) -> None:
@@ -107,7 +109,7 @@ def revise(obj, table_name: str, to_barrier: int, dry_run: bool) -> None:
 @click.command("tag")
 @click.argument("name")
 @click.argument("table_names", metavar="TABLE...", nargs=-1, required=True)
-@click.option("--barrier", type=int, help="Tag the cut at this barrier (default: the latest valid cut).")
+@click.option("--barrier", type=BARRIER, help="Tag the cut at this barrier (default: the latest valid cut).")
 @click.option("--max-age", help="Let the tag expire after this long (e.g. 30d).")
 @click.pass_obj
 def tag(obj, name: str, table_names, barrier: int | None, max_age: str | None) -> None:

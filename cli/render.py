@@ -43,3 +43,12 @@ def ago(when: datetime | None) -> str:
 
 
 duration = format_duration_s
+
+# A barrier on the command line: a positive int64 (microseconds since the epoch).
+BARRIER = click.IntRange(1, 2**63 - 1)
+
+
+def one_line(text: str) -> str:
+    """A message safe to print as one line: control characters (newlines, terminal escape
+    sequences) in names a user typed are shown escaped, never interpreted."""
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode() for c in text)

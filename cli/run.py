@@ -15,7 +15,15 @@ def load_job(path: str):
     """The Job a file defines: its variable ``job``, or its only Job instance."""
     from icebarrier.iceberg_ext.runtime import Job
 
-    namespace = runpy.run_path(path, run_name="icebarrier_job")
+    try:
+        namespace = runpy.run_path(path, run_name="icebarrier_job")
+    except SyntaxError as exc:
+        raise IcebarrierError(f"{path}, line {exc.lineno}: {exc.msg}; fix the job file") from exc
+    except IcebarrierError:
+        raise
+    except Exception as exc:  # the job file's own code failed
+        raise IcebarrierError(f"{path} failed while loading: {type(exc).__name__}: {exc} "
+                              f"(rerun with --debug for the traceback)") from exc
     if isinstance(namespace.get("job"), Job):
         return namespace["job"]
     found = [v for v in namespace.values() if isinstance(v, Job)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from icebarrier.cli.cut import LEVELS, wait_for_first_cut, wait_option
-from icebarrier.cli.render import barrier_label, emit, table
+from icebarrier.cli.render import BARRIER, barrier_label, emit, table
 from icebarrier.control_plane import tables
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import Level, parse_duration_s
@@ -14,18 +14,26 @@ from icebarrier.control_plane.model import Level, parse_duration_s
 @click.command("spark-conf")
 @click.option("--format", "fmt", type=click.Choice(["flags", "json", "properties"]), default="flags",
               show_default=True, help="--conf flags for spark-submit, JSON, or spark-defaults.conf lines.")
+@click.option("--show-secrets", is_flag=True, help="Print passwords in JSON/properties output (default: ***).")
 @click.pass_obj
-def spark_conf(obj, fmt: str) -> None:
-    """Print the Spark configuration for the icebarrier catalog (jars located offline)."""
+def spark_conf(obj, fmt: str, show_secrets: bool) -> None:
+    """Print the Spark configuration for the icebarrier catalog (jars located offline).
+
+    With a password in the DSN, the flags are `--properties-file FILE` (a file only you can
+    read), so `spark-submit $(icebarrier spark-conf)` never shows the password in `ps`."""
     import json
 
-    from icebarrier.iceberg_ext.spark import conf_as_flags, spark_conf as build
+    from icebarrier.iceberg_ext.spark import conf_as_flags, is_secret, properties_file, redacted
+    from icebarrier.iceberg_ext.spark import spark_conf as build
 
     conf = build(obj.settings())
+    shown = conf if show_secrets else redacted(conf)
     if fmt == "json" or obj.output == "json":
-        click.echo(json.dumps(conf, indent=2, sort_keys=True))
+        click.echo(json.dumps(shown, indent=2, sort_keys=True))
     elif fmt == "properties":
-        click.echo("\n".join(f"{k} {v}" for k, v in conf.items()))
+        click.echo("\n".join(f"{k} {v}" for k, v in shown.items()))
+    elif any(is_secret(k) for k in conf):
+        click.echo(f"--properties-file {properties_file(conf)}")
     else:
         click.echo(conf_as_flags(conf))
 
@@ -33,7 +41,7 @@ def spark_conf(obj, fmt: str) -> None:
 @click.command("query")
 @click.argument("sql")
 @click.option("--level", type=click.Choice(LEVELS), default=Level.READ_COMMITTED.value, show_default=True)
-@click.option("--barrier", type=int, help="Read the cut at this past barrier.")
+@click.option("--barrier", type=BARRIER, help="Read the cut at this past barrier.")
 @click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, show_default=True, help="Rows to print.")
 @wait_option
 @click.pass_obj

@@ -66,8 +66,9 @@ def get_interval_s(conn: psycopg.Connection) -> float:
 
 
 def set_interval_s(conn: psycopg.Connection, seconds: float) -> float:
-    if seconds <= 0 or seconds > 86400 * 7:
-        raise InvalidValueError(f"barrier interval {seconds}s is out of range; use more than 0 and at most 7d")
+    if not 0.001 <= seconds <= 86400 * 7 or round(seconds * 1000) < 1:
+        raise InvalidValueError(f"barrier interval {seconds:g}s is out of range; use at least 1ms and at most 7d, "
+                                f"e.g. 10s")
     with conn.transaction():
         conn.execute(
             "UPDATE setting SET value = %s WHERE key = %s", (str(round(seconds * 1000)), BARRIER_INTERVAL_KEY)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import psycopg
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
@@ -37,11 +37,20 @@ def resolve_dsn(dsn: str | None) -> str:
             f"no control-plane database given; pass --dsn or set {DSN_ENV}, "
             f"e.g. postgresql://postgres@127.0.0.1:5432/postgres"
         )
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(
+            f"--dsn / {DSN_ENV} {_redact(dsn)!r} is not a connection string ({str(exc).strip().splitlines()[0]}); "
+            f"use e.g. postgresql://postgres@127.0.0.1:5432/postgres"
+        ) from None
     return dsn
 
 
 def resolve_schema(schema: str | None) -> str:
-    return parse_schema_name(schema or os.environ.get(SCHEMA_ENV) or DEFAULT_SCHEMA)
+    if schema is None:
+        schema = os.environ.get(SCHEMA_ENV) or DEFAULT_SCHEMA
+    return parse_schema_name(schema)
 
 
 def connect(dsn: str | None = None, schema: str | None = None, *, check_schema: bool = True) -> psycopg.Connection:
@@ -61,7 +70,8 @@ def connect(dsn: str | None = None, schema: str | None = None, *, check_schema: 
             connect_timeout=10,
         )
     except psycopg.OperationalError as exc:
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        reason = "; ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip()) \
+            or type(exc).__name__
         raise ControlPlaneUnavailableError(
             f"cannot connect to the control plane at {_redact(dsn)}: {reason}; "
             f"check that Postgres is running and --dsn / {DSN_ENV} is right"
@@ -113,8 +123,16 @@ def retrying(fn: Callable[[], T], *, attempts: int = RETRY_ATTEMPTS) -> T:
 
 
 def _redact(dsn: str) -> str:
-    """Hide a password in a URL or key=value DSN before printing it."""
+    """Hide a password in a URL or key=value DSN before printing it (a password may hold '@')."""
     import re
 
-    dsn = re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", dsn)
-    return re.sub(r"(password\s*=\s*)\S+", r"\1***", dsn)
+    url = re.fullmatch(r"([A-Za-z][A-Za-z0-9+.-]*://[^:/@]*:)(.*)@([^@]*)", dsn, re.DOTALL)
+    if url:  # everything between "user:" and the last "@" is the password, whatever it holds
+        return f"{url[1]}***@{url[3]}"
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "(unparsable)"
+    if not params.get("password"):
+        return dsn
+    return make_conninfo(**{**params, "password": "***"})

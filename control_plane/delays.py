@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import psycopg
 
+from icebarrier.control_plane.model import TableName
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DelayStats:
@@ -77,12 +79,22 @@ ORDER BY p.name
 
 
 def table_delays(conn: psycopg.Connection, *, last: int = 100, table: str | None = None) -> list[DelayStats]:
+    """Per-table delays (``table``: only that one; an unknown table is refused)."""
+    if table is not None:
+        from icebarrier.control_plane.tables import require
+
+        require(conn, TableName.parse(table))
     rows = conn.execute(_TABLE_DELAYS, {"last": last, "table": table}).fetchall()
     return [DelayStats(kind="table", **_floats(r)) for r in rows]
 
 
 def job_delays(conn: psycopg.Connection, *, last: int = 100, job: str | None = None) -> list[DelayStats]:
-    """Per-job delays; the job with the largest median delay is flagged as the bottleneck."""
+    """Per-job delays; the job with the largest median delay is flagged as the bottleneck
+    (``job``: only that one; an unknown job is refused)."""
+    if job is not None:
+        from icebarrier.control_plane.jobs import show
+
+        show(conn, job)
     rows = [DelayStats(kind="job", **_floats(r)) for r in conn.execute(_JOB_DELAYS, {"last": last, "job": None})]
     slowest = max((r for r in rows if r.p50_s is not None), key=lambda r: (r.p50_s, r.max_s), default=None)
     flagged = [

@@ -36,6 +36,18 @@ class SchemaOutOfDateError(IcebarrierError):
         )
 
 
+class SchemaMigrationError(IcebarrierError):
+    def __init__(self, schema: str, reason: str) -> None:
+        self.schema, self.reason = schema, reason
+        super().__init__(
+            f"cannot migrate control-plane schema {schema!r}: {reason}; run `icebarrier db upgrade` as a role that "
+            f"may create in this database (its owner or a superuser)"
+        )
+
+    def __reduce__(self):
+        return type(self), (self.schema, self.reason)
+
+
 class RoleNotFoundError(IcebarrierError):
     def __init__(self, role: str) -> None:
         self.role = role

@@ -29,11 +29,12 @@ from icebarrier.control_plane.model import Cut, Lease, Level, ProtectedSnapshot,
 from icebarrier.control_plane.tables import require
 
 MAX_TTL_S = 7 * 86400
+MIN_TTL_S = 1.0  # shorter leases would lapse before a reader's first renewal reached the server
 
 
 def _check_ttl(ttl_s: float) -> None:
-    if not 0 < ttl_s <= MAX_TTL_S:
-        raise InvalidValueError(f"lease TTL {ttl_s}s is out of range; use more than 0 and at most 7d, e.g. 10m")
+    if not MIN_TTL_S <= ttl_s <= MAX_TTL_S:
+        raise InvalidValueError(f"lease TTL {ttl_s:g}s is out of range; use at least 1s and at most 7d, e.g. 10m")
 
 
 def _lock_tables(conn: psycopg.Connection, table_ids: list[int], *, exclusive: bool) -> None:

@@ -65,10 +65,16 @@ def parse_external_input(text: str) -> str:
     return text
 
 
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
 def parse_schema_name(text: str) -> str:
-    if not _IDENT.fullmatch(text) or text.lower().startswith("pg_"):
+    """A Postgres schema for the control plane or the catalog: lower case (Postgres folds
+    unquoted names, e.g. in search_path), not a system schema."""
+    if not _SCHEMA.fullmatch(text) or text.startswith("pg_") or text == "information_schema":
         raise InvalidNameError(
-            f"schema name {text!r} is invalid; use letters, digits and underscores, not starting with pg_"
+            f"schema name {text!r} is invalid; use lower-case letters, digits and underscores (at most 63), "
+            f"not starting with pg_ and not information_schema, e.g. icebarrier"
         )
     return text
 

@@ -15,7 +15,7 @@ import psycopg
 from psycopg import sql
 
 from icebarrier.control_plane.db import resolve_dsn, resolve_schema, schema_of
-from icebarrier.control_plane.errors import RoleNotFoundError, SchemaOutOfDateError
+from icebarrier.control_plane.errors import RoleNotFoundError, SchemaMigrationError, SchemaOutOfDateError
 
 # Views users may read; grant-reader exposes these and nothing else.
 VIEWS = (
@@ -96,6 +96,7 @@ def downgrade(dsn: str | None = None, schema: str | None = None, revision: str =
 def _run_alembic(dsn: str | None, schema: str | None, direction: str, revision: str) -> SchemaStatus:
     from alembic import command
     from sqlalchemy import create_engine
+    from sqlalchemy.exc import DBAPIError
     from sqlalchemy.pool import NullPool
 
     from icebarrier.control_plane.db import connect
@@ -120,6 +121,9 @@ def _run_alembic(dsn: str | None, schema: str | None, direction: str, revision: 
             cfg.attributes["connection"] = connection
             cfg.attributes["schema"] = schema
             getattr(command, direction)(cfg, revision)
+    except DBAPIError as exc:
+        first = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
+        raise SchemaMigrationError(schema, first) from exc
     finally:
         engine.dispose()
     with connect(dsn, schema, check_schema=False) as conn:

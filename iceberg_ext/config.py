@@ -58,7 +58,11 @@ class Settings:
     @classmethod
     def load(cls, config_file: str | Path | None = None, **flags: str | None) -> Settings:
         """Flags win over environment variables, which win over the TOML file."""
-        path = Path(config_file or os.environ.get(CONFIG_ENV) or "icebarrier.toml")
+        named = config_file or os.environ.get(CONFIG_ENV)
+        if named and not Path(named).is_file():
+            raise ConfigurationError(f"config file {named} does not exist; fix --config / {CONFIG_ENV}, or leave it "
+                                     f"out to use ./icebarrier.toml when present")
+        path = Path(named or "icebarrier.toml")
         values: dict = {}
         if path.is_file():
             try:
@@ -74,7 +78,7 @@ class Settings:
         for key, env in ENV.items():
             if os.environ.get(env):
                 values[key] = os.environ[env]
-            if flags.get(key):
+            if flags.get(key) is not None:  # a flag given empty is an error, not the default
                 values[key] = flags[key]
         values["dsn"] = resolve_dsn(values.get("dsn"))
         settings = cls(**{k: v for k, v in values.items() if v is not None})

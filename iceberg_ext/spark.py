@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 from icebarrier.control_plane.errors import ConfigurationError, IcebarrierError
-from icebarrier.iceberg_ext.config import Settings
+from icebarrier.iceberg_ext.config import Settings, state_dir
 
 ICEBERG_JAR_NAME = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 ICEBERG_JAR_ENV = "ICEBARRIER_ICEBERG_JAR"
@@ -140,3 +140,27 @@ def conf_as_flags(conf: dict[str, str]) -> str:
     import shlex
 
     return " ".join(f"--conf {shlex.quote(f'{k}={v}')}" for k, v in conf.items())
+
+
+def is_secret(key: str) -> bool:
+    return key.endswith((".password", ".credential", ".token", ".secret"))
+
+
+def redacted(conf: dict[str, str]) -> dict[str, str]:
+    """The conf with secrets shown as ``***`` (for printing)."""
+    return {k: ("***" if is_secret(k) else v) for k, v in conf.items()}
+
+
+def properties_file(conf: dict[str, str]) -> Path:
+    """Write the conf to a spark-submit properties file only its owner can read (mode 0600),
+    so a password never appears on a command line (where `ps` shows it)."""
+    import hashlib
+
+    text = "".join(f"{k} {v}\n" for k, v in conf.items())
+    path = state_dir() / f"spark-{hashlib.sha256(text.encode()).hexdigest()[:12]}.conf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+    return path
