@@ -111,3 +111,17 @@ def test_grant_to_missing_role_is_refused(conn):
 
 def _revoke(conn, role):
     conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+
+
+@pytest.mark.parametrize("key, value", [("barrier_interval_ms", "abc"), ("barrier_interval_ms", "0"),
+                                        ("barrier_interval_ms", "-5"), ("barrier_interval_ms", "99999999999"),
+                                        ("no_such_setting", "1")])
+def test_a_bad_stored_setting_is_refused_at_write_time(conn, key, value):
+    """Even plain SQL cannot store a setting that clients could not parse."""
+    import psycopg.errors
+
+    with pytest.raises(psycopg.errors.CheckViolation):
+        with conn.transaction():
+            conn.execute("INSERT INTO setting (key, value) VALUES (%s, %s) ON CONFLICT (key) DO UPDATE "
+                         "SET value = excluded.value", (key, value))
+    assert conn.execute("SELECT value FROM setting WHERE key = 'barrier_interval_ms'").fetchone()["value"] == "10000"
