@@ -57,7 +57,7 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts:
     def text() -> str:
         rows = [(lvl, report.reads[lvl], report.anomalies[lvl], report.examples.get(lvl, "-")) for lvl in report.reads]
         faults = ", ".join(f"{k} x{v}" for k, v in sorted(report.faults.items()) if v) or "none"
-        waits = sorted((w[2] for w in report.waits), reverse=True)
+        waited = report.waited()
         lines = [
             f"seed {report.seed}: {report.barriers} barriers issued, {report.validated} validated "
             f"(coverage {report.coverage:.0%}, floor {report.coverage_floor:.0%}; excused: "
@@ -69,7 +69,8 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts:
             f"expiry (own process, racing the readers): {report.expiry_runs} run(s), "
             f"{report.snapshots_expired} snapshot(s) expired",
             f"faults injected: {faults}; Postgres restarts: {report.restarts}",
-            f"reconnects: {len(waits)}" + (f" (longest wait {waits[0]:.1f}s)" if waits else ""),
+            "reconnects after restarts: " + (", ".join(f"{who} x{w['reconnects']} (longest {w['max_wait_s']:.1f}s)"
+                                                        for who, w in sorted(waited.items())) or "none"),
         ]
         lines += [f"VIOLATION: {v}" for v in report.violations]
         lines.append("OK" if report.ok else f"FAILED (reproduce with --seed {report.seed})")

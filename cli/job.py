@@ -132,11 +132,11 @@ def _parse_commit(text: str) -> tuple[TableName, int]:
 def _parse_commits(texts) -> dict[TableName, int]:
     """Each sink at most once: a (table, barrier) has one commit."""
     parsed: dict[TableName, int] = {}
-    for table, snapshot_id in map(_parse_commit, texts):
-        if table in parsed:
-            raise InvalidValueError(f"--commit names {table} twice ({parsed[table]} and {snapshot_id}); a table has "
+    for sink, snapshot_id in map(_parse_commit, texts):
+        if sink in parsed:
+            raise InvalidValueError(f"--commit names {sink} twice ({parsed[sink]} and {snapshot_id}); a table has "
                                     f"one commit per barrier, give it once")
-        parsed[table] = snapshot_id
+        parsed[sink] = snapshot_id
     return parsed
 
 

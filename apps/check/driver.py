@@ -118,6 +118,15 @@ class CheckReport:
     def coverage(self) -> float:
         return self.validated / self.barriers if self.barriers else 0.0
 
+    def waited(self) -> dict[str, dict]:
+        """Per process (driver, each job, expiry): how many reconnects and the longest wait."""
+        out: dict[str, dict] = {}
+        for who, _what, seconds in self.waits:
+            entry = out.setdefault(who, {"reconnects": 0, "max_wait_s": 0.0})
+            entry["reconnects"] += 1
+            entry["max_wait_s"] = round(max(entry["max_wait_s"], seconds), 3)
+        return out
+
     def anomaly(self, level: Level, problem: str) -> None:
         self.anomalies[level.value] += 1
         self.examples.setdefault(level.value, problem)
@@ -137,6 +146,7 @@ class CheckReport:
                 "leases_refused": self.leases_refused, "expiry_runs": self.expiry_runs,
                 "snapshots_expired": self.snapshots_expired, "faults": dict(self.faults), "restarts": self.restarts,
                 "reconnects": len(self.waits), "max_wait_s": round(max((w[2] for w in self.waits), default=0), 3),
+                "waited": self.waited(),
                 "violations": self.violations}
 
 
