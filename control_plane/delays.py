@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from icebarrier.control_plane import jobs, tables
 from icebarrier.control_plane.model import TableName
 
 
@@ -81,9 +82,7 @@ ORDER BY p.name
 def table_delays(conn: psycopg.Connection, *, last: int = 100, table: str | None = None) -> list[DelayStats]:
     """Per-table delays (``table``: only that one; an unknown table is refused)."""
     if table is not None:
-        from icebarrier.control_plane.tables import require
-
-        require(conn, TableName.parse(table))
+        tables.require(conn, TableName.parse(table))
     rows = conn.execute(_TABLE_DELAYS, {"last": last, "table": table}).fetchall()
     return [DelayStats(kind="table", **_floats(r)) for r in rows]
 
@@ -92,9 +91,7 @@ def job_delays(conn: psycopg.Connection, *, last: int = 100, job: str | None = N
     """Per-job delays; the job with the largest median delay is flagged as the bottleneck
     (``job``: only that one; an unknown job is refused)."""
     if job is not None:
-        from icebarrier.control_plane.jobs import show
-
-        show(conn, job)
+        jobs.show(conn, job)
     rows = [DelayStats(kind="job", **_floats(r)) for r in conn.execute(_JOB_DELAYS, {"last": last, "job": None})]
     slowest = max((r for r in rows if r.p50_s is not None), key=lambda r: (r.p50_s, r.max_s), default=None)
     flagged = [

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import psycopg.conninfo
+from psycopg import sql
+
 from icebarrier.control_plane import barriers, jobs
 from icebarrier.control_plane.model import JobDefinition, TableName
 
@@ -43,3 +51,16 @@ def complete_all(conn, barrier: int, snapshot_base: int = 0) -> dict[str, int]:
 
 def new_barrier(conn) -> int:
     return barriers.issue(conn).barrier
+
+
+@contextmanager
+def new_database(server_dsn: str, prefix: str) -> Iterator[str]:
+    """A new, empty database on the test server (yields its DSN); dropped, forcibly, afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield psycopg.conninfo.make_conninfo(server_dsn, dbname=name)
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

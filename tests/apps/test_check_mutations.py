@@ -6,16 +6,15 @@ once it is under way, and asserts that the report names the damage."""
 
 import threading
 import time
-import uuid
 
 import psycopg
 import pyarrow as pa
 import pytest
-from psycopg import sql
 
 from icebarrier.apps.check import CheckReport, cleanup, events, private_env, run_check
 from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER, SUMMARY_JOB, SUMMARY_RUN, load_catalog, load_table, \
     retry_commit, upgrade
+from tests.helpers import new_database
 
 pytestmark = pytest.mark.slow
 SEED = 5
@@ -23,34 +22,30 @@ SEED = 5
 
 @pytest.fixture
 def live_run(pg_server, tmp_path):
-    """Start a checker run; yields (env, report, wait_for_barriers, finish)."""
-    name = f"icebarrier_mut_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    env = private_env(psycopg.conninfo.make_conninfo(pg_server, dbname=name), (tmp_path / "wh").as_uri(), SEED)
-    upgrade(env.settings)
-    report = CheckReport(seed=SEED)
-    done: list = []
-    thread = threading.Thread(target=lambda: done.append(run_check(env, duration_s=10, fault_rate=0.0,
-                                                                    progress=lambda _: None, report=report)))
-    thread.start()
+    """Start a checker run; yields (env, wait_for_barriers, finish)."""
+    with new_database(pg_server, "icebarrier_mut") as dsn:
+        env = private_env(dsn, (tmp_path / "wh").as_uri(), SEED)
+        upgrade(env.settings)
+        report = CheckReport(seed=SEED)
+        done: list = []
+        thread = threading.Thread(target=lambda: done.append(run_check(env, duration_s=10, fault_rate=0.0,
+                                                                        progress=lambda _: None, report=report)))
+        thread.start()
 
-    def wait_for_barriers(n: int) -> None:
-        deadline = time.monotonic() + 120
-        while report.barriers < n and thread.is_alive():
-            assert time.monotonic() < deadline, "the checker run issued no barriers"
-            time.sleep(0.1)
+        def wait_for_barriers(n: int) -> None:
+            deadline = time.monotonic() + 120
+            while report.barriers < n and thread.is_alive():
+                assert time.monotonic() < deadline, "the checker run issued no barriers"
+                time.sleep(0.1)
 
-    def finish() -> CheckReport:
+        def finish() -> CheckReport:
+            thread.join(300)
+            assert done, "the checker run did not finish"
+            return done[0]
+
+        yield env, wait_for_barriers, finish
         thread.join(300)
-        assert done, "the checker run did not finish"
-        return done[0]
-
-    yield env, wait_for_barriers, finish
-    thread.join(300)
-    cleanup(env)
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        cleanup(env)
 
 
 def _cp(env):

@@ -2,7 +2,6 @@
 on stderr naming the object, no traceback, no raw control characters, and the database
 unchanged (a dump of every row of the control-plane and catalog schemas, before and after)."""
 
-import json
 import uuid
 
 import psycopg
@@ -16,6 +15,7 @@ from icebarrier.control_plane import barriers, db, jobs
 from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.iceberg_ext.catalog import upgrade
 from icebarrier.iceberg_ext.config import Settings
+from tests.helpers import new_database
 
 ORDERS, REPORT = "lake.db.orders", "lake.db.report"
 
@@ -99,23 +99,18 @@ CASES = list(_cases())
 
 @pytest.fixture(scope="module")
 def populated(pg_server):
-    """A database with a control plane, a catalog schema and some history to protect."""
-    name = f"icebarrier_bad_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = psycopg.conninfo.make_conninfo(pg_server, dbname=name)
-    upgrade(Settings(dsn=dsn, warehouse=f"file:///tmp/{name}").validated())  # what `db upgrade` does
-    with db.connect(dsn) as conn:
-        jobs.register(conn, JobDefinition(name="ingest", sinks=frozenset([TableName.parse(ORDERS)]),
-                                          external_inputs=frozenset(["ext:orders"])))
-        jobs.register(conn, JobDefinition(name="report", sources=frozenset([TableName.parse(ORDERS)]),
-                                          sinks=frozenset([TableName.parse(REPORT)])))
-        b1 = barriers.issue(conn).barrier
-        jobs.complete(conn, "ingest", b1, {TableName.parse(ORDERS): 11})
-        b2 = barriers.issue(conn).barrier
-    yield dsn, b2
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    """A database with a control plane, a catalog and some history to protect."""
+    with new_database(pg_server, "icebarrier_bad") as dsn:
+        upgrade(Settings(dsn=dsn, warehouse=f"file:///tmp/{uuid.uuid4().hex}").validated())  # what `db upgrade` does
+        with db.connect(dsn) as conn:
+            jobs.register(conn, JobDefinition(name="ingest", sinks=frozenset([TableName.parse(ORDERS)]),
+                                              external_inputs=frozenset(["ext:orders"])))
+            jobs.register(conn, JobDefinition(name="report", sources=frozenset([TableName.parse(ORDERS)]),
+                                              sinks=frozenset([TableName.parse(REPORT)])))
+            b1 = barriers.issue(conn).barrier
+            jobs.complete(conn, "ingest", b1, {TableName.parse(ORDERS): 11})
+            b2 = barriers.issue(conn).barrier
+        yield dsn, b2
 
 
 def _dump(dsn: str) -> dict:

@@ -18,18 +18,14 @@ from icebarrier.control_plane import db, schema
 from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext.catalog import load_catalog
 from icebarrier.iceberg_ext.config import Settings
+from tests.helpers import new_database
 
 
 @pytest.fixture(scope="session")
 def lake_dsn(pg_server):
-    name = f"icebarrier_lake_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = psycopg.conninfo.make_conninfo(pg_server, dbname=name)
-    Settings(dsn=dsn).ensure_catalog_schema()  # what `db upgrade` adds for the Iceberg side
-    yield dsn
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with new_database(pg_server, "icebarrier_lake") as dsn:
+        Settings(dsn=dsn).ensure_catalog_schema()  # what `db upgrade` adds for the Iceberg side
+        yield dsn
 
 
 @pytest.fixture(scope="session")

@@ -4,17 +4,16 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 
 import psycopg
 import pytest
 from click.testing import CliRunner
-from psycopg import sql
 
 from icebarrier.cli.main import cli as command
 from icebarrier.control_plane import schema
 from icebarrier.iceberg_ext.catalog import load_table
 from tests.iceberg_ext import pipeline
+from tests.helpers import new_database
 from tests.iceberg_ext.pipeline import run_barrier
 
 
@@ -48,16 +47,11 @@ def test_two_concurrent_expiries_of_one_table_both_succeed(lake):
 @pytest.fixture
 def fresh_dsn(pg_server, tmp_path, monkeypatch):
     """An empty database (nothing migrated), set in the environment for the CLI; dropped after."""
-    name = f"icebarrier_fresh_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = psycopg.conninfo.make_conninfo(pg_server, dbname=name)
-    monkeypatch.setenv("ICEBARRIER_DSN", dsn)
-    monkeypatch.delenv("ICEBARRIER_SCHEMA", raising=False)
-    monkeypatch.setenv("ICEBARRIER_WAREHOUSE", str(tmp_path / "warehouse"))
-    yield dsn
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with new_database(pg_server, "icebarrier_fresh") as dsn:
+        monkeypatch.setenv("ICEBARRIER_DSN", dsn)
+        monkeypatch.delenv("ICEBARRIER_SCHEMA", raising=False)
+        monkeypatch.setenv("ICEBARRIER_WAREHOUSE", str(tmp_path / "warehouse"))
+        yield dsn
 
 
 def test_db_upgrade_readies_the_catalog_and_refused_commands_write_nothing(fresh_dsn):
