@@ -15,16 +15,23 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
-from icebarrier.control_plane.errors import ConfigurationError, ControlPlaneUnavailableError, IcebarrierError
-from icebarrier.control_plane.model import parse_schema_name
+from icebarrier.control_plane.errors import (
+    ConfigurationError,
+    ControlPlaneUnavailableError,
+    IcebarrierError,
+    LockTimeoutError,
+)
+from icebarrier.control_plane.model import parse_duration_s, parse_schema_name
 
 DEFAULT_SCHEMA = "icebarrier"
 DSN_ENV = "ICEBARRIER_DSN"
 SCHEMA_ENV = "ICEBARRIER_SCHEMA"
+LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT = "ICEBARRIER_LOCK_TIMEOUT", "10s"
+STATEMENT_TIMEOUT_ENV, DEFAULT_STATEMENT_TIMEOUT = "ICEBARRIER_STATEMENT_TIMEOUT", "60s"
 RETRY_ATTEMPTS = 5
 
 T = TypeVar("T")
@@ -65,7 +72,8 @@ def connect(dsn: str | None = None, schema: str | None = None, *, check_schema: 
             dsn,
             autocommit=True,
             row_factory=dict_row,
-            options=f"-c search_path={schema}",
+            options=f"-c search_path={schema} -c lock_timeout={_timeout_ms(LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT)} "
+                    f"-c statement_timeout={_timeout_ms(STATEMENT_TIMEOUT_ENV, DEFAULT_STATEMENT_TIMEOUT)}",
             application_name="icebarrier",
             connect_timeout=10,
         )
@@ -86,6 +94,36 @@ def connect(dsn: str | None = None, schema: str | None = None, *, check_schema: 
             conn.close()
             raise
     return conn
+
+
+def _timeout_ms(env: str, default: str) -> int:
+    text = os.environ.get(env) or default
+    try:
+        return max(1, round(parse_duration_s(text) * 1000))
+    except IcebarrierError:
+        raise ConfigurationError(f"{env}={text!r} is not a duration; use e.g. {default}") from None
+
+
+def advisory_lock(conn: psycopg.Connection, purpose: str, ids: list[int], *, what: str, shared: bool = False,
+                  session: bool = False) -> None:
+    """Take the advisory locks (``purpose``, id) for ``ids`` in id order (transaction-scoped
+    unless ``session``). A wait past ``lock_timeout`` raises :class:`LockTimeoutError` naming
+    the backends that hold them (asked on a connection of its own: the transaction is aborted)."""
+    fn = "pg_advisory_lock" if session else "pg_advisory_xact_lock"
+    fn += "_shared" if shared else ""
+    key, subs = lock_key(conn, purpose), sorted(i % 2147483647 for i in ids)
+    try:
+        conn.execute(f"SELECT {fn}(%s, s::int) FROM unnest(%s::bigint[]) AS s ORDER BY s", (key, subs))
+    except pg_errors.LockNotAvailable:
+        with reopen(conn) as other:
+            holders = other.execute(
+                """SELECT l.pid, a.usename, a.application_name, a.state, a.xact_start
+                   FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                   WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+                     AND l.classid = ((%s::bigint + 4294967296) %% 4294967296)::oid
+                     AND l.objid = ANY(%s::bigint[]::oid[])""", (key, subs)).fetchall()
+        timeout = os.environ.get(LOCK_TIMEOUT_ENV) or DEFAULT_LOCK_TIMEOUT
+        raise LockTimeoutError(what, timeout, [dict(h) for h in holders]) from None
 
 
 def reopen(conn: psycopg.Connection) -> psycopg.Connection:

@@ -48,6 +48,24 @@ class SchemaMigrationError(IcebarrierError):
         return type(self), (self.schema, self.reason)
 
 
+class LockTimeoutError(IcebarrierError):
+    """A control-plane lock was not granted within ``lock_timeout``."""
+
+    def __init__(self, what: str, timeout: str, holders: list[dict]) -> None:
+        self.what, self.timeout, self.holders = what, timeout, holders
+        held = "; ".join(
+            f"backend {h['pid']} (user {h['usename']}, application {h['application_name']!r}, {h['state']}"
+            + (f" since {h['xact_start'].isoformat(timespec='seconds')}" if h.get("xact_start") else "") + ")"
+            for h in holders) or "a backend that has released it since"
+        super().__init__(
+            f"{what}: waited {timeout} for a lock held by {held}; retry when it is done, raise "
+            f"ICEBARRIER_LOCK_TIMEOUT, or end that backend with pg_terminate_backend(pid)"
+        )
+
+    def __reduce__(self):
+        return type(self), (self.what, self.timeout, self.holders)
+
+
 class RoleNotFoundError(IcebarrierError):
     def __init__(self, role: str) -> None:
         self.role = role

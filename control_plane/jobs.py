@@ -13,7 +13,7 @@ from datetime import datetime
 import psycopg
 
 from icebarrier.control_plane import barriers
-from icebarrier.control_plane.db import lock_key, retrying
+from icebarrier.control_plane.db import advisory_lock, retrying
 from icebarrier.control_plane.errors import (
     BarrierNotIssuedError,
     BarrierOutOfOrderError,
@@ -151,7 +151,7 @@ def register(conn: psycopg.Connection, job: JobDefinition, *, replace: bool = Fa
     registering the same sink at once cannot both win.
     """
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (lock_key(conn, "topology"),))
+        advisory_lock(conn, "topology", [0], what=f"registering job {job.name}")
         existing = load_definitions(conn)
         current = existing.get(job.name)
         if current == job:
@@ -191,7 +191,7 @@ def register(conn: psycopg.Connection, job: JobDefinition, *, replace: bool = Fa
 def unregister(conn: psycopg.Connection, name: str) -> JobDefinition:
     """Remove a job from the topology; its tables, their history and watermarks stay."""
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (lock_key(conn, "topology"),))
+        advisory_lock(conn, "topology", [0], what=f"unregistering job {name}")
         definition = load_definitions(conn).get(name)
         if definition is None:
             raise JobNotFoundError(name)

@@ -18,7 +18,7 @@ import psycopg
 
 from icebarrier.control_plane import reads
 from icebarrier.control_plane.cuts import protected_set, removable
-from icebarrier.control_plane.db import lock_key
+from icebarrier.control_plane.db import advisory_lock, lock_key
 from icebarrier.control_plane.errors import (
     InvalidValueError,
     LeaseExpiredError,
@@ -35,14 +35,6 @@ MIN_TTL_S = 1.0  # shorter leases would lapse before a reader's first renewal re
 def _check_ttl(ttl_s: float) -> None:
     if not MIN_TTL_S <= ttl_s <= MAX_TTL_S:
         raise InvalidValueError(f"lease TTL {ttl_s:g}s is out of range; use at least 1s and at most 7d, e.g. 10m")
-
-
-def _lock_tables(conn: psycopg.Connection, table_ids: list[int], *, exclusive: bool) -> None:
-    fn = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
-    conn.execute(
-        f"SELECT {fn}(%s, (id %% 2147483647)::int) FROM unnest(%s::bigint[]) AS id ORDER BY id",
-        (lock_key(conn, "table"), sorted(table_ids)),
-    )
 
 
 def acquire(
@@ -65,7 +57,7 @@ def acquire(
     holder = parse_holder(holder)
     with conn.transaction():
         ids = [require(conn, t) for t in tables]
-        _lock_tables(conn, ids, exclusive=False)
+        advisory_lock(conn, "table", ids, what=f"lease on {', '.join(map(str, tables))}", shared=True)
         cut, table_ids = reads.resolve_with_ids(conn, tables, level=Level.REPEATABLE_READ, barrier=barrier)
         row = conn.execute(
             """
@@ -264,13 +256,12 @@ def expiry_lock(conn: psycopg.Connection, table: TableName) -> Iterator[None]:
     """Run one expiry of ``table`` at a time, from planning to deleting files (a session-level
     advisory lock on ``conn``; a second expiry of the same table waits here)."""
     table_id = require(conn, table)
-    args = (lock_key(conn, "expiry"), table_id % 2147483647)
-    conn.execute("SELECT pg_advisory_lock(%s, %s::int)", args)
+    advisory_lock(conn, "expiry", [table_id], what=f"expiry of {table} (another one is running)", session=True)
     try:
         yield
     finally:
         if not conn.closed:
-            conn.execute("SELECT pg_advisory_unlock(%s, %s::int)", args)
+            conn.execute("SELECT pg_advisory_unlock(%s, %s::int)", (lock_key(conn, "expiry"), table_id % 2147483647))
 
 
 def claim_expiry(
@@ -290,7 +281,7 @@ def claim_expiry(
     """
     with conn.transaction():
         table_id = require(conn, table)
-        _lock_tables(conn, [table_id], exclusive=True)
+        advisory_lock(conn, "table", [table_id], what=f"expiry of {table}")
         keep = _protected(conn, table_id, retained=retained, tagged=tagged)
         gone = removable(candidates, keep)
         if not dry_run and gone:

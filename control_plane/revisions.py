@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import psycopg
 
 from icebarrier.control_plane import jobs, topology
-from icebarrier.control_plane.db import lock_key
+from icebarrier.control_plane.db import advisory_lock
 from icebarrier.control_plane.errors import BarrierNotIssuedError, RevisionError
 from icebarrier.control_plane.model import TableName
 
@@ -120,7 +120,7 @@ def begin(conn: psycopg.Connection, table: TableName, to_barrier: int) -> Revisi
     to be resumed instead.
     """
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (lock_key(conn, "topology"),))
+        advisory_lock(conn, "topology", [0], what="a revision")
         pending = conn.execute(
             "SELECT revision_id, plan, root_table, to_barrier FROM revision WHERE state = 'applying' "
             "ORDER BY revision_id LIMIT 1"
