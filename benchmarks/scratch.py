@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 import uuid
 from contextlib import contextmanager
-from pathlib import Path
 
 import psycopg
 from psycopg import sql
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from icebarrier.control_plane import schema
-from icebarrier.iceberg_ext.config import Settings  # noqa: E402
+from icebarrier.iceberg_ext.config import Settings
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 
