@@ -1,4 +1,4 @@
-"""SQL cut resolution agrees with the pure definitions on random histories.
+"""SQL cut resolution and protected sets agree with the pure definitions on random histories.
 
 The pure definitions (:mod:`icebarrier.control_plane.cuts`: a table has completed B iff
 start <= B <= watermark; the latest valid cut is at the lowest watermark once every table
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from icebarrier.control_plane import barriers, jobs, reads
-from icebarrier.control_plane.cuts import check_valid_at, latest_valid_barrier
+from icebarrier.control_plane import barriers, db, jobs, leases, reads
+from icebarrier.control_plane.cuts import check_valid_at, latest_valid_barrier, protected_set
 from icebarrier.control_plane.errors import BarrierNotValidError, NoValidCutError
 from icebarrier.control_plane.model import JobDefinition, TableName, TableState
 
@@ -42,31 +42,51 @@ def _snapshot_at(commits: dict[int, int], barrier: int) -> int | None:
     return commits[max(older)] if older else None
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(history=histories())
-def test_sql_cuts_agree_with_the_pure_definitions(conn, history):
-    """Latest cut and the cut at every issued barrier: same validity, barrier and snapshots."""
-    k, spec = history
+def _replay(conn, k: int, spec, *, downstream=None):
+    """Write the history through the control plane: barrier after barrier, the jobs due
+    complete it (a downstream job reading table 0 right after it). Returns (names, marks,
+    commits per table, downstream job name or None)."""
     tag = uuid.uuid4().hex[:8]
     names = [TableName.parse(f"lake.h{tag}.t{i}") for i in range(len(spec))]
     for i, name in enumerate(names):
         jobs.register(conn, JobDefinition(name=f"j{tag}_{i}", sinks=frozenset([name]),
                                           external_inputs=frozenset([f"ext:{tag}{i}"])))
+    derived = None
+    if downstream is not None:
+        derived = f"d{tag}"
+        names.append(TableName.parse(f"lake.h{tag}.derived"))
+        jobs.register(conn, JobDefinition(name=derived, sources=frozenset([names[0]]), sinks=frozenset([names[-1]])))
     marks, commits = [], {name: {} for name in names}
-    for step in range(k):  # chronologically: issue the barrier, then the jobs due complete it
+
+    def complete(job: str, table: TableName, b: int, commit: bool) -> None:
+        snapshot = {table: int(uuid.uuid4().int % 2**62) + 1} if commit else {}
+        commits[table].update({b: snapshot[table]} if commit else {})
+        jobs.complete(conn, job, b, snapshot)
+
+    for step in range(k):
         b = barriers.issue(conn).barrier
         marks.append(b)
         for i, (start, last, committed) in enumerate(spec):
             if start is not None and start <= step <= last:
-                snapshot = {}
-                if step in committed:
-                    snapshot = {names[i]: int(uuid.uuid4().int % 2**62) + 1}
-                    commits[names[i]][b] = snapshot[names[i]]
-                jobs.complete(conn, f"j{tag}_{i}", b, snapshot)
-    states = [TableState(name=name, start_barrier=None if s is None else marks[s],
-                         watermark=None if last is None else marks[last])
-              for name, (s, last, _) in zip(names, spec)]
+                complete(f"j{tag}_{i}", names[i], b, step in committed)
+        if downstream is not None and downstream[0] <= step <= downstream[1]:
+            complete(derived, names[-1], b, step % 2 == 0)
+    return names, marks, commits, derived
 
+
+def _states(names, marks, spec, downstream):
+    rows = [(s, last) for s, last, _ in spec] + ([downstream] if downstream is not None else [])
+    return [TableState(name=name, start_barrier=None if s is None else marks[s],
+                       watermark=None if last is None else marks[last]) for name, (s, last) in zip(names, rows)]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(history=histories())
+def test_sql_cuts_agree_with_the_pure_definitions(conn, history):
+    """Latest cut and the cut at every issued barrier: same validity, barrier and snapshots."""
+    k, spec = history
+    names, marks, commits, _ = _replay(conn, k, spec)
+    states = _states(names, marks, spec, None)
     try:
         expected = latest_valid_barrier(states)
     except NoValidCutError:
@@ -87,3 +107,41 @@ def test_sql_cuts_agree_with_the_pure_definitions(conn, history):
         cut = reads.resolve(conn, names, barrier=b)
         assert cut.barrier == b
         assert cut.snapshots == {n: _snapshot_at(commits[n], b) for n in names}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(history=histories(), data=st.data())
+def test_sql_protected_sets_agree_with_the_pure_definition(make_db, template_db, history, data):
+    """Each table's protected set — current snapshot, live leases, downstream progress and the
+    read-committed window (S(T, lo) and commits in (lo, W(T)], lo the lowest watermark) — is
+    the pure definition's, reasons included."""
+    k, spec = history
+    downstream = None
+    if spec[0][0] is not None:  # a job reading table 0, over part of table 0's completed range
+        first = data.draw(st.integers(spec[0][0], spec[0][1]))
+        downstream = (first, data.draw(st.integers(first, spec[0][1])))
+    with db.connect(make_db(template_db)) as conn:  # lo spans every table: one database per history
+        names, marks, commits, derived = _replay(conn, k, spec, downstream=downstream)
+        states = _states(names, marks, spec, downstream)
+        held = []
+        for b in marks:
+            try:
+                check_valid_at(states, b)
+            except BarrierNotValidError:
+                continue
+            if data.draw(st.booleans()):
+                cut = leases.acquire(conn, names, ttl_s=600, holder="agreement", barrier=b)
+                held.append((cut.lease_id, cut.snapshots))
+        lo = min((s.watermark for s in states if s.watermark is not None), default=None)
+        for state in states:
+            name, own = state.name, commits[state.name]
+            window = [None] if lo is None else [_snapshot_at(own, lo)] + [
+                sid for b, sid in sorted(own.items()) if lo < b <= state.watermark]
+            progress = [(derived, _snapshot_at(own, marks[downstream[1]]))] \
+                if derived is not None and name == names[0] else []
+            expected = protected_set(current=own[max(own)] if own else None,
+                                     leases=[(lid, snaps[name]) for lid, snaps in held],
+                                     job_progress=progress, read_window=window)
+            got = leases.protected(conn, name)
+            assert {s: sorted(p.reasons) for s, p in got.items()} == \
+                {s: sorted(p.reasons) for s, p in expected.items()}, name
