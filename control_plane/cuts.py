@@ -20,16 +20,18 @@ def latest_valid_barrier(states: Sequence[TableState]) -> int:
         raise NoValidCutError(names, "no tables given")
     not_started = [str(s.name) for s in states if s.watermark is None]
     if not_started:
-        raise NoValidCutError(names, f"{', '.join(not_started)} completed no barrier yet; wait for its job")
+        raise NoValidCutError(names, f"{', '.join(not_started)} completed no barrier yet; wait for its job",
+                              holding={t: "has completed no barrier yet" for t in not_started})
     lowest = min(s.watermark for s in states)
     newest_start = max(s.start_barrier for s in states)
     if newest_start > lowest:
-        late = [str(s.name) for s in states if s.start_barrier > lowest]
+        late = [s for s in states if s.start_barrier > lowest]
         early = [str(s.name) for s in states if s.watermark == lowest]
         raise NoValidCutError(
             names,
-            f"{', '.join(late)} started after barrier {lowest}, the newest completed by {', '.join(early)}; "
-            f"wait until those catch up",
+            f"{', '.join(str(s.name) for s in late)} started after barrier {lowest}, the newest completed by "
+            f"{', '.join(early)}; wait until those catch up",
+            holding={str(s.name): f"started at barrier {s.start_barrier}, after barrier {lowest}" for s in late},
         )
     return lowest
 

@@ -209,9 +209,14 @@ class CompletionConflictError(BarrierError):
 
 
 class NoValidCutError(BarrierError):
-    def __init__(self, tables: list[str], reason: str) -> None:
-        self.tables = tables
+    """``holding``: each table that keeps the cut from existing, and why (e.g. "has completed no barrier yet")."""
+
+    def __init__(self, tables: list[str], reason: str, holding: dict[str, str] | None = None) -> None:
+        self.tables, self.reason, self.holding = tables, reason, dict(holding or {})
         super().__init__(f"no consistent cut over {', '.join(tables)}: {reason}")
+
+    def __reduce__(self):
+        return type(self), (self.tables, self.reason, self.holding)
 
 
 class BarrierNotValidError(BarrierError):

@@ -129,28 +129,20 @@ def wait_for_cut(
     while True:
         try:
             return resolve(conn, tables, level=Level.READ_COMMITTED).barrier
-        except NoValidCutError:
+        except NoValidCutError as exc:
             if time.monotonic() >= deadline:
                 raise
-            line = "waiting for a first consistent cut: " + _holding_back(conn, tables)
+            line = "waiting for a first consistent cut: " + _holding_back(conn, exc.holding)
             if progress is not None and line != said:
                 progress(line)
                 said = line
             idle() if idle is not None else time.sleep(poll_s)
 
 
-def _holding_back(conn: psycopg.Connection, tables: list[TableName]) -> str:
-    """Which jobs keep ``tables`` from a valid cut, in words."""
-    rows = conn.execute(
-        "SELECT table_name, writer_job, start_barrier, watermark_barrier FROM table_versions WHERE table_name = ANY(%s)",
-        ([str(t) for t in tables],),
-    ).fetchall()
-    lowest = min((r["watermark_barrier"] for r in rows if r["watermark_barrier"] is not None), default=None)
-    parts = []
-    for r in rows:
-        job = f"job {r['writer_job']}" if r["writer_job"] else "no job"
-        if r["watermark_barrier"] is None:
-            parts.append(f"{job} ({r['table_name']} has completed no barrier yet)")
-        elif lowest is not None and r["start_barrier"] > lowest:
-            parts.append(f"{job} ({r['table_name']} started at barrier {r['start_barrier']}, after barrier {lowest})")
-    return "; ".join(parts) or "jobs to complete a common barrier"
+def _holding_back(conn: psycopg.Connection, holding: dict[str, str]) -> str:
+    """The tables keeping a cut from existing (as :func:`latest_valid_barrier` says why), each
+    with the job that writes it."""
+    writers = {r["table_name"]: r["writer_job"] for r in conn.execute(
+        "SELECT table_name, writer_job FROM table_versions WHERE table_name = ANY(%s)", (list(holding),)).fetchall()}
+    return "; ".join(f"{'job ' + writers[t] if writers.get(t) else 'no job'} ({t} {why})"
+                     for t, why in holding.items()) or "jobs to complete a common barrier"
