@@ -66,7 +66,7 @@ def get_interval_s(conn: psycopg.Connection) -> float:
 
 
 def set_interval_s(conn: psycopg.Connection, seconds: float) -> float:
-    if not 0.001 <= seconds <= 86400 * 7 or round(seconds * 1000) < 1:
+    if not 0.001 <= seconds <= 86400 * 7:
         raise InvalidValueError(f"barrier interval {seconds:g}s is out of range; use at least 1ms and at most 7d, "
                                 f"e.g. 10s")
     with conn.transaction():

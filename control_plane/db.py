@@ -111,7 +111,7 @@ def advisory_lock(conn: psycopg.Connection, purpose: str, ids: list[int], *, wha
     the backends that hold them (asked on a connection of its own: the transaction is aborted)."""
     fn = "pg_advisory_lock" if session else "pg_advisory_xact_lock"
     fn += "_shared" if shared else ""
-    key, subs = lock_key(conn, purpose), sorted(i % 2147483647 for i in ids)
+    key, subs = _advisory_keys(conn, purpose, ids)
     try:
         conn.execute(f"SELECT {fn}(%s, s::int) FROM unnest(%s::bigint[]) AS s ORDER BY s", (key, subs))
     except pg_errors.LockNotAvailable:
@@ -124,6 +124,16 @@ def advisory_lock(conn: psycopg.Connection, purpose: str, ids: list[int], *, wha
                      AND l.objid = ANY(%s::bigint[]::oid[])""", (key, subs)).fetchall()
         timeout = os.environ.get(LOCK_TIMEOUT_ENV) or DEFAULT_LOCK_TIMEOUT
         raise LockTimeoutError(what, timeout, [dict(h) for h in holders]) from None
+
+
+def advisory_unlock(conn: psycopg.Connection, purpose: str, ids: list[int]) -> None:
+    """Release session-level locks taken with ``advisory_lock(..., session=True)``."""
+    key, subs = _advisory_keys(conn, purpose, ids)
+    conn.execute("SELECT pg_advisory_unlock(%s, s::int) FROM unnest(%s::bigint[]) AS s", (key, subs))
+
+
+def _advisory_keys(conn: psycopg.Connection, purpose: str, ids: list[int]) -> tuple[int, list[int]]:
+    return lock_key(conn, purpose), sorted(i % 2147483647 for i in ids)
 
 
 def reopen(conn: psycopg.Connection) -> psycopg.Connection:

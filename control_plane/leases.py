@@ -18,7 +18,7 @@ import psycopg
 
 from icebarrier.control_plane import reads
 from icebarrier.control_plane.cuts import protected_set, removable
-from icebarrier.control_plane.db import advisory_lock, lock_key
+from icebarrier.control_plane.db import advisory_lock, advisory_unlock
 from icebarrier.control_plane.errors import (
     InvalidValueError,
     LeaseExpiredError,
@@ -261,7 +261,7 @@ def expiry_lock(conn: psycopg.Connection, table: TableName) -> Iterator[None]:
         yield
     finally:
         if not conn.closed:
-            conn.execute("SELECT pg_advisory_unlock(%s, %s::int)", (lock_key(conn, "expiry"), table_id % 2147483647))
+            advisory_unlock(conn, "expiry", [table_id])
 
 
 def claim_expiry(

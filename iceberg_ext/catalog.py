@@ -58,6 +58,10 @@ def load_catalog(settings: Settings):
     except ImportError:
         raise IcebarrierError("this needs PyIceberg; pip install 'icebarrier[iceberg]'") from None
     settings.require_catalog_schema()
+    return _catalog_of(settings)
+
+
+def _catalog_of(settings: Settings):
     return _catalog(settings.catalog, tuple(sorted(settings.pyiceberg_properties().items())))
 
 
@@ -73,7 +77,7 @@ def upgrade(settings: Settings):
         import pyiceberg  # noqa: F401
     except ImportError:
         return status  # Spark's JDBC catalog creates its tables in the schema on first use
-    _catalog(settings.catalog, tuple(sorted(settings.pyiceberg_properties().items())))  # creates the tables
+    _catalog_of(settings)  # constructing the SQL catalog creates its tables
     return status
 
 

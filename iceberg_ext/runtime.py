@@ -349,11 +349,14 @@ class Runtime:
 
     def close(self) -> None:
         """Close the connections this runtime opened (a connection passed in stays open)."""
+        self._close_heartbeat()
+        if self._owns_conn:
+            self.conn.close()
+
+    def _close_heartbeat(self) -> None:
         if self._beat_conn is not None:
             self._beat_conn.close()
             self._beat_conn = None
-        if self._owns_conn:
-            self.conn.close()
 
     @property
     def spark(self):
@@ -410,9 +413,7 @@ class Runtime:
             if restore:
                 restore()
             beat.join(timeout=HEARTBEAT_S)
-            if self._beat_conn is not None:
-                self._beat_conn.close()
-                self._beat_conn = None
+            self._close_heartbeat()
             runs.set_status(self.conn, self.job.name, "stopped")
         summary.stopped_by_signal = self._signalled
         self.log(f"job {self.job.name}: stopped after {len(summary.completed)} barrier(s)")

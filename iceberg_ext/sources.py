@@ -102,6 +102,7 @@ class PostgresSource(Source):
             raise SourceError(f"source {self.table}: give exactly one of key (system-time) or event_time (event-time)")
         self.strategy = EVENT_TIME if self.event_time else SYSTEM_TIME
         self._conn: psycopg.Connection | None = None
+        self._sees_all_sessions = False  # checked once, on first use
 
     def _db(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
@@ -129,14 +130,14 @@ class PostgresSource(Source):
         """The oldest open transaction that has written and whose role may write the table,
         in the source's database (None if there is none)."""
         conn = self._db()
-        if not getattr(self, "_stats_checked", False):
+        if not self._sees_all_sessions:
             sees_all = conn.execute("SELECT pg_has_role('pg_read_all_stats', 'USAGE') "
                                     "OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)").fetchone()[0]
             if not sees_all:
                 raise SourceError(
                     f"source {self.table}: role cannot see other sessions' transactions, so its event-time watermark "
                     f"would be wrong; GRANT pg_read_all_stats TO the source's role")
-            self._stats_checked = True
+            self._sees_all_sessions = True
         row = conn.execute(
             """
             SELECT a.pid, a.xact_start, a.usename, a.application_name
