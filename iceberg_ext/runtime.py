@@ -261,17 +261,12 @@ class SqlJob(TransformJob):
 
         try:
             parsed = spark_sql.parse(spark, self.statement, insert=True)
+            # Every table the query reads is a source, pinned at each barrier: the same refusals as a read.
+            spark_sql.check_pinnable(parsed, set(parsed.tables()))
         except IcebarrierError as exc:
             raise IcebarrierError(f"SQL job {self.name}: {exc}") from None
         if parsed.sink is None:
             raise IcebarrierError(f"SQL job {self.name}: write it as INSERT INTO <catalog.namespace.table> SELECT …")
-        for relation in parsed.relations:
-            if relation.kind == "function":
-                raise IcebarrierError(f"SQL job {self.name}: table-valued function {relation.written}(…) may read "
-                                      f"tables the barrier cannot pin; read the table by name")
-            if relation.time_travel:
-                raise IcebarrierError(f"SQL job {self.name}: {relation.written} has {relation.time_travel}; a job "
-                                      f"reads each source at the barrier, drop the clause")
         read = [str(t) for t in parsed.tables()]
         if not read:
             raise IcebarrierError(f"SQL job {self.name}: its query reads no table")

@@ -182,11 +182,9 @@ def _parse_plan(p: _Parser, text: str):
 
     try:
         return p.parser.parsePlan(text)
-    except Exception as exc:  # py4j wraps the JVM's ParseException
-        if isinstance(exc, ParseException) or "ParseException" in type(exc).__name__ or "PARSE_SYNTAX" in str(exc):
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "syntax error"
-            raise StatementNotPinnableError(None, f"Spark cannot parse the statement: {first}") from None
-        raise
+    except ParseException as exc:  # PySpark converts the JVM's ParseException on every py4j call
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "syntax error"
+        raise StatementNotPinnableError(None, f"Spark cannot parse the statement: {first}") from None
 
 
 def _dedupe(relations: list[Relation]) -> None:

@@ -140,3 +140,14 @@ def test_only_queries_are_read(spark, text):
     """Writes, DDL and commands are not queries; a consistent read refuses them."""
     with pytest.raises(StatementNotPinnableError, match="only queries"):
         spark_sql.parse(spark, text)
+
+
+@pytest.mark.parametrize("statement, refusal", [
+    ("INSERT INTO lake.db.o SELECT * FROM lake.db.a VERSION AS OF 3", "already has VERSION AS OF 3"),
+    ("INSERT INTO lake.db.o SELECT * FROM some_tvf('lake.db.a')", "table-valued function some_tvf"),
+    ("INSERT INTO lake.db.o SELEC nonsense", "cannot parse"),
+])
+def test_sql_job_refuses_what_a_barrier_cannot_pin(spark, statement, refusal):
+    """A SQL job's query is refused for the same reasons as a consistent read's, naming the job."""
+    with pytest.raises(Exception, match=f"SQL job j: .*{refusal}"):
+        SqlJob("j", statement).bind(spark)
