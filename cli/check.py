@@ -31,7 +31,7 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts:
     The run always uses a private embedded Postgres (never --dsn: it restarts its server).
     Exits 1 on any anomaly at read-committed or repeatable-read, any lost or duplicated
     (table, barrier), any pinned snapshot expired, or coverage below the stated floor."""
-    from icebarrier.apps.check import cleanup, private_env, run_check
+    from icebarrier.apps.check import private_env, run_check
     from icebarrier.apps.embedded import EmbeddedPostgres
     from icebarrier.iceberg_ext.catalog import upgrade
 
@@ -42,11 +42,10 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts:
     server = EmbeddedPostgres(state_dir=home / "pg")
     say(f"check: starting a private embedded Postgres under {home} …")
     try:
-        env = private_env(server.start(), (home / "warehouse").as_uri(), seed)
+        env = private_env(server.start(), home, seed)
         upgrade(env.settings)
         report = run_check(env, duration_s=duration_s, fault_rate=fault_rate, server=server if restarts else None,
                            progress=say)
-        cleanup(env)
     finally:
         server.stop()
         if keep:

@@ -6,9 +6,9 @@ and readers query at every level, while the driver validates every barrier, ever
 every pin against a model that is a pure function of the seed. See :mod:`.driver`.
 """
 
-from icebarrier.apps.check.driver import CheckReport, cleanup, fault_schedule, private_env, run_check
+from icebarrier.apps.check.driver import CheckReport, fault_schedule, private_env, run_check
 from icebarrier.apps.check.model import ACCOUNTS, OPENING, SCHEMAS, check_cut, compare, events, expected
 from icebarrier.apps.check.processes import Env
 
-__all__ = ["ACCOUNTS", "OPENING", "SCHEMAS", "CheckReport", "Env", "check_cut", "cleanup", "compare", "events",
+__all__ = ["ACCOUNTS", "OPENING", "SCHEMAS", "CheckReport", "Env", "check_cut", "compare", "events",
            "expected", "fault_schedule", "private_env", "run_check"]

@@ -22,10 +22,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -510,13 +508,8 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, serv
     return report
 
 
-def private_env(dsn: str, warehouse: str, seed: int) -> Env:
-    """An Env for a run on ``dsn`` with a fresh report folder."""
-    return Env(dsn=dsn, schema="icebarrier", warehouse=warehouse, ns=f"check_{seed}", seed=seed,
-               reports=tempfile.mkdtemp(prefix=f"icebarrier-check-{seed}-"))
-
-
-def cleanup(env: Env) -> None:
-    shutil.rmtree(env.reports, ignore_errors=True)
-
-
+def private_env(dsn: str, home: Path, seed: int) -> Env:
+    """An Env for a run on ``dsn``, with its warehouse and the processes' reports under ``home``
+    (a folder the caller owns and removes)."""
+    return Env(dsn=dsn, schema="icebarrier", warehouse=(home / "warehouse").as_uri(), ns=f"check_{seed}", seed=seed,
+               reports=str(home / "reports"))

@@ -11,7 +11,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from icebarrier.apps.check import CheckReport, cleanup, events, private_env, run_check
+from icebarrier.apps.check import CheckReport, events, private_env, run_check
 from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER, SUMMARY_JOB, SUMMARY_RUN, load_catalog, load_table, \
     retry_commit, upgrade
 from tests.helpers import new_database
@@ -24,7 +24,7 @@ SEED = 5
 def live_run(pg_server, tmp_path):
     """Start a checker run; yields (env, wait_for_barriers, finish)."""
     with new_database(pg_server, "icebarrier_mut") as dsn:
-        env = private_env(dsn, (tmp_path / "wh").as_uri(), SEED)
+        env = private_env(dsn, tmp_path, SEED)
         upgrade(env.settings)
         report = CheckReport(seed=SEED)
         done: list = []
@@ -45,7 +45,6 @@ def live_run(pg_server, tmp_path):
 
         yield env, wait_for_barriers, finish
         thread.join(300)
-        cleanup(env)
 
 
 def _cp(env):
