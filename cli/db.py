@@ -7,6 +7,7 @@ import click
 from icebarrier.cli.render import emit
 from icebarrier.control_plane import db as cp_db
 from icebarrier.control_plane import schema
+from icebarrier.control_plane.model import parse_job_name
 
 
 @click.group("db")
@@ -41,20 +42,28 @@ def status(obj) -> None:
 @click.argument("role")
 @click.pass_obj
 def grant_reader(obj, role: str) -> None:
-    """Let ROLE SELECT the control-plane views only (no base tables, no writes)."""
-    _report_grants(obj, role, schema.grant_reader(obj.conn(), role))
+    """Let ROLE read: the control-plane views and tables, cuts, leases of its own (TTL capped by
+    the lease_max_ttl_ms setting), and the Iceberg catalog (no writes). Run as the admin."""
+    from icebarrier.iceberg_ext.catalog import grant
+
+    _report_grants(obj, grant(obj.settings(), role))
 
 
-@db_group.command("grant-writer")
+@db_group.command("grant-job")
 @click.argument("role")
+@click.argument("job")
 @click.pass_obj
-def grant_writer(obj, role: str) -> None:
-    """Let ROLE do what a job needs: read and write control-plane tables (no DDL)."""
-    _report_grants(obj, role, schema.grant_writer(obj.conn(), role))
+def grant_job(obj, role: str, job: str) -> None:
+    """Let ROLE act for JOB: register and complete it, record its input ranges, hold leases of
+    its own, and commit to JOB's sinks (and to unmanaged tables) through the Iceberg catalog.
+    Nothing else: not another job's barriers, commits or leases. Run as the admin."""
+    from icebarrier.iceberg_ext.catalog import grant
+
+    _report_grants(obj, grant(obj.settings(), role, job=parse_job_name(job)))
 
 
-def _report_grants(obj, role: str, granted: list[str]) -> None:
-    emit(obj, {"role": role, "granted": granted}, "\n".join(f"granted {g} to {role}" for g in granted))
+def _report_grants(obj, done) -> None:
+    emit(obj, done.to_json(), "\n".join(f"granted {g} to {done.role}" for g in done.granted))
 
 
 COMMANDS = [db_group]

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import time
-import zlib
 from collections.abc import Callable
 from typing import TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
@@ -24,6 +24,8 @@ from icebarrier.control_plane.errors import (
     ControlPlaneUnavailableError,
     IcebarrierError,
     LockTimeoutError,
+    PermissionDeniedError,
+    from_sqlstate,
 )
 from icebarrier.control_plane.model import parse_duration_s, parse_schema_name
 
@@ -104,36 +106,41 @@ def _timeout_ms(env: str, default: str) -> int:
         raise ConfigurationError(f"{env}={text!r} is not a duration; use e.g. {default}") from None
 
 
+def call(conn: psycopg.Connection, function: str, *args) -> list[dict]:
+    """Call a control-plane function (``SELECT * FROM function(args)``) and return its rows.
+
+    The functions check who may do what and their rules, and raise their own SQLSTATEs; those
+    come back as the matching :class:`IcebarrierError` (``errors.from_sqlstate``)."""
+    query = sql.SQL("SELECT * FROM {}({})").format(
+        sql.Identifier(function), sql.SQL(", ").join(sql.Placeholder() * len(args)))
+    try:
+        return conn.execute(query, args).fetchall()
+    except pg_errors.InsufficientPrivilege as exc:
+        raise PermissionDeniedError(
+            conn.info.user, function, None, f"role {conn.info.user} may not call {function} "
+            f"({exc.diag.message_primary})") from None
+    except pg_errors.LockNotAvailable:
+        timeout = os.environ.get(LOCK_TIMEOUT_ENV) or DEFAULT_LOCK_TIMEOUT
+        raise LockTimeoutError(function.replace("_", " "), timeout, []) from None
+    except psycopg.Error as exc:
+        ours = from_sqlstate(exc.sqlstate, exc.diag.message_primary or str(exc), exc.diag.message_detail)
+        if ours is None:
+            raise
+        raise ours from None
+
+
 def advisory_lock(conn: psycopg.Connection, purpose: str, ids: list[int], *, what: str, shared: bool = False,
                   session: bool = False) -> None:
     """Take the advisory locks (``purpose``, id) for ``ids`` in id order (transaction-scoped
     unless ``session``). A wait past ``lock_timeout`` raises :class:`LockTimeoutError` naming
-    the backends that hold them (asked on a connection of its own: the transaction is aborted)."""
-    fn = "pg_advisory_lock" if session else "pg_advisory_xact_lock"
-    fn += "_shared" if shared else ""
-    key, subs = _advisory_keys(conn, purpose, ids)
-    try:
-        conn.execute(f"SELECT {fn}(%s, s::int) FROM unnest(%s::bigint[]) AS s ORDER BY s", (key, subs))
-    except pg_errors.LockNotAvailable:
-        with reopen(conn) as other:
-            holders = other.execute(
-                """SELECT l.pid, a.usename, a.application_name, a.state, a.xact_start
-                   FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-                   WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-                     AND l.classid = ((%s::bigint + 4294967296) %% 4294967296)::oid
-                     AND l.objid = ANY(%s::bigint[]::oid[])""", (key, subs)).fetchall()
-        timeout = os.environ.get(LOCK_TIMEOUT_ENV) or DEFAULT_LOCK_TIMEOUT
-        raise LockTimeoutError(what, timeout, [dict(h) for h in holders]) from None
+    the backends that hold them. Any role that can connect can take advisory locks: see the
+    README, "Locks and timeouts"."""
+    call(conn, "take_lock", purpose, list(ids), shared, what, session)
 
 
 def advisory_unlock(conn: psycopg.Connection, purpose: str, ids: list[int]) -> None:
     """Release session-level locks taken with ``advisory_lock(..., session=True)``."""
-    key, subs = _advisory_keys(conn, purpose, ids)
-    conn.execute("SELECT pg_advisory_unlock(%s, s::int) FROM unnest(%s::bigint[]) AS s", (key, subs))
-
-
-def _advisory_keys(conn: psycopg.Connection, purpose: str, ids: list[int]) -> tuple[int, list[int]]:
-    return lock_key(conn, purpose), sorted(i % 2147483647 for i in ids)
+    call(conn, "unlock", purpose, list(ids))
 
 
 def reopen(conn: psycopg.Connection) -> psycopg.Connection:
@@ -148,11 +155,6 @@ def reopen(conn: psycopg.Connection) -> psycopg.Connection:
 
 def schema_of(conn: psycopg.Connection) -> str:
     return getattr(conn, "info_schema", DEFAULT_SCHEMA)
-
-
-def lock_key(conn: psycopg.Connection, purpose: str) -> int:
-    """A stable int4 advisory-lock class id for ``purpose`` within this schema."""
-    return zlib.crc32(f"icebarrier:{schema_of(conn)}:{purpose}".encode()) - 2**31
 
 
 def retrying(fn: Callable[[], T], *, attempts: int = RETRY_ATTEMPTS) -> T:

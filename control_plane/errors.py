@@ -55,8 +55,8 @@ class LockTimeoutError(IcebarrierError):
         self.what, self.timeout, self.holders = what, timeout, holders
         held = "; ".join(
             f"backend {h['pid']} (user {h['usename']}, application {h['application_name']!r}, {h['state']}"
-            + (f" since {h['xact_start'].isoformat(timespec='seconds')}" if h.get("xact_start") else "") + ")"
-            for h in holders) or "a backend that has released it since"
+            + (f" since {str(h['xact_start'])[:19]}" if h.get("xact_start") else "") + ")"
+            for h in holders) or "another backend (it has released it since, or it is a row lock: see pg_locks)"
         super().__init__(
             f"{what}: waited {timeout} for a lock held by {held}; retry when it is done, raise "
             f"ICEBARRIER_LOCK_TIMEOUT, or end that backend with pg_terminate_backend(pid)"
@@ -70,6 +70,28 @@ class RoleNotFoundError(IcebarrierError):
     def __init__(self, role: str) -> None:
         self.role = role
         super().__init__(f"Postgres role {role!r} does not exist; create it with CREATE ROLE {role} LOGIN first")
+
+
+class PermissionDeniedError(IcebarrierError):
+    """The calling Postgres role may not do this (see DESIGN.md, "Who may do what")."""
+
+    def __init__(self, role: str, action: str, job: str | None, reason: str, fix: str | None = None) -> None:
+        self.role, self.action, self.job, self.reason = role, action, job, reason
+        self.fix = fix or (f"connect as a role granted job {job} (`icebarrier db grant-job ROLE {job}`, run by the "
+                           f"admin)" if job else "connect as the admin (the schema owner) or ask the admin to do it")
+        super().__init__(f"{reason}; {self.fix}")
+
+    def __reduce__(self):
+        return type(self), (self.role, self.action, self.job, self.reason, self.fix)
+
+
+class GrantNotPerformedError(IcebarrierError):
+    def __init__(self, role: str, missing: list[str]) -> None:
+        self.role, self.missing = role, missing
+        super().__init__(
+            f"Postgres did not grant {', '.join(missing)} to {role}; run the grant as the admin "
+            f"(the owner of the control-plane and catalog schemas, or a superuser)"
+        )
 
 
 # -- names and definitions ---------------------------------------------------------------
@@ -279,3 +301,58 @@ def _fmt_commits(commits: dict[str, int | None]) -> str:
     if not commits:
         return "{} (no new snapshots)"
     return "{" + ", ".join(f"{t}={s}" for t, s in sorted(commits.items())) + "}"
+
+
+# -- SQLSTATEs raised by the control-plane functions (class IB), mapped back to errors ------------
+# The functions put the ids in the error's DETAIL as JSON; each entry builds the error from
+# (detail, the function's own message). One registry, like psycopg.errors.lookup.
+
+
+def _cut_not_valid(d: dict, _message: str) -> IcebarrierError:
+    """Say why a cut is not valid with the pure definitions (cuts.py), from the tables' progress."""
+    from icebarrier.control_plane.cuts import check_valid_at, latest_valid_barrier
+    from icebarrier.control_plane.model import TableName, TableState
+
+    states = [TableState(name=TableName.parse(s["name"]), start_barrier=s["start"], watermark=s["watermark"])
+              for s in d["states"]]
+    try:
+        latest_valid_barrier(states) if d["barrier"] is None else check_valid_at(states, d["barrier"])
+    except IcebarrierError as exc:
+        return exc
+    return IcebarrierError(f"{_message} (the pure definition disagrees: a bug, please report it)")
+
+
+SQLSTATES: dict[str, object] = {
+    "IB001": lambda d, m: JobNotFoundError(d["job"]),
+    "IB002": lambda d, m: BarrierNotIssuedError(d["barrier"]),
+    "IB003": lambda d, m: RevisionInProgressError(d["table"], d["revision_id"]),
+    "IB004": lambda d, m: NotASinkError(d["job"], d["tables"]),
+    "IB005": lambda d, m: SinkHistoryMismatchError(d["job"], d["watermarks"]),
+    "IB006": lambda d, m: CompletionConflictError(d["job"], d["barrier"], d["recorded"], d["given"]),
+    "IB007": lambda d, m: BarrierOutOfOrderError(d["job"], d["barrier"], d["expected"], d["watermark"]),
+    "IB008": lambda d, m: SourcesNotReadyError(d["job"], d["barrier"], d["waiting"]),
+    "IB009": lambda d, m: TableNotFoundError(d["table"]),
+    "IB010": _cut_not_valid,
+    "IB011": lambda d, m: SnapshotExpiredError(d["table"], int(d["snapshot_id"]), d.get("barrier")),
+    "IB012": lambda d, m: LeaseNotFoundError(d["lease_id"]),
+    "IB013": lambda d, m: LeaseExpiredError(d["lease_id"], d["state"]),
+    "IB014": lambda d, m: InvalidValueError(m),
+    "IB015": lambda d, m: JobDefinitionError(m),
+    "IB016": lambda d, m: SelfReadError(d["job"], d["table"]),
+    "IB017": lambda d, m: SinkAlreadyOwnedError(d["table"], d["owner"], d["job"]),
+    "IB018": lambda d, m: TopologyCycleError(d["job"], d["path"]),
+    "IB020": lambda d, m: RevisionError(m),
+    "IB021": lambda d, m: BarrierError(m),
+    "IB030": lambda d, m: PermissionDeniedError(d["role"], d["action"], d["job"], m),
+    "IB040": lambda d, m: LockTimeoutError(d["what"], d["timeout"], d["holders"]),
+}
+
+
+def from_sqlstate(sqlstate: str | None, message: str, detail: str | None) -> IcebarrierError | None:
+    """The error a control-plane function meant by raising ``sqlstate``, or None if not ours."""
+    import json
+
+    factory = SQLSTATES.get(sqlstate or "")
+    if factory is None:
+        return None
+    return factory(json.loads(detail) if detail else {}, message)

@@ -1,8 +1,9 @@
 """Jobs: registration (topology rules), the next barrier a job owes, and completing it.
 
-A job's progress is the common watermark of its sinks; it is not stored twice. Completing
-barrier B advances every sink's watermark from the job's progress to B in one
-compare-and-set statement, inside one transaction with the barrier->snapshot records.
+A job's progress is the common watermark of its sinks; it is not stored twice. Registration
+and completion are control-plane functions (migration 0007) that check the caller's role and
+the rules once; completing barrier B advances every sink's watermark from the job's progress
+to B in one transaction with the barrier->snapshot records.
 """
 
 from __future__ import annotations
@@ -13,22 +14,10 @@ from datetime import datetime
 import psycopg
 
 from icebarrier.control_plane import barriers
-from icebarrier.control_plane.db import advisory_lock, retrying
-from icebarrier.control_plane.errors import (
-    BarrierNotIssuedError,
-    BarrierOutOfOrderError,
-    CompletionConflictError,
-    JobDefinitionChangedError,
-    JobNotFoundError,
-    NotASinkError,
-    RevisionInProgressError,
-    SinkHistoryMismatchError,
-    SourcesNotReadyError,
-)
-from icebarrier.control_plane.model import JobDefinition, TableName, TableState
-from icebarrier.control_plane.topology import check_registration
 from icebarrier.control_plane.cuts import latest_valid_barrier
-from icebarrier.control_plane.errors import NoValidCutError
+from icebarrier.control_plane.db import call, retrying
+from icebarrier.control_plane.errors import JobDefinitionChangedError, JobNotFoundError, NoValidCutError
+from icebarrier.control_plane.model import JobDefinition, TableName, TableState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,73 +134,26 @@ def load_definitions(conn: psycopg.Connection) -> dict[str, JobDefinition]:
 
 
 def register(conn: psycopg.Connection, job: JobDefinition, *, replace: bool = False) -> Registration:
-    """Register ``job``, checking the topology rules; writes nothing if one is broken.
-
-    Registrations (and revisions) are serialised by a topology lock, so two processes
-    registering the same sink at once cannot both win.
-    """
+    """Register ``job``; the ``register_job`` function enforces the topology rules (one writer
+    per table, no cycles, a job never reads its sink, its sinks at one barrier) and writes
+    nothing if one is broken. Registrations are serialised by a topology lock."""
     with conn.transaction():
-        advisory_lock(conn, "topology", [0], what=f"registering job {job.name}")
-        existing = load_definitions(conn)
-        current = existing.get(job.name)
-        if current == job:
-            return Registration(job=job, status="unchanged")
-        if current is not None and not replace:
+        status = call(conn, "register_job", job.name, sorted(map(str, job.sources)), sorted(map(str, job.sinks)),
+                      sorted(job.external_inputs), replace)[0]["register_job"]
+        if status == "changed":
+            current = load_definitions(conn)[job.name]
             raise JobDefinitionChangedError(job.name, current.differences(job))
-        check_registration(existing, job)
-        _check_sink_history(conn, job)
-
-        names = sorted(str(t) for t in job.sources | job.sinks)
-        conn.execute(
-            "INSERT INTO managed_table (name) SELECT unnest(%s::text[]) ON CONFLICT (name) DO NOTHING", (names,)
-        )
-        row = conn.execute(
-            """
-            INSERT INTO job (name, external_inputs) VALUES (%(name)s, %(ext)s)
-            ON CONFLICT (name) DO UPDATE
-              SET external_inputs = excluded.external_inputs, active = true,
-                  registered_at = CASE WHEN job.active THEN job.registered_at ELSE now() END,
-                  unregistered_at = NULL
-            RETURNING job_id
-            """,
-            {"name": job.name, "ext": sorted(job.external_inputs)},
-        ).fetchone()
-        job_id = row["job_id"]
-        conn.execute("DELETE FROM job_source WHERE job_id = %s", (job_id,))
-        conn.execute("DELETE FROM job_sink WHERE job_id = %s", (job_id,))
-        for edge, tables in (("job_source", job.sources), ("job_sink", job.sinks)):
-            conn.execute(
-                f"INSERT INTO {edge} (job_id, table_id) "  # edge is one of two literals above
-                "SELECT %s, table_id FROM managed_table WHERE name = ANY(%s)",
-                (job_id, [str(t) for t in tables]),
-            )
-    return Registration(job=job, status="replaced" if current is not None else "created")
+    return Registration(job=job, status=status)
 
 
 def unregister(conn: psycopg.Connection, name: str) -> JobDefinition:
     """Remove a job from the topology; its tables, their history and watermarks stay."""
     with conn.transaction():
-        advisory_lock(conn, "topology", [0], what=f"unregistering job {name}")
         definition = load_definitions(conn).get(name)
         if definition is None:
             raise JobNotFoundError(name)
-        row = conn.execute(
-            "UPDATE job SET active = false, unregistered_at = now() WHERE name = %s RETURNING job_id", (name,)
-        ).fetchone()
-        conn.execute("DELETE FROM job_source WHERE job_id = %s", (row["job_id"],))
-        conn.execute("DELETE FROM job_sink WHERE job_id = %s", (row["job_id"],))
+        call(conn, "unregister_job", name)
     return definition
-
-
-def _check_sink_history(conn: psycopg.Connection, job: JobDefinition) -> None:
-    """A job advances its sinks together, so tables with history must be at one barrier."""
-    rows = conn.execute(
-        "SELECT name, watermark FROM managed_table WHERE name = ANY(%s)", ([str(t) for t in job.sinks],)
-    ).fetchall()
-    marks = {r["name"]: r["watermark"] for r in rows}
-    marks.update({str(t): None for t in job.sinks if str(t) not in marks})
-    if len(set(marks.values())) > 1:
-        raise SinkHistoryMismatchError(job.name, marks)
 
 
 # -- listing -----------------------------------------------------------------------------------
@@ -305,7 +247,7 @@ def next_barrier(conn: psycopg.Connection, name: str) -> NextBarrier:
     if info.definition.is_root:
         candidate = _first_after(conn, info.progress) if info.progress is not None else _newest_barrier(conn)
         if candidate is None or (info.progress is None and _due(conn)):
-            new = barriers.issue_if_due(conn, issued_by=name)
+            new = barriers.issue_if_due(conn, job=name)
             issued = new is not None
             candidate = _first_after(conn, info.progress) if info.progress is not None else _newest_barrier(conn)
         return NextBarrier(job=name, barrier=candidate, ready=candidate is not None, issued=issued)
@@ -348,104 +290,6 @@ def _due(conn: psycopg.Connection) -> bool:
 
 # -- completing a barrier ------------------------------------------------------------------------------
 
-# Everything completion needs to decide, in one round trip.
-_COMPLETION_STATE = """
-SELECT j.job_id,
-       EXISTS (SELECT 1 FROM barrier WHERE barrier = %(barrier)s) AS barrier_issued,
-       coalesce((SELECT json_agg(json_build_object('id', t.table_id, 'name', t.name, 'revision', t.revision_id,
-                                                   'start', t.start_barrier, 'watermark', t.watermark))
-                 FROM job_sink k JOIN managed_table t USING (table_id) WHERE k.job_id = j.job_id), '[]') AS sinks,
-       coalesce((SELECT json_agg(json_build_object('id', t.table_id, 'name', t.name,
-                                                   'start', t.start_barrier, 'watermark', t.watermark))
-                 FROM job_source k JOIN managed_table t USING (table_id) WHERE k.job_id = j.job_id), '[]') AS sources,
-       coalesce((SELECT json_object_agg(t.name, c.snapshot_id)
-                 FROM job_sink k JOIN managed_table t USING (table_id)
-                 JOIN table_commit c ON c.table_id = k.table_id AND c.barrier = %(barrier)s AND c.operation = 'data'
-                                     AND c.revoked_by IS NULL
-                 WHERE k.job_id = j.job_id), '{}') AS recorded,
-       (SELECT min(b.barrier) FROM barrier b
-         WHERE b.barrier > (SELECT max(t.watermark) FROM job_sink k JOIN managed_table t USING (table_id)
-                            WHERE k.job_id = j.job_id)) AS expected
-FROM job j WHERE j.name = %(job)s AND j.active
-"""
-
-# The write, as one atomic statement (its own transaction): advance every sink from the
-# job's progress to B (compare-and-set), record the commits and completion times. If a
-# sink did not move (another process completed it, or a revision moved it) or the job's
-# sinks changed since the state was read, the statement aborts with a retryable
-# serialization failure and nothing is written. Sources need no re-check: their
-# watermarks only move back through a revision, which also moves these sinks.
-_ADVANCE = """
-WITH moved AS (
-    UPDATE managed_table
-    SET watermark = %(barrier)s, start_barrier = coalesce(start_barrier, %(barrier)s)
-    WHERE table_id = ANY(%(sink_ids)s) AND watermark IS NOT DISTINCT FROM %(progress)s
-      AND revision_id IS NULL
-    RETURNING table_id),
-commits AS (
-    INSERT INTO table_commit (table_id, barrier, snapshot_id, job_name, run_id)
-    SELECT c.table_id, %(barrier)s, c.snapshot_id, %(job)s, %(run_id)s
-    FROM unnest(%(commit_ids)s::bigint[], %(snapshot_ids)s::bigint[]) AS c(table_id, snapshot_id)
-    WHERE (SELECT count(*) FROM moved) = %(n_sinks)s),  -- else no unique violation before the raise
-completions AS (
-    INSERT INTO table_completion (table_id, barrier, job_name, completed_at)
-    SELECT table_id, %(barrier)s, %(job)s, clock_timestamp() FROM moved)
-SELECT CASE
-    WHEN (SELECT count(*) FROM moved) = %(n_sinks)s
-     AND (SELECT array_agg(table_id ORDER BY table_id) FROM job_sink k
-          JOIN job j USING (job_id) WHERE j.job_id = %(job_id)s AND j.active) = %(sink_ids)s::bigint[]
-    THEN %(n_sinks)s
-    ELSE raise_conflict('another process completed or revised these sinks, or the job changed')
-END AS moved
-"""
-
-
-# The common case in one round trip: a job with progress P completes the barrier right after
-# P, its sources have completed it, and it commits only to its sinks. Every condition is
-# checked inside the statement; if one fails nothing moves (moved = 0) and the caller takes
-# the two-step path below, which says exactly what is wrong (or sees a no-op). As in
-# _ADVANCE, a concurrent completion or revision makes the compare-and-set find nothing, and a
-# partial move aborts the statement with a retryable serialization failure.
-_FAST_ADVANCE = """
-WITH j AS (SELECT job_id FROM job WHERE name = %(job)s AND active),
-sinks AS (
-    SELECT t.table_id, t.name, t.watermark, t.revision_id
-    FROM job_sink k JOIN managed_table t USING (table_id) WHERE k.job_id = (SELECT job_id FROM j)),
-state AS (
-    SELECT max(watermark) AS progress, count(*) AS n FROM sinks
-    HAVING count(*) > 0 AND bool_and(watermark IS NOT NULL) AND count(DISTINCT watermark) = 1
-       AND bool_and(revision_id IS NULL)),
-ok AS (
-    SELECT s.progress, s.n FROM state s
-    WHERE %(barrier)s = (SELECT min(b.barrier) FROM barrier b WHERE b.barrier > s.progress)
-      AND NOT EXISTS (
-          SELECT 1 FROM job_source src JOIN managed_table m USING (table_id)
-          WHERE src.job_id = (SELECT job_id FROM j)
-            AND NOT coalesce(m.start_barrier <= %(barrier)s AND %(barrier)s <= m.watermark, false))
-      AND (SELECT count(*) FROM unnest(%(commit_names)s::text[]) AS c(name) JOIN sinks USING (name))
-          = cardinality(%(commit_names)s::text[])),
-moved AS (
-    UPDATE managed_table m SET watermark = %(barrier)s
-    FROM ok
-    WHERE m.table_id IN (SELECT table_id FROM sinks) AND m.watermark = ok.progress AND m.revision_id IS NULL
-    RETURNING m.table_id),
-commits AS (
-    INSERT INTO table_commit (table_id, barrier, snapshot_id, job_name, run_id)
-    SELECT s.table_id, %(barrier)s, c.snapshot_id, %(job)s, %(run_id)s
-    FROM unnest(%(commit_names)s::text[], %(snapshot_ids)s::bigint[]) AS c(name, snapshot_id)
-    JOIN sinks s USING (name)
-    WHERE (SELECT count(*) FROM moved) = (SELECT n FROM ok)),
-completions AS (
-    INSERT INTO table_completion (table_id, barrier, job_name, completed_at)
-    SELECT table_id, %(barrier)s, %(job)s, clock_timestamp() FROM moved
-    WHERE (SELECT count(*) FROM moved) = (SELECT n FROM ok))
-SELECT CASE
-    WHEN (SELECT count(*) FROM moved) = 0 THEN NULL
-    WHEN (SELECT count(*) FROM moved) = (SELECT n FROM ok) THEN (SELECT array_agg(name) FROM sinks)
-    ELSE raise_conflict('sinks moved concurrently')::text::text[]
-END AS sinks
-"""
-
 
 def complete(
     conn: psycopg.Connection,
@@ -455,71 +299,15 @@ def complete(
     *,
     run_id: str | None = None,
 ) -> Completion:
-    """Record that job ``name`` completed ``barrier`` for all its sinks, in one transaction.
+    """Record that job ``name`` completed ``barrier`` for all its sinks, in one transaction and
+    one round trip (the ``complete_barrier`` function checks the rules and says what is wrong).
 
     ``commits`` maps sinks to the Iceberg snapshot written for this barrier; sinks without
     one keep their snapshot. Completing a completed barrier again with the same commits is a
     no-op; with other commits it is refused.
     """
     commits = dict(commits or {})
-    return retrying(lambda: _complete_once(conn, name, barrier, commits, run_id))
-
-
-def _complete_once(
-    conn: psycopg.Connection, name: str, barrier: int, commits: dict[TableName, int], run_id: str | None
-) -> Completion:
-    names = [str(t) for t in commits]
-    row = conn.execute(
-        _FAST_ADVANCE,
-        {"job": name, "barrier": barrier, "run_id": run_id, "commit_names": names,
-         "snapshot_ids": list(commits.values())},
-    ).fetchone()
-    if row["sinks"] is not None:
-        return Completion(job=name, barrier=barrier, commits=commits,
-                          sinks=tuple(sorted(TableName.parse(n) for n in row["sinks"])), noop=False)
-    # Otherwise two round trips and no explicit transaction: a read that decides (and names
-    # what is wrong), then one atomic compare-and-set statement that re-validates what the
-    # decision relied on (see _ADVANCE).
-    state = conn.execute(_COMPLETION_STATE, {"barrier": barrier, "job": name}).fetchone()
-    if state is None:
-        raise JobNotFoundError(name)
-    if not state["barrier_issued"]:
-        raise BarrierNotIssuedError(barrier)
-    sinks = {s["name"]: s for s in state["sinks"]}
-    revising = sorted(n for n, s in sinks.items() if s["revision"] is not None)
-    if revising:
-        raise RevisionInProgressError(revising[0], sinks[revising[0]]["revision"])
-    strangers = sorted(str(t) for t in commits if str(t) not in sinks)
-    if strangers:
-        raise NotASinkError(name, strangers)
-    marks = {s["name"]: s["watermark"] for s in sinks.values()}
-    if len(set(marks.values())) > 1:
-        raise SinkHistoryMismatchError(name, marks)
-    progress = next(iter(marks.values()))
-    start = min((s["start"] for s in sinks.values() if s["start"] is not None), default=None)
-    given = {str(t): s for t, s in commits.items()}
-    sink_names = tuple(sorted(TableName.parse(n) for n in sinks))
-
-    if progress is not None and start <= barrier <= progress:
-        if state["recorded"] != given:
-            raise CompletionConflictError(name, barrier, state["recorded"], given)
-        return Completion(job=name, barrier=barrier, commits=commits, sinks=sink_names, noop=True)
-    if progress is not None and barrier != state["expected"]:
-        raise BarrierOutOfOrderError(name, barrier, state["expected"], progress)
-    waiting = {
-        s["name"]: s["watermark"]
-        for s in state["sources"]
-        if not (s["start"] is not None and s["start"] <= barrier <= s["watermark"])
-    }
-    if waiting:
-        raise SourcesNotReadyError(name, barrier, waiting)
-
-    conn.execute(
-        _ADVANCE,
-        {
-            "barrier": barrier, "progress": progress, "job": name, "job_id": state["job_id"],
-            "run_id": run_id, "sink_ids": sorted(s["id"] for s in sinks.values()), "n_sinks": len(sinks),
-            "commit_ids": [sinks[str(t)]["id"] for t in commits], "snapshot_ids": list(commits.values()),
-        },
-    )
-    return Completion(job=name, barrier=barrier, commits=commits, sinks=sink_names, noop=False)
+    row = retrying(lambda: call(conn, "complete_barrier", name, barrier, [str(t) for t in commits],
+                                list(commits.values()), run_id)[0])
+    return Completion(job=name, barrier=barrier, commits=commits,
+                      sinks=tuple(sorted(TableName.parse(n) for n in row["sinks"])), noop=row["noop"])

@@ -3,7 +3,9 @@
 ``read-committed`` is the latest valid cut over the tables read, ``--barrier B`` the cut at
 B (refused if B is not valid or its snapshots were expired), ``read-uncommitted`` the latest
 recorded snapshot of each table with no alignment. ``repeatable-read`` is a cut pinned by a
-lease: see :mod:`icebarrier.control_plane.leases`.
+lease: see :mod:`icebarrier.control_plane.leases`. The ``resolve_cut`` function decides
+(on ``has_completed`` and ``snapshot_at``); the pure functions in :mod:`cuts` say why a cut
+is not valid.
 """
 
 from __future__ import annotations
@@ -12,47 +14,10 @@ import time
 from collections.abc import Callable
 
 import psycopg
-from psycopg.rows import tuple_row
 
-from icebarrier.control_plane.cuts import check_valid_at, latest_valid_barrier
-from icebarrier.control_plane.errors import (
-    BarrierNotIssuedError,
-    IcebarrierError,
-    NoValidCutError,
-    SnapshotExpiredError,
-    TableNotFoundError,
-)
-from icebarrier.control_plane.model import Cut, Level, TableName, TableState
-
-NO_BOUND = 2**63 - 1
-
-# Table progress and S(T, bound) for every table, in one round trip. bound is the given
-# barrier, else the tables' lowest watermark (the read-committed candidate); "valid" says
-# whether every table completed bound (start <= bound <= watermark). Rows come in the
-# order of the names given, with NULLs for unknown tables.
-_CUT = """
-WITH t AS (
-    SELECT n.ord, m.table_id, m.start_barrier, m.watermark
-    FROM unnest(%(names)s::text[]) WITH ORDINALITY AS n(name, ord)
-    LEFT JOIN managed_table m ON m.name = n.name),
-bound AS (SELECT coalesce(%(barrier)s::bigint, min(watermark)) AS b FROM t),
-verdict AS MATERIALIZED (
-    SELECT bound.b,
-           EXISTS (SELECT 1 FROM barrier WHERE barrier = bound.b) AS issued,
-           (SELECT bool_and(coalesce(t.start_barrier <= bound.b AND bound.b <= t.watermark, false))
-            FROM t) AS valid
-    FROM bound)
-SELECT t.table_id, t.start_barrier, t.watermark, s.snapshot_id,
-       EXISTS (SELECT 1 FROM expired_snapshot e
-               WHERE e.table_id = t.table_id AND e.snapshot_id = s.snapshot_id) AS expired,
-       verdict.b, verdict.issued, coalesce(verdict.valid, false) AS valid
-FROM t CROSS JOIN verdict
-LEFT JOIN LATERAL (
-    SELECT c.snapshot_id FROM table_commit c
-    WHERE c.table_id = t.table_id AND c.barrier <= verdict.b AND c.revoked_by IS NULL
-    ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1) s ON true
-ORDER BY t.ord
-"""
+from icebarrier.control_plane.db import call
+from icebarrier.control_plane.errors import IcebarrierError, NoValidCutError
+from icebarrier.control_plane.model import Cut, Level, TableName
 
 
 def resolve(
@@ -78,35 +43,11 @@ def resolve_with_ids(
     tables = list(dict.fromkeys(tables))
     if not tables:
         raise IcebarrierError("no tables given; name at least one table to read")
-    uncommitted = level is Level.READ_UNCOMMITTED and barrier is None
-    with conn.cursor(row_factory=tuple_row) as cur:
-        # Not prepared: a cached generic plan made for 10 tables is slow for 1,000.
-        rows = cur.execute(
-            _CUT, {"names": [str(t) for t in tables], "barrier": NO_BOUND if uncommitted else barrier}, prepare=False
-        ).fetchall()
-    for t, (table_id, *_rest) in zip(tables, rows):
-        if table_id is None:
-            raise TableNotFoundError(str(t))
-    ids = {t: r[0] for t, r in zip(tables, rows)}
-    snapshots = {t: r[3] for t, r in zip(tables, rows)}
-    if uncommitted:
-        return Cut(barrier=None, level=level, snapshots=snapshots), ids
-
-    _, _, _, _, _, bound, issued, valid = rows[0]
-    if barrier is not None and not issued:
-        raise BarrierNotIssuedError(barrier)
-    if not valid:
-        # The pure functions are the definition; they say which table failed and why.
-        states = [TableState(name=t, start_barrier=r[1], watermark=r[2]) for t, r in zip(tables, rows)]
-        if barrier is None:
-            latest_valid_barrier(states)
-        else:
-            check_valid_at(states, barrier)
-        raise AssertionError(f"cut at {bound} judged invalid by SQL but valid by cuts.py")
-    for t, r in zip(tables, rows):
-        if r[4]:
-            raise SnapshotExpiredError(str(t), r[3], bound)
-    return Cut(barrier=bound, level=level, snapshots=snapshots), ids
+    aligned = not (level is Level.READ_UNCOMMITTED and barrier is None)
+    rows = call(conn, "resolve_cut", [str(t) for t in tables], barrier, aligned)
+    cut = Cut(barrier=rows[0]["barrier"], level=level,
+              snapshots={t: r["snapshot_id"] for t, r in zip(tables, rows)})
+    return cut, {t: r["table_id"] for t, r in zip(tables, rows)}
 
 
 def wait_for_cut(

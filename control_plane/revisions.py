@@ -10,15 +10,15 @@ tables' writers cannot complete barriers. Rerunning an interrupted revision resu
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from icebarrier.control_plane import jobs, topology
-from icebarrier.control_plane.db import advisory_lock
+from icebarrier.control_plane.db import call
 from icebarrier.control_plane.errors import BarrierNotIssuedError, RevisionError
-from icebarrier.control_plane.model import TableName
+from icebarrier.control_plane.model import TableName, TableState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,11 +71,8 @@ class RevisionPlan:
 
 _TABLE_AT = """
 SELECT t.table_id, t.start_barrier, t.watermark, t.revision_id,
-       (SELECT c.snapshot_id FROM table_commit c WHERE c.table_id = t.table_id AND c.revoked_by IS NULL
-         ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1) AS current,
-       (SELECT c.snapshot_id FROM table_commit c
-         WHERE c.table_id = t.table_id AND c.revoked_by IS NULL AND c.barrier <= %(r)s
-         ORDER BY c.barrier DESC, c.commit_id DESC LIMIT 1) AS at_r
+       (SELECT snapshot_id FROM snapshot_at(t.table_id, 9223372036854775807)) AS current,
+       (SELECT snapshot_id FROM snapshot_at(t.table_id, %(r)s)) AS at_r
 FROM managed_table t WHERE t.name = %(name)s
 """
 
@@ -93,7 +90,7 @@ def plan(conn: psycopg.Connection, table: TableName, to_barrier: int) -> Revisio
         if row is None:
             raise RevisionError(f"table {name} is not managed by icebarrier; nothing to revise")
         start, mark = row["start_barrier"], row["watermark"]
-        if name == table and not (start is not None and start <= to_barrier <= mark):
+        if name == table and not TableState(name=name, start_barrier=start, watermark=mark).has_completed(to_barrier):
             raise RevisionError(
                 f"table {name} has not completed barrier {to_barrier} (it completed {start}..{mark}); "
                 f"revise to a barrier it completed"
@@ -114,70 +111,25 @@ def plan(conn: psycopg.Connection, table: TableName, to_barrier: int) -> Revisio
 
 
 def begin(conn: psycopg.Connection, table: TableName, to_barrier: int) -> RevisionPlan:
-    """Apply the control-plane half of a revision in one transaction; returns the plan with its id.
-
-    If an unfinished revision of the same table to the same barrier exists, it is returned
-    to be resumed instead.
-    """
+    """Apply the control-plane half of a revision in one transaction (the admin only); returns
+    the plan with its id. If an unfinished revision of the same table to the same barrier
+    exists, it is returned to be resumed instead."""
     with conn.transaction():
-        advisory_lock(conn, "topology", [0], what="a revision")
-        pending = conn.execute(
-            "SELECT revision_id, plan, root_table, to_barrier FROM revision WHERE state = 'applying' "
-            "ORDER BY revision_id LIMIT 1"
-        ).fetchone()
-        if pending:
-            if pending["root_table"] == str(table) and pending["to_barrier"] == to_barrier:
-                return RevisionPlan.from_json(pending["plan"], pending["revision_id"])
-            raise RevisionError(
-                f"revision {pending['revision_id']} of {pending['root_table']} to barrier {pending['to_barrier']} "
-                f"is unfinished; rerun that revise to finish it first"
-            )
         p = plan(conn, table, to_barrier)
-        row = conn.execute(
-            "INSERT INTO revision (root_table, to_barrier, plan) VALUES (%s, %s, %s) RETURNING revision_id",
-            (str(table), to_barrier, json.dumps(p.to_json())),
-        ).fetchone()
-        rid = row["revision_id"]
-        for t in p.tables:
-            if not t.changes:
-                continue
-            moved = conn.execute(
-                """
-                UPDATE managed_table
-                SET watermark = %(to)s, start_barrier = CASE WHEN %(to)s::bigint IS NULL THEN NULL ELSE start_barrier END,
-                    revision_id = %(rid)s
-                WHERE name = %(name)s AND watermark IS NOT DISTINCT FROM %(from)s
-                RETURNING table_id
-                """,
-                {"to": t.to_watermark, "from": t.from_watermark, "rid": rid, "name": str(t.table)},
-            ).fetchone()
-            if moved is None:
-                raise RevisionError(f"table {t.table} moved while planning the revision; run revise again")
-            bound = t.to_watermark if t.to_watermark is not None else -1
-            conn.execute(
-                "UPDATE table_commit SET revoked_by = %s WHERE table_id = %s AND barrier > %s AND revoked_by IS NULL",
-                (rid, moved["table_id"], bound),
-            )
-            conn.execute("DELETE FROM table_completion WHERE table_id = %s AND barrier > %s", (moved["table_id"], bound))
-    return RevisionPlan(root=p.root, to_barrier=p.to_barrier, tables=p.tables, revision_id=rid)
+        row = call(conn, "begin_revision", str(table), to_barrier, Jsonb(p.to_json()))[0]
+    if row["resumed"]:
+        return RevisionPlan.from_json(row["plan"], row["revision_id"])
+    return RevisionPlan(root=p.root, to_barrier=p.to_barrier, tables=p.tables, revision_id=row["revision_id"])
 
 
 def record_revision_snapshot(conn: psycopg.Connection, plan_: RevisionPlan, table: TableName, snapshot_id: int) -> None:
     """Record the snapshot that emptied a table during a revision as its state at R."""
     t = next(x for x in plan_.tables if x.table == table)
     with conn.transaction():
-        conn.execute(
-            """
-            INSERT INTO table_commit (table_id, barrier, snapshot_id, operation, job_name)
-            SELECT table_id, %s, %s, 'revision', 'icebarrier-revise' FROM managed_table WHERE name = %s
-            """,
-            (t.to_watermark if t.to_watermark is not None else plan_.to_barrier, snapshot_id, str(table)),
-        )
+        call(conn, "record_revision_snapshot", str(table),
+             t.to_watermark if t.to_watermark is not None else plan_.to_barrier, snapshot_id)
 
 
 def finish(conn: psycopg.Connection, revision_id: int) -> None:
     with conn.transaction():
-        conn.execute("UPDATE managed_table SET revision_id = NULL WHERE revision_id = %s", (revision_id,))
-        conn.execute(
-            "UPDATE revision SET state = 'done', finished_at = now() WHERE revision_id = %s", (revision_id,)
-        )
+        call(conn, "finish_revision", revision_id)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 
 import psycopg
+from psycopg.types.json import Jsonb
 
-from icebarrier.control_plane.errors import JobNotFoundError
+from icebarrier.control_plane.db import call
 
 
 def record_range(conn: psycopg.Connection, job: str, barrier: int, spec: dict, *, range_key: str | None = None) -> dict:
@@ -18,19 +18,7 @@ def record_range(conn: psycopg.Connection, job: str, barrier: int, spec: dict, *
     returned, unchanged: the barrier re-reads exactly the same input.
     """
     with conn.transaction():
-        row = conn.execute(
-            """
-            INSERT INTO input_range (job_name, barrier, range_key, spec) VALUES (%s, %s, %s, %s)
-            ON CONFLICT (job_name, barrier) DO NOTHING
-            RETURNING spec
-            """,
-            (job, barrier, range_key, json.dumps(spec)),
-        ).fetchone()
-        if row is None:
-            row = conn.execute(
-                "SELECT spec FROM input_range WHERE job_name = %s AND barrier = %s", (job, barrier)
-            ).fetchone()
-    return row["spec"]
+        return call(conn, "record_input_range", job, barrier, range_key, Jsonb(spec))[0]["record_input_range"]
 
 
 def recorded_range(conn: psycopg.Connection, job: str, barrier: int) -> dict | None:
@@ -58,24 +46,15 @@ def ranges(conn: psycopg.Connection, job: str, *, up_to_barrier: int | None = No
 
 def set_status(conn: psycopg.Connection, job: str, status: str) -> None:
     with conn.transaction():
-        row = conn.execute(
-            """
-            UPDATE job SET status = %s, heartbeat_at = now(), runner = %s, waiting_for = NULL
-            WHERE name = %s AND active RETURNING job_id
-            """,
-            (status, f"{socket.gethostname()}:{os.getpid()}", job),
-        ).fetchone()
-    if row is None:
-        raise JobNotFoundError(job)
+        call(conn, "set_job_status", job, status, f"{socket.gethostname()}:{os.getpid()}")
 
 
 def set_waiting(conn: psycopg.Connection, job: str, waiting_for: str | None) -> None:
     """Record what the job waits for (None: nothing); writes only when it changes."""
     with conn.transaction():
-        conn.execute("UPDATE job SET waiting_for = %s WHERE name = %s AND active AND waiting_for IS DISTINCT FROM %s",
-                     (waiting_for, job, waiting_for))
+        call(conn, "set_job_waiting", job, waiting_for)
 
 
 def heartbeat(conn: psycopg.Connection, job: str) -> None:
     with conn.transaction():
-        conn.execute("UPDATE job SET heartbeat_at = now() WHERE name = %s AND active", (job,))
+        call(conn, "job_heartbeat", job)

@@ -15,9 +15,15 @@ import psycopg
 from psycopg import sql
 
 from icebarrier.control_plane.db import resolve_dsn, resolve_schema, schema_of
-from icebarrier.control_plane.errors import RoleNotFoundError, SchemaMigrationError, SchemaOutOfDateError
+from icebarrier.control_plane.errors import (
+    GrantNotPerformedError,
+    PermissionDeniedError,
+    RoleNotFoundError,
+    SchemaMigrationError,
+    SchemaOutOfDateError,
+)
 
-# Views users may read; grant-reader exposes these and nothing else.
+# The views users query (DESIGN.md, "Control-plane views").
 VIEWS = (
     "job_sources", "job_sinks", "table_versions", "topology_edges",
     "consistent_barrier", "barrier_delay", "job_delay", "active_leases",
@@ -64,6 +70,12 @@ def head_revision() -> str:
 
 def current_revision(conn: psycopg.Connection) -> str | None:
     schema = schema_of(conn)
+    access = conn.execute("SELECT has_schema_privilege(n.oid, 'USAGE') AS ok FROM pg_namespace n WHERE nspname = %s",
+                          (schema,)).fetchone()
+    if access is not None and not _first(access):
+        raise PermissionDeniedError(
+            conn.info.user, "connect", None, f"role {conn.info.user} has no access to control-plane schema {schema}",
+            f"ask the admin for `icebarrier db grant-job {conn.info.user} JOB` or `db grant-reader {conn.info.user}`")
     exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL AS ok", (f"{schema}.alembic_version",)).fetchone()
     if not _first(exists):
         return None
@@ -130,35 +142,78 @@ def _run_alembic(dsn: str | None, schema: str | None, direction: str, revision: 
         return status(conn)
 
 
-def grant_reader(conn: psycopg.Connection, role: str) -> list[str]:
-    """Let ``role`` SELECT the views, and nothing else (no base tables, no writes)."""
-    schema = schema_of(conn)
+# What each kind of role may call (DESIGN.md, "Who may do what"); the rest is the admin's.
+READER_FUNCTIONS = ("acquire_lease", "renew_lease", "release_lease")
+JOB_FUNCTIONS = (
+    *READER_FUNCTIONS, "register_job", "unregister_job", "complete_barrier", "issue_barrier_if_due",
+    "record_commit", "record_input_range", "set_job_status", "set_job_waiting", "job_heartbeat",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Grant:
+    """What a role was granted, each privilege verified with Postgres afterwards."""
+
+    role: str
+    job: str | None
+    granted: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        return {"role": self.role, "job": self.job, "granted": list(self.granted)}
+
+
+def grant_reader(conn: psycopg.Connection, role: str) -> Grant:
+    """Let ``role`` read the control plane (views and tables), resolve cuts, and hold leases of
+    its own (TTL capped by ``lease_max_ttl_ms``). No writes."""
     with conn.transaction():
-        _require_role(conn, role)
-        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), sql.Identifier(role)))
-        for view in VIEWS:
-            conn.execute(
-                sql.SQL("GRANT SELECT ON {}.{} TO {}").format(
-                    sql.Identifier(schema), sql.Identifier(view), sql.Identifier(role)
-                )
-            )
-    return [f"USAGE ON SCHEMA {schema}", *(f"SELECT ON {schema}.{v}" for v in VIEWS)]
+        granted = _grant(conn, role, READER_FUNCTIONS)
+    return Grant(role=role, job=None, granted=granted)
 
 
-def grant_writer(conn: psycopg.Connection, role: str) -> list[str]:
-    """What a job needs: read and write the control-plane tables (not DDL)."""
+def grant_job(conn: psycopg.Connection, role: str, job: str) -> Grant:
+    """Let ``role`` act for ``job`` (which need not be registered yet): register and complete
+    it, record its commits and input ranges, and hold leases of its own. Several jobs may be
+    granted to one role, one grant each."""
+    with conn.transaction():
+        granted = _grant(conn, role, JOB_FUNCTIONS)
+        conn.execute("INSERT INTO job_grant (role_name, job_name) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                     (role, job))
+    return Grant(role=role, job=job, granted=(*granted, f"job {job}"))
+
+
+def _grant(conn: psycopg.Connection, role: str, functions: tuple[str, ...]) -> tuple[str, ...]:
+    """Grant schema usage, SELECT on everything in it and EXECUTE on ``functions``, then check
+    that Postgres granted each (a role that may not grant gets a warning and nothing)."""
     schema = schema_of(conn)
+    if not _first(conn.execute("SELECT caller_is_admin()").fetchone()):
+        raise PermissionDeniedError(conn.info.user, "grant", None,
+                                    f"role {conn.info.user} may not grant roles: that is for the admin "
+                                    f"(the owner of schema {schema})")
+    _require_role(conn, role)
     s, r = sql.Identifier(schema), sql.Identifier(role)
-    with conn.transaction():
-        _require_role(conn, role)
-        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, r))
-        conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {} TO {}").format(s, r))
-        conn.execute(sql.SQL("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {} TO {}").format(s, r))
-    return [
-        f"USAGE ON SCHEMA {schema}",
-        f"SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema}",
-        f"USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {schema}",
-    ]
+    conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, r))
+    conn.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}").format(s, r))
+    for fn in functions:
+        conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {}.{} TO {}").format(s, sql.Identifier(fn), r))
+    checks = [(f"USAGE ON SCHEMA {schema}", "has_schema_privilege(%s, %s, 'USAGE')", (schema,))]
+    checks += [(f"SELECT ON {schema}.{t}", "has_table_privilege(%s, %s, 'SELECT')", (f"{schema}.{t}",))
+               for t in ("managed_table", "active_leases")]
+    checks += [(f"EXECUTE ON {schema}.{fn}", _HAS_FUNCTION, (schema, fn)) for fn in functions]
+    require_granted(conn, role, checks)
+    return tuple(what for what, _, _ in checks)
+
+
+_HAS_FUNCTION = ("has_function_privilege(%s, (SELECT p.oid FROM pg_proc p WHERE p.pronamespace = %s::regnamespace "
+                 "AND p.proname = %s), 'EXECUTE')")
+
+
+def require_granted(conn: psycopg.Connection, role: str, checks: list[tuple[str, str, tuple]]) -> None:
+    """Raise :class:`GrantNotPerformedError` naming each privilege ``role`` does not hold; a
+    check is (privilege, a ``has_*_privilege(role, …)`` expression, its other arguments)."""
+    missing = [what for what, test, args in checks
+               if not _first(conn.execute(f"SELECT {test}", (role, *args)).fetchone())]
+    if missing:
+        raise GrantNotPerformedError(role, missing)
 
 
 def _require_role(conn: psycopg.Connection, role: str) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from icebarrier.control_plane.errors import BarrierError
+from icebarrier.control_plane.db import call
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.tables import require
 
@@ -57,29 +57,9 @@ def record(
     run_id: str | None = None,
 ) -> bool:
     """Add a snapshot the table has completed ``barrier`` with (compaction, or adoption by
-    reconcile). Returns False if it was already recorded. Refused for a barrier the table
-    has not completed: its job adopts such a commit when it completes the barrier."""
+    reconcile; the admin or the table's writer). Returns False if it was already recorded.
+    Refused for a barrier the table has not completed: its job adopts such a commit when it
+    completes the barrier."""
     with conn.transaction():
-        table_id = require(conn, table)
-        state = conn.execute(
-            "SELECT start_barrier, watermark FROM managed_table WHERE table_id = %s FOR UPDATE", (table_id,)
-        ).fetchone()
-        if state["watermark"] is None or not state["start_barrier"] <= barrier <= state["watermark"]:
-            raise BarrierError(
-                f"table {table} has not completed barrier {barrier} (it completed "
-                f"{state['start_barrier']}..{state['watermark']}); its job records that commit when it completes it"
-            )
-        exists = conn.execute(
-            "SELECT 1 FROM table_commit WHERE table_id = %s AND snapshot_id = %s AND revoked_by IS NULL",
-            (table_id, snapshot_id),
-        ).fetchone()
-        if exists:
-            return False
-        conn.execute(
-            """
-            INSERT INTO table_commit (table_id, barrier, snapshot_id, operation, job_name, run_id)
-            VALUES (%s, %s, %s, %s, %s, %s)
-            """,
-            (table_id, barrier, snapshot_id, operation, job_name, run_id),
-        )
-    return True
+        return call(conn, "record_commit", str(table), barrier, snapshot_id, operation, job_name,
+                    run_id)[0]["record_commit"]

@@ -1,8 +1,9 @@
-"""Topology rules and graph walks. Pure: values in, values out, no I/O.
+"""Graph walks and renderings of the topology. Pure: values in, values out, no I/O.
 
 The topology is a bipartite DAG of tables and jobs: a job reads its sources and writes
-its sinks. Registration rules (DESIGN.md): a table has at most one active writer, the
-graph is acyclic, and a job never reads its own sink.
+its sinks. The registration rules (a table has at most one active writer, the graph is
+acyclic, a job never reads its own sink) are enforced where every client meets them: the
+``register_job`` function (migration 0007).
 """
 
 from __future__ import annotations
@@ -11,73 +12,11 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from icebarrier.control_plane.errors import (
-    JobDefinitionError,
-    SelfReadError,
-    SinkAlreadyOwnedError,
-    TopologyCycleError,
-)
 from icebarrier.control_plane.model import JobDefinition, TableName
-
-
-def check_definition(job: JobDefinition) -> None:
-    """A job writes at least one table and reads either managed tables or external inputs."""
-    if not job.sinks:
-        raise JobDefinitionError(f"job {job.name} has no sink; pass at least one --sink TABLE")
-    if job.sources and job.external_inputs:
-        raise JobDefinitionError(
-            f"job {job.name} reads both managed tables and external inputs; a root job reads only "
-            f"external inputs (--external) and an intermediate job only managed tables (--source). "
-            f"Split it into two jobs"
-        )
-    if not job.sources and not job.external_inputs:
-        raise JobDefinitionError(
-            f"job {job.name} reads nothing; pass --source TABLE (intermediate job) "
-            f"or --external NAME (root job)"
-        )
-    for table in sorted(job.sources & job.sinks):
-        raise SelfReadError(job.name, str(table))
-
-
-def check_registration(existing: Mapping[str, JobDefinition], job: JobDefinition) -> None:
-    """Raise if registering ``job`` (replacing any job of the same name) breaks a rule."""
-    check_definition(job)
-    others = {name: d for name, d in existing.items() if name != job.name}
-    writers = writer_by_table(others.values())
-    for table in sorted(job.sinks):
-        if table in writers:
-            raise SinkAlreadyOwnedError(str(table), writers[table], job.name)
-    path = find_cycle([*others.values(), job], job)
-    if path:
-        raise TopologyCycleError(job.name, path)
 
 
 def writer_by_table(jobs: Iterable[JobDefinition]) -> dict[TableName, str]:
     return {table: job.name for job in jobs for table in job.sinks}
-
-
-def find_cycle(jobs: Iterable[JobDefinition], start: JobDefinition) -> list[str] | None:
-    """A path ``source -> start -> sink -> … -> source`` if ``start`` closes a cycle."""
-    readers: dict[TableName, list[JobDefinition]] = {}
-    for job in jobs:
-        for table in job.sources:
-            readers.setdefault(table, []).append(job)
-    # Depth-first from each sink of start; reaching a source of start closes the cycle.
-    seen: set[TableName] = set()
-    stack: list[tuple[TableName, list[str]]] = [
-        (sink, [start.name, str(sink)]) for sink in sorted(start.sinks, reverse=True)
-    ]
-    while stack:
-        table, path = stack.pop()
-        if table in start.sources:
-            return [str(table), *path]
-        if table in seen:
-            continue
-        seen.add(table)
-        for reader in sorted(readers.get(table, ()), key=lambda j: j.name, reverse=True):
-            for sink in sorted(reader.sinks, reverse=True):
-                stack.append((sink, [*path, reader.name, str(sink)]))
-    return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -77,8 +77,82 @@ def upgrade(settings: Settings):
         import pyiceberg  # noqa: F401
     except ImportError:
         return status  # Spark's JDBC catalog creates its tables in the schema on first use
-    _catalog_of(settings)  # constructing the SQL catalog creates its tables
+    # Constructing the SQL catalog creates its tables; not the cached one: leave no session open.
+    _catalog.__wrapped__(settings.catalog, tuple(sorted(settings.pyiceberg_properties().items()))).engine.dispose()
+    secure_catalog(settings)
     return status
+
+
+# Row-level security on the SQL catalog's pointer table (DESIGN.md, "Who may do what"): a job
+# role inserts and updates only the rows of its jobs' sinks and of unmanaged tables (a refused
+# write raises, naming the writer, so Iceberg fails fast instead of retrying a lost commit);
+# deletes silently skip rows it may not write; everyone may read.
+_POLICIES = """
+ALTER TABLE {cs}.iceberg_tables ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS icebarrier_read ON {cs}.iceberg_tables;
+DROP POLICY IF EXISTS icebarrier_insert ON {cs}.iceberg_tables;
+DROP POLICY IF EXISTS icebarrier_update ON {cs}.iceberg_tables;
+DROP POLICY IF EXISTS icebarrier_delete ON {cs}.iceberg_tables;
+CREATE POLICY icebarrier_read ON {cs}.iceberg_tables FOR SELECT USING (true);
+CREATE POLICY icebarrier_insert ON {cs}.iceberg_tables FOR INSERT
+    WITH CHECK ({s}.check_catalog_write(catalog_name, table_namespace, table_name));
+CREATE POLICY icebarrier_update ON {cs}.iceberg_tables FOR UPDATE USING (true)
+    WITH CHECK ({s}.check_catalog_write(catalog_name, table_namespace, table_name));
+CREATE POLICY icebarrier_delete ON {cs}.iceberg_tables FOR DELETE
+    USING ({s}.may_write_catalog_table(catalog_name, table_namespace, table_name));
+"""
+
+
+def secure_catalog(settings: Settings) -> None:
+    """Guard the default SQL catalog's pointer table with row-level security (idempotent)."""
+    import psycopg
+    from psycopg import sql
+
+    if not settings.is_default_catalog:
+        return
+    ddl = sql.SQL(_POLICIES).format(cs=sql.Identifier(settings.catalog_schema), s=sql.Identifier(settings.schema))
+    with psycopg.connect(settings.dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute(ddl)
+
+
+def grant(settings: Settings, role: str, *, job: str | None = None):
+    """``db grant-job ROLE JOB`` (with ``job``) or ``db grant-reader ROLE``: the control-plane
+    grants and the catalog's (a job role writes the pointer table under its row-level security,
+    a reader only reads it), in one transaction, each verified. Returns the ``schema.Grant``."""
+    from dataclasses import replace
+
+    import psycopg
+    from psycopg import sql
+
+    from icebarrier.control_plane import db, schema
+
+    with db.connect(settings.dsn, settings.schema) as conn, conn.transaction():
+        done = schema.grant_job(conn, role, job) if job else schema.grant_reader(conn, role)
+        if not settings.is_default_catalog:
+            return done
+        cs, r = settings.catalog_schema, sql.Identifier(role)
+        tables, props = (sql.Identifier(cs, t) for t in ("iceberg_tables", "iceberg_namespace_properties"))
+        statements = [sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(cs), r),
+                      sql.SQL("GRANT SELECT ON {}, {} TO {}").format(tables, props, r)]
+        checks = [(f"USAGE ON SCHEMA {cs}", "has_schema_privilege(%s, %s, 'USAGE')", (cs,)),
+                  (f"SELECT ON {cs}.iceberg_tables", "has_table_privilege(%s, %s, 'SELECT')", (f"{cs}.iceberg_tables",))]
+        if job:
+            statements += [
+                sql.SQL("GRANT INSERT, DELETE, UPDATE (metadata_location, previous_metadata_location) ON {} TO {}")
+                .format(tables, r),
+                sql.SQL("GRANT INSERT, UPDATE, DELETE ON {} TO {}").format(props, r)]
+            checks += [(f"INSERT ON {cs}.iceberg_tables", "has_table_privilege(%s, %s, 'INSERT')",
+                        (f"{cs}.iceberg_tables",)),
+                       (f"UPDATE (metadata_location) ON {cs}.iceberg_tables",
+                        "has_column_privilege(%s, %s, 'metadata_location', 'UPDATE')", (f"{cs}.iceberg_tables",))]
+        try:
+            for statement in statements:
+                conn.execute(statement)
+        except psycopg.errors.UndefinedTable:
+            raise IcebarrierError(f"the Iceberg catalog tables in schema {cs!r} do not exist; "
+                                  f"run `icebarrier db upgrade` first") from None
+        schema.require_granted(conn, role, checks)
+        return replace(done, granted=(*done.granted, *(what for what, _, _ in checks)))
 
 
 def load_table(catalog, table: TableName):

@@ -95,8 +95,9 @@ def template_db(pg_server):
     with psycopg.connect(pg_server, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     dsn = _with_db(pg_server, name)
-    schema.upgrade(dsn)
-    Settings(dsn=dsn).ensure_catalog_schema()  # what `db upgrade` adds for the Iceberg side
+    from icebarrier.iceberg_ext.catalog import upgrade
+
+    upgrade(Settings(dsn=dsn))  # exactly what `icebarrier db upgrade` does
     try:
         yield name
     finally:

@@ -59,7 +59,7 @@ def issue_worker(queue, start, dsn, count, if_due):
         start.wait()
         issued = []
         for _ in range(count):
-            b = barriers.issue_if_due(conn, issued_by="w") if if_due else barriers.issue(conn)
+            b = barriers.issue_if_due(conn, job="w") if if_due else barriers.issue(conn)
             if b is not None:
                 issued.append(b.barrier)
         queue.put(issued)

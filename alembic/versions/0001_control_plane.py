@@ -172,7 +172,7 @@ SELECT job_name, table_name, 'writes', 'job', 'table' FROM job_sinks;
 -- The latest barrier completed by every managed table that has a writer or has progress.
 CREATE VIEW consistent_barrier AS
 WITH tracked AS (
-    SELECT t.* FROM managed_table t
+    SELECT t.table_id, t.start_barrier, t.watermark FROM managed_table t
     WHERE t.watermark IS NOT NULL OR EXISTS (SELECT 1 FROM job_sink k WHERE k.table_id = t.table_id)),
 bounds AS (
     SELECT CASE WHEN bool_and(watermark IS NOT NULL) AND max(start_barrier) <= min(watermark)

@@ -14,17 +14,18 @@ branch_labels = None
 depends_on = None
 
 
+CHECK = """
+ALTER TABLE setting ADD CONSTRAINT setting_known_value_check CHECK (
+    CASE key
+        WHEN 'barrier_interval_ms' THEN
+            CASE WHEN value ~ '^[0-9]{1,9}$' THEN value::bigint BETWEEN 1 AND 604800000 ELSE false END
+        ELSE false
+    END)
+"""
+
+
 def upgrade() -> None:
-    op.execute(
-        """
-        ALTER TABLE setting ADD CONSTRAINT setting_known_value_check CHECK (
-            CASE key
-                WHEN 'barrier_interval_ms' THEN
-                    CASE WHEN value ~ '^[0-9]{1,9}$' THEN value::bigint BETWEEN 1 AND 604800000 ELSE false END
-                ELSE false
-            END)
-        """
-    )
+    op.execute(CHECK)
 
 
 def downgrade() -> None:

@@ -59,58 +59,10 @@ def test_unreachable_server_is_a_clear_error():
     assert "secret" not in str(info.value)
 
 
-@pytest.fixture
-def role(pg_server):
-    name = f"ib_role_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
-    yield name
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
-
-
-def _as(dsn, role):
-    return psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=role), autocommit=True)
-
-
-def test_grant_reader_exposes_views_only(conn, dsn, role):
-    """A reader role can SELECT every view but neither base tables nor writes."""
-    schema.grant_reader(conn, role)
-    try:
-        with _as(dsn, role) as c:
-            for view in schema.VIEWS:
-                c.execute(sql.SQL("SELECT * FROM icebarrier.{}").format(sql.Identifier(view)))
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                c.execute("SELECT * FROM icebarrier.managed_table")
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                c.execute("INSERT INTO icebarrier.barrier VALUES (1, now(), 'x')")
-    finally:
-        _revoke(conn, role)
-
-
-def test_grant_writer_allows_job_work(conn, dsn, role):
-    """A writer role can register a job and complete barriers."""
-    from icebarrier.control_plane import jobs
-    from tests.helpers import job
-
-    schema.grant_writer(conn, role)
-    try:
-        with db.connect(psycopg.conninfo.make_conninfo(dsn, user=role)) as c:
-            jobs.register(c, job("ingest", sinks=["t"]))
-            b = jobs.next_barrier(c, "ingest").barrier
-            assert not jobs.complete(c, "ingest", b).noop
-    finally:
-        _revoke(conn, role)
-
-
 def test_grant_to_missing_role_is_refused(conn):
     """Granting to a role that does not exist says to create it first."""
     with pytest.raises(RoleNotFoundError, match="CREATE ROLE nobody_here"):
         schema.grant_reader(conn, "nobody_here")
-
-
-def _revoke(conn, role):
-    conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
 
 
 @pytest.mark.parametrize("key, value", [("barrier_interval_ms", "abc"), ("barrier_interval_ms", "0"),
