@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from icebarrier.cli.cut import render_cut, wait_for_first_cut, wait_option
-from icebarrier.cli.render import BARRIER, emit, table
+from icebarrier.cli.render import BARRIER, duration, emit, table
 from icebarrier.control_plane import leases
 from icebarrier.control_plane.model import Level, TableName, parse_duration_s
 
@@ -13,6 +13,18 @@ from icebarrier.control_plane.model import Level, TableName, parse_duration_s
 @click.group("lease")
 def lease_group() -> None:
     """Pin a consistent cut's snapshots for a holder until released or the TTL passes."""
+
+
+@lease_group.command("max-ttl", context_settings={"ignore_unknown_options": True})  # "-5s" is a value
+@click.argument("duration_text", metavar="[DURATION]", required=False)
+@click.pass_obj
+def max_ttl(obj, duration_text: str | None) -> None:
+    """Show or set the longest TTL a lease may have when taken by a role other than the admin
+    (e.g. 1h, 1d; at most 7d). Setting it is for the admin."""
+    conn = obj.conn()
+    seconds = leases.set_max_ttl_s(conn, parse_duration_s(duration_text)) if duration_text \
+        else leases.get_max_ttl_s(conn)
+    emit(obj, {"lease_max_ttl_s": seconds}, f"lease max TTL (roles other than the admin): {duration(seconds)}")
 
 
 @lease_group.command("acquire")

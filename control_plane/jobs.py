@@ -245,10 +245,9 @@ def next_barrier(conn: psycopg.Connection, name: str) -> NextBarrier:
             waiting = {str(s.name): s.watermark for s in info.sources if not s.has_completed(row["b"])}
             return NextBarrier(job=name, barrier=row["b"], ready=not waiting, waiting_for=waiting)
     if info.definition.is_root:
-        candidate = _first_after(conn, info.progress) if info.progress is not None else _newest_barrier(conn)
-        if candidate is None or (info.progress is None and _due(conn)):
-            new = barriers.issue_if_due(conn, job=name)
-            issued = new is not None
+        candidate = _first_after(conn, info.progress) if info.progress is not None else None
+        if candidate is None:  # a job starting takes a fresh barrier if the newest is old
+            issued = barriers.issue_if_due(conn, job=name) is not None
             candidate = _first_after(conn, info.progress) if info.progress is not None else _newest_barrier(conn)
         return NextBarrier(job=name, barrier=candidate, ready=candidate is not None, issued=issued)
 
@@ -274,18 +273,6 @@ def _first_after(conn: psycopg.Connection, barrier: int) -> int | None:
 def _newest_barrier(conn: psycopg.Connection) -> int | None:
     newest = barriers.newest(conn)
     return newest.barrier if newest else None
-
-
-def _due(conn: psycopg.Connection) -> bool:
-    """Is the newest barrier older than the barrier interval (or is there none)?"""
-    row = conn.execute(
-        """
-        SELECT coalesce(max(barrier) <= (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
-                        - (SELECT value::bigint * 1000 FROM setting WHERE key = 'barrier_interval_ms'), true) AS due
-        FROM barrier
-        """
-    ).fetchone()
-    return row["due"]
 
 
 # -- completing a barrier ------------------------------------------------------------------------------

@@ -52,6 +52,21 @@ def acquire(
     )
 
 
+MAX_TTL_KEY = "lease_max_ttl_ms"
+
+
+def get_max_ttl_s(conn: psycopg.Connection) -> float:
+    """The longest TTL a role other than the admin may give a lease."""
+    return int(conn.execute("SELECT value FROM setting WHERE key = %s", (MAX_TTL_KEY,)).fetchone()["value"]) / 1000
+
+
+def set_max_ttl_s(conn: psycopg.Connection, seconds: float) -> float:
+    """Set the cap (the admin only; 1s..7d, checked by the setting's constraint)."""
+    with conn.transaction():
+        call(conn, "set_setting", MAX_TTL_KEY, str(round(seconds * 1000)))
+    return get_max_ttl_s(conn)
+
+
 def renew(conn: psycopg.Connection, lease_id: str, *, ttl_s: float) -> Lease:
     with conn.transaction():
         call(conn, "renew_lease", _parse_id(lease_id), float(ttl_s))

@@ -9,7 +9,7 @@ acyclic, a job never reads its own sink) are enforced where every client meets t
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from icebarrier.control_plane.model import JobDefinition, TableName

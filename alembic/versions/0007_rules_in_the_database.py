@@ -410,7 +410,8 @@ BEGIN
         PERFORM fail('IB014', format('there is no setting %s', p_key));
     END IF;
 EXCEPTION WHEN check_violation THEN
-    PERFORM fail('IB014', format('%s for setting %s is out of range', p_value, p_key));
+    PERFORM fail('IB014', format('%s ms for setting %s is out of range; barrier_interval_ms takes 1 ms to 7 days, '
+                                 'lease_max_ttl_ms 1 s to 7 days', p_value, p_key));
 END $$;
 
 -- Completion ------------------------------------------------------------------------------------

@@ -62,6 +62,9 @@ def _cases():
     yield ["lease", "acquire", ORDERS, "--ttl", "1ms"], "0.001s"
     yield ["lease", "acquire", ORDERS, "--ttl", "0s"], "0s"
     yield ["lease", "acquire", ORDERS, "--ttl", "8d"], "691200s"
+    for d, named in [("0s", "0s"), ("500ms", "500 ms for setting lease_max_ttl_ms is out of range"), ("8d", "691200000 ms for setting"),
+                     ("-5s", "-5s"), ("abc", "abc")]:
+        yield ["lease", "max-ttl", d], named
     for cmd in BARRIER_COMMANDS:
         for b in BAD_BARRIERS:
             yield [a.format(b=b) for a in cmd], b

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from icebarrier.control_plane import barriers, db, jobs, leases, reads
-from icebarrier.control_plane.cuts import check_valid_at, latest_valid_barrier, protected_set
+from icebarrier.control_plane.cuts import check_valid_at, latest_valid_barrier, protected_set, removable
 from icebarrier.control_plane.errors import BarrierNotValidError, NoValidCutError
 from icebarrier.control_plane.model import JobDefinition, TableName, TableState
 
@@ -114,7 +114,8 @@ def test_sql_cuts_agree_with_the_pure_definitions(conn, history):
 def test_sql_protected_sets_agree_with_the_pure_definition(make_db, template_db, history, data):
     """Each table's protected set — current snapshot, live leases, downstream progress and the
     read-committed window (S(T, lo) and commits in (lo, W(T)], lo the lowest watermark) — is
-    the pure definition's, reasons included."""
+    the pure definition's, reasons included; expiry's claim removes exactly the candidates
+    outside it."""
     k, spec = history
     downstream = None
     if spec[0][0] is not None:  # a job reading table 0, over part of table 0's completed range
@@ -145,3 +146,7 @@ def test_sql_protected_sets_agree_with_the_pure_definition(make_db, template_db,
             got = leases.protected(conn, name)
             assert {s: sorted(p.reasons) for s, p in got.items()} == \
                 {s: sorted(p.reasons) for s, p in expected.items()}, name
+            # Expiry's claim (decided in SQL under the table lock) removes exactly the rest.
+            candidates = sorted({*own.values(), 4242})
+            claim = leases.claim_expiry(conn, name, candidates, dry_run=True)
+            assert list(claim.removable) == removable(candidates, expected), name

@@ -145,7 +145,7 @@ def test_the_lease_ttl_cap_is_a_validated_setting(world):
     """Readers' leases are capped by lease_max_ttl_ms; a bad value cannot be stored."""
     with db.connect(world["dsn"]["admin"]) as admin:
         db.call(admin, "set_setting", "lease_max_ttl_ms", "120000")
-        with pytest.raises(IcebarrierError, match="10 for setting lease_max_ttl_ms is out of range"):
+        with pytest.raises(IcebarrierError, match="10 ms for setting lease_max_ttl_ms is out of range"):
             db.call(admin, "set_setting", "lease_max_ttl_ms", "10")
         assert admin.execute("SELECT value FROM setting WHERE key = 'lease_max_ttl_ms'").fetchone()["value"] == "120000"
     with db.connect(world["dsn"]["reader"]) as reader:

@@ -1,10 +1,8 @@
 """Migrations, version checks and role grants against a real Postgres."""
 
-import uuid
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from icebarrier.control_plane import db, schema
 from icebarrier.control_plane.errors import ControlPlaneUnavailableError, RoleNotFoundError, SchemaOutOfDateError
