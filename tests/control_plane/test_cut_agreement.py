@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from icebarrier.control_plane import barriers, db, jobs, leases, reads
-from icebarrier.control_plane.cuts import check_valid_at, latest_valid_barrier, protected_set, removable
+from icebarrier.control_plane.cuts import check_valid_at, latest_valid_barrier, protected_set, removable, removable
 from icebarrier.control_plane.errors import BarrierNotValidError, NoValidCutError
 from icebarrier.control_plane.model import JobDefinition, TableName, TableState
 
@@ -150,3 +150,25 @@ def test_sql_protected_sets_agree_with_the_pure_definition(make_db, template_db,
             candidates = sorted({*own.values(), 4242})
             claim = leases.claim_expiry(conn, name, candidates, dry_run=True)
             assert list(claim.removable) == removable(candidates, expected), name
+
+
+def test_expiry_claims_exactly_what_no_reason_keeps(conn):
+    """A history where every reason protects something (a lease on an old cut, downstream
+    progress and the read-committed window, the current snapshot, retention, a tag): the claim
+    removes exactly the unprotected old snapshot and an unknown id, and agrees with the pure
+    definition."""
+    src, derived = TableName.parse("lake.k.src"), TableName.parse("lake.k.derived")
+    jobs.register(conn, JobDefinition(name="k_src", sinks=frozenset([src]), external_inputs=frozenset(["ext:k"])))
+    jobs.register(conn, JobDefinition(name="k_derived", sources=frozenset([src]), sinks=frozenset([derived])))
+    marks = []
+    for step, snapshot in enumerate([100, 101, 102, 103, 104]):
+        marks.append(barriers.issue(conn).barrier)
+        jobs.complete(conn, "k_src", marks[-1], {src: snapshot})
+        if step <= 2:
+            jobs.complete(conn, "k_derived", marks[-1], {derived: 200 + step})
+    lease = leases.acquire(conn, [src], ttl_s=600, holder="old reader", barrier=marks[1])
+    candidates = [100, 101, 102, 103, 104, 98, 99, 4242]
+    claim = leases.claim_expiry(conn, src, candidates, retained=(99,), tagged=(("audit", 98),), dry_run=True)
+    assert claim.removable == (100, 4242)
+    assert claim.protected[101].reasons == (f"lease:{lease.lease_id}",)
+    assert list(claim.removable) == removable(candidates, claim.protected)
