@@ -8,6 +8,7 @@ opened here has its ``search_path`` set to it, so SQL names its objects unqualif
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -111,10 +112,8 @@ def call(conn: psycopg.Connection, function: str, *args) -> list[dict]:
 
     The functions check who may do what and their rules, and raise their own SQLSTATEs; those
     come back as the matching :class:`IcebarrierError` (``errors.from_sqlstate``)."""
-    query = sql.SQL("SELECT * FROM {}({})").format(
-        sql.Identifier(function), sql.SQL(", ").join(sql.Placeholder() * len(args)))
     try:
-        return conn.execute(query, args).fetchall()
+        return conn.execute(_call_query(function, len(args)), args).fetchall()
     except pg_errors.InsufficientPrivilege as exc:
         raise PermissionDeniedError(
             conn.info.user, function, None, f"role {conn.info.user} may not call {function} "
@@ -127,6 +126,13 @@ def call(conn: psycopg.Connection, function: str, *args) -> list[dict]:
         if ours is None:
             raise
         raise ours from None
+
+
+@functools.lru_cache(maxsize=64)
+def _call_query(function: str, n_args: int) -> str:
+    """``SELECT * FROM function(%s, …)``, composed once (psycopg then prepares it server-side)."""
+    return sql.SQL("SELECT * FROM {}({})").format(
+        sql.Identifier(function), sql.SQL(", ").join(sql.Placeholder() * n_args)).as_string(None)
 
 
 def advisory_lock(conn: psycopg.Connection, purpose: str, ids: list[int], *, what: str, shared: bool = False,

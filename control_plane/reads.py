@@ -44,10 +44,9 @@ def resolve_with_ids(
     if not tables:
         raise IcebarrierError("no tables given; name at least one table to read")
     aligned = not (level is Level.READ_UNCOMMITTED and barrier is None)
-    rows = call(conn, "resolve_cut", [str(t) for t in tables], barrier, aligned)
-    cut = Cut(barrier=rows[0]["barrier"], level=level,
-              snapshots={t: r["snapshot_id"] for t, r in zip(tables, rows)})
-    return cut, {t: r["table_id"] for t, r in zip(tables, rows)}
+    row = call(conn, "resolve_cut", [str(t) for t in tables], barrier, aligned)[0]
+    cut = Cut(barrier=row["barrier"], level=level, snapshots=dict(zip(tables, row["snapshot_ids"])))
+    return cut, dict(zip(tables, row["table_ids"]))
 
 
 def wait_for_cut(

@@ -137,33 +137,35 @@ CREATE FUNCTION lock_key(p_purpose text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN ('x' || substr(md5({lock_prefix} || ':' || p_purpose), 1, 8))::bit(32)::integer;
 
--- Is the caller the admin (the schema owner, a member of it, or a superuser)?
+-- Is the caller the admin (the schema owner, a member of it, or a superuser)? (PL/pgSQL, not
+-- SQL: its plans are cached for the session; these run on every write.)
 CREATE FUNCTION caller_is_admin() RETURNS boolean
-LANGUAGE sql STABLE
-BEGIN ATOMIC
-    SELECT pg_has_role(session_user, n.nspowner, 'MEMBER') FROM pg_namespace n WHERE n.nspname = {schema_literal};
-END;
+LANGUAGE plpgsql STABLE SET search_path = {search_path} AS $$
+BEGIN
+    RETURN (SELECT pg_has_role(session_user, n.nspowner, 'MEMBER') FROM pg_namespace n
+            WHERE n.nspname = {schema_literal});
+END $$;
 
 -- May the caller act for job p_job (the admin, or a member of a role granted that job)?
 CREATE FUNCTION caller_acts_for(p_job text) RETURNS boolean
-LANGUAGE sql STABLE
-BEGIN ATOMIC
-    SELECT caller_is_admin() OR EXISTS (
+LANGUAGE plpgsql STABLE SET search_path = {search_path} AS $$
+BEGIN
+    RETURN caller_is_admin() OR EXISTS (
         SELECT 1 FROM job_grant g JOIN pg_roles r ON r.rolname = g.role_name
         WHERE g.job_name = p_job AND pg_has_role(session_user, r.oid, 'MEMBER'));
-END;
+END $$;
 
 -- May the caller write the Iceberg catalog row of catalog.namespace.table? The admin may,
 -- a job role only for its jobs' sinks and for tables icebarrier does not manage.
 CREATE FUNCTION may_write_catalog_table(p_catalog text, p_namespace text, p_table text) RETURNS boolean
-LANGUAGE sql STABLE
-BEGIN ATOMIC
-    SELECT caller_is_admin() OR NOT EXISTS (
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = {search_path} AS $$
+BEGIN
+    RETURN caller_is_admin() OR NOT EXISTS (
         SELECT 1 FROM managed_table m
         WHERE m.name = lower(p_catalog || '.' || p_namespace || '.' || p_table)
           AND NOT EXISTS (SELECT 1 FROM job_sink k JOIN job j USING (job_id)
                           WHERE k.table_id = m.table_id AND j.active AND caller_acts_for(j.name)));
-END;
+END $$;
 """
 
 # Raising helpers and the write functions. {search_path} is fixed on each definer function.
@@ -419,60 +421,65 @@ END $$;
 -- Job p_job completes barrier p_barrier for all its sinks, recording the snapshots committed
 -- (p_tables[i] -> p_snapshots[i]; sinks without one keep theirs) and when. Completing a
 -- completed barrier again with the same commits is a no-op (noop = true); with others,
--- refused. The sinks' rows are locked, so concurrent completions of one job serialise.
+-- refused. One read decides (and names what is wrong); the sinks then move by compare-and-set
+-- from the progress that read saw: if another process moved them first, nothing is written
+-- and the conflict is retryable (SQLSTATE 40001). The topology lock, taken shared, keeps the
+-- job's sinks what the read saw.
 CREATE FUNCTION complete_barrier(p_job text, p_barrier bigint, p_tables text[] DEFAULT '{{}}',
                                  p_snapshots bigint[] DEFAULT '{{}}', p_run_id text DEFAULT NULL)
 RETURNS TABLE (sinks text[], noop boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = {search_path} AS $$
 #variable_conflict use_column
 DECLARE
-    v_job_id bigint;
     s record;
     v_given jsonb;
     v_recorded jsonb;
-    v_expected bigint;
-    v_waiting jsonb;
     v_strangers text[];
+    v_moved integer;
 BEGIN
     PERFORM require_job(p_job, 'complete barriers of');
-    IF cardinality(p_tables) IS DISTINCT FROM cardinality(p_snapshots)
-       OR (SELECT count(DISTINCT x) FROM unnest(p_tables) x) <> cardinality(p_tables) THEN
+    IF cardinality(p_tables) IS DISTINCT FROM cardinality(p_snapshots) OR (cardinality(p_tables) > 1 AND
+       (SELECT count(DISTINCT x) FROM unnest(p_tables) x) <> cardinality(p_tables)) THEN
         PERFORM fail('IB014', 'commits must name each table once, each with one snapshot id');
     END IF;
-    PERFORM take_lock('topology', ARRAY[0::bigint], true, format('completing barrier %s of job %s', p_barrier, p_job));
-    SELECT job_id INTO v_job_id FROM job WHERE name = p_job AND active;
-    IF v_job_id IS NULL THEN
-        PERFORM fail('IB001', format('job %s is not registered', p_job), jsonb_build_object('job', p_job));
+    IF NOT pg_try_advisory_xact_lock_shared(lock_key('topology'), 0) THEN
+        PERFORM take_lock('topology', ARRAY[0::bigint], true, format('completing barrier %s of job %s', p_barrier,
+                                                                      p_job));
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM barrier b WHERE b.barrier = p_barrier) THEN
-        PERFORM fail('IB002', format('barrier %s was never issued', p_barrier), jsonb_build_object('barrier', p_barrier));
-    END IF;
-    SELECT array_agg(l.table_id ORDER BY l.table_id) AS ids, array_agg(l.name ORDER BY l.name) AS names,
-           jsonb_object_agg(l.name, l.watermark) AS marks, min(l.start_barrier) AS start,
-           max(l.watermark) AS progress, count(DISTINCT coalesce(l.watermark, -1)) AS n_marks,
-           min(l.name) FILTER (WHERE l.revision_id IS NOT NULL) AS revising,
-           min(l.revision_id) AS revision_id
+    SELECT j.job_id, EXISTS (SELECT 1 FROM barrier b WHERE b.barrier = p_barrier) AS issued, k.*,
+           (SELECT min(b.barrier) FROM barrier b WHERE b.barrier > k.progress) AS expected,
+           (SELECT jsonb_object_agg(t.name, t.watermark) FROM job_source src JOIN managed_table t USING (table_id)
+            WHERE src.job_id = j.job_id AND NOT has_completed(t.start_barrier, t.watermark, p_barrier)) AS waiting
       INTO s
-      FROM (SELECT t.table_id, t.name, t.watermark, t.start_barrier, t.revision_id
-            FROM managed_table t JOIN job_sink k USING (table_id)
-            WHERE k.job_id = v_job_id ORDER BY t.table_id FOR UPDATE OF t) l;
-    IF s.revising IS NOT NULL THEN
+      FROM job j
+      CROSS JOIN LATERAL (
+          SELECT array_agg(t.table_id) AS ids, array_agg(t.name) AS names, min(t.start_barrier) AS start,
+                 max(t.watermark) AS progress, min(t.watermark) IS DISTINCT FROM max(t.watermark)
+                 OR (count(t.watermark) <> count(*) AND count(t.watermark) > 0) AS split, count(*) AS n,
+                 min(t.name) FILTER (WHERE t.revision_id IS NOT NULL) AS revising, min(t.revision_id) AS revision_id
+          FROM job_sink k JOIN managed_table t USING (table_id) WHERE k.job_id = j.job_id) k
+     WHERE j.name = p_job AND j.active;
+    IF s.job_id IS NULL THEN
+        PERFORM fail('IB001', format('job %s is not registered', p_job), jsonb_build_object('job', p_job));
+    ELSIF NOT s.issued THEN
+        PERFORM fail('IB002', format('barrier %s was never issued', p_barrier), jsonb_build_object('barrier', p_barrier));
+    ELSIF s.revising IS NOT NULL THEN
         PERFORM fail('IB003', format('table %s is being revised (revision %s)', s.revising, s.revision_id),
                      jsonb_build_object('table', s.revising, 'revision_id', s.revision_id));
-    END IF;
-    v_strangers := ARRAY(SELECT x FROM unnest(p_tables) x WHERE NOT x = ANY(s.names) ORDER BY 1);
-    IF cardinality(v_strangers) > 0 THEN
+    ELSIF NOT p_tables <@ s.names THEN
+        v_strangers := ARRAY(SELECT x FROM unnest(p_tables) x WHERE NOT x = ANY(s.names) ORDER BY 1);
         PERFORM fail('IB004', format('job %s does not write %s', p_job, array_to_string(v_strangers, ', ')),
                      jsonb_build_object('job', p_job, 'tables', to_jsonb(v_strangers)));
-    END IF;
-    IF s.n_marks > 1 THEN
+    ELSIF s.split THEN
         PERFORM fail('IB005', format('the sinks of job %s are at different barriers', p_job),
-                     jsonb_build_object('job', p_job, 'watermarks', s.marks));
+                     jsonb_build_object('job', p_job, 'watermarks', (
+                         SELECT jsonb_object_agg(t.name, t.watermark) FROM managed_table t
+                         WHERE t.table_id = ANY(s.ids))));
     END IF;
-    SELECT coalesce(jsonb_object_agg(c.name, c.snapshot_id), '{{}}') INTO v_given
-    FROM unnest(p_tables, p_snapshots) AS c(name, snapshot_id);
 
     IF has_completed(s.start, s.progress, p_barrier) THEN
+        SELECT coalesce(jsonb_object_agg(c.name, c.snapshot_id), '{{}}') INTO v_given
+        FROM unnest(p_tables, p_snapshots) AS c(name, snapshot_id);
         SELECT coalesce(jsonb_object_agg(t.name, c.snapshot_id), '{{}}') INTO v_recorded
         FROM table_commit c JOIN managed_table t USING (table_id)
         WHERE c.table_id = ANY(s.ids) AND c.barrier = p_barrier AND c.operation = 'data' AND c.revoked_by IS NULL;
@@ -481,33 +488,34 @@ BEGIN
                          jsonb_build_object('job', p_job, 'barrier', p_barrier, 'recorded', v_recorded,
                                             'given', v_given));
         END IF;
-        RETURN QUERY SELECT s.names, true;
+        sinks := s.names;
+        noop := true;
+        RETURN NEXT;
         RETURN;
-    END IF;
-    IF s.progress IS NOT NULL THEN
-        SELECT min(b.barrier) INTO v_expected FROM barrier b WHERE b.barrier > s.progress;
-        IF p_barrier IS DISTINCT FROM v_expected THEN
-            PERFORM fail('IB007', format('job %s must complete barrier %s next, not %s', p_job, v_expected, p_barrier),
-                         jsonb_build_object('job', p_job, 'barrier', p_barrier, 'expected', v_expected,
-                                            'watermark', s.progress));
-        END IF;
-    END IF;
-    SELECT jsonb_object_agg(t.name, t.watermark) INTO v_waiting
-    FROM job_source src JOIN managed_table t USING (table_id)
-    WHERE src.job_id = v_job_id AND NOT has_completed(t.start_barrier, t.watermark, p_barrier);
-    IF v_waiting IS NOT NULL THEN
+    ELSIF s.progress IS NOT NULL AND p_barrier IS DISTINCT FROM s.expected THEN
+        PERFORM fail('IB007', format('job %s must complete barrier %s next, not %s', p_job, s.expected, p_barrier),
+                     jsonb_build_object('job', p_job, 'barrier', p_barrier, 'expected', s.expected,
+                                        'watermark', s.progress));
+    ELSIF s.waiting IS NOT NULL THEN
         PERFORM fail('IB008', format('the sources of job %s have not completed barrier %s', p_job, p_barrier),
-                     jsonb_build_object('job', p_job, 'barrier', p_barrier, 'waiting', v_waiting));
+                     jsonb_build_object('job', p_job, 'barrier', p_barrier, 'waiting', s.waiting));
     END IF;
 
     UPDATE managed_table SET watermark = p_barrier, start_barrier = coalesce(start_barrier, p_barrier)
-    WHERE table_id = ANY(s.ids);
+    WHERE table_id = ANY(s.ids) AND watermark IS NOT DISTINCT FROM s.progress AND revision_id IS NULL;
+    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    IF v_moved <> s.n THEN
+        RAISE EXCEPTION 'another process completed or revised the sinks of job % first', p_job
+              USING ERRCODE = 'serialization_failure';
+    END IF;
     INSERT INTO table_commit (table_id, barrier, snapshot_id, job_name, run_id)
     SELECT t.table_id, p_barrier, c.snapshot_id, p_job, p_run_id
     FROM unnest(p_tables, p_snapshots) AS c(name, snapshot_id) JOIN managed_table t USING (name);
     INSERT INTO table_completion (table_id, barrier, job_name, completed_at)
     SELECT unnest(s.ids), p_barrier, p_job, clock_timestamp();
-    RETURN QUERY SELECT s.names, false;
+    sinks := s.names;
+    noop := false;
+    RETURN NEXT;
 END $$;
 
 -- Record another snapshot a table has completed p_barrier with (compaction, or adoption of a
@@ -591,45 +599,52 @@ END $$;
 
 -- The cut over p_names at p_barrier (NULL: the latest valid one), checked: unknown tables,
 -- a barrier never issued, a cut not valid (the tables' progress in the detail, for the
--- wording), an expired snapshot. p_aligned false: read-uncommitted, no checks.
+-- wording), an expired snapshot. p_aligned false: read-uncommitted, no checks. One row: the
+-- barrier, and the tables' ids and snapshots in the order given (arrays: 1,000 tables are
+-- one row to send, not 1,000).
 CREATE FUNCTION resolve_cut(p_names text[], p_barrier bigint, p_aligned boolean DEFAULT true)
-RETURNS TABLE (table_name text, table_id bigint, snapshot_id bigint, barrier bigint)
+RETURNS TABLE (barrier bigint, table_ids bigint[], snapshot_ids bigint[])
 LANGUAGE plpgsql STABLE SET search_path = {search_path} SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
 DECLARE
+    v_bound bigint := CASE WHEN p_aligned THEN p_barrier ELSE 9223372036854775807 END;
     c record;
+    v_unknown text;
+    v_detail jsonb;
 BEGIN
-    SELECT array_agg(x.table_name ORDER BY x.ord) AS names, array_agg(x.table_id ORDER BY x.ord) AS ids,
-           array_agg(x.snapshot_id ORDER BY x.ord) AS snaps,
-           min(x.table_name) FILTER (WHERE x.table_id IS NULL) AS unknown,
-           jsonb_agg(jsonb_build_object('name', x.table_name, 'start', x.start_barrier, 'watermark', x.watermark)
-                     ORDER BY x.ord) AS states,
-           (array_agg(jsonb_build_object('table', x.table_name, 'snapshot_id', x.snapshot_id, 'barrier', x.barrier)
-                      ORDER BY x.ord) FILTER (WHERE x.expired))[1] AS expired,
-           min(x.barrier) AS b, bool_and(x.issued) AS issued, bool_and(x.valid) AS valid
-      INTO c
-      FROM cut_at(p_names, CASE WHEN p_aligned THEN p_barrier ELSE 9223372036854775807 END) x;
-    IF c.unknown IS NOT NULL THEN
-        PERFORM fail('IB009', format('table %s is not managed by icebarrier', c.unknown),
-                     jsonb_build_object('table', c.unknown));
+    -- The common case in one pass (cut_at returns rows in the order given).
+    SELECT array_agg(x.table_id) AS ids, array_agg(x.snapshot_id) AS snaps, bool_and(x.table_id IS NOT NULL) AS known,
+           min(x.barrier) AS b, bool_and(x.issued) AS issued, bool_and(x.valid) AS valid, bool_or(x.expired) AS expired
+      INTO c FROM cut_at(p_names, v_bound) x;
+    IF NOT c.known THEN
+        SELECT min(x.table_name) INTO v_unknown FROM cut_at(p_names, v_bound) x WHERE x.table_id IS NULL;
+        PERFORM fail('IB009', format('table %s is not managed by icebarrier', v_unknown),
+                     jsonb_build_object('table', v_unknown));
     END IF;
     IF p_aligned THEN
         IF p_barrier IS NOT NULL AND NOT c.issued THEN
             PERFORM fail('IB002', format('barrier %s was never issued', p_barrier),
                          jsonb_build_object('barrier', p_barrier));
         END IF;
-        IF NOT c.valid THEN
+        IF NOT c.valid THEN  -- the tables' progress, for the wording (cuts.py)
+            SELECT jsonb_agg(jsonb_build_object('name', x.table_name, 'start', x.start_barrier,
+                                                'watermark', x.watermark)) INTO v_detail
+            FROM cut_at(p_names, v_bound) x;
             PERFORM fail('IB010', format('no consistent cut over %s at %s', array_to_string(p_names, ', '),
                                          coalesce(p_barrier::text, 'the latest barrier')),
-                         jsonb_build_object('barrier', p_barrier, 'states', c.states));
+                         jsonb_build_object('barrier', p_barrier, 'states', v_detail));
         END IF;
-        IF c.expired IS NOT NULL THEN
-            PERFORM fail('IB011', format('snapshot %s of %s was already expired', c.expired->>'snapshot_id',
-                                         c.expired->>'table'), c.expired);
+        IF c.expired THEN
+            SELECT jsonb_build_object('table', x.table_name, 'snapshot_id', x.snapshot_id, 'barrier', x.barrier)
+              INTO v_detail FROM cut_at(p_names, v_bound) x WHERE x.expired ORDER BY x.ord LIMIT 1;
+            PERFORM fail('IB011', format('snapshot %s of %s was already expired', v_detail->>'snapshot_id',
+                                         v_detail->>'table'), v_detail);
         END IF;
     END IF;
-    RETURN QUERY SELECT n, i, sn, CASE WHEN p_aligned THEN c.b END
-                 FROM unnest(c.names, c.ids, c.snaps) AS u(n, i, sn);
+    barrier := CASE WHEN p_aligned THEN c.b END;
+    table_ids := c.ids;
+    snapshot_ids := c.snaps;
+    RETURN NEXT;
 END $$;
 
 CREATE FUNCTION lease_ttl_cap_s() RETURNS double precision
@@ -671,8 +686,7 @@ BEGIN
     PERFORM check_lease_ttl(p_ttl_s);
     v_ids := ARRAY(SELECT m.table_id FROM managed_table m WHERE m.name = ANY(p_tables));
     PERFORM take_lock('table', v_ids, true, format('lease on %s', array_to_string(p_tables, ', ')));
-    SELECT array_agg(r.table_name) AS names, array_agg(r.table_id) AS ids, array_agg(r.snapshot_id) AS snaps,
-           min(r.barrier) AS b
+    SELECT p_tables AS names, r.table_ids AS ids, r.snapshot_ids AS snaps, r.barrier AS b
       INTO c FROM resolve_cut(p_tables, p_barrier) r;
     INSERT INTO lease (holder, barrier, expires_at, owner_role)
     VALUES (p_holder, c.b, now() + make_interval(secs => p_ttl_s), session_user)
