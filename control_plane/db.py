@@ -71,15 +71,7 @@ def connect(dsn: str | None = None, schema: str | None = None, *, check_schema: 
     dsn = resolve_dsn(dsn)
     schema = resolve_schema(schema)
     try:
-        conn = psycopg.connect(
-            dsn,
-            autocommit=True,
-            row_factory=dict_row,
-            options=f"-c search_path={schema} -c lock_timeout={_timeout_ms(LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT)} "
-                    f"-c statement_timeout={_timeout_ms(STATEMENT_TIMEOUT_ENV, DEFAULT_STATEMENT_TIMEOUT)}",
-            application_name="icebarrier",
-            connect_timeout=10,
-        )
+        conn = psycopg.connect(dsn, **connection_kwargs(schema))
     except psycopg.OperationalError as exc:
         reason = "; ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip()) \
             or type(exc).__name__
@@ -97,6 +89,33 @@ def connect(dsn: str | None = None, schema: str | None = None, *, check_schema: 
             conn.close()
             raise
     return conn
+
+
+def connection_kwargs(schema: str) -> dict:
+    """How every control-plane connection is opened (autocommit, dict rows, the schema first on
+    the search_path, bounded lock and statement waits); pools use the same."""
+    return {
+        "autocommit": True,
+        "row_factory": dict_row,
+        "options": f"-c search_path={schema} -c lock_timeout={_timeout_ms(LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT)} "
+                   f"-c statement_timeout={_timeout_ms(STATEMENT_TIMEOUT_ENV, DEFAULT_STATEMENT_TIMEOUT)}",
+        "application_name": "icebarrier",
+        "connect_timeout": 10,
+    }
+
+
+def pool(dsn: str | None, schema: str | None, *, max_size: int = 8):
+    """A connection pool (psycopg_pool) for a long-running server, connections as :func:`connect`'s."""
+    from psycopg_pool import ConnectionPool
+
+    dsn, schema = resolve_dsn(dsn), resolve_schema(schema)
+    connect(dsn, schema).close()  # refuse an unreachable server or an old schema now, with our message
+
+    def configure(conn: psycopg.Connection) -> None:
+        conn.info_schema = schema  # type: ignore[attr-defined]
+
+    return ConnectionPool(dsn, kwargs=connection_kwargs(schema), configure=configure, min_size=1,
+                          max_size=max_size, open=True, name="icebarrier")
 
 
 def _timeout_ms(env: str, default: str) -> int:

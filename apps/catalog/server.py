@@ -1,0 +1,467 @@
+"""``icebarrier serve``: the Iceberg REST catalog protocol over the lake, with consistency.
+
+Every engine that speaks the REST catalog (Spark, PyIceberg, Trino, DuckDB…) reads consistent
+cuts by naming a warehouse (see :mod:`.warehouses`). The server serves the tables of the
+JDBC/SQL catalog in the control-plane database, so Spark's JDBC catalog, PyIceberg's SQL
+catalog and REST clients all see one lake. It keeps no state of its own: sessions live in
+Postgres; what it caches in memory (metadata files, pinned metadata) is immutable.
+
+Writes go through ``latest`` only. A commit to a managed table must come from a token of its
+writer job and carry ``icebarrier.barrier``; the pointer swap and the commit's record in the
+control plane are one Postgres transaction, and a commit of all of a job's sinks carrying
+barrier B also completes B for the job in that transaction.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from collections import OrderedDict
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Form, Header, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from psycopg import sql
+
+from icebarrier.apps.catalog.warehouses import Warehouse
+from icebarrier.control_plane import db, jobs, leases, reads, tokens
+from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError, TableNotFoundError
+from icebarrier.control_plane.model import Level, TableName
+from icebarrier.control_plane.tokens import AuthenticationError, Principal
+from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER, load_catalog
+from icebarrier.iceberg_ext.config import Settings
+from icebarrier.iceberg_ext.pinning import pinned
+
+SEP = "\x1f"  # the REST spec's namespace level separator
+LEASE_RENEW_S = 300.0
+
+
+class ForbiddenError(IcebarrierError):
+    """The token may not do this (403)."""
+
+
+class _LRU:
+    """A small thread-safe LRU for immutable values (metadata files, pinned responses)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, key, make):
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        value = make()
+        with self.lock:
+            self.items[key] = value
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+        return value
+
+
+class Lake:
+    """The server's view of the lake: the SQL catalog (PyIceberg) plus the control plane."""
+
+    def __init__(self, settings: Settings, *, quiet_ms: int, pool_size: int = 8) -> None:
+        if not settings.is_default_catalog:
+            raise IcebarrierError("icebarrier serve serves the default SQL catalog in the control-plane database; "
+                                  "remove [catalog_properties] from the configuration")
+        self.settings = settings
+        self.catalog = load_catalog(settings)
+        self.pool = db.pool(settings.dsn, settings.schema, max_size=pool_size)
+        self.quiet_ms = quiet_ms
+        self.metadata_cache = _LRU(4096)
+        self.pinned_cache = _LRU(8192)
+        self._pointer_sql = sql.SQL(
+            "SELECT metadata_location FROM {}.iceberg_tables WHERE catalog_name = %s AND table_namespace = %s "
+            "AND table_name = %s").format(sql.Identifier(settings.catalog_schema)).as_string(None)
+        self._swap_sql = sql.SQL(
+            "UPDATE {}.iceberg_tables SET metadata_location = %s, previous_metadata_location = %s "
+            "WHERE catalog_name = %s AND table_namespace = %s AND table_name = %s AND metadata_location = %s"
+        ).format(sql.Identifier(settings.catalog_schema)).as_string(None)
+        self._insert_sql = sql.SQL(
+            "INSERT INTO {}.iceberg_tables (catalog_name, table_namespace, table_name, metadata_location, "
+            "previous_metadata_location, iceberg_type) VALUES (%s, %s, %s, %s, NULL, 'TABLE')"
+        ).format(sql.Identifier(settings.catalog_schema)).as_string(None)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    # -- names --------------------------------------------------------------------------------
+
+    def table_name(self, namespace: tuple[str, ...], name: str) -> TableName:
+        try:
+            return TableName.parse(".".join((self.settings.catalog, *namespace, name)))
+        except IcebarrierError:
+            raise TableNotFoundError(".".join((*namespace, name))) from None
+
+    def writer_of(self, conn, table: TableName) -> tuple[bool, str | None]:
+        """(is the table managed, its writer job)."""
+        row = conn.execute(
+            "SELECT j.name FROM managed_table m LEFT JOIN job_sink k USING (table_id) "
+            "LEFT JOIN job j ON j.job_id = k.job_id AND j.active WHERE m.name = %s", (str(table),)).fetchone()
+        return (row is not None, row["name"] if row else None)
+
+    # -- metadata -------------------------------------------------------------------------------
+
+    def current(self, conn, table: TableName):
+        """(metadata location, metadata, io) of the table's current version."""
+        row = conn.execute(self._pointer_sql, (table.catalog, ".".join(table.namespace), table.name)).fetchone()
+        if row is None:
+            from pyiceberg.exceptions import NoSuchTableError
+
+            raise NoSuchTableError(f"table {table} does not exist")
+        return (row["metadata_location"], *self.metadata(row["metadata_location"]))
+
+    def metadata(self, location: str):
+        def read():
+            from pyiceberg.io import load_file_io
+            from pyiceberg.serializers import FromInputFile
+
+            io = load_file_io(self.catalog.properties, location)
+            return FromInputFile.table_metadata(io.new_input(location)), io
+
+        return self.metadata_cache.get(location, read)
+
+    def load(self, conn, warehouse: Warehouse, table: TableName, access_token: str | None) -> bytes:
+        """The LoadTableResult for ``table`` through ``warehouse``, as JSON bytes."""
+        from pyiceberg.catalog.rest import TableResponse
+
+        managed, _ = self.writer_of(conn, table)
+        location, metadata, io = self.current(conn, table)
+        if warehouse.kind == "latest" or not managed:
+            return TableResponse(metadata_location=location, metadata=metadata, config={}).model_dump_json().encode()
+        snapshot_id = self.pinned_snapshot(conn, warehouse, table, access_token)
+        if snapshot_id is not None and metadata.snapshot_by_id(snapshot_id) is None:
+            raise SnapshotExpiredError(str(table), snapshot_id)
+
+        def pin() -> bytes:
+            result = pinned(io, metadata, snapshot_id)
+            return TableResponse(metadata_location=result.metadata_location, metadata=result.metadata,
+                                 config={}).model_dump_json().encode()
+
+        return self.pinned_cache.get((str(metadata.table_uuid), snapshot_id), pin)
+
+    def pinned_snapshot(self, conn, warehouse: Warehouse, table: TableName, access_token: str | None) -> int | None:
+        if warehouse.kind == "barrier":
+            return reads.resolve(conn, [table], level=Level.READ_COMMITTED, barrier=warehouse.barrier).snapshots[table]
+        if warehouse.kind == "lease":  # each load renews it (never shortening it)
+            lease = leases.get(conn, warehouse.lease_id)
+            remaining_s = (lease.expires_at - conn.execute("SELECT now() AS t").fetchone()["t"]).total_seconds()
+            if lease.state != "active" or remaining_s < LEASE_RENEW_S:
+                lease = leases.renew(conn, warehouse.lease_id, ttl_s=LEASE_RENEW_S)
+            if table not in lease.snapshots:
+                raise ForbiddenError(f"lease {lease.lease_id} does not pin {table} (it pins "
+                                     f"{', '.join(sorted(map(str, lease.snapshots)))}); read it through another "
+                                     f"warehouse or take a lease that covers it")
+            return lease.snapshots[table]
+        scope = None
+        if warehouse.namespace is not None:
+            scope = f"{self.settings.catalog}.{warehouse.namespace}"
+            if ".".join(table.namespace) != warehouse.namespace:
+                raise ForbiddenError(f"warehouse {warehouse} reads only namespace {warehouse.namespace}, not {table}; "
+                                     f"use warehouse read-committed for the whole lake")
+        if access_token is None:
+            raise AuthenticationError("read-committed is stable per client session and needs a token; create one "
+                                      "with `icebarrier token create --reader` and pass it as credential")
+        barrier = tokens.session_cut(conn, access_token, scope=scope, quiet_ms=self.quiet_ms)
+        if barrier is None:
+            reads.resolve(conn, [table])  # says why there is no cut yet
+        return reads.resolve(conn, [table], barrier=barrier).snapshots[table]
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    def commit(self, conn, principal: Principal, changes: list) -> list:
+        """Apply ``changes`` (CommitTableRequest, each with its identifier) atomically; returns
+        the (table, staged table) pairs. See the module docstring for who may commit what."""
+        from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+        from pyiceberg.table.update import AddSnapshotUpdate, AssertCreate
+
+        staged, managed_barriers = [], {}
+        for change in changes:
+            table = self.table_name(tuple(change.identifier.namespace.root), change.identifier.name)
+            managed, writer = self.writer_of(conn, table)
+            self.require_writer(principal, table, managed, writer)
+            try:
+                current = self.catalog.load_table(table.identifier)
+            except NoSuchTableError:
+                if not any(isinstance(r, AssertCreate) for r in change.requirements):
+                    raise
+                current = None
+            new = self.catalog._update_and_stage_table(current, table.identifier, tuple(change.requirements),
+                                                       tuple(change.updates))
+            added = [u.snapshot for u in change.updates if isinstance(u, AddSnapshotUpdate)]
+            if managed and added:
+                marks = {(s.summary.additional_properties.get(SUMMARY_BARRIER) if s.summary else None) for s in added}
+                if None in marks or len(marks) != 1:
+                    raise ForbiddenError(f"a commit to managed table {table} must carry snapshot property "
+                                         f"{SUMMARY_BARRIER} (one barrier per commit); write through the icebarrier "
+                                         f"job runtime or set snapshot-property.{SUMMARY_BARRIER}")
+                managed_barriers[table] = (int(marks.pop()), added[-1].snapshot_id)
+            staged.append((table, current, new))
+        for _, current, new in staged:
+            if current is None or new.metadata != current.metadata:
+                self.catalog._write_metadata(new.metadata, new.io, new.metadata_location)
+        with conn.transaction():
+            for table, current, new in staged:
+                key = (table.catalog, ".".join(table.namespace), table.name)
+                if current is None:
+                    conn.execute(self._insert_sql, (*key, new.metadata_location))
+                elif new.metadata != current.metadata:
+                    moved = conn.execute(self._swap_sql, (new.metadata_location, current.metadata_location, *key,
+                                                          current.metadata_location)).rowcount
+                    if moved != 1:
+                        raise CommitFailedException(f"table {table} was changed by another commit; retry")
+            self.complete_if_whole(conn, principal, managed_barriers)
+        return [(t, new) for t, _, new in staged]
+
+    def complete_if_whole(self, conn, principal: Principal, commits: dict[TableName, tuple[int, int]]) -> None:
+        """A commit of all of the job's sinks carrying one barrier B completes B for the job."""
+        if not commits or principal.job is None:
+            return
+        sinks = jobs.load_definitions(conn).get(principal.job)
+        marks = {b for b, _ in commits.values()}
+        if sinks is None or set(commits) != set(sinks.sinks) or len(marks) != 1:
+            return  # part of the job's sinks: the job completes B itself (adopting these commits)
+        with conn.transaction():
+            jobs.complete(conn, principal.job, marks.pop(), {t: s for t, (_, s) in commits.items()},
+                          run_id="rest-catalog")
+
+    @staticmethod
+    def require_writer(principal: Principal, table: TableName, managed: bool, writer: str | None) -> None:
+        if principal.kind != "job":
+            raise ForbiddenError(f"{principal.describe()} may not write {table}: a reader token writes nothing; "
+                                 f"create a job token with `icebarrier token create --job JOB`")
+        if managed and writer != principal.job:
+            owner = f"job {writer}" if writer else "no job (it has no writer)"
+            raise ForbiddenError(f"{principal.describe()} may not write {table}: it is written by {owner}; "
+                                 f"commit with a token of {owner}")
+
+
+# -- the app ------------------------------------------------------------------------------------------
+
+_STATUS = [  # (exception class name, HTTP status, REST error type)
+    ("AuthenticationError", 401, "NotAuthorizedException"),
+    ("ForbiddenError", 403, "ForbiddenException"),
+    ("PermissionDeniedError", 403, "ForbiddenException"),
+    ("NoSuchTableError", 404, "NoSuchTableException"),
+    ("TableNotFoundError", 404, "NoSuchTableException"),
+    ("NoSuchNamespaceError", 404, "NoSuchNamespaceException"),
+    ("TableAlreadyExistsError", 409, "AlreadyExistsException"),
+    ("NamespaceAlreadyExistsError", 409, "AlreadyExistsException"),
+    ("NamespaceNotEmptyError", 409, "NamespaceNotEmptyException"),
+    ("CommitFailedException", 409, "CommitFailedException"),
+    ("ValidationError", 400, "BadRequestException"),
+    ("IcebarrierError", 400, "BadRequestException"),
+]
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    """The spec's error model; the message is our one line."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    status, kind = next(((s, k) for n, s, k in _STATUS if n in names), (500, "InternalServerError"))
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> tuple[Principal, str | None]:
+    """Who calls, and their access token (the session), from the Authorization header."""
+    if authorization and authorization.lower().startswith("bearer "):
+        token = authorization[7:].strip()
+        with request.app.state.lake.pool.connection() as conn:
+            return tokens.session(conn, token), token
+    if request.app.state.allow_anonymous_read:
+        return Principal(client_id=None, kind="reader"), None
+    raise AuthenticationError("this catalog needs a token: create one with `icebarrier token create` and pass "
+                              "CLIENT_ID:SECRET as the client's credential")
+
+
+Caller = Annotated[tuple[Principal, "str | None"], Depends(caller)]
+
+
+def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read: bool = False) -> FastAPI:
+    app = FastAPI(title="icebarrier consistent catalog", docs_url=None, redoc_url=None)
+    lake = Lake(settings, quiet_ms=quiet_ms)
+    app.state.lake = lake
+    app.state.allow_anonymous_read = allow_anonymous_read
+    app.router.add_event_handler("shutdown", lake.close)
+    from pydantic import ValidationError
+    from pyiceberg import exceptions as iceberg_errors
+
+    expected = (IcebarrierError, ValidationError, iceberg_errors.NoSuchTableError, iceberg_errors.NoSuchNamespaceError,
+                iceberg_errors.TableAlreadyExistsError, iceberg_errors.NamespaceAlreadyExistsError,
+                iceberg_errors.NamespaceNotEmptyError, iceberg_errors.CommitFailedException)
+    for kind in expected:  # anything else is a bug: a 500, logged with its traceback
+        app.add_exception_handler(kind, lambda request, exc: error_response(exc))
+    app.add_exception_handler(RequestValidationError, lambda request, exc: error_response(
+        IcebarrierError(f"malformed request: {exc.errors()[0].get('msg')} at {'.'.join(map(str, exc.errors()[0].get('loc', ())))}")))
+
+    def warehouse_of(prefix: str) -> Warehouse:
+        return Warehouse.parse(prefix)
+
+    def writable(prefix: str) -> Warehouse:
+        warehouse = Warehouse.parse(prefix)
+        if not warehouse.writable:
+            raise ForbiddenError(f"warehouse {warehouse} is read-only (it pins snapshots); write through warehouse "
+                                 f"latest")
+        return warehouse
+
+    def namespace_of(namespace: str) -> tuple[str, ...]:
+        return tuple(namespace.split(SEP))
+
+    def json_bytes(data: dict, status: int = 200) -> Response:
+        return Response(json.dumps(data), status_code=status, media_type="application/json")
+
+    @app.post("/v1/oauth/tokens")
+    def oauth_tokens(grant_type: Annotated[str, Form()], client_id: Annotated[str | None, Form()] = None,
+                     client_secret: Annotated[str | None, Form()] = None,
+                     subject_token: Annotated[str | None, Form()] = None,
+                     scope: Annotated[str | None, Form()] = None):
+        with lake.pool.connection() as conn:
+            try:
+                if grant_type == "client_credentials" and client_id and client_secret is not None:
+                    access = tokens.open_session(conn, client_id, client_secret)
+                elif grant_type == "urn:ietf:params:oauth:grant-type:token-exchange" and subject_token:
+                    access = tokens.reopen_session(conn, subject_token)
+                else:
+                    return JSONResponse({"error": "unsupported_grant_type",
+                                         "error_description": f"grant_type {grant_type!r} is not supported; use "
+                                                              f"client_credentials"}, status_code=400)
+            except AuthenticationError as exc:
+                return JSONResponse({"error": "invalid_client", "error_description": str(exc)}, status_code=401)
+        return {"access_token": access, "token_type": "bearer", "expires_in": tokens.SESSION_TTL_S,
+                "issued_token_type": "urn:ietf:params:oauth:token-type:access_token"}
+
+    @app.get("/v1/config")
+    def config(who: Caller, warehouse: str = "latest"):
+        parsed = Warehouse.parse(warehouse)
+        return {"defaults": {}, "overrides": {"prefix": str(parsed)}}
+
+    @app.get("/v1/{prefix}/namespaces")
+    def list_namespaces(prefix: str, who: Caller, parent: str | None = None):
+        warehouse_of(prefix)
+        found = lake.catalog.list_namespaces(namespace_of(parent) if parent else ())
+        return {"namespaces": [list(n) for n in found]}
+
+    @app.post("/v1/{prefix}/namespaces")
+    def create_namespace(prefix: str, who: Caller, body: dict):
+        writable(prefix)
+        _require_job_token(who[0], "create namespaces")
+        namespace = tuple(body.get("namespace") or ())
+        if not namespace:
+            raise IcebarrierError("malformed request: namespace is missing")
+        lake.catalog.create_namespace(namespace, body.get("properties") or {})
+        return {"namespace": list(namespace), "properties": body.get("properties") or {}}
+
+    @app.get("/v1/{prefix}/namespaces/{namespace}")
+    def load_namespace(prefix: str, namespace: str, who: Caller):
+        warehouse_of(prefix)
+        ns = namespace_of(namespace)
+        return {"namespace": list(ns), "properties": lake.catalog.load_namespace_properties(ns)}
+
+    @app.head("/v1/{prefix}/namespaces/{namespace}")
+    def namespace_exists(prefix: str, namespace: str, who: Caller):
+        warehouse_of(prefix)
+        lake.catalog.load_namespace_properties(namespace_of(namespace))
+        return Response(status_code=204)
+
+    @app.delete("/v1/{prefix}/namespaces/{namespace}")
+    def drop_namespace(prefix: str, namespace: str, who: Caller):
+        writable(prefix)
+        _require_job_token(who[0], "drop namespaces")
+        lake.catalog.drop_namespace(namespace_of(namespace))
+        return Response(status_code=204)
+
+    @app.get("/v1/{prefix}/namespaces/{namespace}/tables")
+    def list_tables(prefix: str, namespace: str, who: Caller):
+        warehouse_of(prefix)
+        found = lake.catalog.list_tables(namespace_of(namespace))
+        return {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in found]}
+
+    @app.post("/v1/{prefix}/namespaces/{namespace}/tables")
+    def create_table(prefix: str, namespace: str, who: Caller, body: dict):
+        from pyiceberg.catalog.rest import CreateTableRequest, TableResponse
+        from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+        from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
+
+        writable(prefix)
+        request = CreateTableRequest.model_validate(body)
+        table = lake.table_name(namespace_of(namespace), request.name)
+        with lake.pool.connection() as conn:
+            lake.require_writer(who[0], table, *lake.writer_of(conn, table))
+        args = dict(schema=request.table_schema, location=request.location,
+                    partition_spec=request.partition_spec or UNPARTITIONED_PARTITION_SPEC,
+                    sort_order=request.write_order or UNSORTED_SORT_ORDER, properties=request.properties)
+        if request.stage_create:
+            staged = lake.catalog._create_staged_table(table.identifier, **args)
+            return Response(TableResponse(metadata_location=staged.metadata_location, metadata=staged.metadata,
+                                          config={}).model_dump_json(), media_type="application/json")
+        created = lake.catalog.create_table(table.identifier, **args)
+        return Response(TableResponse(metadata_location=created.metadata_location, metadata=created.metadata,
+                                      config={}).model_dump_json(), media_type="application/json")
+
+    @app.get("/v1/{prefix}/namespaces/{namespace}/tables/{table}")
+    def load_table(prefix: str, namespace: str, table: str, who: Caller, snapshots: str | None = None):
+        warehouse = warehouse_of(prefix)
+        name = lake.table_name(namespace_of(namespace), table)
+        with lake.pool.connection() as conn:
+            return Response(lake.load(conn, warehouse, name, who[1]), media_type="application/json")
+
+    @app.head("/v1/{prefix}/namespaces/{namespace}/tables/{table}")
+    def table_exists(prefix: str, namespace: str, table: str, who: Caller):
+        warehouse_of(prefix)
+        name = lake.table_name(namespace_of(namespace), table)
+        with lake.pool.connection() as conn:
+            lake.current(conn, name)
+        return Response(status_code=204)
+
+    @app.delete("/v1/{prefix}/namespaces/{namespace}/tables/{table}")
+    def drop_table(prefix: str, namespace: str, table: str, who: Caller, purgeRequested: bool = False):
+        writable(prefix)
+        name = lake.table_name(namespace_of(namespace), table)
+        with lake.pool.connection() as conn:
+            lake.require_writer(who[0], name, *lake.writer_of(conn, name))
+        (lake.catalog.purge_table if purgeRequested else lake.catalog.drop_table)(name.identifier)
+        return Response(status_code=204)
+
+    @app.post("/v1/{prefix}/namespaces/{namespace}/tables/{table}")
+    def commit_table(prefix: str, namespace: str, table: str, who: Caller, body: dict):
+        from pyiceberg.catalog.rest import CommitTableRequest, CommitTableResponse
+
+        writable(prefix)
+        body = {**body, "identifier": {"namespace": list(namespace_of(namespace)), "name": table}}
+        with lake.pool.connection() as conn:
+            [(_, new)] = lake.commit(conn, who[0], [CommitTableRequest.model_validate(body)])
+        return Response(CommitTableResponse(metadata=new.metadata, metadata_location=new.metadata_location)
+                        .model_dump_json(), media_type="application/json")
+
+    @app.post("/v1/{prefix}/transactions/commit")
+    def commit_transaction(prefix: str, who: Caller, body: dict):
+        from pyiceberg.catalog.rest import CommitTableRequest
+
+        writable(prefix)
+        changes = [CommitTableRequest.model_validate(c) for c in body.get("table-changes") or []]
+        if not changes or any(c.identifier is None for c in changes):
+            raise IcebarrierError("malformed request: table-changes must list changes, each with its identifier")
+        with lake.pool.connection() as conn:
+            lake.commit(conn, who[0], changes)
+        return Response(status_code=204)
+
+    return app
+
+
+def _require_job_token(principal: Principal, action: str) -> None:
+    if principal.kind != "job":
+        raise ForbiddenError(f"{principal.describe()} may not {action}: a reader token writes nothing")
+
+
+@functools.cache
+def app_from_environment() -> FastAPI:
+    """The app for ``uvicorn --factory`` with several workers (settings from the environment)."""
+    import os
+
+    return create_app(Settings.load(), quiet_ms=int(os.environ.get("ICEBARRIER_SERVE_QUIET_MS", "1000")),
+                      allow_anonymous_read=os.environ.get("ICEBARRIER_SERVE_ANONYMOUS_READ") == "1")
+

@@ -1,0 +1,134 @@
+"""``icebarrier serve``, ``connect`` and ``token``: the consistent catalog for every engine."""
+
+from __future__ import annotations
+
+import click
+
+from icebarrier.cli.render import emit, table
+from icebarrier.control_plane import tokens
+from icebarrier.control_plane.model import parse_duration_s
+
+ENGINES = ("spark", "pyiceberg", "duckdb", "trino")
+
+
+@click.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (other hosts: 0.0.0.0).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8181, show_default=True)
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True, help="Server processes.")
+@click.option("--session-quiet", default="1s", show_default=True,
+              help="A read-committed session moves to the newest cut after this long without loads.")
+@click.option("--allow-anonymous-read", is_flag=True, help="Serve clients without a token (read-only).")
+@click.pass_obj
+def serve(obj, host: str, port: int, workers: int, session_quiet: str, allow_anonymous_read: bool) -> None:
+    """Serve the lake over the Iceberg REST catalog protocol, with consistent warehouses:
+    latest, read-committed, read-committed:<namespace>, barrier-<B>, lease-<ID>."""
+    import os
+
+    import uvicorn
+
+    settings = obj.settings()
+    quiet_ms = max(1, round(parse_duration_s(session_quiet) * 1000))
+    from icebarrier.apps.catalog.server import create_app
+
+    app = create_app(settings, quiet_ms=quiet_ms, allow_anonymous_read=allow_anonymous_read)  # checks now
+    if workers == 1:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+        return
+    app.state.lake.close()
+    os.environ.update({"ICEBARRIER_DSN": settings.dsn, "ICEBARRIER_SCHEMA": settings.schema,
+                       "ICEBARRIER_CATALOG": settings.catalog, "ICEBARRIER_CATALOG_SCHEMA": settings.catalog_schema,
+                       "ICEBARRIER_WAREHOUSE": settings.warehouse, "ICEBARRIER_SERVE_QUIET_MS": str(quiet_ms),
+                       "ICEBARRIER_SERVE_ANONYMOUS_READ": "1" if allow_anonymous_read else "0"})
+    uvicorn.run("icebarrier.apps.catalog.server:app_from_environment", factory=True, host=host, port=port,
+                workers=workers, log_level="warning")
+
+
+@click.command("connect")
+@click.option("--engine", type=click.Choice(ENGINES), required=True)
+@click.option("--warehouse", default="read-committed", show_default=True,
+              help="latest, read-committed, read-committed:<namespace>, barrier-<B> or lease-<ID>.")
+@click.option("--uri", default="http://127.0.0.1:8181", show_default=True, help="Where `icebarrier serve` listens.")
+@click.option("--credential", default="CLIENT_ID:SECRET", show_default=True,
+              help="A token from `icebarrier token create`.")
+@click.pass_obj
+def connect(obj, engine: str, warehouse: str, uri: str, credential: str) -> None:
+    """Print a ready-to-paste configuration for ENGINE to read (or write) through the catalog."""
+    from icebarrier.apps.catalog.warehouses import Warehouse
+
+    settings = obj.settings()
+    text = configuration(engine, str(Warehouse.parse(warehouse)), uri.rstrip("/"), credential, settings.catalog)
+    emit(obj, {"engine": engine, "warehouse": warehouse, "configuration": text}, text)
+
+
+def configuration(engine: str, warehouse: str, uri: str, credential: str, catalog: str) -> str:
+    """Client configuration; Spark's table cache is off so each query loads its tables in one
+    read-committed session moment (with the cache, two tables of a query could come from loads
+    made up to 30 s apart)."""
+    client_id, _, secret = credential.partition(":")
+    if engine == "spark":
+        from icebarrier.iceberg_ext.spark import iceberg_jar
+
+        conf = {
+            "spark.jars": str(iceberg_jar()),
+            "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+            f"spark.sql.catalog.{catalog}": "org.apache.iceberg.spark.SparkCatalog",
+            f"spark.sql.catalog.{catalog}.type": "rest",
+            f"spark.sql.catalog.{catalog}.uri": uri,
+            f"spark.sql.catalog.{catalog}.warehouse": warehouse,
+            f"spark.sql.catalog.{catalog}.credential": credential,
+            f"spark.sql.catalog.{catalog}.cache-enabled": "false",
+        }
+        return "\n".join(f"{k} {v}" for k, v in conf.items())
+    if engine == "pyiceberg":
+        return (f"# ~/.pyiceberg.yaml\ncatalog:\n  {catalog}:\n    type: rest\n    uri: {uri}\n"
+                f"    warehouse: {warehouse}\n    credential: {credential}\n")
+    if engine == "duckdb":
+        return (f"INSTALL iceberg; LOAD iceberg;\n"
+                f"CREATE SECRET icebarrier (TYPE iceberg, CLIENT_ID '{client_id}', CLIENT_SECRET '{secret}', "
+                f"OAUTH2_SERVER_URI '{uri}/v1/oauth/tokens');\n"
+                f"ATTACH '{warehouse}' AS {catalog} (TYPE iceberg, SECRET icebarrier, ENDPOINT '{uri}');")
+    return (f"# etc/catalog/{catalog}.properties\nconnector.name=iceberg\niceberg.catalog.type=rest\n"
+            f"iceberg.rest-catalog.uri={uri}\niceberg.rest-catalog.warehouse={warehouse}\n"
+            f"iceberg.rest-catalog.security=OAUTH2\niceberg.rest-catalog.oauth2.credential={credential}\n")
+
+
+@click.group("token")
+def token_group() -> None:
+    """Credentials for catalog clients: a reader, or one job (it may commit to its sinks)."""
+
+
+@token_group.command("create")
+@click.option("--reader", is_flag=True, help="A token that reads only.")
+@click.option("--job", help="A token that acts for JOB: commits to its sinks through warehouse latest.")
+@click.option("--name", help="What the token is for (shown in token list).")
+@click.pass_obj
+def create(obj, reader: bool, job: str | None, name: str | None) -> None:
+    """Create a token; prints CLIENT_ID:SECRET once (only a hash of the secret is kept)."""
+    if reader == (job is not None):
+        raise click.UsageError("pass exactly one of --reader or --job JOB")
+    client_id, secret = tokens.create(obj.conn(), job=job, name=name)
+    emit(obj, {"client_id": client_id, "client_secret": secret, "role": "job" if job else "reader", "job": job},
+         f"{client_id}:{secret}")
+
+
+@token_group.command("list")
+@click.pass_obj
+def list_(obj) -> None:
+    """List tokens (never their secrets)."""
+    found = tokens.list_tokens(obj.conn())
+    emit(obj, [t.to_json() for t in found], lambda: table(
+        ["client id", "role", "job", "name", "created", "revoked"],
+        [(t.client_id, t.kind, t.job, t.name, t.created_at.isoformat(timespec="seconds"),
+          t.revoked_at.isoformat(timespec="seconds") if t.revoked_at else None) for t in found]))
+
+
+@token_group.command("revoke")
+@click.argument("client_id")
+@click.pass_obj
+def revoke(obj, client_id: str) -> None:
+    """Revoke a token; its sessions end at once on every server."""
+    t = tokens.revoke(obj.conn(), client_id)
+    emit(obj, t.to_json(), f"revoked token {t.client_id}")
+
+
+COMMANDS = [serve, connect, token_group]
