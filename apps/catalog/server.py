@@ -130,10 +130,13 @@ class Lake:
         from pyiceberg.catalog.rest import TableResponse
 
         managed, _ = self.writer_of(conn, table)
-        location, metadata, io = self.current(conn, table)
         if warehouse.kind == "latest" or not managed:
+            location, metadata, _ = self.current(conn, table)
             return TableResponse(metadata_location=location, metadata=metadata, config={}).model_dump_json().encode()
+        # The cut first, then the pointer: a commit's metadata lands before its record, so the
+        # current metadata holds S(T, B) unless it was expired.
         snapshot_id = self.pinned_snapshot(conn, warehouse, table, access_token)
+        _, metadata, io = self.current(conn, table)
         if snapshot_id is not None and metadata.snapshot_by_id(snapshot_id) is None:
             raise SnapshotExpiredError(str(table), snapshot_id)
 
