@@ -16,7 +16,8 @@ CRASH_EXIT_CODE = 137
 AFTER_INPUT_RANGE = "after-input-range"
 AFTER_ICEBERG_COMMIT = "after-iceberg-commit"
 AFTER_CONTROL_PLANE = "after-control-plane"
-POINTS = (AFTER_INPUT_RANGE, AFTER_ICEBERG_COMMIT, AFTER_CONTROL_PLANE)
+IN_CATALOG_COMMIT = "in-catalog-commit"  # the REST catalog: pointers swapped, record not yet written
+POINTS = (AFTER_INPUT_RANGE, AFTER_ICEBERG_COMMIT, AFTER_CONTROL_PLANE, IN_CATALOG_COMMIT)
 
 _passed: dict[str, int] = {}
 

@@ -30,6 +30,7 @@ from icebarrier.control_plane import db, jobs, leases, reads, tokens
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError, TableNotFoundError
 from icebarrier.control_plane.model import Level, TableName
 from icebarrier.control_plane.tokens import AuthenticationError, Principal
+from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER, load_catalog
 from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.pinning import pinned
@@ -217,6 +218,7 @@ class Lake:
                                                           current.metadata_location)).rowcount
                     if moved != 1:
                         raise CommitFailedException(f"table {table} was changed by another commit; retry")
+            faults.point(faults.IN_CATALOG_COMMIT)
             self.complete_if_whole(conn, principal, managed_barriers)
         return [(t, new) for t, _, new in staged]
 
