@@ -14,33 +14,22 @@ ENGINES = ("spark", "pyiceberg", "duckdb", "trino")
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (other hosts: 0.0.0.0).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8181, show_default=True)
-@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True, help="Server processes.")
 @click.option("--session-quiet", default="1s", show_default=True,
               help="A read-committed session moves to the newest cut after this long without loads.")
 @click.option("--allow-anonymous-read", is_flag=True, help="Serve clients without a token (read-only).")
 @click.pass_obj
-def serve(obj, host: str, port: int, workers: int, session_quiet: str, allow_anonymous_read: bool) -> None:
+def serve(obj, host: str, port: int, session_quiet: str, allow_anonymous_read: bool) -> None:
     """Serve the lake over the Iceberg REST catalog protocol, with consistent warehouses:
-    latest, read-committed, read-committed:<namespace>, barrier-<B>, lease-<ID>."""
-    import os
+    latest, read-committed, read-committed:<namespace>, barrier-<B>, lease-<ID>.
 
+    The server keeps its state in Postgres: to scale out, run several behind one address."""
     import uvicorn
 
-    settings = obj.settings()
-    quiet_ms = max(1, round(parse_duration_s(session_quiet) * 1000))
     from icebarrier.apps.catalog.server import create_app
 
-    app = create_app(settings, quiet_ms=quiet_ms, allow_anonymous_read=allow_anonymous_read)  # checks now
-    if workers == 1:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
-        return
-    app.state.lake.close()
-    os.environ.update({"ICEBARRIER_DSN": settings.dsn, "ICEBARRIER_SCHEMA": settings.schema,
-                       "ICEBARRIER_CATALOG": settings.catalog, "ICEBARRIER_CATALOG_SCHEMA": settings.catalog_schema,
-                       "ICEBARRIER_WAREHOUSE": settings.warehouse, "ICEBARRIER_SERVE_QUIET_MS": str(quiet_ms),
-                       "ICEBARRIER_SERVE_ANONYMOUS_READ": "1" if allow_anonymous_read else "0"})
-    uvicorn.run("icebarrier.apps.catalog.server:app_from_environment", factory=True, host=host, port=port,
-                workers=workers, log_level="warning")
+    quiet_ms = max(1, round(parse_duration_s(session_quiet) * 1000))
+    app = create_app(obj.settings(), quiet_ms=quiet_ms, allow_anonymous_read=allow_anonymous_read)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
 @click.command("connect")

@@ -14,7 +14,6 @@ barrier B also completes B for the job in that transaction.
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 from collections import OrderedDict
@@ -28,7 +27,7 @@ from psycopg import sql
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import db, jobs, leases, reads, tokens
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError, TableNotFoundError
-from icebarrier.control_plane.model import Level, TableName
+from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.tokens import AuthenticationError, Principal
 from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER, load_catalog
@@ -78,6 +77,15 @@ class Lake:
         self._pointer_sql = sql.SQL(
             "SELECT metadata_location FROM {}.iceberg_tables WHERE catalog_name = %s AND table_namespace = %s "
             "AND table_name = %s").format(sql.Identifier(settings.catalog_schema)).as_string(None)
+        # One statement for a load: is the table managed, its pointer, and (through barrier-<B>)
+        # S(T, B), all from one snapshot of the database.
+        self._load_sql = sql.SQL(
+            "SELECT m.managed, (SELECT metadata_location FROM {}.iceberg_tables WHERE catalog_name = %(catalog)s "
+            "AND table_namespace = %(namespace)s AND table_name = %(table)s) AS location, "
+            "CASE WHEN m.managed AND %(barrier)s::bigint IS NOT NULL THEN (SELECT r.snapshot_ids[1] "
+            "FROM resolve_cut(ARRAY[%(name)s], %(barrier)s, true) r) END AS snapshot_id "
+            "FROM (SELECT EXISTS (SELECT 1 FROM managed_table WHERE name = %(name)s) AS managed) m"
+        ).format(sql.Identifier(settings.catalog_schema)).as_string(None)
         self._swap_sql = sql.SQL(
             "UPDATE {}.iceberg_tables SET metadata_location = %s, previous_metadata_location = %s "
             "WHERE catalog_name = %s AND table_namespace = %s AND table_name = %s AND metadata_location = %s"
@@ -129,15 +137,24 @@ class Lake:
     def load(self, conn, warehouse: Warehouse, table: TableName, access_token: str | None) -> bytes:
         """The LoadTableResult for ``table`` through ``warehouse``, as JSON bytes."""
         from pyiceberg.catalog.rest import TableResponse
+        from pyiceberg.exceptions import NoSuchTableError
 
-        managed, _ = self.writer_of(conn, table)
-        if warehouse.kind == "latest" or not managed:
-            location, metadata, _ = self.current(conn, table)
-            return TableResponse(metadata_location=location, metadata=metadata, config={}).model_dump_json().encode()
-        # The cut first, then the pointer: a commit's metadata lands before its record, so the
-        # current metadata holds S(T, B) unless it was expired.
-        snapshot_id = self.pinned_snapshot(conn, warehouse, table, access_token)
-        _, metadata, io = self.current(conn, table)
+        state = conn.execute(self._load_sql, {
+            "catalog": table.catalog, "namespace": ".".join(table.namespace), "table": table.name, "name": str(table),
+            "barrier": warehouse.barrier}).fetchone()
+        if state["location"] is None:
+            raise NoSuchTableError(f"table {table} does not exist")
+        if warehouse.kind == "latest" or not state["managed"]:
+            metadata, _ = self.metadata(state["location"])
+            return TableResponse(metadata_location=state["location"], metadata=metadata,
+                                 config={}).model_dump_json().encode()
+        if warehouse.kind == "barrier":
+            snapshot_id, (metadata, io) = state["snapshot_id"], self.metadata(state["location"])
+        else:
+            # The cut first, then the pointer: a commit's metadata lands before its record, so
+            # the current metadata holds S(T, B) unless it was expired.
+            snapshot_id = self.pinned_snapshot(conn, warehouse, table, access_token)
+            _, metadata, io = self.current(conn, table)
         if snapshot_id is not None and metadata.snapshot_by_id(snapshot_id) is None:
             raise SnapshotExpiredError(str(table), snapshot_id)
 
@@ -149,8 +166,6 @@ class Lake:
         return self.pinned_cache.get((str(metadata.table_uuid), snapshot_id), pin)
 
     def pinned_snapshot(self, conn, warehouse: Warehouse, table: TableName, access_token: str | None) -> int | None:
-        if warehouse.kind == "barrier":
-            return reads.resolve(conn, [table], level=Level.READ_COMMITTED, barrier=warehouse.barrier).snapshots[table]
         if warehouse.kind == "lease":  # each load renews it (never shortening it)
             lease = leases.get(conn, warehouse.lease_id)
             remaining_s = (lease.expires_at - conn.execute("SELECT now() AS t").fetchone()["t"]).total_seconds()
@@ -271,8 +286,10 @@ def error_response(exc: Exception) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
 
-def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> tuple[Principal, str | None]:
-    """Who calls, and their access token (the session), from the Authorization header."""
+async def caller(request: Request,
+                 authorization: Annotated[str | None, Header()] = None) -> tuple[Principal, str | None]:
+    """Who calls, and their access token (the session), from the Authorization header. (On the
+    event loop: one indexed lookup costs less than a hop to the thread pool.)"""
     if authorization and authorization.lower().startswith("bearer "):
         token = authorization[7:].strip()
         with request.app.state.lake.pool.connection() as conn:
@@ -460,13 +477,3 @@ def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read
 def _require_job_token(principal: Principal, action: str) -> None:
     if principal.kind != "job":
         raise ForbiddenError(f"{principal.describe()} may not {action}: a reader token writes nothing")
-
-
-@functools.cache
-def app_from_environment() -> FastAPI:
-    """The app for ``uvicorn --factory`` with several workers (settings from the environment)."""
-    import os
-
-    return create_app(Settings.load(), quiet_ms=int(os.environ.get("ICEBARRIER_SERVE_QUIET_MS", "1000")),
-                      allow_anonymous_read=os.environ.get("ICEBARRIER_SERVE_ANONYMOUS_READ") == "1")
-

@@ -1,0 +1,163 @@
+"""The consistent catalog's speed (``icebarrier serve``), against baselines in the same run.
+
+    python benchmarks/catalog.py [--dsn DSN] [--tables 1000] [--loads 2000]
+
+Prints:
+- load-table latency p50/p95 through a pinned warehouse (barrier-<B>) at N managed tables,
+  over keep-alive HTTP with a token (goal p50 <= 5 ms);
+- loads/s with 4 concurrent clients (goal >= 500/s on a 2-core machine);
+- one commit (an append) through the server ÷ the same commit through the SQL (JDBC)
+  catalog directly (goal <= 1.2).
+
+It creates a scratch database and warehouse, starts a real server process, and removes both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
+from icebarrier.control_plane import barriers, db, jobs, tokens  # noqa: E402
+from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
+from icebarrier.iceberg_ext import catalog as ib_catalog  # noqa: E402
+from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER  # noqa: E402
+from icebarrier.iceberg_ext.config import Settings  # noqa: E402
+
+
+def build_lake(settings: Settings, n_tables: int) -> tuple[int, list[str]]:
+    """N managed tables written by one job at one barrier (one row each); returns (B, names)."""
+    names = [f"bench.t{i}" for i in range(n_tables)]
+    catalog = ib_catalog.load_catalog(settings)
+    catalog.create_namespace_if_not_exists("bench")
+    schema = pa.schema([("id", pa.int64())])
+    with db.connect(settings.dsn, settings.schema) as conn:
+        jobs.register(conn, JobDefinition(name="bench", sinks=frozenset(TableName.parse(f"lake.{n}") for n in names),
+                                          external_inputs=frozenset(["x"])))
+        b = barriers.issue(conn).barrier
+        commits = {}
+        for n in names:
+            table = catalog.create_table(n, schema=schema)
+            table.append(pa.table({"id": [1]}), snapshot_properties={SUMMARY_BARRIER: str(b)})
+            commits[TableName.parse(f"lake.{n}")] = table.current_snapshot().snapshot_id
+        jobs.complete(conn, "bench", b, commits)
+    return b, names
+
+
+def start(settings: Settings) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "ICEBARRIER_DSN": settings.dsn, "ICEBARRIER_WAREHOUSE": settings.warehouse}
+    proc = subprocess.Popen(["icebarrier", "serve", "--port", str(port)], env=env)
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("the server did not start")
+
+
+def session(uri: str, client_id: str, secret: str) -> requests.Session:
+    s = requests.Session()
+    r = s.post(f"{uri}/v1/oauth/tokens", data={"grant_type": "client_credentials", "client_id": client_id,
+                                               "client_secret": secret})
+    r.raise_for_status()
+    s.headers["Authorization"] = f"Bearer {r.json()['access_token']}"
+    return s
+
+
+def loads(s: requests.Session, uri: str, barrier: int, names: list[str], n: int, offset: int = 0) -> list[float]:
+    times = []
+    for i in range(n):
+        name = names[(i * 7919 + offset) % len(names)]
+        start = time.perf_counter()
+        r = s.get(f"{uri}/v1/barrier-{barrier}/namespaces/bench/tables/{name.split('.')[1]}")
+        times.append((time.perf_counter() - start) * 1000)
+        if r.status_code != 200:
+            raise SystemExit(f"load failed: {r.text}")
+    return times
+
+
+def commit_ratio(settings: Settings, uri: str, client_id: str, secret: str, n: int) -> tuple[float, float]:
+    """Mean ms of an append through the SQL catalog vs through the server (unmanaged table)."""
+    from pyiceberg.catalog.rest import RestCatalog
+
+    direct = ib_catalog.load_catalog(settings)
+    direct.create_namespace_if_not_exists("free")
+    schema = pa.schema([("id", pa.int64())])
+    a = direct.create_table("free.direct", schema=schema)
+    direct.create_table("free.served", schema=schema)
+    served = RestCatalog("bench", uri=uri, warehouse="latest", credential=f"{client_id}:{secret}").load_table(
+        "free.served")
+    rows = pa.table({"id": [1]})
+    out = []
+    for table in (a, served):
+        table.append(rows)  # warm up
+        start = time.perf_counter()
+        for _ in range(n):
+            table.append(rows)
+        out.append((time.perf_counter() - start) / n * 1000)
+    return out[0], out[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default=DEFAULT_SERVER)
+    parser.add_argument("--tables", type=int, default=1000)
+    parser.add_argument("--loads", type=int, default=2000)
+    parser.add_argument("--commits", type=int, default=30)
+    args = parser.parse_args()
+    with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory() as wh:
+        settings = Settings(dsn=dsn, warehouse=wh).validated()
+        ib_catalog.upgrade(settings)
+        barrier, names = build_lake(settings, args.tables)
+        with db.connect(dsn) as conn:
+            reader = tokens.create(conn)
+            writer = tokens.create(conn, job="bench")
+        proc, uri = start(settings)
+        try:
+            s = session(uri, *reader)
+            loads(s, uri, barrier, names, min(args.tables, 1000))  # warm: every pinned file written once
+            times = sorted(loads(s, uri, barrier, names, args.loads))
+            p50, p95 = statistics.median(times), times[int(len(times) * 0.95) - 1]
+            print(f"load through barrier-B, {args.tables} managed tables: p50 {p50:5.2f} ms  p95 {p95:5.2f} ms "
+                  f"(goal p50 <= 5 ms: {'met' if p50 <= 5 else 'MISSED'})")
+            per_client = args.loads // 4
+            sessions = [session(uri, *reader) for _ in range(4)]
+            threads = [threading.Thread(target=loads, args=(sessions[k], uri, barrier, names, per_client, k))
+                       for k in range(4)]
+            start_t = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            rate = 4 * per_client / (time.perf_counter() - start_t)
+            print(f"loads/s, 4 concurrent clients, one server process: {rate:6.0f} "
+                  f"(goal >= 500: {'met' if rate >= 500 else 'MISSED'})")
+            direct_ms, served_ms = commit_ratio(settings, uri, *writer, args.commits)
+            ratio = served_ms / direct_ms
+            print(f"commit: SQL catalog {direct_ms:6.1f} ms, through the server {served_ms:6.1f} ms, ratio "
+                  f"{ratio:4.2f} (goal <= 1.2: {'met' if ratio <= 1.2 else 'MISSED'})")
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
