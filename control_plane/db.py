@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import psycopg
@@ -131,15 +132,23 @@ def call(conn: psycopg.Connection, function: str, *args) -> list[dict]:
 
     The functions check who may do what and their rules, and raise their own SQLSTATEs; those
     come back as the matching :class:`IcebarrierError` (``errors.from_sqlstate``)."""
-    try:
+    with translated(conn, function):
         return conn.execute(_call_query(function, len(args)), args).fetchall()
+
+
+@contextmanager
+def translated(conn: psycopg.Connection, what: str) -> Iterator[None]:
+    """Raise what a control-plane function raised as our error (a missing privilege and a lock
+    wait past lock_timeout too); ``what`` names the operation."""
+    try:
+        yield
     except pg_errors.InsufficientPrivilege as exc:
         raise PermissionDeniedError(
-            conn.info.user, function, None, f"role {conn.info.user} may not call {function} "
+            conn.info.user, what, None, f"role {conn.info.user} may not call {what} "
             f"({exc.diag.message_primary})") from None
     except pg_errors.LockNotAvailable:
         timeout = os.environ.get(LOCK_TIMEOUT_ENV) or DEFAULT_LOCK_TIMEOUT
-        raise LockTimeoutError(function.replace("_", " "), timeout, []) from None
+        raise LockTimeoutError(what.replace("_", " "), timeout, []) from None
     except psycopg.Error as exc:
         ours = from_sqlstate(exc.sqlstate, exc.diag.message_primary or str(exc), exc.diag.message_detail)
         if ours is None:

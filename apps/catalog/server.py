@@ -139,9 +139,10 @@ class Lake:
         from pyiceberg.catalog.rest import TableResponse
         from pyiceberg.exceptions import NoSuchTableError
 
-        state = conn.execute(self._load_sql, {
-            "catalog": table.catalog, "namespace": ".".join(table.namespace), "table": table.name, "name": str(table),
-            "barrier": warehouse.barrier}).fetchone()
+        with db.translated(conn, "load_table"):
+            state = conn.execute(self._load_sql, {
+                "catalog": table.catalog, "namespace": ".".join(table.namespace), "table": table.name,
+                "name": str(table), "barrier": warehouse.barrier}).fetchone()
         if state["location"] is None:
             raise NoSuchTableError(f"table {table} does not exist")
         if warehouse.kind == "latest" or not state["managed"]:
