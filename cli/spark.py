@@ -15,18 +15,32 @@ from icebarrier.control_plane.model import Level, parse_duration_s
 @click.option("--format", "fmt", type=click.Choice(["flags", "json", "properties"]), default="flags",
               show_default=True, help="--conf flags for spark-submit, JSON, or spark-defaults.conf lines.")
 @click.option("--show-secrets", is_flag=True, help="Print passwords in JSON/properties output (default: ***).")
+@click.option("--via", type=click.Choice(["jdbc", "rest"]), default="jdbc", show_default=True,
+              help="The catalog Spark writes through: the SQL (JDBC) catalog in the control-plane database, or "
+                   "`icebarrier serve` (warehouse latest, with a job token: each commit is recorded in the same "
+                   "transaction as its pointer swap).")
+@click.option("--uri", default="http://127.0.0.1:8181", show_default=True, help="With --via rest: the server.")
+@click.option("--credential", help="With --via rest: a job token, CLIENT_ID:SECRET (`icebarrier token create --job`).")
 @click.pass_obj
-def spark_conf(obj, fmt: str, show_secrets: bool) -> None:
+def spark_conf(obj, fmt: str, show_secrets: bool, via: str, uri: str, credential: str | None) -> None:
     """Print the Spark configuration for the icebarrier catalog (jars located offline).
 
     With a password in the DSN, the flags are `--properties-file FILE` (a file only you can
     read), so `spark-submit $(icebarrier spark-conf)` never shows the password in `ps`."""
     import json
+    from dataclasses import replace
 
     from icebarrier.iceberg_ext.spark import conf_as_flags, is_secret, properties_file, redacted
     from icebarrier.iceberg_ext.spark import spark_conf as build
 
-    conf = build(obj.settings())
+    settings = obj.settings()
+    if via == "rest":
+        if not credential or credential.count(":") != 1:
+            raise IcebarrierError("--via rest needs --credential CLIENT_ID:SECRET (a job token from "
+                                  "`icebarrier token create --job JOB`)")
+        settings = replace(settings, catalog_properties={"type": "rest", "uri": uri, "warehouse": "latest",
+                                                         "credential": credential})
+    conf = build(settings)
     shown = conf if show_secrets else redacted(conf)
     if fmt == "json" or obj.output == "json":
         click.echo(json.dumps(shown, indent=2, sort_keys=True))

@@ -147,6 +147,12 @@ def test_bad_requests_are_spec_errors_with_one_line(lake, server):
     assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestException"
     r = get(f"/v1/latest/namespaces/{lake.namespace}/tables/nope")
     assert r.status_code == 404 and r.json()["error"]["type"] == "NoSuchTableException"
+    lease = leases.acquire(lake.conn, [lake.T("orders")], ttl_s=600, holder="t")
+    leases.release(lake.conn, lease.lease_id)
+    r = get(f"/v1/lease-{lease.lease_id}/namespaces/{lake.namespace}/tables/orders")
+    assert r.status_code == 400 and f"lease {lease.lease_id} is released" in r.json()["error"]["message"]
+    r = get(f"/v1/lease-{uuid.uuid4()}/namespaces/{lake.namespace}/tables/orders")
+    assert r.status_code == 400 and "does not exist" in r.json()["error"]["message"]
     for error in (get("/v1/config?warehouse=nightly").json()["error"],):
         assert "\n" not in error["message"]
 
@@ -418,3 +424,52 @@ def test_a_server_killed_mid_commit_leaves_both_or_neither(lake):
     assert jobs.show(lake.conn, job).progress == b
     assert reads.resolve(lake.conn, [lake.T("orders")], barrier=b).snapshots[lake.T("orders")] == \
         lake.catalog.load_table(name).current_snapshot().snapshot_id
+
+
+RUN_VIA_REST = """
+import json, sys
+from icebarrier import RootJob, Settings
+from icebarrier.iceberg_ext.runtime import Runtime
+from icebarrier.iceberg_ext.sources import FileSource
+from icebarrier.iceberg_ext.spark import spark_session
+
+settings = Settings.load()
+spark = spark_session(settings, master="local[1]")
+job = RootJob(name=sys.argv[2], sinks=[sys.argv[3]], source=FileSource(sys.argv[1], "id bigint, barrier bigint"))
+with Runtime(job, settings=settings, spark=spark, log=lambda _: None) as rt:
+    print(json.dumps({"completed": rt.run().completed}))
+"""
+
+
+def test_the_job_runtime_writes_through_the_catalog(lake, server, tmp_path):
+    """A job run with `spark-conf --via rest`'s catalog (a job token, warehouse latest): its
+    commit is recorded by the server in the pointer swap's transaction (run rest-catalog), and
+    the runtime's own completion of the barrier is then a no-op."""
+    import json
+    import sys
+
+    job, sink = f"{lake.namespace}_ingest", f"lake.{lake.namespace}.orders"
+    jobs.register(lake.conn, JobDefinition(name=job, sinks=frozenset([TableName.parse(sink)]),
+                                           external_inputs=frozenset(["files"])))
+    lake.catalog.create_table(f"{lake.namespace}.orders", schema=pa.schema([("id", pa.int64()),
+                                                                          ("barrier", pa.int64())]))
+    barriers.set_interval_s(lake.conn, 3600)
+    b = barriers.issue(lake.conn).barrier
+    jid, jsecret = tokens.create(lake.conn, job=job)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "1.json").write_text('{"id": 1, "barrier": 0}\n{"id": 2, "barrier": 0}\n')
+    config = tmp_path / "icebarrier.toml"
+    config.write_text(f'dsn = "{lake.settings.dsn}"\nschema = "{lake.settings.schema}"\n'
+                      f'warehouse = "{lake.settings.warehouse}"\n[catalog_properties]\ntype = "rest"\n'
+                      f'uri = "{server}"\nwarehouse = "latest"\ncredential = "{jid}:{jsecret}"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICEBARRIER_")} | {
+        "ICEBARRIER_CONFIG": str(config)}
+    run = subprocess.run([sys.executable, "-c", RUN_VIA_REST, str(inbox), job, sink], capture_output=True,
+                         text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1])["completed"] == [b]
+    row = lake.conn.execute("SELECT c.snapshot_id, c.run_id FROM table_commit c JOIN managed_table m USING (table_id) "
+                            "WHERE m.name = %s AND c.barrier = %s", (sink, b)).fetchone()
+    assert row["run_id"] == "rest-catalog"
+    assert row["snapshot_id"] == lake.catalog.load_table(f"{lake.namespace}.orders").current_snapshot().snapshot_id
