@@ -65,12 +65,14 @@ def configuration(engine: str, warehouse: str, uri: str, credential: str, catalo
             f"spark.sql.catalog.{catalog}.uri": uri,
             f"spark.sql.catalog.{catalog}.warehouse": warehouse,
             f"spark.sql.catalog.{catalog}.credential": credential,
+            f"spark.sql.catalog.{catalog}.oauth2-server-uri": f"{uri}/v1/oauth/tokens",
             f"spark.sql.catalog.{catalog}.cache-enabled": "false",
         }
         return "\n".join(f"{k} {v}" for k, v in conf.items())
     if engine == "pyiceberg":
         return (f"# ~/.pyiceberg.yaml\ncatalog:\n  {catalog}:\n    type: rest\n    uri: {uri}\n"
-                f"    warehouse: {warehouse}\n    credential: {credential}\n")
+                f"    warehouse: {warehouse}\n    credential: {credential}\n"
+                f"    oauth2-server-uri: {uri}/v1/oauth/tokens\n")
     if engine == "duckdb":
         return (f"INSTALL iceberg; LOAD iceberg;\n"
                 f"CREATE SECRET icebarrier (TYPE iceberg, CLIENT_ID '{client_id}', CLIENT_SECRET '{secret}', "
@@ -78,7 +80,8 @@ def configuration(engine: str, warehouse: str, uri: str, credential: str, catalo
                 f"ATTACH '{warehouse}' AS {catalog} (TYPE iceberg, SECRET icebarrier, ENDPOINT '{uri}');")
     return (f"# etc/catalog/{catalog}.properties\nconnector.name=iceberg\niceberg.catalog.type=rest\n"
             f"iceberg.rest-catalog.uri={uri}\niceberg.rest-catalog.warehouse={warehouse}\n"
-            f"iceberg.rest-catalog.security=OAUTH2\niceberg.rest-catalog.oauth2.credential={credential}\n")
+            f"iceberg.rest-catalog.security=OAUTH2\niceberg.rest-catalog.oauth2.credential={credential}\n"
+            f"iceberg.rest-catalog.oauth2.server-uri={uri}/v1/oauth/tokens\n")
 
 
 @click.group("token")

@@ -39,7 +39,8 @@ def spark_conf(obj, fmt: str, show_secrets: bool, via: str, uri: str, credential
             raise IcebarrierError("--via rest needs --credential CLIENT_ID:SECRET (a job token from "
                                   "`icebarrier token create --job JOB`)")
         settings = replace(settings, catalog_properties={"type": "rest", "uri": uri, "warehouse": "latest",
-                                                         "credential": credential})
+                                                         "credential": credential,
+                                                         "oauth2-server-uri": f"{uri}/v1/oauth/tokens"})
     conf = build(settings)
     shown = conf if show_secrets else redacted(conf)
     if fmt == "json" or obj.output == "json":

@@ -64,3 +64,22 @@ def new_database(server_dsn: str, prefix: str) -> Iterator[str]:
     finally:
         with psycopg.connect(server_dsn, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@contextmanager
+def login_roles(server_dsn: str, dsn: str, *kinds: str) -> Iterator[dict[str, str]]:
+    """New LOGIN roles on the test server, one per kind (yields kind -> role name); afterwards
+    what they were granted in ``dsn``'s database is dropped, then the roles."""
+    names = {kind: f"ib_{kind}_{uuid.uuid4().hex[:6]}" for kind in kinds}
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        for name in names.values():
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    try:
+        yield names
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            for name in names.values():
+                admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            for name in names.values():
+                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))

@@ -3,17 +3,15 @@ do what"): the role matrix, each cell tried for real as that Postgres role."""
 
 from __future__ import annotations
 
-import uuid
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from icebarrier.control_plane import barriers, db, jobs, leases, reads, revisions, runs, schema, snapshots
 from icebarrier.control_plane.errors import IcebarrierError, PermissionDeniedError
 from icebarrier.iceberg_ext.catalog import grant
 from icebarrier.iceberg_ext.config import Settings
-from tests.helpers import T, job
+from tests.helpers import T, job, login_roles
 
 ROLES = ("admin", "job_a", "job_b", "reader", "nobody")
 
@@ -22,11 +20,11 @@ ROLES = ("admin", "job_a", "job_b", "reader", "nobody")
 def world(dsn, pg_server):
     """Jobs ingest_a -> a_sink and ingest_b -> b_sink (roots), agg -> c; one completed barrier;
     roles: job_a (granted ingest_a), job_b (granted ingest_b), a reader, one with no grant."""
-    suffix = uuid.uuid4().hex[:6]
-    names = {r: f"ib_{r}_{suffix}" for r in ROLES if r != "admin"}
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        for name in names.values():
-            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    with login_roles(pg_server, dsn, *(r for r in ROLES if r != "admin")) as names:
+        yield _world(dsn, names)
+
+
+def _world(dsn: str, names: dict[str, str]) -> dict:
     settings = Settings(dsn=dsn).validated()
     grant(settings, names["job_a"], job="ingest_a")
     grant(settings, names["job_b"], job="ingest_b")
@@ -42,13 +40,7 @@ def world(dsn, pg_server):
     dsns = {r: psycopg.conninfo.make_conninfo(dsn, user=n) for r, n in names.items()} | {"admin": dsn}
     with db.connect(dsns["job_a"]) as c:
         lease_a = leases.acquire(c, [T("a_sink")], ttl_s=600, holder="a's reader").lease_id
-    yield {"dsn": dsns, "roles": names, "b1": b1, "b2": b2, "lease_a": lease_a}
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        for name in names.values():
-            admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        for name in names.values():
-            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+    return {"dsn": dsns, "roles": names, "b1": b1, "b2": b2, "lease_a": lease_a}
 
 
 # action -> (what it does given a connection and the world, the roles allowed to do it)

@@ -8,18 +8,16 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 
 import psycopg
 import pytest
 from click.testing import CliRunner
-from psycopg import sql
 
 from icebarrier.cli.main import cli as command
 from icebarrier.control_plane import barriers, db, jobs
 from icebarrier.iceberg_ext import catalog as ib_catalog
 from icebarrier.iceberg_ext.config import Settings
-from tests.helpers import job
+from tests.helpers import job, login_roles
 
 AS_JOB_ROLE = """
 import json, sys
@@ -50,17 +48,8 @@ print(json.dumps(out))
 
 @pytest.fixture
 def roles(dsn, pg_server):
-    names = {r: f"ib_{r}_{uuid.uuid4().hex[:6]}" for r in ("job_a", "reader")}
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        for name in names.values():
-            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
-    yield names
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        for name in names.values():
-            admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        for name in names.values():
-            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+    with login_roles(pg_server, dsn, "job_a", "reader") as names:
+        yield names
 
 
 @pytest.mark.slow

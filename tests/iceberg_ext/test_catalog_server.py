@@ -92,7 +92,8 @@ class Pipeline:
 
 
 def rest(uri: str, warehouse: str, credential: str) -> RestCatalog:
-    return RestCatalog(f"rest_{uuid.uuid4().hex[:6]}", uri=uri, warehouse=warehouse, credential=credential)
+    return RestCatalog(f"rest_{uuid.uuid4().hex[:6]}", uri=uri, warehouse=warehouse, credential=credential,
+                       **{"oauth2-server-uri": f"{uri}/v1/oauth/tokens"})
 
 
 def test_pinned_warehouses_serve_the_cut_with_trimmed_metadata(lake, server):
@@ -462,7 +463,8 @@ def test_the_job_runtime_writes_through_the_catalog(lake, server, tmp_path):
     config = tmp_path / "icebarrier.toml"
     config.write_text(f'dsn = "{lake.settings.dsn}"\nschema = "{lake.settings.schema}"\n'
                       f'warehouse = "{lake.settings.warehouse}"\n[catalog_properties]\ntype = "rest"\n'
-                      f'uri = "{server}"\nwarehouse = "latest"\ncredential = "{jid}:{jsecret}"\n')
+                      f'uri = "{server}"\nwarehouse = "latest"\ncredential = "{jid}:{jsecret}"\n'
+                      f'oauth2-server-uri = "{server}/v1/oauth/tokens"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("ICEBARRIER_")} | {
         "ICEBARRIER_CONFIG": str(config)}
     run = subprocess.run([sys.executable, "-c", RUN_VIA_REST, str(inbox), job, sink], capture_output=True,
@@ -473,3 +475,24 @@ def test_the_job_runtime_writes_through_the_catalog(lake, server, tmp_path):
                             "WHERE m.name = %s AND c.barrier = %s", (sink, b)).fetchone()
     assert row["run_id"] == "rest-catalog"
     assert row["snapshot_id"] == lake.catalog.load_table(f"{lake.namespace}.orders").current_snapshot().snapshot_id
+
+
+def test_anonymous_clients_read_only_when_allowed(lake):
+    """With --allow-anonymous-read a client without a token reads pinned and latest tables but
+    writes nothing; read-committed (a session) still needs a token."""
+    p = Pipeline(lake, {"ingest": ["orders"]})
+    b = p.advance(rows=2)
+    proc, uri = start_server(lake, "--allow-anonymous-read")
+    try:
+        base = f"{uri}/v1"
+        assert requests.get(f"{base}/config?warehouse=barrier-{b}", timeout=30).status_code == 200
+        r = requests.get(f"{base}/barrier-{b}/namespaces/{lake.namespace}/tables/orders", timeout=30)
+        assert r.status_code == 200 and r.json()["metadata"]["current-snapshot-id"] == \
+            reads.resolve(lake.conn, [lake.T("orders")], barrier=b).snapshots[lake.T("orders")]
+        r = requests.post(f"{base}/latest/namespaces", json={"namespace": ["anon"]}, timeout=30)
+        assert r.status_code == 403 and "a reader token writes nothing" in r.json()["error"]["message"]
+        r = requests.get(f"{base}/read-committed/namespaces/{lake.namespace}/tables/orders", timeout=30)
+        assert r.status_code == 401 and "needs a token" in r.json()["error"]["message"]
+    finally:
+        stop_server(proc)
+    assert "anon" not in [n[0] for n in lake.catalog.list_namespaces()]
