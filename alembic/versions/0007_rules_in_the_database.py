@@ -137,10 +137,11 @@ CREATE FUNCTION lock_key(p_purpose text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN ('x' || substr(md5({lock_prefix} || ':' || p_purpose), 1, 8))::bit(32)::integer;
 
--- Is the caller the admin (the schema owner, a member of it, or a superuser)? (PL/pgSQL, not
--- SQL: its plans are cached for the session; these run on every write.)
+-- Is the caller the admin (the schema owner, a member of it, or a superuser)? These checks run
+-- on every write: PL/pgSQL (plans cached for the session) without a SET clause (they run inside
+-- the definer functions, whose search_path is fixed).
 CREATE FUNCTION caller_is_admin() RETURNS boolean
-LANGUAGE plpgsql STABLE SET search_path = {search_path} AS $$
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN (SELECT pg_has_role(session_user, n.nspowner, 'MEMBER') FROM pg_namespace n
             WHERE n.nspname = {schema_literal});
@@ -148,7 +149,7 @@ END $$;
 
 -- May the caller act for job p_job (the admin, or a member of a role granted that job)?
 CREATE FUNCTION caller_acts_for(p_job text) RETURNS boolean
-LANGUAGE plpgsql STABLE SET search_path = {search_path} AS $$
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN caller_is_admin() OR EXISTS (
         SELECT 1 FROM job_grant g JOIN pg_roles r ON r.rolname = g.role_name
@@ -177,7 +178,7 @@ BEGIN
 END $$;
 
 CREATE FUNCTION require_admin(p_action text) RETURNS void
-LANGUAGE plpgsql SET search_path = {search_path} AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
     IF NOT caller_is_admin() THEN
         PERFORM fail('IB030', format('role %s may not %s: that is for the admin (the owner of schema %s)',
@@ -187,7 +188,7 @@ BEGIN
 END $$;
 
 CREATE FUNCTION require_job(p_job text, p_action text) RETURNS void
-LANGUAGE plpgsql SET search_path = {search_path} AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
     IF NOT caller_acts_for(p_job) THEN
         PERFORM fail('IB030', format('role %s may not %s job %s: it is not granted that job', session_user,
