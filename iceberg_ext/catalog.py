@@ -155,6 +155,29 @@ def grant(settings: Settings, role: str, *, job: str | None = None):
         return replace(done, granted=(*done.granted, *(what for what, _, _ in checks)))
 
 
+def stages_commits(catalog, sinks) -> bool:
+    """Does this catalog stage a multi-sink job's commits until the barrier is published
+    (``icebarrier serve``, reached as a REST catalog with a job token)?"""
+    from pyiceberg.catalog.rest import RestCatalog
+
+    return isinstance(catalog, RestCatalog) and len(sinks) > 1
+
+
+def publish_barrier(catalog, sinks) -> None:
+    """Publish the barrier a multi-sink job staged through ``icebarrier serve``: one transaction
+    naming all its sinks with no changes; the server swaps every staged pointer and completes
+    the barrier at once."""
+    body = {"table-changes": [{"identifier": {"namespace": list(t.namespace), "name": t.name},
+                               "requirements": [], "updates": []} for t in sorted(sinks)]}
+    response = catalog._session.post(catalog.url("transactions/commit"), json=body)
+    if response.status_code != 204:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:500]
+        raise IcebarrierError(f"publishing the barrier through the catalog failed ({response.status_code}): {message}")
+
+
 def load_table(catalog, table: TableName):
     from pyiceberg.exceptions import NoSuchTableError
 

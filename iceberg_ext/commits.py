@@ -27,7 +27,9 @@ from icebarrier.iceberg_ext.catalog import (
     ensure_managed_properties,
     find_barrier_commit,
     load_table,
+    publish_barrier,
     retry_commit,
+    stages_commits,
     summary_properties,
 )
 
@@ -67,6 +69,10 @@ class BarrierCommit:
         # Already completed (a replay of a finished barrier): every write is skipped.
         self.already_completed = info.progress is not None and info.start_barrier <= barrier <= info.progress
         self.completion: jobs.Completion | None = None
+        # Through `icebarrier serve`, a multi-sink job's commits are staged until it publishes
+        # the barrier: all sinks' pointers and the completion then land in one transaction.
+        self.staging = stages_commits(catalog, self.sinks)
+        self.staged = False
 
     @property
     def properties(self) -> dict[str, str]:
@@ -88,6 +94,7 @@ class BarrierCommit:
             return None
         existing = find_barrier_commit(ensure_managed_properties(load_table(self.catalog, table)), self.barrier)
         if existing is not None:
+            self.staged = self.staged or self.staging
             self.adopted.add(table)
             self.commits[table] = existing
             return existing
@@ -95,6 +102,7 @@ class BarrierCommit:
         faults.point(faults.AFTER_ICEBERG_COMMIT)
         tbl = load_table(self.catalog, table)
         written = find_barrier_commit(tbl, self.barrier)
+        self.staged = self.staged or (self.staging and written is not None)
         if written is not None and _changes_nothing(tbl.snapshot_by_id(written)):
             # Engines commit a snapshot even for an empty write; a barrier that changes nothing
             # writes no snapshot, so step back to the parent (cheaper than probing the data first).
@@ -113,6 +121,8 @@ class BarrierCommit:
                 job=self.job, barrier=self.barrier, commits={}, sinks=tuple(sorted(self.sinks)), noop=True
             )
         else:
+            if self.staged:
+                publish_barrier(self.catalog, self.sinks)  # completes the barrier with the pointer swaps
             self.completion = jobs.complete(self.conn, self.job, self.barrier, self.commits, run_id=self.run_id)
         faults.point(faults.AFTER_CONTROL_PLANE)
         return self.completion

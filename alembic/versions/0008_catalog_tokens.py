@@ -1,7 +1,8 @@
 """The consistent catalog (``icebarrier serve``): client tokens and sessions.
 
 A token (``icebarrier token create``) maps a client id and a secret (stored as its SHA-256;
-secrets are 256 random bits) to a reader or to one job. A client exchanges it for an access
+secrets are 256 random bits) to a reader or to one job. A multi-sink job writing through the
+catalog has its commits staged until it publishes the barrier (``catalog_pending``). A client exchanges it for an access
 token (OAuth2 client credentials); the access token is a session, and a session reading
 through ``read-committed`` keeps one barrier until it has been quiet for a moment. Sessions
 live here, so any number of server processes give the same answers.
@@ -41,6 +42,20 @@ CREATE TABLE catalog_session (
     rc_loaded_at timestamptz
 );
 CREATE INDEX catalog_session_expiry ON catalog_session (expires_at);
+
+-- Commits of a multi-sink job's barrier staged by the catalog until the job publishes the
+-- barrier: then every sink's pointer swaps, and the barrier completes, in one transaction.
+-- Only the job's own tokens see staged commits (to build on them); everyone else sees the
+-- pointers.
+CREATE TABLE catalog_pending (
+    job_name          text        NOT NULL,
+    table_name        text        NOT NULL,
+    barrier           bigint      NOT NULL,
+    base_location     text        NOT NULL,
+    metadata_location text        NOT NULL,
+    staged_at         timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT catalog_pending_pkey PRIMARY KEY (job_name, table_name)
+);
 
 -- The newest barrier every tracked managed table has completed (p_namespace: only the
 -- tables of catalog.namespace), NULL if there is none yet.
@@ -84,5 +99,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP FUNCTION session_cut(text, text, integer)")
     op.execute("DROP FUNCTION latest_cut(text)")
+    op.execute("DROP TABLE catalog_pending")
     op.execute("DROP TABLE catalog_session")
     op.execute("DROP TABLE catalog_token")

@@ -134,11 +134,17 @@ class Lake:
 
         return self.metadata_cache.get(location, read)
 
-    def load(self, conn, warehouse: Warehouse, table: TableName, access_token: str | None) -> bytes:
+    def load(self, conn, warehouse: Warehouse, table: TableName, principal: Principal,
+             access_token: str | None) -> bytes:
         """The LoadTableResult for ``table`` through ``warehouse``, as JSON bytes."""
         from pyiceberg.catalog.rest import TableResponse
         from pyiceberg.exceptions import NoSuchTableError
 
+        staged = self.staged(conn, principal, table) if warehouse.kind == "latest" else None
+        if staged is not None:  # the job's own commits of a barrier it has not published yet
+            metadata, _ = self.metadata(staged["metadata_location"])
+            return TableResponse(metadata_location=staged["metadata_location"], metadata=metadata,
+                                 config={}).model_dump_json().encode()
         with db.translated(conn, "load_table"):
             state = conn.execute(self._load_sql, {
                 "catalog": table.catalog, "namespace": ".".join(table.namespace), "table": table.name,
@@ -193,50 +199,121 @@ class Lake:
 
     # -- writes -----------------------------------------------------------------------------------
 
+    def staged(self, conn, principal: Principal, table: TableName) -> dict | None:
+        """The job's staged (unpublished) commit of ``table``, if any."""
+        if principal.job is None:
+            return None
+        return conn.execute("SELECT barrier, base_location, metadata_location FROM catalog_pending "
+                            "WHERE job_name = %s AND table_name = %s", (principal.job, str(table))).fetchone()
+
     def commit(self, conn, principal: Principal, changes: list) -> list:
         """Apply ``changes`` (CommitTableRequest, each with its identifier) atomically; returns
-        the (table, staged table) pairs. See the module docstring for who may commit what."""
+        the (table, staged table) pairs. See the module docstring for who may commit what.
+
+        A multi-sink job's commits to its sinks are staged (only its own tokens see them) until
+        it publishes the barrier: a transaction naming all its sinks with no changes."""
         from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+        from pyiceberg.table import Table
         from pyiceberg.table.update import AddSnapshotUpdate, AssertCreate
 
+        definition = jobs.load_definitions(conn).get(principal.job) if principal.job else None
+        multi_sink = definition is not None and len(definition.sinks) > 1
+        names = [self.table_name(tuple(c.identifier.namespace.root), c.identifier.name) for c in changes]
+        whole = multi_sink and set(names) == set(definition.sinks)  # all the job's sinks at once
+        if whole and not any(c.updates or c.requirements for c in changes):
+            self.publish(conn, principal.job)
+            return []
         staged, managed_barriers = [], {}
-        for change in changes:
-            table = self.table_name(tuple(change.identifier.namespace.root), change.identifier.name)
+        for table, change in zip(names, changes):
             managed, writer = self.writer_of(conn, table)
             self.require_writer(principal, table, managed, writer)
-            try:
-                current = self.catalog.load_table(table.identifier)
-            except NoSuchTableError:
-                if not any(isinstance(r, AssertCreate) for r in change.requirements):
-                    raise
-                current = None
+            pending = self.staged(conn, principal, table) if managed else None
+            if pending is not None:
+                metadata, io = self.metadata(pending["metadata_location"])
+                current = Table(table.identifier, metadata, pending["metadata_location"], io, self.catalog)
+            else:
+                try:
+                    current = self.catalog.load_table(table.identifier)
+                except NoSuchTableError:
+                    if not any(isinstance(r, AssertCreate) for r in change.requirements):
+                        raise
+                    current = None
             new = self.catalog._update_and_stage_table(current, table.identifier, tuple(change.requirements),
                                                        tuple(change.updates))
             added = [u.snapshot for u in change.updates if isinstance(u, AddSnapshotUpdate)]
+            barrier = pending["barrier"] if pending else None
             if managed and added:
                 marks = {(s.summary.additional_properties.get(SUMMARY_BARRIER) if s.summary else None) for s in added}
                 if None in marks or len(marks) != 1:
                     raise ForbiddenError(f"a commit to managed table {table} must carry snapshot property "
                                          f"{SUMMARY_BARRIER} (one barrier per commit); write through the icebarrier "
                                          f"job runtime or set snapshot-property.{SUMMARY_BARRIER}")
-                managed_barriers[table] = (int(marks.pop()), added[-1].snapshot_id)
-            staged.append((table, current, new))
-        for _, current, new in staged:
+                barrier = int(marks.pop())
+                managed_barriers[table] = (barrier, added[-1].snapshot_id)
+            stage = multi_sink and not whole and managed and barrier is not None
+            staged.append((table, current, new, pending, barrier if stage else None))
+        for _, current, new, _, _ in staged:
             if current is None or new.metadata != current.metadata:
                 self.catalog._write_metadata(new.metadata, new.io, new.metadata_location)
         with conn.transaction():
-            for table, current, new in staged:
+            for table, current, new, pending, barrier in staged:
                 key = (table.catalog, ".".join(table.namespace), table.name)
-                if current is None:
-                    conn.execute(self._insert_sql, (*key, new.metadata_location))
+                if barrier is not None:  # staged until the job publishes the barrier
+                    managed_barriers.pop(table, None)
+                    moved = conn.execute(
+                        "INSERT INTO catalog_pending (job_name, table_name, barrier, base_location, metadata_location) "
+                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (job_name, table_name) DO UPDATE "
+                        "SET barrier = excluded.barrier, metadata_location = excluded.metadata_location, "
+                        "staged_at = now() WHERE catalog_pending.metadata_location = %s",
+                        (principal.job, str(table), barrier, current.metadata_location, new.metadata_location,
+                         current.metadata_location)).rowcount
+                elif current is None:
+                    moved = conn.execute(self._insert_sql, (*key, new.metadata_location)).rowcount
+                elif pending is not None:  # built on the job's staged commit: the pointer is at its base
+                    moved = conn.execute(self._swap_sql, (new.metadata_location, pending["base_location"], *key,
+                                                          pending["base_location"])).rowcount
+                    conn.execute("DELETE FROM catalog_pending WHERE job_name = %s AND table_name = %s",
+                                 (principal.job, str(table)))
                 elif new.metadata != current.metadata:
                     moved = conn.execute(self._swap_sql, (new.metadata_location, current.metadata_location, *key,
                                                           current.metadata_location)).rowcount
-                    if moved != 1:
-                        raise CommitFailedException(f"table {table} was changed by another commit; retry")
+                else:
+                    moved = 1
+                if moved != 1:
+                    raise CommitFailedException(f"table {table} was changed by another commit; retry")
             faults.point(faults.IN_CATALOG_COMMIT)
             self.complete_if_whole(conn, principal, managed_barriers)
-        return [(t, new) for t, _, new in staged]
+        return [(t, new) for t, _, new, _, _ in staged]
+
+    def publish(self, conn, job: str) -> None:
+        """Swap the pointers of every commit the job staged, and complete their barrier B with
+        the snapshots carrying B, in one transaction."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        from icebarrier.iceberg_ext.catalog import barrier_of, is_compaction
+
+        with conn.transaction():
+            rows = conn.execute("SELECT table_name, barrier, base_location, metadata_location FROM catalog_pending "
+                                "WHERE job_name = %s ORDER BY table_name FOR UPDATE", (job,)).fetchall()
+            marks = {r["barrier"] for r in rows}
+            if len(marks) != 1:
+                raise IcebarrierError(f"job {job} has {'nothing' if not rows else 'several barriers'} staged to "
+                                      f"publish; write its sinks through this catalog first")
+            barrier, commits = marks.pop(), {}
+            for r in rows:
+                table = TableName.parse(r["table_name"])
+                moved = conn.execute(self._swap_sql, (r["metadata_location"], r["base_location"], table.catalog,
+                                                      ".".join(table.namespace), table.name,
+                                                      r["base_location"])).rowcount
+                if moved != 1:
+                    raise CommitFailedException(f"table {table} was changed outside job {job}'s barrier; retry it")
+                main = self.metadata(r["metadata_location"])[0].current_snapshot()
+                if main is not None and barrier_of(main) == barrier and not is_compaction(main):
+                    commits[table] = main.snapshot_id
+            conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
+            faults.point(faults.IN_CATALOG_COMMIT)
+            with conn.transaction():
+                jobs.complete(conn, job, barrier, commits, run_id="rest-catalog")
 
     def complete_if_whole(self, conn, principal: Principal, commits: dict[TableName, tuple[int, int]]) -> None:
         """A commit of all of the job's sinks carrying one barrier B completes B for the job."""
@@ -430,7 +507,7 @@ def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read
         warehouse = warehouse_of(prefix)
         name = lake.table_name(namespace_of(namespace), table)
         with lake.pool.connection() as conn:
-            return Response(lake.load(conn, warehouse, name, who[1]), media_type="application/json")
+            return Response(lake.load(conn, warehouse, name, *who), media_type="application/json")
 
     @app.head("/v1/{prefix}/namespaces/{namespace}/tables/{table}")
     def table_exists(prefix: str, namespace: str, table: str, who: Caller):

@@ -496,3 +496,81 @@ def test_anonymous_clients_read_only_when_allowed(lake):
     finally:
         stop_server(proc)
     assert "anon" not in [n[0] for n in lake.catalog.list_namespaces()]
+
+
+SPLIT_VIA_REST = """
+import json, sys
+from icebarrier import Settings
+from icebarrier.iceberg_ext.runtime import Runtime, TransformJob, overwrite
+from icebarrier.iceberg_ext.spark import spark_session
+
+source, left, right = sys.argv[2:5]
+settings = Settings.load()
+spark = spark_session(settings, master="local[1]")
+job = TransformJob(name=sys.argv[1], sources=[source], sinks=[left, right],
+                   transform=lambda ctx: {left: overwrite(ctx.table(source)), right: overwrite(ctx.table(source))})
+with Runtime(job, settings=settings, spark=spark, log=lambda _: None) as rt:
+    print(json.dumps({"completed": rt.run().completed}))
+"""
+
+
+def test_a_multi_sink_job_through_the_catalog_publishes_each_barrier_in_one_transaction(lake, server, tmp_path):
+    """A job writing two sinks with Spark through the catalog: its commits are staged until it
+    publishes the barrier, then both pointers and the completion land in one transaction; a
+    reader polling latest meanwhile never sees one sink ahead of the other."""
+    import json
+    import sys
+
+    p = Pipeline(lake, {"ingest": ["events"]})
+    job = f"{lake.namespace}_split"
+    left, right = (f"lake.{lake.namespace}.{t}" for t in ("left", "right"))
+    jobs.register(lake.conn, JobDefinition(name=job, sources=frozenset([lake.T("events")]),
+                                           sinks=frozenset(map(TableName.parse, (left, right)))))
+    for t in ("left", "right"):
+        lake.catalog.create_table(f"{lake.namespace}.{t}", schema=pa.schema([("id", pa.int64()),
+                                                                            ("barrier", pa.int64())]))
+    marks = [p.advance(rows=i + 1) for i in range(3)]
+    jid, jsecret = tokens.create(lake.conn, job=job)
+    rid, rsecret = tokens.create(lake.conn)
+    config = tmp_path / "icebarrier.toml"
+    config.write_text(f'dsn = "{lake.settings.dsn}"\nschema = "{lake.settings.schema}"\n'
+                      f'warehouse = "{lake.settings.warehouse}"\n[catalog_properties]\ntype = "rest"\n'
+                      f'uri = "{server}"\nwarehouse = "latest"\ncredential = "{jid}:{jsecret}"\n'
+                      f'oauth2-server-uri = "{server}/v1/oauth/tokens"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICEBARRIER_")} | {
+        "ICEBARRIER_CONFIG": str(config)}
+    headers = {"Authorization": f"Bearer {_access(server, rid, rsecret)}"}
+    stop, seen = threading.Event(), []
+
+    def poll():
+        while not stop.is_set():
+            seen.append([len(requests.get(f"{server}/v1/latest/namespaces/{lake.namespace}/tables/{t}",
+                                          headers=headers, timeout=30).json()["metadata"]["snapshots"])
+                         for t in ("left", "right")])
+
+    def run_job() -> list[int]:
+        run = subprocess.run([sys.executable, "-c", SPLIT_VIA_REST, job, str(lake.T("events")), left, right],
+                             capture_output=True, text=True, timeout=600, env=env)
+        assert run.returncode == 0, run.stderr[-4000:]
+        return json.loads(run.stdout.strip().splitlines()[-1])["completed"]
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    try:
+        completed = run_job()  # bootstraps at the newest barrier of its source
+        assert completed == marks[-1:]
+        more = [p.advance(rows=4 + i) for i in range(2)]
+        completed += run_job()
+    finally:
+        stop.set()
+        thread.join()
+    assert completed == [marks[-1], *more]
+    assert seen and [c for c in seen if c[0] > c[1]] == []
+    rows = lake.conn.execute(
+        "SELECT m.name, c.barrier, c.snapshot_id, c.run_id FROM table_commit c JOIN managed_table m USING (table_id) "
+        "WHERE m.name IN (%s, %s) ORDER BY c.barrier, m.name", (left, right)).fetchall()
+    assert [(r["barrier"], r["run_id"]) for r in rows] == [(b, "rest-catalog") for b in completed for _ in (0, 1)]
+    assert lake.conn.execute("SELECT count(*) AS n FROM catalog_pending").fetchone()["n"] == 0
+    for t in (left, right):
+        name = TableName.parse(t)
+        assert lake.catalog.load_table(".".join(name.identifier)).scan().to_arrow().num_rows == 1 + 2 + 3 + 4 + 5
