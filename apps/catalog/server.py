@@ -9,12 +9,14 @@ Postgres; what it caches in memory (metadata files, pinned metadata) is immutabl
 Writes go through ``latest`` only. A commit to a managed table must come from a token of its
 writer job and carry ``icebarrier.barrier``; the pointer swap and the commit's record in the
 control plane are one Postgres transaction, and a commit of all of a job's sinks carrying
-barrier B also completes B for the job in that transaction.
+barrier B also completes B for the job in that transaction. A multi-sink job committing its
+sinks one by one has them staged (``catalog_pending``, seen only by its own tokens) until it
+publishes the barrier; then all pointers swap and B completes in one transaction.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import threading
 from collections import OrderedDict
 from typing import Annotated
@@ -61,6 +63,11 @@ class _LRU:
         return value
 
 
+def _catalog_sql(catalog_schema: str, text: str) -> str:
+    """SQL over the SQL catalog's tables, ``{cs}`` being its schema."""
+    return sql.SQL(text).format(cs=sql.Identifier(catalog_schema)).as_string(None)
+
+
 class Lake:
     """The server's view of the lake: the SQL catalog (PyIceberg) plus the control plane."""
 
@@ -74,26 +81,24 @@ class Lake:
         self.quiet_ms = quiet_ms
         self.metadata_cache = _LRU(4096)
         self.pinned_cache = _LRU(8192)
-        self._pointer_sql = sql.SQL(
-            "SELECT metadata_location FROM {}.iceberg_tables WHERE catalog_name = %s AND table_namespace = %s "
-            "AND table_name = %s").format(sql.Identifier(settings.catalog_schema)).as_string(None)
+        in_catalog = functools.partial(_catalog_sql, settings.catalog_schema)
+        self._pointer_sql = in_catalog(
+            "SELECT metadata_location FROM {cs}.iceberg_tables WHERE catalog_name = %s AND table_namespace = %s "
+            "AND table_name = %s")
         # One statement for a load: is the table managed, its pointer, and (through barrier-<B>)
         # S(T, B), all from one snapshot of the database.
-        self._load_sql = sql.SQL(
-            "SELECT m.managed, (SELECT metadata_location FROM {}.iceberg_tables WHERE catalog_name = %(catalog)s "
+        self._load_sql = in_catalog(
+            "SELECT m.managed, (SELECT metadata_location FROM {cs}.iceberg_tables WHERE catalog_name = %(catalog)s "
             "AND table_namespace = %(namespace)s AND table_name = %(table)s) AS location, "
             "CASE WHEN m.managed AND %(barrier)s::bigint IS NOT NULL THEN (SELECT r.snapshot_ids[1] "
             "FROM resolve_cut(ARRAY[%(name)s], %(barrier)s, true) r) END AS snapshot_id "
-            "FROM (SELECT EXISTS (SELECT 1 FROM managed_table WHERE name = %(name)s) AS managed) m"
-        ).format(sql.Identifier(settings.catalog_schema)).as_string(None)
-        self._swap_sql = sql.SQL(
-            "UPDATE {}.iceberg_tables SET metadata_location = %s, previous_metadata_location = %s "
-            "WHERE catalog_name = %s AND table_namespace = %s AND table_name = %s AND metadata_location = %s"
-        ).format(sql.Identifier(settings.catalog_schema)).as_string(None)
-        self._insert_sql = sql.SQL(
-            "INSERT INTO {}.iceberg_tables (catalog_name, table_namespace, table_name, metadata_location, "
-            "previous_metadata_location, iceberg_type) VALUES (%s, %s, %s, %s, NULL, 'TABLE')"
-        ).format(sql.Identifier(settings.catalog_schema)).as_string(None)
+            "FROM (SELECT EXISTS (SELECT 1 FROM managed_table WHERE name = %(name)s) AS managed) m")
+        self._swap_sql = in_catalog(
+            "UPDATE {cs}.iceberg_tables SET metadata_location = %s, previous_metadata_location = %s "
+            "WHERE catalog_name = %s AND table_namespace = %s AND table_name = %s AND metadata_location = %s")
+        self._insert_sql = in_catalog(
+            "INSERT INTO {cs}.iceberg_tables (catalog_name, table_namespace, table_name, metadata_location, "
+            "previous_metadata_location, iceberg_type) VALUES (%s, %s, %s, %s, NULL, 'TABLE')")
 
     def close(self) -> None:
         self.pool.close()
@@ -398,9 +403,6 @@ def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read
     app.add_exception_handler(RequestValidationError, lambda request, exc: error_response(
         IcebarrierError(f"malformed request: {exc.errors()[0].get('msg')} at {'.'.join(map(str, exc.errors()[0].get('loc', ())))}")))
 
-    def warehouse_of(prefix: str) -> Warehouse:
-        return Warehouse.parse(prefix)
-
     def writable(prefix: str) -> Warehouse:
         warehouse = Warehouse.parse(prefix)
         if not warehouse.writable:
@@ -410,9 +412,6 @@ def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read
 
     def namespace_of(namespace: str) -> tuple[str, ...]:
         return tuple(namespace.split(SEP))
-
-    def json_bytes(data: dict, status: int = 200) -> Response:
-        return Response(json.dumps(data), status_code=status, media_type="application/json")
 
     @app.post("/v1/oauth/tokens")
     def oauth_tokens(grant_type: Annotated[str, Form()], client_id: Annotated[str | None, Form()] = None,
@@ -441,7 +440,7 @@ def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read
 
     @app.get("/v1/{prefix}/namespaces")
     def list_namespaces(prefix: str, who: Caller, parent: str | None = None):
-        warehouse_of(prefix)
+        Warehouse.parse(prefix)
         found = lake.catalog.list_namespaces(namespace_of(parent) if parent else ())
         return {"namespaces": [list(n) for n in found]}
 
@@ -457,13 +456,13 @@ def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read
 
     @app.get("/v1/{prefix}/namespaces/{namespace}")
     def load_namespace(prefix: str, namespace: str, who: Caller):
-        warehouse_of(prefix)
+        Warehouse.parse(prefix)
         ns = namespace_of(namespace)
         return {"namespace": list(ns), "properties": lake.catalog.load_namespace_properties(ns)}
 
     @app.head("/v1/{prefix}/namespaces/{namespace}")
     def namespace_exists(prefix: str, namespace: str, who: Caller):
-        warehouse_of(prefix)
+        Warehouse.parse(prefix)
         lake.catalog.load_namespace_properties(namespace_of(namespace))
         return Response(status_code=204)
 
@@ -476,7 +475,7 @@ def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read
 
     @app.get("/v1/{prefix}/namespaces/{namespace}/tables")
     def list_tables(prefix: str, namespace: str, who: Caller):
-        warehouse_of(prefix)
+        Warehouse.parse(prefix)
         found = lake.catalog.list_tables(namespace_of(namespace))
         return {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in found]}
 
@@ -504,14 +503,14 @@ def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read
 
     @app.get("/v1/{prefix}/namespaces/{namespace}/tables/{table}")
     def load_table(prefix: str, namespace: str, table: str, who: Caller, snapshots: str | None = None):
-        warehouse = warehouse_of(prefix)
+        warehouse = Warehouse.parse(prefix)
         name = lake.table_name(namespace_of(namespace), table)
         with lake.pool.connection() as conn:
             return Response(lake.load(conn, warehouse, name, *who), media_type="application/json")
 
     @app.head("/v1/{prefix}/namespaces/{namespace}/tables/{table}")
     def table_exists(prefix: str, namespace: str, table: str, who: Caller):
-        warehouse_of(prefix)
+        Warehouse.parse(prefix)
         name = lake.table_name(namespace_of(namespace), table)
         with lake.pool.connection() as conn:
             lake.current(conn, name)

@@ -94,6 +94,8 @@ def _cases():
         yield ["connect", "--engine", "spark", "--warehouse", warehouse], warehouse or "''"
     yield ["connect", "--engine", "presto"], "presto"
     yield ["serve", "--port", "0"], "0"
+    yield ["spark-conf", "--via", "rest"], "--credential"
+    yield ["spark-conf", "--via", "rest", "--credential", "no-colon"], "--credential"
     yield ["serve", "--session-quiet", "soon"], "soon"
     yield ["cut", "--level", "serializable", ORDERS], "serializable"
     yield ["job", "register", "both", "--source", ORDERS, "--external", "x", "--sink", "lake.db.q"], "both"

@@ -32,3 +32,16 @@ def test_connect_prints_a_configuration_for_each_engine(cli, engine):
     assert "read-committed:shop" in out and "http://cat:8181" in out and "s3cret" in out
     if engine == "spark":
         assert "spark.sql.catalog.lake.cache-enabled false" in out and "spark.sql.catalog.lake.type rest" in out
+
+
+def test_spark_conf_via_rest_writes_through_the_catalog(cli):
+    """`spark-conf --via rest` points the job's catalog at the server's latest warehouse with the
+    job token (kept out of sight unless --show-secrets), table cache off."""
+    conf = json.loads(cli("spark-conf", "--via", "rest", "--uri", "http://cat:8181", "--credential", "ib-1:s3cret",
+                          "--format", "json", "--show-secrets").stdout)
+    assert conf["spark.sql.catalog.lake.type"] == "rest" and conf["spark.sql.catalog.lake.uri"] == "http://cat:8181"
+    assert conf["spark.sql.catalog.lake.warehouse"] == "latest"
+    assert conf["spark.sql.catalog.lake.credential"] == "ib-1:s3cret"
+    assert conf["spark.sql.catalog.lake.cache-enabled"] == "false"
+    hidden = cli("spark-conf", "--via", "rest", "--credential", "ib-1:s3cret", "--format", "json").stdout
+    assert "s3cret" not in hidden

@@ -427,6 +427,19 @@ def test_a_server_killed_mid_commit_leaves_both_or_neither(lake):
         lake.catalog.load_table(name).current_snapshot().snapshot_id
 
 
+def _job_through_catalog(lake, server: str, job: str, folder) -> dict:
+    """The environment of a job process that writes through the catalog with a token of its own
+    (an icebarrier.toml with [catalog_properties], as `spark-conf --via rest` prints)."""
+    jid, jsecret = tokens.create(lake.conn, job=job)
+    config = folder / "icebarrier.toml"
+    config.write_text(f'dsn = "{lake.settings.dsn}"\nschema = "{lake.settings.schema}"\n'
+                      f'warehouse = "{lake.settings.warehouse}"\n[catalog_properties]\ntype = "rest"\n'
+                      f'uri = "{server}"\nwarehouse = "latest"\ncredential = "{jid}:{jsecret}"\n'
+                      f'oauth2-server-uri = "{server}/v1/oauth/tokens"\n')
+    return {k: v for k, v in os.environ.items() if not k.startswith("ICEBARRIER_")} | {
+        "ICEBARRIER_CONFIG": str(config)}
+
+
 RUN_VIA_REST = """
 import json, sys
 from icebarrier import RootJob, Settings
@@ -456,17 +469,10 @@ def test_the_job_runtime_writes_through_the_catalog(lake, server, tmp_path):
                                                                           ("barrier", pa.int64())]))
     barriers.set_interval_s(lake.conn, 3600)
     b = barriers.issue(lake.conn).barrier
-    jid, jsecret = tokens.create(lake.conn, job=job)
+    env = _job_through_catalog(lake, server, job, tmp_path)
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     (inbox / "1.json").write_text('{"id": 1, "barrier": 0}\n{"id": 2, "barrier": 0}\n')
-    config = tmp_path / "icebarrier.toml"
-    config.write_text(f'dsn = "{lake.settings.dsn}"\nschema = "{lake.settings.schema}"\n'
-                      f'warehouse = "{lake.settings.warehouse}"\n[catalog_properties]\ntype = "rest"\n'
-                      f'uri = "{server}"\nwarehouse = "latest"\ncredential = "{jid}:{jsecret}"\n'
-                      f'oauth2-server-uri = "{server}/v1/oauth/tokens"\n')
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ICEBARRIER_")} | {
-        "ICEBARRIER_CONFIG": str(config)}
     run = subprocess.run([sys.executable, "-c", RUN_VIA_REST, str(inbox), job, sink], capture_output=True,
                          text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-4000:]
@@ -530,15 +536,8 @@ def test_a_multi_sink_job_through_the_catalog_publishes_each_barrier_in_one_tran
         lake.catalog.create_table(f"{lake.namespace}.{t}", schema=pa.schema([("id", pa.int64()),
                                                                             ("barrier", pa.int64())]))
     marks = [p.advance(rows=i + 1) for i in range(3)]
-    jid, jsecret = tokens.create(lake.conn, job=job)
+    env = _job_through_catalog(lake, server, job, tmp_path)
     rid, rsecret = tokens.create(lake.conn)
-    config = tmp_path / "icebarrier.toml"
-    config.write_text(f'dsn = "{lake.settings.dsn}"\nschema = "{lake.settings.schema}"\n'
-                      f'warehouse = "{lake.settings.warehouse}"\n[catalog_properties]\ntype = "rest"\n'
-                      f'uri = "{server}"\nwarehouse = "latest"\ncredential = "{jid}:{jsecret}"\n'
-                      f'oauth2-server-uri = "{server}/v1/oauth/tokens"\n')
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ICEBARRIER_")} | {
-        "ICEBARRIER_CONFIG": str(config)}
     headers = {"Authorization": f"Bearer {_access(server, rid, rsecret)}"}
     stop, seen = threading.Event(), []
 
