@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import psycopg
 
+from icebarrier.control_plane import settings
 from icebarrier.control_plane.db import call
 from icebarrier.control_plane.errors import InvalidValueError
 from icebarrier.control_plane.model import Barrier
@@ -45,8 +46,7 @@ def list_barriers(conn: psycopg.Connection, *, limit: int = 20) -> list[Barrier]
 
 
 def get_interval_s(conn: psycopg.Connection) -> float:
-    row = conn.execute("SELECT value FROM setting WHERE key = %s", (BARRIER_INTERVAL_KEY,)).fetchone()
-    return int(row["value"]) / 1000
+    return settings.get_s(conn, BARRIER_INTERVAL_KEY)
 
 
 def set_interval_s(conn: psycopg.Connection, seconds: float) -> float:
@@ -54,6 +54,4 @@ def set_interval_s(conn: psycopg.Connection, seconds: float) -> float:
     if not 0.001 <= seconds <= 86400 * 7:
         raise InvalidValueError(f"barrier interval {seconds:g}s is out of range; use at least 1ms and at most 7d, "
                                 f"e.g. 10s")
-    with conn.transaction():
-        call(conn, "set_setting", BARRIER_INTERVAL_KEY, str(round(seconds * 1000)))
-    return get_interval_s(conn)
+    return settings.set_s(conn, BARRIER_INTERVAL_KEY, seconds)

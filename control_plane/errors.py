@@ -10,9 +10,25 @@ from __future__ import annotations
 
 
 class IcebarrierError(Exception):
-    """Root of every error icebarrier raises on purpose."""
+    """Root of every error icebarrier raises on purpose.
+
+    Errors pickle as their constructor call (they cross process boundaries: the checker's
+    processes, multiprocessing in tests), whatever arguments a subclass takes."""
 
     retryable: bool = False
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls, *args)
+        self._init_args = (args, kwargs)
+        return self
+
+    def __reduce__(self):
+        args, kwargs = self._init_args
+        return _rebuild, (type(self), args, kwargs)
+
+
+def _rebuild(cls: type, args: tuple, kwargs: dict) -> IcebarrierError:
+    return cls(*args, **kwargs)
 
 
 # -- configuration, schema, connection -----------------------------------------------
@@ -44,9 +60,6 @@ class SchemaMigrationError(IcebarrierError):
             f"may create in this database (its owner or a superuser)"
         )
 
-    def __reduce__(self):
-        return type(self), (self.schema, self.reason)
-
 
 class LockTimeoutError(IcebarrierError):
     """A control-plane lock was not granted within ``lock_timeout``."""
@@ -61,9 +74,6 @@ class LockTimeoutError(IcebarrierError):
             f"{what}: waited {timeout} for a lock held by {held}; retry when it is done, raise "
             f"ICEBARRIER_LOCK_TIMEOUT, or end that backend with pg_terminate_backend(pid)"
         )
-
-    def __reduce__(self):
-        return type(self), (self.what, self.timeout, self.holders)
 
 
 class RoleNotFoundError(IcebarrierError):
@@ -80,9 +90,6 @@ class PermissionDeniedError(IcebarrierError):
         self.fix = fix or (f"connect as a role granted job {job} (`icebarrier db grant-job ROLE {job}`, run by the "
                            f"admin)" if job else "connect as the admin (the schema owner) or ask the admin to do it")
         super().__init__(f"{reason}; {self.fix}")
-
-    def __reduce__(self):
-        return type(self), (self.role, self.action, self.job, self.reason, self.fix)
 
 
 class GrantNotPerformedError(IcebarrierError):
@@ -236,9 +243,6 @@ class NoValidCutError(BarrierError):
     def __init__(self, tables: list[str], reason: str, holding: dict[str, str] | None = None) -> None:
         self.tables, self.reason, self.holding = tables, reason, dict(holding or {})
         super().__init__(f"no consistent cut over {', '.join(tables)}: {reason}")
-
-    def __reduce__(self):
-        return type(self), (self.tables, self.reason, self.holding)
 
 
 class BarrierNotValidError(BarrierError):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from icebarrier.control_plane import settings
 from icebarrier.control_plane.cuts import protected_set
 from icebarrier.control_plane.db import advisory_lock, advisory_unlock, call
 from icebarrier.control_plane.errors import LeaseNotFoundError
@@ -57,14 +58,12 @@ MAX_TTL_KEY = "lease_max_ttl_ms"
 
 def get_max_ttl_s(conn: psycopg.Connection) -> float:
     """The longest TTL a role other than the admin may give a lease."""
-    return int(conn.execute("SELECT value FROM setting WHERE key = %s", (MAX_TTL_KEY,)).fetchone()["value"]) / 1000
+    return settings.get_s(conn, MAX_TTL_KEY)
 
 
 def set_max_ttl_s(conn: psycopg.Connection, seconds: float) -> float:
     """Set the cap (the admin only; 1s..7d, checked by the setting's constraint)."""
-    with conn.transaction():
-        call(conn, "set_setting", MAX_TTL_KEY, str(round(seconds * 1000)))
-    return get_max_ttl_s(conn)
+    return settings.set_s(conn, MAX_TTL_KEY, seconds)
 
 
 def renew(conn: psycopg.Connection, lease_id: str, *, ttl_s: float) -> Lease:
@@ -127,12 +126,8 @@ def protected(
     tagged: tuple[tuple[str, int], ...] = (),
 ) -> dict[int, ProtectedSnapshot]:
     """Snapshot ids of ``table`` that must not be expired, each with its reasons."""
-    return _protected(conn, require(conn, table), retained=retained, tagged=tagged)
-
-
-def _protected(conn, table_id: int, *, retained=(), tagged=()) -> dict[int, ProtectedSnapshot]:
-    return _protected_from(conn.execute("SELECT * FROM protection(%s)", (table_id,)).fetchone(),
-                           retained=retained, tagged=tagged)
+    row = conn.execute("SELECT * FROM protection(%s)", (require(conn, table),)).fetchone()
+    return _protected_from(row, retained=retained, tagged=tagged)
 
 
 def _protected_from(row: dict, *, retained=(), tagged=()) -> dict[int, ProtectedSnapshot]:

@@ -28,25 +28,12 @@ def resolve(
     barrier: int | None = None,
 ) -> Cut:
     """Resolve a cut (no lease; for repeatable-read use :func:`icebarrier.control_plane.leases.acquire`)."""
-    cut, _ = resolve_with_ids(conn, tables, level=level, barrier=barrier)
-    return cut
-
-
-def resolve_with_ids(
-    conn: psycopg.Connection,
-    tables: list[TableName],
-    *,
-    level: Level = Level.READ_COMMITTED,
-    barrier: int | None = None,
-) -> tuple[Cut, dict[TableName, int]]:
-    """The cut and each table's control-plane id (leases need them)."""
     tables = list(dict.fromkeys(tables))
     if not tables:
         raise IcebarrierError("no tables given; name at least one table to read")
     aligned = not (level is Level.READ_UNCOMMITTED and barrier is None)
     row = call(conn, "resolve_cut", [str(t) for t in tables], barrier, aligned)[0]
-    cut = Cut(barrier=row["barrier"], level=level, snapshots=dict(zip(tables, row["snapshot_ids"])))
-    return cut, dict(zip(tables, row["table_ids"]))
+    return Cut(barrier=row["barrier"], level=level, snapshots=dict(zip(tables, row["snapshot_ids"])))
 
 
 def wait_for_cut(

@@ -16,6 +16,7 @@ from datetime import datetime
 
 import psycopg
 
+from icebarrier.control_plane.db import call
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import parse_job_name
 
@@ -137,5 +138,4 @@ def session_cut(conn: psycopg.Connection, access_token: str, *, scope: str | Non
     """The barrier this session reads at through ``read-committed`` (``scope``: a namespace,
     ``catalog.namespace``): the session's barrier while its loads keep coming less than
     ``quiet_ms`` apart, else the newest cut over the scope's managed tables (None: none yet)."""
-    row = conn.execute("SELECT session_cut(%s, %s, %s) AS b", (_hash(access_token), scope, quiet_ms)).fetchone()
-    return row["b"]
+    return call(conn, "session_cut", _hash(access_token), scope, quiet_ms)[0]["session_cut"]

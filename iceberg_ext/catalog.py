@@ -61,8 +61,9 @@ def load_catalog(settings: Settings):
     return _catalog_of(settings)
 
 
-def _catalog_of(settings: Settings):
-    return _catalog(settings.catalog, tuple(sorted(settings.pyiceberg_properties().items())))
+def _catalog_of(settings: Settings, *, cached: bool = True):
+    make = _catalog if cached else _catalog.__wrapped__
+    return make(settings.catalog, tuple(sorted(settings.pyiceberg_properties().items())))
 
 
 def upgrade(settings: Settings):
@@ -78,7 +79,7 @@ def upgrade(settings: Settings):
     except ImportError:
         return status  # Spark's JDBC catalog creates its tables in the schema on first use
     # Constructing the SQL catalog creates its tables; not the cached one: leave no session open.
-    _catalog.__wrapped__(settings.catalog, tuple(sorted(settings.pyiceberg_properties().items()))).engine.dispose()
+    _catalog_of(settings, cached=False).engine.dispose()
     secure_catalog(settings)
     return status
 

@@ -12,9 +12,6 @@ class StatementNotPinnableError(IcebarrierError):
         self.table, self.reason = table, reason
         super().__init__(f"table {table}: {reason}" if table else reason)
 
-    def __reduce__(self):
-        return type(self), (self.table, self.reason)
-
 
 class LeaseLostError(IcebarrierError):
     """A repeatable-read lease could not be renewed; its snapshots are no longer protected."""
@@ -25,6 +22,3 @@ class LeaseLostError(IcebarrierError):
             f"lease {lease_id} was not renewed ({reason}); its snapshots may be expired, so this read "
             f"stopped instead of reading unprotected. Start a new repeatable-read session"
         )
-
-    def __reduce__(self):
-        return type(self), (self.lease_id, self.reason)

@@ -29,7 +29,7 @@ from psycopg import sql
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import db, jobs, leases, reads, tokens
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError, TableNotFoundError
-from icebarrier.control_plane.model import TableName
+from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.control_plane.tokens import AuthenticationError, Principal
 from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER, load_catalog
@@ -287,7 +287,8 @@ class Lake:
                 if moved != 1:
                     raise CommitFailedException(f"table {table} was changed by another commit; retry")
             faults.point(faults.IN_CATALOG_COMMIT)
-            self.complete_if_whole(conn, principal, managed_barriers)
+            if definition is not None:
+                self.complete_if_whole(conn, definition, managed_barriers)
         return [(t, new) for t, _, new, _, _ in staged]
 
     def publish(self, conn, job: str) -> None:
@@ -320,16 +321,14 @@ class Lake:
             with conn.transaction():
                 jobs.complete(conn, job, barrier, commits, run_id="rest-catalog")
 
-    def complete_if_whole(self, conn, principal: Principal, commits: dict[TableName, tuple[int, int]]) -> None:
+    @staticmethod
+    def complete_if_whole(conn, job: JobDefinition, commits: dict[TableName, tuple[int, int]]) -> None:
         """A commit of all of the job's sinks carrying one barrier B completes B for the job."""
-        if not commits or principal.job is None:
-            return
-        sinks = jobs.load_definitions(conn).get(principal.job)
         marks = {b for b, _ in commits.values()}
-        if sinks is None or set(commits) != set(sinks.sinks) or len(marks) != 1:
+        if not commits or set(commits) != set(job.sinks) or len(marks) != 1:
             return  # part of the job's sinks: the job completes B itself (adopting these commits)
         with conn.transaction():
-            jobs.complete(conn, principal.job, marks.pop(), {t: s for t, (_, s) in commits.items()},
+            jobs.complete(conn, job.name, marks.pop(), {t: s for t, (_, s) in commits.items()},
                           run_id="rest-catalog")
 
     @staticmethod
