@@ -145,7 +145,12 @@ def test_bad_requests_are_spec_errors_with_one_line(lake, server):
     assert r.status_code == 401
     r = requests.post(f"{server}/v1/latest/namespaces/{lake.namespace}/tables/orders", json={"updates": "x"},
                       headers=headers, timeout=30)
+    assert r.status_code == 403 and "a reader token writes nothing" in r.json()["error"]["message"]
+    jid, jsecret = tokens.create(lake.conn, job=f"{lake.namespace}_ingest")
+    r = requests.post(f"{server}/v1/latest/namespaces/{lake.namespace}/tables/orders", json={"updates": "x"},
+                      headers={"Authorization": f"Bearer {_access(server, jid, jsecret)}"}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestException"
+    assert r.json()["error"]["message"].startswith("malformed CommitTableRequest: requirements: Field required")
     r = get(f"/v1/latest/namespaces/{lake.namespace}/tables/nope")
     assert r.status_code == 404 and r.json()["error"]["type"] == "NoSuchTableException"
     lease = leases.acquire(lake.conn, [lake.T("orders")], ttl_s=600, holder="t")

@@ -1,0 +1,81 @@
+"""What every route needs, as FastAPI dependencies: the lake, the caller, the warehouse (a
+prefix to read through, or one that accepts writes), the namespace path parameter."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from icebarrier.apps.catalog.errors import ForbiddenError, MalformedRequestError
+from icebarrier.apps.catalog.lake import Lake
+from icebarrier.apps.catalog.warehouses import Warehouse
+from icebarrier.control_plane import tokens
+from icebarrier.control_plane.tokens import AuthenticationError, Principal
+
+SEP = "\x1f"  # the REST spec's namespace level separator
+
+
+def get_lake(request: Request) -> Lake:
+    return request.app.state.lake
+
+
+LakeDep = Annotated[Lake, Depends(get_lake)]
+
+
+async def caller(request: Request,
+                 authorization: Annotated[str | None, Header()] = None) -> tuple[Principal, str | None]:
+    """Who calls, and their access token (the session), from the Authorization header. (On the
+    event loop: one indexed lookup costs less than a hop to the thread pool.)"""
+    if authorization and authorization.lower().startswith("bearer "):
+        token = authorization[7:].strip()
+        with request.app.state.lake.pool.connection() as conn:
+            return tokens.session(conn, token), token
+    if request.app.state.allow_anonymous_read:
+        return Principal(client_id=None, kind="reader"), None
+    raise AuthenticationError("this catalog needs a token: create one with `icebarrier token create` and pass "
+                              "CLIENT_ID:SECRET as the client's credential")
+
+
+Caller = Annotated[tuple[Principal, "str | None"], Depends(caller)]
+
+
+def job_caller(who: Caller) -> Principal:
+    """The caller, who must hold a job token (a reader token writes nothing)."""
+    principal = who[0]
+    if principal.kind != "job":
+        raise ForbiddenError(f"{principal.describe()} may not change the catalog: a reader token writes nothing; "
+                             f"create a job token with `icebarrier token create --job JOB`")
+    return principal
+
+
+JobCaller = Annotated[Principal, Depends(job_caller)]
+
+
+def reading(who: Caller, prefix: str) -> Warehouse:
+    return Warehouse.parse(prefix)
+
+
+def writing(who: Caller, prefix: str) -> Warehouse:
+    warehouse = Warehouse.parse(prefix)
+    if not warehouse.writable:
+        raise ForbiddenError(f"warehouse {warehouse} is read-only (it pins snapshots); write through warehouse latest")
+    return warehouse
+
+
+Reading = Annotated[Warehouse, Depends(reading)]
+Writing = Annotated[Warehouse, Depends(writing)]
+
+
+def parse_namespace(text: str) -> tuple[str, ...]:
+    levels = tuple(text.split(SEP))
+    if not all(levels):
+        raise MalformedRequestError(f"namespace {text!r} has an empty level; separate levels with %1F")
+    return levels
+
+
+def namespace_path(namespace: str) -> tuple[str, ...]:
+    return parse_namespace(namespace)
+
+
+NamespacePath = Annotated[tuple[str, ...], Depends(namespace_path)]

@@ -1,0 +1,105 @@
+"""Every refusal of the catalog, in the REST spec's error model with our one-line message.
+
+``{"error": {"message": <one line>, "type": <Iceberg exception name>, "code": <HTTP status>}}``
+for every non-2xx answer of every route, including routes the server does not serve and
+methods a route does not allow (never FastAPI's ``{"detail": …}``). The OAuth2 token
+endpoint answers in RFC 6749's own error model instead (see :mod:`.oauth`).
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from icebarrier.control_plane.errors import IcebarrierError
+
+
+class ForbiddenError(IcebarrierError):
+    """The token may not do this (403)."""
+
+
+class MalformedRequestError(IcebarrierError):
+    """A request body or parameter that the spec does not allow (400); names the field."""
+
+
+class UnprocessableError(IcebarrierError):
+    """A well-formed request that contradicts itself (422)."""
+
+
+class NotServedError(IcebarrierError):
+    """A route of the spec (or none) that this server does not serve (404 / 405)."""
+
+    def __init__(self, method: str, path: str, status: int) -> None:
+        self.method, self.path, self.status = method, path, status
+        what = "does not allow this method" if status == 405 else "is not served here"
+        super().__init__(f"{method} {path} {what}; GET /v1/config lists the endpoints this catalog serves")
+
+
+_STATUS = [  # (exception class name, HTTP status, REST error type), most specific first
+    ("AuthenticationError", 401, "NotAuthorizedException"),
+    ("ForbiddenError", 403, "ForbiddenException"),
+    ("PermissionDeniedError", 403, "ForbiddenException"),
+    ("NoSuchTableError", 404, "NoSuchTableException"),
+    ("TableNotFoundError", 404, "NoSuchTableException"),
+    ("NoSuchNamespaceError", 404, "NoSuchNamespaceException"),
+    ("TableAlreadyExistsError", 409, "AlreadyExistsException"),
+    ("NamespaceAlreadyExistsError", 409, "AlreadyExistsException"),
+    ("NamespaceNotEmptyError", 409, "NamespaceNotEmptyException"),
+    ("CommitFailedException", 409, "CommitFailedException"),
+    ("UnprocessableError", 422, "UnprocessableEntityException"),
+    ("ValidationError", 400, "BadRequestException"),
+    ("IcebarrierError", 400, "BadRequestException"),
+]
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    """The spec's error model; the message is our one line."""
+    if isinstance(exc, NotServedError):
+        status, kind = exc.status, "UnsupportedOperationException" if exc.status == 405 else "NotFoundException"
+    else:
+        names = {cls.__name__ for cls in type(exc).__mro__}
+        status, kind = next(((s, k) for n, s, k in _STATUS if n in names), (500, "InternalServerError"))
+    text = str(exc).strip()
+    message = text.splitlines()[0] if text else type(exc).__name__
+    if status == 500:  # a bug: say so, and keep internals in the server's log
+        message = f"internal error ({type(exc).__name__}); the server's log has the details"
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+def describe_validation(errors: list[dict], what: str) -> str:
+    """One line naming the first offending field of a pydantic/FastAPI validation and why."""
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+    # pydantic names the member of a union it tried ("AddSnapshotUpdate"); keep field names only
+    loc = [p for p in loc if not p[:1].isupper() and not p.startswith("function-")]
+    field = ".".join(loc) or "the body"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"malformed {what}: {field}: {first.get('msg', 'invalid')}{more}"
+
+
+def install(app: FastAPI) -> None:
+    """Route every expected failure to the error model; anything else is a bug (a 500 in the
+    error model, logged with its traceback)."""
+    from pydantic import ValidationError
+    from pyiceberg import exceptions as iceberg_errors
+
+    expected = (IcebarrierError, ValidationError, iceberg_errors.NoSuchTableError,
+                iceberg_errors.NoSuchNamespaceError, iceberg_errors.TableAlreadyExistsError,
+                iceberg_errors.NamespaceAlreadyExistsError, iceberg_errors.NamespaceNotEmptyError,
+                iceberg_errors.CommitFailedException)
+    for kind in expected:
+        app.add_exception_handler(kind, lambda request, exc: error_response(exc))
+
+    def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(MalformedRequestError(describe_validation(exc.errors(), "request")))
+
+    def http(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code in (404, 405):
+            return error_response(NotServedError(request.method, request.url.path, exc.status_code))
+        return error_response(IcebarrierError(str(exc.detail)))
+
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(HTTPException, http)
+    app.add_exception_handler(Exception, lambda request, exc: error_response(exc))

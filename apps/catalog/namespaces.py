@@ -1,0 +1,56 @@
+"""Namespaces: list, create, load, exists, drop, update properties. Reads go through any
+warehouse; changes through ``latest`` with a job token."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from icebarrier.apps.catalog.deps import JobCaller, LakeDep, NamespacePath, Reading, Writing, parse_namespace
+from icebarrier.apps.catalog.errors import UnprocessableError
+from icebarrier.apps.catalog.models import CreateNamespaceRequest, UpdateNamespacePropertiesRequest
+
+router = APIRouter(prefix="/v1/{prefix}/namespaces")
+
+
+@router.get("")
+def list_namespaces(warehouse: Reading, lake: LakeDep, parent: str | None = None, pageToken: str | None = None,
+                    pageSize: int | None = None):
+    found = lake.catalog.list_namespaces(parse_namespace(parent) if parent else ())
+    return {"namespaces": [list(n) for n in found]}
+
+
+@router.post("")
+def create_namespace(warehouse: Writing, principal: JobCaller, lake: LakeDep, body: dict):
+    request = CreateNamespaceRequest.parse(body)
+    lake.catalog.create_namespace(request.namespace, request.properties)
+    return {"namespace": list(request.namespace), "properties": request.properties}
+
+
+@router.get("/{namespace}")
+def load_namespace(warehouse: Reading, namespace: NamespacePath, lake: LakeDep):
+    return {"namespace": list(namespace), "properties": lake.catalog.load_namespace_properties(namespace)}
+
+
+@router.head("/{namespace}")
+def namespace_exists(warehouse: Reading, namespace: NamespacePath, lake: LakeDep):
+    lake.catalog.load_namespace_properties(namespace)  # NoSuchNamespaceError: 404
+    return Response(status_code=204)
+
+
+@router.delete("/{namespace}")
+def drop_namespace(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, lake: LakeDep):
+    lake.catalog.drop_namespace(namespace)
+    return Response(status_code=204)
+
+
+@router.post("/{namespace}/properties")
+def update_properties(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, lake: LakeDep,
+                      body: dict):
+    request = UpdateNamespacePropertiesRequest.parse(body)
+    both = sorted(set(request.removals) & set(request.updates))
+    if both:
+        raise UnprocessableError(f"namespace properties {', '.join(both)} are both updated and removed; "
+                                 f"send each key once")
+    summary = lake.catalog.update_namespace_properties(namespace, set(request.removals), request.updates)
+    return {"updated": summary.updated, "removed": summary.removed, "missing": summary.missing}
+

@@ -1,0 +1,101 @@
+"""Tables: list, create, register, load (pinned by the warehouse), exists, drop, commit,
+rename, metrics; and multi-table transactions. Changes go through ``latest``: to a managed
+table only with its writer job's token (see :class:`.lake.Lake`)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from icebarrier.apps.catalog.deps import Caller, JobCaller, LakeDep, NamespacePath, Reading, Writing
+from icebarrier.apps.catalog.models import (
+    CommitTableRequest,
+    CommitTransactionRequest,
+    CreateTableRequest,
+    RegisterTableRequest,
+    RenameTableRequest,
+    ReportMetricsRequest,
+    TableIdentifier,
+)
+
+router = APIRouter(prefix="/v1/{prefix}")
+TABLE = "/namespaces/{namespace}/tables/{table}"
+
+
+def _json(model) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+@router.get("/namespaces/{namespace}/tables")
+def list_tables(warehouse: Reading, namespace: NamespacePath, lake: LakeDep, pageToken: str | None = None,
+                pageSize: int | None = None):
+    found = lake.catalog.list_tables(namespace)
+    return {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in found]}
+
+
+@router.post("/namespaces/{namespace}/tables")
+def create_table(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, lake: LakeDep, body: dict):
+    request = CreateTableRequest.parse(body)
+    return _json(lake.create(principal, lake.table_name(namespace, request.name), request))
+
+
+@router.post("/namespaces/{namespace}/register")
+def register_table(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, lake: LakeDep, body: dict):
+    request = RegisterTableRequest.parse(body)
+    return _json(lake.register(principal, lake.table_name(namespace, request.name), request.metadata_location,
+                               overwrite=request.overwrite))
+
+
+@router.get(TABLE)
+def load_table(warehouse: Reading, who: Caller, namespace: NamespacePath, table: str, lake: LakeDep,
+               snapshots: str | None = None):
+    with lake.pool.connection() as conn:
+        return Response(lake.load(conn, warehouse, lake.table_name(namespace, table), *who),
+                        media_type="application/json")
+
+
+@router.head(TABLE)
+def table_exists(warehouse: Reading, namespace: NamespacePath, table: str, lake: LakeDep):
+    with lake.pool.connection() as conn:
+        lake.current(conn, lake.table_name(namespace, table))  # NoSuchTableError: 404
+    return Response(status_code=204)
+
+
+@router.delete(TABLE)
+def drop_table(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, table: str, lake: LakeDep,
+               purgeRequested: bool = False):
+    lake.drop(principal, lake.table_name(namespace, table), purge=purgeRequested)
+    return Response(status_code=204)
+
+
+@router.post(TABLE)
+def commit_table(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, table: str, lake: LakeDep,
+                 body: dict):
+    from pyiceberg.table import CommitTableResponse
+
+    request = CommitTableRequest.parse(body)
+    identified = request.model_copy(update={"identifier": TableIdentifier(namespace=namespace, name=table)})
+    with lake.pool.connection() as conn:
+        [(_, new)] = lake.commit(conn, principal, [identified])
+    return _json(CommitTableResponse(metadata=new.metadata, metadata_location=new.metadata_location))
+
+
+@router.post(TABLE + "/metrics")
+def report_metrics(warehouse: Reading, namespace: NamespacePath, table: str, body: dict):
+    ReportMetricsRequest.parse(body)  # accepted and dropped: the lake's history is the record
+    return Response(status_code=204)
+
+
+@router.post("/tables/rename")
+def rename_table(warehouse: Writing, principal: JobCaller, lake: LakeDep, body: dict):
+    request = RenameTableRequest.parse(body)
+    lake.rename(principal, lake.table_name(request.source.namespace, request.source.name),
+                lake.table_name(request.destination.namespace, request.destination.name))
+    return Response(status_code=204)
+
+
+@router.post("/transactions/commit")
+def commit_transaction(warehouse: Writing, principal: JobCaller, lake: LakeDep, body: dict):
+    request = CommitTransactionRequest.parse(body)
+    with lake.pool.connection() as conn:
+        lake.commit(conn, principal, list(request.table_changes))
+    return Response(status_code=204)
