@@ -74,14 +74,31 @@ def configuration(engine: str, warehouse: str, uri: str, credential: str, catalo
                 f"    warehouse: {warehouse}\n    credential: {credential}\n"
                 f"    oauth2-server-uri: {uri}/v1/oauth/tokens\n")
     if engine == "duckdb":
-        return (f"INSTALL iceberg; LOAD iceberg;\n"
+        return (f"{duckdb_install()}\n"
                 f"CREATE SECRET icebarrier (TYPE iceberg, CLIENT_ID '{client_id}', CLIENT_SECRET '{secret}', "
                 f"OAUTH2_SERVER_URI '{uri}/v1/oauth/tokens');\n"
-                f"ATTACH '{warehouse}' AS {catalog} (TYPE iceberg, SECRET icebarrier, ENDPOINT '{uri}');")
+                f"ATTACH '{warehouse}' AS {catalog} (TYPE iceberg, SECRET icebarrier, ENDPOINT '{uri}', "
+                f"ACCESS_DELEGATION_MODE 'none');")
     return (f"# etc/catalog/{catalog}.properties\nconnector.name=iceberg\niceberg.catalog.type=rest\n"
             f"iceberg.rest-catalog.uri={uri}\niceberg.rest-catalog.warehouse={warehouse}\n"
             f"iceberg.rest-catalog.security=OAUTH2\niceberg.rest-catalog.oauth2.credential={credential}\n"
             f"iceberg.rest-catalog.oauth2.server-uri={uri}/v1/oauth/tokens\n")
+
+
+def duckdb_install() -> str:
+    """DuckDB statements that load the iceberg extension: from the extension wheels when they
+    are installed (``pip install duckdb-extension-iceberg``…, offline), else from DuckDB's
+    repository. The catalog vends no storage credentials: the client reads the warehouse
+    itself (``ACCESS_DELEGATION_MODE 'none'``)."""
+    import importlib.util
+    from pathlib import Path
+
+    lines = []
+    for name in ("avro", "httpfs", "iceberg"):  # iceberg needs the other two
+        spec = importlib.util.find_spec(f"duckdb_extension_{name}")
+        found = sorted(Path(spec.origin).parent.glob("extensions/*/*.duckdb_extension")) if spec else []
+        lines.append(f"INSTALL '{found[-1]}'; LOAD {name};" if found else f"INSTALL {name}; LOAD {name};")
+    return "\n".join(lines)
 
 
 @click.group("token")

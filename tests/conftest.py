@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 from psycopg import sql
 
-from icebarrier.control_plane import db, schema
+from icebarrier.control_plane import db
 from icebarrier.iceberg_ext.config import Settings
 
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"

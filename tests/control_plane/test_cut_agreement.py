@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from icebarrier.control_plane import barriers, db, jobs, leases, reads
-from icebarrier.control_plane.cuts import check_valid_at, latest_valid_barrier, protected_set, removable, removable
+from icebarrier.control_plane.cuts import check_valid_at, latest_valid_barrier, protected_set, removable
 from icebarrier.control_plane.errors import BarrierNotValidError, NoValidCutError
 from icebarrier.control_plane.model import JobDefinition, TableName, TableState
 

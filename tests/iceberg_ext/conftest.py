@@ -19,6 +19,7 @@ from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext.catalog import load_catalog
 from icebarrier.iceberg_ext.config import Settings
 from tests.helpers import new_database
+from tests.iceberg_ext.catalog_server import start_server, stop_server
 
 
 @pytest.fixture(scope="session")
@@ -71,3 +72,12 @@ def lake(lake_dsn, warehouse, monkeypatch):
         yield Lake(settings=settings, conn=conn, catalog=catalog, namespace=namespace)
     with psycopg.connect(lake_dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(cp_schema)))
+
+
+@pytest.fixture
+def server(lake):
+    """A real `icebarrier serve` process over the test's lake; its URI."""
+    proc, uri = start_server(lake, "--session-quiet", "1s")
+    yield uri
+    err = stop_server(proc)
+    assert "Traceback" not in err, err[-3000:]

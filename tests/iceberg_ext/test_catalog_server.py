@@ -4,8 +4,6 @@ RestCatalog, Spark's REST catalog client from the Iceberg runtime jar, plain HTT
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import threading
 import time
@@ -14,86 +12,13 @@ import uuid
 import pyarrow as pa
 import pytest
 import requests
-from pyiceberg.catalog.rest import RestCatalog
 
 from icebarrier.control_plane import barriers, jobs, leases, reads, tokens
 from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER
+from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, start_server, stop_server
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(lake, *extra: str, env_extra: dict | None = None) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    env = {**os.environ, "ICEBARRIER_DSN": lake.settings.dsn, "ICEBARRIER_SCHEMA": lake.settings.schema,
-           "ICEBARRIER_WAREHOUSE": lake.settings.warehouse, **(env_extra or {})}
-    proc = subprocess.Popen(["icebarrier", "serve", "--port", str(port), *extra], env=env, stderr=subprocess.PIPE,
-                            text=True)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.1)
-
-
-def stop_server(proc: subprocess.Popen) -> str:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.communicate(timeout=30)[1]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.communicate()[1]
-
-
-@pytest.fixture
-def server(lake):
-    proc, uri = start_server(lake, "--session-quiet", "1s")
-    yield uri
-    err = stop_server(proc)
-    assert "Traceback" not in err, err[-3000:]
-
-
-class Pipeline:
-    """Root jobs writing lake tables through PyIceberg, barrier by barrier (tagged, recorded)."""
-
-    def __init__(self, lake, names: dict[str, list[str]]) -> None:
-        self.lake, self.tables, self.marks = lake, {}, []
-        schema = pa.schema([("id", pa.int64()), ("barrier", pa.int64())])
-        for job, sinks in names.items():
-            jobs.register(lake.conn, JobDefinition(name=f"{lake.namespace}_{job}", sinks=frozenset(
-                lake.T(s) for s in sinks), external_inputs=frozenset([f"ext:{job}"])))
-            for s in sinks:
-                self.tables[s] = (f"{lake.namespace}_{job}",
-                                  lake.catalog.create_table(f"{lake.namespace}.{s}", schema=schema))
-
-    def advance(self, rows: int = 1, only: set[str] | None = None) -> int:
-        b = barriers.issue(self.lake.conn).barrier
-        self.marks.append(b)
-        by_job: dict[str, dict] = {}
-        for name, (job, _) in self.tables.items():
-            if only is None or job in only:
-                table = self.lake.catalog.load_table(f"{self.lake.namespace}.{name}")
-                table.append(pa.table({"id": list(range(rows)), "barrier": [b] * rows}),
-                             snapshot_properties={SUMMARY_BARRIER: str(b)})
-                by_job.setdefault(job, {})[self.lake.T(name)] = table.current_snapshot().snapshot_id
-        for job, commits in by_job.items():
-            jobs.complete(self.lake.conn, job, b, commits)
-        return b
-
-
-def rest(uri: str, warehouse: str, credential: str) -> RestCatalog:
-    return RestCatalog(f"rest_{uuid.uuid4().hex[:6]}", uri=uri, warehouse=warehouse, credential=credential,
-                       **{"oauth2-server-uri": f"{uri}/v1/oauth/tokens"})
 
 
 def test_pinned_warehouses_serve_the_cut_with_trimmed_metadata(lake, server):
@@ -128,7 +53,7 @@ def test_bad_requests_are_spec_errors_with_one_line(lake, server):
     p = Pipeline(lake, {"ingest": ["orders"], "late": ["late"]})
     b1 = p.advance(only={f"{lake.namespace}_ingest"})
     cid, secret = tokens.create(lake.conn)
-    headers = {"Authorization": f"Bearer {_access(server, cid, secret)}"}
+    headers = {"Authorization": f"Bearer {access_token(server, cid, secret)}"}
 
     def get(path):
         return requests.get(f"{server}{path}", headers=headers, timeout=30)
@@ -148,7 +73,7 @@ def test_bad_requests_are_spec_errors_with_one_line(lake, server):
     assert r.status_code == 403 and "a reader token writes nothing" in r.json()["error"]["message"]
     jid, jsecret = tokens.create(lake.conn, job=f"{lake.namespace}_ingest")
     r = requests.post(f"{server}/v1/latest/namespaces/{lake.namespace}/tables/orders", json={"updates": "x"},
-                      headers={"Authorization": f"Bearer {_access(server, jid, jsecret)}"}, timeout=30)
+                      headers={"Authorization": f"Bearer {access_token(server, jid, jsecret)}"}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestException"
     assert r.json()["error"]["message"].startswith("malformed CommitTableRequest: requirements: Field required")
     r = get(f"/v1/latest/namespaces/{lake.namespace}/tables/nope")
@@ -161,13 +86,6 @@ def test_bad_requests_are_spec_errors_with_one_line(lake, server):
     assert r.status_code == 400 and "does not exist" in r.json()["error"]["message"]
     for error in (get("/v1/config?warehouse=nightly").json()["error"],):
         assert "\n" not in error["message"]
-
-
-def _access(uri: str, client_id: str, secret: str) -> str:
-    r = requests.post(f"{uri}/v1/oauth/tokens", data={"grant_type": "client_credentials", "client_id": client_id,
-                                                      "client_secret": secret}, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()["access_token"]
 
 
 def test_writes_need_the_owning_jobs_token_and_a_barrier(lake, server):
@@ -205,7 +123,7 @@ def test_writes_need_the_owning_jobs_token_and_a_barrier(lake, server):
             rows, snapshot_properties={SUMMARY_BARRIER: str(b)})
     assert lake.catalog.load_table(name).current_snapshot().snapshot_id == table.current_snapshot().snapshot_id
 
-    access = _access(server, rid, rsecret)
+    access = access_token(server, rid, rsecret)
     tokens.revoke(lake.conn, rid)
     r = requests.get(f"{server}/v1/latest/namespaces", headers={"Authorization": f"Bearer {access}"}, timeout=30)
     assert r.status_code == 401
@@ -229,7 +147,7 @@ def test_read_committed_sessions_never_mix_cuts_across_two_servers(lake):
 
     cid, secret = tokens.create(lake.conn)
     try:
-        access = _access(servers[0][1], cid, secret)
+        access = access_token(servers[0][1], cid, secret)
         headers = {"Authorization": f"Bearer {access}"}
         thread = threading.Thread(target=writer)
         thread.start()
@@ -309,7 +227,7 @@ def test_without_session_stability_the_same_reads_do_mix(lake):
     thread = threading.Thread(target=lambda: [p.advance() or time.sleep(0.1) for _ in iter(stop.is_set, True)])
     cid, secret = tokens.create(lake.conn)
     try:
-        headers = {"Authorization": f"Bearer {_access(uri, cid, secret)}"}
+        headers = {"Authorization": f"Bearer {access_token(uri, cid, secret)}"}
         thread.start()
         mixed = 0
         for _ in range(30):
@@ -371,8 +289,8 @@ def test_a_multi_table_commit_is_atomic_for_readers_of_latest(lake, server):
     jid, jsecret = tokens.create(lake.conn, job=job)
     rid, rsecret = tokens.create(lake.conn)
     writer = rest(server, "latest", f"{jid}:{jsecret}")
-    headers = {"Authorization": f"Bearer {_access(server, rid, rsecret)}"}
-    access = {"Authorization": f"Bearer {_access(server, jid, jsecret)}"}
+    headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
+    access = {"Authorization": f"Bearer {access_token(server, jid, jsecret)}"}
     stop, seen = threading.Event(), []
 
     def poll():
@@ -543,7 +461,7 @@ def test_a_multi_sink_job_through_the_catalog_publishes_each_barrier_in_one_tran
     marks = [p.advance(rows=i + 1) for i in range(3)]
     env = _job_through_catalog(lake, server, job, tmp_path)
     rid, rsecret = tokens.create(lake.conn)
-    headers = {"Authorization": f"Bearer {_access(server, rid, rsecret)}"}
+    headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
     stop, seen = threading.Event(), []
 
     def poll():

@@ -1,0 +1,91 @@
+"""A real `icebarrier serve` process on a free port, and a pipeline of root jobs writing lake
+tables through PyIceberg, for the catalog tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+
+import pyarrow as pa
+import requests
+from pyiceberg.catalog.rest import RestCatalog
+
+from icebarrier.control_plane import barriers, jobs
+from icebarrier.control_plane.model import JobDefinition
+from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(lake, *extra: str, env_extra: dict | None = None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "ICEBARRIER_DSN": lake.settings.dsn, "ICEBARRIER_SCHEMA": lake.settings.schema,
+           "ICEBARRIER_WAREHOUSE": lake.settings.warehouse, **(env_extra or {})}
+    proc = subprocess.Popen(["icebarrier", "serve", "--port", str(port), *extra], env=env, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+
+
+def stop_server(proc: subprocess.Popen) -> str:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=30)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()[1]
+
+
+class Pipeline:
+    """Root jobs writing lake tables through PyIceberg, barrier by barrier (tagged, recorded)."""
+
+    def __init__(self, lake, names: dict[str, list[str]]) -> None:
+        self.lake, self.tables, self.marks = lake, {}, []
+        schema = pa.schema([("id", pa.int64()), ("barrier", pa.int64())])
+        for job, sinks in names.items():
+            jobs.register(lake.conn, JobDefinition(name=f"{lake.namespace}_{job}", sinks=frozenset(
+                lake.T(s) for s in sinks), external_inputs=frozenset([f"ext:{job}"])))
+            for s in sinks:
+                self.tables[s] = (f"{lake.namespace}_{job}",
+                                  lake.catalog.create_table(f"{lake.namespace}.{s}", schema=schema))
+
+    def advance(self, rows: int = 1, only: set[str] | None = None) -> int:
+        b = barriers.issue(self.lake.conn).barrier
+        self.marks.append(b)
+        by_job: dict[str, dict] = {}
+        for name, (job, _) in self.tables.items():
+            if only is None or job in only:
+                table = self.lake.catalog.load_table(f"{self.lake.namespace}.{name}")
+                table.append(pa.table({"id": list(range(rows)), "barrier": [b] * rows}),
+                             snapshot_properties={SUMMARY_BARRIER: str(b)})
+                by_job.setdefault(job, {})[self.lake.T(name)] = table.current_snapshot().snapshot_id
+        for job, commits in by_job.items():
+            jobs.complete(self.lake.conn, job, b, commits)
+        return b
+
+
+def rest(uri: str, warehouse: str, credential: str) -> RestCatalog:
+    return RestCatalog(f"rest_{uuid.uuid4().hex[:6]}", uri=uri, warehouse=warehouse, credential=credential,
+                       **{"oauth2-server-uri": f"{uri}/v1/oauth/tokens"})
+
+
+def access_token(uri: str, client_id: str, secret: str) -> str:
+    r = requests.post(f"{uri}/v1/oauth/tokens", data={"grant_type": "client_credentials", "client_id": client_id,
+                                                      "client_secret": secret}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["access_token"]
