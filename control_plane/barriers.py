@@ -34,13 +34,13 @@ def issue_if_due(conn: psycopg.Connection, *, job: str) -> Barrier | None:
 
 
 def newest(conn: psycopg.Connection) -> Barrier | None:
-    row = conn.execute("SELECT barrier, issued_at, issued_by FROM barrier ORDER BY barrier DESC LIMIT 1").fetchone()
+    row = conn.execute("SELECT barrier, issued_at, issued_by FROM barriers ORDER BY barrier DESC LIMIT 1").fetchone()
     return Barrier(**row) if row else None
 
 
 def list_barriers(conn: psycopg.Connection, *, limit: int = 20) -> list[Barrier]:
     rows = conn.execute(
-        "SELECT barrier, issued_at, issued_by FROM barrier ORDER BY barrier DESC LIMIT %s", (limit,)
+        "SELECT barrier, issued_at, issued_by FROM barriers ORDER BY barrier DESC LIMIT %s", (limit,)
     ).fetchall()
     return [Barrier(**r) for r in rows]
 

@@ -41,7 +41,7 @@ class DelayStats:
 
 
 _TABLE_DELAYS = """
-WITH recent AS (SELECT barrier FROM barrier ORDER BY barrier DESC LIMIT %(last)s)
+WITH recent AS (SELECT barrier FROM barriers ORDER BY barrier DESC LIMIT %(last)s)
 SELECT v.table_name AS name,
        count(d.delay) AS barriers,
        percentile_cont(0.5)  WITHIN GROUP (ORDER BY extract(epoch FROM d.delay)) AS p50_s,
@@ -57,10 +57,10 @@ ORDER BY v.table_name
 """
 
 _JOB_DELAYS = """
-WITH recent AS (SELECT barrier FROM barrier ORDER BY barrier DESC LIMIT %(last)s),
+WITH recent AS (SELECT barrier FROM barriers ORDER BY barrier DESC LIMIT %(last)s),
 progress AS (
     SELECT j.name, max(m.watermark) AS progress, j.registered_at
-    FROM job j JOIN job_sink k USING (job_id) JOIN managed_table m USING (table_id)
+    FROM jobs j JOIN job_sink_tables k USING (job_id) JOIN managed_tables m USING (table_id)
     WHERE j.active GROUP BY j.name, j.registered_at)
 SELECT p.name,
        count(d.delay) AS barriers,
@@ -68,10 +68,10 @@ SELECT p.name,
        percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM d.delay)) AS p95_s,
        max(extract(epoch FROM d.delay))                                          AS max_s,
        extract(epoch FROM now() - b.issued_at)                                   AS freshness_s,
-       (SELECT count(*) FROM barrier x WHERE x.barrier > coalesce(p.progress,
+       (SELECT count(*) FROM barriers x WHERE x.barrier > coalesce(p.progress,
             (extract(epoch FROM p.registered_at) * 1000000)::bigint))             AS barriers_behind
 FROM progress p
-LEFT JOIN barrier b ON b.barrier = p.progress
+LEFT JOIN barriers b ON b.barrier = p.progress
 LEFT JOIN job_delay d ON d.job_name = p.name AND d.barrier IN (SELECT barrier FROM recent)
 WHERE %(job)s::text IS NULL OR p.name = %(job)s
 GROUP BY p.name, p.progress, p.registered_at, b.issued_at

@@ -123,11 +123,11 @@ def load_definitions(conn: psycopg.Connection) -> dict[str, JobDefinition]:
     rows = conn.execute(
         """
         SELECT j.name, j.external_inputs,
-               coalesce((SELECT array_agg(t.name) FROM job_source s JOIN managed_table t USING (table_id)
+               coalesce((SELECT array_agg(t.name) FROM job_source_tables s JOIN managed_tables t USING (table_id)
                           WHERE s.job_id = j.job_id), '{}') AS sources,
-               coalesce((SELECT array_agg(t.name) FROM job_sink s JOIN managed_table t USING (table_id)
+               coalesce((SELECT array_agg(t.name) FROM job_sink_tables s JOIN managed_tables t USING (table_id)
                           WHERE s.job_id = j.job_id), '{}') AS sinks
-        FROM job j WHERE j.active
+        FROM jobs j WHERE j.active
         """
     ).fetchall()
     return {r["name"]: _definition(r) for r in rows}
@@ -166,17 +166,17 @@ SELECT j.job_id, j.name, j.external_inputs, j.registered_at, j.heartbeat_at, j.w
        coalesce(src.names, '{}') AS sources, coalesce(snk.names, '{}') AS sinks,
        coalesce(src.states, '[]') AS source_states, coalesce(snk.states, '[]') AS sink_states,
        snk.progress, snk.start_barrier,
-       (SELECT count(*) FROM barrier b WHERE b.barrier > coalesce(snk.progress,
+       (SELECT count(*) FROM barriers b WHERE b.barrier > coalesce(snk.progress,
             (extract(epoch FROM j.registered_at) * 1000000)::bigint)) AS barriers_behind
-FROM job j
+FROM jobs j
 LEFT JOIN LATERAL (
     SELECT array_agg(t.name) AS names,
            json_agg(json_build_object('name', t.name, 'start', t.start_barrier, 'watermark', t.watermark)) AS states
-    FROM job_source s JOIN managed_table t USING (table_id) WHERE s.job_id = j.job_id) src ON true
+    FROM job_source_tables s JOIN managed_tables t USING (table_id) WHERE s.job_id = j.job_id) src ON true
 LEFT JOIN LATERAL (
     SELECT array_agg(t.name) AS names, max(t.watermark) AS progress, min(t.start_barrier) AS start_barrier,
            json_agg(json_build_object('name', t.name, 'start', t.start_barrier, 'watermark', t.watermark)) AS states
-    FROM job_sink s JOIN managed_table t USING (table_id) WHERE s.job_id = j.job_id) snk ON true
+    FROM job_sink_tables s JOIN managed_tables t USING (table_id) WHERE s.job_id = j.job_id) snk ON true
 WHERE j.active
 """
 
@@ -240,7 +240,7 @@ def next_barrier(conn: psycopg.Connection, name: str) -> NextBarrier:
     if info.progress is None:
         # A job that recorded the input of its first barrier and then crashed must resume that
         # barrier, not start at a newer one (its commit may already be in a table to adopt).
-        row = conn.execute("SELECT min(barrier) AS b FROM input_range WHERE job_name = %s", (name,)).fetchone()
+        row = conn.execute("SELECT min(barrier) AS b FROM input_ranges WHERE job_name = %s", (name,)).fetchone()
         if row["b"] is not None:
             waiting = {str(s.name): s.watermark for s in info.sources if not s.has_completed(row["b"])}
             return NextBarrier(job=name, barrier=row["b"], ready=not waiting, waiting_for=waiting)
@@ -266,7 +266,7 @@ def next_barrier(conn: psycopg.Connection, name: str) -> NextBarrier:
 
 
 def _first_after(conn: psycopg.Connection, barrier: int) -> int | None:
-    row = conn.execute("SELECT min(barrier) AS b FROM barrier WHERE barrier > %s", (barrier,)).fetchone()
+    row = conn.execute("SELECT min(barrier) AS b FROM barriers WHERE barrier > %s", (barrier,)).fetchone()
     return row["b"]
 
 

@@ -81,23 +81,26 @@ def release(conn: psycopg.Connection, lease_id: str) -> Lease:
 
 _LEASES = """
 SELECT l.lease_id, l.holder, l.barrier, l.acquired_at, l.expires_at, l.released_at,
-       coalesce(json_object_agg(t.name, ls.snapshot_id) FILTER (WHERE t.name IS NOT NULL), '{}') AS snapshots
-FROM lease l
-LEFT JOIN lease_snapshot ls USING (lease_id)
-LEFT JOIN managed_table t USING (table_id)
+       coalesce(json_object_agg(t.name, ls.snapshot_id) FILTER (WHERE t.name IS NOT NULL), '{{}}') AS snapshots
+FROM leases l
+LEFT JOIN lease_snapshots ls USING (lease_id)
+LEFT JOIN managed_tables t USING (table_id)
+{where}
+GROUP BY l.lease_id, l.holder, l.barrier, l.acquired_at, l.expires_at, l.released_at
+ORDER BY l.acquired_at
 """
 
 
 def get(conn: psycopg.Connection, lease_id: str) -> Lease:
-    row = conn.execute(_LEASES + " WHERE l.lease_id = %s GROUP BY l.lease_id", (_parse_id(lease_id),)).fetchone()
+    row = conn.execute(_LEASES.format(where="WHERE l.lease_id = %s"), (_parse_id(lease_id),)).fetchone()
     if row is None:
         raise LeaseNotFoundError(lease_id)
     return _lease(row)
 
 
 def list_leases(conn: psycopg.Connection, *, include_inactive: bool = False) -> list[Lease]:
-    where = "" if include_inactive else " WHERE l.released_at IS NULL AND l.expires_at > now()"
-    rows = conn.execute(_LEASES + where + " GROUP BY l.lease_id ORDER BY l.acquired_at").fetchall()
+    where = "" if include_inactive else "WHERE l.released_at IS NULL AND l.expires_at > now()"
+    rows = conn.execute(_LEASES.format(where=where)).fetchall()
     return [_lease(r) for r in rows]
 
 

@@ -73,13 +73,13 @@ _TABLE_AT = """
 SELECT t.table_id, t.start_barrier, t.watermark, t.revision_id,
        (SELECT snapshot_id FROM snapshot_at(t.table_id, 9223372036854775807)) AS current,
        (SELECT snapshot_id FROM snapshot_at(t.table_id, %(r)s)) AS at_r
-FROM managed_table t WHERE t.name = %(name)s
+FROM managed_tables t WHERE t.name = %(name)s
 """
 
 
 def plan(conn: psycopg.Connection, table: TableName, to_barrier: int) -> RevisionPlan:
     """What revising ``table`` to ``to_barrier`` would change (no writes)."""
-    if conn.execute("SELECT 1 FROM barrier WHERE barrier = %s", (to_barrier,)).fetchone() is None:
+    if conn.execute("SELECT 1 FROM barriers WHERE barrier = %s", (to_barrier,)).fetchone() is None:
         raise BarrierNotIssuedError(to_barrier)
     definitions = jobs.load_definitions(conn)
     writers = topology.writer_by_table(definitions.values())

@@ -22,14 +22,14 @@ def record_range(conn: psycopg.Connection, job: str, barrier: int, spec: dict, *
 
 
 def recorded_range(conn: psycopg.Connection, job: str, barrier: int) -> dict | None:
-    row = conn.execute("SELECT spec FROM input_range WHERE job_name = %s AND barrier = %s", (job, barrier)).fetchone()
+    row = conn.execute("SELECT spec FROM input_ranges WHERE job_name = %s AND barrier = %s", (job, barrier)).fetchone()
     return row["spec"] if row else None
 
 
 def barrier_for_key(conn: psycopg.Connection, job: str, range_key: str) -> int | None:
     """The barrier a source position (e.g. ``batch:17``) was assigned, if any."""
     row = conn.execute(
-        "SELECT barrier FROM input_range WHERE job_name = %s AND range_key = %s", (job, range_key)
+        "SELECT barrier FROM input_ranges WHERE job_name = %s AND range_key = %s", (job, range_key)
     ).fetchone()
     return row["barrier"] if row else None
 
@@ -37,7 +37,7 @@ def barrier_for_key(conn: psycopg.Connection, job: str, range_key: str) -> int |
 def ranges(conn: psycopg.Connection, job: str, *, up_to_barrier: int | None = None) -> list[dict]:
     """All recorded ranges of a job (oldest first), for sources that track consumption."""
     rows = conn.execute(
-        "SELECT barrier, spec FROM input_range WHERE job_name = %s AND (%s::bigint IS NULL OR barrier <= %s) "
+        "SELECT barrier, spec FROM input_ranges WHERE job_name = %s AND (%s::bigint IS NULL OR barrier <= %s) "
         "ORDER BY barrier",
         (job, up_to_barrier, up_to_barrier),
     ).fetchall()

@@ -142,8 +142,17 @@ def _run_alembic(dsn: str | None, schema: str | None, direction: str, revision: 
         return status(conn)
 
 
-# What each kind of role may call (DESIGN.md, "Who may do what"); the rest is the admin's.
-READER_FUNCTIONS = ("acquire_lease", "renew_lease", "release_lease")
+# What each kind of role may read and call (DESIGN.md, "Who may do what"); base tables, and the
+# rest of the functions, are the admin's.
+# The views DESIGN.md names, and the model's state as read-only views (migration 0009): what
+# the library reads as any role. Base tables are the admin's; so are tokens, sessions, staged
+# catalog commits and job grants, which no view shows.
+VIEWS = ("job_sources", "job_sinks", "table_versions", "topology_edges", "consistent_barrier", "barrier_delay",
+         "job_delay", "active_leases", "barriers", "jobs", "job_source_tables", "job_sink_tables", "managed_tables",
+         "table_commits", "table_completions", "expired_snapshots", "settings", "leases", "lease_snapshots",
+         "input_ranges")
+READABLE = (*VIEWS, "alembic_version")  # the revision: every client checks it on connect
+READER_FUNCTIONS = ("resolve_cut", "acquire_lease", "renew_lease", "release_lease")
 JOB_FUNCTIONS = (
     *READER_FUNCTIONS, "register_job", "unregister_job", "complete_barrier", "issue_barrier_if_due",
     "record_commit", "record_input_range", "set_job_status", "set_job_waiting", "job_heartbeat",
@@ -163,7 +172,7 @@ class Grant:
 
 
 def grant_reader(conn: psycopg.Connection, role: str) -> Grant:
-    """Let ``role`` read the control plane (views and tables), resolve cuts, and hold leases of
+    """Let ``role`` read the control plane's views, resolve cuts, and hold leases of
     its own (TTL capped by ``lease_max_ttl_ms``). No writes."""
     with conn.transaction():
         granted = _grant(conn, role, READER_FUNCTIONS)
@@ -182,8 +191,8 @@ def grant_job(conn: psycopg.Connection, role: str, job: str) -> Grant:
 
 
 def _grant(conn: psycopg.Connection, role: str, functions: tuple[str, ...]) -> tuple[str, ...]:
-    """Grant schema usage, SELECT on everything in it and EXECUTE on ``functions``, then check
-    that Postgres granted each (a role that may not grant gets a warning and nothing)."""
+    """Grant schema usage, SELECT on the views and EXECUTE on ``functions``, then check that
+    Postgres granted each (a role that may not grant gets a warning and nothing)."""
     schema = schema_of(conn)
     if not _first(conn.execute("SELECT caller_is_admin()").fetchone()):
         raise PermissionDeniedError(conn.info.user, "grant", None,
@@ -192,12 +201,13 @@ def _grant(conn: psycopg.Connection, role: str, functions: tuple[str, ...]) -> t
     _require_role(conn, role)
     s, r = sql.Identifier(schema), sql.Identifier(role)
     conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, r))
-    conn.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}").format(s, r))
+    for relation in READABLE:
+        conn.execute(sql.SQL("GRANT SELECT ON {}.{} TO {}").format(s, sql.Identifier(relation), r))
     for fn in functions:
         conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {}.{} TO {}").format(s, sql.Identifier(fn), r))
     checks = [(f"USAGE ON SCHEMA {schema}", "has_schema_privilege(%s, %s, 'USAGE')", (schema,))]
-    checks += [(f"SELECT ON {schema}.{t}", "has_table_privilege(%s, %s, 'SELECT')", (f"{schema}.{t}",))
-               for t in ("managed_table", "active_leases")]
+    checks += [(f"SELECT ON {schema}.{v}", "has_table_privilege(%s, %s, 'SELECT')", (f"{schema}.{v}",))
+               for v in READABLE]
     checks += [(f"EXECUTE ON {schema}.{fn}", _HAS_FUNCTION, (schema, fn)) for fn in functions]
     require_granted(conn, role, checks)
     return tuple(what for what, _, _ in checks)

@@ -13,7 +13,7 @@ from icebarrier.control_plane.db import call
 
 def get_s(conn: psycopg.Connection, key: str) -> float:
     """A duration setting, in seconds."""
-    return int(conn.execute("SELECT value FROM setting WHERE key = %s", (key,)).fetchone()["value"]) / 1000
+    return int(conn.execute("SELECT value FROM settings WHERE key = %s", (key,)).fetchone()["value"]) / 1000
 
 
 def set_s(conn: psycopg.Connection, key: str, seconds: float) -> float:

@@ -26,7 +26,7 @@ def recorded(conn: psycopg.Connection, table: TableName) -> dict[int, RecordedCo
     rows = conn.execute(
         """
         SELECT c.barrier, c.snapshot_id, c.operation, c.job_name, c.run_id, c.revoked_by IS NOT NULL AS revoked
-        FROM table_commit c WHERE c.table_id = %s ORDER BY c.commit_id
+        FROM table_commits c WHERE c.table_id = %s ORDER BY c.commit_id
         """,
         (require(conn, table),),
     ).fetchall()
@@ -37,9 +37,9 @@ def known_writers(conn: psycopg.Connection, table: TableName) -> set[str]:
     """Jobs that ever completed barriers of ``table`` (current and former writers)."""
     rows = conn.execute(
         """
-        SELECT DISTINCT job_name FROM table_completion WHERE table_id = %(t)s
-        UNION SELECT DISTINCT job_name FROM table_commit WHERE table_id = %(t)s
-        UNION SELECT j.name FROM job_sink k JOIN job j USING (job_id) WHERE k.table_id = %(t)s
+        SELECT DISTINCT job_name FROM table_completions WHERE table_id = %(t)s
+        UNION SELECT DISTINCT job_name FROM table_commits WHERE table_id = %(t)s
+        UNION SELECT j.name FROM job_sink_tables k JOIN jobs j USING (job_id) WHERE k.table_id = %(t)s
         """,
         {"t": require(conn, table)},
     ).fetchall()

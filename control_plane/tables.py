@@ -43,7 +43,7 @@ class TableVersion:
 def states(conn: psycopg.Connection, names: list[TableName]) -> list[TableState]:
     """Progress of the named tables, in the order given; unknown tables are refused."""
     rows = conn.execute(
-        "SELECT name, start_barrier, watermark FROM managed_table WHERE name = ANY(%s)",
+        "SELECT name, start_barrier, watermark FROM managed_tables WHERE name = ANY(%s)",
         ([str(n) for n in names],),
     ).fetchall()
     by_name = {r["name"]: r for r in rows}
@@ -58,12 +58,12 @@ def states(conn: psycopg.Connection, names: list[TableName]) -> list[TableState]
 
 def managed_names(conn: psycopg.Connection) -> set[TableName]:
     """The names of every managed table (what a consistent SQL read must pin or refuse)."""
-    return {TableName.parse(r["name"]) for r in conn.execute("SELECT name FROM managed_table").fetchall()}
+    return {TableName.parse(r["name"]) for r in conn.execute("SELECT name FROM managed_tables").fetchall()}
 
 
 def require(conn: psycopg.Connection, name: TableName) -> int:
     """The table's id; unknown tables are refused."""
-    row = conn.execute("SELECT table_id FROM managed_table WHERE name = %s", (str(name),)).fetchone()
+    row = conn.execute("SELECT table_id FROM managed_tables WHERE name = %s", (str(name),)).fetchone()
     if row is None:
         raise TableNotFoundError(str(name))
     return row["table_id"]

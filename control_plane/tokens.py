@@ -98,6 +98,8 @@ def revoke(conn: psycopg.Connection, client_id: str) -> Token:
 
 def open_session(conn: psycopg.Connection, client_id: str, secret: str, *, ttl_s: int = SESSION_TTL_S) -> str:
     """Check a client's credentials and open a session; returns its access token."""
+    if "\x00" in client_id:  # no such client (and Postgres text cannot hold NUL)
+        raise AuthenticationError(f"client {client_id!r} is unknown; create a token with `icebarrier token create`")
     row = conn.execute("SELECT secret_hash, revoked_at FROM catalog_token WHERE client_id = %s",
                        (client_id,)).fetchone()
     if row is None or row["revoked_at"] is not None or not secrets.compare_digest(row["secret_hash"], _hash(secret)):

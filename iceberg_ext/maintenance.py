@@ -260,7 +260,7 @@ def reconcile(conn: psycopg.Connection, catalog, table: TableName) -> ReconcileR
 
 def _tombstoned(conn, table: TableName, snapshot_id: int) -> bool:
     return conn.execute(
-        "SELECT 1 FROM expired_snapshot e JOIN managed_table m USING (table_id) WHERE m.name = %s AND e.snapshot_id = %s",
+        "SELECT 1 FROM expired_snapshots e JOIN managed_tables m USING (table_id) WHERE m.name = %s AND e.snapshot_id = %s",
         (str(table), snapshot_id),
     ).fetchone() is not None
 

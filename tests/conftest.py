@@ -25,6 +25,9 @@ from icebarrier.iceberg_ext.config import Settings
 
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
+# peer/ holds other projects' suites that tests run against a live server (their own pytest)
+collect_ignore = ["peer"]
+
 
 def _reachable(dsn: str) -> bool:
     try:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Query, Request
 
 from icebarrier.apps.catalog.errors import ForbiddenError, MalformedRequestError
 from icebarrier.apps.catalog.lake import Lake
+from icebarrier.apps.catalog.models import check_name
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import tokens
 from icebarrier.control_plane.tokens import AuthenticationError, Principal
@@ -68,14 +69,24 @@ Writing = Annotated[Warehouse, Depends(writing)]
 
 
 def parse_namespace(text: str) -> tuple[str, ...]:
-    levels = tuple(text.split(SEP))
-    if not all(levels):
-        raise MalformedRequestError(f"namespace {text!r} has an empty level; separate levels with %1F")
-    return levels
+    """A namespace path or query parameter: levels separated by 0x1F (``%1F``)."""
+    try:
+        return tuple(check_name(level, "namespace level") for level in text.split(SEP))
+    except ValueError as exc:
+        raise MalformedRequestError(f"namespace {text!r}: {exc}; separate levels with %1F") from None
 
 
 def namespace_path(namespace: str) -> tuple[str, ...]:
     return parse_namespace(namespace)
 
 
+def table_path(table: str) -> str:
+    try:
+        return check_name(table, "table name")
+    except ValueError as exc:
+        raise MalformedRequestError(f"table {table!r}: {exc}") from None
+
+
 NamespacePath = Annotated[tuple[str, ...], Depends(namespace_path)]
+TablePath = Annotated[str, Depends(table_path)]
+PageSize = Annotated[int | None, Query(ge=1)]  # accepted; every list is answered in one page

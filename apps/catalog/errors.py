@@ -79,6 +79,17 @@ def describe_validation(errors: list[dict], what: str) -> str:
     return f"malformed {what}: {field}: {first.get('msg', 'invalid')}{more}"
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette names only the first route's)."""
+    from starlette.routing import Match
+
+    found = set()
+    for route in request.app.state.routes:
+        if route.matches({**request.scope, "method": next(iter(route.methods))})[0] == Match.FULL:
+            found.update(route.methods)
+    return sorted(found)
+
+
 def install(app: FastAPI) -> None:
     """Route every expected failure to the error model; anything else is a bug (a 500 in the
     error model, logged with its traceback)."""
@@ -97,8 +108,12 @@ def install(app: FastAPI) -> None:
 
     def http(request: Request, exc: HTTPException) -> JSONResponse:
         if exc.status_code in (404, 405):
-            return error_response(NotServedError(request.method, request.url.path, exc.status_code))
-        return error_response(IcebarrierError(str(exc.detail)))
+            response = error_response(NotServedError(request.method, request.url.path, exc.status_code))
+        else:
+            response = error_response(IcebarrierError(str(exc.detail)))
+        if exc.status_code == 405:
+            response.headers["Allow"] = ", ".join(allowed_methods(request))
+        return response
 
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(HTTPException, http)

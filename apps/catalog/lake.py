@@ -237,7 +237,7 @@ class Lake:
         try:
             metadata, _ = self.metadata(metadata_location)
         except (OSError, ValueError) as exc:
-            raise IcebarrierError(f"metadata-location {metadata_location} cannot be read as table metadata "
+            raise IcebarrierError(f"metadata-location {metadata_location!r} cannot be read as table metadata "
                                   f"({type(exc).__name__}); give the location of a metadata.json file") from None
         if not overwrite:
             self.catalog.register_table(table.identifier, metadata_location)

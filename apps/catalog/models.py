@@ -9,7 +9,9 @@ requirements) are PyIceberg's types, which follow the spec's component schemas.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel, field_validator
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table.sorting import SortOrder
@@ -29,12 +31,23 @@ class _Request(BaseModel):
         try:
             return cls.model_validate(body)
         except ValidationError as exc:
-            raise MalformedRequestError(describe_validation(exc.errors(), f"{cls.__name__}")) from None
+            raise MalformedRequestError(describe_validation(exc.errors(), cls.__name__)) from None
+        except Exception as exc:  # noqa: BLE001 - PyIceberg's validators raise assorted errors on odd input
+            raise MalformedRequestError(f"malformed {cls.__name__}: {str(exc).splitlines()[0]}") from None
 
 
-def _name(value: str, what: str) -> str:
-    if not value or "\x1f" in value:
-        raise ValueError(f"a {what} must be a non-empty string without the unit separator (0x1F)")
+def check_name(value: str, what: str) -> str:
+    """A namespace level or table name: not blank, no NUL (Postgres stores none); a namespace
+    level also has no 0x1F (it separates levels in paths)."""
+    if not value.strip() or "\x00" in value or (what == "namespace level" and "\x1f" in value):
+        extra = " or the unit separator (0x1F)" if what == "namespace level" else ""
+        raise ValueError(f"a {what} must be a non-blank string without NUL{extra}")
+    return value
+
+
+def _properties(value: dict[str, str]) -> dict[str, str]:
+    if any("\x00" in k or "\x00" in v for k, v in value.items()):
+        raise ValueError("property keys and values must not contain NUL")
     return value
 
 
@@ -47,12 +60,12 @@ class TableIdentifier(_Request):
     def _levels(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if not value:
             raise ValueError("a namespace has at least one level")
-        return tuple(_name(v, "namespace level") for v in value)
+        return tuple(check_name(v, "namespace level") for v in value)
 
     @field_validator("name")
     @classmethod
     def _table(cls, value: str) -> str:
-        return _name(value, "table name")
+        return check_name(value, "table name")
 
 
 class CreateNamespaceRequest(_Request):
@@ -60,11 +73,14 @@ class CreateNamespaceRequest(_Request):
     properties: dict[str, str] = Field(default_factory=dict)
 
     _levels = field_validator("namespace")(TableIdentifier._levels.__func__)
+    _props = field_validator("properties")(_properties)
 
 
 class UpdateNamespacePropertiesRequest(_Request):
     removals: tuple[str, ...] = ()
     updates: dict[str, str] = Field(default_factory=dict)
+
+    _props = field_validator("updates")(_properties)
 
     @field_validator("removals")
     @classmethod
@@ -84,6 +100,7 @@ class CreateTableRequest(_Request):
     properties: dict[str, str] = Field(default_factory=dict)
 
     _table = field_validator("name")(TableIdentifier._table.__func__)
+    _props = field_validator("properties")(_properties)
 
 
 class RegisterTableRequest(_Request):
@@ -106,7 +123,7 @@ class CommitTableRequest(_Request):
 
 
 class CommitTransactionRequest(_Request):
-    table_changes: tuple[CommitTableRequest, ...] = Field(alias="table-changes", min_length=1)
+    table_changes: tuple[CommitTableRequest, ...] = Field(alias="table-changes")
 
     @field_validator("table_changes")
     @classmethod
@@ -116,10 +133,99 @@ class CommitTransactionRequest(_Request):
         return value
 
 
-class ReportMetricsRequest(_Request):
-    """A scan or commit report: accepted and dropped (the fields both kinds require)."""
+def _not_bool(value: object) -> object:
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not an integer")
+    return value
 
+
+Int64 = Annotated[int, BeforeValidator(_not_bool), Field(ge=-(2**63), lt=2**63)]  # 1.0 is one (JSON Schema)
+
+
+class CounterResult(_Request):
+    unit: str
+    value: Int64
+
+
+class TimerResult(_Request):
+    time_unit: str = Field(alias="time-unit")
+    count: Int64
+    total_duration: Int64 = Field(alias="total-duration")
+
+
+class TransformTerm(_Request):
+    type: Literal["transform"]
+    transform: str
+    term: str
+
+
+Term = str | TransformTerm
+
+
+class TrueExpression(_Request):
+    type: Literal["true"]
+
+
+class FalseExpression(_Request):
+    type: Literal["false"]
+
+
+class AndOrExpression(_Request):
+    type: Literal["and", "or"]
+    left: Expression
+    right: Expression
+
+
+class NotExpression(_Request):
+    type: Literal["not"]
+    child: Expression
+
+
+class SetExpression(_Request):
+    type: Literal["in", "not-in"]
+    term: Term
+    values: tuple[dict, ...]
+
+
+class LiteralExpression(_Request):
+    type: Literal["lt", "lt-eq", "gt", "gt-eq", "eq", "not-eq", "starts-with", "not-starts-with"]
+    term: Term
+    value: dict
+
+
+class UnaryExpression(_Request):
+    type: Literal["is-null", "not-null", "is-nan", "not-nan"]
+    term: Term
+    value: dict
+
+
+Expression = Annotated[TrueExpression | FalseExpression | AndOrExpression | NotExpression | SetExpression
+                       | LiteralExpression | UnaryExpression, Field(discriminator="type")]
+AndOrExpression.model_rebuild()
+NotExpression.model_rebuild()
+
+
+class _Report(_Request):
     report_type: str = Field(alias="report-type")
     table_name: str = Field(alias="table-name")
-    snapshot_id: int = Field(alias="snapshot-id")
-    metrics: dict[str, object]
+    snapshot_id: Int64 = Field(alias="snapshot-id")
+    metrics: dict[str, CounterResult | TimerResult]
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class ScanReport(_Report):
+    filter: Annotated[bool, Field(strict=True)] | Expression  # Java's client writes `true` for alwaysTrue
+    schema_id: int = Field(alias="schema-id")
+    projected_field_ids: tuple[int, ...] = Field(alias="projected-field-ids")
+    projected_field_names: tuple[str, ...] = Field(alias="projected-field-names")
+
+
+class CommitReport(_Report):
+    sequence_number: Int64 = Field(alias="sequence-number")
+    operation: str
+
+
+class ReportMetricsRequest(RootModel[ScanReport | CommitReport]):
+    """A scan or commit report (accepted and dropped)."""
+
+    parse = classmethod(_Request.parse.__func__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from icebarrier.apps.catalog.deps import JobCaller, LakeDep, NamespacePath, Reading, Writing, parse_namespace
+from icebarrier.apps.catalog.deps import JobCaller, LakeDep, NamespacePath, PageSize, Reading, Writing, parse_namespace
 from icebarrier.apps.catalog.errors import UnprocessableError
 from icebarrier.apps.catalog.models import CreateNamespaceRequest, UpdateNamespacePropertiesRequest
 
@@ -14,7 +14,7 @@ router = APIRouter(prefix="/v1/{prefix}/namespaces")
 
 @router.get("")
 def list_namespaces(warehouse: Reading, lake: LakeDep, parent: str | None = None, pageToken: str | None = None,
-                    pageSize: int | None = None):
+                    pageSize: PageSize = None):
     found = lake.catalog.list_namespaces(parse_namespace(parent) if parent else ())
     return {"namespaces": [list(n) for n in found]}
 

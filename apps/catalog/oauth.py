@@ -113,6 +113,6 @@ async def oauth_tokens(request: Request, lake: LakeDep, authorization: Annotated
 
 
 @router.get("/v1/config")
-def config(request: Request, who: Caller, warehouse: str = "latest"):
-    parsed = Warehouse.parse(warehouse)
+def config(request: Request, who: Caller, warehouse: str = ""):
+    parsed = Warehouse.parse(warehouse or "latest")  # no warehouse named: latest
     return {"defaults": {}, "overrides": {"prefix": str(parsed)}, "endpoints": request.app.state.endpoints}

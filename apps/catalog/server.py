@@ -17,12 +17,12 @@ from icebarrier.apps.catalog.lake import Lake
 from icebarrier.iceberg_ext.config import Settings
 
 
-def served_endpoints(app: FastAPI) -> list[str]:
+ROUTERS = (oauth.router, namespaces.router, tables.router)
+
+
+def served_endpoints(routes: list[APIRoute]) -> list[str]:
     """``"<VERB> <path>"`` of every catalog route under ``/v1/{prefix}`` (the spec's format)."""
-    found = set()
-    for route in app.routes:
-        if isinstance(route, APIRoute) and route.path.startswith("/v1/{prefix}/"):
-            found.update(f"{method} {route.path}" for method in route.methods)
+    found = {f"{method} {r.path}" for r in routes if r.path.startswith("/v1/{prefix}/") for method in r.methods}
     return sorted(found, key=lambda e: (e.split(" ", 1)[1], e))
 
 
@@ -33,7 +33,8 @@ def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read
     app.state.allow_anonymous_read = allow_anonymous_read
     app.router.add_event_handler("shutdown", lake.close)
     errors.install(app)
-    for module in (oauth, namespaces, tables):
-        app.include_router(module.router)
-    app.state.endpoints = served_endpoints(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    app.state.routes = [r for router in ROUTERS for r in router.routes]
+    app.state.endpoints = served_endpoints(app.state.routes)
     return app

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from icebarrier.apps.catalog.deps import Caller, JobCaller, LakeDep, NamespacePath, Reading, Writing
+from icebarrier.apps.catalog.deps import Caller, JobCaller, LakeDep, NamespacePath, PageSize, Reading, TablePath, Writing
 from icebarrier.apps.catalog.models import (
     CommitTableRequest,
     CommitTransactionRequest,
@@ -27,7 +27,7 @@ def _json(model) -> Response:
 
 @router.get("/namespaces/{namespace}/tables")
 def list_tables(warehouse: Reading, namespace: NamespacePath, lake: LakeDep, pageToken: str | None = None,
-                pageSize: int | None = None):
+                pageSize: PageSize = None):
     found = lake.catalog.list_tables(namespace)
     return {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in found]}
 
@@ -46,7 +46,7 @@ def register_table(warehouse: Writing, principal: JobCaller, namespace: Namespac
 
 
 @router.get(TABLE)
-def load_table(warehouse: Reading, who: Caller, namespace: NamespacePath, table: str, lake: LakeDep,
+def load_table(warehouse: Reading, who: Caller, namespace: NamespacePath, table: TablePath, lake: LakeDep,
                snapshots: str | None = None):
     with lake.pool.connection() as conn:
         return Response(lake.load(conn, warehouse, lake.table_name(namespace, table), *who),
@@ -54,21 +54,21 @@ def load_table(warehouse: Reading, who: Caller, namespace: NamespacePath, table:
 
 
 @router.head(TABLE)
-def table_exists(warehouse: Reading, namespace: NamespacePath, table: str, lake: LakeDep):
+def table_exists(warehouse: Reading, namespace: NamespacePath, table: TablePath, lake: LakeDep):
     with lake.pool.connection() as conn:
         lake.current(conn, lake.table_name(namespace, table))  # NoSuchTableError: 404
     return Response(status_code=204)
 
 
 @router.delete(TABLE)
-def drop_table(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, table: str, lake: LakeDep,
+def drop_table(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, table: TablePath, lake: LakeDep,
                purgeRequested: bool = False):
     lake.drop(principal, lake.table_name(namespace, table), purge=purgeRequested)
     return Response(status_code=204)
 
 
 @router.post(TABLE)
-def commit_table(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, table: str, lake: LakeDep,
+def commit_table(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, table: TablePath, lake: LakeDep,
                  body: dict):
     from pyiceberg.table import CommitTableResponse
 
@@ -80,7 +80,7 @@ def commit_table(warehouse: Writing, principal: JobCaller, namespace: NamespaceP
 
 
 @router.post(TABLE + "/metrics")
-def report_metrics(warehouse: Reading, namespace: NamespacePath, table: str, body: dict):
+def report_metrics(warehouse: Reading, namespace: NamespacePath, table: TablePath, body: dict):
     ReportMetricsRequest.parse(body)  # accepted and dropped: the lake's history is the record
     return Response(status_code=204)
 
@@ -96,6 +96,7 @@ def rename_table(warehouse: Writing, principal: JobCaller, lake: LakeDep, body: 
 @router.post("/transactions/commit")
 def commit_transaction(warehouse: Writing, principal: JobCaller, lake: LakeDep, body: dict):
     request = CommitTransactionRequest.parse(body)
-    with lake.pool.connection() as conn:
-        lake.commit(conn, principal, list(request.table_changes))
+    if request.table_changes:  # an empty transaction changes nothing
+        with lake.pool.connection() as conn:
+            lake.commit(conn, principal, list(request.table_changes))
     return Response(status_code=204)

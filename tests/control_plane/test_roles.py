@@ -164,3 +164,59 @@ def test_the_cli_refuses_forging_another_jobs_progress_in_one_line(world):
     denied = CliRunner().invoke(command, ["--dsn", world["dsn"]["job_a"], "db", "grant-job", world["roles"]["job_a"],
                                           "ingest_b"])
     assert denied.exit_code == 1 and "may not grant roles: that is for the admin" in denied.stderr
+
+
+def _relations(dsn: str, kind: str) -> list[str]:
+    """The control-plane schema's base tables ('r') or views ('v')."""
+    with db.connect(dsn) as admin:
+        rows = admin.execute("SELECT c.relname FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace "
+                             "AND c.relkind = %s ORDER BY 1", (kind,)).fetchall()
+    return [r["relname"] for r in rows]
+
+
+def test_readers_and_job_roles_read_views_never_base_tables(world):
+    """Every base table (tokens, sessions, staged catalog commits and job grants included) is
+    refused to a reader and to a job role; every view is allowed; a job's input ranges show only
+    to the roles granted that job. (alembic_version: the revision every client checks.)"""
+    tables = [t for t in _relations(world["dsn"]["admin"], "r") if t != "alembic_version"]
+    views = _relations(world["dsn"]["admin"], "v")
+    assert {"catalog_token", "catalog_session", "catalog_pending", "job_grant", "table_commit"} <= set(tables)
+    assert set(views) == set(schema.VIEWS)  # every view is granted, and only views
+    with db.connect(world["dsn"]["job_a"]) as c:
+        runs.record_range(c, "ingest_a", world["b2"], {"files": ["in-a"]})
+    for role in ("reader", "job_a"):
+        with psycopg.connect(world["dsn"][role], autocommit=True) as c:
+            c.execute("SET search_path = icebarrier")
+            for table in tables:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"permission denied for table {table}"):
+                    c.execute(f"SELECT 1 FROM {table} LIMIT 1")
+            for view in views:
+                c.execute(f"SELECT * FROM {view} LIMIT 1").fetchall()
+            seen = c.execute("SELECT job_name FROM input_ranges").fetchall()
+            assert seen == ([("ingest_a",)] if role == "job_a" else []), role
+
+
+def test_upgrade_takes_back_what_earlier_grants_gave(make_db, pg_server):
+    """A reader granted by 0008 (SELECT on all tables) reads catalog_token; after `db upgrade`
+    it reads the views only."""
+    from psycopg import sql
+
+    from icebarrier.iceberg_ext.catalog import upgrade as upgrade_all
+
+    dsn = make_db()
+    schema.upgrade(dsn, None, "0008")
+    with login_roles(pg_server, dsn, "old_reader") as names:
+        role = sql.Identifier(names["old_reader"])
+        with psycopg.connect(dsn, autocommit=True) as admin:  # what 0008's grant-reader did
+            admin.execute(sql.SQL("GRANT USAGE ON SCHEMA icebarrier TO {}").format(role))
+            admin.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA icebarrier TO {}").format(role))
+        reader = psycopg.conninfo.make_conninfo(dsn, user=names["old_reader"])
+        with psycopg.connect(reader) as c:
+            c.execute("SELECT * FROM icebarrier.catalog_token").fetchall()
+        upgrade_all(Settings(dsn=dsn))
+        with psycopg.connect(reader, autocommit=True) as c:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute("SELECT * FROM icebarrier.catalog_token")
+            c.execute("SELECT * FROM icebarrier.table_versions").fetchall()
+        with db.connect(reader) as c:  # the version check on connect passes: the views are what it reads
+            assert schema.status(c).up_to_date
