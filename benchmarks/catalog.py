@@ -7,7 +7,10 @@ Prints:
   over keep-alive HTTP with a token (goal p50 <= 5 ms);
 - loads/s with 4 concurrent clients (goal >= 500/s on a 2-core machine);
 - one commit (an append) through the server ÷ the same commit through the SQL (JDBC)
-  catalog directly (goal <= 1.2).
+  catalog directly (goal <= 1.2);
+- DuckDB (its iceberg extension, configured as `icebarrier connect --engine duckdb` prints):
+  a one-table query p50 through barrier-<B> and through latest, and a two-table join's p50
+  through read-committed ÷ through latest (goal <= 1.2).
 
 It creates a scratch database and warehouse, starts a real server process, and removes both.
 """
@@ -115,12 +118,32 @@ def commit_ratio(settings: Settings, uri: str, client_id: str, secret: str, n: i
     return out[0], out[1]
 
 
+def duckdb_p50(uri: str, credential: str, warehouse: str, query: str, n: int, names: list[str]) -> float:
+    """p50 ms of ``query`` (``{a}``/``{b}``: two tables) in DuckDB attached through ``warehouse``."""
+    import duckdb
+
+    from icebarrier.cli.catalog import configuration
+
+    con = duckdb.connect()
+    for statement in configuration("duckdb", warehouse, uri, credential, "lake").splitlines():
+        con.execute(statement)
+    times = []
+    for i in range(n + 5):
+        a, b = names[(i * 7919) % len(names)], names[(i * 7919 + 1) % len(names)]
+        start = time.perf_counter()
+        con.execute(query.format(a=f"lake.{a}", b=f"lake.{b}")).fetchall()
+        if i >= 5:  # the first few warm DuckDB and the pinned metadata files
+            times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default=DEFAULT_SERVER)
     parser.add_argument("--tables", type=int, default=1000)
     parser.add_argument("--loads", type=int, default=2000)
     parser.add_argument("--commits", type=int, default=30)
+    parser.add_argument("--duckdb-queries", type=int, default=200)
     args = parser.parse_args()
     with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory() as wh:
         settings = Settings(dsn=dsn, warehouse=wh).validated()
@@ -153,6 +176,16 @@ def main() -> int:
             ratio = served_ms / direct_ms
             print(f"commit: SQL catalog {direct_ms:6.1f} ms, through the server {served_ms:6.1f} ms, ratio "
                   f"{ratio:4.2f} (goal <= 1.2: {'met' if ratio <= 1.2 else 'MISSED'})")
+            cred = ":".join(reader)
+            one = "SELECT count(*) FROM {a}"
+            pinned_ms = duckdb_p50(uri, cred, f"barrier-{barrier}", one, args.duckdb_queries, names)
+            latest_ms = duckdb_p50(uri, cred, "latest", one, args.duckdb_queries, names)
+            print(f"duckdb, one-table query p50: barrier-B {pinned_ms:5.1f} ms, latest {latest_ms:5.1f} ms")
+            join = "SELECT count(*) FROM {a} x JOIN {b} y USING (id)"
+            rc_ms = duckdb_p50(uri, cred, "read-committed", join, args.duckdb_queries, names)
+            ru_ms = duckdb_p50(uri, cred, "latest", join, args.duckdb_queries, names)
+            print(f"duckdb, two-table join p50: read-committed {rc_ms:5.1f} ms, latest {ru_ms:5.1f} ms, ratio "
+                  f"{rc_ms / ru_ms:4.2f} (goal <= 1.2: {'met' if rc_ms / ru_ms <= 1.2 else 'MISSED'})")
         finally:
             proc.terminate()
             proc.wait(30)

@@ -22,6 +22,31 @@ down_revision = "0008"
 branch_labels = None
 depends_on = None
 
+# table_versions as 0007 defined it, S(T, now) read by {current} (0007: snapshot_at, as the caller).
+TABLE_VERSIONS = """
+CREATE OR REPLACE VIEW table_versions AS
+SELECT t.name AS table_name,
+       CASE WHEN w.job_id IS NULL THEN 'unowned'
+            WHEN EXISTS (SELECT 1 FROM job_source s WHERE s.job_id = w.job_id) THEN 'intermediate'
+            ELSE 'root' END                                    AS table_kind,
+       j.name                                                  AS writer_job,
+       t.start_barrier                                         AS start_barrier,
+       t.watermark                                             AS watermark_barrier,
+       b.issued_at                                             AS watermark_issued_at,
+       c.snapshot_id                                           AS current_snapshot_id,
+       c.recorded_at                                           AS last_commit_at,
+       now() - b.issued_at                                     AS freshness,
+       (SELECT count(*) FROM barrier x
+         WHERE x.barrier > coalesce(t.watermark,
+               (extract(epoch FROM t.created_at) * 1000000)::bigint)) AS barriers_behind
+FROM managed_table t
+LEFT JOIN job_sink w ON w.table_id = t.table_id
+LEFT JOIN job j ON j.job_id = w.job_id
+LEFT JOIN barrier b ON b.barrier = t.watermark
+LEFT JOIN LATERAL {current} c ON true;
+"""
+CURRENT_0007 = "snapshot_at(t.table_id, 9223372036854775807)"
+
 # The model's state as read-only views (each a projection of one table, inlined by the planner):
 # what the library reads, whichever role it runs as. Not here: catalog_token, catalog_session,
 # catalog_pending, job_grant, barrier_clock, revision (the admin's alone).
@@ -45,26 +70,7 @@ ALTER FUNCTION caller_acts_for(text) SECURITY DEFINER SET search_path = {search_
 CREATE FUNCTION current_commit(p_table_id bigint) RETURNS TABLE (snapshot_id bigint, recorded_at timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {search_path}
 AS $$ SELECT snapshot_id, recorded_at FROM snapshot_at(p_table_id, 9223372036854775807) $$;
-CREATE OR REPLACE VIEW table_versions AS
-SELECT t.name AS table_name,
-       CASE WHEN w.job_id IS NULL THEN 'unowned'
-            WHEN EXISTS (SELECT 1 FROM job_source s WHERE s.job_id = w.job_id) THEN 'intermediate'
-            ELSE 'root' END                                    AS table_kind,
-       j.name                                                  AS writer_job,
-       t.start_barrier                                         AS start_barrier,
-       t.watermark                                             AS watermark_barrier,
-       b.issued_at                                             AS watermark_issued_at,
-       c.snapshot_id                                           AS current_snapshot_id,
-       c.recorded_at                                           AS last_commit_at,
-       now() - b.issued_at                                     AS freshness,
-       (SELECT count(*) FROM barrier x
-         WHERE x.barrier > coalesce(t.watermark,
-               (extract(epoch FROM t.created_at) * 1000000)::bigint)) AS barriers_behind
-FROM managed_table t
-LEFT JOIN job_sink w ON w.table_id = t.table_id
-LEFT JOIN job j ON j.job_id = w.job_id
-LEFT JOIN barrier b ON b.barrier = t.watermark
-LEFT JOIN LATERAL current_commit(t.table_id) c ON true;
+{table_versions}
 
 -- Resolving a cut reads table_commit: readers call it, so it runs as the owner.
 ALTER FUNCTION resolve_cut(text[], bigint, boolean) SECURITY DEFINER;
@@ -92,7 +98,8 @@ def upgrade() -> None:
     schema = context.config.attributes["schema"]
     s = sql.Identifier(schema)
     grantees = _grantees(schema)
-    op.execute(VIEWS.format(search_path=f"{s.as_string(None)}, pg_temp"))
+    op.execute(VIEWS.format(search_path=f"{s.as_string(None)}, pg_temp",
+                            table_versions=TABLE_VERSIONS.format(current="current_commit(t.table_id)")))
     for role in grantees:
         r = sql.Identifier(role)
         op.execute(sql.SQL("REVOKE ALL ON ALL TABLES IN SCHEMA {} FROM {}").format(s, r).as_string(None))
@@ -107,21 +114,7 @@ def downgrade() -> None:
     grantees = _grantees(schema)
     op.execute("GRANT EXECUTE ON FUNCTION resolve_cut(text[], bigint, boolean) TO PUBLIC")
     op.execute("ALTER FUNCTION resolve_cut(text[], bigint, boolean) SECURITY INVOKER")
-    op.execute("""CREATE OR REPLACE VIEW table_versions AS
-SELECT t.name AS table_name,
-       CASE WHEN w.job_id IS NULL THEN 'unowned'
-            WHEN EXISTS (SELECT 1 FROM job_source s WHERE s.job_id = w.job_id) THEN 'intermediate'
-            ELSE 'root' END                                    AS table_kind,
-       j.name AS writer_job, t.start_barrier AS start_barrier, t.watermark AS watermark_barrier,
-       b.issued_at AS watermark_issued_at, c.snapshot_id AS current_snapshot_id, c.recorded_at AS last_commit_at,
-       now() - b.issued_at AS freshness,
-       (SELECT count(*) FROM barrier x WHERE x.barrier > coalesce(t.watermark,
-               (extract(epoch FROM t.created_at) * 1000000)::bigint)) AS barriers_behind
-FROM managed_table t
-LEFT JOIN job_sink w ON w.table_id = t.table_id
-LEFT JOIN job j ON j.job_id = w.job_id
-LEFT JOIN barrier b ON b.barrier = t.watermark
-LEFT JOIN LATERAL snapshot_at(t.table_id, 9223372036854775807) c ON true""")
+    op.execute(TABLE_VERSIONS.format(current=CURRENT_0007))
     op.execute("DROP FUNCTION current_commit(bigint)")
     op.execute("ALTER FUNCTION caller_acts_for(text) SECURITY INVOKER RESET search_path")
     for view in ("input_ranges", "lease_snapshots", "leases", "settings", "expired_snapshots", "table_completions",
