@@ -1,5 +1,8 @@
 """What every route needs, as FastAPI dependencies: the lake, the caller, the warehouse (a
-prefix to read through, or one that accepts writes), the namespace path parameter."""
+prefix to read through, or one that accepts writes), the namespace and table path parameters.
+
+They are ``async``: none blocks, and FastAPI would run a plain ``def`` dependency in its thread
+pool, one hop each."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from icebarrier.control_plane.tokens import AuthenticationError, Principal
 SEP = "\x1f"  # the REST spec's namespace level separator
 
 
-def get_lake(request: Request) -> Lake:
+async def get_lake(request: Request) -> Lake:
     return request.app.state.lake
 
 
@@ -41,7 +44,7 @@ async def caller(request: Request,
 Caller = Annotated[tuple[Principal, "str | None"], Depends(caller)]
 
 
-def job_caller(who: Caller) -> Principal:
+async def job_caller(who: Caller) -> Principal:
     """The caller, who must hold a job token (a reader token writes nothing)."""
     principal = who[0]
     if principal.kind != "job":
@@ -53,11 +56,11 @@ def job_caller(who: Caller) -> Principal:
 JobCaller = Annotated[Principal, Depends(job_caller)]
 
 
-def reading(who: Caller, prefix: str) -> Warehouse:
+async def reading(who: Caller, prefix: str) -> Warehouse:
     return Warehouse.parse(prefix)
 
 
-def writing(who: Caller, prefix: str) -> Warehouse:
+async def writing(who: Caller, prefix: str) -> Warehouse:
     warehouse = Warehouse.parse(prefix)
     if not warehouse.writable:
         raise ForbiddenError(f"warehouse {warehouse} is read-only (it pins snapshots); write through warehouse latest")
@@ -76,11 +79,11 @@ def parse_namespace(text: str) -> tuple[str, ...]:
         raise MalformedRequestError(f"namespace {text!r}: {exc}; separate levels with %1F") from None
 
 
-def namespace_path(namespace: str) -> tuple[str, ...]:
+async def namespace_path(namespace: str) -> tuple[str, ...]:
     return parse_namespace(namespace)
 
 
-def table_path(table: str) -> str:
+async def table_path(table: str) -> str:
     try:
         return check_name(table, "table name")
     except ValueError as exc:
