@@ -252,8 +252,12 @@ class Lake:
                     conn.execute(self._insert_sql, (table.catalog, ".".join(table.namespace), table.name,
                                                     metadata_location))
                 else:
-                    conn.execute(self._swap_sql, (metadata_location, current, table.catalog,
-                                                  ".".join(table.namespace), table.name, current))
+                    moved = conn.execute(self._swap_sql, (metadata_location, current, table.catalog,
+                                                          ".".join(table.namespace), table.name, current)).rowcount
+                    if moved != 1:
+                        from pyiceberg.exceptions import CommitFailedException
+
+                        raise CommitFailedException(f"table {table} was changed by another commit; retry")
         return TableResponse(metadata_location=metadata_location, metadata=metadata, config={})
 
     def drop(self, principal: Principal, table: TableName, *, purge: bool) -> None:
@@ -272,7 +276,6 @@ class Lake:
                         f"table {table} is managed by icebarrier (written by {owner}); it is not renamed through the "
                         f"catalog. Register the job with the new sink name and let it write the new table instead")
         self.catalog.rename_table(source.identifier, destination.identifier)
-
 
     def staged(self, conn, principal: Principal, table: TableName) -> dict | None:
         """The job's staged (unpublished) commit of ``table``, if any."""

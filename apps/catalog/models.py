@@ -33,7 +33,9 @@ class _Request(BaseModel):
         except ValidationError as exc:
             raise MalformedRequestError(describe_validation(exc.errors(), cls.__name__)) from None
         except Exception as exc:  # noqa: BLE001 - PyIceberg's validators raise assorted errors on odd input
-            raise MalformedRequestError(f"malformed {cls.__name__}: {str(exc).splitlines()[0]}") from None
+            why = (f"{exc.args[0]} is missing" if isinstance(exc, KeyError) and exc.args
+                   else (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+            raise MalformedRequestError(f"malformed {cls.__name__}: {why}") from None
 
 
 def check_name(value: str, what: str) -> str:

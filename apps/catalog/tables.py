@@ -6,7 +6,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from icebarrier.apps.catalog.deps import Caller, JobCaller, LakeDep, NamespacePath, PageSize, Reading, TablePath, Writing
+from icebarrier.apps.catalog.deps import (
+    Caller,
+    JobCaller,
+    LakeDep,
+    NamespacePath,
+    PageSize,
+    Reading,
+    TablePath,
+    Writing,
+)
 from icebarrier.apps.catalog.models import (
     CommitTableRequest,
     CommitTransactionRequest,
