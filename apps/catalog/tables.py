@@ -7,14 +7,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from icebarrier.apps.catalog.deps import (
-    Caller,
     JobCaller,
     LakeDep,
     NamespacePath,
     PageSize,
     Reading,
-    TablePath,
+    ReadTable,
     Writing,
+    WriteTable,
 )
 from icebarrier.apps.catalog.models import (
     CommitTableRequest,
@@ -55,41 +55,39 @@ def register_table(warehouse: Writing, principal: JobCaller, namespace: Namespac
 
 
 @router.get(TABLE)
-def load_table(warehouse: Reading, who: Caller, namespace: NamespacePath, table: TablePath, lake: LakeDep,
-               snapshots: str | None = None):
-    with lake.pool.connection() as conn:
-        return Response(lake.load(conn, warehouse, lake.table_name(namespace, table), *who),
+def load_table(at: ReadTable, snapshots: str | None = None):
+    with at.lake.pool.connection() as conn:
+        return Response(at.lake.load(conn, at.warehouse, at.table, at.principal, at.access_token),
                         media_type="application/json")
 
 
 @router.head(TABLE)
-def table_exists(warehouse: Reading, namespace: NamespacePath, table: TablePath, lake: LakeDep):
-    with lake.pool.connection() as conn:
-        lake.current(conn, lake.table_name(namespace, table))  # NoSuchTableError: 404
+def table_exists(at: ReadTable):
+    with at.lake.pool.connection() as conn:
+        at.lake.current(conn, at.table)  # NoSuchTableError: 404
     return Response(status_code=204)
 
 
 @router.delete(TABLE)
-def drop_table(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, table: TablePath, lake: LakeDep,
-               purgeRequested: bool = False):
-    lake.drop(principal, lake.table_name(namespace, table), purge=purgeRequested)
+def drop_table(at: WriteTable, purgeRequested: bool = False):
+    at.lake.drop(at.principal, at.table, purge=purgeRequested)
     return Response(status_code=204)
 
 
 @router.post(TABLE)
-def commit_table(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, table: TablePath, lake: LakeDep,
-                 body: dict):
+def commit_table(at: WriteTable, body: dict):
     from pyiceberg.table import CommitTableResponse
 
     request = CommitTableRequest.parse(body)
-    identified = request.model_copy(update={"identifier": TableIdentifier(namespace=namespace, name=table)})
-    with lake.pool.connection() as conn:
-        [(_, new)] = lake.commit(conn, principal, [identified])
+    identified = request.model_copy(
+        update={"identifier": TableIdentifier(namespace=at.table.namespace, name=at.table.name)})
+    with at.lake.pool.connection() as conn:
+        [(_, new)] = at.lake.commit(conn, at.principal, [identified])
     return _json(CommitTableResponse(metadata=new.metadata, metadata_location=new.metadata_location))
 
 
 @router.post(TABLE + "/metrics")
-def report_metrics(warehouse: Reading, namespace: NamespacePath, table: TablePath, body: dict):
+def report_metrics(at: ReadTable, body: dict):
     ReportMetricsRequest.parse(body)  # accepted and dropped: the lake's history is the record
     return Response(status_code=204)
 
