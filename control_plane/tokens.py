@@ -16,7 +16,7 @@ from datetime import datetime
 
 import psycopg
 
-from icebarrier.control_plane.db import call
+from icebarrier.control_plane.db import translated
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import parse_job_name
 
@@ -136,12 +136,19 @@ def session(conn: psycopg.Connection, access_token: str) -> Principal:
     return Principal(client_id=row["client_id"], kind=row["kind"], job=row["job_name"])
 
 
-def session_cut(conn: psycopg.Connection, access_token: str, *, scope: str | None, quiet_ms: int) -> int | None:
-    """The barrier this session reads at through ``read-committed`` (``scope``: a namespace,
-    ``catalog.namespace``): the session's barrier while its loads keep coming less than
-    ``quiet_ms`` apart, else the newest cut over the scope's managed tables (None: none yet)."""
+def session_cut(conn: psycopg.Connection, access_token: str, table: str, *, scope: str | None,
+                quiet_ms: int) -> tuple[int | None, int | None]:
+    """(barrier, ``S(table, barrier)``) for this session reading through ``read-committed``
+    (``scope``: a namespace, ``catalog.namespace``): the session's barrier while its loads keep
+    coming less than ``quiet_ms`` apart, else the newest cut over the scope's managed tables
+    (None, None: no cut yet). One statement."""
     with conn.transaction():
         # The session's moment is soft state (lost in a crash, the session just takes the newest
         # cut): its update need not wait for the WAL flush, which costs more than the load.
         conn.execute("SET LOCAL synchronous_commit TO off")
-        return call(conn, "session_cut", _hash(access_token), scope, quiet_ms)[0]["session_cut"]
+        with translated(conn, "session_cut"):
+            row = conn.execute(
+                "SELECT s.b, CASE WHEN s.b IS NOT NULL THEN (SELECT r.snapshot_ids[1] FROM "
+                "resolve_cut(ARRAY[%s], s.b, true) r) END AS snapshot_id "
+                "FROM (SELECT session_cut(%s, %s, %s) AS b) s", (table, _hash(access_token), scope, quiet_ms)).fetchone()
+    return row["b"], row["snapshot_id"]

@@ -198,10 +198,10 @@ class Lake:
         if access_token is None:
             raise AuthenticationError("read-committed is stable per client session and needs a token; create one "
                                       "with `icebarrier token create --reader` and pass it as credential")
-        barrier = tokens.session_cut(conn, access_token, scope=scope, quiet_ms=self.quiet_ms)
-        if barrier is None:
-            reads.resolve(conn, [table])  # says why there is no cut yet
-        return reads.resolve(conn, [table], barrier=barrier).snapshots[table]
+        barrier, snapshot_id = tokens.session_cut(conn, access_token, str(table), scope=scope, quiet_ms=self.quiet_ms)
+        if barrier is None:  # no cut over the scope yet: the table's own, or why there is none
+            return reads.resolve(conn, [table]).snapshots[table]
+        return snapshot_id
 
     # -- writes -----------------------------------------------------------------------------------
 

@@ -218,31 +218,30 @@ def test_spark_reads_consistent_cuts_through_the_rest_catalog(lake, server, spar
 
 
 def test_without_session_stability_the_same_reads_do_mix(lake):
-    """The check above can fail: with a session that is never stable (quiet 1 ms) and loads
-    50 ms apart, pairs of loads while the pipeline advances do come from different cuts."""
+    """The check above can fail: with a session that is never stable (quiet 1 ms), a barrier
+    completed between a query's two loads splits it across two cuts, every time; with a quiet
+    longer than a barrier takes, the same sequence stays on one cut."""
     p = Pipeline(lake, {"ingest": ["orders", "payments"]})
     p.advance()
-    proc, uri = start_server(lake, "--session-quiet", "1ms")
-    stop = threading.Event()
-    thread = threading.Thread(target=lambda: [p.advance() or time.sleep(0.1) for _ in iter(stop.is_set, True)])
     cid, secret = tokens.create(lake.conn)
-    try:
-        headers = {"Authorization": f"Bearer {access_token(uri, cid, secret)}"}
-        thread.start()
-        mixed = 0
-        for _ in range(30):
-            snaps = []
-            for t in ("orders", "payments"):
+    for quiet, mixes in (("1ms", True), ("10s", False)):
+        proc, uri = start_server(lake, "--session-quiet", quiet)
+        try:
+            headers = {"Authorization": f"Bearer {access_token(uri, cid, secret)}"}
+
+            def snapshots(t: str) -> int:
                 r = requests.get(f"{uri}/v1/read-committed/namespaces/{lake.namespace}/tables/{t}", headers=headers,
                                  timeout=30)
-                snaps.append(len(r.json()["metadata"]["snapshots"]))
-                time.sleep(0.05)
-            mixed += snaps[0] != snaps[1]
-    finally:
-        stop.set()
-        thread.join()
-        stop_server(proc)
-    assert mixed > 0
+                return len(r.json()["metadata"]["snapshots"])
+
+            mixed = 0
+            for _ in range(3):
+                first = snapshots("orders")
+                p.advance()  # takes far longer than 1 ms, far less than 10 s
+                mixed += first != snapshots("payments")
+        finally:
+            stop_server(proc)
+        assert mixed == (3 if mixes else 0), quiet  # each server: a new access token, a new session
 
 
 def test_a_lease_warehouse_keeps_its_snapshots_through_expire(lake, server):
