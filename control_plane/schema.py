@@ -142,11 +142,10 @@ def _run_alembic(dsn: str | None, schema: str | None, direction: str, revision: 
         return status(conn)
 
 
-# What each kind of role may read and call (DESIGN.md, "Who may do what"); base tables, and the
-# rest of the functions, are the admin's.
-# The views DESIGN.md names, and the model's state as read-only views (migration 0009): what
-# the library reads as any role. Base tables are the admin's; so are tokens, sessions, staged
-# catalog commits and job grants, which no view shows.
+# What each kind of role may read and call (DESIGN.md, "Who may do what"): the views DESIGN.md
+# names and the model's state as read-only views (migration 0009), which is what the library
+# reads whichever role it runs as. Base tables and the other functions are the admin's; so are
+# tokens, sessions, staged catalog commits and job grants, which no view shows.
 VIEWS = ("job_sources", "job_sinks", "table_versions", "topology_edges", "consistent_barrier", "barrier_delay",
          "job_delay", "active_leases", "barriers", "jobs", "job_source_tables", "job_sink_tables", "managed_tables",
          "table_commits", "table_completions", "expired_snapshots", "settings", "leases", "lease_snapshots",
