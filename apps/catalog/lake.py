@@ -112,11 +112,12 @@ class Lake:
 
     def writer_of(self, conn, table: TableName) -> tuple[bool, str | None]:
         """(is the table managed, its writer job)."""
-        if self.managed_key(table) is None:
+        key = self.managed_key(table)
+        if key is None:
             return False, None
         row = conn.execute(
             "SELECT j.name FROM managed_table m LEFT JOIN job_sink k USING (table_id) "
-            "LEFT JOIN job j ON j.job_id = k.job_id AND j.active WHERE m.name = %s", (str(table),)).fetchone()
+            "LEFT JOIN job j ON j.job_id = k.job_id AND j.active WHERE m.name = %s", (key,)).fetchone()
         return (row is not None, row["name"] if row else None)
 
     # -- metadata -------------------------------------------------------------------------------
@@ -249,15 +250,8 @@ class Lake:
                 try:
                     current, _, _ = self.current(conn, table)
                 except NoSuchTableError:
-                    conn.execute(self._insert_sql, (table.catalog, ".".join(table.namespace), table.name,
-                                                    metadata_location))
-                else:
-                    moved = conn.execute(self._swap_sql, (metadata_location, current, table.catalog,
-                                                          ".".join(table.namespace), table.name, current)).rowcount
-                    if moved != 1:
-                        from pyiceberg.exceptions import CommitFailedException
-
-                        raise CommitFailedException(f"table {table} was changed by another commit; retry")
+                    current = None
+                self.point(conn, table, metadata_location, current)
         return TableResponse(metadata_location=metadata_location, metadata=metadata, config={})
 
     def drop(self, principal: Principal, table: TableName, *, purge: bool) -> None:
@@ -277,6 +271,20 @@ class Lake:
                         f"catalog. Register the job with the new sink name and let it write the new table instead")
         self.catalog.rename_table(source.identifier, destination.identifier)
 
+    def point(self, conn, table: TableName, location: str, expected: str | None,
+              lost: str = "was changed by another commit; retry") -> None:
+        """Move ``table``'s catalog pointer from ``expected`` (None: the table has no row yet) to
+        ``location``; a lost race is a :class:`CommitFailedException` (``lost`` says why)."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        key = (table.catalog, ".".join(table.namespace), table.name)
+        if expected is None:
+            moved = conn.execute(self._insert_sql, (*key, location)).rowcount
+        else:
+            moved = conn.execute(self._swap_sql, (location, expected, *key, expected)).rowcount
+        if moved != 1:
+            raise CommitFailedException(f"table {table} {lost}")
+
     def staged(self, conn, principal: Principal, table: TableName) -> dict | None:
         """The job's staged (unpublished) commit of ``table``, if any."""
         if principal.job is None or self.managed_key(table) is None:
@@ -286,8 +294,8 @@ class Lake:
 
     def commit(self, conn, principal: Principal, changes: list) -> list:
         """Apply ``changes`` (:class:`~.models.CommitTableRequest`, each with its identifier)
-        atomically; returns
-        the (table, staged table) pairs. See the module docstring for who may commit what.
+        atomically; returns the (table, staged table) pairs. See the module docstring for who may
+        commit what.
 
         A multi-sink job's commits to its sinks are staged (only its own tokens see them) until
         it publishes the barrier: a transaction naming all its sinks with no changes."""
@@ -336,7 +344,6 @@ class Lake:
                 self.catalog._write_metadata(new.metadata, new.io, new.metadata_location)
         with conn.transaction():
             for table, current, new, pending, barrier in staged:
-                key = (table.catalog, ".".join(table.namespace), table.name)
                 if barrier is not None:  # staged until the job publishes the barrier
                     managed_barriers.pop(table, None)
                     moved = conn.execute(
@@ -346,20 +353,16 @@ class Lake:
                         "staged_at = now() WHERE catalog_pending.metadata_location = %s",
                         (principal.job, str(table), barrier, current.metadata_location, new.metadata_location,
                          current.metadata_location)).rowcount
+                    if moved != 1:
+                        raise CommitFailedException(f"table {table} was changed by another commit; retry")
                 elif current is None:
-                    moved = conn.execute(self._insert_sql, (*key, new.metadata_location)).rowcount
+                    self.point(conn, table, new.metadata_location, None)
                 elif pending is not None:  # built on the job's staged commit: the pointer is at its base
-                    moved = conn.execute(self._swap_sql, (new.metadata_location, pending["base_location"], *key,
-                                                          pending["base_location"])).rowcount
+                    self.point(conn, table, new.metadata_location, pending["base_location"])
                     conn.execute("DELETE FROM catalog_pending WHERE job_name = %s AND table_name = %s",
                                  (principal.job, str(table)))
                 elif new.metadata != current.metadata:
-                    moved = conn.execute(self._swap_sql, (new.metadata_location, current.metadata_location, *key,
-                                                          current.metadata_location)).rowcount
-                else:
-                    moved = 1
-                if moved != 1:
-                    raise CommitFailedException(f"table {table} was changed by another commit; retry")
+                    self.point(conn, table, new.metadata_location, current.metadata_location)
             faults.point(faults.IN_CATALOG_COMMIT)
             if definition is not None:
                 self.complete_if_whole(conn, definition, managed_barriers)
@@ -368,8 +371,6 @@ class Lake:
     def publish(self, conn, job: str) -> None:
         """Swap the pointers of every commit the job staged, and complete their barrier B with
         the snapshots carrying B, in one transaction."""
-        from pyiceberg.exceptions import CommitFailedException
-
         from icebarrier.iceberg_ext.catalog import barrier_of, is_compaction
 
         with conn.transaction():
@@ -382,11 +383,8 @@ class Lake:
             barrier, commits = marks.pop(), {}
             for r in rows:
                 table = TableName.parse(r["table_name"])
-                moved = conn.execute(self._swap_sql, (r["metadata_location"], r["base_location"], table.catalog,
-                                                      ".".join(table.namespace), table.name,
-                                                      r["base_location"])).rowcount
-                if moved != 1:
-                    raise CommitFailedException(f"table {table} was changed outside job {job}'s barrier; retry it")
+                self.point(conn, table, r["metadata_location"], r["base_location"],
+                           lost=f"was changed outside job {job}'s barrier; retry it")
                 main = self.metadata(r["metadata_location"])[0].current_snapshot()
                 if main is not None and barrier_of(main) == barrier and not is_compaction(main):
                     commits[table] = main.snapshot_id

@@ -16,6 +16,7 @@ from urllib.parse import unquote_plus
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from icebarrier.apps.catalog.deps import Caller, LakeDep
 from icebarrier.apps.catalog.warehouses import Warehouse
@@ -85,31 +86,35 @@ async def oauth_tokens(request: Request, lake: LakeDep, authorization: Annotated
             form = await request.form()
         except Exception:  # noqa: BLE001 - any unparsable body is the client's error
             raise OAuthError("invalid_request", "the body must be application/x-www-form-urlencoded") from None
-        grant_type, scope = form.get("grant_type"), form.get("scope")
-        if not grant_type:
-            raise OAuthError("invalid_request", f"grant_type is missing; use {CLIENT_CREDENTIALS}")
-        with lake.pool.connection() as conn:
-            try:
-                if grant_type == CLIENT_CREDENTIALS:
-                    access = tokens.open_session(conn, *client_credentials(form, authorization))
-                elif grant_type == TOKEN_EXCHANGE:
-                    subject = form.get("subject_token")
-                    if not subject:
-                        raise OAuthError("invalid_request", "subject_token is missing: a token exchange refreshes a "
-                                                            "live access token")
-                    access = tokens.reopen_session(conn, subject)
-                else:
-                    raise OAuthError("unsupported_grant_type", f"grant_type {grant_type!r} is not supported; use "
-                                                               f"{CLIENT_CREDENTIALS} (or a token exchange to refresh)")
-            except AuthenticationError as exc:
-                raise OAuthError("invalid_client", str(exc), status=401) from None
+        # opening a session writes to Postgres: off the event loop
+        access = await run_in_threadpool(_grant, lake, form, authorization)
     except OAuthError as exc:
         return exc.response()
     answer = {"access_token": access, "token_type": "bearer", "expires_in": tokens.SESSION_TTL_S,
               "issued_token_type": ACCESS_TOKEN_TYPE}
-    if scope:
-        answer["scope"] = scope
+    if form.get("scope"):
+        answer["scope"] = form.get("scope")
     return answer
+
+
+def _grant(lake, form, authorization: str | None) -> str:
+    """The access token the form's grant earns; :class:`OAuthError` says why not."""
+    grant_type = form.get("grant_type")
+    if not grant_type:
+        raise OAuthError("invalid_request", f"grant_type is missing; use {CLIENT_CREDENTIALS}")
+    if grant_type not in (CLIENT_CREDENTIALS, TOKEN_EXCHANGE):
+        raise OAuthError("unsupported_grant_type", f"grant_type {grant_type!r} is not supported; use "
+                                                   f"{CLIENT_CREDENTIALS} (or a token exchange to refresh)")
+    if grant_type == TOKEN_EXCHANGE and not form.get("subject_token"):
+        raise OAuthError("invalid_request", "subject_token is missing: a token exchange refreshes a live access token")
+    credentials = client_credentials(form, authorization) if grant_type == CLIENT_CREDENTIALS else None
+    with lake.pool.connection() as conn:
+        try:
+            if credentials is not None:
+                return tokens.open_session(conn, *credentials)
+            return tokens.reopen_session(conn, form.get("subject_token"))
+        except AuthenticationError as exc:
+            raise OAuthError("invalid_client", str(exc), status=401) from None
 
 
 @router.get("/v1/config")
