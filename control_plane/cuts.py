@@ -1,20 +1,29 @@
 """Cut resolution and protected sets. Pure: values in, values out, no I/O.
 
-A table T has completed barrier B iff ``start(T) <= B <= W(T)``. A cut at B over tables X is
-valid iff every table in X has completed B, so the valid barriers over X form the interval
-``[max start, min W]`` and the latest valid cut is at ``min W``.
+A table T has completed barrier B iff ``start(T) <= B <= W(T)`` and B is not coalesced in T
+(DESIGN.md, "Cost follows change"). A cut at B over tables X is valid iff every table in X
+has completed B. Without coalescing the valid barriers form ``[max start, min W]``; with it,
+the latest valid cut is at ``min W`` or below, at the start of a coalesced range (and never
+below the newest anchor every table has passed).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from icebarrier.control_plane.errors import BarrierNotValidError, NoValidCutError
 from icebarrier.control_plane.model import ProtectedSnapshot, TableState
 
 
-def latest_valid_barrier(states: Sequence[TableState]) -> int:
-    """The newest barrier every table in ``states`` has completed."""
+def latest_valid_barrier(states: Sequence[TableState], bound: int | None = None, *, check_starts: bool = True) -> int:
+    """The newest barrier at or below ``bound`` (default: the lowest watermark) that every table in
+    ``states`` has completed. Each step moves below what keeps the candidate from being valid:
+    a table's watermark, or the start of the coalesced range holding it. ``check_starts``
+    False: tables count as started since ever (the floor of a read-committed cut over any of
+    them, which the read-committed window protects)."""
+    if not check_starts:
+        states = [replace(s, start_barrier=-1) if s.start_barrier is not None else s for s in states]
     names = [str(s.name) for s in states]
     if not states:
         raise NoValidCutError(names, "no tables given")
@@ -23,33 +32,65 @@ def latest_valid_barrier(states: Sequence[TableState]) -> int:
         raise NoValidCutError(names, f"{', '.join(not_started)} completed no barrier yet; wait for its job",
                               holding={t: "has completed no barrier yet" for t in not_started})
     lowest = min(s.watermark for s in states)
-    newest_start = max(s.start_barrier for s in states)
-    if newest_start > lowest:
-        late = [s for s in states if s.start_barrier > lowest]
-        early = [str(s.name) for s in states if s.watermark == lowest]
-        raise NoValidCutError(
-            names,
-            f"{', '.join(str(s.name) for s in late)} started after barrier {lowest}, the newest completed by "
-            f"{', '.join(early)}; wait until those catch up",
-            holding={str(s.name): f"started at barrier {s.start_barrier}, after barrier {lowest}" for s in late},
-        )
-    return lowest
+    barrier = lowest if bound is None else bound
+    while True:
+        late = [s for s in states if s.start_barrier > barrier]
+        if late:
+            early = [str(s.name) for s in states if s.watermark == lowest]
+            newest = (f"the newest completed by {', '.join(early)}" if barrier == lowest else
+                      "the newest the others completed together (coalesced ranges hold the ones after it)")
+            raise NoValidCutError(
+                names,
+                f"{', '.join(str(s.name) for s in late)} started after barrier {barrier}, {newest}; "
+                f"wait until those catch up",
+                holding={str(s.name): f"started at barrier {s.start_barrier}, after barrier {barrier}" for s in late},
+            )
+        lower = [s.watermark if barrier > s.watermark else s.coalesced_at(barrier)[0]
+                 for s in states if not s.has_completed(barrier)]
+        if not lower:
+            return barrier
+        barrier = min(lower)
 
 
-def check_valid_at(states: Sequence[TableState], barrier: int) -> None:
-    """Raise :class:`BarrierNotValidError` naming each table that has not completed ``barrier``."""
+def earliest_valid_barrier(states: Sequence[TableState], bound: int) -> int | None:
+    """The oldest barrier at or above ``bound`` that every table has completed (None: none yet)."""
+    barrier = bound
+    while True:
+        if any(s.watermark is None or barrier > s.watermark for s in states):
+            return None
+        higher = [s.start_barrier if barrier < s.start_barrier else s.coalesced_at(barrier)[1]
+                  for s in states if not s.has_completed(barrier)]
+        if not higher:
+            return barrier
+        barrier = max(higher)
+
+
+def check_valid_at(states: Sequence[TableState], barrier: int, nearest: tuple[int | None, int | None] | None = None,
+                   ) -> None:
+    """Raise :class:`BarrierNotValidError` naming each table that has not completed ``barrier``
+    and the nearest valid cuts (``nearest``, else computed from ``states``)."""
     reasons = {}
     for s in states:
         if s.has_completed(barrier):
             continue
+        coalesced = s.coalesced_at(barrier)
         if s.watermark is None:
             reasons[str(s.name)] = "has completed no barrier yet"
         elif barrier > s.watermark:
             reasons[str(s.name)] = f"has only completed up to {s.watermark}"
+        elif coalesced is not None:
+            reasons[str(s.name)] = (f"coalesced it into barrier {coalesced[1]} (its state between barriers "
+                                    f"{coalesced[0]} and {coalesced[1]} is not kept)")
         else:
             reasons[str(s.name)] = f"started at barrier {s.start_barrier}"
     if reasons:
-        raise BarrierNotValidError(barrier, reasons)
+        if nearest is None:
+            try:
+                before = latest_valid_barrier(states, barrier)
+            except NoValidCutError:
+                before = None
+            nearest = (before, earliest_valid_barrier(states, barrier))
+        raise BarrierNotValidError(barrier, reasons, nearest=nearest)
 
 
 def protected_set(

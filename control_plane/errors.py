@@ -198,23 +198,48 @@ class BarrierNotIssuedError(BarrierError):
 
 
 class BarrierOutOfOrderError(BarrierError):
-    def __init__(self, job: str, barrier: int, expected: int | None, watermark: int | None) -> None:
+    """``changed``: the job's sources changed between its progress and ``barrier`` (skip refused);
+    ``coalesced_into``: the sinks coalesced ``barrier`` into that one."""
+
+    def __init__(self, job: str, barrier: int, expected: int | None, watermark: int | None, *,
+                 changed: bool = False, coalesced_into: int | None = None) -> None:
         self.job, self.barrier, self.expected, self.watermark = job, barrier, expected, watermark
+        self.changed, self.coalesced_into = changed, coalesced_into
         nxt = f"barrier {expected}" if expected is not None else "no barrier yet"
+        if coalesced_into is not None:
+            why = f"its sinks coalesced it into barrier {coalesced_into}; it is not a barrier they completed"
+        elif watermark is not None and barrier <= watermark:
+            why = f"its sinks are already at {watermark}"
+        elif changed:
+            why = (f"its sinks are at {watermark} and its sources changed after {nxt}, so it must complete {nxt} "
+                   f"next (or coalesce, up to the next anchor)")
+        else:
+            why = (f"its sinks are at {watermark}, so it must complete {nxt} next (barriers are completed in "
+                   f"order, without gaps)")
+        super().__init__(f"job {job} cannot complete barrier {barrier}: {why}; see `icebarrier job next-barrier {job}`")
+
+
+class CoalesceAcrossAnchorError(BarrierError):
+    def __init__(self, job: str, barrier: int, watermark: int, anchor: int) -> None:
+        self.job, self.barrier, self.watermark, self.anchor = job, barrier, watermark, anchor
         super().__init__(
-            f"job {job} cannot complete barrier {barrier}: its sinks are at {watermark}, so it must "
-            f"complete {nxt} next (barriers are completed in order, without gaps); "
-            f"see `icebarrier job next-barrier {job}`"
+            f"job {job} cannot coalesce barriers {watermark}..{barrier}: anchor {anchor} lies between, and anchors "
+            f"are never coalesced; complete anchor {anchor} first (see `icebarrier job next-barrier {job}`)"
         )
 
 
 class SourcesNotReadyError(BarrierError):
-    def __init__(self, job: str, barrier: int, waiting: dict[str, int | None]) -> None:
-        self.job, self.barrier, self.waiting = job, barrier, waiting
-        listed = ", ".join(f"{t} ({_at(w)})" for t, w in sorted(waiting.items()))
+    """``coalesced``: sources that coalesced the barrier, with the barrier they coalesced it into."""
+
+    def __init__(self, job: str, barrier: int, waiting: dict[str, int | None],
+                 coalesced: dict[str, int] | None = None) -> None:
+        self.job, self.barrier, self.waiting, self.coalesced = job, barrier, waiting, dict(coalesced or {})
+        listed = ", ".join(f"{t} (coalesced it into {self.coalesced[t]})" if t in self.coalesced else f"{t} ({_at(w)})"
+                           for t, w in sorted(waiting.items()))
         super().__init__(
             f"job {job} cannot complete barrier {barrier} before its sources have: {listed}; "
-            f"wait for their jobs to complete it"
+            + ("coalesce it too, into a barrier they all completed" if self.coalesced and
+               set(self.coalesced) == set(waiting) else "wait for their jobs to complete it")
         )
 
 
@@ -246,13 +271,19 @@ class NoValidCutError(BarrierError):
 
 
 class BarrierNotValidError(BarrierError):
-    def __init__(self, barrier: int, reasons: dict[str, str]) -> None:
-        self.barrier, self.reasons = barrier, reasons
+    """``nearest``: the newest valid cut before the barrier and the oldest after it (None: none)."""
+
+    def __init__(self, barrier: int, reasons: dict[str, str],
+                 nearest: tuple[int | None, int | None] = (None, None)) -> None:
+        self.barrier, self.reasons, self.nearest = barrier, reasons, tuple(nearest)
         listed = "; ".join(f"{t} {r}" for t, r in sorted(reasons.items()))
+        near = " and ".join(f"{b} ({side})" for b, side in zip(self.nearest, ("before", "after")) if b is not None)
         super().__init__(
-            f"barrier {barrier} is not a valid cut: {listed}; pick a barrier every table has "
-            f"completed (see `icebarrier table list`)"
+            f"barrier {barrier} is not a valid cut: {listed}; "
+            + (f"the nearest valid cuts are {near}" if near else
+               "pick a barrier every table has completed (see `icebarrier table list`)")
         )
+
 
 
 class RevisionInProgressError(BarrierError):
@@ -317,10 +348,14 @@ def _cut_not_valid(d: dict, _message: str) -> IcebarrierError:
     from icebarrier.control_plane.cuts import check_valid_at, latest_valid_barrier
     from icebarrier.control_plane.model import TableName, TableState
 
-    states = [TableState(name=TableName.parse(s["name"]), start_barrier=s["start"], watermark=s["watermark"])
+    states = [TableState(name=TableName.parse(s["name"]), start_barrier=s["start"], watermark=s["watermark"],
+                         coalesced=tuple(tuple(r) for r in s.get("coalesced", ())))
               for s in d["states"]]
     try:
-        latest_valid_barrier(states) if d["barrier"] is None else check_valid_at(states, d["barrier"])
+        if d["barrier"] is None:
+            latest_valid_barrier(states)
+        else:
+            check_valid_at(states, d["barrier"], nearest=tuple(d.get("nearest") or (None, None)))
     except IcebarrierError as exc:
         return exc
     return IcebarrierError(f"{_message} (the pure definition disagrees: a bug, please report it)")
@@ -333,8 +368,10 @@ SQLSTATES: dict[str, object] = {
     "IB004": lambda d, m: NotASinkError(d["job"], d["tables"]),
     "IB005": lambda d, m: SinkHistoryMismatchError(d["job"], d["watermarks"]),
     "IB006": lambda d, m: CompletionConflictError(d["job"], d["barrier"], d["recorded"], d["given"]),
-    "IB007": lambda d, m: BarrierOutOfOrderError(d["job"], d["barrier"], d["expected"], d["watermark"]),
-    "IB008": lambda d, m: SourcesNotReadyError(d["job"], d["barrier"], d["waiting"]),
+    "IB007": lambda d, m: BarrierOutOfOrderError(d["job"], d["barrier"], d["expected"], d["watermark"],
+                                                 changed=d.get("changed", False),
+                                                 coalesced_into=d.get("coalesced_into")),
+    "IB008": lambda d, m: SourcesNotReadyError(d["job"], d["barrier"], d["waiting"], d.get("coalesced")),
     "IB009": lambda d, m: TableNotFoundError(d["table"]),
     "IB010": _cut_not_valid,
     "IB011": lambda d, m: SnapshotExpiredError(d["table"], int(d["snapshot_id"]), d.get("barrier")),
@@ -347,6 +384,7 @@ SQLSTATES: dict[str, object] = {
     "IB018": lambda d, m: TopologyCycleError(d["job"], d["path"]),
     "IB020": lambda d, m: RevisionError(m),
     "IB021": lambda d, m: BarrierError(m),
+    "IB022": lambda d, m: CoalesceAcrossAnchorError(d["job"], d["barrier"], d["watermark"], d["anchor"]),
     "IB030": lambda d, m: PermissionDeniedError(d["role"], d["action"], d["job"], m),
     "IB040": lambda d, m: LockTimeoutError(d["what"], d["timeout"], d["holders"]),
 }

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import Enum
 
 import psycopg
 
 from icebarrier.control_plane import barriers
-from icebarrier.control_plane.cuts import latest_valid_barrier
 from icebarrier.control_plane.db import call, retrying
-from icebarrier.control_plane.errors import JobDefinitionChangedError, JobNotFoundError, NoValidCutError
+from icebarrier.control_plane.errors import JobDefinitionChangedError, JobNotFoundError
 from icebarrier.control_plane.model import JobDefinition, TableName, TableState
 
 
@@ -65,15 +65,28 @@ class JobInfo:
         }
 
 
+class Plan(str, Enum):
+    """How a job completes its next barrier (DESIGN.md, "Cost follows change")."""
+
+    EXACT = "exact"  # the next barrier after its progress, computed
+    SKIP = "skip"  # no source changed up to the barrier: completed with no computation
+    COALESCE = "coalesce"  # one computation for every barrier after its progress up to this one
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NextBarrier:
-    """The barrier a job must complete next; ``ready`` once all its sources have completed it."""
+    """The barrier a job completes next and how; ``ready`` once all its sources have completed it.
+    ``from_barrier`` is the job's progress (the barriers after it up to ``barrier`` are covered);
+    ``anchors_in_range`` counts the anchors among them."""
 
     job: str
     barrier: int | None
     ready: bool
     waiting_for: dict[str, int | None] = field(default_factory=dict)
     issued: bool = False  # this call issued the barrier
+    plan: Plan = Plan.EXACT
+    from_barrier: int | None = None
+    anchors_in_range: int = 0
 
     def describe_wait(self) -> str | None:
         """What the job waits for, in words (None when ready)."""
@@ -87,8 +100,9 @@ class NextBarrier:
 
     def to_json(self) -> dict:
         return {
-            "job": self.job, "barrier": self.barrier, "ready": self.ready,
-            "waiting_for": self.waiting_for, "issued": self.issued,
+            "job": self.job, "barrier": self.barrier, "plan": self.plan.value, "from_barrier": self.from_barrier,
+            "anchors_in_range": self.anchors_in_range, "ready": self.ready, "waiting_for": self.waiting_for,
+            "issued": self.issued,
         }
 
 
@@ -226,53 +240,29 @@ def _states(items: list[dict]) -> list[TableState]:
 # -- the next barrier ------------------------------------------------------------------------------
 
 
-def next_barrier(conn: psycopg.Connection, name: str) -> NextBarrier:
-    """The barrier ``name`` must complete next.
+def next_barrier(conn: psycopg.Connection, name: str, *, skip: bool = True, coalesce: bool = True) -> NextBarrier:
+    """The plan ``name`` follows next (the ``plan_barrier`` function decides, on the same
+    definitions as completion).
 
-    With progress P it is the first barrier after P. Without progress, a job resumes the
+    With progress P: a recorded input range after P is resumed; else an intermediate job
+    skips to the last barrier up to which none of its sources changed, or coalesces up to
+    the newest barrier its sources completed (never past the first anchor after P), or
+    completes the next barrier exactly (``coalesce`` False: always). A root job takes the
+    newest barrier, never past the first anchor after P. Without progress, a job resumes the
     first barrier whose input it recorded; otherwise a root job starts at the newest barrier
-    and an intermediate job at its sources' latest common completed barrier (bootstrap, no
-    need to wait for a new one). A root job asking when there is no
-    next barrier issues one if the newest is older than the barrier interval.
+    and an intermediate job at its sources' latest common completed barrier (bootstrap). A
+    root job asking when there is no barrier to take issues one if the newest is older than
+    the barrier interval. ``skip`` False: the job reads the barrier itself and is never skipped.
     """
-    info = show(conn, name)
+    row = call(conn, "plan_barrier", name, skip, coalesce)[0]
     issued = False
-    if info.progress is None:
-        # A job that recorded the input of its first barrier and then crashed must resume that
-        # barrier, not start at a newer one (its commit may already be in a table to adopt).
-        row = conn.execute("SELECT min(barrier) AS b FROM input_ranges WHERE job_name = %s", (name,)).fetchone()
-        if row["b"] is not None:
-            waiting = {str(s.name): s.watermark for s in info.sources if not s.has_completed(row["b"])}
-            return NextBarrier(job=name, barrier=row["b"], ready=not waiting, waiting_for=waiting)
-    if info.definition.is_root:
-        candidate = _first_after(conn, info.progress) if info.progress is not None else None
-        if candidate is None:  # a job starting takes a fresh barrier if the newest is old
-            issued = barriers.issue_if_due(conn, job=name) is not None
-            candidate = _first_after(conn, info.progress) if info.progress is not None else _newest_barrier(conn)
-        return NextBarrier(job=name, barrier=candidate, ready=candidate is not None, issued=issued)
-
-    if info.progress is None:
-        try:
-            candidate = latest_valid_barrier(info.sources)
-        except NoValidCutError:
-            waiting = {str(s.name): s.watermark for s in info.sources}
-            return NextBarrier(job=name, barrier=None, ready=False, waiting_for=waiting)
-    else:
-        candidate = _first_after(conn, info.progress)
-        if candidate is None:
-            return NextBarrier(job=name, barrier=None, ready=False)
-    waiting = {str(s.name): s.watermark for s in info.sources if not s.has_completed(candidate)}
-    return NextBarrier(job=name, barrier=candidate, ready=not waiting, waiting_for=waiting)
-
-
-def _first_after(conn: psycopg.Connection, barrier: int) -> int | None:
-    row = conn.execute("SELECT min(barrier) AS b FROM barriers WHERE barrier > %s", (barrier,)).fetchone()
-    return row["b"]
-
-
-def _newest_barrier(conn: psycopg.Connection) -> int | None:
-    newest = barriers.newest(conn)
-    return newest.barrier if newest else None
+    if row["root"] and (row["barrier"] is None or row["from_barrier"] is None):
+        issued = barriers.issue_if_due(conn, job=name) is not None
+        if issued:
+            row = call(conn, "plan_barrier", name, skip, coalesce)[0]
+    return NextBarrier(job=name, barrier=row["barrier"], ready=row["ready"], waiting_for=row["waiting"] or {},
+                       issued=issued, plan=Plan(row["plan"]), from_barrier=row["from_barrier"],
+                       anchors_in_range=row["anchors_in_range"])
 
 
 # -- completing a barrier ------------------------------------------------------------------------------
@@ -285,16 +275,19 @@ def complete(
     commits: dict[TableName, int] | None = None,
     *,
     run_id: str | None = None,
+    coalesce: bool = False,
 ) -> Completion:
     """Record that job ``name`` completed ``barrier`` for all its sinks, in one transaction and
     one round trip (the ``complete_barrier`` function checks the rules and says what is wrong).
 
     ``commits`` maps sinks to the Iceberg snapshot written for this barrier; sinks without
-    one keep their snapshot. Completing a completed barrier again with the same commits is a
-    no-op; with other commits it is refused.
+    one keep their snapshot. The barriers between the job's progress and ``barrier`` are
+    skipped (refused if a source changed among them; a root job skips only committing
+    nothing) or, with ``coalesce``, coalesced (refused across an anchor). Completing a
+    completed barrier again with the same commits is a no-op; with other commits it is refused.
     """
     commits = dict(commits or {})
     row = retrying(lambda: call(conn, "complete_barrier", name, barrier, [str(t) for t in commits],
-                                list(commits.values()), run_id)[0])
+                                list(commits.values()), run_id, coalesce)[0])
     return Completion(job=name, barrier=barrier, commits=commits,
                       sinks=tuple(sorted(TableName.parse(n) for n in row["sinks"])), noop=row["noop"])

@@ -136,6 +136,7 @@ class Barrier:
     barrier: int
     issued_at: datetime
     issued_by: str
+    anchor: bool = False  # the first barrier at or after a multiple of the anchor interval: never coalesced
 
 
 class Level(str, Enum):
@@ -176,17 +177,25 @@ class JobDefinition:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TableState:
-    """A managed table's progress: it has completed B iff start <= B <= watermark."""
+    """A managed table's progress: it has completed B iff start <= B <= watermark and B is not
+    coalesced. ``coalesced`` holds (after, into) ranges: the barriers strictly between were
+    completed once, at ``into``, and the table's state at them is undefined."""
 
     name: TableName
     start_barrier: int | None
     watermark: int | None
+    coalesced: tuple[tuple[int, int], ...] = ()
+
+    def coalesced_at(self, barrier: int) -> tuple[int, int] | None:
+        """The coalesced range holding ``barrier`` strictly inside, if any."""
+        return next(((a, i) for a, i in self.coalesced if a < barrier < i), None)
 
     def has_completed(self, barrier: int) -> bool:
         return (
             self.start_barrier is not None
             and self.watermark is not None
             and self.start_barrier <= barrier <= self.watermark
+            and self.coalesced_at(barrier) is None
         )
 
 

@@ -149,11 +149,11 @@ def _run_alembic(dsn: str | None, schema: str | None, direction: str, revision: 
 VIEWS = ("job_sources", "job_sinks", "table_versions", "topology_edges", "consistent_barrier", "barrier_delay",
          "job_delay", "active_leases", "barriers", "jobs", "job_source_tables", "job_sink_tables", "managed_tables",
          "table_commits", "table_completions", "expired_snapshots", "settings", "leases", "lease_snapshots",
-         "input_ranges")
+         "input_ranges", "coalesced_ranges")
 READABLE = (*VIEWS, "alembic_version")  # the revision: every client checks it on connect
 READER_FUNCTIONS = ("resolve_cut", "acquire_lease", "renew_lease", "release_lease")
 JOB_FUNCTIONS = (
-    *READER_FUNCTIONS, "register_job", "unregister_job", "complete_barrier", "issue_barrier_if_due",
+    *READER_FUNCTIONS, "register_job", "unregister_job", "plan_barrier", "complete_barrier", "issue_barrier_if_due",
     "record_commit", "record_input_range", "set_job_status", "set_job_waiting", "job_heartbeat",
 )
 

@@ -43,7 +43,10 @@ class TableVersion:
 def states(conn: psycopg.Connection, names: list[TableName]) -> list[TableState]:
     """Progress of the named tables, in the order given; unknown tables are refused."""
     rows = conn.execute(
-        "SELECT name, start_barrier, watermark FROM managed_tables WHERE name = ANY(%s)",
+        "SELECT t.name, t.start_barrier, t.watermark, "
+        "       ARRAY(SELECT ARRAY[r.after_barrier, r.into_barrier] FROM coalesced_ranges r "
+        "             WHERE r.table_id = t.table_id ORDER BY r.into_barrier) AS coalesced "
+        "FROM managed_tables t WHERE t.name = ANY(%s)",
         ([str(n) for n in names],),
     ).fetchall()
     by_name = {r["name"]: r for r in rows}
@@ -51,7 +54,8 @@ def states(conn: psycopg.Connection, names: list[TableName]) -> list[TableState]
         if str(n) not in by_name:
             raise TableNotFoundError(str(n))
     return [
-        TableState(name=n, start_barrier=by_name[str(n)]["start_barrier"], watermark=by_name[str(n)]["watermark"])
+        TableState(name=n, start_barrier=by_name[str(n)]["start_barrier"], watermark=by_name[str(n)]["watermark"],
+                   coalesced=tuple(tuple(r) for r in by_name[str(n)]["coalesced"]))
         for n in names
     ]
 

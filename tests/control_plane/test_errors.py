@@ -37,7 +37,7 @@ def test_every_sqlstate_builds_an_icebarrier_error():
               "watermarks": {"lake.db.t": 1}, "recorded": {}, "given": {}, "expected": 6, "watermark": 4,
               "waiting": {"lake.db.t": None}, "states": [{"name": "lake.db.t", "start": None, "watermark": None}],
               "snapshot_id": "9", "lease_id": "l", "state": "expired", "owner": "o", "path": ["a", "j", "a"],
-              "role": "r", "action": "act", "what": "w", "timeout": "1s", "holders": []}
+              "role": "r", "action": "act", "what": "w", "timeout": "1s", "holders": [], "anchor": 5}
     for code in errors.SQLSTATES:
         error = errors.from_sqlstate(code, "message from SQL", json.dumps(detail))
         assert isinstance(error, errors.IcebarrierError), code

@@ -115,12 +115,12 @@ def test_root_job_issues_only_when_the_newest_barrier_is_older_than_the_interval
 
 
 def test_completion_refuses_out_of_order_skipped_and_unissued(conn):
-    """Barriers are completed in order without gaps, and only issued ones."""
+    """A root job that commits completes the next barrier (or coalesces); only issued ones."""
     jobs.register(conn, job("ingest", sinks=["a"]))
     b1, b2, b3 = new_barrier(conn), new_barrier(conn), new_barrier(conn)
     jobs.complete(conn, "ingest", b1)
     with pytest.raises(BarrierOutOfOrderError, match=f"must complete barrier {b2} next") as info:
-        jobs.complete(conn, "ingest", b3)
+        jobs.complete(conn, "ingest", b3, {T("a"): 7})
     assert info.value.expected == b2
     with pytest.raises(BarrierNotIssuedError):
         jobs.complete(conn, "ingest", b2 + 1)
