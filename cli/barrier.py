@@ -1,4 +1,4 @@
-"""``icebarrier barrier``: issue and list barriers, set the barrier interval."""
+"""``icebarrier barrier``: issue and list barriers, set the barrier and anchor intervals."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from icebarrier.control_plane.model import parse_duration_s
 
 
 def _barrier_json(b) -> dict:
-    return {"barrier": b.barrier, "issued_at": b.issued_at.isoformat(), "issued_by": b.issued_by}
+    return {"barrier": b.barrier, "issued_at": b.issued_at.isoformat(), "issued_by": b.issued_by, "anchor": b.anchor}
 
 
 @click.group("barrier")
@@ -23,7 +23,7 @@ def barrier_group() -> None:
 def issue(obj) -> None:
     """Issue a barrier now, from the control plane's database clock."""
     b = barriers.issue(obj.conn())
-    emit(obj, _barrier_json(b), f"issued barrier {barrier_label(b.barrier)}")
+    emit(obj, _barrier_json(b), f"issued barrier {barrier_label(b.barrier)}{' (an anchor)' if b.anchor else ''}")
 
 
 @barrier_group.command("list")
@@ -35,7 +35,8 @@ def list_(obj, limit: int) -> None:
     emit(
         obj,
         [_barrier_json(b) for b in items],
-        lambda: table(["barrier", "issued_at", "issued_by"], [(b.barrier, b.issued_at.isoformat(), b.issued_by) for b in items]),
+        lambda: table(["barrier", "issued_at", "issued_by", "anchor"],
+                      [(b.barrier, b.issued_at.isoformat(), b.issued_by, "anchor" if b.anchor else "") for b in items]),
     )
 
 
@@ -52,6 +53,22 @@ def interval(obj, duration_text: str | None) -> None:
         barriers.set_interval_s(conn, parse_duration_s(duration_text)) if duration_text else barriers.get_interval_s(conn)
     )
     emit(obj, {"barrier_interval_s": seconds}, f"barrier interval: {duration(seconds)}")
+
+
+@barrier_group.command("anchor-interval", context_settings={"ignore_unknown_options": True})
+@click.argument("duration_text", metavar="[DURATION]", required=False)
+@click.pass_obj
+def anchor_interval(obj, duration_text: str | None) -> None:
+    """Show or set the anchor interval (default 60s).
+
+    The first barrier issued at or after each multiple of it, on the database clock, is an
+    anchor: no job coalesces it, so every table completes every anchor and any tables have a
+    valid cut at each anchor they have passed.
+    """
+    conn = obj.conn()
+    seconds = (barriers.set_anchor_interval_s(conn, parse_duration_s(duration_text)) if duration_text
+               else barriers.get_anchor_interval_s(conn))
+    emit(obj, {"anchor_interval_s": seconds}, f"anchor interval: {duration(seconds)}")
 
 
 COMMANDS = [barrier_group]

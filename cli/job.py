@@ -98,17 +98,24 @@ def show(obj, name: str) -> None:
 
 @job_group.command("next-barrier")
 @click.argument("name")
+@click.option("--no-skip", is_flag=True, help="The job reads the barrier itself: never skip unchanged barriers.")
+@click.option("--no-coalesce", is_flag=True, help="Complete every barrier exactly, one computation each.")
 @click.pass_obj
-def next_barrier(obj, name: str) -> None:
-    """The next barrier job NAME must complete, or nothing yet.
+def next_barrier(obj, name: str, no_skip: bool, no_coalesce: bool) -> None:
+    """The plan job NAME follows next: a barrier and how to complete it.
 
-    A root job gets a new barrier when the newest is older than the barrier interval;
-    an intermediate job's barrier is ready once all its sources have completed it."""
-    nb = jobs.next_barrier(obj.conn(), name)
+    exact: the next barrier, computed. skip: no source changed up to the barrier; complete it
+    with no computation. coalesce: one computation for every barrier since the job's progress
+    up to this one (never past an anchor). A root job gets a new barrier when the newest is
+    older than the barrier interval; an intermediate job's barrier is ready once all its
+    sources have completed it."""
+    nb = jobs.next_barrier(obj.conn(), name, skip=not no_skip, coalesce=not no_coalesce)
 
     def text() -> str:
+        how = nb.plan.value if nb.from_barrier is None or nb.plan.value == "exact" else \
+            f"{nb.plan.value} from {nb.from_barrier}, {nb.anchors_in_range} anchor(s) in range"
         if nb.ready:
-            return f"job {name}: next barrier {nb.barrier} (ready{', newly issued' if nb.issued else ''})"
+            return f"job {name}: next barrier {nb.barrier}, {how} (ready{', newly issued' if nb.issued else ''})"
         where = f"next barrier {nb.barrier}" if nb.barrier is not None else "no barrier to complete yet"
         return f"job {name}: {where}, waiting for {nb.describe_wait()}"
 
@@ -146,11 +153,16 @@ def _parse_commits(texts) -> dict[TableName, int]:
 @click.option("--commit", "commits", multiple=True, metavar="TABLE=SNAPSHOT_ID",
               help="Snapshot written to a sink for this barrier (repeatable); other sinks keep theirs.")
 @click.option("--run-id", help="Identifier of the run that wrote the commits.")
+@click.option("--coalesce", is_flag=True,
+              help="Coalesce the barriers between the job's progress and BARRIER (one computation for all).")
 @click.pass_obj
-def complete(obj, name: str, barrier: int, commits, run_id: str | None) -> None:
-    """Record that job NAME completed BARRIER for all its sinks, in one transaction."""
+def complete(obj, name: str, barrier: int, commits, run_id: str | None, coalesce: bool) -> None:
+    """Record that job NAME completed BARRIER for all its sinks, in one transaction.
+
+    Barriers between the job's progress and BARRIER are skipped (refused if a source changed
+    among them) or, with --coalesce, coalesced (refused across an anchor)."""
     parsed = _parse_commits(commits)
-    result = jobs.complete(obj.conn(), name, barrier, parsed, run_id=run_id)
+    result = jobs.complete(obj.conn(), name, barrier, parsed, run_id=run_id, coalesce=coalesce)
     what = "already completed (no change)" if result.noop else "completed"
     emit(obj, result.to_json(), f"job {name}: barrier {barrier} {what} for {', '.join(map(str, result.sinks))}")
 

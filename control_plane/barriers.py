@@ -1,4 +1,4 @@
-"""The global barrier sequence, issued from the control plane's database clock.
+"""The global barrier sequence, issued from the control plane's database clock, and its anchors.
 
 A barrier is microseconds since the epoch on the database clock. The one-row
 ``barrier_clock`` is advanced by a single compare-and-set statement (the ``tick_barrier``
@@ -16,6 +16,7 @@ from icebarrier.control_plane.errors import InvalidValueError
 from icebarrier.control_plane.model import Barrier
 
 BARRIER_INTERVAL_KEY = "barrier_interval_ms"
+ANCHOR_INTERVAL_KEY = "anchor_interval_ms"
 
 
 def issue(conn: psycopg.Connection, *, issued_by: str = "operator") -> Barrier:
@@ -34,13 +35,14 @@ def issue_if_due(conn: psycopg.Connection, *, job: str) -> Barrier | None:
 
 
 def newest(conn: psycopg.Connection) -> Barrier | None:
-    row = conn.execute("SELECT barrier, issued_at, issued_by FROM barriers ORDER BY barrier DESC LIMIT 1").fetchone()
+    row = conn.execute("SELECT barrier, issued_at, issued_by, anchor FROM barriers ORDER BY barrier DESC LIMIT 1"
+                       ).fetchone()
     return Barrier(**row) if row else None
 
 
 def list_barriers(conn: psycopg.Connection, *, limit: int = 20) -> list[Barrier]:
     rows = conn.execute(
-        "SELECT barrier, issued_at, issued_by FROM barriers ORDER BY barrier DESC LIMIT %s", (limit,)
+        "SELECT barrier, issued_at, issued_by, anchor FROM barriers ORDER BY barrier DESC LIMIT %s", (limit,)
     ).fetchall()
     return [Barrier(**r) for r in rows]
 
@@ -51,7 +53,21 @@ def get_interval_s(conn: psycopg.Connection) -> float:
 
 def set_interval_s(conn: psycopg.Connection, seconds: float) -> float:
     """Set the barrier interval (the admin only; the setting's CHECK bounds it to 1ms..7d)."""
+    return _set_duration(conn, BARRIER_INTERVAL_KEY, "barrier interval", seconds, "10s")
+
+
+def get_anchor_interval_s(conn: psycopg.Connection) -> float:
+    return settings.get_s(conn, ANCHOR_INTERVAL_KEY)
+
+
+def set_anchor_interval_s(conn: psycopg.Connection, seconds: float) -> float:
+    """Set the anchor interval: the first barrier issued at or after each multiple of it (on the
+    database clock) is an anchor, which no job coalesces (the admin only; 1ms..7d)."""
+    return _set_duration(conn, ANCHOR_INTERVAL_KEY, "anchor interval", seconds, "60s")
+
+
+def _set_duration(conn: psycopg.Connection, key: str, what: str, seconds: float, example: str) -> float:
     if not 0.001 <= seconds <= 86400 * 7:
-        raise InvalidValueError(f"barrier interval {seconds:g}s is out of range; use at least 1ms and at most 7d, "
-                                f"e.g. 10s")
-    return settings.set_s(conn, BARRIER_INTERVAL_KEY, seconds)
+        raise InvalidValueError(f"{what} {seconds:g}s is out of range; use at least 1ms and at most 7d, "
+                                f"e.g. {example}")
+    return settings.set_s(conn, key, seconds)

@@ -198,11 +198,12 @@ class BarrierNotIssuedError(BarrierError):
 
 
 class BarrierOutOfOrderError(BarrierError):
-    """``changed``: the job's sources changed between its progress and ``barrier`` (skip refused);
-    ``coalesced_into``: the sinks coalesced ``barrier`` into that one."""
+    """``changed``: what changed between the job's progress and ``barrier`` so that it may not
+    skip there: "sources" (an intermediate job's), "input" (a root job commits); ``coalesced_into``:
+    the sinks coalesced ``barrier`` into that one."""
 
     def __init__(self, job: str, barrier: int, expected: int | None, watermark: int | None, *,
-                 changed: bool = False, coalesced_into: int | None = None) -> None:
+                 changed: str | None = None, coalesced_into: int | None = None) -> None:
         self.job, self.barrier, self.expected, self.watermark = job, barrier, expected, watermark
         self.changed, self.coalesced_into = changed, coalesced_into
         nxt = f"barrier {expected}" if expected is not None else "no barrier yet"
@@ -211,8 +212,9 @@ class BarrierOutOfOrderError(BarrierError):
         elif watermark is not None and barrier <= watermark:
             why = f"its sinks are already at {watermark}"
         elif changed:
-            why = (f"its sinks are at {watermark} and its sources changed after {nxt}, so it must complete {nxt} "
-                   f"next (or coalesce, up to the next anchor)")
+            what = "its sources changed after" if changed == "sources" else "it commits input that arrived after"
+            why = (f"its sinks are at {watermark} and {what} {nxt}, so it must complete {nxt} next (or coalesce, up "
+                   f"to the next anchor)")
         else:
             why = (f"its sinks are at {watermark}, so it must complete {nxt} next (barriers are completed in "
                    f"order, without gaps)")
@@ -369,7 +371,7 @@ SQLSTATES: dict[str, object] = {
     "IB005": lambda d, m: SinkHistoryMismatchError(d["job"], d["watermarks"]),
     "IB006": lambda d, m: CompletionConflictError(d["job"], d["barrier"], d["recorded"], d["given"]),
     "IB007": lambda d, m: BarrierOutOfOrderError(d["job"], d["barrier"], d["expected"], d["watermark"],
-                                                 changed=d.get("changed", False),
+                                                 changed=d.get("changed"),
                                                  coalesced_into=d.get("coalesced_into")),
     "IB008": lambda d, m: SourcesNotReadyError(d["job"], d["barrier"], d["waiting"], d.get("coalesced")),
     "IB009": lambda d, m: TableNotFoundError(d["table"]),

@@ -113,12 +113,13 @@ class Completion:
     commits: dict[TableName, int]
     sinks: tuple[TableName, ...]
     noop: bool  # the barrier was already completed with these commits
+    coalesced: bool = False  # the barriers since the job's progress were coalesced into this one
 
     def to_json(self) -> dict:
         return {
             "job": self.job, "barrier": self.barrier,
             "commits": {str(t): s for t, s in sorted(self.commits.items())},
-            "sinks": [str(t) for t in self.sinks], "noop": self.noop,
+            "sinks": [str(t) for t in self.sinks], "noop": self.noop, "coalesced": self.coalesced,
         }
 
 
@@ -240,7 +241,8 @@ def _states(items: list[dict]) -> list[TableState]:
 # -- the next barrier ------------------------------------------------------------------------------
 
 
-def next_barrier(conn: psycopg.Connection, name: str, *, skip: bool = True, coalesce: bool = True) -> NextBarrier:
+def next_barrier(conn: psycopg.Connection, name: str, *, skip: bool = True, coalesce: bool = True,
+                 up_to: int | None = None) -> NextBarrier:
     """The plan ``name`` follows next (the ``plan_barrier`` function decides, on the same
     definitions as completion).
 
@@ -252,14 +254,15 @@ def next_barrier(conn: psycopg.Connection, name: str, *, skip: bool = True, coal
     first barrier whose input it recorded; otherwise a root job starts at the newest barrier
     and an intermediate job at its sources' latest common completed barrier (bootstrap). A
     root job asking when there is no barrier to take issues one if the newest is older than
-    the barrier interval. ``skip`` False: the job reads the barrier itself and is never skipped.
+    the barrier interval. ``skip`` False: the job reads the barrier itself and is never skipped;
+    ``up_to``: a root job's input is ready only up to that barrier (an event-time watermark).
     """
-    row = call(conn, "plan_barrier", name, skip, coalesce)[0]
+    row = call(conn, "plan_barrier", name, skip, coalesce, up_to)[0]
     issued = False
     if row["root"] and (row["barrier"] is None or row["from_barrier"] is None):
         issued = barriers.issue_if_due(conn, job=name) is not None
         if issued:
-            row = call(conn, "plan_barrier", name, skip, coalesce)[0]
+            row = call(conn, "plan_barrier", name, skip, coalesce, up_to)[0]
     return NextBarrier(job=name, barrier=row["barrier"], ready=row["ready"], waiting_for=row["waiting"] or {},
                        issued=issued, plan=Plan(row["plan"]), from_barrier=row["from_barrier"],
                        anchors_in_range=row["anchors_in_range"])
@@ -290,4 +293,5 @@ def complete(
     row = retrying(lambda: call(conn, "complete_barrier", name, barrier, [str(t) for t in commits],
                                 list(commits.values()), run_id, coalesce)[0])
     return Completion(job=name, barrier=barrier, commits=commits,
-                      sinks=tuple(sorted(TableName.parse(n) for n in row["sinks"])), noop=row["noop"])
+                      sinks=tuple(sorted(TableName.parse(n) for n in row["sinks"])), noop=row["noop"],
+                      coalesced=coalesce and not row["noop"])

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.types.json import Jsonb
 
-from icebarrier.control_plane import jobs, topology
+from icebarrier.control_plane import jobs, tables, topology
 from icebarrier.control_plane.db import call
 from icebarrier.control_plane.errors import BarrierNotIssuedError, RevisionError
-from icebarrier.control_plane.model import TableName, TableState
+from icebarrier.control_plane.model import TableName
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,15 +90,18 @@ def plan(conn: psycopg.Connection, table: TableName, to_barrier: int) -> Revisio
         if row is None:
             raise RevisionError(f"table {name} is not managed by icebarrier; nothing to revise")
         start, mark = row["start_barrier"], row["watermark"]
-        if name == table and not TableState(name=name, start_barrier=start, watermark=mark).has_completed(to_barrier):
+        state = tables.states(conn, [name])[0]
+        if name == table and not state.has_completed(to_barrier):
             raise RevisionError(
-                f"table {name} has not completed barrier {to_barrier} (it completed {start}..{mark}); "
-                f"revise to a barrier it completed"
+                f"table {name} has not completed barrier {to_barrier} (it completed {start}..{mark}"
+                f"{', coalescing it' if state.coalesced_at(to_barrier) else ''}); revise to a barrier it completed"
             )
         if mark is None or mark <= to_barrier:
             target, to_snapshot = mark, row["current"]
-        elif start <= to_barrier:
-            target, to_snapshot = to_barrier, row["at_r"]
+        elif start <= to_barrier:  # back to the last barrier it completed at or before R (R, unless coalesced)
+            target = (state.coalesced_at(to_barrier) or (to_barrier,))[0]
+            to_snapshot = row["at_r"] if target == to_barrier else conn.execute(
+                "SELECT snapshot_id FROM snapshot_at(%s, %s)", (row["table_id"], target)).fetchone()["snapshot_id"]
         else:
             target, to_snapshot = None, None
         items.append(

@@ -18,6 +18,9 @@ SUMMARY_BARRIER = "icebarrier.barrier"
 SUMMARY_JOB = "icebarrier.job"
 SUMMARY_RUN = "icebarrier.run"
 SUMMARY_OPERATION = "icebarrier.operation"
+# On a commit that coalesced barriers: the job's progress before it (the barriers strictly
+# between it and icebarrier.barrier were coalesced; DESIGN.md, "Cost follows change").
+SUMMARY_COALESCED_AFTER = "icebarrier.coalesced-after"
 OPERATION_COMPACTION = "compaction"
 OPERATION_REVISION = "revision"
 
@@ -218,6 +221,12 @@ def summary_properties(snapshot) -> dict[str, str]:
 
 def barrier_of(snapshot) -> int | None:
     value = summary_properties(snapshot).get(SUMMARY_BARRIER)
+    return int(value) if value is not None else None
+
+
+def coalesced_after(snapshot) -> int | None:
+    """The progress a coalescing commit started from (None: an exact commit)."""
+    value = summary_properties(snapshot).get(SUMMARY_COALESCED_AFTER)
     return int(value) if value is not None else None
 
 

@@ -22,6 +22,7 @@ from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import (
     SUMMARY_BARRIER,
+    SUMMARY_COALESCED_AFTER,
     SUMMARY_JOB,
     SUMMARY_RUN,
     ensure_managed_properties,
@@ -56,11 +57,14 @@ class DuplicateWriteError(IcebarrierError):
 
 
 class BarrierCommit:
-    """One job's writes for one barrier; use as a context manager."""
+    """One job's writes for one barrier; use as a context manager. With ``coalesce_after`` (the
+    job's progress P) the writes cover every barrier after P up to this one, which the
+    completion coalesces; each snapshot says so (``icebarrier.coalesced-after``)."""
 
     def __init__(self, conn: psycopg.Connection, catalog, *, job: str, barrier: int, run_id: str | None = None,
-                 job_info: jobs.JobInfo | None = None):
+                 job_info: jobs.JobInfo | None = None, coalesce_after: int | None = None):
         self.conn, self.catalog, self.job, self.barrier = conn, catalog, job, barrier
+        self.coalesce_after = coalesce_after
         self.run_id = run_id or uuid.uuid4().hex
         self.commits: dict[TableName, int] = {}
         self.adopted: set[TableName] = set()
@@ -77,7 +81,8 @@ class BarrierCommit:
     @property
     def properties(self) -> dict[str, str]:
         """The snapshot summary properties every write of this barrier carries."""
-        return {SUMMARY_BARRIER: str(self.barrier), SUMMARY_JOB: self.job, SUMMARY_RUN: self.run_id}
+        coalesced = {} if self.coalesce_after is None else {SUMMARY_COALESCED_AFTER: str(self.coalesce_after)}
+        return {SUMMARY_BARRIER: str(self.barrier), SUMMARY_JOB: self.job, SUMMARY_RUN: self.run_id, **coalesced}
 
     def write(self, table: TableName, do_write: Callable[[dict[str, str]], None]) -> int | None:
         """Write ``table`` once for this barrier with ``do_write(properties)``; returns the snapshot id.
@@ -123,7 +128,8 @@ class BarrierCommit:
         else:
             if self.staged:
                 publish_barrier(self.catalog, self.sinks)  # completes the barrier with the pointer swaps
-            self.completion = jobs.complete(self.conn, self.job, self.barrier, self.commits, run_id=self.run_id)
+            self.completion = jobs.complete(self.conn, self.job, self.barrier, self.commits, run_id=self.run_id,
+                                            coalesce=self.coalesce_after is not None)
         faults.point(faults.AFTER_CONTROL_PLANE)
         return self.completion
 

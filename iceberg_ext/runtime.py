@@ -6,11 +6,16 @@
     if __name__ == "__main__":
         job.main()          # python my_job.py --once | --follow   (or: icebarrier run my_job.py)
 
-For each barrier B, in order, once every source has completed B, a job reads its sources
-at B, writes its sinks (barrier-tagged, exactly once) and completes B for all of them in one
-control-plane transaction. A root job first records its input range (replayed after a
-crash); an intermediate job's input is ``S(source, B)`` by construction. A job added to
-tables with history bootstraps from their latest common completed barrier.
+A job follows the plan the control plane gives it (DESIGN.md, "Cost follows change"): for
+the barrier B it completes next, once every source has completed B, it either skips (no
+source changed since its progress P: no Spark work, one control-plane statement), or reads
+its sources at B — once for every barrier after P up to B when it coalesces them, never past
+an anchor — writes its sinks (barrier-tagged, exactly once) and completes B for all of them
+in one control-plane transaction. A root job first records its input range (replayed after
+a crash; an empty one is a skip); an intermediate job records the barrier it computes, so a
+restart finishes that one. A job added to tables with history bootstraps from their latest
+common completed barrier. ``--once`` is the batch mode: complete the newest barrier the job
+can, with as few computations as the anchors allow, and exit.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import psycopg
 
 from icebarrier.control_plane import db, jobs, runs
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError
+from icebarrier.control_plane.jobs import NextBarrier, Plan
 from icebarrier.control_plane.model import JobDefinition, Level, TableName, format_duration_s, parse_duration_s, parse_job_name
 from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import ancestors, is_compaction, load_catalog, load_table, summary_properties
@@ -73,7 +79,9 @@ def merge(df, keys: list[str]) -> Output:
 
 
 class BarrierContext:
-    """A job's view of barrier B: its sources at B and at its previous barrier."""
+    """A job's view of barrier B: its sources at B and at its previous barrier P (the job's
+    progress). When the job coalesces, P is older than the barrier before B: increments and
+    changes cover every barrier after P up to B."""
 
     def __init__(self, spark, reader: ConsistentRead, catalog, *, barrier: int, previous: int | None,
                  previous_snapshots: dict[TableName, int | None]) -> None:
@@ -154,6 +162,13 @@ class BarrierContext:
         return self.spark.table(view).drop("_change_ordinal", "_commit_snapshot_id")
 
 
+def record_plan(conn, plan: NextBarrier) -> None:
+    """Record the barrier an intermediate job is about to compute (its sources' snapshots at it
+    are its input): a restart resumes that barrier — whose commit may already be in a sink, to
+    adopt — instead of planning a newer one."""
+    runs.record_range(conn, plan.job, plan.barrier, {"plan": plan.plan.value, "from_barrier": plan.from_barrier})
+
+
 def inputs_at(conn, catalog, job: str, sources: list[TableName], barrier: int, *, bootstrap: bool) -> ConsistentRead:
     """A job's inputs at B. Once the job has progress P < B, S(source, B) is protected for
     as long as it has not completed B (its progress holds the read-committed window's floor
@@ -186,12 +201,17 @@ def _name(table: str | TableName) -> TableName:
 
 @dataclass
 class Job:
+    """``reads_barrier``: the transform reads the barrier itself (e.g. a clock), so an unchanged
+    barrier is never skipped; ``coalesce`` False: every barrier is computed exactly."""
+
     needs_spark_to_define = False  # a SqlJob learns its sink and sources from Spark's parser
 
     name: str
     sinks: list[str]
     sources: list[str] = field(default_factory=list)
     external_inputs: list[str] = field(default_factory=list)
+    reads_barrier: bool = field(default=False, kw_only=True)
+    coalesce: bool = field(default=True, kw_only=True)
 
     def definition(self) -> JobDefinition:
         return JobDefinition(
@@ -208,7 +228,8 @@ class Job:
         """``python my_job.py [--once | --follow] [--poll 1s]``"""
         parser = argparse.ArgumentParser(prog=f"job {self.name}")
         mode = parser.add_mutually_exclusive_group()
-        mode.add_argument("--once", action="store_true", help="complete every ready barrier, then exit (default)")
+        mode.add_argument("--once", action="store_true", help="complete the newest barrier it can (skipping unchanged "
+                          "barriers, coalescing the rest up to each anchor), then exit (default)")
         mode.add_argument("--follow", action="store_true", help="keep going until SIGINT/SIGTERM")
         parser.add_argument("--poll", default="1s", help="how often to look for a new barrier in --follow")
         args = parser.parse_args(argv)
@@ -316,8 +337,12 @@ class RootJob(Job):
 
 @dataclass
 class RunSummary:
+    """``completed``: the barriers the run completed (each the end of a step); ``computations``:
+    the steps that ran the job's work (the others were skips)."""
+
     job: str
     completed: list[int] = field(default_factory=list)
+    computations: int = 0
     stopped_by_signal: bool = False
 
 
@@ -391,14 +416,14 @@ class Runtime:
             while not self.stop.is_set():
                 if max_barriers is not None and len(summary.completed) >= max_barriers:
                     break
-                barrier = self._next_ready()
-                if barrier is None:
+                plan = self._next_ready()
+                if plan is None:
                     if not follow:
                         break
                     self.stop.wait(poll_s)
                     continue
                 try:
-                    self._complete(barrier, summary)
+                    self._complete(plan, summary)
                 except SnapshotExpiredError as exc:
                     if jobs.show(self.conn, self.job.name).progress is not None:
                         raise
@@ -411,7 +436,8 @@ class Runtime:
             self._close_heartbeat()
             runs.set_status(self.conn, self.job.name, "stopped")
         summary.stopped_by_signal = self._signalled
-        self.log(f"job {self.job.name}: stopped after {len(summary.completed)} barrier(s)")
+        self.log(f"job {self.job.name}: stopped after {len(summary.completed)} step(s), "
+                 f"{summary.computations} computation(s)")
         return summary
 
     _signalled = False
@@ -434,30 +460,40 @@ class Runtime:
                 self._beat_conn = db.connect(self.settings.dsn, self.settings.schema)
             runs.heartbeat(self._beat_conn, self.job.name)
 
-    def _next_ready(self) -> int | None:
-        """The next barrier if the job can complete it now; else records what it waits for."""
-        nb = jobs.next_barrier(self.conn, self.job.name)
-        waiting = nb.describe_wait()
+    def _next_ready(self) -> NextBarrier | None:
+        """The job's plan if it can follow it now; else records what it waits for."""
         source = getattr(self.job, "source", None)
+        nb = jobs.next_barrier(self.conn, self.job.name, skip=not self.job.reads_barrier, coalesce=self.job.coalesce,
+                               up_to=source.ready_until() if source is not None else None)
+        waiting = nb.describe_wait()
         if waiting is None and source is not None:
             waiting = source.waiting_for(nb.barrier)
         runs.set_waiting(self.conn, self.job.name, waiting)
-        return nb.barrier if waiting is None else None
+        return nb if waiting is None else None
 
-    def _complete(self, barrier: int, summary: RunSummary) -> None:
+    def _complete(self, plan: NextBarrier, summary: RunSummary) -> None:
         started = time.perf_counter()
         info = jobs.show(self.conn, self.job.name)  # fresh: the job's progress as of now
-        behind = info.barriers_behind
+        barrier = plan.barrier
         if info.progress is None:
             self.log(f"job {self.job.name}: bootstrapping at barrier {barrier} (full read of its inputs)")
-        if isinstance(self.job, RootJob):
-            written = self._complete_root(barrier, info)
+        if plan.plan is Plan.SKIP:
+            jobs.complete(self.conn, self.job.name, barrier)
+            written = None
+        elif isinstance(self.job, RootJob):
+            written = self._complete_root(plan, info)
         else:
-            written = self._complete_intermediate(barrier, info)
+            written = self._complete_intermediate(plan, info)
         summary.completed.append(barrier)
-        rows = ", ".join(f"{t}: {'adopted' if s is None else s}" for t, s in written.items()) or "no changes"
-        self.log(f"job {self.job.name}: barrier {barrier} completed in "
-                 f"{format_duration_s(time.perf_counter() - started)} ({rows}); {max(behind - 1, 0)} behind")
+        summary.computations += written is not None
+        behind = jobs.show(self.conn, self.job.name).barriers_behind
+        if written is None:
+            how = "skipped (nothing changed)"
+        else:
+            how = f"coalesced from {plan.from_barrier}" if plan.plan is Plan.COALESCE else "completed"
+        rows = ", ".join(f"{t}: {'adopted' if s is None else s}" for t, s in (written or {}).items()) or "no changes"
+        self.log(f"job {self.job.name}: barrier {barrier} {how} in {format_duration_s(time.perf_counter() - started)} "
+                 f"({rows}); {behind} behind")
 
     def _write(self, tx: BarrierCommit, table: TableName, out: Output):
         from icebarrier.iceberg_ext.spark_io import append_df, merge_df, overwrite_df
@@ -470,33 +506,45 @@ class Runtime:
             return merge_df(tx, table, out.df, list(out.keys))
         raise IcebarrierError(f"job {self.job.name}: unknown write mode {out.mode!r}; use append, overwrite or merge")
 
-    def _complete_root(self, barrier: int, info: jobs.JobInfo) -> dict:
+    def _commit(self, plan: NextBarrier, info: jobs.JobInfo) -> BarrierCommit:
+        coalesce_after = plan.from_barrier if plan.plan is Plan.COALESCE else None
+        return BarrierCommit(self.conn, self.catalog, job=self.job.name, barrier=plan.barrier, job_info=info,
+                             coalesce_after=coalesce_after)
+
+    def _complete_root(self, plan: NextBarrier, info: jobs.JobInfo) -> dict | None:
+        """Record (or re-read) the input range of the barrier; an empty range is a skip."""
         job: RootJob = self.job
-        spec = runs.recorded_range(self.conn, job.name, barrier)
+        spec = runs.recorded_range(self.conn, job.name, plan.barrier)
         if spec is None:
-            spec = runs.record_range(self.conn, job.name, barrier, job.source.plan(self.conn, job.name, barrier))
+            spec = runs.record_range(self.conn, job.name, plan.barrier,
+                                     job.source.plan(self.conn, job.name, plan.barrier))
         faults.point(faults.AFTER_INPUT_RANGE)
+        if job.source.is_empty(spec) and not job.reads_barrier:
+            jobs.complete(self.conn, job.name, plan.barrier)  # nothing arrived: the barriers change nothing
+            return None
         df = job.source.read(self.spark, spec)
         if job.transform is not None:
             df = job.transform(df)
         sink = TableName.parse(job.sinks[0])
-        with BarrierCommit(self.conn, self.catalog, job=job.name, barrier=barrier, job_info=info) as tx:
+        with self._commit(plan, info) as tx:
             self._write(tx, sink, Output(df, job.mode, tuple(job.keys)))
         return {str(t): s for t, s in tx.commits.items()}
 
-    def _complete_intermediate(self, barrier: int, info: jobs.JobInfo) -> dict:
+    def _complete_intermediate(self, plan: NextBarrier, info: jobs.JobInfo) -> dict:
         previous = info.progress
         sources = [TableName.parse(s) for s in self.job.sources]
         previous_snapshots = {}
         if previous is not None:
             from icebarrier.control_plane import reads
 
+            record_plan(self.conn, plan)
             previous_snapshots = reads.resolve(self.conn, sources, barrier=previous).snapshots
-        with inputs_at(self.conn, self.catalog, self.job.name, sources, barrier, bootstrap=previous is None) as reader:
-            ctx = BarrierContext(self.spark, reader, self.catalog, barrier=barrier, previous=previous,
+        with inputs_at(self.conn, self.catalog, self.job.name, sources, plan.barrier,
+                       bootstrap=previous is None) as reader:
+            ctx = BarrierContext(self.spark, reader, self.catalog, barrier=plan.barrier, previous=previous,
                                  previous_snapshots=previous_snapshots)
             outputs = self.job.outputs(ctx)
-            with BarrierCommit(self.conn, self.catalog, job=self.job.name, barrier=barrier, job_info=info) as tx:
+            with self._commit(plan, info) as tx:
                 for table in sorted(outputs):
                     self._write(tx, table, outputs[table])
         return {str(t): s for t, s in tx.commits.items()}
@@ -508,9 +556,10 @@ class Runtime:
 def foreach_batch(job: RootJob | Job, *, settings: Settings | None = None, wait_s: float = 0.2,
                   log: Callable[[str], None] | None = None):
     """A ``foreachBatch`` function for Spark Structured Streaming in which each micro-batch
-    completes exactly one barrier. The batch id is recorded as the barrier's input range
-    before writing (Spark's checkpoint maps it to source offsets); a restarted query that
-    replays a batch id completes the same barrier again, which writes nothing twice.
+    completes the job's planned barrier: the newest one, coalescing the barriers since the
+    previous micro-batch (never past an anchor). The batch id is recorded as the barrier's
+    input range before writing (Spark's checkpoint maps it to source offsets); a restarted
+    query that replays a batch id completes the same barrier again, which writes nothing twice.
 
         query = (stream_df.writeStream.foreachBatch(foreach_batch(job))
                  .option("checkpointLocation", ...).start())
@@ -528,28 +577,33 @@ def foreach_batch(job: RootJob | Job, *, settings: Settings | None = None, wait_
         key = f"batch:{batch_id}"
         barrier = runs.barrier_for_key(rt.conn, job.name, key)
         if barrier is None:
-            barrier = _wait_for_barrier(rt, wait_s)
-            runs.record_range(rt.conn, job.name, barrier, {"batch_id": batch_id}, range_key=key)
+            plan = _wait_for_barrier(rt, wait_s)
+            runs.record_range(rt.conn, job.name, plan.barrier, {"batch_id": batch_id}, range_key=key)
+        else:  # a replayed batch: its barrier again (resumed, or completed already: nothing written twice)
+            plan = jobs.next_barrier(rt.conn, job.name)
+            if plan.barrier != barrier:
+                plan = NextBarrier(job=job.name, barrier=barrier, ready=True)
         faults.point(faults.AFTER_INPUT_RANGE)
         data = job.transform(df) if getattr(job, "transform", None) else df
         sink = TableName.parse(job.sinks[0])
-        with BarrierCommit(rt.conn, rt.catalog, job=job.name, barrier=barrier) as tx:
+        with rt._commit(plan, jobs.show(rt.conn, job.name)) as tx:
             rt._write(tx, sink, Output(data, getattr(job, "mode", "append"), tuple(getattr(job, "keys", ()))))
         runs.heartbeat(rt.conn, job.name)
-        rt.log(f"job {job.name}: micro-batch {batch_id} completed barrier {barrier}")
+        rt.log(f"job {job.name}: micro-batch {batch_id} completed barrier {plan.barrier}"
+               f"{f' (coalesced from {plan.from_barrier})' if plan.plan is Plan.COALESCE else ''}")
 
     return run
 
 
-def _wait_for_barrier(rt: Runtime, wait_s: float) -> int:
-    """The job's next barrier; a micro-batch waits until one is due (bounded by the interval)."""
+def _wait_for_barrier(rt: Runtime, wait_s: float) -> NextBarrier:
+    """The job's plan; a micro-batch waits until a barrier is due (bounded by the interval)."""
     from icebarrier.control_plane import barriers
 
     deadline = time.monotonic() + max(barriers.get_interval_s(rt.conn) * 2, 5)
     while True:
         nb = jobs.next_barrier(rt.conn, rt.job.name)
         if nb.ready:
-            return nb.barrier
+            return nb
         if time.monotonic() > deadline:
             raise IcebarrierError(f"job {rt.job.name}: no barrier became due; check `icebarrier barrier interval`")
         time.sleep(wait_s)

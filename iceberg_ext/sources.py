@@ -50,6 +50,14 @@ class Source:
         """May the job close ``barrier`` now? (event-time sources wait for their watermark)"""
         return self.waiting_for(barrier) is None
 
+    def ready_until(self) -> int | None:
+        """The newest barrier (µs) the job may close now; None: any (system-time)."""
+        return None
+
+    def is_empty(self, spec: dict) -> bool:
+        """Does a planned range hold no input (so the barriers it covers change nothing)?"""
+        return False
+
     def read(self, spark, spec: dict):
         raise NotImplementedError
 
@@ -70,6 +78,9 @@ class FileSource(Source):
         consumed = {f for r in runs.ranges(conn, job, up_to_barrier=barrier) for f in r.get("files", [])}
         present = sorted(p for p in glob.glob(os.path.join(self.path, self.pattern)) if os.path.isfile(p))
         return {"source": self.describe(), "files": [p for p in present if p not in consumed]}
+
+    def is_empty(self, spec):
+        return not spec["files"]
 
     def read(self, spark, spec):
         files = spec["files"]
@@ -161,6 +172,17 @@ class PostgresSource(Source):
         oldest = self._oldest_writer()
         return (now if oldest is None else min(now, oldest["xact_start"])), oldest
 
+    def ready_until(self) -> int | None:
+        if self.strategy != EVENT_TIME:
+            return None
+        watermark = self._watermark()[0].timestamp() - self.allowed_lateness_s
+        return int(watermark * 1_000_000) - 1
+
+    def is_empty(self, spec):
+        _, where, params = self._where(spec)
+        query = sql.SQL("SELECT NOT EXISTS (SELECT 1 FROM {} WHERE {})").format(self._ident(self.table), where)
+        return self._db().execute(query, params).fetchone()[0]
+
     def waiting_for(self, barrier: int) -> str | None:
         if self.strategy != EVENT_TIME:
             return None
@@ -173,16 +195,19 @@ class PostgresSource(Source):
                     f"{oldest['xact_start'].isoformat()}")
         return f"event-time watermark of {self.describe()}: allowed lateness {self.allowed_lateness_s:g}s"
 
-    def read(self, spark, spec):
-        cols = sql.SQL(", ").join(sql.Identifier(c) for c in self.columns)
+    def _where(self, spec) -> tuple[sql.Composable, sql.Composable, dict]:
+        """The column a recorded range is on, its condition and parameters."""
         if self.strategy == EVENT_TIME:
             column = sql.Identifier(self.event_time)
             where = sql.SQL("{c} <= %(hi)s AND (%(lo)s::timestamptz IS NULL OR {c} > %(lo)s::timestamptz)").format(c=column)
-            params = {"lo": spec["event_time_gt"], "hi": spec["event_time_le"]}
-        else:
-            column = sql.Identifier(self.key)
-            where = sql.SQL("(%(hi)s::bigint IS NOT NULL AND {c} <= %(hi)s) AND (%(lo)s::bigint IS NULL OR {c} > %(lo)s)").format(c=column)
-            params = {"lo": spec["key_gt"], "hi": spec["key_le"]}
+            return column, where, {"lo": spec["event_time_gt"], "hi": spec["event_time_le"]}
+        column = sql.Identifier(self.key)
+        where = sql.SQL("(%(hi)s::bigint IS NOT NULL AND {c} <= %(hi)s) AND (%(lo)s::bigint IS NULL OR {c} > %(lo)s)").format(c=column)
+        return column, where, {"lo": spec["key_gt"], "hi": spec["key_le"]}
+
+    def read(self, spark, spec):
+        cols = sql.SQL(", ").join(sql.Identifier(c) for c in self.columns)
+        column, where, params = self._where(spec)
         query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {}").format(cols, self._ident(self.table), where, column)
         cur = self._db().execute(query, params)
         rows = [tuple(_spark_value(v) for v in r) for r in cur.fetchall()]

@@ -296,9 +296,11 @@ END $$;
 -- exact (the next barrier after its progress P), skip (no source changed up to it: no
 -- computation), or coalesce (one computation for the barriers after P up to it, never past
 -- the first anchor after P). A recorded input range after P is resumed. p_skip false: the
--- job reads the barrier itself and is never skipped; p_coalesce false: every barrier exact.
+-- job reads the barrier itself and is never skipped; p_coalesce false: every barrier exact;
+-- p_up_to: a root job's input is ready up to that barrier only (an event-time watermark).
 -- ready: the sources have completed the barrier; waiting: those that have not (watermarks).
-CREATE FUNCTION plan_barrier(p_job text, p_skip boolean DEFAULT true, p_coalesce boolean DEFAULT true)
+CREATE FUNCTION plan_barrier(p_job text, p_skip boolean DEFAULT true, p_coalesce boolean DEFAULT true,
+                             p_up_to bigint DEFAULT NULL)
 RETURNS TABLE (barrier bigint, plan text, from_barrier bigint, anchors_in_range integer, ready boolean,
                waiting jsonb, root boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = {search_path} AS $$
@@ -331,7 +333,9 @@ BEGIN
         v_target := j.resume;
         v_plan := CASE WHEN j.progress IS NULL OR v_target = v_next THEN 'exact' ELSE 'coalesce' END;
     ELSIF cardinality(j.sources) = 0 THEN  -- a root job: the newest barrier, or the first anchor before it
-        v_limit := (SELECT max(b.barrier) FROM barrier b);
+        v_limit := CASE WHEN p_up_to IS NULL THEN (SELECT max(b.barrier) FROM barrier b)
+                        ELSE coalesce((SELECT max(b.barrier) FROM barrier b WHERE b.barrier <= p_up_to), v_next,
+                                      (SELECT max(b.barrier) FROM barrier b)) END;
         IF j.progress IS NULL THEN
             v_target := v_limit;
         ELSIF v_next IS NOT NULL THEN
@@ -371,7 +375,7 @@ BEGIN
                                                          AND b.barrier <= v_target);
     waiting := (SELECT jsonb_object_agg(m.name, m.watermark) FROM managed_table m
                 WHERE m.table_id = ANY(j.sources) AND (v_target IS NULL OR NOT has_completed(m, v_target)));
-    ready := v_target IS NOT NULL AND waiting IS NULL;
+    ready := v_target IS NOT NULL AND waiting IS NULL AND NOT v_target > p_up_to;
     root := cardinality(j.sources) = 0;
     RETURN NEXT;
 END $$;
@@ -493,7 +497,8 @@ BEGIN
                                          greatest(s.expected, v_exact_until), p_barrier),
                          jsonb_build_object('job', p_job, 'barrier', p_barrier,
                                             'expected', greatest(s.expected, v_exact_until),
-                                            'watermark', s.progress, 'changed', true));
+                                            'watermark', s.progress, 'changed',
+                                            CASE WHEN cardinality(s.sources) > 0 THEN 'sources' ELSE 'input' END));
         END IF;
     END IF;
 
@@ -625,6 +630,10 @@ BEGIN
         WHERE table_id = v_table_id AND barrier > v_bound AND revoked_by IS NULL;
         DELETE FROM table_completion WHERE table_id = v_table_id AND barrier > v_bound;
         DELETE FROM coalesced_range WHERE table_id = v_table_id AND into_barrier > v_bound;
+        -- an intermediate job recomputes from its rewound progress (a root replays its ranges)
+        DELETE FROM input_range r WHERE r.barrier > v_bound AND r.job_name IN (
+            SELECT j.name FROM job_sink k JOIN job j USING (job_id)
+            WHERE k.table_id = v_table_id AND EXISTS (SELECT 1 FROM job_source s WHERE s.job_id = j.job_id));
         PERFORM refresh_table_row(v_table_id);
         v_table_id := NULL;
     END LOOP;
@@ -643,7 +652,8 @@ END $$;
 
 -- The cut over p_names at p_barrier (NULL: the latest valid one), checked: unknown tables,
 -- a barrier never issued, a cut not valid (the tables' progress, the coalesced ranges that
--- matter and the nearest valid cuts in the detail, for the wording), an expired snapshot.
+-- hold the barrier — or, for the latest cut, those after the newest start — and the nearest
+-- valid cuts in the detail, for the wording), an expired snapshot.
 -- p_aligned false: read-uncommitted, no checks. One row: the barrier, and the tables' ids
 -- and snapshots in the order given (arrays: 1,000 tables are one row to send, not 1,000).
 CREATE OR REPLACE FUNCTION resolve_cut(p_names text[], p_barrier bigint, p_aligned boolean DEFAULT true)
@@ -691,8 +701,8 @@ BEGIN
                        'coalesced', coalesce((SELECT jsonb_agg(jsonb_build_array(r.after_barrier, r.into_barrier)
                                                                ORDER BY r.into_barrier)
                                               FROM coalesced_range r
-                                              WHERE r.table_id = m.table_id AND r.into_barrier > c.newest_start
-                                                AND r.after_barrier < v_hi), '[]'))
+                                              WHERE r.table_id = m.table_id AND r.after_barrier < v_hi
+                                                AND r.into_barrier > coalesce(p_barrier, c.newest_start)), '[]'))
                        ORDER BY u.ord) INTO v_detail
             FROM unnest(v_ids) WITH ORDINALITY AS u(id, ord) JOIN managed_table m ON m.table_id = u.id;
             PERFORM fail('IB010', format('no consistent cut over %s at %s', array_to_string(p_names, ', '),
@@ -714,7 +724,7 @@ BEGIN
     snapshot_ids := c.snaps;
     RETURN NEXT;
 END $$;
-REVOKE EXECUTE ON FUNCTION plan_barrier(text, boolean, boolean),
+REVOKE EXECUTE ON FUNCTION plan_barrier(text, boolean, boolean, bigint),
     complete_barrier(text, bigint, text[], bigint[], text, boolean) FROM PUBLIC;
 """
 
@@ -775,13 +785,15 @@ LEFT JOIN LATERAL (
                         ORDER BY c.barrier LIMIT 1) sc
     WHERE s.job_id = jc.job_id) inputs ON true;
 
+CREATE OR REPLACE VIEW barriers AS SELECT barrier, issued_at, issued_by, anchor FROM barrier;
+
 CREATE VIEW coalesced_ranges AS
 SELECT t.name AS table_name, r.table_id, r.after_barrier, r.into_barrier, r.job_name
 FROM coalesced_range r JOIN managed_table t USING (table_id);
 """
 
 NEW_FUNCTIONS = (
-    "plan_barrier(text, boolean, boolean)", "complete_barrier(text, bigint, text[], bigint[], text, boolean)",
+    "plan_barrier(text, boolean, boolean, bigint)", "complete_barrier(text, bigint, text[], bigint[], text, boolean)",
     "refresh_table_row(bigint)", "unchanged_until(bigint[], bigint, bigint)", "protection(bigint)",
     "latest_cut(text)", "cut_at(text[], bigint)", "earliest_valid(bigint[], bigint)", "latest_valid(bigint[], bigint, boolean)",
     "snapshot_id_at(managed_table, bigint)", "has_completed(managed_table, bigint)",
@@ -824,7 +836,7 @@ def upgrade() -> None:
     op.execute(FUNCTIONS.format(search_path=_search_path()))
     op.execute(VIEWS)
     _grant(job_roles, "EXECUTE ON FUNCTION complete_barrier(text, bigint, text[], bigint[], text, boolean), "
-                      "plan_barrier(text, boolean, boolean)")
+                      "plan_barrier(text, boolean, boolean, bigint)")
     _grant(view_roles, "SELECT ON coalesced_ranges, consistent_barrier")
 
 
@@ -848,7 +860,7 @@ def downgrade() -> None:
     job_roles, view_roles = _roles_with(_JOB_ROLES), _roles_with(_VIEW_ROLES)
     first, rules = _earlier("0001_control_plane.py"), _earlier("0007_rules_in_the_database.py")
     tokens, views = _earlier("0008_catalog_tokens.py"), _earlier("0009_views_not_tables.py")
-    for view in ("coalesced_ranges", "consistent_barrier", "table_versions", "barrier_delay", "job_delay"):
+    for view in ("coalesced_ranges", "consistent_barrier", "table_versions", "barrier_delay", "job_delay", "barriers"):
         op.execute(f"DROP VIEW {view}")
     for signature in (*NEW_FUNCTIONS, "tick_barrier(text, bigint)"):
         op.execute(f"DROP FUNCTION {signature}")
@@ -873,5 +885,6 @@ def downgrade() -> None:
         op.execute(_statement(first.VIEWS, f"CREATE VIEW {name} AS", ";"))
     op.execute(_statement(rules.VIEWS, "CREATE OR REPLACE VIEW consistent_barrier AS", "= bounds.barrier;"))
     op.execute(views.TABLE_VERSIONS.format(current="current_commit(t.table_id)"))
+    op.execute(_statement(views.VIEWS, "CREATE VIEW barriers AS", ";"))
     _grant(job_roles, "EXECUTE ON FUNCTION complete_barrier(text, bigint, text[], bigint[], text)")
-    _grant(view_roles, "SELECT ON table_versions, consistent_barrier, barrier_delay, job_delay")
+    _grant(view_roles, "SELECT ON table_versions, consistent_barrier, barrier_delay, job_delay, barriers")

@@ -28,7 +28,7 @@ from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredErro
 from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.control_plane.tokens import AuthenticationError, Principal
 from icebarrier.iceberg_ext import faults
-from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER, load_catalog
+from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER, coalesced_after, load_catalog
 from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.pinning import pinned
 
@@ -336,7 +336,7 @@ class Lake:
                                          f"{SUMMARY_BARRIER} (one barrier per commit); write through the icebarrier "
                                          f"job runtime or set snapshot-property.{SUMMARY_BARRIER}")
                 barrier = int(marks.pop())
-                managed_barriers[table] = (barrier, added[-1].snapshot_id)
+                managed_barriers[table] = (barrier, added[-1].snapshot_id, coalesced_after(added[-1]))
             stage = multi_sink and not whole and managed and barrier is not None
             staged.append((table, current, new, pending, barrier if stage else None))
         for _, current, new, _, _ in staged:
@@ -380,7 +380,7 @@ class Lake:
             if len(marks) != 1:
                 raise IcebarrierError(f"job {job} has {'nothing' if not rows else 'several barriers'} staged to "
                                       f"publish; write its sinks through this catalog first")
-            barrier, commits = marks.pop(), {}
+            barrier, commits, coalesce = marks.pop(), {}, False
             for r in rows:
                 table = TableName.parse(r["table_name"])
                 self.point(conn, table, r["metadata_location"], r["base_location"],
@@ -388,20 +388,22 @@ class Lake:
                 main = self.metadata(r["metadata_location"])[0].current_snapshot()
                 if main is not None and barrier_of(main) == barrier and not is_compaction(main):
                     commits[table] = main.snapshot_id
+                    coalesce = coalesce or coalesced_after(main) is not None
             conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
             faults.point(faults.IN_CATALOG_COMMIT)
             with conn.transaction():
-                jobs.complete(conn, job, barrier, commits, run_id="rest-catalog")
+                jobs.complete(conn, job, barrier, commits, run_id="rest-catalog", coalesce=coalesce)
 
     @staticmethod
-    def complete_if_whole(conn, job: JobDefinition, commits: dict[TableName, tuple[int, int]]) -> None:
-        """A commit of all of the job's sinks carrying one barrier B completes B for the job."""
-        marks = {b for b, _ in commits.values()}
+    def complete_if_whole(conn, job: JobDefinition, commits: dict[TableName, tuple[int, int, int | None]]) -> None:
+        """A commit of all of the job's sinks carrying one barrier B completes B for the job
+        (coalescing when the snapshots say they coalesced)."""
+        marks = {b for b, _, _ in commits.values()}
         if not commits or set(commits) != set(job.sinks) or len(marks) != 1:
             return  # part of the job's sinks: the job completes B itself (adopting these commits)
         with conn.transaction():
-            jobs.complete(conn, job.name, marks.pop(), {t: s for t, (_, s) in commits.items()},
-                          run_id="rest-catalog")
+            jobs.complete(conn, job.name, marks.pop(), {t: s for t, (_, s, _) in commits.items()},
+                          run_id="rest-catalog", coalesce=any(c is not None for _, _, c in commits.values()))
 
     @staticmethod
     def require_writer(principal: Principal, table: TableName, managed: bool, writer: str | None) -> None:

@@ -1,10 +1,12 @@
 """SQL cut resolution and protected sets agree with the pure definitions on random histories.
 
 The pure definitions (:mod:`icebarrier.control_plane.cuts`: a table has completed B iff
-start <= B <= watermark; the latest valid cut is at the lowest watermark once every table
-has started by then; S(T, B) is T's latest commit with barrier <= B) are replayed in Python
-over a random history that is also written through the control plane; the SQL answers of
-``reads.resolve`` (latest cut, and the cut at every issued barrier) must be the same.
+start <= B <= watermark and B is not coalesced in it; the latest valid cut is the newest
+barrier every table has completed; S(T, B) is T's latest commit with barrier <= B) are
+replayed in Python over a random history — tables completing barriers one by one, skipping
+runs without commits, or coalescing runs — that is also written through the control plane;
+the SQL answers of ``reads.resolve`` (latest cut, and the cut at every issued barrier) must be
+the same.
 """
 
 import uuid
@@ -21,18 +23,22 @@ from icebarrier.control_plane.model import JobDefinition, TableName, TableState
 
 @st.composite
 def histories(draw):
-    """K barriers; per table: started at barrier s (or never), completed c barriers from there,
+    """K barriers; per table: started at barrier s (or never), progressing to barrier l through
+    completion points (each jump over barriers a skip if it commits nothing, or coalesced),
     with a commit at some of them."""
-    k = draw(st.integers(1, 7))
+    k = draw(st.integers(1, 8))
     tables = []
     for _ in range(draw(st.integers(1, 3))):
         if draw(st.booleans()) or not tables:
             start = draw(st.integers(0, k - 1))
-            done = draw(st.integers(1, k - start))
-            commits = [i for i in range(start, start + done) if draw(st.booleans())]
-            tables.append((start, start + done - 1, commits))
+            last = start + draw(st.integers(1, k - start)) - 1
+            points = sorted({start, last, *(i for i in range(start + 1, last) if draw(st.booleans()))})
+            commits = [p for p in points if draw(st.booleans())]
+            coalesced = {p for prev, p in zip(points, points[1:])
+                         if p - prev > 1 and (p in commits or draw(st.booleans()))}
+            tables.append((start, last, commits, points, coalesced))
         else:
-            tables.append((None, None, []))
+            tables.append((None, None, [], [], set()))
     return k, tables
 
 
@@ -58,32 +64,39 @@ def _replay(conn, k: int, spec, *, downstream=None):
         jobs.register(conn, JobDefinition(name=derived, sources=frozenset([names[0]]), sinks=frozenset([names[-1]])))
     marks, commits = [], {name: {} for name in names}
 
-    def complete(job: str, table: TableName, b: int, commit: bool) -> None:
+    def complete(job: str, table: TableName, b: int, commit: bool, coalesce: bool = False) -> None:
         snapshot = {table: int(uuid.uuid4().int % 2**62) + 1} if commit else {}
         commits[table].update({b: snapshot[table]} if commit else {})
-        jobs.complete(conn, job, b, snapshot)
+        jobs.complete(conn, job, b, snapshot, coalesce=coalesce)
 
     for step in range(k):
         b = barriers.issue(conn).barrier
         marks.append(b)
-        for i, (start, last, committed) in enumerate(spec):
-            if start is not None and start <= step <= last:
-                complete(f"j{tag}_{i}", names[i], b, step in committed)
-        if downstream is not None and downstream[0] <= step <= downstream[1]:
-            complete(derived, names[-1], b, step % 2 == 0)
+        for i, (_, _, committed, points, coalesced) in enumerate(spec):
+            if step in points:
+                complete(f"j{tag}_{i}", names[i], b, step in committed, step in coalesced)
+    for step in downstream[2] if downstream is not None else ():  # once table 0 has passed them
+        complete(derived, names[-1], marks[step], step % 2 == 0, coalesce=True)
     return names, marks, commits, derived
 
 
 def _states(names, marks, spec, downstream):
-    rows = [(s, last) for s, last, _ in spec] + ([downstream] if downstream is not None else [])
+    rows = [(s, last, points, coalesced) for s, last, _, points, coalesced in spec]
+    if downstream is not None:
+        rows.append((downstream[2][0], downstream[2][-1], downstream[2], set(downstream[2][1:])))
     return [TableState(name=name, start_barrier=None if s is None else marks[s],
-                       watermark=None if last is None else marks[last]) for name, (s, last) in zip(names, rows)]
+                       watermark=None if last is None else marks[last],
+                       coalesced=tuple((marks[prev], marks[p]) for prev, p in zip(points, points[1:])
+                                       if p in coalesced and p - prev > 1))
+            for name, (s, last, points, coalesced) in zip(names, rows)]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(history=histories())
 def test_sql_cuts_agree_with_the_pure_definitions(conn, history):
-    """Latest cut and the cut at every issued barrier: same validity, barrier and snapshots."""
+    """Latest cut and the cut at every issued barrier: same validity, barrier, snapshots and
+    nearest valid cuts."""
+    barriers.set_anchor_interval_s(conn, 7 * 86400)  # no anchor inside a history
     k, spec = history
     names, marks, commits, _ = _replay(conn, k, spec)
     states = _states(names, marks, spec, None)
@@ -100,9 +113,10 @@ def test_sql_cuts_agree_with_the_pure_definitions(conn, history):
     for b in marks:
         try:
             check_valid_at(states, b)
-        except BarrierNotValidError:
-            with pytest.raises(BarrierNotValidError):
+        except BarrierNotValidError as expected_error:
+            with pytest.raises(BarrierNotValidError) as info:
                 reads.resolve(conn, names, barrier=b)
+            assert (info.value.reasons, info.value.nearest) == (expected_error.reasons, expected_error.nearest)
             continue
         cut = reads.resolve(conn, names, barrier=b)
         assert cut.barrier == b
@@ -113,15 +127,19 @@ def test_sql_cuts_agree_with_the_pure_definitions(conn, history):
 @given(history=histories(), data=st.data())
 def test_sql_protected_sets_agree_with_the_pure_definition(make_db, template_db, history, data):
     """Each table's protected set — current snapshot, live leases, downstream progress and the
-    read-committed window (S(T, lo) and commits in (lo, W(T)], lo the lowest watermark) — is
+    read-committed window (S(T, lo) and commits in (lo, W(T)], lo the newest barrier up to the
+    lowest watermark that no table coalesced) — is
     the pure definition's, reasons included; expiry's claim removes exactly the candidates
     outside it."""
     k, spec = history
     downstream = None
-    if spec[0][0] is not None:  # a job reading table 0, over part of table 0's completed range
-        first = data.draw(st.integers(spec[0][0], spec[0][1]))
-        downstream = (first, data.draw(st.integers(first, spec[0][1])))
+    if spec[0][0] is not None:  # a job reading table 0, at some of the barriers table 0 completed
+        completed = [i for i in range(spec[0][0], spec[0][1] + 1)
+                     if not any(p in spec[0][4] and prev < i < p for prev, p in zip(spec[0][3], spec[0][3][1:]))]
+        steps = sorted(set(data.draw(st.lists(st.sampled_from(completed), min_size=1, max_size=4))))
+        downstream = (steps[0], steps[-1], steps)
     with db.connect(make_db(template_db)) as conn:  # lo spans every table: one database per history
+        barriers.set_anchor_interval_s(conn, 7 * 86400)
         names, marks, commits, derived = _replay(conn, k, spec, downstream=downstream)
         states = _states(names, marks, spec, downstream)
         held = []
@@ -139,7 +157,7 @@ def test_sql_protected_sets_agree_with_the_pure_definition(make_db, template_db,
             name, own = state.name, commits[state.name]
             window = [None] if lo is None else [_snapshot_at(own, lo)] + [
                 sid for b, sid in sorted(own.items()) if lo < b <= state.watermark]
-            progress = [(derived, _snapshot_at(own, marks[downstream[1]]))] \
+            progress = [(derived, _snapshot_at(own, marks[downstream[2][-1]]))] \
                 if derived is not None and name == names[0] else []
             expected = protected_set(current=own[max(own)] if own else None,
                                      leases=[(lid, snaps[name]) for lid, snaps in held],
