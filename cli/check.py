@@ -27,6 +27,8 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts:
     """Run root and intermediate jobs and an expiry as real processes at random speeds, kill jobs
     at random fault points and restart the control-plane Postgres, while readers query at every
     level; validate every barrier, read and pin against a model that is a function of the seed.
+    Jobs coalesce at random and some run as batch jobs; cuts at coalesced barriers must be
+    refused, anchors never.
 
     The run always uses a private embedded Postgres (never --dsn: it restarts its server).
     Exits 1 on any anomaly at read-committed or repeatable-read, any lost or duplicated
@@ -63,6 +65,9 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts:
             + (", ".join(f"{k} x{v}" for k, v in report.excused.items()) or "none") + ")",
             table(["level", "reads", "anomalies", "example"], rows),
             f"no valid cut yet: {report.no_valid_cut} read(s); read-uncommitted errors: {report.read_uncommitted_errors}",
+            "completions: " + (", ".join(f"{k} x{v}" for k, v in sorted(report.completions.items())) or "none")
+            + f"; cuts refused at coalesced barriers: {report.coalesced_refused}; anchors validated: "
+              f"{report.anchors_validated}",
             f"repeatable-read: {report.rr_sessions} session(s), {report.leases_renewed} lease renewal(s), "
             f"{report.leases_lost} lease(s) lost (reads stopped), {report.leases_refused} refused",
             f"expiry (own process, racing the readers): {report.expiry_runs} run(s), "

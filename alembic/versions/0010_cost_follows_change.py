@@ -375,7 +375,7 @@ BEGIN
                                                          AND b.barrier <= v_target);
     waiting := (SELECT jsonb_object_agg(m.name, m.watermark) FROM managed_table m
                 WHERE m.table_id = ANY(j.sources) AND (v_target IS NULL OR NOT has_completed(m, v_target)));
-    ready := v_target IS NOT NULL AND waiting IS NULL AND NOT v_target > p_up_to;
+    ready := v_target IS NOT NULL AND waiting IS NULL AND NOT coalesce(v_target > p_up_to, false);
     root := cardinality(j.sources) = 0;
     RETURN NEXT;
 END $$;

@@ -7,7 +7,13 @@ reads at every level, and checks everything against the model (:mod:`.model`):
 
 - every barrier is validated as soon as every table has completed it (while its snapshots
   are protected): the cut holds exactly the model's rows. Barriers whose snapshots expired
-  first are excused and counted; coverage (validated / issued) below the floor fails the run;
+  first, or that a table coalesced (the cut is refused), are excused and counted; an anchor
+  is never refused; coverage (validated / issued and not coalesced) below the floor fails the
+  run. The jobs coalesce at random and some run as batch jobs, catching up at random moments;
+- coalescing, independently of the control plane's records: a commit that says it coalesced
+  the barriers after P into B (``icebarrier.coalesced-after``) means no cut strictly between
+  was valid, so one accepted there is a violation; a skipped or coalesced barrier left no
+  snapshot of its own;
 - read-committed and repeatable-read reads satisfy the invariants; one that errors is an
   anomaly, except "no valid cut yet" (counted apart); a repeatable-read session re-reads and
   compares rows with its first read and with the model at its barrier;
@@ -43,6 +49,7 @@ from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import (
     SUMMARY_BARRIER,
     SUMMARY_RUN,
+    coalesced_after,
     create_table,
     is_compaction,
     lineage,
@@ -54,7 +61,8 @@ from icebarrier.iceberg_ext.errors import LeaseLostError
 from icebarrier.iceberg_ext.reads import ConsistentRead
 
 _PROCESS_MAIN = "import sys; from icebarrier.apps.check.processes import main; main(sys.argv[1:])"
-COVERAGE_FLOOR = 0.6   # barriers validated / issued
+COVERAGE_FLOOR = 0.6   # barriers validated / issued and not coalesced
+ANCHOR_INTERVAL_S = 3.0
 RR_TTL_S = 2.0         # short: repeatable-read sessions outlive it, so renewal is exercised
 
 
@@ -99,6 +107,9 @@ class CheckReport:
     anomalies: dict[str, int] = field(default_factory=lambda: {lvl.value: 0 for lvl in Level})
     examples: dict[str, str] = field(default_factory=dict)
     no_valid_cut: int = 0
+    coalesced_refused: int = 0     # cuts refused at a barrier a table coalesced
+    anchors_validated: int = 0
+    completions: Counter = field(default_factory=Counter)  # exact / skip / coalesce, from the control plane
     read_uncommitted_errors: int = 0
     rr_sessions: int = 0
     leases_renewed: int = 0
@@ -114,7 +125,8 @@ class CheckReport:
 
     @property
     def coverage(self) -> float:
-        return self.validated / self.barriers if self.barriers else 0.0
+        validatable = self.barriers - self.coalesced_refused
+        return self.validated / validatable if validatable else 0.0
 
     def waited(self) -> dict[str, dict]:
         """Per process (driver, each job, expiry): how many reconnects and the longest wait."""
@@ -139,6 +151,8 @@ class CheckReport:
                 "coverage": round(self.coverage, 3), "coverage_floor": self.coverage_floor,
                 "excused": dict(self.excused), "reads": self.reads, "anomalies": self.anomalies,
                 "examples": self.examples, "no_valid_cut": self.no_valid_cut,
+                "coalesced_refused": self.coalesced_refused, "anchors_validated": self.anchors_validated,
+                "completions": dict(self.completions),
                 "read_uncommitted_errors": self.read_uncommitted_errors, "rr_sessions": self.rr_sessions,
                 "leases_renewed": self.leases_renewed, "leases_lost": self.leases_lost,
                 "leases_refused": self.leases_refused, "expiry_runs": self.expiry_runs,
@@ -161,6 +175,7 @@ def setup(env: Env, conn, catalog) -> None:
         jobs.register(conn, JobDefinition(name=job, sources=frozenset(env.t(s) for s in sources),
                                           sinks=frozenset([env.t(sink)])))
     barriers.set_interval_s(conn, 86400)  # only the driver issues barriers
+    barriers.set_anchor_interval_s(conn, ANCHOR_INTERVAL_S)
 
 
 # -- the run -----------------------------------------------------------------------------------------------------
@@ -176,6 +191,7 @@ class _Run:
         self.procs: dict[str, subprocess.Popen] = {}
         self.launches: Counter = Counter()
         self.examined = 0          # barriers (by number) looked at by the validator so far
+        self.accepted: dict[int, int] = {}  # barrier -> number, of the cuts the validator read
         self.rr: ConsistentRead | None = None
         self.rr_first = None
 
@@ -322,27 +338,54 @@ class _Run:
             newest_valid = upto or self.cp.run("cut", lambda conn: reads.resolve(conn, self.names).barrier)
         except NoValidCutError:
             return
+        batch = []
         while self.examined < len(marks) and marks[self.examined] <= newest_valid:
             self.examined += 1
-            self._validate(marks[self.examined - 1], self.examined)
+            batch.append((marks[self.examined - 1], self.examined))
+        pins = [lease for b, _ in batch if (lease := self._pin(b)) is not None]  # before expiry takes them
+        try:
+            for barrier, number in batch:
+                self._validate(barrier, number)
+        finally:
+            for lease_id in pins:
+                self.cp.run("unpin", lambda conn, lease_id=lease_id: leases.release(conn, lease_id))
+
+    def _pin(self, barrier: int) -> str | None:
+        """A lease on the cut at ``barrier`` while the batch is validated (None: not valid or expired)."""
+        try:
+            return self.cp.run("pin", lambda conn: leases.acquire(conn, self.names, ttl_s=60, holder="check-pin",
+                                                                 barrier=barrier).lease_id)
+        except (BarrierNotValidError, SnapshotExpiredError):
+            return None
 
     def _validate(self, barrier: int, number: int) -> None:
         def read(conn):
             with ConsistentRead(conn, self.catalog, self.names, level=Level.REPEATABLE_READ, barrier=barrier,
                                 ttl_s=60, holder="check-validator") as r:
                 return r.read()[1]
+        anchor = self.cp.run("anchor", lambda conn: conn.execute(
+            "SELECT anchor FROM barrier WHERE barrier = %s", (barrier,)).fetchone()["anchor"])
         try:
             data = {t.name: d for t, d in self.cp.run("validate", read).items()}
         except SnapshotExpiredError:
             self.report.excused["expired before validation"] += 1
             return
-        except BarrierNotValidError:
-            self.report.excused["before every job started"] += 1
+        except BarrierNotValidError as exc:
+            coalesced = any("coalesced" in why for why in exc.reasons.values())
+            if coalesced and anchor:
+                self._violation(f"anchor #{number} was refused: {exc}")
+            elif coalesced:
+                self.report.coalesced_refused += 1
+                self.report.excused["coalesced"] += 1
+            else:
+                self.report.excused["before every job started"] += 1
             return
         except Exception as exc:  # noqa: BLE001 - a pinned cut that cannot be read is damage to report
             self._violation(f"cut at barrier #{number} could not be read: {type(exc).__name__}: {str(exc)[:200]}")
             return
         self.report.validated += 1
+        self.report.anchors_validated += anchor
+        self.accepted[barrier] = number
         problem = compare(self.env.seed, number, data) or check_cut(data)
         if problem:
             self.report.violations.append(f"cut at barrier #{number}: {problem}")
@@ -377,6 +420,12 @@ class _Run:
                 if SUMMARY_BARRIER in props and not is_compaction(snap):
                     runs_of[int(props[SUMMARY_BARRIER])].add(props.get(SUMMARY_RUN))
                     ids_of[int(props[SUMMARY_BARRIER])].add(snap.snapshot_id)
+                    after = coalesced_after(snap)
+                    for b, number in self.accepted.items() if after is not None else ():
+                        if after < b < int(props[SUMMARY_BARRIER]):
+                            self._violation(f"cut at barrier #{number} was accepted, but {table} coalesced it: its "
+                                            f"snapshot {snap.snapshot_id} covers barriers {after}.."
+                                            f"{props[SUMMARY_BARRIER]}")
             for barrier, runs in runs_of.items():
                 if len(runs) > 1:
                     self._violation(f"{table} was written {len(runs)} times for barrier {barrier} "
@@ -391,9 +440,18 @@ class _Run:
                    WHERE m.name = %s AND c.revoked_by IS NULL""", (str(table),)).fetchall())
             recorded = {r["barrier"]: r for r in records}
             present = {s.snapshot_id for s in tbl.metadata.snapshots}
+            passed = self.cp.run("completions", lambda conn: conn.execute(
+                """SELECT c.from_barrier, c.barrier, c.coalesced FROM table_completion c JOIN managed_table m
+                   USING (table_id) WHERE m.name = %s AND c.from_barrier IS NOT NULL""", (str(table),)).fetchall())
             for barrier, ids in ids_of.items():
                 record = recorded.get(barrier)
-                if record is None:
+                inside = [p for p in passed if p["from_barrier"] < barrier < p["barrier"]]
+                if record is None and inside:
+                    how = "coalesced" if inside[0]["coalesced"] else "skipped"
+                    self._violation(f"snapshot(s) {sorted(ids)} of {table} carry barrier {barrier}, which the table "
+                                    f"{how} ({inside[0]['from_barrier']}..{inside[0]['barrier']}): no computation "
+                                    f"may write there")
+                elif record is None:
                     self._violation(f"snapshot(s) {sorted(ids)} of {table} carry barrier {barrier} but the control "
                                     f"plane has no record of that barrier")
                 elif record["snapshot_id"] not in ids and not record["expired"]:
@@ -419,6 +477,16 @@ class _Run:
                 if r["snapshot_id"] is None and events(self.env.seed, table, r["spec"]["t_from"], r["spec"]["t_to"]).num_rows:
                     self._violation(f"{self.env.t(table)} completed barrier {r['barrier']} with input "
                                     f"({r['spec']['t_from']}, {r['spec']['t_to']}] but has no commit record for it")
+
+    def count_completions(self) -> None:
+        """How the jobs completed barriers: one exact barrier, a skipped run, a coalesced range."""
+        rows = self.cp.run("completions", lambda conn: conn.execute(
+            """SELECT CASE WHEN c.coalesced THEN 'coalesce'
+                           WHEN c.from_barrier IS NULL OR c.from_barrier = (SELECT max(b.barrier) FROM barrier b
+                                                                           WHERE b.barrier < c.barrier) THEN 'exact'
+                           ELSE 'skip' END AS kind, count(*) AS n
+               FROM table_completion c GROUP BY 1""").fetchall())
+        self.report.completions.update({r["kind"]: r["n"] for r in rows})
 
     def _violation(self, text: str) -> None:
         if text not in self.report.violations:
@@ -473,7 +541,7 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, serv
                 for job in JOBS:  # a hard kill mid-work, then a run that stops at the final barrier
                     run.kill(job)
                     run.launch(job, final)
-            if final is None and run.rng.random() < 0.5:
+            for _ in range(run.rng.randrange(0, 4) if final is None else 0):  # faster than some jobs keep up
                 run.cp.run("barrier", lambda conn: barriers.issue(conn))
                 report.barriers += 1
             run.reap(final)
@@ -503,6 +571,9 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, serv
     run.audit_pins()
     run.audit_commits(final=True)
     run.audit_inputs()
+    run.count_completions()
+    if report.anchors_validated == 0:
+        report.violations.append("no anchor was validated: the run proves nothing about anchors")
     run.collect()
     run.cp.close()
     return report

@@ -26,13 +26,14 @@ import sqlalchemy.exc
 from icebarrier.apps.check.model import DERIVED, ROOTS, SCHEMAS, WINDOW, derive, events
 from icebarrier.control_plane import db, jobs, runs
 from icebarrier.control_plane.errors import ControlPlaneUnavailableError, SnapshotExpiredError
+from icebarrier.control_plane.jobs import NextBarrier, Plan
 from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import load_catalog
 from icebarrier.iceberg_ext.commits import BarrierCommit
 from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.maintenance import expire
-from icebarrier.iceberg_ext.runtime import inputs_at
+from icebarrier.iceberg_ext.runtime import inputs_at, record_plan
 
 T = TypeVar("T")
 # What a restart of the control-plane Postgres looks like from a client.
@@ -110,29 +111,50 @@ def barrier_number(conn: psycopg.Connection, barrier: int) -> int:
     return conn.execute("SELECT count(*) AS n FROM barrier WHERE barrier <= %s", (barrier,)).fetchone()["n"]
 
 
-def root_step(env: Env, conn, catalog, job: str, barrier: int, previous: int | None) -> None:
-    table = ROOTS[job]
-    spec = runs.recorded_range(conn, job, barrier)
+def _commit(conn, catalog, job: str, plan: NextBarrier) -> BarrierCommit:
+    return BarrierCommit(conn, catalog, job=job, barrier=plan.barrier,
+                         coalesce_after=plan.from_barrier if plan.plan is Plan.COALESCE else None)
+
+
+def root_step(env: Env, conn, catalog, job: str, plan: NextBarrier) -> None:
+    """The model's events up to the planned barrier since the job's progress; none: a skip."""
+    table, previous = ROOTS[job], plan.from_barrier
+    spec = runs.recorded_range(conn, job, plan.barrier)
     if spec is None:
         t_from = barrier_number(conn, previous) * WINDOW if previous is not None else 0
-        spec = runs.record_range(conn, job, barrier, {"t_from": t_from, "t_to": barrier_number(conn, barrier) * WINDOW})
+        spec = runs.record_range(conn, job, plan.barrier,
+                                 {"t_from": t_from, "t_to": barrier_number(conn, plan.barrier) * WINDOW})
     faults.point(faults.AFTER_INPUT_RANGE)
-    with BarrierCommit(conn, catalog, job=job, barrier=barrier) as tx:
-        tx.append_arrow(env.t(table), events(env.seed, table, spec["t_from"], spec["t_to"]))
+    rows = events(env.seed, table, spec["t_from"], spec["t_to"])
+    if rows.num_rows == 0:
+        jobs.complete(conn, job, plan.barrier)  # nothing arrived: the barriers change nothing
+        return
+    with _commit(conn, catalog, job, plan) as tx:
+        tx.append_arrow(env.t(table), rows)
 
 
-def derived_step(env: Env, conn, catalog, job: str, barrier: int, previous: int | None) -> None:
+def derived_step(env: Env, conn, catalog, job: str, plan: NextBarrier) -> None:
+    """Skip (no computation), or derive the sink from the sources at the planned barrier."""
+    if plan.plan is Plan.SKIP:
+        jobs.complete(conn, job, plan.barrier)
+        return
     sources, sink = DERIVED[job]
-    with inputs_at(conn, catalog, job, [env.t(s) for s in sources], barrier, bootstrap=previous is None) as r:
+    if plan.from_barrier is not None:
+        record_plan(conn, plan)
+    with inputs_at(conn, catalog, job, [env.t(s) for s in sources], plan.barrier,
+                   bootstrap=plan.from_barrier is None) as r:
         _, data = r.read()
     out = derive(sink, {t.name: d for t, d in data.items()})
-    with BarrierCommit(conn, catalog, job=job, barrier=barrier) as tx:
+    with _commit(conn, catalog, job, plan) as tx:
         tx.overwrite_arrow(env.t(sink), out)
 
 
 def job_process(env: Env, job: str, until_barrier: int, speed_seed: int) -> None:
-    """Complete the job's barriers, at a random pace, up to ``until_barrier``."""
+    """Complete the job's barriers, at a random pace, up to ``until_barrier``, following its
+    plans: coalescing at random, and (half of the launches) as a batch job that catches up
+    at random moments and idles in between."""
     rng = random.Random(speed_seed)
+    batch = rng.random() < 0.5
     cp = Reconnecting(env, job)
     catalog = cp.run("catalog", lambda _conn: load_catalog(env.settings))
 
@@ -140,16 +162,16 @@ def job_process(env: Env, job: str, until_barrier: int, speed_seed: int) -> None
         info = jobs.show(conn, job)
         if info.progress is not None and info.progress >= until_barrier:
             return True
-        nb = jobs.next_barrier(conn, job)
+        nb = jobs.next_barrier(conn, job, coalesce=rng.random() < 0.5)
         if not nb.ready:
-            time.sleep(0.05)
+            time.sleep(rng.uniform(1.0, 3.0) if batch else 0.05)
             return False
         time.sleep(rng.random() * 0.15)
         if job in ROOTS:
-            root_step(env, conn, catalog, job, nb.barrier, info.progress)
+            root_step(env, conn, catalog, job, nb)
             return False
         try:
-            derived_step(env, conn, catalog, job, nb.barrier, info.progress)
+            derived_step(env, conn, catalog, job, nb)
         except SnapshotExpiredError:
             if info.progress is not None:
                 raise  # with progress, its inputs are protected: this would be a bug

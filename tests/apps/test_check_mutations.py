@@ -125,3 +125,23 @@ def test_a_second_commit_for_a_table_and_barrier_is_reported(live_run):
     report = finish()
     assert not report.ok, report.to_json()
     assert any("orders" in p for p in _problems(report)), report.to_json()
+
+
+def test_a_coalesced_completion_recorded_as_exact_is_reported(live_run):
+    """A control plane that records the jobs' coalesced ranges as exact completions (the ranges
+    dropped by a trigger) accepts cuts at barriers no table computed: caught."""
+    env, wait_for_barriers, finish = live_run
+    wait_for_barriers(1)
+    with _cp(env) as c:
+        c.execute("""
+            CREATE FUNCTION mutant_forget() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+            CREATE TRIGGER mutant_forget BEFORE INSERT ON coalesced_range
+                FOR EACH ROW EXECUTE FUNCTION mutant_forget();
+            CREATE FUNCTION mutant_exact() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN NEW.coalesced_after := OLD.coalesced_after; NEW.coalesced_into := OLD.coalesced_into; RETURN NEW; END $$;
+            CREATE TRIGGER mutant_exact BEFORE UPDATE ON managed_table FOR EACH ROW EXECUTE FUNCTION mutant_exact();
+        """)
+    report = finish()
+    assert report.completions["coalesce"] > 0, report.to_json()  # the jobs did coalesce
+    assert not report.ok, report.to_json()
+    assert any("coalesced it" in p or "barrier #" in p for p in _problems(report)), report.to_json()
