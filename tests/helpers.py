@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,6 +52,20 @@ def complete_all(conn, barrier: int, snapshot_base: int = 0) -> dict[str, int]:
 
 def new_barrier(conn) -> int:
     return barriers.issue(conn).barrier
+
+
+WEEK_S = 7 * 86400
+
+
+def anchor(conn) -> int:
+    """Issue a barrier that is an anchor (the first after a multiple of a 1 ms anchor interval);
+    the interval is a week before and after, so no other barrier of a test is one."""
+    barriers.set_anchor_interval_s(conn, 0.001)
+    time.sleep(0.002)
+    b = barriers.issue(conn)
+    barriers.set_anchor_interval_s(conn, WEEK_S)
+    assert b.anchor
+    return b.barrier
 
 
 @contextmanager

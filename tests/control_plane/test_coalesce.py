@@ -4,8 +4,6 @@ Anchors are made by hand: the anchor interval is 7 days (only a test's first bar
 anchor) except where :func:`anchor` issues one with a 1 ms interval.
 """
 
-import time
-
 import pytest
 
 from icebarrier.control_plane import barriers, jobs, reads, revisions, tables
@@ -13,9 +11,7 @@ from icebarrier.control_plane.errors import (
     BarrierNotValidError, BarrierOutOfOrderError, CoalesceAcrossAnchorError, SourcesNotReadyError,
 )
 from icebarrier.control_plane.jobs import Plan
-from tests.helpers import T, job, new_barrier
-
-WEEK_S = 7 * 86400
+from tests.helpers import WEEK_S, T, anchor, job, new_barrier
 
 
 @pytest.fixture
@@ -29,16 +25,6 @@ def chain(conn):
     for name, sink, snapshot in (("ingest", "a", 10), ("derive", "b", 20), ("report", "c", 30)):
         jobs.complete(conn, name, b0, {T(sink): snapshot})
     return b0
-
-
-def anchor(conn) -> int:
-    """Issue a barrier that is an anchor (the first after a multiple of a 1 ms interval)."""
-    barriers.set_anchor_interval_s(conn, 0.001)
-    time.sleep(0.002)
-    b = barriers.issue(conn)
-    barriers.set_anchor_interval_s(conn, WEEK_S)
-    assert b.anchor
-    return b.barrier
 
 
 def test_anchors_are_flagged_when_issued(conn):
