@@ -1,12 +1,20 @@
 """The job runtime through a three-level chain on local Spark, measured in one run.
 
     python benchmarks/pipeline.py [--dsn DSN] [--barriers 8] [--rows 100000]
+    python benchmarks/pipeline.py --follow-s 300 [--rows 2000]
 
     files --ingest--> events --daily (SQL)--> per_customer --top (SQL)--> top_customers
 
 Prints the end-to-end barrier latency (barrier issued -> completed by the last table, from
 the control plane's barrier_delay view), and the runtime's wall time per barrier ÷ the same
 transforms run as plain Spark + Iceberg without icebarrier (goal <= 1.05).
+
+With ``--follow-s``: the three jobs run as ``--follow`` jobs (threads sharing one Spark
+session) at a 1 s barrier interval and 60 s anchors while a file of ``--rows`` rows arrives
+every second; prints each table's lag (barriers issued after its watermark) over time —
+it must not grow —, the read-committed freshness over the three tables (now − issue time of
+the cut's barrier, sampled every second; goal p95 <= 5 s), how the jobs completed barriers
+(exact / skip / coalesce) and the control-plane function calls and transactions per barrier.
 """
 
 from __future__ import annotations
@@ -17,14 +25,19 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+from psycopg import sql
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
-from icebarrier.control_plane import barriers, db  # noqa: E402
+from icebarrier.control_plane import barriers, db, reads  # noqa: E402
+from icebarrier.control_plane.errors import NoValidCutError  # noqa: E402
+from icebarrier.control_plane.model import TableName  # noqa: E402
 from icebarrier.iceberg_ext.config import Settings  # noqa: E402
 from icebarrier.iceberg_ext.runtime import RootJob, Runtime, SqlJob  # noqa: E402
 from icebarrier.iceberg_ext.sources import FileSource  # noqa: E402
@@ -58,11 +71,86 @@ def run_plain(spark, folder: Path, ns: str, k: int) -> None:
     spark.sql(TOP.format(src=f"lake.{ns}.per_customer")).writeTo(f"lake.{ns}.top_customers").overwritePartitions()
 
 
+def chain(tmp: Path) -> list:
+    return [
+        RootJob(name="ingest", sinks=["lake.managed.events"],
+                source=FileSource(str(tmp / "managed_in"), SCHEMA, pattern="*.json")),
+        SqlJob("per_customer", "INSERT INTO lake.managed.per_customer " + MID.format(src="lake.managed.events")),
+        SqlJob("top_customers", "INSERT INTO lake.managed.top_customers " + TOP.format(src="lake.managed.per_customer")),
+    ]
+
+
+def _counts(conn) -> tuple[int, int]:
+    """Barriers issued, and transactions committed in this database."""
+    return (conn.execute("SELECT count(*) AS n FROM barriers").fetchone()["n"],
+            conn.execute("SELECT xact_commit AS x FROM pg_stat_database WHERE datname = current_database()"
+                         ).fetchone()["x"])
+
+
+def follow(dsn: str, settings: Settings, spark, tmp: Path, seconds: float, rows: int) -> None:
+    """The chain as three --follow jobs at 1 s barriers for ``seconds``, sampled every second."""
+    names = [TableName.parse(f"lake.managed.{t}") for t in ("events", "per_customer", "top_customers")]
+    with db.connect(dsn) as conn:
+        barriers.set_interval_s(conn, 1)
+        barriers.set_anchor_interval_s(conn, 60)
+        conn.execute(sql.SQL("ALTER DATABASE {} SET track_functions = 'pl'").format(
+            sql.Identifier(conn.info.dbname)))
+        runtimes = [Runtime(j, settings=settings, spark=spark, log=lambda _: None) for j in chain(tmp)]
+        threads = [threading.Thread(target=rt.run, kwargs={"follow": True, "poll_s": 0.2}, daemon=True)
+                   for rt in runtimes]
+        first = _counts(conn)
+        for t in threads:
+            t.start()
+        lag, freshness, started, k = [], [], time.monotonic(), 0
+        while time.monotonic() - started < seconds:
+            write_batch(tmp / "managed_in", k, rows)
+            k += 1
+            time.sleep(max(0.0, k - (time.monotonic() - started)))
+            lag.append(max(r["barriers_behind"] for r in conn.execute(
+                "SELECT barriers_behind FROM table_versions").fetchall()))
+            try:
+                cut = reads.resolve(conn, names)
+                freshness.append(conn.execute("SELECT extract(epoch FROM clock_timestamp()) - %s / 1e6 AS s",
+                                              (cut.barrier,)).fetchone()["s"])
+            except NoValidCutError:
+                freshness.append(None)
+        for rt in runtimes:
+            rt.stop.set()
+        for t in threads:
+            t.join(timeout=120)
+        time.sleep(1)  # the closed sessions' statistics reach the server
+        issued, xacts = (now - then for now, then in zip(_counts(conn), first))
+        calls = conn.execute("SELECT funcname, calls FROM pg_stat_user_functions ORDER BY calls DESC").fetchall()
+        kinds = conn.execute(
+            """SELECT t.name, sum(CASE WHEN c.coalesced THEN 1 ELSE 0 END) AS coalesce,
+                      sum(CASE WHEN NOT c.coalesced AND c.from_barrier IS NOT NULL AND c.from_barrier <
+                               (SELECT max(b.barrier) FROM barriers b WHERE b.barrier < c.barrier) THEN 1 ELSE 0 END)
+                          AS skip, count(*) AS steps
+               FROM table_completion c JOIN managed_table t USING (table_id) GROUP BY t.name ORDER BY t.name"""
+        ).fetchall()
+    third = max(1, len(lag) // 3)
+    early, late = statistics.mean(lag[:third]), statistics.mean(lag[-third:])
+    fresh = sorted(f for f in freshness if f is not None)
+    p95 = fresh[int(len(fresh) * 0.95) - 1] if fresh else float("inf")
+    print(f"three-level chain as --follow jobs, 1 s barriers, 60 s anchors, {seconds:.0f} s, {rows} rows/s:")
+    print(f"  barriers issued: {issued}; lag (max over tables, barriers): first third {early:.1f}, last third "
+          f"{late:.1f}, max {max(lag)}   (goal: does not grow: {'met' if late <= early + 2 else 'MISSED'})")
+    print(f"  read-committed freshness over the chain: p50 {statistics.median(fresh):.1f} s, p95 {p95:.1f} s, "
+          f"max {fresh[-1]:.1f} s, {len(freshness) - len(fresh)} sample(s) without a cut   "
+          f"(goal p95 <= 5 s: {'met' if p95 <= 5 else 'MISSED'})")
+    for r in kinds:
+        print(f"  {r['name']}: {r['steps']} step(s): {r['skip']} skip, {r['coalesce']} coalesce, "
+              f"{r['steps'] - r['skip'] - r['coalesce']} exact")
+    print(f"  control plane per barrier: {xacts / issued:.1f} transactions; function calls: "
+          + ", ".join(f"{r['funcname']} {r['calls'] / issued:.2f}" for r in calls if r["calls"] / issued >= 0.05))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dsn", default=DEFAULT_SERVER)
     parser.add_argument("--barriers", type=int, default=8)
-    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--rows", type=int, help="rows per input file (default 100,000; 2,000 with --follow-s)")
+    parser.add_argument("--follow-s", type=float, help="run the chain as --follow jobs at 1 s barriers this long")
     args = parser.parse_args()
     with scratch_database(args.dsn) as dsn:
         with tempfile.TemporaryDirectory() as tmp:
@@ -72,20 +160,19 @@ def main() -> int:
             spark.sparkContext.setLogLevel("ERROR")
             create(spark, "plain")
             create(spark, "managed")
-            chain = [
-                RootJob(name="ingest", sinks=["lake.managed.events"],
-                        source=FileSource(str(tmp / "managed_in"), SCHEMA, pattern="*.json")),
-                SqlJob("per_customer", "INSERT INTO lake.managed.per_customer " + MID.format(src="lake.managed.events")),
-                SqlJob("top_customers", "INSERT INTO lake.managed.top_customers "
-                       + TOP.format(src="lake.managed.per_customer")),
-            ]
+            if args.follow_s:
+                follow(dsn, settings, spark, tmp, args.follow_s, args.rows or 2000)
+                spark.stop()
+                return 0
+            rows = args.rows or 100_000
             with db.connect(dsn) as conn:
                 barriers.set_interval_s(conn, 3600)
-                runtimes = [Runtime(j, settings=settings, spark=spark, conn=conn, log=lambda _: None) for j in chain]
+                runtimes = [Runtime(j, settings=settings, spark=spark, conn=conn, log=lambda _: None)
+                            for j in chain(tmp)]
                 plain_s, managed_s = [], []
                 for k in range(args.barriers + 1):  # batch 0 warms both paths up
-                    write_batch(tmp / "plain_in", k, args.rows)  # one new input file per barrier
-                    write_batch(tmp / "managed_in", k, args.rows)
+                    write_batch(tmp / "plain_in", k, rows)  # one new input file per barrier
+                    write_batch(tmp / "managed_in", k, rows)
                     start = time.perf_counter()
                     run_plain(spark, tmp / "plain_in", "plain", k)
                     plain_s.append(time.perf_counter() - start)
@@ -99,7 +186,7 @@ def main() -> int:
                     "WHERE table_name = 'lake.managed.top_customers' ORDER BY barrier").fetchall()][1:]
             assert spark.table("lake.managed.events").count() == spark.table("lake.plain.events").count()
             plain, managed = sum(plain_s[1:]), sum(managed_s[1:])
-            print(f"three-level chain, {args.barriers} barriers x {args.rows} rows (after one warm-up barrier):")
+            print(f"three-level chain, {args.barriers} barriers x {rows} rows (after one warm-up barrier):")
             print(f"  end-to-end barrier latency (issue -> top_customers): p50 {statistics.median(delays):.2f} s, "
                   f"max {max(delays):.2f} s")
             print(f"  plain Spark + Iceberg: {plain / args.barriers:6.2f} s per barrier")

@@ -474,7 +474,7 @@ class Runtime:
     def _complete(self, plan: NextBarrier, summary: RunSummary) -> None:
         started = time.perf_counter()
         info = jobs.show(self.conn, self.job.name)  # fresh: the job's progress as of now
-        barrier = plan.barrier
+        behind, barrier = info.barriers_behind, plan.barrier
         if info.progress is None:
             self.log(f"job {self.job.name}: bootstrapping at barrier {barrier} (full read of its inputs)")
         if plan.plan is Plan.SKIP:
@@ -486,14 +486,13 @@ class Runtime:
             written = self._complete_intermediate(plan, info)
         summary.completed.append(barrier)
         summary.computations += written is not None
-        behind = jobs.show(self.conn, self.job.name).barriers_behind
         if written is None:
             how = "skipped (nothing changed)"
         else:
             how = f"coalesced from {plan.from_barrier}" if plan.plan is Plan.COALESCE else "completed"
         rows = ", ".join(f"{t}: {'adopted' if s is None else s}" for t, s in (written or {}).items()) or "no changes"
         self.log(f"job {self.job.name}: barrier {barrier} {how} in {format_duration_s(time.perf_counter() - started)} "
-                 f"({rows}); {behind} behind")
+                 f"({rows}); was {behind} behind")
 
     def _write(self, tx: BarrierCommit, table: TableName, out: Output):
         from icebarrier.iceberg_ext.spark_io import append_df, merge_df, overwrite_df

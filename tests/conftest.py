@@ -22,6 +22,7 @@ from psycopg import sql
 
 from icebarrier.control_plane import db
 from icebarrier.iceberg_ext.config import Settings
+from tests.helpers import calm_anchors
 
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -101,6 +102,8 @@ def template_db(pg_server):
     from icebarrier.iceberg_ext.catalog import upgrade
 
     upgrade(Settings(dsn=dsn))  # exactly what `icebarrier db upgrade` does
+    with db.connect(dsn) as conn:
+        calm_anchors(conn)
     try:
         yield name
     finally:

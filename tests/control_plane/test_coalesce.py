@@ -1,6 +1,6 @@
 """Cost follows change (DESIGN.md): skipped runs, coalesced ranges and anchors, against a real Postgres.
 
-Anchors are made by hand: the anchor interval is 7 days (only a test's first barrier is an
+Anchors are made by hand: tests run with a week's anchor interval (only a test's first barrier is an
 anchor) except where :func:`anchor` issues one with a 1 ms interval.
 """
 
@@ -17,7 +17,6 @@ from tests.helpers import WEEK_S, T, anchor, job, new_barrier
 @pytest.fixture
 def chain(conn):
     """ingest -> a (root); derive reads a -> b; report reads b -> c. Every job completes b0."""
-    barriers.set_anchor_interval_s(conn, WEEK_S)
     jobs.register(conn, job("ingest", sinks=["a"]))
     jobs.register(conn, job("derive", sources=["a"], sinks=["b"]))
     jobs.register(conn, job("report", sources=["b"], sinks=["c"]))
@@ -29,7 +28,6 @@ def chain(conn):
 
 def test_anchors_are_flagged_when_issued(conn):
     """The first barrier at or after a multiple of the anchor interval is an anchor, the others not."""
-    barriers.set_anchor_interval_s(conn, WEEK_S)
     first, second = barriers.issue(conn), barriers.issue(conn)
     assert first.anchor and not second.anchor  # the first barrier ever starts a window
     a = anchor(conn)

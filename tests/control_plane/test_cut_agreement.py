@@ -96,7 +96,6 @@ def _states(names, marks, spec, downstream):
 def test_sql_cuts_agree_with_the_pure_definitions(conn, history):
     """Latest cut and the cut at every issued barrier: same validity, barrier, snapshots and
     nearest valid cuts."""
-    barriers.set_anchor_interval_s(conn, 7 * 86400)  # no anchor inside a history
     k, spec = history
     names, marks, commits, _ = _replay(conn, k, spec)
     states = _states(names, marks, spec, None)
@@ -139,7 +138,6 @@ def test_sql_protected_sets_agree_with_the_pure_definition(make_db, template_db,
         steps = sorted(set(data.draw(st.lists(st.sampled_from(completed), min_size=1, max_size=4))))
         downstream = (steps[0], steps[-1], steps)
     with db.connect(make_db(template_db)) as conn:  # lo spans every table: one database per history
-        barriers.set_anchor_interval_s(conn, 7 * 86400)
         names, marks, commits, derived = _replay(conn, k, spec, downstream=downstream)
         states = _states(names, marks, spec, downstream)
         held = []

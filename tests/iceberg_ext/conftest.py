@@ -18,7 +18,7 @@ from icebarrier.control_plane import db, schema
 from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext.catalog import load_catalog
 from icebarrier.iceberg_ext.config import Settings
-from tests.helpers import new_database
+from tests.helpers import calm_anchors, new_database
 from tests.iceberg_ext.catalog_server import start_server, stop_server
 
 
@@ -69,6 +69,7 @@ def lake(lake_dsn, warehouse, monkeypatch):
     namespace = f"ns_{uuid.uuid4().hex[:10]}"
     catalog.create_namespace(namespace)
     with db.connect(lake_dsn, cp_schema) as conn:
+        calm_anchors(conn)
         yield Lake(settings=settings, conn=conn, catalog=catalog, namespace=namespace)
     with psycopg.connect(lake_dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(cp_schema)))

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 import requests
 
-from icebarrier.control_plane import barriers, jobs, leases, reads, tokens
+from icebarrier.control_plane import barriers, jobs, leases, reads, tables, tokens
 from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER
 from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, start_server, stop_server
@@ -45,6 +45,27 @@ def test_pinned_warehouses_serve_the_cut_with_trimmed_metadata(lake, server):
     assert rest(server, "read-committed", cred).load_table(name).scan().to_arrow().num_rows == 30
     lease = leases.acquire(lake.conn, [lake.T("orders")], ttl_s=600, holder="t", barrier=marks[0])
     assert rest(server, f"lease-{lease.lease_id}", cred).load_table(name).scan().to_arrow().num_rows == 10
+
+
+def test_a_pinned_warehouse_at_a_coalesced_barrier_is_refused(lake, server):
+    """barrier-<B> of a barrier a table coalesced: a 400 naming the table, the barrier it was
+    coalesced into and the nearest valid cuts; the barriers around it load."""
+    p = Pipeline(lake, {"ingest": ["orders"]})
+    b1 = p.advance()
+    b2, b3 = barriers.issue(lake.conn).barrier, barriers.issue(lake.conn).barrier
+    table = lake.catalog.load_table(f"{lake.namespace}.orders")
+    table.append(pa.table({"id": [1], "barrier": [b3]}), snapshot_properties={SUMMARY_BARRIER: str(b3)})
+    jobs.complete(lake.conn, f"{lake.namespace}_ingest", b3, {lake.T("orders"): table.current_snapshot().snapshot_id},
+                  coalesce=True)
+    cid, secret = tokens.create(lake.conn)
+    headers = {"Authorization": f"Bearer {access_token(server, cid, secret)}"}
+    r = requests.get(f"{server}/v1/barrier-{b2}/namespaces/{lake.namespace}/tables/orders", headers=headers, timeout=30)
+    assert r.status_code == 400, r.text
+    assert (f"lake.{lake.namespace}.orders coalesced it into barrier {b3}" in r.json()["error"]["message"]
+            and f"the nearest valid cuts are {b1} (before) and {b3} (after)" in r.json()["error"]["message"])
+    for b, rows in ((b1, 1), (b3, 2)):
+        assert rest(server, f"barrier-{b}", f"{cid}:{secret}").load_table(f"{lake.namespace}.orders").scan() \
+            .to_arrow().num_rows == rows
 
 
 def test_bad_requests_are_spec_errors_with_one_line(lake, server):
@@ -444,7 +465,8 @@ with Runtime(job, settings=settings, spark=spark, log=lambda _: None) as rt:
 
 def test_a_multi_sink_job_through_the_catalog_publishes_each_barrier_in_one_transaction(lake, server, tmp_path):
     """A job writing two sinks with Spark through the catalog: its commits are staged until it
-    publishes the barrier, then both pointers and the completion land in one transaction; a
+    publishes the barrier, then both pointers and the completion land in one transaction (two
+    barriers behind, it coalesces them: the snapshots say so and the completion records it); a
     reader polling latest meanwhile never sees one sink ahead of the other."""
     import json
     import sys
@@ -485,7 +507,9 @@ def test_a_multi_sink_job_through_the_catalog_publishes_each_barrier_in_one_tran
     finally:
         stop.set()
         thread.join()
-    assert completed == [marks[-1], *more]
+    assert completed == [marks[-1], more[-1]]
+    assert [s.coalesced for s in tables.states(lake.conn, [TableName.parse(left), TableName.parse(right)])] == \
+        [((marks[-1], more[-1]),)] * 2
     assert seen and [c for c in seen if c[0] > c[1]] == []
     rows = lake.conn.execute(
         "SELECT m.name, c.barrier, c.snapshot_id, c.run_id FROM table_commit c JOIN managed_table m USING (table_id) "

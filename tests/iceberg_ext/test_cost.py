@@ -13,7 +13,7 @@ from icebarrier.control_plane.errors import BarrierNotValidError
 from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext.catalog import coalesced_after, lineage, load_table
 from icebarrier.iceberg_ext.runtime import Runtime, TransformJob, overwrite
-from tests.helpers import WEEK_S, anchor
+from tests.helpers import anchor
 from tests.iceberg_ext.test_runtime import _round, generate, shop, shopping  # noqa: F401 - the fixture
 
 ROOTS = ("ingest_shopping", "ingest_shipments")
@@ -23,7 +23,6 @@ ROOTS = ("ingest_shopping", "ingest_shipments")
 def behind(lake, spark, shopping):  # noqa: F811
     """The pipeline after one barrier together; ``ingest(k)`` then runs only the root jobs on
     input batch k at a new barrier (the others stay behind)."""
-    barriers.set_anchor_interval_s(lake.conn, WEEK_S)
     built, runtimes, input_dir = shopping
     _round(lake.conn, runtimes, input_dir, 1, [])
 

@@ -1,0 +1,157 @@
+"""Cost follows change: a SQL job catching up, against one up-to-date barrier in the same run.
+
+    python benchmarks/catchup.py [--dsn DSN] [--behind 300] [--barrier-ms 10] [--anchor-ms 600]
+
+The SQL job is ``user_item_amount`` of ``examples/shopping`` (a full recompute and
+overwrite per computation). Barriers and anchors are issued on the database clock at
+``--barrier-ms`` / ``--anchor-ms``: the defaults are 1 s barriers with 60 s anchors run 100x
+faster (the same 60 barriers per anchor); pass 1000 / 60000 to run in real time. Prints:
+
+- baseline: the job completing one barrier when up to date (a change, one computation);
+- unchanged: the job ``--behind`` barriers behind, its sources unchanged (goal <= 1.5x baseline);
+- changes: the same with the roots ingesting a batch every 10 barriers: computations (goal <=
+  anchors in range + 1) and time (goal <= that many x baseline x 1.2);
+- hourly batch: 1 s barriers for 10 minutes (600 barriers, compressed alike), then one
+  ``--once`` run: at most one computation per anchor passed (+1 past the last), and its
+  output equals a full recompute at the barrier it completed.
+
+It creates a scratch database and warehouse and removes both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "shopping"))
+
+from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
+import generate  # noqa: E402
+import pipeline as shop  # noqa: E402
+from icebarrier.control_plane import barriers, db, reads  # noqa: E402
+from icebarrier.control_plane.model import TableName  # noqa: E402
+from icebarrier.iceberg_ext.config import Settings  # noqa: E402
+from icebarrier.iceberg_ext.runtime import Runtime  # noqa: E402
+from icebarrier.iceberg_ext.spark import spark_session  # noqa: E402
+
+ROOTS = ("ingest_shopping", "ingest_shipments")
+JOB = "user_item_amount"
+
+
+class Bench:
+    def __init__(self, conn, spark, settings, ns: str, input_dir: Path, barrier_s: float) -> None:
+        self.conn, self.spark, self.ns, self.input_dir, self.barrier_s = conn, spark, ns, input_dir, barrier_s
+        shop.create_tables(spark, ns)
+        built = shop.build(ns, str(input_dir))
+        self.runtimes = {k: Runtime(built[k], settings=settings, spark=spark, conn=conn, log=lambda _: None)
+                         for k in (*ROOTS, JOB)}
+        self.batch = 0
+
+    def ingest(self) -> None:
+        self.batch += 1
+        generate.write_batch(str(self.input_dir), self.batch, orders=200)
+        for name in ROOTS:
+            self.runtimes[name].run()
+
+    def tick(self, n: int, *, ingest_every: int | None = None) -> list[int]:
+        """Issue n barriers at the barrier interval (the roots ingest every ``ingest_every``)."""
+        marks = []
+        for i in range(n):
+            started = time.monotonic()
+            marks.append(barriers.issue(self.conn).barrier)
+            if ingest_every and (i + 1) % ingest_every == 0:
+                self.ingest()
+            time.sleep(max(0.0, self.barrier_s - (time.monotonic() - started)))
+        for name in ROOTS:
+            self.runtimes[name].run()
+        return marks
+
+    def run_job(self):
+        started = time.perf_counter()
+        summary = self.runtimes[JOB].run()
+        return time.perf_counter() - started, summary
+
+    def anchors_in(self, after: int, upto: int) -> int:
+        return self.conn.execute("SELECT count(*) AS n FROM barriers WHERE anchor AND barrier > %s AND barrier <= %s",
+                                 (after, upto)).fetchone()["n"]
+
+    def equals_recompute(self) -> bool:
+        t = shop.tables(self.ns)
+        source, sink = TableName.parse(t["shopping"]), TableName.parse(t[JOB])
+        cut = reads.resolve(self.conn, [source, sink])
+        got = self.spark.sql(f"SELECT * FROM {sink} VERSION AS OF {cut.snapshots[sink]}").collect()
+        want = self.spark.sql(f"SELECT user_id, item_id, sum(amount) AS amount FROM {source} "
+                              f"VERSION AS OF {cut.snapshots[source]} GROUP BY user_id, item_id").collect()
+        return sorted(map(tuple, got)) == sorted(map(tuple, want))
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dsn", default=DEFAULT_SERVER, help="a server where we may CREATE DATABASE")
+    parser.add_argument("--behind", type=int, default=300, help="barriers the job falls behind")
+    parser.add_argument("--barrier-ms", type=float, default=10, help="barrier interval (1 s / 100 by default)")
+    parser.add_argument("--anchor-ms", type=float, default=600, help="anchor interval (60 s / 100 by default)")
+    parser.add_argument("--batch-barriers", type=int, default=600, help="barriers before the hourly batch run")
+    args = parser.parse_args()
+
+    with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(dsn=dsn, warehouse=str(Path(tmp) / "warehouse")).validated()
+        spark = spark_session(settings, app_name="icebarrier-bench-catchup")
+        spark.sparkContext.setLogLevel("ERROR")
+        with db.connect(dsn) as conn:
+            barriers.set_interval_s(conn, 3600)  # only the benchmark issues barriers
+            barriers.set_anchor_interval_s(conn, args.anchor_ms / 1000)
+            bench = Bench(conn, spark, settings, "catchup", Path(tmp) / "input", args.barrier_ms / 1000)
+
+            one = []
+            for _ in range(4):  # the first warms Spark up
+                barriers.issue(conn)
+                bench.ingest()
+                seconds, summary = bench.run_job()
+                assert summary.computations == 1, summary
+                one.append(seconds)
+            baseline = statistics.median(one[1:])
+            print(f"baseline: one up-to-date barrier (one computation): {baseline * 1000:7.0f} ms")
+
+            bench.tick(args.behind)
+            seconds, summary = bench.run_job()
+            ratio = seconds / baseline
+            print(f"unchanged: {args.behind} barriers behind, sources unchanged: {seconds * 1000:7.0f} ms, "
+                  f"{summary.computations} computation(s), {len(summary.completed)} step(s); "
+                  f"ratio {ratio:.2f}   (goal <= 1.5: {verdict(ratio <= 1.5)})")
+
+            start = conn.execute("SELECT max(barrier) AS b FROM barriers").fetchone()["b"]
+            marks = bench.tick(args.behind, ingest_every=10)
+            seconds, summary = bench.run_job()
+            anchors = bench.anchors_in(start, marks[-1])
+            budget = (anchors + 1) * baseline * 1.2
+            print(f"changes: {args.behind} barriers behind, a batch every 10, {anchors} anchor(s) in range: "
+                  f"{summary.computations} computation(s) (goal <= {anchors + 1}: "
+                  f"{verdict(summary.computations <= anchors + 1)}), {seconds * 1000:.0f} ms "
+                  f"(goal <= {budget * 1000:.0f} ms: {verdict(seconds <= budget)}); ratio to (anchors+1) x baseline "
+                  f"{seconds / ((anchors + 1) * baseline):.2f}; output = full recompute: {bench.equals_recompute()}")
+
+            start = marks[-1]
+            marks = bench.tick(args.batch_barriers, ingest_every=10)
+            seconds, summary = bench.run_job()
+            anchors = bench.anchors_in(start, marks[-1])
+            print(f"hourly batch (--once after {args.batch_barriers} barriers, {anchors} anchor(s) passed): "
+                  f"{summary.computations} computation(s) (goal <= {anchors + 1}: "
+                  f"{verdict(summary.computations <= anchors + 1)}), "
+                  f"{seconds:.1f} s, {seconds / baseline:.1f}x one barrier; "
+                  f"output = full recompute at barrier {summary.completed[-1]}: {bench.equals_recompute()}")
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
