@@ -9,8 +9,9 @@ faster (the same 60 barriers per anchor); pass 1000 / 60000 to run in real time.
 
 - baseline: the job completing one barrier when up to date (a change, one computation);
 - unchanged: the job ``--behind`` barriers behind, its sources unchanged (goal <= 1.5x baseline);
-- changes: the same with the roots ingesting a batch every 10 barriers: computations (goal <=
-  anchors in range + 1) and time (goal <= that many x baseline x 1.2);
+- changes: the same while the root jobs run alongside (``--follow``, in threads) and a batch
+  of input arrives every 10 barriers: computations (goal <= anchors in range + 1) and time
+  (goal <= that many x baseline x 1.2);
 - hourly batch: 1 s barriers for 10 minutes (600 barriers, compressed alike), then one
   ``--once`` run: at most one computation per anchor passed (+1 past the last), and its
   output equals a full recompute at the barrier it completed.
@@ -24,6 +25,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -48,27 +50,35 @@ class Bench:
         self.conn, self.spark, self.ns, self.input_dir, self.barrier_s = conn, spark, ns, input_dir, barrier_s
         shop.create_tables(spark, ns)
         built = shop.build(ns, str(input_dir))
-        self.runtimes = {k: Runtime(built[k], settings=settings, spark=spark, conn=conn, log=lambda _: None)
-                         for k in (*ROOTS, JOB)}
+        self.runtimes = {k: Runtime(built[k], settings=settings, spark=spark, conn=None if k in ROOTS else conn,
+                                    log=lambda _: None) for k in (*ROOTS, JOB)}  # roots: own connections
         self.batch = 0
 
-    def ingest(self) -> None:
+    def ingest(self, *, run: bool = True) -> None:
         self.batch += 1
         generate.write_batch(str(self.input_dir), self.batch, orders=200)
-        for name in ROOTS:
+        for name in ROOTS if run else ():
             self.runtimes[name].run()
 
     def tick(self, n: int, *, ingest_every: int | None = None) -> list[int]:
-        """Issue n barriers at the barrier interval (the roots ingest every ``ingest_every``)."""
-        marks = []
+        """Issue n barriers at the barrier interval; with ``ingest_every``, a batch of input
+        arrives that often and the root jobs follow along in threads."""
+        roots = [threading.Thread(target=self.runtimes[name].run, kwargs={"follow": True, "poll_s": 0.05})
+                 for name in (ROOTS if ingest_every else ())]
+        for t in roots:
+            t.start()
+        marks, started = [], time.monotonic()
         for i in range(n):
-            started = time.monotonic()
             marks.append(barriers.issue(self.conn).barrier)
             if ingest_every and (i + 1) % ingest_every == 0:
-                self.ingest()
-            time.sleep(max(0.0, self.barrier_s - (time.monotonic() - started)))
+                self.ingest(run=False)
+            time.sleep(max(0.0, (i + 1) * self.barrier_s - (time.monotonic() - started)))
         for name in ROOTS:
-            self.runtimes[name].run()
+            self.runtimes[name].stop.set()
+        for t in roots:
+            t.join()
+        for name in ROOTS:
+            self.runtimes[name].run()  # the last barriers
         return marks
 
     def run_job(self):
