@@ -334,7 +334,7 @@ BEGIN
         v_plan := CASE WHEN j.progress IS NULL OR v_target = v_next THEN 'exact' ELSE 'coalesce' END;
     ELSIF cardinality(j.sources) = 0 THEN  -- a root job: the newest barrier, or the first anchor before it
         v_limit := CASE WHEN p_up_to IS NULL THEN (SELECT max(b.barrier) FROM barrier b)
-                        ELSE coalesce((SELECT max(b.barrier) FROM barrier b WHERE b.barrier <= p_up_to), v_next,
+                        ELSE coalesce(greatest((SELECT max(b.barrier) FROM barrier b WHERE b.barrier <= p_up_to), v_next),
                                       (SELECT max(b.barrier) FROM barrier b)) END;
         IF j.progress IS NULL THEN
             v_target := v_limit;

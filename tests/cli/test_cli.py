@@ -54,7 +54,7 @@ def test_pipeline_end_to_end(cli):
     done = _json(cli("job", "complete", "ingest", "--barrier", str(b), "--commit", "lake.db.orders=42",
                      output="json"))
     assert done == {"job": "ingest", "barrier": b, "commits": {"lake.db.orders": 42},
-                    "sinks": ["lake.db.orders"], "noop": False}
+                    "sinks": ["lake.db.orders"], "noop": False, "coalesced": False}
     cli("job", "complete", "agg", "--barrier", str(b), "--commit", "lake.db.daily=7")
 
     cut = _json(cli("cut", "lake.db.orders", "lake.db.daily", output="json"))

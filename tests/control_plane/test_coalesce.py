@@ -173,3 +173,14 @@ def test_revision_rewinds_coalesced_history(conn, chain):
     assert (state.watermark, state.coalesced) == (chain, ())
     assert reads.resolve(conn, [T("b")]).snapshots == {T("b"): 20}
     assert jobs.next_barrier(conn, "derive").barrier is not None
+
+
+def test_a_root_plans_only_up_to_its_input_watermark(conn, chain):
+    """An event-time root's input is ready up to its watermark: the plan stops there, and is not
+    ready while the watermark has not passed the next barrier."""
+    b1, b2, b3 = new_barrier(conn), new_barrier(conn), new_barrier(conn)
+    plan = jobs.next_barrier(conn, "ingest", up_to=b2 + 1)
+    assert (plan.plan, plan.barrier, plan.ready) == (Plan.COALESCE, b2, True)
+    plan = jobs.next_barrier(conn, "ingest", up_to=b1 - 1)
+    assert (plan.barrier, plan.ready) == (b1, False)
+    assert jobs.next_barrier(conn, "ingest").barrier == b3
