@@ -90,17 +90,24 @@ DROP FUNCTION complete_barrier(text, bigint, text[], bigint[], text);
 """
 
 DEFINITIONS = """
--- The coalesced range of T that holds B strictly inside, as [after, into]; NULL if none. The
--- newest range is on the row; an older one costs one index probe.
+-- The coalesced range of T's history that holds B strictly inside, as [after, into]; NULL if
+-- none (one index probe: ranges are disjoint, the first ending after B is the only candidate).
+CREATE FUNCTION coalesced_range_at(p_table_id bigint, p_barrier bigint) RETURNS bigint[]
+LANGUAGE sql STABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT CASE WHEN r.after_barrier < p_barrier THEN ARRAY[r.after_barrier, r.into_barrier] END
+    FROM coalesced_range r WHERE r.table_id = p_table_id AND r.into_barrier > p_barrier
+    ORDER BY r.into_barrier LIMIT 1;
+END;
+
+-- The same from the table's row, which holds its newest range: the history is probed only for
+-- a barrier older than that. Inlined by the planner (no subquery in the body).
 CREATE FUNCTION coalesced_at(t managed_table, p_barrier bigint) RETURNS bigint[]
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN CASE
-    WHEN t.coalesced_after IS NULL OR p_barrier >= t.coalesced_into THEN NULL
+    WHEN t.coalesced_after IS NULL OR p_barrier >= t.coalesced_into OR p_barrier = t.coalesced_after THEN NULL
     WHEN p_barrier > t.coalesced_after THEN ARRAY[t.coalesced_after, t.coalesced_into]
-    WHEN p_barrier = t.coalesced_after THEN NULL
-    ELSE (SELECT CASE WHEN r.after_barrier < p_barrier THEN ARRAY[r.after_barrier, r.into_barrier] END
-          FROM coalesced_range r WHERE r.table_id = t.table_id AND r.into_barrier > p_barrier
-          ORDER BY r.into_barrier LIMIT 1)
+    ELSE coalesced_range_at(t.table_id, p_barrier)
 END;
 
 -- T has completed B: start(T) <= B <= W(T), and B is not coalesced in T.
@@ -109,12 +116,19 @@ LANGUAGE sql STABLE PARALLEL SAFE
 RETURN coalesce(t.start_barrier <= p_barrier AND p_barrier <= t.watermark, false)
        AND coalesced_at(t, p_barrier) IS NULL;
 
+-- S(T, B)'s snapshot id from snapshot_at (one probe into table_commit).
+CREATE FUNCTION snapshot_id_from_history(p_table_id bigint, p_barrier bigint) RETURNS bigint
+LANGUAGE sql STABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT s.snapshot_id FROM snapshot_at(p_table_id, p_barrier) s;
+END;
+
 -- S(T, B)'s snapshot id: from the row when B is at or after the current commit's barrier,
--- else snapshot_at (one probe).
+-- else from the history. Inlined by the planner.
 CREATE FUNCTION snapshot_id_at(t managed_table, p_barrier bigint) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN CASE WHEN t.current_barrier IS NULL OR t.current_barrier <= p_barrier THEN t.current_snapshot_id
-            ELSE (SELECT s.snapshot_id FROM snapshot_at(t.table_id, p_barrier) s) END;
+            ELSE snapshot_id_from_history(t.table_id, p_barrier) END;
 
 -- The newest barrier <= p_bound (NULL: the tables' lowest watermark) that every table in
 -- p_ids has completed; NULL if there is none. Each step moves below what keeps the
@@ -658,7 +672,7 @@ END $$;
 -- and snapshots in the order given (arrays: 1,000 tables are one row to send, not 1,000).
 CREATE OR REPLACE FUNCTION resolve_cut(p_names text[], p_barrier bigint, p_aligned boolean DEFAULT true)
 RETURNS TABLE (barrier bigint, table_ids bigint[], snapshot_ids bigint[])
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = {search_path} SET plan_cache_mode = force_custom_plan
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = {search_path}
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -796,8 +810,9 @@ NEW_FUNCTIONS = (
     "plan_barrier(text, boolean, boolean, bigint)", "complete_barrier(text, bigint, text[], bigint[], text, boolean)",
     "refresh_table_row(bigint)", "unchanged_until(bigint[], bigint, bigint)", "protection(bigint)",
     "latest_cut(text)", "cut_at(text[], bigint)", "earliest_valid(bigint[], bigint)", "latest_valid(bigint[], bigint, boolean)",
-    "snapshot_id_at(managed_table, bigint)", "has_completed(managed_table, bigint)",
-    "coalesced_at(managed_table, bigint)",
+    "snapshot_id_at(managed_table, bigint)", "snapshot_id_from_history(bigint, bigint)",
+    "has_completed(managed_table, bigint)", "coalesced_at(managed_table, bigint)",
+    "coalesced_range_at(bigint, bigint)",
 )
 
 
