@@ -25,6 +25,8 @@ class TableVersion:
     last_commit_at: datetime | None
     freshness: timedelta | None
     barriers_behind: int
+    coalesced_after: int | None = None  # its newest coalesced range: the barriers between were
+    coalesced_into: int | None = None   # completed once, at coalesced_into
 
     def to_json(self) -> dict:
         return {
@@ -37,6 +39,8 @@ class TableVersion:
             "last_commit_at": self.last_commit_at.isoformat() if self.last_commit_at else None,
             "freshness_s": self.freshness.total_seconds() if self.freshness is not None else None,
             "barriers_behind": self.barriers_behind,
+            "coalesced_after": self.coalesced_after,
+            "coalesced_into": self.coalesced_into,
         }
 
 
@@ -77,7 +81,7 @@ def list_versions(conn: psycopg.Connection) -> list[TableVersion]:
     rows = conn.execute(
         """
         SELECT table_name, table_kind, writer_job, start_barrier, watermark_barrier, current_snapshot_id,
-               last_commit_at, freshness, barriers_behind
+               last_commit_at, freshness, barriers_behind, coalesced_after, coalesced_into
         FROM table_versions ORDER BY table_name
         """
     ).fetchall()
@@ -87,6 +91,7 @@ def list_versions(conn: psycopg.Connection) -> list[TableVersion]:
             start_barrier=r["start_barrier"], watermark=r["watermark_barrier"],
             current_snapshot_id=r["current_snapshot_id"], last_commit_at=r["last_commit_at"],
             freshness=r["freshness"], barriers_behind=r["barriers_behind"],
+            coalesced_after=r["coalesced_after"], coalesced_into=r["coalesced_into"],
         )
         for r in rows
     ]

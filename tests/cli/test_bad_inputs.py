@@ -33,7 +33,8 @@ BAD_JOBS = ["1job", "job name", "job;drop", "j\x1b[2J", "ghost", "a" * 200]
 JOB_COMMANDS = [("job", "show", "{j}"), ("job", "unregister", "{j}"), ("job", "next-barrier", "{j}"),
                 ("job", "complete", "{j}", "--barrier", "1"), ("delay", "--job", "{j}")]
 BAD_DURATIONS = ["abc", "-5s", "10 parsecs", "1e9999s", "5 h m", "∞"]
-DURATION_COMMANDS = [("barrier", "interval", "{d}"), ("lease", "acquire", ORDERS, "--ttl", "{d}"),
+DURATION_COMMANDS = [("barrier", "interval", "{d}"), ("barrier", "anchor-interval", "{d}"),
+                     ("lease", "acquire", ORDERS, "--ttl", "{d}"),
                      ("lease", "renew", "00000000-0000-0000-0000-000000000001", "--ttl", "{d}"),
                      ("cut", ORDERS, "--level", "repeatable-read", "--ttl", "{d}"), ("expire", "--older-than", "{d}"),
                      ("tag", "eod", ORDERS, "--max-age", "{d}"), ("cut", ORDERS, "--wait", "{d}")]
@@ -59,6 +60,7 @@ def _cases():
         for d in BAD_DURATIONS:
             yield [a.format(d=d) for a in cmd], d
     yield ["barrier", "interval", "0.5ms"], "0.0005s"
+    yield ["barrier", "anchor-interval", "8d"], "691200s"
     yield ["lease", "acquire", ORDERS, "--ttl", "1ms"], "0.001s"
     yield ["lease", "acquire", ORDERS, "--ttl", "0s"], "0s"
     yield ["lease", "acquire", ORDERS, "--ttl", "8d"], "691200s"

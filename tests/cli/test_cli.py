@@ -167,7 +167,6 @@ def test_a_read_waits_for_the_first_cut_and_names_the_job(cli, dsn):
     cut once the job completes its first barrier; with --wait 0s it fails at once."""
     import subprocess
     import sys
-    import time
 
     from icebarrier.control_plane import barriers, db, jobs
     from tests.helpers import T, job
@@ -178,11 +177,37 @@ def test_a_read_waits_for_the_first_cut_and_names_the_job(cli, dsn):
     assert cli("cut", str(T("orders")), "--wait", "0s").exit_code == 1
     proc = subprocess.Popen([sys.executable, "-m", "icebarrier.cli.main", "--output", "json", "cut", str(T("orders")),
                              "--wait", "60s"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2)
+    said = proc.stderr.readline()  # once it waits (however long the machine takes to start it)
+    assert "waiting for a first consistent cut: job ingest (lake.db.orders has completed no barrier yet)" in said
     assert proc.poll() is None, proc.communicate()  # still waiting
     with db.connect(dsn) as c:
         jobs.complete(c, "ingest", b, {T("orders"): 101})
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    assert "waiting for a first consistent cut: job ingest (lake.db.orders has completed no barrier yet)" in err
+    assert proc.returncode == 0, said + err
     assert json.loads(out)["barrier"] == b
+
+
+def test_plans_coalescing_and_anchors_from_the_cli(cli):
+    """`job next-barrier` prints the plan; `job complete --coalesce` records a coalesced range; a
+    cut inside it is refused in one line naming the table; `barrier anchor-interval` sets anchors."""
+    assert _json(cli("barrier", "anchor-interval", "1d", output="json")) == {"anchor_interval_s": 86400.0}
+    cli("job", "register", "ingest", "--external", "kafka:orders", "--sink", "lake.db.orders")
+    cli("job", "register", "agg", "--source", "lake.db.orders", "--sink", "lake.db.daily")
+    first = _json(cli("barrier", "issue", output="json"))["barrier"]
+    for job, table in (("ingest", "orders"), ("agg", "daily")):
+        cli("job", "complete", job, "--barrier", str(first), "--commit", f"lake.db.{table}=1")
+    b1, b2 = (_json(cli("barrier", "issue", output="json"))["barrier"] for _ in range(2))
+    cli("job", "complete", "ingest", "--barrier", str(b1), "--commit", "lake.db.orders=2")
+    cli("job", "complete", "ingest", "--barrier", str(b2), "--commit", "lake.db.orders=3")
+    nb = _json(cli("job", "next-barrier", "agg", output="json"))
+    assert {k: nb[k] for k in ("barrier", "plan", "from_barrier", "anchors_in_range", "ready")} == \
+        {"barrier": b2, "plan": "coalesce", "from_barrier": first, "anchors_in_range": 0, "ready": True}
+    assert f"next barrier {b2}, coalesce from {first}" in cli("job", "next-barrier", "agg").stdout
+    assert "must complete barrier" in _error(cli("job", "complete", "agg", "--barrier", str(b2)))
+    done = _json(cli("job", "complete", "agg", "--barrier", str(b2), "--commit", "lake.db.daily=9", "--coalesce",
+                     output="json"))
+    assert done["coalesced"] is True
+    line = _error(cli("cut", "lake.db.orders", "lake.db.daily", "--barrier", str(b1)))
+    assert f"lake.db.daily coalesced it into barrier {b2}" in line and f"{first} (before)" in line
+    daily = next(t for t in _json(cli("table", "list", output="json")) if t["table"] == "lake.db.daily")
+    assert (daily["coalesced_after"], daily["coalesced_into"]) == (first, b2)
