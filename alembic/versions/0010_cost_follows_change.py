@@ -801,6 +801,14 @@ LEFT JOIN LATERAL (
 
 CREATE OR REPLACE VIEW barriers AS SELECT barrier, issued_at, issued_by, anchor FROM barrier;
 
+-- A job's recorded input ranges are its own (0009), now checked once per query, not per row:
+-- a root job reads all its ranges to plan the next one.
+CREATE OR REPLACE VIEW input_ranges AS
+SELECT r.* FROM input_range r
+WHERE (SELECT caller_is_admin()) OR r.job_name IN (
+    SELECT g.job_name FROM job_grant g JOIN pg_roles x ON x.rolname = g.role_name
+    WHERE pg_has_role(session_user, x.oid, 'MEMBER'));
+
 CREATE VIEW coalesced_ranges AS
 SELECT t.name AS table_name, r.table_id, r.after_barrier, r.into_barrier, r.job_name
 FROM coalesced_range r JOIN managed_table t USING (table_id);
@@ -901,5 +909,7 @@ def downgrade() -> None:
     op.execute(_statement(rules.VIEWS, "CREATE OR REPLACE VIEW consistent_barrier AS", "= bounds.barrier;"))
     op.execute(views.TABLE_VERSIONS.format(current="current_commit(t.table_id)"))
     op.execute(_statement(views.VIEWS, "CREATE VIEW barriers AS", ";"))
+    op.execute(_statement(views.VIEWS, "CREATE VIEW input_ranges AS", ";").replace("CREATE VIEW",
+                                                                                    "CREATE OR REPLACE VIEW"))
     _grant(job_roles, "EXECUTE ON FUNCTION complete_barrier(text, bigint, text[], bigint[], text)")
     _grant(view_roles, "SELECT ON table_versions, consistent_barrier, barrier_delay, job_delay, barriers")
