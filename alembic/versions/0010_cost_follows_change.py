@@ -16,6 +16,7 @@
   to the newest valid barrier below it (``latest_valid``).
 - ``plan_barrier(job)``: the plan a job follows (exact, skip or coalesce), from the same
   definitions.
+- ``input_ranges`` checks the caller's grant once per query instead of once per row.
 
 Revision ID: 0010
 Revises: 0009
