@@ -35,7 +35,7 @@ from psycopg import sql
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
-from icebarrier.control_plane import barriers, db, reads  # noqa: E402
+from icebarrier.control_plane import barriers, db, delays, reads  # noqa: E402
 from icebarrier.control_plane.errors import NoValidCutError  # noqa: E402
 from icebarrier.control_plane.model import TableName  # noqa: E402
 from icebarrier.iceberg_ext.config import Settings  # noqa: E402
@@ -124,13 +124,7 @@ def follow(dsn: str, settings: Settings, spark, tmp: Path, seconds: float, rows:
         time.sleep(1)  # the closed sessions' statistics reach the server
         issued, xacts = (now - then for now, then in zip(_counts(conn), first))
         calls = conn.execute("SELECT funcname, calls FROM pg_stat_user_functions ORDER BY calls DESC").fetchall()
-        kinds = conn.execute(
-            """SELECT t.name, sum(CASE WHEN c.coalesced THEN 1 ELSE 0 END) AS coalesce,
-                      sum(CASE WHEN NOT c.coalesced AND c.from_barrier IS NOT NULL AND c.from_barrier <
-                               (SELECT max(b.barrier) FROM barriers b WHERE b.barrier < c.barrier) THEN 1 ELSE 0 END)
-                          AS skip, count(*) AS steps
-               FROM table_completion c JOIN managed_table t USING (table_id) GROUP BY t.name ORDER BY t.name"""
-        ).fetchall()
+        kinds = delays.completion_kinds(conn)
     third = max(1, len(lag) // 3)
     early, late = statistics.mean(lag[:third]), statistics.mean(lag[-third:])
     fresh = sorted(f for f in freshness if f is not None)
@@ -142,9 +136,8 @@ def follow(dsn: str, settings: Settings, spark, tmp: Path, seconds: float, rows:
     print(f"  read-committed freshness over the chain: p50 {statistics.median(fresh):.1f} s, p95 {p95:.1f} s, "
           f"max {fresh[-1]:.1f} s, {len(freshness) - len(fresh)} sample(s) without a cut after it   "
           f"(goal p95 <= 5 s: {'met' if p95 <= 5 else 'MISSED'})")
-    for r in kinds:
-        print(f"  {r['name']}: {r['steps']} step(s): {r['skip']} skip, {r['coalesce']} coalesce, "
-              f"{r['steps'] - r['skip'] - r['coalesce']} exact")
+    for name, k in sorted(kinds.items()):
+        print(f"  {name}: {k.total()} step(s): {k['skip']} skip, {k['coalesce']} coalesce, {k['exact']} exact")
     print(f"  control plane per barrier: {xacts / issued:.1f} transactions; function calls: "
           + ", ".join(f"{r['funcname']} {r['calls'] / issued:.2f}" for r in calls if r["calls"] / issued >= 0.05))
 
@@ -185,14 +178,14 @@ def main() -> int:
                     for rt in runtimes:
                         assert len(rt.run().completed) == 1
                     managed_s.append(time.perf_counter() - start)
-                delays = [r["d"] for r in conn.execute(
+                latencies = [r["d"] for r in conn.execute(
                     "SELECT extract(epoch FROM delay) AS d FROM barrier_delay "
                     "WHERE table_name = 'lake.managed.top_customers' ORDER BY barrier").fetchall()][1:]
             assert spark.table("lake.managed.events").count() == spark.table("lake.plain.events").count()
             plain, managed = sum(plain_s[1:]), sum(managed_s[1:])
             print(f"three-level chain, {args.barriers} barriers x {rows} rows (after one warm-up barrier):")
-            print(f"  end-to-end barrier latency (issue -> top_customers): p50 {statistics.median(delays):.2f} s, "
-                  f"max {max(delays):.2f} s")
+            print(f"  end-to-end barrier latency (issue -> top_customers): p50 {statistics.median(latencies):.2f} s, "
+                  f"max {max(latencies):.2f} s")
             print(f"  plain Spark + Iceberg: {plain / args.barriers:6.2f} s per barrier")
             print(f"  icebarrier runtime:    {managed / args.barriers:6.2f} s per barrier")
             ratio = managed / plain

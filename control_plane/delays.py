@@ -4,11 +4,14 @@
 - job delay = completion in its sinks - latest completion among its sources (issue time
   for a root job);
 - freshness of T = now - issue time of W(T); lag = barriers issued after W(T);
-- the bottleneck is the job with the largest median job delay over the recent barriers.
+- the bottleneck is the job with the largest median job delay over the recent barriers;
+- how each table completed its barriers: one exact barrier a step, a skipped run, or a
+  coalesced range (DESIGN.md, "Cost follows change").
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import psycopg
@@ -98,6 +101,26 @@ def job_delays(conn: psycopg.Connection, *, last: int = 100, job: str | None = N
         DelayStats(**{**r.to_json(), "bottleneck": slowest is not None and r.name == slowest.name}) for r in rows
     ]
     return [r for r in flagged if job is None or r.name == job]
+
+
+_COMPLETION_KINDS = """
+SELECT d.table_name,
+       CASE WHEN d.coalesced THEN 'coalesce'
+            WHEN d.from_barrier IS NULL
+                 OR d.from_barrier = (SELECT max(b.barrier) FROM barriers b WHERE b.barrier < d.barrier) THEN 'exact'
+            ELSE 'skip' END AS kind,
+       count(*) AS n
+FROM barrier_delay d GROUP BY 1, 2
+"""
+
+
+def completion_kinds(conn: psycopg.Connection) -> dict[str, Counter]:
+    """Per table, how many steps completed one barrier exactly, skipped a run of unchanged
+    barriers, or coalesced a range."""
+    kinds: dict[str, Counter] = {}
+    for r in conn.execute(_COMPLETION_KINDS).fetchall():
+        kinds.setdefault(r["table_name"], Counter())[r["kind"]] = r["n"]
+    return kinds
 
 
 def _floats(row: dict) -> dict:

@@ -287,7 +287,6 @@ class BarrierNotValidError(BarrierError):
         )
 
 
-
 class RevisionInProgressError(BarrierError):
     retryable = True
 

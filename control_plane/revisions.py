@@ -69,11 +69,9 @@ class RevisionPlan:
         )
 
 
-_TABLE_AT = """
-SELECT t.table_id, t.start_barrier, t.watermark, t.revision_id,
-       (SELECT snapshot_id FROM snapshot_at(t.table_id, 9223372036854775807)) AS current,
-       (SELECT snapshot_id FROM snapshot_at(t.table_id, %(r)s)) AS at_r
-FROM managed_tables t WHERE t.name = %(name)s
+# S(T, b) of the named table (no row: not managed).
+_SNAPSHOT_AT = """
+SELECT (SELECT snapshot_id FROM snapshot_at(t.table_id, %(b)s)) AS s FROM managed_tables t WHERE t.name = %(name)s
 """
 
 
@@ -86,28 +84,27 @@ def plan(conn: psycopg.Connection, table: TableName, to_barrier: int) -> Revisio
     names = [table, *(s.table for s in topology.downstream(definitions.values(), table))]
     items = []
     for name in names:
-        row = conn.execute(_TABLE_AT, {"name": str(name), "r": to_barrier}).fetchone()
-        if row is None:
+        current = conn.execute(_SNAPSHOT_AT, {"name": str(name), "b": 2**63 - 1}).fetchone()
+        if current is None:
             raise RevisionError(f"table {name} is not managed by icebarrier; nothing to revise")
-        start, mark = row["start_barrier"], row["watermark"]
         state = tables.states(conn, [name])[0]
+        start, mark = state.start_barrier, state.watermark
         if name == table and not state.has_completed(to_barrier):
             raise RevisionError(
                 f"table {name} has not completed barrier {to_barrier} (it completed {start}..{mark}"
                 f"{', coalescing it' if state.coalesced_at(to_barrier) else ''}); revise to a barrier it completed"
             )
         if mark is None or mark <= to_barrier:
-            target, to_snapshot = mark, row["current"]
+            target, to_snapshot = mark, current["s"]
         elif start <= to_barrier:  # back to the last barrier it completed at or before R (R, unless coalesced)
             target = (state.coalesced_at(to_barrier) or (to_barrier,))[0]
-            to_snapshot = row["at_r"] if target == to_barrier else conn.execute(
-                "SELECT snapshot_id FROM snapshot_at(%s, %s)", (row["table_id"], target)).fetchone()["snapshot_id"]
+            to_snapshot = conn.execute(_SNAPSHOT_AT, {"name": str(name), "b": target}).fetchone()["s"]
         else:
             target, to_snapshot = None, None
         items.append(
             TableRevision(
                 table=name, writer_job=writers.get(name), from_watermark=mark, to_watermark=target,
-                from_snapshot=row["current"], to_snapshot=to_snapshot,
+                from_snapshot=current["s"], to_snapshot=to_snapshot,
             )
         )
     return RevisionPlan(root=table, to_barrier=to_barrier, tables=tuple(items))

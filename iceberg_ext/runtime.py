@@ -466,7 +466,7 @@ class Runtime:
         nb = jobs.next_barrier(self.conn, self.job.name, skip=not self.job.reads_barrier, coalesce=self.job.coalesce,
                                up_to=source.ready_until() if source is not None else None)
         waiting = nb.describe_wait()
-        if source is not None and nb.barrier is not None and not nb.waiting_for:  # a root job's input
+        if source is not None and not nb.ready and nb.barrier is not None:  # its input, past ready_until()
             waiting = source.waiting_for(nb.barrier) or waiting
         runs.set_waiting(self.conn, self.job.name, waiting)
         return nb if waiting is None else None

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from icebarrier.apps.check.model import DERIVED, JOBS, ROOTS, SCHEMAS, check_cut, compare, events
 from icebarrier.apps.check.processes import Env, Reconnecting, barrier_number
-from icebarrier.control_plane import barriers, jobs, leases, reads
+from icebarrier.control_plane import barriers, delays, jobs, leases, reads
 from icebarrier.control_plane.errors import (
     BarrierNotValidError,
     IcebarrierError,
@@ -332,20 +332,20 @@ class _Run:
 
     def validate_new(self, upto: int | None = None) -> None:
         """Validate, in order, every barrier every table has completed and not yet looked at."""
-        marks = self.cp.run("barriers", lambda conn: [r["barrier"] for r in conn.execute(
-            "SELECT barrier FROM barrier ORDER BY barrier").fetchall()])
+        marks = self.cp.run("barriers", lambda conn: [(r["barrier"], r["anchor"]) for r in conn.execute(
+            "SELECT barrier, anchor FROM barrier ORDER BY barrier").fetchall()])
         try:
             newest_valid = upto or self.cp.run("cut", lambda conn: reads.resolve(conn, self.names).barrier)
         except NoValidCutError:
             return
         batch = []
-        while self.examined < len(marks) and marks[self.examined] <= newest_valid:
+        while self.examined < len(marks) and marks[self.examined][0] <= newest_valid:
             self.examined += 1
-            batch.append((marks[self.examined - 1], self.examined))
-        pins = [lease for b, _ in batch if (lease := self._pin(b)) is not None]  # before expiry takes them
+            batch.append((*marks[self.examined - 1], self.examined))
+        pins = [lease for b, _, _ in batch if (lease := self._pin(b)) is not None]  # before expiry takes them
         try:
-            for barrier, number in batch:
-                self._validate(barrier, number)
+            for barrier, anchor, number in batch:
+                self._validate(barrier, number, anchor=anchor)
         finally:
             for lease_id in pins:
                 self.cp.run("unpin", lambda conn, lease_id=lease_id: leases.release(conn, lease_id))
@@ -358,13 +358,11 @@ class _Run:
         except (BarrierNotValidError, SnapshotExpiredError):
             return None
 
-    def _validate(self, barrier: int, number: int) -> None:
+    def _validate(self, barrier: int, number: int, *, anchor: bool) -> None:
         def read(conn):
             with ConsistentRead(conn, self.catalog, self.names, level=Level.REPEATABLE_READ, barrier=barrier,
                                 ttl_s=60, holder="check-validator") as r:
                 return r.read()[1]
-        anchor = self.cp.run("anchor", lambda conn: conn.execute(
-            "SELECT anchor FROM barrier WHERE barrier = %s", (barrier,)).fetchone()["anchor"])
         try:
             data = {t.name: d for t, d in self.cp.run("validate", read).items()}
         except SnapshotExpiredError:
@@ -480,13 +478,8 @@ class _Run:
 
     def count_completions(self) -> None:
         """How the jobs completed barriers: one exact barrier, a skipped run, a coalesced range."""
-        rows = self.cp.run("completions", lambda conn: conn.execute(
-            """SELECT CASE WHEN c.coalesced THEN 'coalesce'
-                           WHEN c.from_barrier IS NULL OR c.from_barrier = (SELECT max(b.barrier) FROM barrier b
-                                                                           WHERE b.barrier < c.barrier) THEN 'exact'
-                           ELSE 'skip' END AS kind, count(*) AS n
-               FROM table_completion c GROUP BY 1""").fetchall())
-        self.report.completions.update({r["kind"]: r["n"] for r in rows})
+        for kinds in self.cp.run("completions", delays.completion_kinds).values():
+            self.report.completions.update(kinds)
 
     def _violation(self, text: str) -> None:
         if text not in self.report.violations:
