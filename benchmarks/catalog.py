@@ -122,7 +122,7 @@ def duckdb_p50(uri: str, credential: str, warehouse: str, query: str, n: int, na
     """p50 ms of ``query`` (``{a}``/``{b}``: two tables) in DuckDB attached through ``warehouse``."""
     import duckdb
 
-    from icebarrier.cli.catalog import configuration
+    from icebarrier.apps.catalog.clients import configuration
 
     con = duckdb.connect()
     for statement in configuration("duckdb", warehouse, uri, credential, "lake").splitlines():

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import click
 
+from icebarrier.apps.catalog.clients import ENGINES, configuration
 from icebarrier.cli.render import emit, table
 from icebarrier.control_plane import tokens
 from icebarrier.control_plane.model import parse_duration_s
-
-ENGINES = ("spark", "pyiceberg", "duckdb", "trino")
-
 
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (other hosts: 0.0.0.0).")
@@ -49,75 +47,26 @@ def connect(obj, engine: str, warehouse: str, uri: str, credential: str) -> None
     emit(obj, {"engine": engine, "warehouse": warehouse, "configuration": text}, text)
 
 
-def configuration(engine: str, warehouse: str, uri: str, credential: str, catalog: str) -> str:
-    """Client configuration; Spark's table cache is off so each query loads its tables in one
-    read-committed session moment (with the cache, two tables of a query could come from loads
-    made up to 30 s apart)."""
-    client_id, _, secret = credential.partition(":")
-    if engine == "spark":
-        from icebarrier.iceberg_ext.spark import iceberg_jar
-
-        conf = {
-            "spark.jars": str(iceberg_jar()),
-            "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
-            f"spark.sql.catalog.{catalog}": "org.apache.iceberg.spark.SparkCatalog",
-            f"spark.sql.catalog.{catalog}.type": "rest",
-            f"spark.sql.catalog.{catalog}.uri": uri,
-            f"spark.sql.catalog.{catalog}.warehouse": warehouse,
-            f"spark.sql.catalog.{catalog}.credential": credential,
-            f"spark.sql.catalog.{catalog}.oauth2-server-uri": f"{uri}/v1/oauth/tokens",
-            f"spark.sql.catalog.{catalog}.cache-enabled": "false",
-        }
-        return "\n".join(f"{k} {v}" for k, v in conf.items())
-    if engine == "pyiceberg":
-        return (f"# ~/.pyiceberg.yaml\ncatalog:\n  {catalog}:\n    type: rest\n    uri: {uri}\n"
-                f"    warehouse: {warehouse}\n    credential: {credential}\n"
-                f"    oauth2-server-uri: {uri}/v1/oauth/tokens\n")
-    if engine == "duckdb":
-        return (f"{duckdb_install()}\n"
-                f"CREATE SECRET icebarrier (TYPE iceberg, CLIENT_ID '{client_id}', CLIENT_SECRET '{secret}', "
-                f"OAUTH2_SERVER_URI '{uri}/v1/oauth/tokens');\n"
-                f"ATTACH '{warehouse}' AS {catalog} (TYPE iceberg, SECRET icebarrier, ENDPOINT '{uri}', "
-                f"ACCESS_DELEGATION_MODE 'none');")
-    return (f"# etc/catalog/{catalog}.properties\nconnector.name=iceberg\niceberg.catalog.type=rest\n"
-            f"iceberg.rest-catalog.uri={uri}\niceberg.rest-catalog.warehouse={warehouse}\n"
-            f"iceberg.rest-catalog.security=OAUTH2\niceberg.rest-catalog.oauth2.credential={credential}\n"
-            f"iceberg.rest-catalog.oauth2.server-uri={uri}/v1/oauth/tokens\n")
-
-
-def duckdb_install() -> str:
-    """DuckDB statements that load the iceberg extension: from the extension wheels when they
-    are installed (``pip install duckdb-extension-iceberg``…, offline), else from DuckDB's
-    repository. The catalog vends no storage credentials: the client reads the warehouse
-    itself (``ACCESS_DELEGATION_MODE 'none'``)."""
-    import importlib.util
-    from pathlib import Path
-
-    lines = []
-    for name in ("avro", "httpfs", "iceberg"):  # iceberg needs the other two
-        spec = importlib.util.find_spec(f"duckdb_extension_{name}")
-        found = sorted(Path(spec.origin).parent.glob("extensions/*/*.duckdb_extension")) if spec else []
-        lines.append(f"INSTALL '{found[-1]}'; LOAD {name};" if found else f"INSTALL {name}; LOAD {name};")
-    return "\n".join(lines)
-
-
 @click.group("token")
 def token_group() -> None:
-    """Credentials for catalog clients: a reader, or one job (it may commit to its sinks)."""
+    """Credentials for catalog clients: a reader, one job (it may commit to its sinks), or an
+    admin (it may run any job's session)."""
 
 
 @token_group.command("create")
 @click.option("--reader", is_flag=True, help="A token that reads only.")
 @click.option("--job", help="A token that acts for JOB: commits to its sinks through warehouse latest.")
+@click.option("--admin", is_flag=True, help="A token that runs any job's session (warehouse job:<JOB>, "
+                                          "`icebarrier job exec`), e.g. for a scheduler.")
 @click.option("--name", help="What the token is for (shown in token list).")
 @click.pass_obj
-def create(obj, reader: bool, job: str | None, name: str | None) -> None:
+def create(obj, reader: bool, job: str | None, admin: bool, name: str | None) -> None:
     """Create a token; prints CLIENT_ID:SECRET once (only a hash of the secret is kept)."""
-    if reader == (job is not None):
-        raise click.UsageError("pass exactly one of --reader or --job JOB")
-    client_id, secret = tokens.create(obj.conn(), job=job, name=name)
-    emit(obj, {"client_id": client_id, "client_secret": secret, "role": "job" if job else "reader", "job": job},
-         f"{client_id}:{secret}")
+    if reader + (job is not None) + admin != 1:
+        raise click.UsageError("pass exactly one of --reader, --job JOB or --admin")
+    client_id, secret = tokens.create(obj.conn(), job=job, name=name, admin=admin)
+    role = "admin" if admin else "job" if job else "reader"
+    emit(obj, {"client_id": client_id, "client_secret": secret, "role": role, "job": job}, f"{client_id}:{secret}")
 
 
 @token_group.command("list")

@@ -1,13 +1,22 @@
-"""``icebarrier job``: register jobs, ask for their next barrier, complete barriers."""
+"""``icebarrier job``: register jobs, ask for their next barrier, complete barriers, run any command as
+a job through the catalog (``job exec``)."""
 
 from __future__ import annotations
+
+import sys
 
 import click
 
 from icebarrier.cli.render import BARRIER, barrier_label, emit, table
 from icebarrier.control_plane import jobs
 from icebarrier.control_plane.errors import InvalidValueError
-from icebarrier.control_plane.model import JobDefinition, TableName, parse_external_input, parse_job_name
+from icebarrier.control_plane.model import (
+    JobDefinition,
+    TableName,
+    parse_duration_s,
+    parse_external_input,
+    parse_job_name,
+)
 
 
 @click.group("job")
@@ -168,3 +177,44 @@ def complete(obj, name: str, barrier: int, commits, run_id: str | None, coalesce
 
 
 COMMANDS = [job_group]
+
+
+@job_group.command("exec", context_settings={"ignore_unknown_options": True})
+@click.argument("name")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--once", "mode", flag_value="once", default=True, help="Complete every barrier due now, then exit.")
+@click.option("--follow", "mode", flag_value="follow", help="Keep going until SIGINT/SIGTERM.")
+@click.option("--catalog-uri", envvar="ICEBARRIER_CATALOG_URI", default="http://127.0.0.1:8181", show_default=True,
+              help="Where `icebarrier serve` listens [env ICEBARRIER_CATALOG_URI].")
+@click.option("--credential", envvar="ICEBARRIER_CATALOG_CREDENTIAL", metavar="CLIENT_ID:SECRET",
+              help="A token of job NAME, or an admin token [env ICEBARRIER_CATALOG_CREDENTIAL].")
+@click.option("--no-skip", is_flag=True, help="The command reads the barrier itself: run it even when no source changed.")
+@click.option("--no-coalesce", is_flag=True, help="Complete every barrier exactly, one run each.")
+@click.option("--poll", default="1s", show_default=True, help="How often --follow looks for a new barrier.")
+@click.pass_obj
+def exec_(obj, name: str, command, mode: str, catalog_uri: str, credential: str | None, no_skip: bool,
+          no_coalesce: bool, poll: str) -> None:
+    """Run COMMAND as job NAME through the catalog: once per planned barrier, publishing the
+    barrier when it exits 0 (nothing of a failed run is visible).
+
+    COMMAND gets the catalog configuration of Spark, PyIceberg and DuckDB in its environment
+    (docs/job-exec.md); through it the job's sources read at the barrier and its writes to its
+    sinks are staged until the barrier is published. Write `--` before COMMAND.
+
+    Exit codes: 0 every planned barrier published (or nothing was due); COMMAND's own code
+    when it failed (128+N: killed by signal N), nothing published for that barrier; 1 the
+    catalog refused (one line says why); 2 bad usage."""
+    from icebarrier.apps.job_exec import JobExec
+
+    parse_job_name(name)
+    if not credential:
+        raise click.UsageError("no catalog credential: pass --credential CLIENT_ID:SECRET (a token of the job, from "
+                               "`icebarrier token create --job JOB`) or set ICEBARRIER_CATALOG_CREDENTIAL")
+    runner = JobExec(name, list(command), uri=catalog_uri, credential=credential, skip=not no_skip,
+                     coalesce=not no_coalesce, log=lambda line: click.echo(line, err=True))
+    summary = runner.run(follow=mode == "follow", poll_s=parse_duration_s(poll))
+    published = [s for s in summary.steps if s.outcome != "failed"]
+    emit(obj, summary.to_json(), f"job {name}: {len(published)} barrier(s) completed"
+         + (f", the last {published[-1].barrier}" if published else ""))
+    if summary.exit_code:
+        sys.exit(summary.exit_code)

@@ -35,15 +35,16 @@ class AuthenticationError(IcebarrierError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Principal:
-    """Who a catalog request comes from: a reader, or a job (it may commit to its sinks)."""
+    """Who a catalog request comes from: a reader, a job (it may commit to its sinks), or an
+    admin (it may open any job's session)."""
 
     client_id: str | None  # None: anonymous
-    kind: str  # reader or job
+    kind: str  # reader, job or admin
     job: str | None = None
 
     def describe(self) -> str:
         who = f"token {self.client_id}" if self.client_id else "an anonymous client"
-        return f"{who} (job {self.job})" if self.job else f"{who} (reader)"
+        return f"{who} (job {self.job})" if self.job else f"{who} ({self.kind})"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,16 +66,21 @@ def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def create(conn: psycopg.Connection, *, job: str | None = None, name: str | None = None) -> tuple[str, str]:
-    """A new token for a reader (``job`` None) or for ``job``; returns (client id, secret)."""
+def create(conn: psycopg.Connection, *, job: str | None = None, name: str | None = None,
+           admin: bool = False) -> tuple[str, str]:
+    """A new token for a reader (``job`` None), for ``job``, or (``admin``) for any job's session;
+    returns (client id, secret)."""
     if job is not None:
         parse_job_name(job)
+    if admin and job is not None:
+        raise IcebarrierError("a token is for one job or an admin, not both")
+    kind = "admin" if admin else "job" if job else "reader"
     client_id = f"ib-{secrets.token_hex(8)}"
     secret = secrets.token_urlsafe(32)
     with conn.transaction():
         conn.execute(
             "INSERT INTO catalog_token (client_id, secret_hash, kind, job_name, name) VALUES (%s, %s, %s, %s, %s)",
-            (client_id, _hash(secret), "job" if job else "reader", job, name))
+            (client_id, _hash(secret), kind, job, name))
     return client_id, secret
 
 

@@ -46,16 +46,30 @@ async def caller(request: Request,
 Caller = Annotated[tuple[Principal, "str | None"], Depends(caller)]
 
 
-async def job_caller(who: Caller) -> Principal:
-    """The caller, who must hold a job token (a reader token writes nothing)."""
-    principal = who[0]
+def acting(principal: Principal, warehouse: Warehouse) -> Principal:
+    """Who acts through ``warehouse``: through ``job`` (``job:<JOB>``), the job whose session it
+    is (a job token of that job, or an admin token naming it); elsewhere the caller."""
+    if warehouse.kind != "job":
+        return principal
+    if principal.kind == "admin" and warehouse.job:
+        return Principal(client_id=principal.client_id, kind="job", job=warehouse.job)
+    if principal.kind == "job" and warehouse.job in (None, principal.job):
+        return principal
+    if principal.kind == "admin":
+        raise ForbiddenError(f"{principal.describe()} acts for no job of its own: name the job, warehouse job:<JOB>")
+    if principal.kind == "job":
+        raise ForbiddenError(f"{principal.describe()} may not open the session of job {warehouse.job}: use warehouse "
+                             f"job (its own job's session), or a token of job {warehouse.job}")
+    raise ForbiddenError(f"{principal.describe()} may not open a job session: a reader token writes nothing; use a "
+                         f"token of the job (`icebarrier token create --job JOB`)")
+
+
+def require_job(principal: Principal) -> Principal:
+    """A principal that may change the catalog: a job (a reader token writes nothing)."""
     if principal.kind != "job":
-        raise ForbiddenError(f"{principal.describe()} may not change the catalog: a reader token writes nothing; "
-                             f"create a job token with `icebarrier token create --job JOB`")
+        raise ForbiddenError(f"{principal.describe()} may not change the catalog through this warehouse: only a job "
+                             f"token writes (`icebarrier token create --job JOB`)")
     return principal
-
-
-JobCaller = Annotated[Principal, Depends(job_caller)]
 
 
 async def reading(who: Caller, prefix: str) -> Warehouse:
@@ -65,16 +79,26 @@ async def reading(who: Caller, prefix: str) -> Warehouse:
 def writable(prefix: str) -> Warehouse:
     warehouse = Warehouse.parse(prefix)
     if not warehouse.writable:
-        raise ForbiddenError(f"warehouse {warehouse} is read-only (it pins snapshots); write through warehouse latest")
+        raise ForbiddenError(f"warehouse {warehouse} is read-only (it pins snapshots); write through warehouse latest "
+                             f"(or a job's session, warehouse job)")
     return warehouse
 
 
-async def writing(who: Caller, prefix: str) -> Warehouse:
-    return writable(prefix)
+@dataclass(frozen=True, slots=True)
+class Writer:
+    """A writable warehouse and the job acting through it."""
+
+    warehouse: Warehouse
+    principal: Principal
+
+
+async def writer(who: Caller, prefix: str) -> Writer:
+    warehouse = writable(prefix)
+    return Writer(warehouse, require_job(acting(who[0], warehouse)))
 
 
 Reading = Annotated[Warehouse, Depends(reading)]
-Writing = Annotated[Warehouse, Depends(writing)]
+Writing = Annotated[Writer, Depends(writer)]
 
 
 def parse_namespace(text: str) -> tuple[str, ...]:
@@ -123,12 +147,12 @@ def _table_at(request: Request, warehouse: Warehouse, namespace: str, table: str
 
 
 async def reading_table(request: Request, who: Caller, prefix: str, namespace: str, table: str) -> TableAt:
-    return _table_at(request, Warehouse.parse(prefix), namespace, table, *who)
+    warehouse = Warehouse.parse(prefix)
+    return _table_at(request, warehouse, namespace, table, acting(who[0], warehouse), who[1])
 
 
-async def writing_table(request: Request, who: Caller, principal: JobCaller, prefix: str, namespace: str,
-                        table: str) -> TableAt:
-    return _table_at(request, writable(prefix), namespace, table, principal, who[1])
+async def writing_table(request: Request, who: Caller, to: Writing, namespace: str, table: str) -> TableAt:
+    return _table_at(request, to.warehouse, namespace, table, to.principal, who[1])
 
 
 ReadTable = Annotated[TableAt, Depends(reading_table)]

@@ -40,6 +40,9 @@ class NotServedError(IcebarrierError):
 _STATUS = [  # (exception class name, HTTP status, REST error type), most specific first
     ("AuthenticationError", 401, "NotAuthorizedException"),
     ("ForbiddenError", 403, "ForbiddenException"),
+    ("SessionGoneError", 403, "ForbiddenException"),
+    ("StaleSessionError", 403, "ForbiddenException"),
+    ("SessionHeldError", 409, "ConflictException"),
     ("PermissionDeniedError", 403, "ForbiddenException"),
     ("NoSuchTableError", 404, "NoSuchTableException"),
     ("TableNotFoundError", 404, "NoSuchTableException"),

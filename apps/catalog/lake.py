@@ -11,6 +11,12 @@ control plane are one Postgres transaction, and a commit of all of a job's sinks
 barrier B also completes B for the job in that transaction. A multi-sink job committing its
 sinks one by one has them staged (``catalog_pending``, seen only by its own tokens) until it
 publishes the barrier; then all pointers swap and B completes in one transaction.
+
+Through warehouse ``job`` a job works in its *session* (:mod:`icebarrier.control_plane.job_sessions`):
+its sources load at ``S(T, B)`` of the session's barrier B, its sinks with what the session
+staged, and every commit to its sinks is staged for B (stamped with the barrier, job and run
+when the client did not) until the session is published: all staged pointers swap and B
+completes in one transaction, sinks it did not write completing B unchanged.
 """
 
 from __future__ import annotations
@@ -23,16 +29,28 @@ from psycopg import sql
 
 from icebarrier.apps.catalog.errors import ForbiddenError
 from icebarrier.apps.catalog.warehouses import Warehouse
-from icebarrier.control_plane import db, jobs, leases, reads, tokens
+from icebarrier.control_plane import db, job_sessions, jobs, leases, reads, tokens
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError
+from icebarrier.control_plane.job_sessions import JobSession
+from icebarrier.control_plane.jobs import Completion, Plan
 from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.control_plane.tokens import AuthenticationError, Principal
 from icebarrier.iceberg_ext import faults
-from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER, coalesced_after, load_catalog
+from icebarrier.iceberg_ext.catalog import (
+    SUMMARY_BARRIER,
+    SUMMARY_COALESCED_AFTER,
+    SUMMARY_JOB,
+    SUMMARY_RUN,
+    barrier_of,
+    coalesced_after,
+    is_compaction,
+    load_catalog,
+)
 from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.pinning import pinned
 
 LEASE_RENEW_S = 300.0
+LATEST = Warehouse("latest")
 
 
 class _LRU:
@@ -147,6 +165,8 @@ class Lake:
         from pyiceberg.catalog.rest import TableResponse
         from pyiceberg.exceptions import NoSuchTableError
 
+        if warehouse.kind == "job":
+            warehouse = self.session_view(conn, self.session(conn, warehouse, principal), table)
         staged = self.staged(conn, principal, table) if warehouse.kind == "latest" else None
         if staged is not None:  # the job's own commits of a barrier it has not published yet
             metadata, _ = self.metadata(staged["metadata_location"])
@@ -179,6 +199,12 @@ class Lake:
 
         return self.pinned_cache.get((str(metadata.table_uuid), snapshot_id), pin)
 
+    def exists(self, conn, warehouse: Warehouse, table: TableName, principal: Principal) -> None:
+        """Does ``table`` exist for the caller (a job session sees the sinks it created)? Else
+        NoSuchTableError."""
+        if warehouse.kind != "job" or self.staged(conn, principal, table) is None:
+            self.current(conn, table)
+
     def pinned_snapshot(self, conn, warehouse: Warehouse, table: TableName, access_token: str | None) -> int | None:
         if warehouse.kind == "lease":  # each load renews it (never shortening it)
             lease = leases.get(conn, warehouse.lease_id)
@@ -204,6 +230,109 @@ class Lake:
             return reads.resolve(conn, [table]).snapshots[table]
         return snapshot_id
 
+    # -- job sessions -----------------------------------------------------------------------------
+
+    @staticmethod
+    def session(conn, warehouse: Warehouse, principal: Principal) -> JobSession:
+        """The session a request through warehouse ``job`` works in (opened by the job's first request)."""
+        return job_sessions.current(conn, principal.job, run_id=warehouse.run_id)
+
+    def session_view(self, conn, session: JobSession, table: TableName) -> Warehouse:
+        """Where a job session reads ``table``: a source at ``S(T, B)``, a sink (with what the
+        session staged) and an unmanaged table as they are; any other managed table is refused."""
+        if table in session.sources:
+            return Warehouse("barrier", barrier=session.barrier)
+        if table in session.sinks:
+            return LATEST
+        if self.writer_of(conn, table)[0]:
+            raise ForbiddenError(f"job {session.job} may not read {table}: it is not one of the job's sources "
+                                 f"({', '.join(sorted(map(str, session.sources))) or 'none'}); declare it with "
+                                 f"`icebarrier job register {session.job} --source {table} … --replace`")
+        return LATEST
+
+    @staticmethod
+    def require_sink(session: JobSession, table: TableName) -> None:
+        if table not in session.sinks:
+            raise ForbiddenError(f"job {session.job} may not write {table}: it writes only its sinks "
+                                 f"({', '.join(sorted(map(str, session.sinks))) or 'none'}); nothing of this run is "
+                                 f"published")
+
+    @staticmethod
+    def stamped(session: JobSession, table: TableName, change):
+        """``change`` with every snapshot it adds carrying the session's barrier, job and run (and
+        the coalesced range) in its summary; a snapshot naming another barrier is refused."""
+        from pyiceberg.table.snapshots import Summary
+        from pyiceberg.table.update import AddSnapshotUpdate
+
+        marks = {SUMMARY_BARRIER: str(session.barrier), SUMMARY_JOB: session.job, SUMMARY_RUN: session.run_id}
+        if session.coalesce_after is not None:
+            marks[SUMMARY_COALESCED_AFTER] = str(session.coalesce_after)
+        updates = []
+        for update in change.updates:
+            if isinstance(update, AddSnapshotUpdate):
+                snapshot = update.snapshot
+                given = barrier_of(snapshot)
+                if given is not None and given != session.barrier:
+                    raise ForbiddenError(f"a commit to {table} carries barrier {given}, but job {session.job}'s "
+                                         f"session computes barrier {session.barrier}; drop snapshot property "
+                                         f"{SUMMARY_BARRIER} (the catalog sets it)")
+                summary = snapshot.summary
+                operation = summary.operation if summary is not None else "append"
+                properties = {**(summary.additional_properties if summary is not None else {}), **marks}
+                update = AddSnapshotUpdate(snapshot=snapshot.model_copy(
+                    update={"summary": Summary(operation, **properties)}))
+            updates.append(update)
+        return change.model_copy(update={"updates": tuple(updates)})
+
+    def create_staged(self, conn, session: JobSession, table: TableName, request):
+        """A sink the session creates: staged (nobody else sees it) until the barrier is published."""
+        from pyiceberg.catalog.rest import TableResponse
+        from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+
+        self.require_sink(session, table)
+        try:
+            self.exists(conn, Warehouse("job"), table, Principal(client_id=None, kind="job", job=session.job))
+        except NoSuchTableError:
+            pass
+        else:
+            raise TableAlreadyExistsError(f"table {table} already exists")
+        made = self.catalog._create_staged_table(table.identifier, **self.create_args(request))
+        if not request.stage_create:  # a staged create is committed by the client (AssertCreate) like any change
+            self.catalog._write_metadata(made.metadata, made.io, made.metadata_location)
+            self.stage(conn, session.job, table, session.barrier, None, made.metadata_location, None)
+        return TableResponse(metadata_location=made.metadata_location, metadata=made.metadata, config={})
+
+    def stage(self, conn, job: str, table: TableName, barrier: int, base: str | None, location: str,
+              expected: str | None) -> None:
+        """Stage ``location`` as the job's commit of ``table`` for ``barrier``: the pointer stays at
+        ``base`` until the job publishes; ``expected`` is the staged location it builds on (None:
+        it stages the table's first commit of the barrier)."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        moved = conn.execute(
+            "INSERT INTO catalog_pending (job_name, table_name, barrier, base_location, metadata_location) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (job_name, table_name) DO UPDATE "
+            "SET barrier = excluded.barrier, metadata_location = excluded.metadata_location, "
+            "staged_at = now() WHERE catalog_pending.metadata_location = %s",
+            (job, str(table), barrier, base, location, expected)).rowcount
+        if moved != 1:
+            raise CommitFailedException(f"table {table} was changed by another commit; retry")
+
+    def publish_session(self, conn, job: str, run_id: str | None) -> Completion:
+        """Publish the job's session: every commit it staged swaps in and its barrier B completes,
+        in one transaction (sinks it did not write complete B unchanged). The session is marked
+        succeeded first, so that a publish cut short is adopted by the job's next run."""
+        job_sessions.mark_succeeded(conn, job, run_id)
+        with conn.transaction():
+            session = job_sessions.get(conn, job, run_id=run_id, lock=True)
+            _, commits, _ = self.swap_staged(conn, job, session.barrier)
+            job_sessions.close(conn, job)
+            faults.point(faults.IN_CATALOG_COMMIT)
+            # a root job that committed nothing skips (its barriers stay exact); else the plan says
+            coalesce = session.plan is Plan.COALESCE and (bool(commits) or not session.root)
+            with conn.transaction():
+                return jobs.complete(conn, job, session.barrier, commits, run_id=session.run_id, coalesce=coalesce)
+
     # -- writes -----------------------------------------------------------------------------------
 
     def may_write(self, principal: Principal, table: TableName) -> bool:
@@ -213,20 +342,33 @@ class Lake:
         self.require_writer(principal, table, managed, writer)
         return managed
 
-    def create(self, principal: Principal, table: TableName, request):
-        """Create (or stage-create) a table from a :class:`~.models.CreateTableRequest`; the
-        LoadTableResult."""
-        from pyiceberg.catalog.rest import TableResponse
+    @staticmethod
+    def create_args(request) -> dict:
         from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
         from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 
-        self.may_write(principal, table)
-        args = dict(schema=request.table_schema, location=request.location,
+        return dict(schema=request.table_schema, location=request.location,
                     partition_spec=request.partition_spec or UNPARTITIONED_PARTITION_SPEC,
                     sort_order=request.write_order or UNSORTED_SORT_ORDER, properties=request.properties)
+
+    def create(self, warehouse: Warehouse, principal: Principal, table: TableName, request):
+        """Create (or stage-create) a table from a :class:`~.models.CreateTableRequest`; the
+        LoadTableResult. Through a job session, a sink's creation is staged."""
+        from pyiceberg.catalog.rest import TableResponse
+
+        if warehouse.kind == "job":
+            with self.pool.connection() as conn:
+                return self.create_staged(conn, self.session(conn, warehouse, principal), table, request)
+        self.may_write(principal, table)
         make = self.catalog._create_staged_table if request.stage_create else self.catalog.create_table
-        made = make(table.identifier, **args)
+        made = make(table.identifier, **self.create_args(request))
         return TableResponse(metadata_location=made.metadata_location, metadata=made.metadata, config={})
+
+    @staticmethod
+    def outside_sessions(warehouse: Warehouse, what: str) -> None:
+        """Refuse, through a job session, what a session cannot stage (registering, dropping, renaming)."""
+        if warehouse.kind == "job":
+            raise ForbiddenError(f"a job session writes only data to its sinks; {what} through warehouse latest")
 
     def register(self, principal: Principal, table: TableName, metadata_location: str, *, overwrite: bool):
         """Register an existing metadata file as ``table``; the LoadTableResult. Overwriting is
@@ -292,26 +434,35 @@ class Lake:
         return conn.execute("SELECT barrier, base_location, metadata_location FROM catalog_pending "
                             "WHERE job_name = %s AND table_name = %s", (principal.job, str(table))).fetchone()
 
-    def commit(self, conn, principal: Principal, changes: list) -> list:
+    def commit(self, conn, warehouse: Warehouse, principal: Principal, changes: list) -> list:
         """Apply ``changes`` (:class:`~.models.CommitTableRequest`, each with its identifier)
         atomically; returns the (table, staged table) pairs. See the module docstring for who may
         commit what.
 
-        A multi-sink job's commits to its sinks are staged (only its own tokens see them) until
-        it publishes the barrier: a transaction naming all its sinks with no changes."""
-        from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+        Through a job session every change is to a sink and is staged for the session's barrier.
+        Through latest, a multi-sink job's commits to its sinks are staged (only its own tokens
+        see them) until it publishes the barrier. Either publishes with a transaction naming all
+        the job's sinks with no changes."""
+        from pyiceberg.exceptions import NoSuchTableError
         from pyiceberg.table import Table
         from pyiceberg.table.update import AddSnapshotUpdate, AssertCreate
 
-        definition = jobs.load_definitions(conn).get(principal.job) if principal.job else None
-        multi_sink = definition is not None and len(definition.sinks) > 1
+        session = self.session(conn, warehouse, principal) if warehouse.kind == "job" else None
+        definition = jobs.load_definitions(conn).get(principal.job) if principal.job and not session else None
+        sinks = session.sinks if session else definition.sinks if definition else frozenset()
         names = [self.table_name(c.identifier.namespace, c.identifier.name) for c in changes]
-        whole = multi_sink and set(names) == set(definition.sinks)  # all the job's sinks at once
+        whole = (session is not None or len(sinks) > 1) and set(names) == set(sinks)  # all the job's sinks at once
         if whole and not any(c.updates or c.requirements for c in changes):
-            self.publish(conn, principal.job)
+            if session is not None:
+                self.publish_session(conn, session.job, warehouse.run_id)
+            else:
+                self.publish(conn, principal.job)
             return []
         staged, managed_barriers = [], {}
         for table, change in zip(names, changes):
+            if session is not None:
+                self.require_sink(session, table)
+                change = self.stamped(session, table, change)
             managed, writer = self.writer_of(conn, table)
             self.require_writer(principal, table, managed, writer)
             pending = self.staged(conn, principal, table) if managed else None
@@ -328,33 +479,27 @@ class Lake:
             new = self.catalog._update_and_stage_table(current, table.identifier, tuple(change.requirements),
                                                        tuple(change.updates))
             added = [u.snapshot for u in change.updates if isinstance(u, AddSnapshotUpdate)]
-            barrier = pending["barrier"] if pending else None
-            if managed and added:
-                marks = {(s.summary.additional_properties.get(SUMMARY_BARRIER) if s.summary else None) for s in added}
+            barrier = session.barrier if session else pending["barrier"] if pending else None
+            if managed and added and session is None:
+                marks = {barrier_of(s) for s in added}
                 if None in marks or len(marks) != 1:
                     raise ForbiddenError(f"a commit to managed table {table} must carry snapshot property "
                                          f"{SUMMARY_BARRIER} (one barrier per commit); write through the icebarrier "
                                          f"job runtime or set snapshot-property.{SUMMARY_BARRIER}")
-                barrier = int(marks.pop())
+                barrier = marks.pop()
                 managed_barriers[table] = (barrier, added[-1].snapshot_id, coalesced_after(added[-1]))
-            stage = multi_sink and not whole and managed and barrier is not None
+            stage = session is not None or (len(sinks) > 1 and not whole and managed and barrier is not None)
             staged.append((table, current, new, pending, barrier if stage else None))
         for _, current, new, _, _ in staged:
             if current is None or new.metadata != current.metadata:
                 self.catalog._write_metadata(new.metadata, new.io, new.metadata_location)
         with conn.transaction():
             for table, current, new, pending, barrier in staged:
+                location = current.metadata_location if current is not None else None
                 if barrier is not None:  # staged until the job publishes the barrier
                     managed_barriers.pop(table, None)
-                    moved = conn.execute(
-                        "INSERT INTO catalog_pending (job_name, table_name, barrier, base_location, metadata_location) "
-                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (job_name, table_name) DO UPDATE "
-                        "SET barrier = excluded.barrier, metadata_location = excluded.metadata_location, "
-                        "staged_at = now() WHERE catalog_pending.metadata_location = %s",
-                        (principal.job, str(table), barrier, current.metadata_location, new.metadata_location,
-                         current.metadata_location)).rowcount
-                    if moved != 1:
-                        raise CommitFailedException(f"table {table} was changed by another commit; retry")
+                    base = pending["base_location"] if pending else location
+                    self.stage(conn, principal.job, table, barrier, base, new.metadata_location, location)
                 elif current is None:
                     self.point(conn, table, new.metadata_location, None)
                 elif pending is not None:  # built on the job's staged commit: the pointer is at its base
@@ -362,34 +507,40 @@ class Lake:
                     conn.execute("DELETE FROM catalog_pending WHERE job_name = %s AND table_name = %s",
                                  (principal.job, str(table)))
                 elif new.metadata != current.metadata:
-                    self.point(conn, table, new.metadata_location, current.metadata_location)
+                    self.point(conn, table, new.metadata_location, location)
             faults.point(faults.IN_CATALOG_COMMIT)
             if definition is not None:
                 self.complete_if_whole(conn, definition, managed_barriers)
         return [(t, new) for t, _, new, _, _ in staged]
 
-    def publish(self, conn, job: str) -> None:
-        """Swap the pointers of every commit the job staged, and complete their barrier B with
-        the snapshots carrying B, in one transaction."""
-        from icebarrier.iceberg_ext.catalog import barrier_of, is_compaction
+    def swap_staged(self, conn, job: str, barrier: int | None = None) -> tuple[int, dict[TableName, int], bool]:
+        """Swap every pointer the job staged to its staged commit (inside the caller's
+        transaction) and drop the staging. Returns the barrier (``barrier`` None: the one they
+        were all staged for), the snapshot each sink committed for it, and whether a commit
+        says it coalesced."""
+        rows = conn.execute("SELECT table_name, barrier, base_location, metadata_location FROM catalog_pending "
+                            "WHERE job_name = %s ORDER BY table_name FOR UPDATE", (job,)).fetchall()
+        marks = {r["barrier"] for r in rows} | ({barrier} if barrier is not None else set())
+        if len(marks) != 1:
+            raise IcebarrierError(f"job {job} has {'nothing' if not rows else 'several barriers'} staged to "
+                                  f"publish; write its sinks through this catalog first")
+        barrier, commits, coalesced = marks.pop(), {}, False
+        for r in rows:
+            table = TableName.parse(r["table_name"])
+            self.point(conn, table, r["metadata_location"], r["base_location"],
+                       lost=f"was changed outside job {job}'s barrier; run the job again")
+            main = self.metadata(r["metadata_location"])[0].current_snapshot()
+            if main is not None and barrier_of(main) == barrier and not is_compaction(main):
+                commits[table] = main.snapshot_id
+                coalesced = coalesced or coalesced_after(main) is not None
+        conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
+        return barrier, commits, coalesced
 
+    def publish(self, conn, job: str) -> None:
+        """Swap the pointers of every commit the job staged through latest, and complete their
+        barrier B with the snapshots carrying B, in one transaction."""
         with conn.transaction():
-            rows = conn.execute("SELECT table_name, barrier, base_location, metadata_location FROM catalog_pending "
-                                "WHERE job_name = %s ORDER BY table_name FOR UPDATE", (job,)).fetchall()
-            marks = {r["barrier"] for r in rows}
-            if len(marks) != 1:
-                raise IcebarrierError(f"job {job} has {'nothing' if not rows else 'several barriers'} staged to "
-                                      f"publish; write its sinks through this catalog first")
-            barrier, commits, coalesce = marks.pop(), {}, False
-            for r in rows:
-                table = TableName.parse(r["table_name"])
-                self.point(conn, table, r["metadata_location"], r["base_location"],
-                           lost=f"was changed outside job {job}'s barrier; retry it")
-                main = self.metadata(r["metadata_location"])[0].current_snapshot()
-                if main is not None and barrier_of(main) == barrier and not is_compaction(main):
-                    commits[table] = main.snapshot_id
-                    coalesce = coalesce or coalesced_after(main) is not None
-            conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
+            barrier, commits, coalesce = self.swap_staged(conn, job)
             faults.point(faults.IN_CATALOG_COMMIT)
             with conn.transaction():
                 jobs.complete(conn, job, barrier, commits, run_id="rest-catalog", coalesce=coalesce)

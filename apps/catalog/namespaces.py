@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from icebarrier.apps.catalog.deps import JobCaller, LakeDep, NamespacePath, PageSize, Reading, Writing, parse_namespace
+from icebarrier.apps.catalog.deps import LakeDep, NamespacePath, PageSize, Reading, Writing, parse_namespace
 from icebarrier.apps.catalog.errors import UnprocessableError
 from icebarrier.apps.catalog.models import CreateNamespaceRequest, UpdateNamespacePropertiesRequest
 
@@ -20,7 +20,7 @@ def list_namespaces(warehouse: Reading, lake: LakeDep, parent: str | None = None
 
 
 @router.post("")
-def create_namespace(warehouse: Writing, principal: JobCaller, lake: LakeDep, body: dict):
+def create_namespace(to: Writing, lake: LakeDep, body: dict):
     request = CreateNamespaceRequest.parse(body)
     lake.catalog.create_namespace(request.namespace, request.properties)
     return {"namespace": list(request.namespace), "properties": request.properties}
@@ -38,13 +38,13 @@ def namespace_exists(warehouse: Reading, namespace: NamespacePath, lake: LakeDep
 
 
 @router.delete("/{namespace}")
-def drop_namespace(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, lake: LakeDep):
+def drop_namespace(to: Writing, namespace: NamespacePath, lake: LakeDep):
     lake.catalog.drop_namespace(namespace)
     return Response(status_code=204)
 
 
 @router.post("/{namespace}/properties")
-def update_properties(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, lake: LakeDep,
+def update_properties(to: Writing, namespace: NamespacePath, lake: LakeDep,
                       body: dict):
     request = UpdateNamespacePropertiesRequest.parse(body)
     both = sorted(set(request.removals) & set(request.updates))

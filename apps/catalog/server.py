@@ -3,7 +3,8 @@
 Every engine that speaks the REST catalog (Spark, PyIceberg, DuckDB, Trino…) reads consistent
 cuts by naming a warehouse (see :mod:`.warehouses`); what is read and written is the lake's
 (:mod:`.lake`). The routes follow the spec's resources: configuration and OAuth2
-(:mod:`.oauth`), namespaces (:mod:`.namespaces`), tables and transactions (:mod:`.tables`).
+(:mod:`.oauth`), namespaces (:mod:`.namespaces`), tables and transactions (:mod:`.tables`);
+job sessions (:mod:`.sessions`, icebarrier's own, for ``icebarrier job exec``).
 ``GET /v1/config`` lists exactly the endpoints registered here.
 """
 
@@ -12,12 +13,12 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from icebarrier.apps.catalog import errors, namespaces, oauth, tables
+from icebarrier.apps.catalog import errors, namespaces, oauth, sessions, tables
 from icebarrier.apps.catalog.lake import Lake
 from icebarrier.iceberg_ext.config import Settings
 
 
-ROUTERS = (oauth.router, namespaces.router, tables.router)
+ROUTERS = (oauth.router, namespaces.router, tables.router, sessions.router)
 
 
 def served_endpoints(routes: list[APIRoute]) -> list[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from icebarrier.apps.catalog.deps import (
-    JobCaller,
     LakeDep,
     NamespacePath,
     PageSize,
@@ -42,15 +41,16 @@ def list_tables(warehouse: Reading, namespace: NamespacePath, lake: LakeDep, pag
 
 
 @router.post("/namespaces/{namespace}/tables")
-def create_table(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, lake: LakeDep, body: dict):
+def create_table(to: Writing, namespace: NamespacePath, lake: LakeDep, body: dict):
     request = CreateTableRequest.parse(body)
-    return _json(lake.create(principal, lake.table_name(namespace, request.name), request))
+    return _json(lake.create(to.warehouse, to.principal, lake.table_name(namespace, request.name), request))
 
 
 @router.post("/namespaces/{namespace}/register")
-def register_table(warehouse: Writing, principal: JobCaller, namespace: NamespacePath, lake: LakeDep, body: dict):
+def register_table(to: Writing, namespace: NamespacePath, lake: LakeDep, body: dict):
     request = RegisterTableRequest.parse(body)
-    return _json(lake.register(principal, lake.table_name(namespace, request.name), request.metadata_location,
+    lake.outside_sessions(to.warehouse, "register tables")
+    return _json(lake.register(to.principal, lake.table_name(namespace, request.name), request.metadata_location,
                                overwrite=request.overwrite))
 
 
@@ -64,12 +64,13 @@ def load_table(at: ReadTable, snapshots: str | None = None):
 @router.head(TABLE)
 def table_exists(at: ReadTable):
     with at.lake.pool.connection() as conn:
-        at.lake.current(conn, at.table)  # NoSuchTableError: 404
+        at.lake.exists(conn, at.warehouse, at.table, at.principal)  # NoSuchTableError: 404
     return Response(status_code=204)
 
 
 @router.delete(TABLE)
 def drop_table(at: WriteTable, purgeRequested: bool = False):
+    at.lake.outside_sessions(at.warehouse, "drop tables")
     at.lake.drop(at.principal, at.table, purge=purgeRequested)
     return Response(status_code=204)
 
@@ -82,7 +83,7 @@ def commit_table(at: WriteTable, body: dict):
     identified = request.model_copy(
         update={"identifier": TableIdentifier(namespace=at.table.namespace, name=at.table.name)})
     with at.lake.pool.connection() as conn:
-        [(_, new)] = at.lake.commit(conn, at.principal, [identified])
+        [(_, new)] = at.lake.commit(conn, at.warehouse, at.principal, [identified])
     return _json(CommitTableResponse(metadata=new.metadata, metadata_location=new.metadata_location))
 
 
@@ -93,17 +94,18 @@ def report_metrics(at: ReadTable, body: dict):
 
 
 @router.post("/tables/rename")
-def rename_table(warehouse: Writing, principal: JobCaller, lake: LakeDep, body: dict):
+def rename_table(to: Writing, lake: LakeDep, body: dict):
     request = RenameTableRequest.parse(body)
-    lake.rename(principal, lake.table_name(request.source.namespace, request.source.name),
+    lake.outside_sessions(to.warehouse, "rename tables")
+    lake.rename(to.principal, lake.table_name(request.source.namespace, request.source.name),
                 lake.table_name(request.destination.namespace, request.destination.name))
     return Response(status_code=204)
 
 
 @router.post("/transactions/commit")
-def commit_transaction(warehouse: Writing, principal: JobCaller, lake: LakeDep, body: dict):
+def commit_transaction(to: Writing, lake: LakeDep, body: dict):
     request = CommitTransactionRequest.parse(body)
     if request.table_changes:  # an empty transaction changes nothing
         with lake.pool.connection() as conn:
-            lake.commit(conn, principal, list(request.table_changes))
+            lake.commit(conn, to.warehouse, to.principal, list(request.table_changes))
     return Response(status_code=204)

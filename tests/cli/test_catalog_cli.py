@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from icebarrier.cli.catalog import ENGINES
+from icebarrier.apps.catalog.clients import ENGINES
 
 
 def test_a_token_is_printed_once_and_stored_hashed(cli, conn):

@@ -11,7 +11,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from icebarrier.cli.catalog import configuration
+from icebarrier.apps.catalog.clients import configuration
 from icebarrier.control_plane import barriers, jobs, leases, tokens
 from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER

@@ -200,7 +200,7 @@ def test_read_committed_sessions_never_mix_cuts_across_two_servers(lake):
 def test_spark_reads_consistent_cuts_through_the_rest_catalog(lake, server, spark):
     """Spark's own REST client, configured as `icebarrier connect --engine spark` says: a join
     through read-committed while barriers advance shows no mixed cut; barrier-<B> equals the cut."""
-    from icebarrier.cli.catalog import configuration
+    from icebarrier.apps.catalog.clients import configuration
 
     p = Pipeline(lake, {"ingest": ["orders", "payments"]})
     first = p.advance(rows=3)

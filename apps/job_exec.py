@@ -1,0 +1,320 @@
+"""``icebarrier job exec NAME -- COMMAND…``: any command as a barrier-completing job.
+
+The runner is a client of ``icebarrier serve`` (it needs the catalog's address and a token of
+the job, or an admin token; no database access). Per planned barrier it opens the job's session
+(:mod:`icebarrier.apps.catalog.sessions`), holds it while it lives, runs COMMAND with the
+catalog configuration of every engine in its environment (warehouse ``job:<JOB>@<RUN>``), and
+publishes the barrier when COMMAND exits 0 — else discards what it staged. A skipped barrier
+is published without running COMMAND; a session a dead run left after its command succeeded
+is adopted (published) without running it again.
+
+What COMMAND finds in its environment (see docs/job-exec.md):
+
+- ``ICEBARRIER_JOB``, ``ICEBARRIER_BARRIER``, ``ICEBARRIER_PLAN``, ``ICEBARRIER_FROM_BARRIER``,
+  ``ICEBARRIER_RUN_ID``; ``ICEBARRIER_CATALOG`` (the catalog's name), ``…_CATALOG_URI``,
+  ``…_CATALOG_WAREHOUSE``, ``…_CATALOG_CREDENTIAL``;
+- PyIceberg: ``PYICEBERG_CATALOG__<CATALOG>__*`` (``load_catalog("<catalog>")`` works as is);
+- Spark: ``SPARK_CONF_DIR`` with a ``spark-defaults.conf`` (a plain ``SparkSession.builder
+  .getOrCreate()`` or ``spark-submit`` picks it up; the user's own defaults are kept, ours
+  appended) and ``ICEBARRIER_SPARK_PROPERTIES``, the same file for ``--properties-file``;
+- DuckDB: ``ICEBARRIER_DUCKDB_INIT``, a SQL file that loads the iceberg extension and attaches
+  the catalog (``duckdb -init "$ICEBARRIER_DUCKDB_INIT"``, or execute its text).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from icebarrier.apps.catalog.clients import configuration, pyiceberg_environment, spark_conf
+from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.control_plane.model import format_duration_s
+
+HOLD_S = 30.0
+REQUEST_TIMEOUT_S = 60.0
+
+
+class CatalogRequestError(IcebarrierError):
+    """The catalog refused a session request (its one-line message) or could not be reached."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class SessionClient:
+    """The job-session endpoints of ``icebarrier serve``, with OAuth2 client credentials."""
+
+    def __init__(self, uri: str, credential: str) -> None:
+        client_id, colon, secret = credential.partition(":")
+        if not colon or not client_id or not secret:
+            raise IcebarrierError("the catalog credential must be CLIENT_ID:SECRET (from `icebarrier token create "
+                                  "--job JOB`); pass --credential or set ICEBARRIER_CATALOG_CREDENTIAL")
+        self.uri, self.client_id, self.secret = uri.rstrip("/"), client_id, secret
+        self._token: str | None = None
+        self.requests = 0
+
+    def _send(self, method: str, path: str, data: bytes | None, headers: dict) -> dict:
+        request = urllib.request.Request(self.uri + path, data=data, method=method, headers=headers)
+        self.requests += 1
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+            try:
+                parsed = json.loads(body)
+                message = parsed["error"]["message"] if "error" in parsed and isinstance(parsed["error"], dict) \
+                    else parsed.get("error_description") or parsed.get("error")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                message = body[:300].decode(errors="replace")
+            raise CatalogRequestError(f"the catalog at {self.uri} refused {method} {path}: {message}",
+                                      exc.code) from None
+        except OSError as exc:
+            raise CatalogRequestError(f"no catalog answers at {self.uri} ({getattr(exc, 'reason', exc)}); start one "
+                                      f"with `icebarrier serve` or pass --catalog-uri") from None
+
+    def token(self) -> str:
+        if self._token is None:
+            form = urllib.parse.urlencode({"grant_type": "client_credentials", "client_id": self.client_id,
+                                           "client_secret": self.secret}).encode()
+            self._token = self._send("POST", "/v1/oauth/tokens", form,
+                                     {"Content-Type": "application/x-www-form-urlencoded"})["access_token"]
+        return self._token
+
+    def call(self, method: str, job: str, path: str = "", body: dict | None = None) -> dict:
+        route = f"/icebarrier/v1/jobs/{urllib.parse.quote(job, safe='')}/session{path}"
+        data = json.dumps(body).encode() if body is not None else None
+        for attempt in (1, 2):
+            headers = {"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json"}
+            try:
+                return self._send(method, route, data, headers)
+            except CatalogRequestError as exc:
+                if exc.status != 401 or attempt == 2:
+                    raise
+                self._token = None  # the access token expired: authenticate again
+
+    def open(self, job: str, *, skip: bool, coalesce: bool, hold_s: float) -> dict:
+        return self.call("POST", job, body={"skip": skip, "coalesce": coalesce, "hold_s": hold_s})
+
+    def hold(self, job: str, run_id: str, hold_s: float) -> dict:
+        return self.call("PUT", job, "/hold", {"run_id": run_id, "hold_s": hold_s})
+
+    def publish(self, job: str, run_id: str) -> dict:
+        return self.call("POST", job, "/publish", {"run_id": run_id})["completion"]
+
+    def discard(self, job: str, run_id: str) -> bool:
+        return self.call("DELETE", job, f"?run_id={urllib.parse.quote(run_id)}")["discarded"]
+
+
+# -- the command's environment ------------------------------------------------------------------------
+
+
+def command_environment(session: dict, *, catalog: str, uri: str, credential: str, workdir: Path) -> dict[str, str]:
+    """Environment variables that give COMMAND the session and every engine's configuration
+    (files written under ``workdir``)."""
+    warehouse = f"job:{session['job']}@{session['run_id']}"
+    env = {
+        "ICEBARRIER_JOB": session["job"], "ICEBARRIER_BARRIER": str(session["barrier"]),
+        "ICEBARRIER_PLAN": session["plan"], "ICEBARRIER_FROM_BARRIER": str(session["from_barrier"] or ""),
+        "ICEBARRIER_RUN_ID": session["run_id"], "ICEBARRIER_CATALOG": catalog, "ICEBARRIER_CATALOG_URI": uri,
+        "ICEBARRIER_CATALOG_WAREHOUSE": warehouse, "ICEBARRIER_CATALOG_CREDENTIAL": credential,
+        **pyiceberg_environment(warehouse, uri, credential, catalog),
+    }
+    duckdb_init = workdir / "duckdb-init.sql"
+    duckdb_init.write_text(configuration("duckdb", warehouse, uri, credential, catalog) + "\n")
+    env["ICEBARRIER_DUCKDB_INIT"] = str(duckdb_init)
+    try:
+        conf = spark_conf(warehouse, uri, credential, catalog)
+    except IcebarrierError:  # no Spark here: the command is not a Spark one
+        return env
+    conf_dir = workdir / "spark-conf"
+    conf_dir.mkdir()
+    theirs = Path(os.environ.get("SPARK_CONF_DIR") or Path(os.environ.get("SPARK_HOME", "/nonexistent")) / "conf")
+    if theirs.is_dir():  # keep the user's Spark configuration; ours wins where both set a key
+        shutil.copytree(theirs, conf_dir, dirs_exist_ok=True)
+    defaults = conf_dir / "spark-defaults.conf"
+    kept = defaults.read_text() if defaults.exists() else ""
+    defaults.write_text(kept + "\n# icebarrier job exec\n" + "".join(f"{k} {v}\n" for k, v in conf.items()))
+    env["SPARK_CONF_DIR"] = str(conf_dir)
+    env["ICEBARRIER_SPARK_PROPERTIES"] = str(defaults)
+    return env
+
+
+# -- running ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Step:
+    """What one planned barrier came to."""
+
+    barrier: int
+    plan: str
+    outcome: str  # published, skipped, adopted or failed
+    seconds: float
+    exit_code: int | None = None  # the command's (None: not run)
+    commits: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"barrier": self.barrier, "plan": self.plan, "outcome": self.outcome, "seconds": round(self.seconds, 3),
+                "exit_code": self.exit_code, "commits": self.commits}
+
+
+@dataclass(slots=True, kw_only=True)
+class ExecSummary:
+    job: str
+    steps: list[Step] = field(default_factory=list)
+    waiting: str | None = None  # what the job waits for when it stopped for want of a barrier
+    exit_code: int = 0
+    stopped_by_signal: bool = False
+
+    def to_json(self) -> dict:
+        return {"job": self.job, "steps": [s.to_json() for s in self.steps], "waiting": self.waiting,
+                "exit_code": self.exit_code, "stopped_by_signal": self.stopped_by_signal}
+
+
+class JobExec:
+    """Runs COMMAND once per planned barrier of job ``job`` (see the module docstring)."""
+
+    def __init__(self, job: str, command: list[str], *, uri: str, credential: str, skip: bool = True,
+                 coalesce: bool = True, hold_s: float = HOLD_S, log: Callable[[str], None] = print) -> None:
+        self.job, self.command, self.skip, self.coalesce, self.hold_s = job, command, skip, coalesce, hold_s
+        self.uri, self.credential, self.log = uri.rstrip("/"), credential, log
+        self.client = SessionClient(uri, credential)
+        self.stop = threading.Event()
+        self._child: subprocess.Popen | None = None
+
+    def run(self, *, follow: bool = False, poll_s: float = 1.0) -> ExecSummary:
+        """Complete every barrier due now (``follow``: keep going until SIGINT/SIGTERM)."""
+        summary = ExecSummary(job=self.job)
+        restore = self._install_signal_handlers()
+        newest = None  # --once stops at the newest barrier issued when it started
+        try:
+            while not self.stop.is_set():
+                opened = self.client.open(self.job, skip=self.skip, coalesce=self.coalesce, hold_s=self.hold_s)
+                if newest is None:
+                    newest = opened.get("newest_barrier")
+                session = opened.get("session")
+                if not opened["ready"] or (not follow and newest is not None and session["barrier"] > newest):
+                    if session is not None:  # past where --once stops: leave it for the next run
+                        self.client.discard(self.job, session["run_id"])
+                    summary.waiting = opened.get("waiting")
+                    if not follow:
+                        break
+                    self.stop.wait(poll_s)
+                    continue
+                step = self._step(opened["opened"], session)
+                summary.steps.append(step)
+                if step.outcome == "failed":
+                    summary.exit_code = step.exit_code
+                    break
+        finally:
+            restore()
+        summary.stopped_by_signal = self.stop.is_set()
+        if summary.waiting and not summary.steps:
+            self.log(f"job {self.job}: nothing to do: it waits for {summary.waiting}")
+        return summary
+
+    def _step(self, opened: str, session: dict) -> Step:
+        started = time.perf_counter()
+        barrier, plan, run_id = session["barrier"], session["plan"], session["run_id"]
+        how = f"coalescing from {session['from_barrier']}" if plan == "coalesce" else plan
+        if opened == "adopted" or plan == "skip":
+            completion = self.client.publish(self.job, run_id)
+            outcome = "adopted" if opened == "adopted" else "skipped"
+            self.log(f"job {self.job}: barrier {barrier} {outcome} "
+                     f"({'a previous run had staged it' if outcome == 'adopted' else 'no source changed'})")
+            return Step(barrier=barrier, plan=plan, outcome=outcome, seconds=time.perf_counter() - started,
+                        commits=completion["commits"])
+        if opened == "resumed":
+            self.log(f"job {self.job}: barrier {barrier}: a previous run died before publishing it; computing it again")
+        self.log(f"job {self.job}: barrier {barrier} ({how}), run {run_id}: {' '.join(self.command)}")
+        code = self._run_command(session)
+        seconds = time.perf_counter() - started
+        if code != 0:
+            self.client.discard(self.job, run_id)
+            self.log(f"job {self.job}: the command failed ({describe_exit(code)}) after {format_duration_s(seconds)}; "
+                     f"barrier {barrier} is not published (nothing it wrote is visible)")
+            return Step(barrier=barrier, plan=plan, outcome="failed", seconds=seconds, exit_code=code)
+        completion = self.client.publish(self.job, run_id)
+        seconds = time.perf_counter() - started
+        written = ", ".join(sorted(completion["commits"])) or "no sink changed"
+        self.log(f"job {self.job}: barrier {barrier} published in {format_duration_s(seconds)} ({written})")
+        return Step(barrier=barrier, plan=plan, outcome="published", seconds=seconds, exit_code=0,
+                    commits=completion["commits"])
+
+    def _run_command(self, session: dict) -> int:
+        """Run COMMAND in its own process group while a thread renews the session's hold; its
+        exit code (128 + N if signal N killed it)."""
+        with tempfile.TemporaryDirectory(prefix="icebarrier-exec-") as workdir:
+            env = {**os.environ, **command_environment(session, catalog=session["catalog"], uri=self.uri,
+                                                        credential=self.credential, workdir=Path(workdir))}
+            try:
+                self._child = subprocess.Popen(self.command, env=env, process_group=0)
+            except OSError as exc:
+                raise IcebarrierError(f"cannot run {self.command[0]!r}: {exc.strerror}; check the command") from None
+            done = threading.Event()
+            holder = threading.Thread(target=self._hold, args=(session, done), daemon=True, name="icebarrier-hold")
+            holder.start()
+            try:
+                code = self._child.wait()
+            finally:
+                done.set()
+                holder.join()
+                self._child = None
+        return 128 - code if code < 0 else code
+
+    def _hold(self, session: dict, done: threading.Event) -> None:
+        """Renew the run's hold on its session; if the session is lost, stop the command."""
+        while not done.wait(self.hold_s / 3):
+            try:
+                self.client.hold(self.job, session["run_id"], self.hold_s)
+            except CatalogRequestError as exc:
+                if exc.status in (401, 403, 404):
+                    self.log(f"job {self.job}: {exc}; stopping the command")
+                    self._signal_child(signal.SIGTERM)
+                    return
+                self.log(f"job {self.job}: renewing the session's hold failed ({exc}); retrying")
+
+    def _signal_child(self, signum: int) -> None:
+        child = self._child
+        if child is not None and child.poll() is None:
+            try:
+                os.killpg(child.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
+        """SIGINT/SIGTERM: pass it to the running command (it decides; nothing is published unless
+        it exits 0) and stop after the current barrier."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def handler(signum, frame):
+            self.stop.set()
+            self.log(f"job {self.job}: {signal.Signals(signum).name}, passed to the command; stopping")
+            self._signal_child(signum)
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        return lambda: [signal.signal(s, h) for s, h in previous.items()]
+
+
+def describe_exit(code: int) -> str:
+    if code > 128:
+        try:
+            return f"killed by {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    return f"exit code {code}"

@@ -1,0 +1,241 @@
+"""Job sessions (DESIGN.md, "Jobs in any engine"): a job's next barrier, planned once and held
+while any engine computes it through the catalog's warehouse ``job``.
+
+One session a job. It holds the plan (barrier B, exact, skip or coalesce, from progress P) from
+its first request until the catalog publishes B (every staged sink commit swaps in and B
+completes, one transaction) or the session is discarded (its staged commits dropped: nothing
+was visible).
+
+A *run* (``icebarrier job exec``) opens the session and holds it while it lives; the command it
+runs names the run in its warehouse (``job:<JOB>@<RUN>``), so a command left behind by a dead
+run cannot write into the next run's session. A run that dies leaves the session open; once its
+hold lapses the next run takes it over: it adopts the staged commits if the command had exited 0
+(``succeeded``), else discards them and computes B again. Either way each (table, barrier) is
+written once.
+
+This module keeps the session's row; the catalog (:mod:`icebarrier.apps.catalog.lake`) stages
+and publishes the commits.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+
+import psycopg
+
+from icebarrier.control_plane import jobs
+from icebarrier.control_plane.errors import BarrierError
+from icebarrier.control_plane.jobs import NextBarrier, Plan
+from icebarrier.control_plane.model import TableName
+
+HOLD_S = 30.0  # a run renews its hold every third of this
+
+
+class SessionHeldError(BarrierError):
+    """Another run of the job holds its session."""
+
+    def __init__(self, job: str, run_id: str, held_until: datetime) -> None:
+        self.job, self.run_id, self.held_until = job, run_id, held_until
+        super().__init__(f"job {job} is running (run {run_id} holds its session until "
+                         f"{held_until.isoformat(timespec='seconds')}); one run of a job at a time: wait for it")
+
+
+class SessionGoneError(BarrierError):
+    """A request names a run that no longer holds the job's session."""
+
+    def __init__(self, job: str, run_id: str, current: str | None) -> None:
+        self.job, self.run_id, self.current = job, run_id, current
+        now = f"run {current} holds it now" if current else "it was published or discarded"
+        super().__init__(f"run {run_id} of job {job} no longer holds the job's session ({now}); nothing it writes "
+                         f"is kept: stop it")
+
+
+class StaleSessionError(BarrierError):
+    """The job's progress moved since its session planned (another writer, or a revision)."""
+
+    def __init__(self, job: str, barrier: int, planned_from: int | None, progress: int | None) -> None:
+        self.job, self.barrier, self.planned_from, self.progress = job, barrier, planned_from, progress
+        super().__init__(
+            f"job {job}'s session for barrier {barrier} was planned from barrier {planned_from}, but the job is now "
+            f"at {progress} (barriers were completed outside the session, or a revision rewound it); run the job "
+            f"again: its next run plans anew")
+
+
+class NoBarrierDueError(BarrierError):
+    """The job has nothing to complete now (its sources are behind, or no barrier is due)."""
+
+    def __init__(self, plan: NextBarrier) -> None:
+        self.plan = plan
+        super().__init__(f"job {plan.job} has no barrier to complete now: it waits for {plan.describe_wait()}")
+
+
+class Opened(str, Enum):
+    """How a run came by its session."""
+
+    NEW = "new"  # planned now
+    RESUMED = "resumed"  # a dead run's session, its staged commits discarded: B is computed again
+    ADOPTED = "adopted"  # a dead run's session whose command had succeeded: publish what it staged
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSession:
+    job: str
+    barrier: int
+    plan: Plan
+    from_barrier: int | None
+    run_id: str
+    opened_at: datetime
+    held_until: datetime | None
+    succeeded: bool
+    sources: frozenset[TableName]
+    sinks: frozenset[TableName]
+
+    @property
+    def root(self) -> bool:
+        return not self.sources
+
+    @property
+    def coalesce_after(self) -> int | None:
+        """P when the session coalesces the barriers between P and B (stamped on its commits)."""
+        return self.from_barrier if self.plan is Plan.COALESCE else None
+
+    def to_json(self) -> dict:
+        return {"job": self.job, "barrier": self.barrier, "plan": self.plan.value, "from_barrier": self.from_barrier,
+                "run_id": self.run_id, "opened_at": self.opened_at.isoformat(),
+                "held_until": self.held_until.isoformat() if self.held_until else None, "succeeded": self.succeeded,
+                "sources": sorted(map(str, self.sources)), "sinks": sorted(map(str, self.sinks))}
+
+
+_SESSION = """
+SELECT s.job_name, s.barrier, s.plan, s.from_barrier, s.run_id, s.opened_at, s.held_until,
+       s.held_until > clock_timestamp() AS held, s.succeeded_at IS NOT NULL AS succeeded,
+       ARRAY(SELECT m.name FROM job_source x JOIN managed_table m USING (table_id) WHERE x.job_id = j.job_id) AS sources,
+       ARRAY(SELECT m.name FROM job_sink x JOIN managed_table m USING (table_id) WHERE x.job_id = j.job_id) AS sinks,
+       (SELECT max(m.watermark) FROM job_sink x JOIN managed_table m USING (table_id) WHERE x.job_id = j.job_id)
+           AS progress
+FROM job_session s JOIN job j ON j.name = s.job_name AND j.active
+WHERE s.job_name = %s
+"""
+
+
+def _row(conn: psycopg.Connection, job: str, *, lock: bool) -> dict | None:
+    return conn.execute(_SESSION + (" FOR UPDATE OF s" if lock else ""), (job,)).fetchone()
+
+
+def _session(row: dict) -> JobSession:
+    return JobSession(job=row["job_name"], barrier=row["barrier"], plan=Plan(row["plan"]),
+                      from_barrier=row["from_barrier"], run_id=row["run_id"], opened_at=row["opened_at"],
+                      held_until=row["held_until"], succeeded=row["succeeded"],
+                      sources=frozenset(map(TableName.parse, row["sources"])),
+                      sinks=frozenset(map(TableName.parse, row["sinks"])))
+
+
+def _fresh(row: dict) -> JobSession:
+    if row["progress"] != row["from_barrier"]:
+        raise StaleSessionError(row["job_name"], row["barrier"], row["from_barrier"], row["progress"])
+    return _session(row)
+
+
+def _run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:12]}"
+
+
+def get(conn: psycopg.Connection, job: str, *, run_id: str | None = None, lock: bool = False) -> JobSession | None:
+    """The job's open session, if any; ``run_id``: it must be that run's (else
+    :class:`SessionGoneError`); ``lock``: held for update until the transaction ends. A session
+    whose plan no longer starts at the job's progress is :class:`StaleSessionError`."""
+    row = _row(conn, job, lock=lock)
+    if run_id is not None and (row is None or row["run_id"] != run_id):
+        raise SessionGoneError(job, run_id, row["run_id"] if row else None)
+    return _fresh(row) if row is not None else None
+
+
+def current(conn: psycopg.Connection, job: str, *, run_id: str | None = None) -> JobSession:
+    """The session a request through warehouse ``job`` works in: the named run's, else the
+    job's open session, else one opened now with the job's plan (its first request)."""
+    found = get(conn, job, run_id=run_id)
+    if found is not None:
+        return found
+    session, _ = open_session(conn, job)
+    return session
+
+
+def open_session(conn: psycopg.Connection, job: str, *, skip: bool = True, coalesce: bool = True,
+                 hold_s: float | None = None) -> tuple[JobSession, Opened]:
+    """Open the job's session for a run (``hold_s``: held that long; renew with :func:`hold`).
+
+    An open session held by a live run is :class:`SessionHeldError`. One whose hold lapsed (or
+    that no run holds) is taken over: adopted if its command succeeded, else resumed with its
+    staged commits discarded. A stale one is discarded. Otherwise the job's plan is taken now
+    (:class:`NoBarrierDueError` if it has nothing to complete)."""
+    with conn.transaction():
+        row = _row(conn, job, lock=True)
+        if row is not None and hold_s is not None and row["held"]:
+            raise SessionHeldError(job, row["run_id"], row["held_until"])
+        if row is not None and row["progress"] == row["from_barrier"]:
+            how = Opened.ADOPTED if row["succeeded"] else Opened.RESUMED
+            if how is Opened.RESUMED:
+                conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
+            conn.execute("UPDATE job_session SET run_id = %s, opened_at = now(), "
+                         "held_until = clock_timestamp() + make_interval(secs => %s) WHERE job_name = %s",
+                         (_run_id(), hold_s or 0, job))
+            return _fresh(_row(conn, job, lock=False)), how
+        if row is not None:  # stale
+            _delete(conn, job)
+    plan = jobs.next_barrier(conn, job, skip=skip, coalesce=coalesce)
+    if not plan.ready:
+        raise NoBarrierDueError(plan)
+    with conn.transaction():
+        inserted = conn.execute(
+            "INSERT INTO job_session (job_name, barrier, plan, from_barrier, run_id, held_until) VALUES "
+            "(%s, %s, %s, %s, %s, clock_timestamp() + make_interval(secs => %s)) ON CONFLICT (job_name) DO NOTHING",
+            (job, plan.barrier, plan.plan.value, plan.from_barrier, _run_id(), hold_s or 0)).rowcount
+        if inserted:  # commits staged outside any session (a multi-sink job through latest) are not its
+            conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
+        row = _row(conn, job, lock=False)
+    if not inserted and hold_s is not None:  # another run opened it meanwhile
+        raise SessionHeldError(job, row["run_id"], row["held_until"])
+    return _fresh(row), Opened.NEW
+
+
+def hold(conn: psycopg.Connection, job: str, run_id: str, hold_s: float) -> JobSession:
+    """Renew the run's hold on the job's session."""
+    with conn.transaction():
+        get(conn, job, run_id=run_id, lock=True)
+        conn.execute("UPDATE job_session SET held_until = clock_timestamp() + make_interval(secs => %s) "
+                     "WHERE job_name = %s", (hold_s, job))
+    return get(conn, job, run_id=run_id)
+
+
+def mark_succeeded(conn: psycopg.Connection, job: str, run_id: str | None) -> JobSession:
+    """The run's command exited 0: what it staged is whole (a publish cut short is adopted)."""
+    with conn.transaction():
+        session = get(conn, job, run_id=run_id, lock=True)
+        if session is None:
+            raise BarrierError(f"job {job} has no open session to publish; its first request through warehouse "
+                               f"job opens one")
+        conn.execute("UPDATE job_session SET succeeded_at = now() WHERE job_name = %s", (job,))
+    return session
+
+
+def _delete(conn: psycopg.Connection, job: str) -> bool:
+    conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
+    return conn.execute("DELETE FROM job_session WHERE job_name = %s", (job,)).rowcount > 0
+
+
+def discard(conn: psycopg.Connection, job: str, run_id: str | None = None) -> bool:
+    """Drop the job's session (``run_id``: only if that run holds it) and what it staged;
+    nothing of it was visible. Whether there was one."""
+    with conn.transaction():
+        row = _row(conn, job, lock=True)
+        if row is None or (run_id is not None and row["run_id"] != run_id):
+            return False
+        return _delete(conn, job)
+
+
+def close(conn: psycopg.Connection, job: str) -> None:
+    """End the session whose barrier was just published (inside the publishing transaction)."""
+    _delete(conn, job)
