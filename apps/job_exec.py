@@ -4,7 +4,8 @@ The runner is a client of ``icebarrier serve`` (it needs the catalog's address a
 the job, or an admin token; no database access). Per planned barrier it opens the job's session
 (:mod:`icebarrier.apps.catalog.sessions`), holds it while it lives, runs COMMAND with the
 catalog configuration of every engine in its environment (warehouse ``job:<JOB>@<RUN>``), and
-publishes the barrier when COMMAND exits 0 — else discards what it staged. A skipped barrier
+publishes the barrier when COMMAND exits 0 — else releases the session (what COMMAND staged is
+dropped; the next run computes the same barrier again). A skipped barrier
 is published without running COMMAND; a session a dead run left after its command succeeded
 is adopted (published) without running it again.
 
@@ -15,8 +16,9 @@ What COMMAND finds in its environment (see docs/job-exec.md):
   ``…_CATALOG_WAREHOUSE``, ``…_CATALOG_CREDENTIAL``;
 - PyIceberg: ``PYICEBERG_CATALOG__<CATALOG>__*`` (``load_catalog("<catalog>")`` works as is);
 - Spark: ``SPARK_CONF_DIR`` with a ``spark-defaults.conf`` (a plain ``SparkSession.builder
-  .getOrCreate()`` or ``spark-submit`` picks it up; the user's own defaults are kept, ours
-  appended) and ``ICEBARRIER_SPARK_PROPERTIES``, the same file for ``--properties-file``;
+  .getOrCreate()`` or ``spark-submit`` picks it up; the user's own configuration directory is
+  copied, our properties appended; without one, Spark logs errors only and shows no progress
+  bars) and ``ICEBARRIER_SPARK_PROPERTIES``, the same file for ``--properties-file``;
 - DuckDB: ``ICEBARRIER_DUCKDB_INIT``, a SQL file that loads the iceberg extension and attaches
   the catalog (``duckdb -init "$ICEBARRIER_DUCKDB_INIT"``, or execute its text).
 """
@@ -38,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from icebarrier.apps.catalog.clients import configuration, pyiceberg_environment, spark_conf
+from icebarrier.apps.catalog.clients import SPARK_LOG4J2, configuration, pyiceberg_environment, spark_conf
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import format_duration_s
 
@@ -115,8 +117,8 @@ class SessionClient:
     def publish(self, job: str, run_id: str) -> dict:
         return self.call("POST", job, "/publish", {"run_id": run_id})["completion"]
 
-    def discard(self, job: str, run_id: str) -> bool:
-        return self.call("DELETE", job, f"?run_id={urllib.parse.quote(run_id)}")["discarded"]
+    def release(self, job: str, run_id: str) -> bool:
+        return self.call("POST", job, "/release", {"run_id": run_id})["released"]
 
 
 # -- the command's environment ------------------------------------------------------------------------
@@ -146,8 +148,10 @@ def command_environment(session: dict, *, catalog: str, uri: str, credential: st
     if theirs.is_dir():  # keep the user's Spark configuration; ours wins where both set a key
         shutil.copytree(theirs, conf_dir, dirs_exist_ok=True)
     defaults = conf_dir / "spark-defaults.conf"
-    kept = defaults.read_text() if defaults.exists() else ""
+    kept = defaults.read_text() if defaults.exists() else "spark.ui.showConsoleProgress false\n"
     defaults.write_text(kept + "\n# icebarrier job exec\n" + "".join(f"{k} {v}\n" for k, v in conf.items()))
+    if not (conf_dir / "log4j2.properties").exists():
+        (conf_dir / "log4j2.properties").write_text(SPARK_LOG4J2)
     env["SPARK_CONF_DIR"] = str(conf_dir)
     env["ICEBARRIER_SPARK_PROPERTIES"] = str(defaults)
     return env
@@ -209,7 +213,7 @@ class JobExec:
                 session = opened.get("session")
                 if not opened["ready"] or (not follow and newest is not None and session["barrier"] > newest):
                     if session is not None:  # past where --once stops: leave it for the next run
-                        self.client.discard(self.job, session["run_id"])
+                        self.client.release(self.job, session["run_id"])
                     summary.waiting = opened.get("waiting")
                     if not follow:
                         break
@@ -244,9 +248,10 @@ class JobExec:
         code = self._run_command(session)
         seconds = time.perf_counter() - started
         if code != 0:
-            self.client.discard(self.job, run_id)
+            self.client.release(self.job, run_id)
             self.log(f"job {self.job}: the command failed ({describe_exit(code)}) after {format_duration_s(seconds)}; "
-                     f"barrier {barrier} is not published (nothing it wrote is visible)")
+                     f"barrier {barrier} is not published (nothing it wrote is visible; the next run computes it "
+                     f"again)")
             return Step(barrier=barrier, plan=plan, outcome="failed", seconds=seconds, exit_code=code)
         completion = self.client.publish(self.job, run_id)
         seconds = time.perf_counter() - started
@@ -270,6 +275,8 @@ class JobExec:
             holder.start()
             try:
                 code = self._child.wait()
+                if code != 0:  # what the failed command left running (a JVM, workers) writes no more
+                    self._signal_child(signal.SIGKILL, group_only=True)
             finally:
                 done.set()
                 holder.join()
@@ -288,9 +295,10 @@ class JobExec:
                     return
                 self.log(f"job {self.job}: renewing the session's hold failed ({exc}); retrying")
 
-    def _signal_child(self, signum: int) -> None:
+    def _signal_child(self, signum: int, *, group_only: bool = False) -> None:
+        """Signal the command's process group (``group_only``: even once the command itself exited)."""
         child = self._child
-        if child is not None and child.poll() is None:
+        if child is not None and (group_only or child.poll() is None):
             try:
                 os.killpg(child.pid, signum)
             except ProcessLookupError:

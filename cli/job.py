@@ -191,9 +191,11 @@ COMMANDS = [job_group]
 @click.option("--no-skip", is_flag=True, help="The command reads the barrier itself: run it even when no source changed.")
 @click.option("--no-coalesce", is_flag=True, help="Complete every barrier exactly, one run each.")
 @click.option("--poll", default="1s", show_default=True, help="How often --follow looks for a new barrier.")
+@click.option("--hold", default="30s", show_default=True,
+              help="How long the session stays held if this process dies (another run may then take it over).")
 @click.pass_obj
 def exec_(obj, name: str, command, mode: str, catalog_uri: str, credential: str | None, no_skip: bool,
-          no_coalesce: bool, poll: str) -> None:
+          no_coalesce: bool, poll: str, hold: str) -> None:
     """Run COMMAND as job NAME through the catalog: once per planned barrier, publishing the
     barrier when it exits 0 (nothing of a failed run is visible).
 
@@ -211,7 +213,7 @@ def exec_(obj, name: str, command, mode: str, catalog_uri: str, credential: str 
         raise click.UsageError("no catalog credential: pass --credential CLIENT_ID:SECRET (a token of the job, from "
                                "`icebarrier token create --job JOB`) or set ICEBARRIER_CATALOG_CREDENTIAL")
     runner = JobExec(name, list(command), uri=catalog_uri, credential=credential, skip=not no_skip,
-                     coalesce=not no_coalesce, log=lambda line: click.echo(line, err=True))
+                     coalesce=not no_coalesce, hold_s=parse_duration_s(hold), log=lambda line: click.echo(line, err=True))
     summary = runner.run(follow=mode == "follow", poll_s=parse_duration_s(poll))
     published = [s for s in summary.steps if s.outcome != "failed"]
     emit(obj, summary.to_json(), f"job {name}: {len(published)} barrier(s) completed"

@@ -8,10 +8,11 @@ was visible).
 
 A *run* (``icebarrier job exec``) opens the session and holds it while it lives; the command it
 runs names the run in its warehouse (``job:<JOB>@<RUN>``), so a command left behind by a dead
-run cannot write into the next run's session. A run that dies leaves the session open; once its
-hold lapses the next run takes it over: it adopts the staged commits if the command had exited 0
-(``succeeded``), else discards them and computes B again. Either way each (table, barrier) is
-written once.
+run cannot write into the next run's session. A run whose command fails releases the session: what it
+staged is dropped, the plan stays. A run that dies leaves the session held; once its hold lapses
+the next run takes it over. Either way the next run adopts the staged commits if the command had
+exited 0 (``succeeded``: the publish was cut short), else drops them and computes B again, so
+each (table, barrier) is written once.
 
 This module keeps the session's row; the catalog (:mod:`icebarrier.apps.catalog.lake`) stages
 and publishes the commits.
@@ -183,7 +184,7 @@ def open_session(conn: psycopg.Connection, job: str, *, skip: bool = True, coale
                          "held_until = clock_timestamp() + make_interval(secs => %s) WHERE job_name = %s",
                          (_run_id(), hold_s or 0, job))
             return _fresh(_row(conn, job, lock=False)), how
-        if row is not None:  # stale
+        if row is not None:  # stale: its plan starts where the job no longer is
             _delete(conn, job)
     plan = jobs.next_barrier(conn, job, skip=skip, coalesce=coalesce)
     if not plan.ready:
@@ -226,14 +227,18 @@ def _delete(conn: psycopg.Connection, job: str) -> bool:
     return conn.execute("DELETE FROM job_session WHERE job_name = %s", (job,)).rowcount > 0
 
 
-def discard(conn: psycopg.Connection, job: str, run_id: str | None = None) -> bool:
-    """Drop the job's session (``run_id``: only if that run holds it) and what it staged;
-    nothing of it was visible. Whether there was one."""
+def release(conn: psycopg.Connection, job: str, run_id: str) -> bool:
+    """The run ends without publishing (its command failed): what it staged is dropped (nothing
+    of it was visible) and its hold released; the plan stays for the next run, which computes the
+    same barrier again. Whether the run still held the session."""
     with conn.transaction():
         row = _row(conn, job, lock=True)
-        if row is None or (run_id is not None and row["run_id"] != run_id):
+        if row is None or row["run_id"] != run_id:
             return False
-        return _delete(conn, job)
+        conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
+        # a new run id fences out whatever the run left behind still writing
+        conn.execute("UPDATE job_session SET held_until = NULL, run_id = %s WHERE job_name = %s", (_run_id(), job))
+        return True
 
 
 def close(conn: psycopg.Connection, job: str) -> None:

@@ -56,10 +56,28 @@ def spark_conf(warehouse: str, uri: str, credential: str, catalog: str) -> dict[
         f"spark.sql.catalog.{catalog}.type": "rest",
         f"spark.sql.catalog.{catalog}.uri": uri,
         f"spark.sql.catalog.{catalog}.warehouse": warehouse,
+        f"spark.sql.catalog.{catalog}.rest.auth.type": "oauth2",
         f"spark.sql.catalog.{catalog}.credential": credential,
         f"spark.sql.catalog.{catalog}.oauth2-server-uri": f"{uri}/v1/oauth/tokens",
         f"spark.sql.catalog.{catalog}.cache-enabled": "false",
     }
+
+
+# Spark's log configuration where the user has none: errors only, on stderr (Spark's default
+# prints a WARN line or two and a banner on every start).
+SPARK_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = stderr
+appender.console.type = Console
+appender.console.name = stderr
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = error
+logger.pyspark.name = org.apache.spark.api.python.PythonGatewayServer
+logger.pyspark.level = error
+"""
 
 
 def pyiceberg_environment(warehouse: str, uri: str, credential: str, catalog: str) -> dict[str, str]:

@@ -57,11 +57,12 @@ def acting(principal: Principal, warehouse: Warehouse) -> Principal:
         return principal
     if principal.kind == "admin":
         raise ForbiddenError(f"{principal.describe()} acts for no job of its own: name the job, warehouse job:<JOB>")
+    job = warehouse.job or "JOB"
     if principal.kind == "job":
-        raise ForbiddenError(f"{principal.describe()} may not open the session of job {warehouse.job}: use warehouse "
-                             f"job (its own job's session), or a token of job {warehouse.job}")
-    raise ForbiddenError(f"{principal.describe()} may not open a job session: a reader token writes nothing; use a "
-                         f"token of the job (`icebarrier token create --job JOB`)")
+        raise ForbiddenError(f"{principal.describe()} may not run job {job}: use a token of job {job} (or warehouse "
+                             f"job, its own job's session)")
+    raise ForbiddenError(f"{principal.describe()} may not run job {job}: a reader token writes nothing; use a token "
+                         f"of the job (`icebarrier token create --job {job}`)")
 
 
 def require_job(principal: Principal) -> Principal:

@@ -1,5 +1,5 @@
 """Job sessions over HTTP, for ``icebarrier job exec`` (and any scheduler): open (or take over)
-a job's session, hold it while the run lives, publish its barrier, or discard it.
+a job's session, hold it while the run lives, publish its barrier, or release it.
 
 Not part of the Iceberg REST spec: under ``/icebarrier/v1/jobs/{job}/session``. A token of the
 job, or an admin token, may act on it.
@@ -84,7 +84,8 @@ def publish_session(job: SessionJob, lake: LakeDep, body: RunRequest | None = No
         return {"completion": lake.publish_session(conn, job, (body or RunRequest()).run_id).to_json()}
 
 
-@router.delete("")
-def discard_session(job: SessionJob, lake: LakeDep, run_id: str | None = None):
+@router.post("/release")
+def release_session(job: SessionJob, lake: LakeDep, body: HoldRequest):
+    """The run ends without publishing: drop what it staged, release its hold, keep the plan."""
     with lake.pool.connection() as conn:
-        return {"discarded": job_sessions.discard(conn, job, run_id)}
+        return {"released": job_sessions.release(conn, job, body.run_id)}
