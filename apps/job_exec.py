@@ -42,9 +42,9 @@ from pathlib import Path
 
 from icebarrier.apps.catalog.clients import SPARK_LOG4J2, configuration, pyiceberg_environment, spark_conf
 from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.control_plane.job_sessions import HOLD_S
 from icebarrier.control_plane.model import format_duration_s
 
-HOLD_S = 30.0
 REQUEST_TIMEOUT_S = 60.0
 
 
@@ -66,11 +66,9 @@ class SessionClient:
                                   "--job JOB`); pass --credential or set ICEBARRIER_CATALOG_CREDENTIAL")
         self.uri, self.client_id, self.secret = uri.rstrip("/"), client_id, secret
         self._token: str | None = None
-        self.requests = 0
 
     def _send(self, method: str, path: str, data: bytes | None, headers: dict) -> dict:
         request = urllib.request.Request(self.uri + path, data=data, method=method, headers=headers)
-        self.requests += 1
         try:
             with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
                 return json.loads(response.read() or b"{}")
@@ -214,6 +212,8 @@ class JobExec:
                 if not opened["ready"] or (not follow and newest is not None and session["barrier"] > newest):
                     if session is not None:  # past where --once stops: leave it for the next run
                         self.client.release(self.job, session["run_id"])
+                    if follow and opened.get("waiting") != summary.waiting:  # say what it waits for, once
+                        self.log(f"job {self.job}: waiting for {opened.get('waiting')}")
                     summary.waiting = opened.get("waiting")
                     if not follow:
                         break
@@ -221,9 +221,12 @@ class JobExec:
                     continue
                 step = self._step(opened["opened"], session)
                 summary.steps.append(step)
+                summary.waiting = None
                 if step.outcome == "failed":
                     summary.exit_code = step.exit_code
                     break
+                if not follow and newest is not None and step.barrier >= newest:
+                    break  # --once: caught up with the newest barrier issued when it started
         finally:
             restore()
         summary.stopped_by_signal = self.stop.is_set()

@@ -33,7 +33,8 @@ def serve(obj, host: str, port: int, session_quiet: str, allow_anonymous_read: b
 @click.command("connect")
 @click.option("--engine", type=click.Choice(ENGINES), required=True)
 @click.option("--warehouse", default="read-committed", show_default=True,
-              help="latest, read-committed, read-committed:<namespace>, barrier-<B> or lease-<ID>.")
+              help="latest, read-committed, read-committed:<namespace>, barrier-<B>, lease-<ID>, or job / "
+                   "job:<JOB> (a job's session, see `icebarrier job exec`).")
 @click.option("--uri", default="http://127.0.0.1:8181", show_default=True, help="Where `icebarrier serve` listens.")
 @click.option("--credential", default="CLIENT_ID:SECRET", show_default=True,
               help="A token from `icebarrier token create`.")

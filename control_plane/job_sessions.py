@@ -168,15 +168,18 @@ def open_session(conn: psycopg.Connection, job: str, *, skip: bool = True, coale
                  hold_s: float | None = None) -> tuple[JobSession, Opened]:
     """Open the job's session for a run (``hold_s``: held that long; renew with :func:`hold`).
 
-    An open session held by a live run is :class:`SessionHeldError`. One whose hold lapsed (or
-    that no run holds) is taken over: adopted if its command succeeded, else resumed with its
-    staged commits discarded. A stale one is discarded. Otherwise the job's plan is taken now
+    A stale session is discarded. An open one held by a live run is :class:`SessionHeldError`;
+    one whose hold lapsed (or that no run holds) is taken over: adopted if its command
+    succeeded, else resumed with its staged commits dropped. Otherwise the job's plan is taken now
     (:class:`NoBarrierDueError` if it has nothing to complete)."""
     with conn.transaction():
         row = _row(conn, job, lock=True)
+        if row is not None and row["progress"] != row["from_barrier"]:
+            _delete(conn, job)  # stale, held or not: its plan starts where the job no longer is
+            row = None
         if row is not None and hold_s is not None and row["held"]:
             raise SessionHeldError(job, row["run_id"], row["held_until"])
-        if row is not None and row["progress"] == row["from_barrier"]:
+        if row is not None:
             how = Opened.ADOPTED if row["succeeded"] else Opened.RESUMED
             if how is Opened.RESUMED:
                 conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
@@ -184,8 +187,6 @@ def open_session(conn: psycopg.Connection, job: str, *, skip: bool = True, coale
                          "held_until = clock_timestamp() + make_interval(secs => %s) WHERE job_name = %s",
                          (_run_id(), hold_s or 0, job))
             return _fresh(_row(conn, job, lock=False)), how
-        if row is not None:  # stale: its plan starts where the job no longer is
-            _delete(conn, job)
     plan = jobs.next_barrier(conn, job, skip=skip, coalesce=coalesce)
     if not plan.ready:
         raise NoBarrierDueError(plan)

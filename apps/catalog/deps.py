@@ -67,9 +67,12 @@ def acting(principal: Principal, warehouse: Warehouse) -> Principal:
 
 def require_job(principal: Principal) -> Principal:
     """A principal that may change the catalog: a job (a reader token writes nothing)."""
+    if principal.kind == "admin":
+        raise ForbiddenError(f"{principal.describe()} may not change the catalog except in a job's session: use "
+                             f"warehouse job:<JOB>, or a job token")
     if principal.kind != "job":
-        raise ForbiddenError(f"{principal.describe()} may not change the catalog through this warehouse: only a job "
-                             f"token writes (`icebarrier token create --job JOB`)")
+        raise ForbiddenError(f"{principal.describe()} may not change the catalog: a reader token writes nothing; "
+                             f"create a job token with `icebarrier token create --job JOB`")
     return principal
 
 

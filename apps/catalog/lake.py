@@ -25,6 +25,7 @@ import functools
 import threading
 from collections import OrderedDict
 
+import psycopg
 from psycopg import sql
 
 from icebarrier.apps.catalog.errors import ForbiddenError
@@ -250,12 +251,13 @@ class Lake:
                                  f"`icebarrier job register {session.job} --source {table} … --replace`")
         return LATEST
 
-    @staticmethod
-    def require_sink(session: JobSession, table: TableName) -> None:
+    def require_sink(self, conn, session: JobSession, table: TableName) -> None:
         if table not in session.sinks:
+            managed, writer = self.writer_of(conn, table)
+            owner = f" ({table} is written by job {writer})" if writer else ""
             raise ForbiddenError(f"job {session.job} may not write {table}: it writes only its sinks "
-                                 f"({', '.join(sorted(map(str, session.sinks))) or 'none'}); nothing of this run is "
-                                 f"published")
+                                 f"({', '.join(sorted(map(str, session.sinks))) or 'none'}){owner}; nothing of this "
+                                 f"run is published")
 
     @staticmethod
     def stamped(session: JobSession, table: TableName, change):
@@ -289,7 +291,7 @@ class Lake:
         from pyiceberg.catalog.rest import TableResponse
         from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 
-        self.require_sink(session, table)
+        self.require_sink(conn, session, table)
         try:
             self.exists(conn, Warehouse("job"), table, Principal(client_id=None, kind="job", job=session.job))
         except NoSuchTableError:
@@ -421,7 +423,11 @@ class Lake:
 
         key = (table.catalog, ".".join(table.namespace), table.name)
         if expected is None:
-            moved = conn.execute(self._insert_sql, (*key, location)).rowcount
+            try:
+                with conn.transaction():
+                    moved = conn.execute(self._insert_sql, (*key, location)).rowcount
+            except psycopg.errors.UniqueViolation:
+                moved = 0  # created meanwhile by someone else
         else:
             moved = conn.execute(self._swap_sql, (location, expected, *key, expected)).rowcount
         if moved != 1:
@@ -461,7 +467,7 @@ class Lake:
         staged, managed_barriers = [], {}
         for table, change in zip(names, changes):
             if session is not None:
-                self.require_sink(session, table)
+                self.require_sink(conn, session, table)
                 change = self.stamped(session, table, change)
             managed, writer = self.writer_of(conn, table)
             self.require_writer(principal, table, managed, writer)

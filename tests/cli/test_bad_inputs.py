@@ -92,7 +92,17 @@ def _cases():
     yield ["token", "create", "--reader", "--job", "ingest"], "--reader"
     yield ["token", "create", "--job", "bad name!"], "bad name!"
     yield ["token", "revoke", "ib-nope"], "ib-nope"
-    for warehouse in ["nightly", "barrier-0", "barrier-x", "lease-123", "read-committed:Bad-NS", ""]:
+    yield ["token", "create", "--admin", "--job", "ingest"], "--admin"
+    for j in BAD_JOBS[:4]:
+        yield ["job", "exec", j, "--credential", "a:b", "--", "true"], j
+    yield ["job", "exec", "ingest", "--", "true"], "--credential"
+    yield ["job", "exec", "ingest", "--credential", "no-colon", "--", "true"], "CLIENT_ID:SECRET"
+    yield ["job", "exec", "ingest", "--credential", "a:b"], "COMMAND"
+    yield ["job", "exec", "ingest", "--credential", "a:b", "--hold", "soon", "--", "true"], "soon"
+    yield ["job", "exec", "ingest", "--credential", "a:b", "--catalog-uri", "http://127.0.0.1:1", "--", "true"], \
+        "http://127.0.0.1:1"
+    for warehouse in ["nightly", "barrier-0", "barrier-x", "lease-123", "read-committed:Bad-NS", "", "job:", "job:1x",
+                      "job:ingest@", "job:ingest@a b"]:
         yield ["connect", "--engine", "spark", "--warehouse", warehouse], warehouse or "''"
     yield ["connect", "--engine", "presto"], "presto"
     yield ["serve", "--port", "0"], "0"

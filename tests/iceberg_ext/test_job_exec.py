@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
@@ -120,30 +121,63 @@ def gone(pid: int) -> bool:
         return True
 
 
+class TornWatcher:
+    """A reader of latest loading A, B, A again, over and over (in a thread): when A did not move
+    in between, B must carry A's barrier, else the pair was seen half-published (``torn``)."""
+
+    def __init__(self, catalog, a: str, b: str) -> None:
+        self.catalog, self.a, self.b = catalog, a, b
+        self.torn, self.looks, self.done = [], 0, threading.Event()
+        self.thread = threading.Thread(target=self.watch)
+        self.thread.start()
+
+    def watch(self) -> None:
+        while not self.done.is_set():
+            try:
+                first = self.catalog.load_table(self.a).current_snapshot()
+                other = self.catalog.load_table(self.b).current_snapshot()
+                again = self.catalog.load_table(self.a).current_snapshot()
+            except Exception:  # noqa: BLE001 - the tables do not exist before the first publish
+                time.sleep(0.05)
+                continue
+            if first is None or other is None:
+                continue
+            self.looks += 1
+            if first.snapshot_id == again.snapshot_id and barrier_of(first) != barrier_of(other):
+                self.torn.append((barrier_of(first), barrier_of(other)))
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def test_the_torn_watcher_sees_two_tables_written_one_after_the_other(lake, server, tmp_path):
+    """The check bites: two tables written by plain commits through latest, one after the
+    other with a pause between (no session to publish them together), are seen torn."""
+    from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER
+
+    writer = rest(server, "latest", ":".join(tokens.create(lake.conn, job="someone")))
+    schema = pa.schema([pa.field("x", pa.int64())])
+    a, b = (writer.create_table(f"{lake.namespace}.{n}", schema=schema) for n in ("plain_a", "plain_b"))
+    watcher = TornWatcher(rest(server, "latest", ":".join(tokens.create(lake.conn))), f"{lake.namespace}.plain_a",
+                          f"{lake.namespace}.plain_b")
+    try:
+        for barrier in range(1, 6):
+            for table in (a, b):
+                table.append(pa.table({"x": [barrier]}, schema=schema), snapshot_properties={SUMMARY_BARRIER: str(barrier)})
+                time.sleep(0.5)
+    finally:
+        watcher.stop()
+    assert watcher.torn
+
+
 def test_a_three_engine_pipeline_reads_exact_cuts(lake, server):
     """Spark root, DuckDB and PyIceberg transforms, run out of step: every past barrier they all
     completed reads as an exact cut (and the read-committed one too), and a reader of latest
     never sees summary and audit from different barriers (published together)."""
     creds = setup_pipeline(lake)
     reader = ":".join(tokens.create(lake.conn))
-    stop, torn, looks = threading.Event(), [], []
-
-    def watch_latest():  # summary, audit, summary: if summary did not move, audit must match it
-        catalog = rest(server, "latest", reader)
-        while not stop.is_set():
-            try:
-                first = catalog.load_table(f"{lake.namespace}.summary").current_snapshot()
-                audit = catalog.load_table(f"{lake.namespace}.audit").current_snapshot()
-                again = catalog.load_table(f"{lake.namespace}.summary").current_snapshot()
-            except Exception:  # noqa: BLE001 - the tables do not exist before the first publish
-                time.sleep(0.05)
-                continue
-            looks.append(1)
-            if first.snapshot_id == again.snapshot_id and barrier_of(first) != barrier_of(audit):
-                torn.append((barrier_of(first), barrier_of(audit)))
-
-    watcher = threading.Thread(target=watch_latest)
-    watcher.start()
+    watcher = TornWatcher(rest(server, "latest", reader), f"{lake.namespace}.summary", f"{lake.namespace}.audit")
     rows_at: dict[int, int] = {}
     total = 0
     try:
@@ -159,9 +193,8 @@ def test_a_three_engine_pipeline_reads_exact_cuts(lake, server):
                     rows_at[done["barrier"]] = total
                     assert done["outcome"] == "published" and list(done["commits"]) == [str(lake.T("orders"))]
     finally:
-        stop.set()
-        watcher.join()
-    assert torn == [] and len(looks) > 10
+        watcher.stop()
+    assert watcher.torn == [] and watcher.looks > 10
     valid = 0
     for b, rows in rows_at.items():
         try:
@@ -227,7 +260,9 @@ def test_refusals_name_the_table_and_the_job_and_publish_nothing(lake, server):
         job_exec(server, creds[job], job, command(lake, job))
     before, orders = pointers(lake), str(lake.T("orders"))
     ns = lake.namespace
-    for extra, fragment in [((f"write:{ns}.orders",), f"job summarize may not write {orders}: it writes only its sinks"),
+    for extra, fragment in [((f"write:{ns}.orders",), f"job summarize may not write {orders}: it writes only its sinks "
+                                                       f"(lake.{ns}.audit, lake.{ns}.summary) ({orders} is written by "
+                                                       f"job ingest)"),
                             ((f"write:{ns}.scratch",), f"job summarize may not write lake.{ns}.scratch"),
                             ((f"read:{ns}.orders",), f"job summarize may not read {orders}: it is not one of the "
                                                       f"job's sources")]:
@@ -341,3 +376,50 @@ def test_a_publish_cut_short_is_adopted_without_running_the_command_again(lake, 
     assert [(s["barrier"], s["outcome"]) for s in out["steps"]] == [(b, "adopted")]
     assert lake.catalog.load_table(f"{lake.namespace}.orders").scan().to_arrow().num_rows == 4
     assert jobs.show(lake.conn, "ingest").progress == b
+
+
+def test_a_session_outrun_by_its_job_is_refused_and_planned_anew(lake, server):
+    """Barriers completed outside an open session (another writer, a revision) leave it stale:
+    its requests and its publish are refused naming the job's new progress, and the next run
+    plans anew."""
+    from icebarrier.apps.job_exec import CatalogRequestError, SessionClient
+
+    creds = setup_pipeline(lake)
+    b1 = barriers.issue(lake.conn).barrier
+    job_exec(server, creds["ingest"], "ingest", command(lake, "ingest"))
+    client = SessionClient(server, creds["ingest"])
+    b2 = barriers.issue(lake.conn).barrier
+    run_id = client.open("ingest", skip=True, coalesce=True, hold_s=30)["session"]["run_id"]
+    jobs.complete(lake.conn, "ingest", b2)  # outside the session
+    with pytest.raises(CatalogRequestError, match=f"planned from barrier {b1}, but the job is now at {b2}"):
+        client.publish("ingest", run_id)
+    b3 = barriers.issue(lake.conn).barrier
+    out = job_exec(server, creds["ingest"], "ingest", command(lake, "ingest"), "--hold", "1s")
+    assert [s["barrier"] for s in out["steps"]] == [b3]
+
+
+def test_follow_runs_the_command_once_per_barrier_and_stops_on_sigterm(lake, server, tmp_path):
+    """`job exec --follow` of the DuckDB transform while the root job completes three barriers:
+    it completes each (or coalesces those it was behind on), says what it waits for while idle,
+    and SIGTERM while idle stops it with exit 0."""
+    creds = setup_pipeline(lake)
+    with open(tmp_path / "follow.err", "w") as err:
+        follow = subprocess.Popen(exec_args(server, creds["count"], "count", command(lake, "count"), "--follow",
+                                            "--poll", "100ms"), stdout=subprocess.PIPE, stderr=err, text=True)
+    marks = []
+    for rows in (2, 3, 4):
+        marks.append(barriers.issue(lake.conn).barrier)
+        job_exec(server, creds["ingest"], "ingest", command(lake, "ingest", rows=rows))
+        deadline = time.monotonic() + 120
+        while jobs.show(lake.conn, "count").progress != marks[-1]:
+            assert follow.poll() is None and time.monotonic() < deadline, (tmp_path / "follow.err").read_text()
+            time.sleep(0.1)
+    while "waiting for" not in (tmp_path / "follow.err").read_text().split("published")[-1]:
+        time.sleep(0.1)
+    follow.send_signal(signal.SIGTERM)
+    out, _ = follow.communicate(timeout=60)
+    assert follow.returncode == 0, (tmp_path / "follow.err").read_text()
+    summary = json.loads(out)
+    assert summary["stopped_by_signal"] and [s["barrier"] for s in summary["steps"]] == marks
+    counts = lake.catalog.load_table(f"{lake.namespace}.by_barrier").scan().to_arrow().to_pylist()
+    assert sorted((r["barrier"], r["n"]) for r in counts) == list(zip(marks, (2, 3, 4)))
