@@ -40,10 +40,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from icebarrier.apps.catalog.clients import SPARK_LOG4J2, configuration, pyiceberg_environment, spark_conf
+from icebarrier.apps.catalog.clients import configuration, pyiceberg_environment, spark_conf
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.job_sessions import HOLD_S
-from icebarrier.control_plane.model import format_duration_s
+from icebarrier.control_plane.model import TableName, format_duration_s
+from icebarrier.iceberg_ext.lineage import Lineage
+from icebarrier.iceberg_ext.spark import SPARK_LOG4J2
 
 REQUEST_TIMEOUT_S = 60.0
 
@@ -197,6 +199,7 @@ class JobExec:
         self.client = SessionClient(uri, credential)
         self.stop = threading.Event()
         self._child: subprocess.Popen | None = None
+        self.lineage = Lineage.for_job(job)
 
     def run(self, *, follow: bool = False, poll_s: float = 1.0) -> ExecSummary:
         """Complete every barrier due now (``follow``: keep going until SIGINT/SIGTERM)."""
@@ -248,9 +251,15 @@ class JobExec:
         if opened == "resumed":
             self.log(f"job {self.job}: barrier {barrier}: a previous run died before publishing it; computing it again")
         self.log(f"job {self.job}: barrier {barrier} ({how}), run {run_id}: {' '.join(self.command)}")
+        run = dict(plan=plan, from_barrier=session["from_barrier"], session_run=run_id)
+        inputs = {TableName.parse(t): s for t, s in session.get("inputs", {}).items()}
+        if self.lineage:
+            self.lineage.start(barrier, inputs=inputs, **run)
         code = self._run_command(session)
         seconds = time.perf_counter() - started
         if code != 0:
+            if self.lineage:
+                self.lineage.fail(barrier, error=f"the command failed ({describe_exit(code)})", **run)
             self.client.release(self.job, run_id)
             self.log(f"job {self.job}: the command failed ({describe_exit(code)}) after {format_duration_s(seconds)}; "
                      f"barrier {barrier} is not published (nothing it wrote is visible; the next run computes it "
@@ -258,6 +267,9 @@ class JobExec:
             return Step(barrier=barrier, plan=plan, outcome="failed", seconds=seconds, exit_code=code)
         completion = self.client.publish(self.job, run_id)
         seconds = time.perf_counter() - started
+        if self.lineage:
+            self.lineage.complete(barrier, inputs=inputs, outputs={TableName.parse(t): s for t, s in
+                                                                   completion["commits"].items()}, **run)
         written = ", ".join(sorted(completion["commits"])) or "no sink changed"
         self.log(f"job {self.job}: barrier {barrier} published in {format_duration_s(seconds)} ({written})")
         return Step(barrier=barrier, plan=plan, outcome="published", seconds=seconds, exit_code=0,

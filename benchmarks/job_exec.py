@@ -35,11 +35,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
-from icebarrier.apps.catalog.clients import SPARK_LOG4J2, spark_conf  # noqa: E402
+from icebarrier.apps.catalog.clients import spark_conf  # noqa: E402
 from icebarrier.control_plane import barriers, db, jobs, tokens  # noqa: E402
 from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
 from icebarrier.iceberg_ext.catalog import load_catalog  # noqa: E402
 from icebarrier.iceberg_ext.config import Settings  # noqa: E402
+from icebarrier.iceberg_ext.spark import SPARK_LOG4J2  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parent / "engines" / "spark_minute.py"
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from icebarrier.control_plane import db, jobs, runs
+from icebarrier.control_plane import db, jobs, reads, runs
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError
 from icebarrier.control_plane.jobs import NextBarrier, Plan
 from icebarrier.control_plane.model import JobDefinition, Level, TableName, format_duration_s, parse_duration_s, parse_job_name
@@ -38,6 +38,7 @@ from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import ancestors, is_compaction, load_catalog, load_table, summary_properties
 from icebarrier.iceberg_ext.commits import BarrierCommit
 from icebarrier.iceberg_ext.config import Settings
+from icebarrier.iceberg_ext.lineage import Lineage
 from icebarrier.iceberg_ext.reads import ConsistentRead
 from icebarrier.iceberg_ext.sources import Source
 
@@ -360,6 +361,7 @@ class Runtime:
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.stop = threading.Event()
         self._beat_conn: psycopg.Connection | None = None
+        self.lineage = Lineage.for_job(job.name)
 
     def __enter__(self) -> Runtime:
         return self
@@ -480,10 +482,8 @@ class Runtime:
         if plan.plan is Plan.SKIP:
             jobs.complete(self.conn, self.job.name, barrier)
             written = None
-        elif isinstance(self.job, RootJob):
-            written = self._complete_root(plan, info)
         else:
-            written = self._complete_intermediate(plan, info)
+            written = self._computed(plan, info)
         summary.completed.append(barrier)
         summary.computations += written is not None
         if written is None:
@@ -493,6 +493,25 @@ class Runtime:
         rows = ", ".join(f"{t}: {'adopted' if s is None else s}" for t, s in (written or {}).items()) or "no changes"
         self.log(f"job {self.job.name}: barrier {barrier} {how} in {format_duration_s(time.perf_counter() - started)} "
                  f"({rows}); was {behind} behind")
+
+    def _computed(self, plan: NextBarrier, info: jobs.JobInfo) -> dict | None:
+        """Compute the plan's barrier (an OpenLineage run when configured: START, then COMPLETE
+        with the snapshots read and written, or FAIL)."""
+        compute = self._complete_root if isinstance(self.job, RootJob) else self._complete_intermediate
+        if self.lineage is None:
+            return compute(plan, info)
+        run = dict(plan=plan.plan.value, from_barrier=plan.from_barrier)
+        sources = [TableName.parse(s) for s in getattr(self.job, "sources", ())]
+        inputs = reads.resolve(self.conn, sources, barrier=plan.barrier).snapshots if sources else {}
+        self.lineage.start(plan.barrier, inputs=inputs, **run)
+        try:
+            written = compute(plan, info)
+        except BaseException as exc:
+            self.lineage.fail(plan.barrier, error=exc, **run)
+            raise
+        self.lineage.complete(plan.barrier, inputs=inputs, outputs={TableName.parse(t): s for t, s in
+                                                                    (written or {}).items()}, **run)
+        return written
 
     def _write(self, tx: BarrierCommit, table: TableName, out: Output):
         from icebarrier.iceberg_ext.spark_io import append_df, merge_df, overwrite_df
@@ -534,8 +553,6 @@ class Runtime:
         sources = [TableName.parse(s) for s in self.job.sources]
         previous_snapshots = {}
         if previous is not None:
-            from icebarrier.control_plane import reads
-
             record_plan(self.conn, plan)
             previous_snapshots = reads.resolve(self.conn, sources, barrier=previous).snapshots
         with inputs_at(self.conn, self.catalog, self.job.name, sources, plan.barrier,

@@ -112,6 +112,34 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     return conf
 
 
+# Spark's log configuration where the user has none: errors only, on stderr (Spark's default
+# prints WARN lines and a banner on every start, before any setLogLevel can run).
+SPARK_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = stderr
+appender.console.type = Console
+appender.console.name = stderr
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = error
+logger.pyspark.name = org.apache.spark.api.python.PythonGatewayServer
+logger.pyspark.level = error
+"""
+
+
+def quiet_log_config() -> Path:
+    """A log4j2 file with :data:`SPARK_LOG4J2` (written once under the state directory)."""
+    path = state_dir() / "spark-log4j2.properties"
+    if not path.is_file() or path.read_text() != SPARK_LOG4J2:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(SPARK_LOG4J2)
+        tmp.replace(path)
+    return path
+
+
 def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: str | None = None, extra=None):
     """A SparkSession configured for icebarrier (reuses an active one with the same catalog)."""
     require_pyspark()
@@ -123,6 +151,9 @@ def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: s
     builder = builder.master(master or os.environ.get("ICEBARRIER_SPARK_MASTER", "local[2]"))
     for key, value in {**spark_conf(settings), **(extra or {})}.items():
         builder = builder.config(key, value)
+    if "spark.driver.extraJavaOptions" not in (extra or {}):  # quiet from the JVM's first line, no progress bars
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet_log_config()}")
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
     builder = builder.config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     spark = builder.getOrCreate()

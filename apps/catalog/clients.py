@@ -63,23 +63,6 @@ def spark_conf(warehouse: str, uri: str, credential: str, catalog: str) -> dict[
     }
 
 
-# Spark's log configuration where the user has none: errors only, on stderr (Spark's default
-# prints a WARN line or two and a banner on every start).
-SPARK_LOG4J2 = """\
-rootLogger.level = error
-rootLogger.appenderRef.stderr.ref = stderr
-appender.console.type = Console
-appender.console.name = stderr
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = error
-logger.pyspark.name = org.apache.spark.api.python.PythonGatewayServer
-logger.pyspark.level = error
-"""
-
-
 def pyiceberg_environment(warehouse: str, uri: str, credential: str, catalog: str) -> dict[str, str]:
     """PyIceberg's configuration of catalog ``catalog`` as environment variables
     (``PYICEBERG_CATALOG__<NAME>__<PROPERTY>``, ``_`` standing for ``-``)."""

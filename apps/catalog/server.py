@@ -4,7 +4,8 @@ Every engine that speaks the REST catalog (Spark, PyIceberg, DuckDB, Trino…) r
 cuts by naming a warehouse (see :mod:`.warehouses`); what is read and written is the lake's
 (:mod:`.lake`). The routes follow the spec's resources: configuration and OAuth2
 (:mod:`.oauth`), namespaces (:mod:`.namespaces`), tables and transactions (:mod:`.tables`);
-job sessions (:mod:`.sessions`, icebarrier's own, for ``icebarrier job exec``).
+job sessions (:mod:`.sessions`, icebarrier's own, for ``icebarrier job exec``); the status
+page (:mod:`.ui`, ``/ui``) and Prometheus metrics (:mod:`.metrics`, ``/metrics``).
 ``GET /v1/config`` lists exactly the endpoints registered here.
 """
 
@@ -13,12 +14,12 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from icebarrier.apps.catalog import errors, namespaces, oauth, sessions, tables
+from icebarrier.apps.catalog import errors, metrics, namespaces, oauth, sessions, tables, ui
 from icebarrier.apps.catalog.lake import Lake
 from icebarrier.iceberg_ext.config import Settings
 
 
-ROUTERS = (oauth.router, namespaces.router, tables.router, sessions.router)
+ROUTERS = (oauth.router, namespaces.router, tables.router, sessions.router, ui.router)
 
 
 def served_endpoints(routes: list[APIRoute]) -> list[str]:
@@ -36,6 +37,7 @@ def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read
     errors.install(app)
     for router in ROUTERS:
         app.include_router(router)
+    metrics.install(app, lake.pool)
     app.state.routes = [r for router in ROUTERS for r in router.routes]
     app.state.endpoints = served_endpoints(app.state.routes)
     return app

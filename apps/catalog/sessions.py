@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from icebarrier.apps.catalog.deps import Caller, LakeDep, acting
 from icebarrier.apps.catalog.warehouses import Warehouse
-from icebarrier.control_plane import job_sessions
+from icebarrier.control_plane import job_sessions, reads
 from icebarrier.control_plane.job_sessions import NoBarrierDueError
 from icebarrier.control_plane.model import parse_job_name
 
@@ -51,8 +51,8 @@ class RunRequest(_Body):
 @router.post("")
 def open_session(job: SessionJob, lake: LakeDep, body: OpenRequest | None = None):
     """The run's session: ``opened`` says new, resumed (computing B again) or adopted (publish
-    what the dead run staged); ``ready`` false with what the job waits for when it has nothing
-    to complete now."""
+    what the dead run staged); ``inputs`` the snapshots its sources load at; ``ready`` false with
+    what the job waits for when it has nothing to complete now."""
     body = body or OpenRequest()
     with lake.pool.connection() as conn:
         try:
@@ -61,8 +61,11 @@ def open_session(job: SessionJob, lake: LakeDep, body: OpenRequest | None = None
         except NoBarrierDueError as exc:
             return {"ready": False, "waiting": exc.plan.describe_wait(), "plan": exc.plan.to_json()}
         newest = conn.execute("SELECT max(barrier) AS b FROM barrier").fetchone()["b"]
+        inputs = reads.resolve(conn, sorted(session.sources), barrier=session.barrier).snapshots \
+            if session.sources else {}
     return {"ready": True, "opened": how.value, "newest_barrier": newest,
-            "session": {**session.to_json(), "catalog": lake.settings.catalog}}
+            "session": {**session.to_json(), "catalog": lake.settings.catalog,
+                        "inputs": {str(t): s for t, s in sorted(inputs.items())}}}
 
 
 @router.get("")

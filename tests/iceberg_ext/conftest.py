@@ -75,6 +75,15 @@ def lake(lake_dsn, warehouse, monkeypatch):
         admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(cp_schema)))
 
 
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """The URL of a Spark standalone cluster (one worker) for this run."""
+    from tests.spark_cluster import standalone_cluster
+
+    with standalone_cluster(tmp_path_factory.mktemp("spark-cluster")) as url:
+        yield url
+
+
 @pytest.fixture
 def server(lake):
     """A real `icebarrier serve` process over the test's lake; its URI."""

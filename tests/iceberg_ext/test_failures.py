@@ -15,17 +15,28 @@ from icebarrier.iceberg_ext.runtime import RootJob, Runtime, foreach_batch
 from tests.iceberg_ext.test_runtime import generate, shop
 
 
-def _worker(lake, input_dir, job_key, fault=None, fault_after=0):
+def _worker(lake, input_dir, job_key, fault=None, fault_after=0, master=None):
+    """Run one job in its own process (``master``: its Spark master, e.g. a standalone cluster)."""
     env = {**os.environ, "ICEBARRIER_FAULT": fault or "", "ICEBARRIER_FAULT_AFTER": str(fault_after)}
+    if master:
+        env["ICEBARRIER_SPARK_MASTER"] = master
     return subprocess.run(
         [sys.executable, "-m", "tests.iceberg_ext.runtime_worker", lake.settings.dsn, lake.settings.schema,
          lake.settings.warehouse, lake.namespace, str(input_dir), job_key],
         env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.fixture
+def master(request):
+    """Where the workers' Spark runs: local[2] in the process, or the standalone cluster."""
+    return request.getfixturevalue("spark_cluster") if request.param == "cluster" else None
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", [AFTER_INPUT_RANGE, AFTER_ICEBERG_COMMIT, AFTER_CONTROL_PLANE])
-def test_root_job_killed_at_each_fault_point_recovers_exactly_once(lake, spark, tmp_path, fault):
+@pytest.mark.parametrize("fault, master", [
+    (AFTER_INPUT_RANGE, "local"), (AFTER_ICEBERG_COMMIT, "local"), (AFTER_CONTROL_PLANE, "local"),
+    pytest.param(AFTER_ICEBERG_COMMIT, "cluster", marks=pytest.mark.cluster)], indirect=["master"])
+def test_root_job_killed_at_each_fault_point_recovers_exactly_once(lake, spark, tmp_path, fault, master):
     """Kill the ingesting process at the fault point, restart it: every order lands exactly once
     and the watermark ends at the barrier; the recorded input range is the one replayed."""
     shop.create_tables(spark, lake.namespace)
@@ -33,13 +44,13 @@ def test_root_job_killed_at_each_fault_point_recovers_exactly_once(lake, spark, 
     input_dir = tmp_path / "input"
     rows = generate.write_batch(str(input_dir), 1, orders=40)
     b = barriers.issue(lake.conn).barrier
-    crashed = _worker(lake, input_dir, "ingest_shopping", fault)
+    crashed = _worker(lake, input_dir, "ingest_shopping", fault, master=master)
     assert crashed.returncode == CRASH_EXIT_CODE, crashed.stderr[-2000:]
     name = shop.build(lake.namespace, str(input_dir))["ingest_shopping"].name
     recorded = runs.recorded_range(lake.conn, name, b)
     assert recorded is not None and len(recorded["files"]) == 1
     generate.write_batch(str(input_dir), 2, orders=40)  # arrives after the range was recorded
-    restarted = _worker(lake, input_dir, "ingest_shopping")
+    restarted = _worker(lake, input_dir, "ingest_shopping", master=master)
     assert restarted.returncode == 0, restarted.stderr[-2000:]
     sink = TableName.parse(shop.tables(lake.namespace)["shopping"])
     assert tables.states(lake.conn, [sink])[0].watermark == b
@@ -48,7 +59,7 @@ def test_root_job_killed_at_each_fault_point_recovers_exactly_once(lake, spark, 
     assert sorted(ids) == sorted(r["order_id"] for r in rows)  # batch 1 exactly: no loss, no duplicate
     assert runs.recorded_range(lake.conn, name, b) == recorded
     b2 = barriers.issue(lake.conn).barrier
-    assert _worker(lake, input_dir, "ingest_shopping").returncode == 0
+    assert _worker(lake, input_dir, "ingest_shopping", master=master).returncode == 0
     assert spark.table(str(sink)).count() == 80 and tables.states(lake.conn, [sink])[0].watermark == b2
 
 
@@ -141,3 +152,28 @@ def test_follow_mode_stops_cleanly_on_a_signal(lake, spark, tmp_path, sig):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-2000:]
     assert sig.name in err and "Aborted" not in err and jobs.show(lake.conn, name).status == "stopped"
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_the_pipeline_end_to_end_on_a_standalone_cluster(lake, spark, tmp_path, spark_cluster):
+    """Every job of the shopping pipeline in its own process, its Spark on the standalone cluster
+    (executors in their own JVMs), two rounds: every table completes both barriers and the
+    avg-price query reads one consistent cut (amount and price sums agree with the input)."""
+    shop.create_tables(spark, lake.namespace)
+    barriers.set_interval_s(lake.conn, 3600)
+    input_dir, rows = tmp_path / "input", []
+    for batch in (1, 2):
+        rows += generate.write_batch(str(input_dir), batch, orders=30)
+        b = barriers.issue(lake.conn).barrier
+        for job_key in ("ingest_shopping", "ingest_shipments", "user_item_amount", "user_item_price",
+                        "shipped_orders"):
+            done = _worker(lake, input_dir, job_key, master=spark_cluster)
+            assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr[-2000:]
+    names = [TableName.parse(t) for t in shop.tables(lake.namespace).values()]
+    assert {s.watermark for s in tables.states(lake.conn, names)} == {b}
+    cut = reads.resolve(lake.conn, names)
+    t = shop.tables(lake.namespace)
+    amount = spark.read.option("snapshot-id", str(cut.snapshots[TableName.parse(t["user_item_amount"])])) \
+        .table(t["user_item_amount"]).groupBy().sum("amount").collect()[0][0]
+    assert amount == sum(r["amount"] for r in rows)

@@ -1,0 +1,104 @@
+"""Prometheus metrics of the lake and the catalog, at ``GET /metrics`` (``icebarrier_`` prefix,
+base units).
+
+At each scrape, from the control plane (one query): per managed table its freshness (now −
+issue time of its watermark), its lag (age of the oldest barrier it has not completed; 0 when
+caught up) and the barriers it is behind; barriers issued (a counter: its rate is the barrier
+rate) and the read-committed cut's age. From this server process: catalog table loads by
+warehouse kind, as a latency histogram.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import unquote
+
+from fastapi import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from icebarrier.apps.catalog.deps import Caller
+
+SCRAPE = """
+SELECT v.table_name, extract(epoch FROM v.freshness) AS freshness_s, v.barriers_behind,
+       coalesce(extract(epoch FROM now() - (SELECT min(b.issued_at) FROM barrier b
+                                            WHERE b.barrier > v.watermark_barrier)), 0) AS lag_s
+FROM table_versions v WHERE v.watermark_barrier IS NOT NULL ORDER BY v.table_name
+"""
+TOTALS = """
+SELECT (SELECT count(*) FROM barrier) AS barriers,
+       (SELECT extract(epoch FROM now() - c.issued_at) FROM consistent_barrier c) AS cut_age_s
+"""
+
+
+class LakeCollector:
+    """Reads the control plane at scrape time."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+
+    def collect(self):
+        freshness = GaugeMetricFamily("icebarrier_table_freshness_seconds",
+                                      "Now minus the issue time of the table's watermark barrier", labels=["table"])
+        lag = GaugeMetricFamily("icebarrier_table_lag_seconds",
+                                "Age of the oldest barrier the table has not completed (0: caught up)",
+                                labels=["table"])
+        behind = GaugeMetricFamily("icebarrier_table_barriers_behind",
+                                   "Barriers issued after the table's watermark", labels=["table"])
+        with self.pool.connection() as conn:
+            for r in conn.execute(SCRAPE).fetchall():
+                freshness.add_metric([r["table_name"]], float(r["freshness_s"]))
+                lag.add_metric([r["table_name"]], float(r["lag_s"]))
+                behind.add_metric([r["table_name"]], float(r["barriers_behind"]))
+            totals = conn.execute(TOTALS).fetchone()
+        yield freshness
+        yield lag
+        yield behind
+        yield CounterMetricFamily("icebarrier_barriers_issued", "Barriers issued (its rate is the barrier rate)",
+                                  value=totals["barriers"])
+        cut = GaugeMetricFamily("icebarrier_read_committed_cut_age_seconds",
+                                "Now minus the issue time of the newest barrier every managed table completed")
+        if totals["cut_age_s"] is not None:
+            cut.add_metric([], float(totals["cut_age_s"]))
+        yield cut
+
+
+class Metrics:
+    """A server's registry: the lake's metrics and its own load latency."""
+
+    def __init__(self, pool) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(LakeCollector(pool))
+        self.load_seconds = Histogram(
+            "icebarrier_catalog_load_seconds", "Latency of a table load through the catalog, by warehouse kind",
+            ["warehouse"], registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+
+
+def _load_warehouse(method: str, path: str) -> str | None:
+    """The warehouse kind of a table load (``GET /v1/{prefix}/namespaces/{ns}/tables/{t}``), else None."""
+    parts = path.split("/")
+    if method != "GET" or len(parts) != 7 or parts[1] != "v1" or parts[3] != "namespaces" or parts[5] != "tables":
+        return None
+    prefix = unquote(parts[2])
+    return next((k for k in ("read-committed", "barrier", "lease", "job") if prefix.startswith(k)), prefix)
+
+
+def install(app, pool) -> None:
+    """Serve ``GET /metrics`` (a reader's token, like any read) and time every table load."""
+    metrics = Metrics(pool)
+
+    @app.middleware("http")
+    async def time_loads(request, call_next):
+        kind = _load_warehouse(request.method, request.url.path)
+        if kind is None:
+            return await call_next(request)
+        started = time.perf_counter()
+        response = await call_next(request)
+        if response.status_code == 200:
+            metrics.load_seconds.labels(kind).observe(time.perf_counter() - started)
+        return response
+
+    @app.get("/metrics")
+    def scrape(who: Caller):
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
