@@ -125,9 +125,14 @@ class Shopping(Scenario):
                    (SELECT sum(amount) FROM {self.t('user_item_amount')}) AS amount,
                    (SELECT sum(price) FROM {self.t('user_item_price')}) AS price""").collect()[0]
         if (q.src_amount or 0) != (q.amount or 0) or abs((q.src_price or 0) - (q.price or 0)) > 1e-6:
-            return (f"shopping has amount {q.src_amount} / revenue {q.src_price}, but user_item_amount says "
-                    f"{q.amount} and user_item_price {q.price}")
+            return (f"shopping has amount {_sum(q.src_amount)} / revenue {_sum(q.src_price)}, but user_item_amount "
+                    f"says {_sum(q.amount)} and user_item_price {_sum(q.price)}")
         return None
+
+
+def _sum(value) -> str:
+    """A SUM as a person reads it: an empty table sums to no row, not to None."""
+    return "no rows" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 class Transfers(Scenario):

@@ -129,6 +129,9 @@ logger.pyspark.level = error
 """
 
 
+DRIVER_HOST_ENV = "ICEBARRIER_SPARK_DRIVER_HOST"
+
+
 def quiet_log_config() -> Path:
     """A log4j2 file with :data:`SPARK_LOG4J2` (written once under the state directory)."""
     path = state_dir() / "spark-log4j2.properties"
@@ -154,6 +157,9 @@ def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: s
     if "spark.driver.extraJavaOptions" not in (extra or {}):  # quiet from the JVM's first line, no progress bars
         builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet_log_config()}")
     builder = builder.config("spark.ui.showConsoleProgress", "false")
+    if os.environ.get(DRIVER_HOST_ENV):  # executors elsewhere (containers, other hosts) connect back here
+        builder = builder.config("spark.driver.host", os.environ[DRIVER_HOST_ENV])
+        builder = builder.config("spark.driver.bindAddress", "0.0.0.0")
     builder = builder.config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     spark = builder.getOrCreate()
