@@ -24,7 +24,7 @@ import psycopg
 
 from icebarrier.control_plane import barriers, delays, jobs, reads, topology
 from icebarrier.control_plane.errors import NoValidCutError
-from icebarrier.control_plane.model import Level, TableName
+from icebarrier.control_plane.model import Level, TableName, barrier_label
 from icebarrier.iceberg_ext.maintenance import expire
 from icebarrier.iceberg_ext.reads import ConsistentRead
 from icebarrier.iceberg_ext.runtime import RootJob, Runtime, SqlJob
@@ -185,7 +185,11 @@ SCENARIOS = {"shopping": Shopping, "transfers": Transfers}
 
 
 def run_demo(conn: psycopg.Connection, settings, spark, catalog, *, scenario: str, rounds: int = 6, seed: int = 7,
-             progress: Callable[[str], None] = print) -> DemoResult:
+             progress: Callable[[str], None] = print,
+             step: Callable[[int, int, str], None] | None = None) -> DemoResult:
+    """Run one scenario; ``progress`` gets a line per barrier, ``step`` (barriers done, of, what
+    runs now) drives a live display."""
+    step = step or (lambda done, of, what: None)
     started = time.perf_counter()
     sc = SCENARIOS[scenario](f"demo_{scenario}", settings.dsn, seed)
     chain = sc.setup(spark)
@@ -217,11 +221,12 @@ def run_demo(conn: psycopg.Connection, settings, spark, catalog, *, scenario: st
     for round_no in range(1, rounds + 1):
         sc.produce(round_no)
         b = barriers.issue(conn).barrier
-        progress(f"[{scenario}] barrier {round_no}/{rounds} ({b}): jobs run at different speeds")
+        progress(f"[{scenario}] barrier {round_no}/{rounds}, {barrier_label(b)}: jobs run at different speeds")
         for i, rt in enumerate(runtimes):
             # The last job is slow: it catches up only every other barrier.
             if i == len(runtimes) - 1 and round_no % 2 == 1 and round_no != rounds:
                 continue
+            step(round_no - 1, rounds, f"barrier {round_no}/{rounds}: job {rt.job.name} runs")
             while True:
                 done = rt.run(max_barriers=1).completed
                 read_all(f"barrier {round_no}, after {rt.job.name}")
@@ -243,8 +248,10 @@ def run_demo(conn: psycopg.Connection, settings, spark, catalog, *, scenario: st
                 stats.example = stats.example or problem
             if _snapshot_of(spark, rr_reader, names) != rr_first:
                 result.repeatable_read_changes += 1
+    step(rounds, rounds, "lease-protected expiry")
     pinned_barrier = rr_reader.cut().barrier if rr_reader else None
-    progress(f"[{scenario}] lease-protected expiry of {names[0]} (a repeatable-read session pins barrier {pinned_barrier})")
+    progress(f"[{scenario}] lease-protected expiry of {names[0]} (a repeatable-read session pins barrier "
+             f"{barrier_label(pinned_barrier)})")
     report = expire(conn, catalog, names[0])
     held = [s for s, why in report.protected.items() if any(w.startswith("lease:") for w in why)]
     result.expiry = {"table": str(names[0]), "expired": len(report.expired), "kept": len(report.protected),

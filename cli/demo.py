@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 from dataclasses import replace
 
@@ -41,6 +43,33 @@ def demo(obj, scenario: str, rounds: int, keep: bool) -> None:
         raise SystemExit(1)
 
 
+def _live(say):
+    """A live progress display on a terminal (one bar per scenario: barriers done, elapsed,
+    what runs now), the lines above it; elsewhere the lines alone."""
+    import sys
+
+    if not sys.stderr.isatty():
+        return contextlib.nullcontext((say, None))
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bars = Progress(TextColumn("{task.fields[scenario]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
+    tasks: dict[str, int] = {}
+
+    def step(scenario: str, done: int, of: int, what: str) -> None:
+        if scenario not in tasks:
+            tasks[scenario] = bars.add_task(what, total=of, scenario=scenario)
+        bars.update(tasks[scenario], completed=done, description=what)
+
+    @contextlib.contextmanager
+    def live():
+        with bars:
+            yield lambda line: bars.console.print(line, markup=False, highlight=False), step
+
+    return live()
+
+
 def _run(settings, scenario: str, rounds: int, say):
     from icebarrier.apps.demo import run_demo
     from icebarrier.iceberg_ext.catalog import load_catalog, upgrade
@@ -54,11 +83,13 @@ def _run(settings, scenario: str, rounds: int, say):
     names = ["shopping", "transfers"] if scenario == "all" else [scenario]
     results = []
     try:
-        for name in names:  # each scenario has a control plane of its own (its own schema)
-            scoped = replace(settings, schema=f"demo_{name}")
-            schema.upgrade(scoped.dsn, scoped.schema)
-            with db.connect(scoped.dsn, scoped.schema) as conn:
-                results.append(run_demo(conn, scoped, spark, catalog, scenario=name, rounds=rounds, progress=say))
+        with _live(say) as (line, step):
+            for name in names:  # each scenario has a control plane of its own (its own schema)
+                scoped = replace(settings, schema=f"demo_{name}")
+                schema.upgrade(scoped.dsn, scoped.schema)
+                with db.connect(scoped.dsn, scoped.schema) as conn:
+                    results.append(run_demo(conn, scoped, spark, catalog, scenario=name, rounds=rounds, progress=line,
+                                            step=step and functools.partial(step, name)))
         return results
     finally:
         spark.stop()

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import click
 
-from icebarrier.control_plane.model import barrier_time, format_duration_s
+from icebarrier.control_plane.model import barrier_label, format_duration_s  # noqa: F401 - barrier_label for the commands
 
 
 def emit(ctx_obj, payload, text: str | Callable[[], str]) -> None:
@@ -27,13 +27,6 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, empty: st
     lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths)).rstrip()]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     return "\n".join(lines)
-
-
-def barrier_label(barrier: int | None) -> str:
-    """A barrier with its time on the control-plane clock, e.g. ``1795…095 (03:17:28.263)``."""
-    if barrier is None:
-        return "-"
-    return f"{barrier} ({barrier_time(barrier).strftime('%H:%M:%S.%f')[:-3]})"
 
 
 def ago(when: datetime | None) -> str:

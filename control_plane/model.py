@@ -131,6 +131,14 @@ def barrier_time(barrier: int) -> datetime:
     return datetime.fromtimestamp(barrier / 1_000_000, tz=timezone.utc)
 
 
+def barrier_label(barrier: int | None) -> str:
+    """A barrier with its time on the control-plane clock, e.g. ``1795346857725686 (12:04:17.7 UTC)``."""
+    if barrier is None:
+        return "none"
+    at = barrier_time(barrier)
+    return f"{barrier} ({at:%H:%M:%S}.{at.microsecond // 100000} UTC)"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Barrier:
     barrier: int

@@ -443,6 +443,7 @@ class Runtime:
         return summary
 
     _signalled = False
+    _said_waiting: str | None = None
 
     def _install_signal_handlers(self):
         if threading.current_thread() is not threading.main_thread():
@@ -471,6 +472,9 @@ class Runtime:
         if source is not None and not nb.ready and nb.barrier is not None:  # its input, past ready_until()
             waiting = source.waiting_for(nb.barrier) or waiting
         runs.set_waiting(self.conn, self.job.name, waiting)
+        if waiting is not None and waiting != self._said_waiting:  # said once while idle, not every poll
+            self.log(f"job {self.job.name}: waiting for {waiting}")
+        self._said_waiting = waiting
         return nb if waiting is None else None
 
     def _complete(self, plan: NextBarrier, summary: RunSummary) -> None:

@@ -22,19 +22,11 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse, HTMLResponse, Response
 
 from icebarrier.apps.catalog.deps import Caller, LakeDep
-from icebarrier.control_plane.model import format_duration_s
+from icebarrier.control_plane.model import barrier_label, format_duration_s
 
 router = APIRouter(prefix="/ui")
 PAGE = Path(__file__).with_name("ui.html")
 RECENT_BARRIERS = 60
-
-
-def barrier_label(barrier: int | None) -> str:
-    """A barrier id with its time (barrier ids are microseconds since the epoch, UTC)."""
-    if barrier is None:
-        return "none"
-    at = datetime.fromtimestamp(barrier / 1e6, timezone.utc)
-    return f"{barrier} ({at:%H:%M:%S}.{at.microsecond // 100000} UTC)"
 
 
 def layers(edges: list[tuple[str, str]], nodes: list[str]) -> dict[str, tuple[int, int]]:
