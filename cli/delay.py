@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from icebarrier.cli.render import duration, emit, table
+from icebarrier.cli.render import Seconds, emit, table
 from icebarrier.control_plane import delays
 
 
@@ -25,8 +25,8 @@ def delay(obj, table_name: str | None, job_name: str | None, last: int) -> None:
         headers = ["name", "barriers", "p50", "p95", "max", "freshness", "behind"]
 
         def row(d, flag=""):
-            return (d.name + flag, d.barriers, duration(d.p50_s), duration(d.p95_s), duration(d.max_s),
-                    duration(d.freshness_s), d.barriers_behind)
+            return (d.name + flag, d.barriers, *(None if v is None else Seconds(v) for v in
+                                                (d.p50_s, d.p95_s, d.max_s, d.freshness_s)), d.barriers_behind)
 
         parts = []
         if not job_name:

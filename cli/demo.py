@@ -10,7 +10,7 @@ from dataclasses import replace
 import click
 import psycopg
 
-from icebarrier.cli.render import duration, emit, table
+from icebarrier.cli.render import Seconds, duration, emit, table
 from icebarrier.apps.scratch import scratch
 from icebarrier.control_plane import db, schema
 
@@ -103,10 +103,10 @@ def _render(r) -> str:
     lines.append(f"repeatable-read session: {r.repeatable_read_changes} change(s) seen across its statements")
     lines += ["", "delays:"]
     lines.append(table(["table", "barriers", "p50", "max", "behind"],
-                       [(d.name, d.barriers, duration(d.p50_s), duration(d.max_s), d.barriers_behind)
+                       [(d.name, d.barriers, Seconds(d.p50_s), Seconds(d.max_s), d.barriers_behind)
                         for d in r.table_delays]))
     lines.append(table(["job", "barriers", "p50", "max", "bottleneck"],
-                       [(d.name, d.barriers, duration(d.p50_s), duration(d.max_s), "<-" if d.bottleneck else "")
+                       [(d.name, d.barriers, Seconds(d.p50_s), Seconds(d.max_s), "<-" if d.bottleneck else "")
                         for d in r.job_delays]))
     e = r.expiry
     lines += ["", f"lease-aware expiry of {e['table']}: expired {e['expired']} snapshot(s), deleted "

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import click
 
-from icebarrier.control_plane.model import barrier_label, format_duration_s  # noqa: F401 - barrier_label for the commands
+from icebarrier.control_plane.model import barrier_label, format_duration_s  # noqa: F401 - for the commands
 
 
 def emit(ctx_obj, payload, text: str | Callable[[], str]) -> None:
@@ -19,7 +19,31 @@ def emit(ctx_obj, payload, text: str | Callable[[], str]) -> None:
         click.echo(text() if callable(text) else text)
 
 
+class Seconds(float):
+    """A duration cell of :func:`table`: its column shows all its durations in one unit."""
+
+
+_UNITS = (("ms", 1e-3), ("s", 1.0), ("min", 60.0), ("h", 3600.0))
+
+
+def _unit_for(values: list[float]) -> tuple[str, float]:
+    """The unit a column of durations reads best in: the largest its median is at least 1 of
+    (milliseconds below a second)."""
+    middle = sorted(abs(v) for v in values)[len(values) // 2]
+    return next(((u, f) for u, f in reversed(_UNITS) if middle >= f), _UNITS[0])
+
+
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, empty: str = "(none)") -> str:
+    """A plain text table; a column of :class:`Seconds` is shown in one unit, named in its header."""
+    rows, headers = [list(r) for r in rows], list(headers)
+    for i in range(len(headers)):
+        column = [r[i] for r in rows if isinstance(r[i], Seconds)]
+        if column:
+            unit, factor = _unit_for(column)
+            headers[i] = f"{headers[i]} ({unit})"
+            for r in rows:
+                if isinstance(r[i], Seconds):
+                    r[i] = f"{r[i] / factor:.1f}" if unit != "ms" else f"{r[i] / factor:.0f}"
     rows = [["-" if v is None else str(v) for v in row] for row in rows]
     if not rows:
         return empty

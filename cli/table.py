@@ -6,7 +6,7 @@ import json
 
 import click
 
-from icebarrier.cli.render import barrier_label, duration, emit, table
+from icebarrier.cli.render import Seconds, barrier_label, emit, table
 from icebarrier.control_plane import jobs, tables, topology
 from icebarrier.control_plane.model import TableName
 
@@ -29,7 +29,7 @@ def list_(obj) -> None:
             [
                 (
                     str(v.name), v.kind, v.writer_job, barrier_label(v.watermark), v.current_snapshot_id,
-                    duration(v.freshness.total_seconds()) if v.freshness is not None else None, v.barriers_behind,
+                    Seconds(v.freshness.total_seconds()) if v.freshness is not None else None, v.barriers_behind,
                 )
                 for v in items
             ],
