@@ -168,7 +168,7 @@ class Lake:
 
         if warehouse.kind == "job":
             warehouse = self.session_view(conn, self.session(conn, warehouse, principal), table)
-        staged = self.staged(conn, principal, table) if warehouse.kind == "latest" else None
+        staged = self.staged(conn, principal.job, table) if warehouse.kind == "latest" else None
         if staged is not None:  # the job's own commits of a barrier it has not published yet
             metadata, _ = self.metadata(staged["metadata_location"])
             return TableResponse(metadata_location=staged["metadata_location"], metadata=metadata,
@@ -203,7 +203,7 @@ class Lake:
     def exists(self, conn, warehouse: Warehouse, table: TableName, principal: Principal) -> None:
         """Does ``table`` exist for the caller (a job session sees the sinks it created)? Else
         NoSuchTableError."""
-        if warehouse.kind != "job" or self.staged(conn, principal, table) is None:
+        if warehouse.kind != "job" or self.staged(conn, principal.job, table) is None:
             self.current(conn, table)
 
     def pinned_snapshot(self, conn, warehouse: Warehouse, table: TableName, access_token: str | None) -> int | None:
@@ -253,7 +253,7 @@ class Lake:
 
     def require_sink(self, conn, session: JobSession, table: TableName) -> None:
         if table not in session.sinks:
-            managed, writer = self.writer_of(conn, table)
+            writer = self.writer_of(conn, table)[1]
             owner = f" ({table} is written by job {writer})" if writer else ""
             raise ForbiddenError(f"job {session.job} may not write {table}: it writes only its sinks "
                                  f"({', '.join(sorted(map(str, session.sinks))) or 'none'}){owner}; nothing of this "
@@ -289,14 +289,11 @@ class Lake:
     def create_staged(self, conn, session: JobSession, table: TableName, request):
         """A sink the session creates: staged (nobody else sees it) until the barrier is published."""
         from pyiceberg.catalog.rest import TableResponse
-        from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+        from pyiceberg.exceptions import TableAlreadyExistsError
 
         self.require_sink(conn, session, table)
-        try:
-            self.exists(conn, Warehouse("job"), table, Principal(client_id=None, kind="job", job=session.job))
-        except NoSuchTableError:
-            pass
-        else:
+        if self.staged(conn, session.job, table) is not None or conn.execute(
+                self._pointer_sql, (table.catalog, ".".join(table.namespace), table.name)).fetchone() is not None:
             raise TableAlreadyExistsError(f"table {table} already exists")
         made = self.catalog._create_staged_table(table.identifier, **self.create_args(request))
         if not request.stage_create:  # a staged create is committed by the client (AssertCreate) like any change
@@ -433,12 +430,12 @@ class Lake:
         if moved != 1:
             raise CommitFailedException(f"table {table} {lost}")
 
-    def staged(self, conn, principal: Principal, table: TableName) -> dict | None:
+    def staged(self, conn, job: str | None, table: TableName) -> dict | None:
         """The job's staged (unpublished) commit of ``table``, if any."""
-        if principal.job is None or self.managed_key(table) is None:
+        if job is None or self.managed_key(table) is None:
             return None
         return conn.execute("SELECT barrier, base_location, metadata_location FROM catalog_pending "
-                            "WHERE job_name = %s AND table_name = %s", (principal.job, str(table))).fetchone()
+                            "WHERE job_name = %s AND table_name = %s", (job, str(table))).fetchone()
 
     def commit(self, conn, warehouse: Warehouse, principal: Principal, changes: list) -> list:
         """Apply ``changes`` (:class:`~.models.CommitTableRequest`, each with its identifier)
@@ -471,7 +468,7 @@ class Lake:
                 change = self.stamped(session, table, change)
             managed, writer = self.writer_of(conn, table)
             self.require_writer(principal, table, managed, writer)
-            pending = self.staged(conn, principal, table) if managed else None
+            pending = self.staged(conn, principal.job, table) if managed else None
             if pending is not None:
                 metadata, io = self.metadata(pending["metadata_location"])
                 current = Table(table.identifier, metadata, pending["metadata_location"], io, self.catalog)

@@ -226,8 +226,12 @@ def test_spark_reads_consistent_cuts_through_the_rest_catalog(lake, server, spar
     thread.start()
     query = (f"SELECT o.b AS o, p.b AS p FROM (SELECT max(barrier) AS b FROM {name}.{lake.namespace}.orders) o "
              f"CROSS JOIN (SELECT max(barrier) AS b FROM {name}.{lake.namespace}.payments) p")
+    seen = []
     try:
-        seen = [spark.sql(query).collect()[0] for _ in range(200)]
+        for i in range(200):
+            seen.append(spark.sql(query).collect()[0])
+            if i == 99:
+                time.sleep(1.5)  # quiet: the session moves on (without a pause it keeps its cut)
     finally:
         stop.set()
         thread.join()

@@ -5,18 +5,10 @@ recomputed each barrier. Pause points: ``before`` (its delete staged, its insert
 
 import os
 import sys
-import time
 
 import duckdb
 
-
-def pause(point: str) -> None:
-    if os.environ.get("ENGINE_PAUSE") == point:
-        with open(os.environ["ENGINE_PAUSE_FILE"], "w") as f:
-            f.write(str(os.getpid()))
-        while os.path.exists(os.environ["ENGINE_PAUSE_FILE"]):
-            time.sleep(0.05)
-
+from pause_point import pause  # a sibling file, not icebarrier
 
 namespace = sys.argv[1]
 lake = os.environ["ICEBARRIER_CATALOG"]

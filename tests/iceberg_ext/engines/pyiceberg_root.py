@@ -1,21 +1,14 @@
 """A root job as a plain PyIceberg script: appends ROWS rows (id, barrier) to NAMESPACE.orders
-for the barrier. Pause point: ``after`` (its commit staged, before it exits)."""
+for the barrier. Pause points: ``before`` (its table created, nothing appended), ``after`` (its
+commit staged, before it exits)."""
 
 import os
 import sys
-import time
 
 import pyarrow as pa
 from pyiceberg.catalog import load_catalog
 
-
-def pause(point: str) -> None:
-    if os.environ.get("ENGINE_PAUSE") == point:
-        with open(os.environ["ENGINE_PAUSE_FILE"], "w") as f:
-            f.write(str(os.getpid()))
-        while os.path.exists(os.environ["ENGINE_PAUSE_FILE"]):
-            time.sleep(0.05)
-
+from pause_point import pause  # a sibling file, not icebarrier
 
 namespace, rows = sys.argv[1], int(sys.argv[2])
 barrier = int(os.environ["ICEBARRIER_BARRIER"])

@@ -6,20 +6,12 @@ did not declare (``read:NS.T`` or ``write:NS.T``)."""
 
 import os
 import sys
-import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import load_catalog
 
-
-def pause(point: str) -> None:
-    if os.environ.get("ENGINE_PAUSE") == point:
-        with open(os.environ["ENGINE_PAUSE_FILE"], "w") as f:
-            f.write(str(os.getpid()))
-        while os.path.exists(os.environ["ENGINE_PAUSE_FILE"]):
-            time.sleep(0.05)
-
+from pause_point import pause  # a sibling file, not icebarrier
 
 namespace = sys.argv[1]
 catalog = load_catalog(os.environ["ICEBARRIER_CATALOG"])
