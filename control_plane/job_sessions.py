@@ -182,7 +182,7 @@ def open_session(conn: psycopg.Connection, job: str, *, skip: bool = True, coale
         if row is not None:
             how = Opened.ADOPTED if row["succeeded"] else Opened.RESUMED
             if how is Opened.RESUMED:
-                conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
+                _drop_staged(conn, job)
             conn.execute("UPDATE job_session SET run_id = %s, opened_at = now(), "
                          "held_until = clock_timestamp() + make_interval(secs => %s) WHERE job_name = %s",
                          (_run_id(), hold_s or 0, job))
@@ -196,7 +196,7 @@ def open_session(conn: psycopg.Connection, job: str, *, skip: bool = True, coale
             "(%s, %s, %s, %s, %s, clock_timestamp() + make_interval(secs => %s)) ON CONFLICT (job_name) DO NOTHING",
             (job, plan.barrier, plan.plan.value, plan.from_barrier, _run_id(), hold_s or 0)).rowcount
         if inserted:  # commits staged outside any session (a multi-sink job through latest) are not its
-            conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
+            _drop_staged(conn, job)
         row = _row(conn, job, lock=False)
     if not inserted and hold_s is not None:  # another run opened it meanwhile
         raise SessionHeldError(job, row["run_id"], row["held_until"])
@@ -223,9 +223,13 @@ def mark_succeeded(conn: psycopg.Connection, job: str, run_id: str | None) -> Jo
     return session
 
 
-def _delete(conn: psycopg.Connection, job: str) -> bool:
+def _drop_staged(conn: psycopg.Connection, job: str) -> None:
     conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
-    return conn.execute("DELETE FROM job_session WHERE job_name = %s", (job,)).rowcount > 0
+
+
+def _delete(conn: psycopg.Connection, job: str) -> None:
+    _drop_staged(conn, job)
+    conn.execute("DELETE FROM job_session WHERE job_name = %s", (job,))
 
 
 def release(conn: psycopg.Connection, job: str, run_id: str) -> bool:
@@ -236,12 +240,13 @@ def release(conn: psycopg.Connection, job: str, run_id: str) -> bool:
         row = _row(conn, job, lock=True)
         if row is None or row["run_id"] != run_id:
             return False
-        conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
+        _drop_staged(conn, job)
         # a new run id fences out whatever the run left behind still writing
         conn.execute("UPDATE job_session SET held_until = NULL, run_id = %s WHERE job_name = %s", (_run_id(), job))
         return True
 
 
 def close(conn: psycopg.Connection, job: str) -> None:
-    """End the session whose barrier was just published (inside the publishing transaction)."""
-    _delete(conn, job)
+    """End the session whose barrier was just published (inside the publishing transaction, which
+    has swapped in and dropped what it staged)."""
+    conn.execute("DELETE FROM job_session WHERE job_name = %s", (job,))

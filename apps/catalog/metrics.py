@@ -10,9 +10,6 @@ warehouse kind, as a latency histogram.
 
 from __future__ import annotations
 
-import time
-from urllib.parse import unquote
-
 from fastapi import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -75,29 +72,10 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
 
 
-def _load_warehouse(method: str, path: str) -> str | None:
-    """The warehouse kind of a table load (``GET /v1/{prefix}/namespaces/{ns}/tables/{t}``), else None."""
-    parts = path.split("/")
-    if method != "GET" or len(parts) != 7 or parts[1] != "v1" or parts[3] != "namespaces" or parts[5] != "tables":
-        return None
-    prefix = unquote(parts[2])
-    return next((k for k in ("read-committed", "barrier", "lease", "job") if prefix.startswith(k)), prefix)
-
-
 def install(app, pool) -> None:
-    """Serve ``GET /metrics`` (a reader's token, like any read) and time every table load."""
-    metrics = Metrics(pool)
-
-    @app.middleware("http")
-    async def time_loads(request, call_next):
-        kind = _load_warehouse(request.method, request.url.path)
-        if kind is None:
-            return await call_next(request)
-        started = time.perf_counter()
-        response = await call_next(request)
-        if response.status_code == 200:
-            metrics.load_seconds.labels(kind).observe(time.perf_counter() - started)
-        return response
+    """Serve ``GET /metrics`` (a reader's token, like any read); the load route times each load
+    into ``app.state.metrics.load_seconds``."""
+    app.state.metrics = metrics = Metrics(pool)
 
     @app.get("/metrics")
     def scrape(who: Caller):

@@ -4,7 +4,9 @@ table only with its writer job's token (see :class:`.lake.Lake`)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+import time
+
+from fastapi import APIRouter, Request, Response
 
 from icebarrier.apps.catalog.deps import (
     LakeDep,
@@ -55,10 +57,12 @@ def register_table(to: Writing, namespace: NamespacePath, lake: LakeDep, body: d
 
 
 @router.get(TABLE)
-def load_table(at: ReadTable, snapshots: str | None = None):
+def load_table(request: Request, at: ReadTable, snapshots: str | None = None):
+    started = time.perf_counter()
     with at.lake.pool.connection() as conn:
-        return Response(at.lake.load(conn, at.warehouse, at.table, at.principal, at.access_token),
-                        media_type="application/json")
+        body = at.lake.load(conn, at.warehouse, at.table, at.principal, at.access_token)
+    request.app.state.metrics.load_seconds.labels(at.warehouse.kind).observe(time.perf_counter() - started)
+    return Response(body, media_type="application/json")
 
 
 @router.head(TABLE)
