@@ -43,7 +43,7 @@ from pathlib import Path
 from icebarrier.apps.catalog.clients import configuration, pyiceberg_environment, spark_conf
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.job_sessions import HOLD_S
-from icebarrier.control_plane.model import TableName, format_duration_s
+from icebarrier.control_plane.model import TableName, barrier_label, format_duration_s
 from icebarrier.iceberg_ext.lineage import Lineage
 from icebarrier.iceberg_ext.spark import SPARK_LOG4J2
 
@@ -240,17 +240,17 @@ class JobExec:
     def _step(self, opened: str, session: dict) -> Step:
         started = time.perf_counter()
         barrier, plan, run_id = session["barrier"], session["plan"], session["run_id"]
-        how = f"coalescing from {session['from_barrier']}" if plan == "coalesce" else plan
+        how = f"coalescing from {barrier_label(session['from_barrier'])}" if plan == "coalesce" else plan
         if opened == "adopted" or plan == "skip":
             completion = self.client.publish(self.job, run_id)
             outcome = "adopted" if opened == "adopted" else "skipped"
-            self.log(f"job {self.job}: barrier {barrier} {outcome} "
+            self.log(f"job {self.job}: barrier {barrier_label(barrier)} {outcome} "
                      f"({'a previous run had staged it' if outcome == 'adopted' else 'no source changed'})")
             return Step(barrier=barrier, plan=plan, outcome=outcome, seconds=time.perf_counter() - started,
                         commits=completion["commits"])
         if opened == "resumed":
-            self.log(f"job {self.job}: barrier {barrier}: a previous run died before publishing it; computing it again")
-        self.log(f"job {self.job}: barrier {barrier} ({how}), run {run_id}: {' '.join(self.command)}")
+            self.log(f"job {self.job}: barrier {barrier_label(barrier)}: a previous run died before publishing it; computing it again")
+        self.log(f"job {self.job}: barrier {barrier_label(barrier)} ({how}), run {run_id}: {' '.join(self.command)}")
         run = dict(plan=plan, from_barrier=session["from_barrier"], session_run=run_id)
         inputs = {TableName.parse(t): s for t, s in session.get("inputs", {}).items()}
         if self.lineage:
@@ -262,7 +262,7 @@ class JobExec:
                 self.lineage.fail(barrier, error=f"the command failed ({describe_exit(code)})", **run)
             self.client.release(self.job, run_id)
             self.log(f"job {self.job}: the command failed ({describe_exit(code)}) after {format_duration_s(seconds)}; "
-                     f"barrier {barrier} is not published (nothing it wrote is visible; the next run computes it "
+                     f"barrier {barrier_label(barrier)} is not published (nothing it wrote is visible; the next run computes it "
                      f"again)")
             return Step(barrier=barrier, plan=plan, outcome="failed", seconds=seconds, exit_code=code)
         completion = self.client.publish(self.job, run_id)
@@ -271,7 +271,7 @@ class JobExec:
             self.lineage.complete(barrier, inputs=inputs, outputs={TableName.parse(t): s for t, s in
                                                                    completion["commits"].items()}, **run)
         written = ", ".join(sorted(completion["commits"])) or "no sink changed"
-        self.log(f"job {self.job}: barrier {barrier} published in {format_duration_s(seconds)} ({written})")
+        self.log(f"job {self.job}: barrier {barrier_label(barrier)} published in {format_duration_s(seconds)} ({written})")
         return Step(barrier=barrier, plan=plan, outcome="published", seconds=seconds, exit_code=0,
                     commits=completion["commits"])
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import click
@@ -33,7 +36,7 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts:
     The run always uses a private embedded Postgres (never --dsn: it restarts its server).
     Exits 1 on any anomaly at read-committed or repeatable-read, any lost or duplicated
     (table, barrier), any pinned snapshot expired, or coverage below the stated floor."""
-    from icebarrier.apps.check import private_env, run_check
+    from icebarrier.apps.check import CheckReport, private_env, run_check
     from icebarrier.apps.embedded import EmbeddedPostgres
     from icebarrier.iceberg_ext.catalog import upgrade
 
@@ -46,8 +49,10 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts:
     try:
         env = private_env(server.start(), home, seed)
         upgrade(env.settings)
-        report = run_check(env, duration_s=duration_s, fault_rate=fault_rate, server=server if restarts else None,
-                           progress=say)
+        report = CheckReport(seed=seed)
+        with _live(report, duration_s, say) as line:
+            run_check(env, duration_s=duration_s, fault_rate=fault_rate, server=server if restarts else None,
+                      progress=line, report=report)
     finally:
         server.stop()
         if keep:
@@ -83,6 +88,50 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts:
     emit(obj, report.to_json(), text)
     if not report.ok:
         sys.exit(1)
+
+
+def _live(report, duration_s: float, say):
+    """On a terminal, one live line under the run's messages: elapsed against --duration, then
+    the final validation; barriers issued and validated, reads, anomalies, faults, restarts.
+    Elsewhere (a pipe, CI) the messages alone."""
+    if not sys.stderr.isatty():
+        return contextlib.nullcontext(say)
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from icebarrier.control_plane.model import Level
+
+    bars = Progress(TextColumn("check"), BarColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
+                    console=Console(stderr=True), transient=True)
+    task = bars.add_task("starting the jobs", total=duration_s)
+
+    def status() -> str:
+        uncommitted = report.anomalies[Level.READ_UNCOMMITTED.value]
+        consistent = sum(report.anomalies.values()) - uncommitted
+        return (f"{report.barriers} barriers issued, {report.validated} validated, {sum(report.reads.values())} "
+                f"reads ({consistent} anomalies at consistent levels, {uncommitted} read-uncommitted), "
+                f"{sum(report.faults.values())} faults, {report.restarts} restarts")
+
+    @contextlib.contextmanager
+    def live():
+        done, started = threading.Event(), time.monotonic()
+
+        def refresh() -> None:
+            while not done.wait(0.5):
+                elapsed = time.monotonic() - started
+                phase = "final validation: " if elapsed > duration_s else ""
+                bars.update(task, completed=min(elapsed, duration_s), description=phase + status())
+
+        with bars:
+            watcher = threading.Thread(target=refresh, name="check-progress", daemon=True)
+            watcher.start()
+            try:
+                yield lambda line: bars.console.print(line, markup=False, highlight=False)
+            finally:
+                done.set()
+                watcher.join()
+
+    return live()
 
 
 COMMANDS = [check]

@@ -25,8 +25,14 @@ def wait_for_first_cut(obj, names: list[TableName], level: Level, barrier: int |
         reads.wait_for_cut(obj.conn(), names, timeout_s=timeout_s, progress=lambda line: click.echo(line, err=True))
 
 
+def cut_heading(cut: Cut) -> str:
+    if cut.barrier is None:  # read-uncommitted: no alignment
+        return f"level {cut.level.value}: each table's latest snapshot, no barrier"
+    return f"level {cut.level.value}, barrier {barrier_label(cut.barrier)}"
+
+
 def render_cut(cut: Cut) -> str:
-    head = f"level {cut.level.value}, barrier {barrier_label(cut.barrier)}"
+    head = cut_heading(cut)
     if cut.lease_id:
         head += f"\nlease {cut.lease_id} until {cut.expires_at.isoformat()}"
     rows = [(str(t), s if s is not None else "(empty)") for t, s in sorted(cut.snapshots.items())]

@@ -122,10 +122,10 @@ def next_barrier(obj, name: str, no_skip: bool, no_coalesce: bool) -> None:
 
     def text() -> str:
         how = nb.plan.value if nb.from_barrier is None or nb.plan.value == "exact" else \
-            f"{nb.plan.value} from {nb.from_barrier}, {nb.anchors_in_range} anchor(s) in range"
+            f"{nb.plan.value} from {barrier_label(nb.from_barrier)}, {nb.anchors_in_range} anchor(s) in range"
         if nb.ready:
-            return f"job {name}: next barrier {nb.barrier}, {how} (ready{', newly issued' if nb.issued else ''})"
-        where = f"next barrier {nb.barrier}" if nb.barrier is not None else "no barrier to complete yet"
+            return f"job {name}: next barrier {barrier_label(nb.barrier)}, {how} (ready{', newly issued' if nb.issued else ''})"
+        where = f"next barrier {barrier_label(nb.barrier)}" if nb.barrier is not None else "no barrier to complete yet"
         return f"job {name}: {where}, waiting for {nb.describe_wait()}"
 
     emit(obj, nb.to_json(), text)
@@ -173,7 +173,7 @@ def complete(obj, name: str, barrier: int, commits, run_id: str | None, coalesce
     parsed = _parse_commits(commits)
     result = jobs.complete(obj.conn(), name, barrier, parsed, run_id=run_id, coalesce=coalesce)
     what = "already completed (no change)" if result.noop else "completed"
-    emit(obj, result.to_json(), f"job {name}: barrier {barrier} {what} for {', '.join(map(str, result.sinks))}")
+    emit(obj, result.to_json(), f"job {name}: barrier {barrier_label(barrier)} {what} for {', '.join(map(str, result.sinks))}")
 
 
 COMMANDS = [job_group]

@@ -7,7 +7,7 @@ import click
 from icebarrier.cli.cut import render_cut
 from icebarrier.cli.render import BARRIER, emit, table
 from icebarrier.control_plane import tables
-from icebarrier.control_plane.model import TableName, parse_duration_s, parse_tag_name
+from icebarrier.control_plane.model import TableName, barrier_label, parse_duration_s, parse_tag_name
 
 
 @click.command("expire")
@@ -49,7 +49,7 @@ def compact(obj, table_name: str, min_input_files: int) -> None:
     tables.require(conn, name)  # before starting Spark (seconds) for a table that is not there
     report = run(obj.spark(), conn, obj.catalog(), name, min_input_files=min_input_files)
     emit(obj, report.to_json(),
-         f"{report.table}: compacted at barrier {report.barrier} into snapshot {report.snapshot_id}"
+         f"{report.table}: compacted at barrier {barrier_label(report.barrier)} into snapshot {report.snapshot_id}"
          if report.snapshot_id else f"{report.table}: nothing to compact")
 
 
@@ -97,7 +97,7 @@ def revise(obj, table_name: str, to_barrier: int, dry_run: bool) -> None:
     plan = run(obj.conn(), obj.catalog(), TableName.parse(table_name), to_barrier, dry_run=dry_run)
 
     def text() -> str:
-        head = f"{'plan' if dry_run else 'revised'}: {plan.root} and downstream to barrier {plan.to_barrier}"
+        head = f"{'plan' if dry_run else 'revised'}: {plan.root} and downstream to barrier {barrier_label(plan.to_barrier)}"
         rows = [(str(t.table), f"{t.from_watermark} -> {t.to_watermark}", f"{t.from_snapshot} -> {t.to_snapshot}",
                  t.writer_job, "yes" if t.changes else "no") for t in plan.tables]
         body = table(["table", "watermark", "snapshot", "job", "changes"], rows)

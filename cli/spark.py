@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from icebarrier.cli.cut import LEVELS, wait_for_first_cut, wait_option
-from icebarrier.cli.render import BARRIER, barrier_label, emit, table
+from icebarrier.cli.cut import LEVELS, cut_heading, wait_for_first_cut, wait_option
+from icebarrier.cli.render import BARRIER, emit, table
 from icebarrier.control_plane import tables
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import Level, parse_duration_s
@@ -54,17 +54,27 @@ def spark_conf(obj, fmt: str, show_secrets: bool, via: str, uri: str, credential
 
 
 @click.command("query")
-@click.argument("sql")
+@click.argument("sql", required=False)
+@click.option("--file", "-f", "sql_file", type=click.File("r"),
+              help="Read the query from this file (- for standard input) instead of SQL.")
 @click.option("--level", type=click.Choice(LEVELS), default=Level.READ_COMMITTED.value, show_default=True)
 @click.option("--barrier", type=BARRIER, help="Read the cut at this past barrier.")
 @click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, show_default=True, help="Rows to print.")
 @wait_option
 @click.pass_obj
-def query(obj, sql: str, level: str, barrier: int | None, limit: int, wait: str) -> None:
-    """Run a Spark SQL query over a consistent cut; print the rows, the barrier and snapshots read.
+def query(obj, sql: str | None, sql_file, level: str, barrier: int | None, limit: int, wait: str) -> None:
+    """Run a Spark SQL query (SQL, or --file) over a consistent cut; print the rows, the barrier and
+    snapshots read.
 
     Every managed table the query reads (found by Spark's parser) reads its snapshot at the cut.
     """
+    if (sql is None) == (sql_file is None):
+        raise click.UsageError("give the query as SQL or with --file PATH, not both" if sql is not None
+                               else "missing the query: give it as SQL or with --file PATH")
+    if sql_file is not None:
+        sql = sql_file.read()
+    if not sql.strip():
+        raise click.UsageError("the query is empty; give a SELECT")
     from icebarrier.iceberg_ext import spark_sql
     from icebarrier.iceberg_ext.reads import ConsistentRead
 
@@ -83,7 +93,7 @@ def query(obj, sql: str, level: str, barrier: int | None, limit: int, wait: str)
         rows = [list(r) for r in frame.limit(limit).collect()]
 
     def text() -> str:
-        head = f"level {cut.level.value}, barrier {barrier_label(cut.barrier)}\n"
+        head = cut_heading(cut) + "\n"
         head += "snapshots: " + ", ".join(f"{t}={s}" for t, s in sorted(cut.snapshots.items())) + "\n"
         return head + table(columns, rows, empty="(no rows)")
 

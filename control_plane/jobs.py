@@ -17,7 +17,7 @@ import psycopg
 from icebarrier.control_plane import barriers
 from icebarrier.control_plane.db import call, retrying
 from icebarrier.control_plane.errors import JobDefinitionChangedError, JobNotFoundError
-from icebarrier.control_plane.model import JobDefinition, TableName, TableState
+from icebarrier.control_plane.model import JobDefinition, TableName, TableState, barrier_label
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,7 +94,7 @@ class NextBarrier:
             return None
         if self.waiting_for:
             return "sources " + ", ".join(
-                f"{t} (at barrier {w})" if w is not None else f"{t} (no barrier completed yet)"
+                f"{t} (at barrier {barrier_label(w)})" if w is not None else f"{t} (no barrier completed yet)"
                 for t, w in sorted(self.waiting_for.items()))
         return "the next barrier (none due yet; see `icebarrier barrier interval`)"
 

@@ -33,7 +33,7 @@ import psycopg
 from icebarrier.control_plane import db, jobs, reads, runs
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError
 from icebarrier.control_plane.jobs import NextBarrier, Plan
-from icebarrier.control_plane.model import JobDefinition, Level, TableName, format_duration_s, parse_duration_s, parse_job_name
+from icebarrier.control_plane.model import JobDefinition, Level, TableName, barrier_label, format_duration_s, parse_duration_s, parse_job_name
 from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import ancestors, is_compaction, load_catalog, load_table, summary_properties
 from icebarrier.iceberg_ext.commits import BarrierCommit
@@ -482,7 +482,7 @@ class Runtime:
         info = jobs.show(self.conn, self.job.name)  # fresh: the job's progress as of now
         behind, barrier = info.barriers_behind, plan.barrier
         if info.progress is None:
-            self.log(f"job {self.job.name}: bootstrapping at barrier {barrier} (full read of its inputs)")
+            self.log(f"job {self.job.name}: bootstrapping at barrier {barrier_label(barrier)} (full read of its inputs)")
         if plan.plan is Plan.SKIP:
             jobs.complete(self.conn, self.job.name, barrier)
             written = None
@@ -493,9 +493,9 @@ class Runtime:
         if written is None:
             how = "skipped (nothing changed)"
         else:
-            how = f"coalesced from {plan.from_barrier}" if plan.plan is Plan.COALESCE else "completed"
+            how = f"coalesced from {barrier_label(plan.from_barrier)}" if plan.plan is Plan.COALESCE else "completed"
         rows = ", ".join(f"{t}: {'adopted' if s is None else s}" for t, s in (written or {}).items()) or "no changes"
-        self.log(f"job {self.job.name}: barrier {barrier} {how} in {format_duration_s(time.perf_counter() - started)} "
+        self.log(f"job {self.job.name}: barrier {barrier_label(barrier)} {how} in {format_duration_s(time.perf_counter() - started)} "
                  f"({rows}); was {behind} behind")
 
     def _computed(self, plan: NextBarrier, info: jobs.JobInfo) -> dict | None:
@@ -609,8 +609,8 @@ def foreach_batch(job: RootJob | Job, *, settings: Settings | None = None, wait_
         with rt._commit(plan, jobs.show(rt.conn, job.name)) as tx:
             rt._write(tx, sink, Output(data, getattr(job, "mode", "append"), tuple(getattr(job, "keys", ()))))
         runs.heartbeat(rt.conn, job.name)
-        rt.log(f"job {job.name}: micro-batch {batch_id} completed barrier {plan.barrier}"
-               f"{f' (coalesced from {plan.from_barrier})' if plan.plan is Plan.COALESCE else ''}")
+        rt.log(f"job {job.name}: micro-batch {batch_id} completed barrier {barrier_label(plan.barrier)}"
+               f"{f' (coalesced from {barrier_label(plan.from_barrier)})' if plan.plan is Plan.COALESCE else ''}")
 
     return run
 

@@ -1,8 +1,19 @@
-"""The README's examples stay true: every shell block marked ``<!-- tested: tests/test_readme.py … -->``
-runs line by line (each line must exit 0) in a scratch database and with role names of its own."""
+"""The README's examples stay true.
 
+Every ``sh`` and ``python`` block in README.md and examples/shopping/README.md says whether it
+runs: ``<!-- tested: tests/test_readme.py … -->`` or ``<!-- not run by tests/test_readme.py: why -->``.
+A file's tested shell blocks run in order in one bash session (so exports carry), each line
+must exit 0; the database, roles and port they name are replaced by scratch ones. Each tested
+Python block runs as a script (or, marked ``imports``, is imported) in a fresh database.
+"""
+
+from __future__ import annotations
+
+import os
 import re
+import shutil
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -10,38 +21,132 @@ import psycopg
 import pytest
 from psycopg import sql
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+from tests.helpers import new_database
+from tests.iceberg_ext.catalog_server import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+EXAMPLE = ROOT / "examples" / "shopping"
+DOCS = (README, EXAMPLE / "README.md")
+BLOCK = re.compile(r"(?:<!-- (tested|not run by tests/test_readme\.py)([^>]*)-->\n)?```(sh|python)\n(.*?)```", re.S)
+PRICES = {float(10 * (item + 1)) for item in range(10)}  # examples/shopping/generate.py's
 
 
-def marked_blocks() -> list[str]:
-    return re.findall(r"<!-- tested: tests/test_readme\.py[^>]*-->\n```sh\n(.*?)```", README.read_text(), re.S)
+def blocks(doc: Path, lang: str) -> list[tuple[str | None, str, str]]:
+    """(mark, the rest of the marker, code) of each ``lang`` block in ``doc``."""
+    return [(m[0] or None, m[1], m[3]) for m in BLOCK.findall(doc.read_text()) if m[2] == lang]
 
 
-def test_the_readme_marks_its_marked_blocks():
-    assert len(marked_blocks()) >= 1
+def marked_tested(doc: Path, lang: str) -> list[tuple[str, str]]:
+    return [(note, code) for mark, note, code in blocks(doc, lang) if mark == "tested"]
 
 
-@pytest.mark.parametrize("index", range(len(marked_blocks())))
-def test_a_readme_shell_block_runs_as_written(pg_server, tmp_path, index):
-    """Each line of the block, in one bash session (so exports and variables carry), exits 0;
-    the database, and roles, named in it are replaced by scratch ones and dropped afterwards."""
-    block = marked_blocks()[index]
-    suffix = uuid.uuid4().hex[:8]
-    roles = sorted(set(re.findall(r"CREATE ROLE (\w+)", block)))
-    names = {"icebarrier_tour": f"icebarrier_tour_{suffix}", **{r: f"{r}_{suffix}" for r in roles}}
-    for old, new in names.items():
-        block = re.sub(rf"\b{old}\b", new, block)
-    host = psycopg.conninfo.conninfo_to_dict(pg_server)
-    at, port = host.get("host", "127.0.0.1"), host.get("port", 5432)
-    block = block.replace("127.0.0.1:5432", f"{at}:{port}").replace("-h 127.0.0.1 -p 5432", f"-h {at} -p {port}")
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: str(d.relative_to(ROOT)))
+def test_every_block_says_whether_it_runs(doc):
+    unmarked = [code.splitlines()[0] for lang in ("sh", "python") for mark, _, code in blocks(doc, lang) if not mark]
+    assert unmarked == [], f"{doc.name}: mark these blocks tested or not run (with why): {unmarked}"
+    assert marked_tested(doc, "sh"), f"{doc.name} runs none of its shell blocks"
+    for mark, note, _ in blocks(doc, "sh") + blocks(doc, "python"):
+        assert mark == "tested" or note.strip(": "), f"{doc.name}: a block not run must say why"
+
+
+def run_session(script_lines: list[str], cwd: Path, env: dict[str, str]) -> list[tuple[str, str]]:
+    """Run the lines in one bash session; return (line, its stdout) for each. Fails on the first
+    line that exits non-zero, showing it and its output."""
+    marker = f"@@{uuid.uuid4().hex}@@"
     script = "set -e -o pipefail\n" + "\n".join(
-        f"echo '$ {i}'; {line}" for i, line in enumerate(block.splitlines()) if line.strip())
+        f"echo '{marker}{i}'; {line}" for i, line in enumerate(script_lines))
+    done = subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    parts = done.stdout.split(marker)[1:]
+    outputs = [(script_lines[int(p.split("\n", 1)[0])], p.split("\n", 1)[1] if "\n" in p else "") for p in parts]
+    assert done.returncode == 0, (f"README line failed: {outputs[-1][0] if outputs else '(before the first line)'}\n"
+                                  f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return outputs
+
+
+def shell_lines(code_blocks: list[str], names: dict[str, str], pg_server: str, port: int) -> list[str]:
+    """The blocks' command lines with the scratch names, the test server and a free port."""
+    text = "\n".join(code_blocks)
+    for old, new in names.items():
+        text = re.sub(rf"\b{old}\b", new, text)
+    info = psycopg.conninfo.conninfo_to_dict(pg_server)
+    at, pg_port = info.get("host", "127.0.0.1"), info.get("port", 5432)
+    text = text.replace("127.0.0.1:5432", f"{at}:{pg_port}").replace("-h 127.0.0.1 -p 5432", f"-h {at} -p {pg_port}")
+    text = text.replace("8181", str(port))
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def session_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICEBARRIER_")}
+    return {**env, "PGUSER": "postgres", **extra}
+
+
+def drop(pg_server: str, database: str, roles=()) -> None:
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+        for role in roles:
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def test_the_readme_shell_blocks_run_as_written(pg_server, tmp_path):
+    """The admin tour and the catalog lines after it, in a database and with roles of their own."""
+    code = [c for _, c in marked_tested(README, "sh")]
+    suffix = uuid.uuid4().hex[:8]
+    roles = sorted(set(re.findall(r"CREATE ROLE (\w+)", "\n".join(code))))
+    names = {"icebarrier_tour": f"icebarrier_tour_{suffix}", **{r: f"{r}_{suffix}" for r in roles}}
     try:
-        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, f"README line failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        outputs = run_session(shell_lines(code, names, pg_server, free_port()), tmp_path,
+                              session_env(ICEBARRIER_WAREHOUSE=str(tmp_path / "warehouse")))
     finally:
-        with psycopg.connect(pg_server, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(names["icebarrier_tour"])))
-            for role in roles:
-                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(names[role])))
+        drop(pg_server, names["icebarrier_tour"], [names[r] for r in roles])
+    said = dict(outputs)
+    assert "flowchart LR" in said["icebarrier topology --format mermaid"]
+    assert "ingest_orders" in said["icebarrier job list"]
+
+
+def avg_prices(output: str) -> list[float]:
+    """The avg_price column of the avg-price query as `icebarrier query` or the DuckDB CLI prints it."""
+    rows = [re.split(r"[\s│]+", line.strip(" │")) for line in output.splitlines()]
+    return [float(r[2]) for r in rows if len(r) == 3 and r[0].isdigit() and re.fullmatch(r"[\d.]+", r[2])]
+
+
+def test_the_shopping_example_runs_from_its_readme(pg_server, tmp_path):
+    """examples/shopping/README.md, every shell block in order: the pipeline from the command line,
+    the avg-price query wrong at read-uncommitted and right at read-committed, with Spark and with
+    the DuckDB CLI through `icebarrier serve`; it writes nothing outside its git-ignored data/."""
+    shutil.copytree(EXAMPLE, tmp_path / "examples" / "shopping", ignore=shutil.ignore_patterns("data", "__pycache__"))
+    before = set(os.listdir(tmp_path / "examples" / "shopping"))
+    database = f"icebarrier_shop_{uuid.uuid4().hex[:8]}"
+    try:
+        outputs = run_session(shell_lines([c for _, c in marked_tested(EXAMPLE / "README.md", "sh")],
+                                          {"icebarrier_shop": database}, pg_server, free_port()),
+                              tmp_path, session_env())
+    finally:
+        drop(pg_server, database)
+    queries = [(line, avg_prices(out)) for line, out in outputs if "avg_price.sql" in line]
+    assert [len(prices) for _, prices in queries] == [10] * 6, queries
+    for line, prices in queries:
+        wrong = sorted(set(prices) - PRICES)
+        if "read-uncommitted" in line or "latest.sql" in line:
+            assert wrong, f"{line}: expected prices that mix moments, got {prices}"
+        else:
+            assert not wrong, f"{line}: a consistent read printed prices no item has: {wrong}"
+    left = set(os.listdir(tmp_path / "examples" / "shopping")) - before
+    assert left <= {"__pycache__"}, f"the walk-through left {left} outside data/ (which it removes at the end)"
+
+
+@pytest.mark.parametrize("index", range(len(marked_tested(README, "python"))))
+def test_a_readme_python_block_runs(pg_server, tmp_path, index):
+    """A Python block runs as a script against a database `icebarrier db upgrade` prepared (or,
+    marked ``imports``, is imported: it defines jobs and runs none)."""
+    note, code = marked_tested(README, "python")[index]
+    (tmp_path / "snippet.py").write_text(code)
+    run = ["-c", "import runpy; runpy.run_path('snippet.py', run_name='readme')"] if "imports" in note \
+        else ["snippet.py"]
+    with new_database(pg_server, "icebarrier_snippet") as dsn:
+        env = session_env(ICEBARRIER_DSN=dsn, ICEBARRIER_WAREHOUSE=str(tmp_path / "warehouse"))
+        upgraded = subprocess.run(["icebarrier", "db", "upgrade"], env=env, capture_output=True, text=True)
+        assert upgraded.returncode == 0, upgraded.stderr
+        done = subprocess.run([sys.executable, *run], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+    assert done.returncode == 0, f"README Python block {index} failed:\n{code}\n{done.stderr[-3000:]}"

@@ -1,6 +1,9 @@
 """Write a batch of input files for the shopping pipeline (atomically: write, then rename).
 
-    python generate.py BATCH_NO [--orders 100] [--dir shop_input]
+    python3 generate.py BATCH_NO [--orders 100] [--dir data/input]
+
+Every item has one price (10 × (item_id + 1)), so the avg-price query's right answer is
+known: any other price is a read that mixed moments.
 """
 
 from __future__ import annotations
@@ -11,10 +14,17 @@ import os
 import random
 
 
+def price(item_id: int) -> float:
+    return float(10 * (item_id + 1))
+
+
 def write_batch(input_dir: str, batch_no: int, orders: int = 100, seed: int = 0) -> list[dict]:
     rng = random.Random(seed * 100_003 + batch_no)
-    rows = [{"order_id": batch_no * 1_000_000 + i, "user_id": rng.randrange(20), "item_id": rng.randrange(10),
-             "amount": rng.randrange(1, 5), "price": float(rng.randrange(1, 100))} for i in range(orders)]
+    rows = []
+    for i in range(orders):
+        item = rng.randrange(10)
+        rows.append({"order_id": batch_no * 1_000_000 + i, "user_id": rng.randrange(20), "item_id": item,
+                     "amount": rng.randrange(1, 5), "price": price(item)})
     ships = [{"order_id": r["order_id"], "carrier": rng.choice(["ups", "dhl"])} for r in rows if rng.random() < 0.7]
     for kind, data in (("shopping", rows), ("shipments", ships)):
         folder = os.path.join(input_dir, kind)
@@ -30,6 +40,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("batch_no", type=int)
     parser.add_argument("--orders", type=int, default=100)
-    parser.add_argument("--dir", default=os.environ.get("SHOP_INPUT", "shop_input"))
+    parser.add_argument("--dir", default=os.environ.get("SHOP_INPUT", os.path.join("data", "input")))
     args = parser.parse_args()
-    write_batch(args.dir, args.batch_no, args.orders)
+    rows = write_batch(args.dir, args.batch_no, args.orders)
+    print(f"batch {args.batch_no}: {len(rows)} orders under {args.dir}")

@@ -6,11 +6,14 @@
     shopping + shipments --shipped_orders (delta join)--> shipped_orders
 
 Tables live in namespace ``$SHOP_NS`` (default ``shop``) of catalog ``$ICEBARRIER_CATALOG``
-(default ``lake``); inputs are JSON files under ``$SHOP_INPUT`` (default ./shop_input).
+(default ``lake``); inputs are JSON files under ``$SHOP_INPUT`` (default ./data/input).
+
+    python3 pipeline.py create-tables      # the namespace and the five tables (idempotent)
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from icebarrier.iceberg_ext.runtime import RootJob, SqlJob, TransformJob, append, delta_join
@@ -43,7 +46,7 @@ def create_tables(spark, ns: str, catalog: str = "lake") -> None:
 def build(ns: str | None = None, input_dir: str | None = None, catalog: str | None = None) -> dict:
     ns = ns or os.environ.get("SHOP_NS", "shop")
     catalog = catalog or os.environ.get("ICEBARRIER_CATALOG", "lake")
-    input_dir = input_dir or os.environ.get("SHOP_INPUT", "shop_input")
+    input_dir = input_dir or os.environ.get("SHOP_INPUT", os.path.join("data", "input"))
     t = tables(ns, catalog)
     return {
         "ingest_shopping": RootJob(
@@ -69,3 +72,21 @@ def avg_price_query(ns: str = "shop", catalog: str = "lake") -> str:
     t = tables(ns, catalog)
     return (f"SELECT a.user_id, a.item_id, p.price / a.amount AS avg_price "
             f"FROM {t['user_item_amount']} a JOIN {t['user_item_price']} p USING (user_id, item_id)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="The shopping example's tables.")
+    parser.add_argument("command", choices=["create-tables"])
+    parser.parse_args()
+    from icebarrier.iceberg_ext.config import Settings
+    from icebarrier.iceberg_ext.spark import spark_session
+
+    settings = Settings.load()
+    ns = os.environ.get("SHOP_NS", "shop")
+    spark = spark_session(settings, app_name="shopping-create-tables")
+    create_tables(spark, ns, settings.catalog)
+    print(f"created {', '.join(tables(ns, settings.catalog).values())} (if missing)")
+
+
+if __name__ == "__main__":
+    main()

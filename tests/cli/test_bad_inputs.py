@@ -119,6 +119,10 @@ def _cases():
     yield ["run", "missing_job.py"], "missing_job.py"
     yield ["run", "bad_syntax.py"], "bad_syntax.py, line 2"
     yield ["run", "no_job.py"], "no_job.py"
+    yield ["query"], "--file"
+    yield ["query", "SELECT 1", "--file", "no_job.py"], "--file"
+    yield ["query", "--file", "missing.sql"], "missing.sql"
+    yield ["query", "--file", "empty.sql"], "empty"
 
 
 CASES = list(_cases())
@@ -175,6 +179,7 @@ def test_a_bad_input_is_one_clear_line_and_writes_nothing(populated, monkeypatch
     args = [a.replace("{B}", str(barrier)) for a in args]
     (tmp_path / "bad_syntax.py").write_text("from icebarrier import SqlJob\njob = SqlJob(\n")
     (tmp_path / "no_job.py").write_text("x = 1\n")
+    (tmp_path / "empty.sql").write_text("  \n")
     before = _dump(dsn)
     result = CliRunner().invoke(command, args)
     assert result.exit_code in (1, 2), (result.exit_code, result.output)

@@ -1,8 +1,12 @@
 """The consistency checker: its model and invariants, and a short seeded run with real faults."""
 
 import json
+import os
+import pty
+import re
 import subprocess
 import sys
+import threading
 
 import pyarrow as pa
 import pytest
@@ -51,12 +55,14 @@ def test_short_seeded_check_run_passes():
     """A seeded run on its private embedded Postgres, restarted mid-run, with jobs killed at
     random fault points: no anomaly at read-committed or repeatable-read, nothing lost or
     duplicated, no pinned snapshot expired, coverage above the floor, renewals exercised."""
-    result = subprocess.run(
+    code, stdout, terminal = _with_terminal_stderr(
         [sys.executable, "-m", "icebarrier.cli.main", "--output", "json", "check", "--seed", "11",
-         "--duration", "12", "--fault-rate", "0.6"],
-        capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
-    report = json.loads(result.stdout)
+         "--duration", "12", "--fault-rate", "0.6"])
+    assert code == 0, terminal[-3000:] + stdout[-3000:]
+    # on a terminal, a live line shows the run as it goes; the messages stay above it
+    assert re.search(r"\d+ barriers issued, \d+ validated, \d+ reads \(0 anomalies at consistent levels", terminal), terminal[-3000:]
+    assert "check: seed 11" in terminal and "waiting for every job to complete the last" in terminal
+    report = json.loads(stdout)
     assert report["ok"] and report["reads"]["read-committed"] > 0 and report["reads"]["read-uncommitted"] > 0
     assert report["coverage"] >= report["coverage_floor"] and report["validated"] > 0
     assert report["restarts"] >= 1 and report["reconnects"] > 0 and sum(report["faults"].values()) > 0
@@ -73,3 +79,30 @@ def test_fault_schedule_is_a_function_of_the_seed():
     assert [launch_fault(7, "orders_in", n, 0.5) for n in range(10)] == \
         [launch_fault(7, "orders_in", n, 0.5) for n in range(10)]
     assert not [f for f in fault_schedule(7, 20, 0.3, restarts=False) if f.kind == "restart"]
+
+
+def _with_terminal_stderr(args: list[str]) -> tuple[int, str, str]:
+    """Run with stderr on a pseudo-terminal (what a person at a shell has) and stdout on a pipe:
+    (exit code, stdout, everything the terminal showed)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=slave, text=True,
+                            env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "200"})
+    os.close(slave)
+    shown: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal closed: the process ended
+                return
+            if not chunk:
+                return
+            shown.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    stdout, _ = proc.communicate(timeout=900)
+    reader.join(timeout=10)
+    os.close(master)
+    return proc.returncode, stdout, b"".join(shown).decode(errors="replace")

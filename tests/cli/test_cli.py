@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from icebarrier.cli.main import cli as command
+from icebarrier.control_plane.model import barrier_label
 
 
 def _all_commands(group: click.Group, prefix=()):
@@ -202,7 +203,8 @@ def test_plans_coalescing_and_anchors_from_the_cli(cli):
     nb = _json(cli("job", "next-barrier", "agg", output="json"))
     assert {k: nb[k] for k in ("barrier", "plan", "from_barrier", "anchors_in_range", "ready")} == \
         {"barrier": b2, "plan": "coalesce", "from_barrier": first, "anchors_in_range": 0, "ready": True}
-    assert f"next barrier {b2}, coalesce from {first}" in cli("job", "next-barrier", "agg").stdout
+    assert f"next barrier {barrier_label(b2)}, coalesce from {barrier_label(first)}" in \
+        cli("job", "next-barrier", "agg").stdout
     assert "must complete barrier" in _error(cli("job", "complete", "agg", "--barrier", str(b2)))
     done = _json(cli("job", "complete", "agg", "--barrier", str(b2), "--commit", "lake.db.daily=9", "--coalesce",
                      output="json"))
