@@ -4,6 +4,7 @@ Each test runs the checker in a thread on a fresh database (no restarts, no job 
 the corruption is the only thing wrong), corrupts the run from the test's own connections
 once it is under way, and asserts that the report names the damage."""
 
+import json
 import threading
 import time
 
@@ -61,7 +62,7 @@ def test_a_clean_run_passes(live_run):
     """Without corruption the same run passes, with the coverage floor met."""
     _, wait_for_barriers, finish = live_run
     report = finish()
-    assert report.ok, report.to_json()
+    assert report.ok, json.dumps(report.to_json())
     assert report.coverage >= report.coverage_floor and report.reads["read-committed"] > 0
 
 
