@@ -220,7 +220,7 @@ def test_spark_reads_consistent_cuts_through_the_rest_catalog(lake, server, spar
     def writer():
         while not stop.is_set():
             p.advance(rows=3)
-            time.sleep(0.2)
+            time.sleep(0.5)
 
     thread = threading.Thread(target=writer)
     thread.start()
