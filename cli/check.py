@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from icebarrier.cli.render import emit, table
+from icebarrier.cli.render import above, emit, table, terminal_progress
 
 
 @click.command("check")
@@ -94,15 +94,13 @@ def _live(report, duration_s: float, say):
     """On a terminal, one live line under the run's messages: elapsed against --duration, then
     the final validation; barriers issued and validated, reads, anomalies, faults, restarts.
     Elsewhere (a pipe, CI) the messages alone."""
-    if not sys.stderr.isatty():
-        return contextlib.nullcontext(say)
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
     from icebarrier.control_plane.model import Level
 
-    bars = Progress(TextColumn("check"), BarColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
-                    console=Console(stderr=True), transient=True)
+    bars = terminal_progress(TextColumn("check"), BarColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
+    if bars is None:
+        return contextlib.nullcontext(say)
     task = bars.add_task("starting the jobs", total=duration_s)
 
     def status() -> str:
@@ -126,7 +124,7 @@ def _live(report, duration_s: float, say):
             watcher = threading.Thread(target=refresh, name="check-progress", daemon=True)
             watcher.start()
             try:
-                yield lambda line: bars.console.print(line, markup=False, highlight=False)
+                yield above(bars)
             finally:
                 done.set()
                 watcher.join()

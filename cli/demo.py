@@ -10,7 +10,7 @@ from dataclasses import replace
 import click
 import psycopg
 
-from icebarrier.cli.render import Seconds, duration, emit, table
+from icebarrier.cli.render import Seconds, above, duration, emit, table, terminal_progress
 from icebarrier.apps.scratch import scratch
 from icebarrier.control_plane import db, schema
 
@@ -46,15 +46,12 @@ def demo(obj, scenario: str, rounds: int, keep: bool) -> None:
 def _live(say):
     """A live progress display on a terminal (one bar per scenario: barriers done, elapsed,
     what runs now), the lines above it; elsewhere the lines alone."""
-    import sys
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    if not sys.stderr.isatty():
+    bars = terminal_progress(TextColumn("{task.fields[scenario]}"), BarColumn(), MofNCompleteColumn(),
+                             TimeElapsedColumn(), TextColumn("{task.description}"))
+    if bars is None:
         return contextlib.nullcontext((say, None))
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bars = Progress(TextColumn("{task.fields[scenario]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
     tasks: dict[str, int] = {}
 
     def step(scenario: str, done: int, of: int, what: str) -> None:
@@ -65,7 +62,7 @@ def _live(say):
     @contextlib.contextmanager
     def live():
         with bars:
-            yield lambda line: bars.console.print(line, markup=False, highlight=False), step
+            yield above(bars), step
 
     return live()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 
@@ -69,3 +70,19 @@ def one_line(text: str) -> str:
     """A message safe to print as one line: control characters (newlines, terminal escape
     sequences) in names a user typed are shown escaped, never interpreted."""
     return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode() for c in text)
+
+
+def terminal_progress(*columns):
+    """A live rich progress display on stderr when it is a terminal (gone once done), else None
+    (a pipe, CI: the messages alone). Print lines above it with :func:`above`."""
+    if not sys.stderr.isatty():
+        return None
+    from rich.console import Console
+    from rich.progress import Progress
+
+    return Progress(*columns, console=Console(stderr=True), transient=True)
+
+
+def above(bars) -> Callable[[str], None]:
+    """Print a line above a live progress display, as it is (no rich markup)."""
+    return lambda line: bars.console.print(line, markup=False, highlight=False)

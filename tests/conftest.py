@@ -30,6 +30,22 @@ LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 collect_ignore = ["peer"]
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """Workers for ``-n auto`` (pyproject's addopts): one per core, at most 4. Each holds a Spark
+    session and starts Spark processes of its own, so more would only trade CPU for memory."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """xdist groups (``--dist loadgroup``): the cluster tests run on one worker, so one standalone
+    cluster starts; the embedded-Postgres tests (their modules' ``pytestmark``) run one at a time,
+    since as root every embedded server runs as the OS user ``icebarrier-pg`` that the first
+    creates and removes."""
+    for item in items:
+        if item.get_closest_marker("cluster"):
+            item.add_marker(pytest.mark.xdist_group("spark-cluster"))
+
+
 def _reachable(dsn: str) -> bool:
     try:
         psycopg.connect(dsn, connect_timeout=3).close()

@@ -1,6 +1,6 @@
 """Write a batch of input files for the shopping pipeline (atomically: write, then rename).
 
-    python3 generate.py BATCH_NO [--orders 100] [--dir data/input]
+    python3 generate.py BATCH_NO [--orders 100] [--dir DIR]   (default: data/input beside this file)
 
 Every item has one price (10 × (item_id + 1)), so the avg-price query's right answer is
 known: any other price is a read that mixed moments.
@@ -12,6 +12,8 @@ import argparse
 import json
 import os
 import random
+
+INPUT = os.environ.get("SHOP_INPUT", os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "input"))
 
 
 def price(item_id: int) -> float:
@@ -40,7 +42,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("batch_no", type=int)
     parser.add_argument("--orders", type=int, default=100)
-    parser.add_argument("--dir", default=os.environ.get("SHOP_INPUT", os.path.join("data", "input")))
+    parser.add_argument("--dir", default=INPUT)
     args = parser.parse_args()
     rows = write_batch(args.dir, args.batch_no, args.orders)
-    print(f"batch {args.batch_no}: {len(rows)} orders under {args.dir}")
+    print(f"batch {args.batch_no}: {len(rows)} orders under {os.path.relpath(args.dir)}")

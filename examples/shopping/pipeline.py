@@ -6,7 +6,8 @@
     shopping + shipments --shipped_orders (delta join)--> shipped_orders
 
 Tables live in namespace ``$SHOP_NS`` (default ``shop``) of catalog ``$ICEBARRIER_CATALOG``
-(default ``lake``); inputs are JSON files under ``$SHOP_INPUT`` (default ./data/input).
+(default ``lake``); inputs are JSON files under ``$SHOP_INPUT`` (default: data/input beside
+this file, whatever the working directory).
 
     python3 pipeline.py create-tables      # the namespace and the five tables (idempotent)
 """
@@ -19,6 +20,7 @@ import os
 from icebarrier.iceberg_ext.runtime import RootJob, SqlJob, TransformJob, append, delta_join
 from icebarrier.iceberg_ext.sources import FileSource
 
+INPUT = os.environ.get("SHOP_INPUT", os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "input"))
 SHOPPING_SCHEMA = "order_id bigint, user_id bigint, item_id bigint, amount bigint, price double"
 SHIPMENT_SCHEMA = "order_id bigint, carrier string"
 
@@ -46,7 +48,7 @@ def create_tables(spark, ns: str, catalog: str = "lake") -> None:
 def build(ns: str | None = None, input_dir: str | None = None, catalog: str | None = None) -> dict:
     ns = ns or os.environ.get("SHOP_NS", "shop")
     catalog = catalog or os.environ.get("ICEBARRIER_CATALOG", "lake")
-    input_dir = input_dir or os.environ.get("SHOP_INPUT", os.path.join("data", "input"))
+    input_dir = input_dir or INPUT
     t = tables(ns, catalog)
     return {
         "ingest_shopping": RootJob(
@@ -65,13 +67,6 @@ def build(ns: str | None = None, input_dir: str | None = None, catalog: str | No
             name=f"{ns}_shipped_orders", sources=[t["shopping"], t["shipments"]], sinks=[t["shipped_orders"]],
             transform=lambda ctx: append(delta_join(ctx, t["shopping"], t["shipments"], ["order_id"]))),
     }
-
-
-# The avgPrice query of the seed: consistent only when both views are read at one barrier.
-def avg_price_query(ns: str = "shop", catalog: str = "lake") -> str:
-    t = tables(ns, catalog)
-    return (f"SELECT a.user_id, a.item_id, p.price / a.amount AS avg_price "
-            f"FROM {t['user_item_amount']} a JOIN {t['user_item_price']} p USING (user_id, item_id)")
 
 
 def main() -> None:

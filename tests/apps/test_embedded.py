@@ -3,9 +3,13 @@
 import socket
 
 import psycopg
+import pytest
 
 from icebarrier.control_plane import schema
 from icebarrier.apps.embedded import EmbeddedPostgres
+
+# embedded servers one at a time (tests/conftest.py, pytest_collection_modifyitems)
+pytestmark = pytest.mark.xdist_group("embedded-postgres")
 
 
 def test_embedded_postgres_starts_on_tcp_restarts_and_stops(tmp_path):

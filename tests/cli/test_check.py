@@ -13,6 +13,9 @@ import pytest
 
 from icebarrier.apps.check import ACCOUNTS, OPENING, SCHEMAS, check_cut, events
 
+# embedded servers one at a time (tests/conftest.py, pytest_collection_modifyitems)
+pytestmark = pytest.mark.xdist_group("embedded-postgres")
+
 
 def _cut(orders, payments, ledger_rows, balances, paid):
     return {

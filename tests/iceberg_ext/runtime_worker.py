@@ -1,6 +1,7 @@
-"""Run one job of the shopping pipeline (or the two-sink job) in its own process.
+"""Run jobs of the shopping pipeline (or the two-sink job) in a process of their own, one after
+the other on one Spark session; print how many barriers each completed.
 
-    python -m tests.iceberg_ext.runtime_worker DSN SCHEMA WAREHOUSE NAMESPACE INPUT_DIR JOB
+    python -m tests.iceberg_ext.runtime_worker DSN SCHEMA WAREHOUSE NAMESPACE INPUT_DIR JOB[,JOB…]
 
 Crash points come from ICEBARRIER_FAULT / ICEBARRIER_FAULT_AFTER (iceberg_ext.faults).
 """
@@ -27,11 +28,14 @@ def two_sink_job(namespace: str) -> TransformJob:
         })
 
 
-def main(dsn, cp_schema, warehouse, namespace, input_dir, job_key) -> None:
+def main(dsn, cp_schema, warehouse, namespace, input_dir, job_keys) -> None:
     settings = Settings(dsn=dsn, schema=cp_schema, warehouse=warehouse).validated()
-    job = two_sink_job(namespace) if job_key == "two_sinks" else shop.build(namespace, input_dir)[job_key]
-    summary = Runtime(job, settings=settings, log=lambda line: print(line, file=sys.stderr)).run()
-    print(len(summary.completed))
+    completed = []
+    for key in job_keys.split(","):
+        job = two_sink_job(namespace) if key == "two_sinks" else shop.build(namespace, input_dir)[key]
+        with Runtime(job, settings=settings, log=lambda line: print(line, file=sys.stderr)) as runtime:
+            completed.append(len(runtime.run().completed))
+    print(*completed)
 
 
 if __name__ == "__main__":

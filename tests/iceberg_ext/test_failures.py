@@ -15,14 +15,15 @@ from icebarrier.iceberg_ext.runtime import RootJob, Runtime, foreach_batch
 from tests.iceberg_ext.test_runtime import generate, shop
 
 
-def _worker(lake, input_dir, job_key, fault=None, fault_after=0, master=None):
-    """Run one job in its own process (``master``: its Spark master, e.g. a standalone cluster)."""
+def _worker(lake, input_dir, job_keys, fault=None, fault_after=0, master=None):
+    """Run a job (or several, comma-separated, in order) in a process of its own (``master``: its
+    Spark master, e.g. a standalone cluster)."""
     env = {**os.environ, "ICEBARRIER_FAULT": fault or "", "ICEBARRIER_FAULT_AFTER": str(fault_after)}
     if master:
         env["ICEBARRIER_SPARK_MASTER"] = master
     return subprocess.run(
         [sys.executable, "-m", "tests.iceberg_ext.runtime_worker", lake.settings.dsn, lake.settings.schema,
-         lake.settings.warehouse, lake.namespace, str(input_dir), job_key],
+         lake.settings.warehouse, lake.namespace, str(input_dir), job_keys],
         env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -157,19 +158,19 @@ def test_follow_mode_stops_cleanly_on_a_signal(lake, spark, tmp_path, sig):
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_the_pipeline_end_to_end_on_a_standalone_cluster(lake, spark, tmp_path, spark_cluster):
-    """Every job of the shopping pipeline in its own process, its Spark on the standalone cluster
-    (executors in their own JVMs), two rounds: every table completes both barriers and the
-    avg-price query reads one consistent cut (amount and price sums agree with the input)."""
+    """The shopping pipeline's jobs in a process of their own (one per round, the jobs in
+    order), its Spark on the standalone cluster (executors in their own JVMs), two rounds: every
+    table completes both barriers and the avg-price query reads one consistent cut (amount and
+    price sums agree with the input)."""
     shop.create_tables(spark, lake.namespace)
     barriers.set_interval_s(lake.conn, 3600)
     input_dir, rows = tmp_path / "input", []
     for batch in (1, 2):
         rows += generate.write_batch(str(input_dir), batch, orders=30)
         b = barriers.issue(lake.conn).barrier
-        for job_key in ("ingest_shopping", "ingest_shipments", "user_item_amount", "user_item_price",
-                        "shipped_orders"):
-            done = _worker(lake, input_dir, job_key, master=spark_cluster)
-            assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr[-2000:]
+        done = _worker(lake, input_dir, "ingest_shopping,ingest_shipments,user_item_amount,user_item_price,"
+                       "shipped_orders", master=spark_cluster)
+        assert done.returncode == 0 and done.stdout.split() == ["1"] * 5, done.stderr[-2000:]
     names = [TableName.parse(t) for t in shop.tables(lake.namespace).values()]
     assert {s.watermark for s in tables.states(lake.conn, names)} == {b}
     cut = reads.resolve(lake.conn, names)
