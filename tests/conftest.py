@@ -37,10 +37,12 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
 
 def pytest_collection_modifyitems(items) -> None:
-    """xdist groups (``--dist loadgroup``): the cluster tests run on one worker, so one standalone
-    cluster starts; the embedded-Postgres tests (their modules' ``pytestmark``) run one at a time,
-    since as root every embedded server runs as the OS user ``icebarrier-pg`` that the first
-    creates and removes."""
+    """The ``slow`` tests first, so that the workers share them instead of one worker running the
+    last long test alone. xdist groups (``--dist loadgroup``): the cluster tests run on one
+    worker, so one standalone cluster starts; the embedded-Postgres tests (their modules'
+    ``pytestmark``) run one at a time, since as root every embedded server runs as the OS user
+    ``icebarrier-pg`` that the first creates and removes."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     for item in items:
         if item.get_closest_marker("cluster"):
             item.add_marker(pytest.mark.xdist_group("spark-cluster"))

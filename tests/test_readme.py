@@ -89,6 +89,7 @@ def drop(pg_server: str, database: str, roles=()) -> None:
             admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
+@pytest.mark.slow
 def test_the_readme_shell_blocks_run_as_written(pg_server, tmp_path):
     """The admin tour and the catalog lines after it, in a database and with roles of their own."""
     code = [c for _, c in marked_tested(README, "sh")]
@@ -111,6 +112,7 @@ def avg_prices(output: str) -> list[float]:
     return [float(r[2]) for r in rows if len(r) == 3 and r[0].isdigit() and re.fullmatch(r"[\d.]+", r[2])]
 
 
+@pytest.mark.slow
 def test_the_shopping_example_runs_from_its_readme(pg_server, tmp_path):
     """examples/shopping/README.md, every shell block in order: the pipeline from the command line,
     the avg-price query wrong at read-uncommitted and right at read-committed, with Spark and with
@@ -136,6 +138,7 @@ def test_the_shopping_example_runs_from_its_readme(pg_server, tmp_path):
     assert left <= {"__pycache__"}, f"the walk-through left {left} outside data/ (which it removes at the end)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(marked_tested(README, "python"))))
 def test_a_readme_python_block_runs(pg_server, tmp_path, index):
     """A Python block runs as a script against a database `icebarrier db upgrade` prepared (or,

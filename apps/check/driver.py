@@ -5,11 +5,12 @@ applies the fault schedule (a pure function of the seed: which job is killed whe
 fault point each launch arms, when the control-plane Postgres restarts and for how long),
 reads at every level, and checks everything against the model (:mod:`.model`):
 
-- every barrier is validated as soon as every table has completed it (while its snapshots
-  are protected): the cut holds exactly the model's rows. Barriers whose snapshots expired
-  first, or that a table coalesced (the cut is refused), are excused and counted; an anchor
-  is never refused; coverage (validated / issued and not coalesced) below the floor fails the
-  run. The jobs coalesce at random and some run as batch jobs, catching up at random moments;
+- every barrier is pinned with a lease as soon as its cut is valid (by a thread of its own,
+  while its snapshots are protected), then validated: the cut holds exactly the model's
+  rows. Barriers whose snapshots expired first, or that a table coalesced (the cut is
+  refused), are excused and counted; an anchor is never refused; coverage (validated /
+  issued and not coalesced) below the floor fails the run. The jobs coalesce at random and
+  some run as batch jobs, catching up at random moments;
 - coalescing, independently of the control plane's records: a commit that says it coalesced
   the barriers after P into B (``icebarrier.coalesced-after``) means no cut strictly between
   was valid, so one accepted there is a violation; a skipped or coalesced barrier left no
@@ -27,9 +28,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -178,6 +181,65 @@ def setup(env: Env, conn, catalog) -> None:
     barriers.set_anchor_interval_s(conn, ANCHOR_INTERVAL_S)
 
 
+class _Pinner:
+    """Pins each barrier's cut with a lease as soon as it is valid, from a thread and connection of
+    its own, and queues it for the driver to validate. A cut stops being protected once a newer
+    one is valid (DESIGN.md, "Leases and snapshot retention"), which a slow job catching up can
+    make a matter of one job step; the driver, between reads, would come too late for expiry."""
+
+    POLL_S = 0.02
+
+    def __init__(self, env: Env, names, report: CheckReport) -> None:
+        self.names = names
+        self.cp = Reconnecting(env, "pinner", on_wait=lambda what, s: report.waits.append(("pinner", what, s)))
+        self.queue: queue.SimpleQueue[tuple[int, bool, int, str | None]] = queue.SimpleQueue()
+        self.examined = 0  # barriers (by number) queued so far
+        self.last = 0      # the newest of them
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="check-pinner", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.wait(self.POLL_S):
+                self.pin_new()
+        except BaseException as exc:  # noqa: BLE001 - raised in the driver (raise_error)
+            self.error = exc
+
+    def pin_new(self, upto: int | None = None) -> None:
+        """Pin and queue, in order, every barrier up to ``upto`` or the newest valid cut."""
+        try:
+            newest_valid = upto or self.cp.run("cut", lambda conn: reads.resolve(conn, self.names).barrier)
+        except NoValidCutError:
+            return
+        marks = self.cp.run("barriers", lambda conn: conn.execute(
+            "SELECT barrier, anchor FROM barrier WHERE barrier > %s AND barrier <= %s ORDER BY barrier",
+            (self.last, newest_valid)).fetchall())
+        for mark in marks:
+            self.examined += 1
+            self.last = mark["barrier"]
+            self.queue.put((mark["barrier"], mark["anchor"], self.examined, self._pin(mark["barrier"])))
+
+    def _pin(self, barrier: int) -> str | None:
+        """A lease on the cut at ``barrier`` until it is validated (None: not valid or expired)."""
+        try:
+            return self.cp.run("pin", lambda conn: leases.acquire(conn, self.names, ttl_s=60, holder="check-pin",
+                                                                 barrier=barrier).lease_id)
+        except (BarrierNotValidError, SnapshotExpiredError):
+            return None
+
+
 # -- the run -----------------------------------------------------------------------------------------------------
 
 
@@ -190,7 +252,7 @@ class _Run:
         self.cp = Reconnecting(env, "driver", on_wait=lambda what, s: report.waits.append(("driver", what, s)))
         self.procs: dict[str, subprocess.Popen] = {}
         self.launches: Counter = Counter()
-        self.examined = 0          # barriers (by number) looked at by the validator so far
+        self.pinner = _Pinner(env, self.names, report)
         self.accepted: dict[int, int] = {}  # barrier -> number, of the cuts the validator read
         self.rr: ConsistentRead | None = None
         self.rr_first = None
@@ -331,32 +393,18 @@ class _Run:
     # -- history
 
     def validate_new(self, upto: int | None = None) -> None:
-        """Validate, in order, every barrier every table has completed and not yet looked at."""
-        marks = self.cp.run("barriers", lambda conn: [(r["barrier"], r["anchor"]) for r in conn.execute(
-            "SELECT barrier, anchor FROM barrier ORDER BY barrier").fetchall()])
-        try:
-            newest_valid = upto or self.cp.run("cut", lambda conn: reads.resolve(conn, self.names).barrier)
-        except NoValidCutError:
-            return
-        batch = []
-        while self.examined < len(marks) and marks[self.examined][0] <= newest_valid:
-            self.examined += 1
-            batch.append((*marks[self.examined - 1], self.examined))
-        pins = [lease for b, _, _ in batch if (lease := self._pin(b)) is not None]  # before expiry takes them
-        try:
-            for barrier, anchor, number in batch:
+        """Validate, in order, every barrier the pinner queued (with ``upto``: after pinning, here,
+        every barrier up to it), releasing its pin."""
+        if upto is not None:
+            self.pinner.pin_new(upto)
+        self.pinner.raise_error()
+        while not self.pinner.queue.empty():
+            barrier, anchor, number, lease_id = self.pinner.queue.get()
+            try:
                 self._validate(barrier, number, anchor=anchor)
-        finally:
-            for lease_id in pins:
-                self.cp.run("unpin", lambda conn, lease_id=lease_id: leases.release(conn, lease_id))
-
-    def _pin(self, barrier: int) -> str | None:
-        """A lease on the cut at ``barrier`` while the batch is validated (None: not valid or expired)."""
-        try:
-            return self.cp.run("pin", lambda conn: leases.acquire(conn, self.names, ttl_s=60, holder="check-pin",
-                                                                 barrier=barrier).lease_id)
-        except (BarrierNotValidError, SnapshotExpiredError):
-            return None
+            finally:
+                if lease_id is not None:
+                    self.cp.run("unpin", lambda conn: leases.release(conn, lease_id))
 
     def _validate(self, barrier: int, number: int, *, anchor: bool) -> None:
         def read(conn):
@@ -516,6 +564,7 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, serv
         run.launch(job, 2**62)
     run.wait_for_start()
     expiry = run._spawn("expiry", env.to_json(), str(env.seed))
+    run.pinner.start()
     started, final = time.monotonic(), None
     try:
         while True:
@@ -549,6 +598,7 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, serv
                 break
             time.sleep(0.05)
     finally:
+        run.pinner.stop()
         run.close_rr()
         running.unlink(missing_ok=True)
         try:
@@ -569,6 +619,7 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, serv
         report.violations.append("no anchor was validated: the run proves nothing about anchors")
     run.collect()
     run.cp.close()
+    run.pinner.cp.close()
     return report
 
 
