@@ -223,6 +223,8 @@ class _Pinner:
             newest_valid = upto or self.cp.run("cut", lambda conn: reads.resolve(conn, self.names).barrier)
         except NoValidCutError:
             return
+        if newest_valid <= self.last:  # the cut has not moved since the last poll
+            return
         marks = self.cp.run("barriers", lambda conn: conn.execute(
             "SELECT barrier, anchor FROM barrier WHERE barrier > %s AND barrier <= %s ORDER BY barrier",
             (self.last, newest_valid)).fetchall())
