@@ -1,0 +1,92 @@
+"""Table administration: create (or stage-create), register, drop and rename, each
+refused for a managed table where the control plane's record would be lost.
+"""
+
+from __future__ import annotations
+
+from icebarrier.apps.catalog.errors import ForbiddenError
+from icebarrier.apps.catalog.lake.sessions import Sessions
+from icebarrier.apps.catalog.warehouses import Warehouse
+from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.control_plane.model import TableName
+from icebarrier.control_plane.tokens import Principal
+
+
+class Admin(Sessions):
+    def may_write(self, principal: Principal, table: TableName) -> bool:
+        """Check that ``principal`` may change ``table``; returns whether it is managed."""
+        with self.pool.connection() as conn:
+            managed, writer = self.writer_of(conn, table)
+        self.require_writer(principal, table, managed, writer)
+        return managed
+
+    @staticmethod
+    def create_args(request) -> dict:
+        from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+        from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
+
+        return dict(schema=request.table_schema, location=request.location,
+                    partition_spec=request.partition_spec or UNPARTITIONED_PARTITION_SPEC,
+                    sort_order=request.write_order or UNSORTED_SORT_ORDER, properties=request.properties)
+
+    def create(self, warehouse: Warehouse, principal: Principal, table: TableName, request):
+        """Create (or stage-create) a table from a :class:`~.models.CreateTableRequest`; the
+        LoadTableResult. Through a job session, a sink's creation is staged."""
+        from pyiceberg.catalog.rest import TableResponse
+
+        if warehouse.kind == "job":
+            with self.pool.connection() as conn:
+                return self.create_staged(conn, self.session(conn, warehouse, principal), table, request)
+        self.may_write(principal, table)
+        make = self.catalog._create_staged_table if request.stage_create else self.catalog.create_table
+        made = make(table.identifier, **self.create_args(request))
+        return TableResponse(metadata_location=made.metadata_location, metadata=made.metadata, config={})
+
+    @staticmethod
+    def outside_sessions(warehouse: Warehouse, what: str) -> None:
+        """Refuse, through a job session, what a session cannot stage (registering, dropping, renaming)."""
+        if warehouse.kind == "job":
+            raise ForbiddenError(f"a job session writes only data to its sinks; {what} through warehouse latest")
+
+    def register(self, principal: Principal, table: TableName, metadata_location: str, *, overwrite: bool):
+        """Register an existing metadata file as ``table``; the LoadTableResult. Overwriting is
+        refused for a managed table: its history is the control plane's record."""
+        from pyiceberg.catalog.rest import TableResponse
+        from pyiceberg.exceptions import NoSuchTableError
+
+        managed = self.may_write(principal, table)
+        try:
+            metadata, _ = self.metadata(metadata_location)
+        except (OSError, ValueError) as exc:
+            raise IcebarrierError(f"metadata-location {metadata_location!r} cannot be read as table metadata "
+                                  f"({type(exc).__name__}); give the location of a metadata.json file") from None
+        if not overwrite:
+            self.catalog.register_table(table.identifier, metadata_location)
+        elif managed:
+            raise ForbiddenError(f"table {table} is managed by icebarrier; registering over it would replace its "
+                                 f"barrier history. Revise it with `icebarrier revise` instead")
+        else:
+            with self.pool.connection() as conn, conn.transaction():
+                try:
+                    current, _, _ = self.current(conn, table)
+                except NoSuchTableError:
+                    current = None
+                self.point(conn, table, metadata_location, current)
+        return TableResponse(metadata_location=metadata_location, metadata=metadata, config={})
+
+    def drop(self, principal: Principal, table: TableName, *, purge: bool) -> None:
+        self.may_write(principal, table)
+        (self.catalog.purge_table if purge else self.catalog.drop_table)(table.identifier)
+
+    def rename(self, principal: Principal, source: TableName, destination: TableName) -> None:
+        """Rename an unmanaged table. A managed table (or a name a job declares as its sink) is
+        never renamed through the catalog: jobs, barrier records and leases name it."""
+        with self.pool.connection() as conn:
+            for table in (source, destination):
+                managed, writer = self.writer_of(conn, table)
+                if managed:
+                    owner = f"job {writer}" if writer else "the control plane"
+                    raise ForbiddenError(
+                        f"table {table} is managed by icebarrier (written by {owner}); it is not renamed through the "
+                        f"catalog. Register the job with the new sink name and let it write the new table instead")
+        self.catalog.rename_table(source.identifier, destination.identifier)

@@ -1,0 +1,200 @@
+"""The lake's storage primitives: the SQL catalog (PyIceberg) and its pointer rows in the
+control-plane database, metadata files (cached: they are immutable), names and writers, and
+a job's staged (unpublished) commits.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import OrderedDict
+
+import psycopg
+from psycopg import sql
+
+from icebarrier.apps.catalog.errors import ForbiddenError
+from icebarrier.apps.catalog.warehouses import Warehouse
+from icebarrier.control_plane import db
+from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.control_plane.model import TableName
+from icebarrier.control_plane.tokens import Principal
+from icebarrier.iceberg_ext.catalog import barrier_of, coalesced_after, is_compaction, load_catalog
+from icebarrier.iceberg_ext.config import Settings
+
+LATEST = Warehouse("latest")
+
+
+class _LRU:
+    """A small thread-safe LRU for immutable values (metadata files, pinned responses)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, key, make):
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        value = make()
+        with self.lock:
+            self.items[key] = value
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+        return value
+
+
+def _catalog_sql(catalog_schema: str, text: str) -> str:
+    """SQL over the SQL catalog's tables, ``{cs}`` being its schema."""
+    return sql.SQL(text).format(cs=sql.Identifier(catalog_schema)).as_string(None)
+
+
+class LakeCore:
+    """The server's view of the lake: the SQL catalog (PyIceberg) plus the control plane."""
+
+    def __init__(self, settings: Settings, *, quiet_ms: int, pool_size: int = 8) -> None:
+        if not settings.is_default_catalog:
+            raise IcebarrierError("icebarrier serve serves the default SQL catalog in the control-plane database; "
+                                  "remove [catalog_properties] from the configuration")
+        self.settings = settings
+        self.catalog = load_catalog(settings)
+        self.pool = db.pool(settings.dsn, settings.schema, max_size=pool_size)
+        self.quiet_ms = quiet_ms
+        self.metadata_cache = _LRU(4096)
+        self.pinned_cache = _LRU(8192)
+        in_catalog = functools.partial(_catalog_sql, settings.catalog_schema)
+        self._pointer_sql = in_catalog(
+            "SELECT metadata_location FROM {cs}.iceberg_tables WHERE catalog_name = %s AND table_namespace = %s "
+            "AND table_name = %s")
+        # One statement for a load: is the table managed, its pointer, and (through barrier-<B>)
+        # S(T, B), all from one snapshot of the database.
+        self._load_sql = in_catalog(
+            "SELECT m.managed, (SELECT metadata_location FROM {cs}.iceberg_tables WHERE catalog_name = %(catalog)s "
+            "AND table_namespace = %(namespace)s AND table_name = %(table)s) AS location, "
+            "CASE WHEN m.managed AND %(barrier)s::bigint IS NOT NULL THEN (SELECT r.snapshot_ids[1] "
+            "FROM resolve_cut(ARRAY[%(name)s], %(barrier)s, true) r) END AS snapshot_id "
+            "FROM (SELECT EXISTS (SELECT 1 FROM managed_table WHERE name = %(name)s) AS managed) m")
+        self._swap_sql = in_catalog(
+            "UPDATE {cs}.iceberg_tables SET metadata_location = %s, previous_metadata_location = %s "
+            "WHERE catalog_name = %s AND table_namespace = %s AND table_name = %s AND metadata_location = %s")
+        self._insert_sql = in_catalog(
+            "INSERT INTO {cs}.iceberg_tables (catalog_name, table_namespace, table_name, metadata_location, "
+            "previous_metadata_location, iceberg_type) VALUES (%s, %s, %s, %s, NULL, 'TABLE')")
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def table_name(self, namespace: tuple[str, ...], name: str) -> TableName:
+        """The identifier as the client spelled it (the catalog is case-sensitive and allows
+        any characters); only a name in icebarrier's canonical form can be managed."""
+        return TableName(catalog=self.settings.catalog, namespace=tuple(namespace), name=name)
+
+    @staticmethod
+    def managed_key(table: TableName) -> str | None:
+        """``str(table)`` if the table could be managed (canonical: lower-case identifiers, no
+        dots inside a part), else None: such a table is never managed, whatever its spelling."""
+        try:
+            return str(table) if TableName.parse(str(table)) == table else None
+        except IcebarrierError:
+            return None
+
+    def writer_of(self, conn, table: TableName) -> tuple[bool, str | None]:
+        """(is the table managed, its writer job)."""
+        key = self.managed_key(table)
+        if key is None:
+            return False, None
+        row = conn.execute(
+            "SELECT j.name FROM managed_table m LEFT JOIN job_sink k USING (table_id) "
+            "LEFT JOIN job j ON j.job_id = k.job_id AND j.active WHERE m.name = %s", (key,)).fetchone()
+        return (row is not None, row["name"] if row else None)
+
+    @staticmethod
+    def require_writer(principal: Principal, table: TableName, managed: bool, writer: str | None) -> None:
+        """A managed table is written only by its writer job. (Every route that writes takes a
+        job principal: :func:`.deps.job_caller` refuses readers.)"""
+        if managed and writer != principal.job:
+            owner = f"job {writer}" if writer else "no job (it has no writer)"
+            raise ForbiddenError(f"{principal.describe()} may not write {table}: it is written by {owner}; "
+                                 f"commit with a token of {owner}")
+
+    def current(self, conn, table: TableName):
+        """(metadata location, metadata, io) of the table's current version."""
+        row = conn.execute(self._pointer_sql, (table.catalog, ".".join(table.namespace), table.name)).fetchone()
+        if row is None:
+            from pyiceberg.exceptions import NoSuchTableError
+
+            raise NoSuchTableError(f"table {table} does not exist")
+        return (row["metadata_location"], *self.metadata(row["metadata_location"]))
+
+    def metadata(self, location: str):
+        def read():
+            from pyiceberg.io import load_file_io
+            from pyiceberg.serializers import FromInputFile
+
+            io = load_file_io(self.catalog.properties, location)
+            return FromInputFile.table_metadata(io.new_input(location)), io
+
+        return self.metadata_cache.get(location, read)
+
+    def point(self, conn, table: TableName, location: str, expected: str | None,
+              lost: str = "was changed by another commit; retry") -> None:
+        """Move ``table``'s catalog pointer from ``expected`` (None: the table has no row yet) to
+        ``location``; a lost race is a :class:`CommitFailedException` (``lost`` says why)."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        key = (table.catalog, ".".join(table.namespace), table.name)
+        if expected is None:
+            try:
+                with conn.transaction():
+                    moved = conn.execute(self._insert_sql, (*key, location)).rowcount
+            except psycopg.errors.UniqueViolation:
+                moved = 0  # created meanwhile by someone else
+        else:
+            moved = conn.execute(self._swap_sql, (location, expected, *key, expected)).rowcount
+        if moved != 1:
+            raise CommitFailedException(f"table {table} {lost}")
+
+    def staged(self, conn, job: str | None, table: TableName) -> dict | None:
+        """The job's staged (unpublished) commit of ``table``, if any."""
+        if job is None or self.managed_key(table) is None:
+            return None
+        return conn.execute("SELECT barrier, base_location, metadata_location FROM catalog_pending "
+                            "WHERE job_name = %s AND table_name = %s", (job, str(table))).fetchone()
+
+    def stage(self, conn, job: str, table: TableName, barrier: int, base: str | None, location: str,
+              expected: str | None) -> None:
+        """Stage ``location`` as the job's commit of ``table`` for ``barrier``: the pointer stays at
+        ``base`` until the job publishes; ``expected`` is the staged location it builds on (None:
+        it stages the table's first commit of the barrier)."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        moved = conn.execute(
+            "INSERT INTO catalog_pending (job_name, table_name, barrier, base_location, metadata_location) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (job_name, table_name) DO UPDATE "
+            "SET barrier = excluded.barrier, metadata_location = excluded.metadata_location, "
+            "staged_at = now() WHERE catalog_pending.metadata_location = %s",
+            (job, str(table), barrier, base, location, expected)).rowcount
+        if moved != 1:
+            raise CommitFailedException(f"table {table} was changed by another commit; retry")
+
+    def swap_staged(self, conn, job: str, barrier: int | None = None) -> tuple[int, dict[TableName, int], bool]:
+        """Swap every pointer the job staged to its staged commit (inside the caller's
+        transaction) and drop the staging. Returns the barrier (``barrier`` None: the one they
+        were all staged for), the snapshot each sink committed for it, and whether a commit
+        says it coalesced."""
+        rows = conn.execute("SELECT table_name, barrier, base_location, metadata_location FROM catalog_pending "
+                            "WHERE job_name = %s ORDER BY table_name FOR UPDATE", (job,)).fetchall()
+        marks = {r["barrier"] for r in rows} | ({barrier} if barrier is not None else set())
+        if len(marks) != 1:
+            raise IcebarrierError(f"job {job} has {'nothing' if not rows else 'several barriers'} staged to "
+                                  f"publish; write its sinks through this catalog first")
+        barrier, commits, coalesced = marks.pop(), {}, False
+        for r in rows:
+            table = TableName.parse(r["table_name"])
+            self.point(conn, table, r["metadata_location"], r["base_location"],
+                       lost=f"was changed outside job {job}'s barrier; run the job again")
+            main = self.metadata(r["metadata_location"])[0].current_snapshot()
+            if main is not None and barrier_of(main) == barrier and not is_compaction(main):
+                commits[table] = main.snapshot_id
+                coalesced = coalesced or coalesced_after(main) is not None
+        conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
+        return barrier, commits, coalesced

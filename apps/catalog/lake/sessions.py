@@ -1,0 +1,107 @@
+"""Job sessions (warehouse ``job``): where a session's tables load, what it may write, the
+barrier stamped into its snapshots, its staged creations, and its publish.
+"""
+
+from __future__ import annotations
+
+from icebarrier.apps.catalog.errors import ForbiddenError
+from icebarrier.apps.catalog.lake.core import LATEST, LakeCore
+from icebarrier.apps.catalog.warehouses import Warehouse
+from icebarrier.control_plane import job_sessions, jobs
+from icebarrier.control_plane.job_sessions import JobSession
+from icebarrier.control_plane.jobs import Completion, Plan
+from icebarrier.control_plane.model import TableName
+from icebarrier.control_plane.tokens import Principal
+from icebarrier.iceberg_ext import faults
+from icebarrier.iceberg_ext.catalog import (
+    SUMMARY_BARRIER,
+    SUMMARY_COALESCED_AFTER,
+    SUMMARY_JOB,
+    SUMMARY_RUN,
+    barrier_of,
+)
+
+
+class Sessions(LakeCore):
+    @staticmethod
+    def session(conn, warehouse: Warehouse, principal: Principal) -> JobSession:
+        """The session a request through warehouse ``job`` works in (opened by the job's first request)."""
+        return job_sessions.current(conn, principal.job, run_id=warehouse.run_id)
+
+    def session_view(self, conn, session: JobSession, table: TableName) -> Warehouse:
+        """Where a job session reads ``table``: a source at ``S(T, B)``, a sink (with what the
+        session staged) and an unmanaged table as they are; any other managed table is refused."""
+        if table in session.sources:
+            return Warehouse("barrier", barrier=session.barrier)
+        if table in session.sinks:
+            return LATEST
+        if self.writer_of(conn, table)[0]:
+            raise ForbiddenError(f"job {session.job} may not read {table}: it is not one of the job's sources "
+                                 f"({', '.join(sorted(map(str, session.sources))) or 'none'}); declare it with "
+                                 f"`icebarrier job register {session.job} --source {table} … --replace`")
+        return LATEST
+
+    def require_sink(self, conn, session: JobSession, table: TableName) -> None:
+        if table not in session.sinks:
+            writer = self.writer_of(conn, table)[1]
+            owner = f" ({table} is written by job {writer})" if writer else ""
+            raise ForbiddenError(f"job {session.job} may not write {table}: it writes only its sinks "
+                                 f"({', '.join(sorted(map(str, session.sinks))) or 'none'}){owner}; nothing of this "
+                                 f"run is published")
+
+    @staticmethod
+    def stamped(session: JobSession, table: TableName, change):
+        """``change`` with every snapshot it adds carrying the session's barrier, job and run (and
+        the coalesced range) in its summary; a snapshot naming another barrier is refused."""
+        from pyiceberg.table.snapshots import Summary
+        from pyiceberg.table.update import AddSnapshotUpdate
+
+        marks = {SUMMARY_BARRIER: str(session.barrier), SUMMARY_JOB: session.job, SUMMARY_RUN: session.run_id}
+        if session.coalesce_after is not None:
+            marks[SUMMARY_COALESCED_AFTER] = str(session.coalesce_after)
+        updates = []
+        for update in change.updates:
+            if isinstance(update, AddSnapshotUpdate):
+                snapshot = update.snapshot
+                given = barrier_of(snapshot)
+                if given is not None and given != session.barrier:
+                    raise ForbiddenError(f"a commit to {table} carries barrier {given}, but job {session.job}'s "
+                                         f"session computes barrier {session.barrier}; drop snapshot property "
+                                         f"{SUMMARY_BARRIER} (the catalog sets it)")
+                summary = snapshot.summary
+                operation = summary.operation if summary is not None else "append"
+                properties = {**(summary.additional_properties if summary is not None else {}), **marks}
+                update = AddSnapshotUpdate(snapshot=snapshot.model_copy(
+                    update={"summary": Summary(operation, **properties)}))
+            updates.append(update)
+        return change.model_copy(update={"updates": tuple(updates)})
+
+    def create_staged(self, conn, session: JobSession, table: TableName, request):
+        """A sink the session creates: staged (nobody else sees it) until the barrier is published."""
+        from pyiceberg.catalog.rest import TableResponse
+        from pyiceberg.exceptions import TableAlreadyExistsError
+
+        self.require_sink(conn, session, table)
+        if self.staged(conn, session.job, table) is not None or conn.execute(
+                self._pointer_sql, (table.catalog, ".".join(table.namespace), table.name)).fetchone() is not None:
+            raise TableAlreadyExistsError(f"table {table} already exists")
+        made = self.catalog._create_staged_table(table.identifier, **self.create_args(request))
+        if not request.stage_create:  # a staged create is committed by the client (AssertCreate) like any change
+            self.catalog._write_metadata(made.metadata, made.io, made.metadata_location)
+            self.stage(conn, session.job, table, session.barrier, None, made.metadata_location, None)
+        return TableResponse(metadata_location=made.metadata_location, metadata=made.metadata, config={})
+
+    def publish_session(self, conn, job: str, run_id: str | None) -> Completion:
+        """Publish the job's session: every commit it staged swaps in and its barrier B completes,
+        in one transaction (sinks it did not write complete B unchanged). The session is marked
+        succeeded first, so that a publish cut short is adopted by the job's next run."""
+        job_sessions.mark_succeeded(conn, job, run_id)
+        with conn.transaction():
+            session = job_sessions.get(conn, job, run_id=run_id, lock=True)
+            _, commits, _ = self.swap_staged(conn, job, session.barrier)
+            job_sessions.close(conn, job)
+            faults.point(faults.IN_CATALOG_COMMIT)
+            # a root job that committed nothing skips (its barriers stay exact); else the plan says
+            coalesce = session.plan is Plan.COALESCE and (bool(commits) or not session.root)
+            with conn.transaction():
+                return jobs.complete(conn, job, session.barrier, commits, run_id=session.run_id, coalesce=coalesce)
