@@ -75,6 +75,7 @@ def upgrade(settings: Settings):
     ``icebarrier spark-conf`` works right after. Idempotent. Returns the schema status."""
     from icebarrier.control_plane import schema
 
+    settings.check_storage()  # a wrong bucket, endpoint or key: one line, before anything is written
     status = schema.upgrade(settings.dsn, settings.schema)
     settings.ensure_catalog_schema()
     try:

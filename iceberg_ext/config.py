@@ -4,7 +4,9 @@ By default the Iceberg catalog is a JDBC/SQL catalog in the same Postgres as the
 plane, in its own schema (``icebarrier_catalog``), shared by Spark (``type=jdbc``) and
 PyIceberg (``SqlCatalog``) under one catalog name (default ``lake``), with a local
 warehouse directory. Other PyIceberg catalogs (REST, Hive, Glue) are configuration:
-``[catalog]`` properties in the TOML file are passed through to both engines.
+``[catalog_properties]`` in the TOML file are passed through to both engines. Where the files
+live is a separate setting (``[storage]``, :mod:`.storage`): FileIO settings added to whichever
+catalog is in use.
 
 ``icebarrier.toml`` (looked up in ``$ICEBARRIER_CONFIG``, else ./icebarrier.toml)::
 
@@ -12,6 +14,8 @@ warehouse directory. Other PyIceberg catalogs (REST, Hive, Glue) are configurati
     schema = "icebarrier"
     catalog = "lake"
     warehouse = "file:///data/warehouse"      # or s3://bucket/prefix
+    [storage]                                  # FileIO settings (object storage): see storage.py
+    "s3.endpoint" = "http://127.0.0.1:9000"
     [catalog_properties]                       # optional, for non-default catalogs
     type = "rest"
     uri = "http://rest-catalog:8181"
@@ -30,9 +34,12 @@ import psycopg
 from icebarrier.control_plane.db import DEFAULT_SCHEMA, resolve_dsn
 from icebarrier.control_plane.errors import ConfigurationError
 from icebarrier.control_plane.model import parse_schema_name
+from icebarrier.iceberg_ext import storage
+from icebarrier.iceberg_ext.storage import Storage
 
 CONFIG_ENV = "ICEBARRIER_CONFIG"
 HOME_ENV = "ICEBARRIER_HOME"
+SECTIONS = ("catalog_properties", "storage")
 ENV = {
     "dsn": "ICEBARRIER_DSN",
     "schema": "ICEBARRIER_SCHEMA",
@@ -54,6 +61,7 @@ class Settings:
     catalog_schema: str = "icebarrier_catalog"
     warehouse: str = ""
     catalog_properties: dict[str, str] = field(default_factory=dict)
+    storage: Storage = field(default_factory=Storage)
 
     @classmethod
     def load(cls, config_file: str | Path | None = None, **flags: str | None) -> Settings:
@@ -69,17 +77,18 @@ class Settings:
                 values = tomllib.loads(path.read_text())
             except tomllib.TOMLDecodeError as exc:
                 raise ConfigurationError(f"config file {path} is not valid TOML ({exc}); fix or remove it") from None
-            unknown = set(values) - {*ENV, "catalog_properties"}
+            unknown = set(values) - {*ENV, *SECTIONS}
             if unknown:
                 raise ConfigurationError(
                     f"config file {path} has unknown keys {sorted(unknown)}; "
-                    f"known: {sorted([*ENV, 'catalog_properties'])}"
+                    f"known: {sorted([*ENV, *SECTIONS])}"
                 )
         for key, env in ENV.items():
             if os.environ.get(env):
                 values[key] = os.environ[env]
             if flags.get(key) is not None:  # a flag given empty is an error, not the default
                 values[key] = flags[key]
+        values["storage"] = Storage.from_config(values.get("storage"))
         values["dsn"] = resolve_dsn(values.get("dsn"))
         settings = cls(**{k: v for k, v in values.items() if v is not None})
         return settings.validated()
@@ -92,6 +101,7 @@ class Settings:
         warehouse = self.warehouse or (state_dir() / "warehouse").as_uri()
         if "://" not in warehouse:
             warehouse = Path(warehouse).resolve().as_uri()
+        storage.validate_warehouse(warehouse)
         return replace(self, warehouse=warehouse)
 
     # -- derived connection strings ------------------------------------------------------------
@@ -133,10 +143,22 @@ class Settings:
     def jdbc_password(self) -> str | None:
         return self._conninfo["password"]
 
+    @property
+    def on_object_storage(self) -> bool:
+        return storage.is_object_storage(self.warehouse)
+
     def pyiceberg_properties(self) -> dict[str, str]:
+        """The catalog's properties plus the FileIO settings (added, never replacing them)."""
         if not self.is_default_catalog:
-            return {"warehouse": self.warehouse, **self.catalog_properties}
-        return {"type": "sql", "uri": self.sqlalchemy_uri, "warehouse": self.warehouse, "schema_version": "v1"}
+            return {"warehouse": self.warehouse, **self.catalog_properties, **self.storage.fileio()}
+        return {"type": "sql", "uri": self.sqlalchemy_uri, "warehouse": self.warehouse, "schema_version": "v1",
+                **self.storage.fileio()}
+
+    def check_storage(self) -> None:
+        """A wrong bucket, endpoint or key as one line naming the setting (the default catalog's
+        warehouse on object storage; another catalog says where its tables are itself)."""
+        if self.is_default_catalog:
+            storage.check(self.warehouse, self.storage.fileio())
 
     def require_catalog_schema(self) -> None:
         """The default SQL catalog's schema must exist (``icebarrier db upgrade`` creates it);

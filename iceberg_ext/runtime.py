@@ -355,6 +355,7 @@ class Runtime:
         self.job = job
         self.settings = settings or Settings.load()
         self._owns_conn = conn is None
+        self.settings.check_storage()
         self.conn = conn or db.connect(self.settings.dsn, self.settings.schema)
         self.catalog = load_catalog(self.settings)
         self._spark = spark

@@ -22,7 +22,7 @@ def configuration(engine: str, warehouse: str, uri: str, credential: str, catalo
                 f"CREATE SECRET icebarrier (TYPE iceberg, CLIENT_ID '{client_id}', CLIENT_SECRET '{secret}', "
                 f"OAUTH2_SERVER_URI '{uri}/v1/oauth/tokens');\n"
                 f"ATTACH '{warehouse}' AS {catalog} (TYPE iceberg, SECRET icebarrier, ENDPOINT '{uri}', "
-                f"ACCESS_DELEGATION_MODE 'none');")
+                f"ACCESS_DELEGATION_MODE 'vended_credentials');")
     return (f"# etc/catalog/{catalog}.properties\nconnector.name=iceberg\niceberg.catalog.type=rest\n"
             f"iceberg.rest-catalog.uri={uri}\niceberg.rest-catalog.warehouse={warehouse}\n"
             f"iceberg.rest-catalog.security=OAUTH2\niceberg.rest-catalog.oauth2.credential={credential}\n"
@@ -32,8 +32,8 @@ def configuration(engine: str, warehouse: str, uri: str, credential: str, catalo
 def duckdb_install() -> str:
     """DuckDB statements that load the iceberg extension: from the extension wheels when they
     are installed (``pip install duckdb-extension-iceberg``…, offline), else from DuckDB's
-    repository. The catalog vends no storage credentials: the client reads the warehouse
-    itself (``ACCESS_DELEGATION_MODE 'none'``)."""
+    repository. The catalog hands it the storage access each table needs
+    (``ACCESS_DELEGATION_MODE 'vended_credentials'``: see :mod:`.delegation`)."""
     import importlib.util
     from pathlib import Path
 

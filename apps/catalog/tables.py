@@ -8,6 +8,7 @@ import time
 
 from fastapi import APIRouter, Request, Response
 
+from icebarrier.apps.catalog.delegation import Access
 from icebarrier.apps.catalog.deps import (
     LakeDep,
     NamespacePath,
@@ -43,24 +44,24 @@ def list_tables(warehouse: Reading, namespace: NamespacePath, lake: LakeDep, pag
 
 
 @router.post("/namespaces/{namespace}/tables")
-def create_table(to: Writing, namespace: NamespacePath, lake: LakeDep, body: dict):
+def create_table(to: Writing, namespace: NamespacePath, lake: LakeDep, access: Access, body: dict):
     request = CreateTableRequest.parse(body)
-    return _json(lake.create(to.warehouse, to.principal, lake.table_name(namespace, request.name), request))
+    return _json(lake.create(to.warehouse, to.principal, lake.table_name(namespace, request.name), request, access))
 
 
 @router.post("/namespaces/{namespace}/register")
-def register_table(to: Writing, namespace: NamespacePath, lake: LakeDep, body: dict):
+def register_table(to: Writing, namespace: NamespacePath, lake: LakeDep, access: Access, body: dict):
     request = RegisterTableRequest.parse(body)
     lake.outside_sessions(to.warehouse, "register tables")
     return _json(lake.register(to.principal, lake.table_name(namespace, request.name), request.metadata_location,
-                               overwrite=request.overwrite))
+                               overwrite=request.overwrite, access=access))
 
 
 @router.get(TABLE)
-def load_table(request: Request, at: ReadTable, snapshots: str | None = None):
+def load_table(request: Request, at: ReadTable, access: Access, snapshots: str | None = None):
     started = time.perf_counter()
     with at.lake.pool.connection() as conn:
-        body = at.lake.load(conn, at.warehouse, at.table, at.principal, at.access_token)
+        body = at.lake.load(conn, at.warehouse, at.table, at.principal, at.access_token, access)
     request.app.state.metrics.load_seconds.labels(at.warehouse.kind).observe(time.perf_counter() - started)
     return Response(body, media_type="application/json")
 

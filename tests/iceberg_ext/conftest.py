@@ -7,6 +7,7 @@ catalog stays and the namespaces change).
 
 from __future__ import annotations
 
+import tomllib
 import uuid
 from dataclasses import dataclass
 
@@ -18,8 +19,10 @@ from icebarrier.control_plane import db, schema
 from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext.catalog import load_catalog
 from icebarrier.iceberg_ext.config import Settings
+from icebarrier.iceberg_ext.storage import Storage
 from tests.helpers import calm_anchors, new_database
 from tests.iceberg_ext.catalog_server import start_server, stop_server
+from tests.s3 import moto_server
 
 
 @pytest.fixture(scope="session")
@@ -56,15 +59,14 @@ class Lake:
         return TableName.parse(f"lake.{self.namespace}.{name}")
 
 
-@pytest.fixture
-def lake(lake_dsn, warehouse, monkeypatch):
+def _lake(lake_dsn, warehouse: str, monkeypatch, storage: Storage = Storage()):
     """A fresh control-plane schema and Iceberg namespace (env set for the CLI too)."""
     cp_schema = f"cp_{uuid.uuid4().hex[:10]}"
     schema.upgrade(lake_dsn, cp_schema)
-    settings = Settings(dsn=lake_dsn, schema=cp_schema, warehouse=str(warehouse)).validated()
+    settings = Settings(dsn=lake_dsn, schema=cp_schema, warehouse=warehouse, storage=storage).validated()
     monkeypatch.setenv("ICEBARRIER_DSN", lake_dsn)
     monkeypatch.setenv("ICEBARRIER_SCHEMA", cp_schema)
-    monkeypatch.setenv("ICEBARRIER_WAREHOUSE", str(warehouse))
+    monkeypatch.setenv("ICEBARRIER_WAREHOUSE", warehouse)
     catalog = load_catalog(settings)
     namespace = f"ns_{uuid.uuid4().hex[:10]}"
     catalog.create_namespace(namespace)
@@ -73,6 +75,39 @@ def lake(lake_dsn, warehouse, monkeypatch):
         yield Lake(settings=settings, conn=conn, catalog=catalog, namespace=namespace)
     with psycopg.connect(lake_dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(cp_schema)))
+
+
+@pytest.fixture
+def lake(lake_dsn, warehouse, monkeypatch):
+    """A fresh control-plane schema and Iceberg namespace on the local warehouse."""
+    yield from _lake(lake_dsn, str(warehouse), monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """An S3-compatible server on 127.0.0.1 (moto) with a bucket for this run."""
+    with moto_server(tmp_path_factory.mktemp("s3") / "moto.log") as server:
+        yield server
+
+
+@pytest.fixture
+def s3_lake(lake_dsn, s3, tmp_path, monkeypatch):
+    """The same as ``lake``, with the warehouse on S3: the storage settings in an icebarrier.toml
+    that ICEBARRIER_CONFIG names (for the CLI and the servers the test starts)."""
+    config = tmp_path / "icebarrier.toml"
+    config.write_text(s3.storage_toml())
+    monkeypatch.setenv("ICEBARRIER_CONFIG", str(config))
+    storage = Storage.from_config(tomllib.loads(config.read_text())["storage"], environ={})
+    yield from _lake(lake_dsn, f"s3://{s3.bucket}/wh", monkeypatch, storage)
+
+
+@pytest.fixture
+def s3_server(s3_lake):
+    """A real `icebarrier serve` process over the test's S3 lake; its URI."""
+    proc, uri = start_server(s3_lake, "--session-quiet", "1s")
+    yield uri
+    err = stop_server(proc)
+    assert "Traceback" not in err, err[-3000:]
 
 
 @pytest.fixture(scope="session")

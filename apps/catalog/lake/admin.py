@@ -4,6 +4,7 @@ refused for a managed table where the control plane's record would be lost.
 
 from __future__ import annotations
 
+from icebarrier.apps.catalog.delegation import Delegation
 from icebarrier.apps.catalog.errors import ForbiddenError
 from icebarrier.apps.catalog.lake.sessions import Sessions
 from icebarrier.apps.catalog.warehouses import Warehouse
@@ -29,18 +30,18 @@ class Admin(Sessions):
                     partition_spec=request.partition_spec or UNPARTITIONED_PARTITION_SPEC,
                     sort_order=request.write_order or UNSORTED_SORT_ORDER, properties=request.properties)
 
-    def create(self, warehouse: Warehouse, principal: Principal, table: TableName, request):
+    def create(self, warehouse: Warehouse, principal: Principal, table: TableName, request, access: Delegation):
         """Create (or stage-create) a table from a :class:`~.models.CreateTableRequest`; the
         LoadTableResult. Through a job session, a sink's creation is staged."""
-        from pyiceberg.catalog.rest import TableResponse
 
         if warehouse.kind == "job":
             with self.pool.connection() as conn:
-                return self.create_staged(conn, self.session(conn, warehouse, principal), table, request)
+                return self.create_staged(conn, self.session(conn, warehouse, principal), table, request, principal,
+                                          access)
         self.may_write(principal, table)
         make = self.catalog._create_staged_table if request.stage_create else self.catalog.create_table
         made = make(table.identifier, **self.create_args(request))
-        return TableResponse(metadata_location=made.metadata_location, metadata=made.metadata, config={})
+        return self.response(made.metadata_location, made.metadata, principal, access)
 
     @staticmethod
     def outside_sessions(warehouse: Warehouse, what: str) -> None:
@@ -48,10 +49,10 @@ class Admin(Sessions):
         if warehouse.kind == "job":
             raise ForbiddenError(f"a job session writes only data to its sinks; {what} through warehouse latest")
 
-    def register(self, principal: Principal, table: TableName, metadata_location: str, *, overwrite: bool):
+    def register(self, principal: Principal, table: TableName, metadata_location: str, *, overwrite: bool,
+                 access: Delegation):
         """Register an existing metadata file as ``table``; the LoadTableResult. Overwriting is
         refused for a managed table: its history is the control plane's record."""
-        from pyiceberg.catalog.rest import TableResponse
         from pyiceberg.exceptions import NoSuchTableError
 
         managed = self.may_write(principal, table)
@@ -72,7 +73,7 @@ class Admin(Sessions):
                 except NoSuchTableError:
                     current = None
                 self.point(conn, table, metadata_location, current)
-        return TableResponse(metadata_location=metadata_location, metadata=metadata, config={})
+        return self.response(metadata_location, metadata, principal, access)
 
     def drop(self, principal: Principal, table: TableName, *, purge: bool) -> None:
         self.may_write(principal, table)

@@ -12,6 +12,7 @@ from collections import OrderedDict
 import psycopg
 from psycopg import sql
 
+from icebarrier.apps.catalog.delegation import Delegation
 from icebarrier.apps.catalog.errors import ForbiddenError
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import db
@@ -55,6 +56,7 @@ class LakeCore:
         if not settings.is_default_catalog:
             raise IcebarrierError("icebarrier serve serves the default SQL catalog in the control-plane database; "
                                   "remove [catalog_properties] from the configuration")
+        settings.check_storage()
         self.settings = settings
         self.catalog = load_catalog(settings)
         self.pool = db.pool(settings.dsn, settings.schema, max_size=pool_size)
@@ -82,6 +84,14 @@ class LakeCore:
 
     def close(self) -> None:
         self.pool.close()
+
+    def response(self, location: str, metadata, principal: Principal, access: Delegation):
+        """The LoadTableResult of ``metadata`` at ``location``, with the storage access the
+        caller gets (:mod:`icebarrier.apps.catalog.delegation`)."""
+        from pyiceberg.catalog.rest import TableResponse
+
+        config = access.config(self.settings.storage, metadata.location, reader=principal.kind == "reader")
+        return TableResponse(metadata_location=location, metadata=metadata, config=config)
 
     def table_name(self, namespace: tuple[str, ...], name: str) -> TableName:
         """The identifier as the client spelled it (the catalog is case-sensitive and allows

@@ -4,6 +4,7 @@ read-committed session's cut, a lease's), as the LoadTableResult a client gets.
 
 from __future__ import annotations
 
+from icebarrier.apps.catalog.delegation import Delegation
 from icebarrier.apps.catalog.errors import ForbiddenError
 from icebarrier.apps.catalog.lake.sessions import Sessions
 from icebarrier.apps.catalog.warehouses import Warehouse
@@ -18,9 +19,8 @@ LEASE_RENEW_S = 300.0
 
 class Loads(Sessions):
     def load(self, conn, warehouse: Warehouse, table: TableName, principal: Principal,
-             access_token: str | None) -> bytes:
+             access_token: str | None, access: Delegation) -> bytes:
         """The LoadTableResult for ``table`` through ``warehouse``, as JSON bytes."""
-        from pyiceberg.catalog.rest import TableResponse
         from pyiceberg.exceptions import NoSuchTableError
 
         if warehouse.kind == "job":
@@ -28,8 +28,7 @@ class Loads(Sessions):
         staged = self.staged(conn, principal.job, table) if warehouse.kind == "latest" else None
         if staged is not None:  # the job's own commits of a barrier it has not published yet
             metadata, _ = self.metadata(staged["metadata_location"])
-            return TableResponse(metadata_location=staged["metadata_location"], metadata=metadata,
-                                 config={}).model_dump_json().encode()
+            return self.response(staged["metadata_location"], metadata, principal, access).model_dump_json().encode()
         with db.translated(conn, "load_table"):
             state = conn.execute(self._load_sql, {
                 "catalog": table.catalog, "namespace": ".".join(table.namespace), "table": table.name,
@@ -38,8 +37,7 @@ class Loads(Sessions):
             raise NoSuchTableError(f"table {table} does not exist")
         if warehouse.kind == "latest" or not state["managed"]:
             metadata, _ = self.metadata(state["location"])
-            return TableResponse(metadata_location=state["location"], metadata=metadata,
-                                 config={}).model_dump_json().encode()
+            return self.response(state["location"], metadata, principal, access).model_dump_json().encode()
         if warehouse.kind == "barrier":
             snapshot_id, (metadata, io) = state["snapshot_id"], self.metadata(state["location"])
         else:
@@ -52,10 +50,10 @@ class Loads(Sessions):
 
         def pin() -> bytes:
             result = pinned(io, metadata, snapshot_id)
-            return TableResponse(metadata_location=result.metadata_location, metadata=result.metadata,
-                                 config={}).model_dump_json().encode()
+            return self.response(result.metadata_location, result.metadata, principal, access).model_dump_json().encode()
 
-        return self.pinned_cache.get((str(metadata.table_uuid), snapshot_id), pin)
+        reader = principal.kind == "reader"  # the response's config depends on who asks for what
+        return self.pinned_cache.get((str(metadata.table_uuid), snapshot_id, reader, access.modes), pin)
 
     def exists(self, conn, warehouse: Warehouse, table: TableName, principal: Principal) -> None:
         """Does ``table`` exist for the caller (a job session sees the sinks it created)? Else

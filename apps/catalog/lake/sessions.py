@@ -4,6 +4,7 @@ barrier stamped into its snapshots, its staged creations, and its publish.
 
 from __future__ import annotations
 
+from icebarrier.apps.catalog.delegation import Delegation
 from icebarrier.apps.catalog.errors import ForbiddenError
 from icebarrier.apps.catalog.lake.core import LATEST, LakeCore
 from icebarrier.apps.catalog.warehouses import Warehouse
@@ -76,9 +77,9 @@ class Sessions(LakeCore):
             updates.append(update)
         return change.model_copy(update={"updates": tuple(updates)})
 
-    def create_staged(self, conn, session: JobSession, table: TableName, request):
+    def create_staged(self, conn, session: JobSession, table: TableName, request, principal: Principal,
+                      access: Delegation):
         """A sink the session creates: staged (nobody else sees it) until the barrier is published."""
-        from pyiceberg.catalog.rest import TableResponse
         from pyiceberg.exceptions import TableAlreadyExistsError
 
         self.require_sink(conn, session, table)
@@ -89,7 +90,7 @@ class Sessions(LakeCore):
         if not request.stage_create:  # a staged create is committed by the client (AssertCreate) like any change
             self.catalog._write_metadata(made.metadata, made.io, made.metadata_location)
             self.stage(conn, session.job, table, session.barrier, None, made.metadata_location, None)
-        return TableResponse(metadata_location=made.metadata_location, metadata=made.metadata, config={})
+        return self.response(made.metadata_location, made.metadata, principal, access)
 
     def publish_session(self, conn, job: str, run_id: str | None) -> Completion:
         """Publish the job's session: every commit it staged swaps in and its barrier B completes,

@@ -1,0 +1,164 @@
+"""Where the lake's files live (DESIGN.md, "Where the lake lives"): FileIO settings, apart from
+which catalog is in use.
+
+The warehouse is a local directory (the zero-config default) or object storage
+(``s3://bucket/prefix``, S3-compatible servers included). The storage settings are Iceberg's
+own FileIO property names, the ones PyIceberg and Iceberg Java both read, so they are added to
+whichever catalog is configured, never in place of it::
+
+    [storage]                                  # icebarrier.toml
+    "s3.endpoint" = "http://127.0.0.1:9000"
+    "s3.region" = "us-east-1"
+    "s3.access-key-id" = "…"                   # the server's and admin commands' keys
+    "s3.secret-access-key" = "…"
+    [storage.readers]                          # optional: read-only keys vended to reader tokens
+    "s3.access-key-id" = "…"
+    "s3.secret-access-key" = "…"
+
+Environment variables (the AWS SDK's own names) win over the file, as for every setting:
+``AWS_ENDPOINT_URL_S3`` (or ``AWS_ENDPOINT_URL``), ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``),
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+from icebarrier.control_plane.errors import ConfigurationError
+
+ENDPOINT = "s3.endpoint"
+REGION = "s3.region"
+ACCESS_KEY_ID = "s3.access-key-id"
+SECRET_ACCESS_KEY = "s3.secret-access-key"
+SESSION_TOKEN = "s3.session-token"
+PATH_STYLE = "s3.path-style-access"
+KEYS = (ENDPOINT, REGION, ACCESS_KEY_ID, SECRET_ACCESS_KEY, SESSION_TOKEN, PATH_STYLE)
+SECRETS = (ACCESS_KEY_ID, SECRET_ACCESS_KEY, SESSION_TOKEN)
+READERS = "readers"
+
+ENV = {
+    ENDPOINT: ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+    REGION: ("AWS_REGION", "AWS_DEFAULT_REGION"),
+    ACCESS_KEY_ID: ("AWS_ACCESS_KEY_ID",),
+    SECRET_ACCESS_KEY: ("AWS_SECRET_ACCESS_KEY",),
+    SESSION_TOKEN: ("AWS_SESSION_TOKEN",),
+}
+SCHEMES = ("file", "s3", "s3a")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Storage:
+    """FileIO settings: ``properties`` for the server, admin commands and jobs; ``readers`` the
+    keys a reader token is handed instead (read-only ones), if configured."""
+
+    properties: dict[str, str] = field(default_factory=dict)
+    readers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, section: Mapping | None, environ: Mapping[str, str] = os.environ) -> Storage:
+        """The ``[storage]`` table of icebarrier.toml, the environment winning over it."""
+        section = dict(section or {})
+        readers = section.pop(READERS, {})
+        if not isinstance(readers, Mapping):
+            raise ConfigurationError(f"[storage.{READERS}] must be a table of {ACCESS_KEY_ID} and "
+                                     f"{SECRET_ACCESS_KEY}; fix icebarrier.toml")
+        properties = _checked(section, "[storage]", KEYS)
+        for key, names in ENV.items():
+            for name in names:
+                if environ.get(name):
+                    properties[key] = environ[name]
+                    break
+        readers = _checked(readers, f"[storage.{READERS}]", SECRETS)
+        if readers and not {ACCESS_KEY_ID, SECRET_ACCESS_KEY} <= set(readers):
+            raise ConfigurationError(f"[storage.{READERS}] needs both {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY}; "
+                                     f"fix icebarrier.toml")
+        return cls(properties=properties, readers=readers)
+
+    def fileio(self) -> dict[str, str]:
+        """Properties for PyIceberg's and Iceberg Java's FileIO."""
+        return dict(self.properties)
+
+    def public(self) -> dict[str, str]:
+        """Where the files are, without any secret (every client may know it)."""
+        return {k: v for k, v in self.properties.items() if k not in SECRETS}
+
+    def vended(self, *, reader: bool) -> dict[str, str]:
+        """What the catalog hands a client that asked for vended credentials: the endpoint and
+        the keys, a reader's read-only keys when configured (else none: see docs/storage.md)."""
+        if not reader:
+            return self.fileio()
+        return {**self.public(), **self.readers}
+
+
+def _checked(section: Mapping, where: str, known: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for key, value in section.items():
+        if key not in known:
+            raise ConfigurationError(f"{where} has unknown key {key!r}; known: {', '.join(known)}")
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        if not isinstance(value, str | int) or value == "":
+            raise ConfigurationError(f"{where} {key} must be a non-empty string; fix icebarrier.toml")
+        out[key] = str(value)
+    return out
+
+
+def scheme(warehouse: str) -> str:
+    return urlparse(warehouse).scheme
+
+
+def is_object_storage(warehouse: str) -> bool:
+    return scheme(warehouse) in ("s3", "s3a")
+
+
+def validate_warehouse(warehouse: str) -> None:
+    parsed = urlparse(warehouse)
+    if parsed.scheme not in SCHEMES:
+        raise ConfigurationError(f"warehouse {warehouse!r} has an unsupported scheme; use a local path, file://… "
+                                 f"or s3://bucket/prefix")
+    if parsed.scheme != "file" and not parsed.netloc:
+        raise ConfigurationError(f"warehouse {warehouse!r} names no bucket; use s3://bucket/prefix")
+
+
+def check(warehouse: str, properties: Mapping[str, str]) -> None:
+    """Write, read and delete a probe object under an object-storage warehouse, so that a wrong
+    bucket, endpoint or key is one line naming the setting at start-up, not a traceback at the
+    first commit. A local warehouse needs no check."""
+    if not is_object_storage(warehouse):
+        return
+    from pyiceberg.io import load_file_io
+
+    probe = f"{warehouse.rstrip('/')}/.icebarrier-probe-{uuid.uuid4().hex}"
+    try:
+        io = load_file_io(dict(properties), probe)
+        with io.new_output(probe).create(overwrite=True) as out:
+            out.write(b"icebarrier")
+        with io.new_input(probe).open() as f:
+            f.read()
+        io.delete(probe)
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(explain(warehouse, properties, exc)) from None
+
+
+def explain(warehouse: str, properties: Mapping[str, str], exc: BaseException) -> str:
+    """One line naming the setting that is wrong and the fix."""
+    text = str(exc)
+    bucket = urlparse(warehouse).netloc
+    endpoint = properties.get(ENDPOINT, "the AWS default")
+    if "NoSuchBucket" in text or "NO_SUCH_BUCKET" in text or "bucket does not exist" in text.lower():
+        return (f"bucket {bucket!r} of warehouse {warehouse} does not exist at {endpoint}; create it or fix "
+                f"warehouse / ICEBARRIER_WAREHOUSE")
+    if any(s in text for s in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ACCESS_DENIED", "AccessDenied",
+                               "INVALID_ACCESS_KEY", "403", "Forbidden")):
+        return (f"the storage keys were refused writing to {warehouse} at {endpoint}; fix {ACCESS_KEY_ID} / "
+                f"{SECRET_ACCESS_KEY} in [storage] (or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)")
+    if any(s in text for s in ("connect", "Connect", "resolve", "curlCode", "NETWORK_CONNECTION", "timed out")):
+        return (f"the object store at {endpoint} cannot be reached for warehouse {warehouse}; fix {ENDPOINT} in "
+                f"[storage] (or AWS_ENDPOINT_URL_S3)")
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return (f"warehouse {warehouse} is not usable with the [storage] settings ({first[:200]}); fix {ENDPOINT}, "
+            f"the keys or the bucket")

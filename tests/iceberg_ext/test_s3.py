@@ -1,0 +1,151 @@
+"""The lake on object storage: an `s3://` warehouse on a real S3-compatible server (moto's, on
+127.0.0.1), every path end to end. The catalog server holds the storage keys; clients bring only
+the catalog URI and their token and get the storage access they need in the load response."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import uuid
+
+import duckdb
+import pytest
+import requests
+
+from icebarrier.apps.catalog.clients import configuration
+from icebarrier.control_plane import barriers, job_sessions, leases, tokens
+from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest
+from tests.iceberg_ext.test_job_exec import (
+    SINKS,
+    check_cut,
+    command,
+    exec_args,
+    job_exec,
+    pointers,
+    setup_pipeline,
+    wait_pause,
+)
+from tests.s3 import ACCESS_KEY, READER_KEY, SECRET_KEY
+
+pytestmark = pytest.mark.slow
+
+
+def duck(server: str, warehouse: str, credential: str) -> duckdb.DuckDBPyConnection:
+    """DuckDB set up exactly as `icebarrier connect --engine duckdb` prints (vended credentials)."""
+    con = duckdb.connect()
+    for statement in configuration("duckdb", warehouse, server, credential, "lake").splitlines():
+        con.execute(statement)
+    return con
+
+
+def load_config(server: str, cred: str, table: str, delegation: str | None) -> dict:
+    token = access_token(server, *cred.split(":"))
+    headers = {"Authorization": f"Bearer {token}"} | ({"X-Iceberg-Access-Delegation": delegation} if delegation else {})
+    ns, name = table.split(".")
+    r = requests.get(f"{server}/v1/latest/namespaces/{ns}/tables/{name}", headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["config"]
+
+
+def test_every_engine_reads_every_warehouse_on_s3_with_only_the_catalog_uri_and_a_token(s3_lake, s3_server, s3):
+    """PyIceberg (pyarrow's S3) and DuckDB (httpfs, vended credentials) read latest,
+    read-committed, read-committed:<ns>, barrier-<B> and lease-<ID> with exact row counts; the
+    table's files are in the bucket; a reader is handed the readers' keys, a job the server's."""
+    lake = s3_lake
+    p = Pipeline(lake, {"ingest": ["orders", "payments"]})
+    marks = [p.advance(rows=10) for _ in range(3)]
+    files = s3.keys(f"wh/{lake.namespace}/orders/")
+    assert any(k.endswith(".parquet") for k in files) and any(k.endswith(".metadata.json") for k in files)
+    reader = ":".join(tokens.create(lake.conn))
+    orders = f"{lake.namespace}.orders"
+    lease = leases.acquire(lake.conn, [lake.T("orders"), lake.T("payments")], ttl_s=600, holder="t", barrier=marks[1])
+    expected = {**{f"barrier-{b}": 10 * (i + 1) for i, b in enumerate(marks)}, "latest": 30, "read-committed": 30,
+                f"read-committed:{lake.namespace}": 30, f"lease-{lease.lease_id}": 20}
+    for warehouse, rows in expected.items():
+        table = rest(s3_server, warehouse, reader).load_table(orders)  # no storage settings of its own
+        assert table.scan().to_arrow().num_rows == rows, warehouse
+        assert duck(s3_server, warehouse, reader).execute(f"SELECT count(*) FROM lake.{orders}").fetchone()[0] \
+            == rows, warehouse
+    # who gets which keys
+    as_reader = load_config(s3_server, reader, orders, "vended-credentials")
+    assert as_reader["s3.access-key-id"] == READER_KEY and SECRET_KEY not in as_reader.values()
+    assert as_reader["s3.endpoint"] == s3.endpoint and as_reader["s3.path-style-access"] == "true"
+    writer = ":".join(tokens.create(lake.conn, job=f"{lake.namespace}_ingest"))
+    assert load_config(s3_server, writer, orders, "vended-credentials")["s3.access-key-id"] == ACCESS_KEY
+    plain = load_config(s3_server, reader, orders, None)  # asked for nothing: where, not how
+    assert "s3.access-key-id" not in plain and "s3.secret-access-key" not in plain and plain["s3.endpoint"]
+    token = access_token(s3_server, *reader.split(":"))
+    r = requests.get(f"{s3_server}/v1/latest/namespaces/{lake.namespace}/tables/orders", timeout=30,
+                     headers={"Authorization": f"Bearer {token}", "X-Iceberg-Access-Delegation": "keys-please"})
+    assert r.status_code == 400 and "X-Iceberg-Access-Delegation" in r.json()["error"]["message"]
+
+
+def test_job_exec_runs_pyiceberg_and_duckdb_jobs_whose_writes_land_on_s3_staged_until_publish(s3_lake, s3_server, s3,
+                                                                                             tmp_path):
+    """A PyIceberg root, a DuckDB transform and a PyIceberg transform with two sinks under `job
+    exec`: their files land in the bucket, every cut reads exact through the catalog; a failed
+    run and a killed DuckDB run publish nothing (their files stay unreferenced in the bucket)."""
+    lake = s3_lake
+    creds = setup_pipeline(lake)
+    reader = ":".join(tokens.create(lake.conn))
+    for rows in (3, 4):
+        barriers.issue(lake.conn)
+        for job in SINKS:
+            out = job_exec(s3_server, creds[job], job, command(lake, job, rows=rows))
+            assert [s["outcome"] for s in out["steps"]] == ["published"], out["stderr"][-2000:]
+        b = out["steps"][0]["barrier"]
+        assert check_cut(rest(s3_server, f"barrier-{b}", reader), lake.namespace) == (3 + (rows == 4) * 4, b)
+    for sink in ("orders", "by_barrier", "summary", "audit"):
+        assert any(k.endswith(".parquet") for k in s3.keys(f"wh/{lake.namespace}/{sink}/data/")), sink
+    # a failed run publishes nothing
+    barriers.issue(lake.conn)
+    before, files = pointers(lake), s3.keys(f"wh/{lake.namespace}/")
+    failed = job_exec(s3_server, creds["ingest"], "ingest",
+                      ["sh", "-c", " ".join(command(lake, "ingest", rows=50)) + " && exit 3"], expect=3)
+    assert "is not published" in failed["stderr"]
+    assert pointers(lake) == before and len(s3.keys(f"wh/{lake.namespace}/")) > len(files)  # written, not visible
+    job_exec(s3_server, creds["ingest"], "ingest", command(lake, "ingest", rows=5))
+    # kill -9 of DuckDB after its commits were staged
+    before, pause = pointers(lake), tmp_path / "pause"
+    proc = subprocess.Popen(exec_args(s3_server, creds["count"], "count", command(lake, "count")),
+                            env={**os.environ, "ENGINE_PAUSE": "after", "ENGINE_PAUSE_FILE": str(pause)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = wait_pause(proc, pause)
+    session = job_sessions.get(lake.conn, "count")
+    os.kill(victim, signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 137 and "is not published" in err, err[-3000:]
+    assert pointers(lake) == before
+    again = job_exec(s3_server, creds["count"], "count", command(lake, "count"))
+    assert [(s["barrier"], s["outcome"]) for s in again["steps"]] == [(session.barrier, "published")]
+    job_exec(s3_server, creds["summarize"], "summarize", command(lake, "summarize"))
+    assert check_cut(rest(s3_server, f"read-committed:{lake.namespace}", reader), lake.namespace)[0] == 12
+
+
+@pytest.mark.parametrize("case,setting,expected", [
+    ("bucket", {"ICEBARRIER_WAREHOUSE": "s3://no-such-bucket-{u}/wh"}, "bucket 'no-such-bucket-"),
+    ("endpoint", {"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9"}, "cannot be reached"),
+    ("scheme", {"ICEBARRIER_WAREHOUSE": "gs://bucket/wh"}, "unsupported scheme"),
+    ("no bucket", {"ICEBARRIER_WAREHOUSE": "s3:///wh"}, "names no bucket"),
+])
+def test_bad_storage_settings_are_one_line_at_start_up_and_nothing_is_written(s3_lake, s3, case, setting, expected):
+    """`db upgrade` and `serve` with a wrong bucket, endpoint or warehouse: one line naming the
+    setting and the fix, exit 1, no traceback, no schema created."""
+    schema = f"cp_bad_{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "ICEBARRIER_SCHEMA": schema, **{k: v.format(u=uuid.uuid4().hex[:6]) for k, v in setting.items()}}
+    for args in (["db", "upgrade"], ["serve", "--port", "1"]):
+        done = subprocess.run(["icebarrier", *args], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0] and "Traceback" not in done.stderr, (args, done.stderr)
+    assert s3_lake.conn.execute("SELECT to_regnamespace(%s) IS NULL AS gone", (schema,)).fetchone()["gone"]
+
+
+def test_unknown_storage_keys_are_refused(tmp_path, monkeypatch):
+    """A typo in [storage] is one line naming the key and the known ones."""
+    config = tmp_path / "icebarrier.toml"
+    config.write_text('[storage]\n"s3.endpiont" = "http://x"\n')
+    done = subprocess.run(["icebarrier", "--config", str(config), "db", "status"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1 and "[storage] has unknown key 's3.endpiont'" in done.stderr, done.stderr
