@@ -37,6 +37,36 @@ def expire(obj, table_names, older_than: str | None, retain_last: int, dry_run: 
     )
 
 
+@click.command("remove-orphans")
+@click.option("--table", "table_names", multiple=True, metavar="TABLE", help="Only these tables (default: all).")
+@click.option("--older-than", default="3d", show_default=True,
+              help="Only files last modified longer ago than this (files of a write in flight are not referenced "
+                   "yet).")
+@click.option("--dry-run", is_flag=True, help="List the orphans without deleting them.")
+@click.pass_obj
+def remove_orphans(obj, table_names, older_than: str, dry_run: bool) -> None:
+    """Delete files under each table's location that no snapshot, metadata file or staged commit
+    references (failed and killed runs leave them), older than --older-than and than any job
+    session or staging of the table still open. Works on a local warehouse and on S3."""
+    from icebarrier.iceberg_ext.maintenance import remove_orphans as run
+    from icebarrier.iceberg_ext.maintenance import table_locations
+
+    older = parse_duration_s(older_than, allow_zero=True)
+    names = [TableName.parse(t) for t in table_names]
+    conn, catalog = obj.conn(), obj.catalog()
+    names = names or [v.name for v in tables.list_versions(conn)]
+    locations = table_locations(catalog)
+    reports = [run(conn, catalog, t, older_than_s=older, dry_run=dry_run, locations=locations) for t in names]
+    emit(
+        obj,
+        [r.to_json() for r in reports],
+        lambda: table(
+            ["table", "files", "orphans" if dry_run else "deleted", "kept (recent)"],
+            [(str(r.table), r.listed, len(r.orphans), r.kept_recent) for r in reports],
+        ),
+    )
+
+
 @click.command("compact")
 @click.argument("table_name", metavar="TABLE")
 @click.option("--min-input-files", type=click.IntRange(1), default=2, show_default=True)
@@ -123,4 +153,4 @@ def tag(obj, name: str, table_names, barrier: int | None, max_age: str | None) -
     emit(obj, {"tag": name, **cut.to_json()}, lambda: f"tag {name}\n" + render_cut(cut))
 
 
-COMMANDS = [expire, compact, reconcile, revise, tag]
+COMMANDS = [expire, remove_orphans, compact, reconcile, revise, tag]

@@ -250,3 +250,25 @@ def close(conn: psycopg.Connection, job: str) -> None:
     """End the session whose barrier was just published (inside the publishing transaction, which
     has swapped in and dropped what it staged)."""
     conn.execute("DELETE FROM job_session WHERE job_name = %s", (job,))
+
+
+@dataclass(frozen=True, slots=True)
+class Staging:
+    """What maintenance of one table must leave alone: the metadata files staged for it (a job
+    session's or a multi-sink job's commits not yet published), and since when its writer has
+    had a session or staged commits open (files written since may belong to them)."""
+
+    metadata_locations: tuple[str, ...]
+    open_since: datetime | None
+
+
+def staging(conn: psycopg.Connection, table: TableName) -> Staging:
+    """The staging of ``table`` right now (see :class:`Staging`)."""
+    row = conn.execute(
+        "SELECT coalesce((SELECT array_agg(metadata_location ORDER BY metadata_location) FROM catalog_pending "
+        "WHERE table_name = %(t)s), '{}') AS locations, "
+        "(SELECT min(t) FROM (SELECT staged_at AS t FROM catalog_pending WHERE table_name = %(t)s "
+        "UNION ALL SELECT s.opened_at FROM job_session s JOIN job j ON j.name = s.job_name AND j.active "
+        "JOIN job_sink k ON k.job_id = j.job_id JOIN managed_table m ON m.table_id = k.table_id "
+        "WHERE m.name = %(t)s) o) AS since", {"t": str(table)}).fetchone()
+    return Staging(tuple(row["locations"]), row["since"])

@@ -1,10 +1,16 @@
-"""Lease-aware maintenance: expiry, compaction, reconcile, revision and tags.
+"""Lease-aware maintenance: expiry, orphan-file removal, compaction, reconcile, revision and tags.
 
 Expiry chooses its candidates from the table's metadata, then asks the control plane
 (under the table's exclusive lock, after choosing) which of them are outside the protected
 set; those are tombstoned before anything is deleted, so a lease racing the expiry either
 pins first (and the snapshot is kept) or is refused. Deletion runs through PyIceberg and
-removes the files no remaining snapshot references.
+removes the files no remaining snapshot references, nor any commit staged for the table (a job
+session's, not yet published).
+
+Orphan-file removal deletes the files under a table's location that nothing references (failed
+and killed runs leave them: commits staged and never published), older than a grace period and
+older than any session or staging of the table still open. It works the same on a local
+directory and on object storage (it lists through the table's own FileIO).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from icebarrier.control_plane import leases, reads, revisions, snapshots, tables
+from icebarrier.control_plane import job_sessions, leases, reads, revisions, snapshots, tables
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import Cut, Level, TableName, parse_tag_name
 from icebarrier.iceberg_ext.catalog import (
@@ -95,7 +101,9 @@ def expire(
         planning_s = time.perf_counter() - started
         deleted = 0
         if claim.removable and not dry_run:
-            deleted = retry_commit(lambda: _expire_and_delete(load_table(catalog, table), list(claim.removable)))
+            staged = job_sessions.staging(conn, table).metadata_locations
+            deleted = retry_commit(lambda: _expire_and_delete(load_table(catalog, table), list(claim.removable),
+                                                              staged))
     return ExpiryReport(
         table=table, candidates=len(candidates), expired=claim.removable,
         protected={s: p.reasons for s, p in claim.protected.items()}, files_deleted=deleted,
@@ -117,7 +125,18 @@ def _reachable(tbl, snapshot_list, cache: dict[str, set[str]]) -> set[str]:
     return files
 
 
-def _expire_and_delete(tbl, snapshot_ids: list[int]) -> int:
+def _staged_files(tbl, staged: tuple[str, ...], cache: dict[str, set[str]]) -> set[str]:
+    """Every file the staged (unpublished) commits of ``tbl`` use, their metadata files included."""
+    from pyiceberg.serializers import FromInputFile
+
+    files = set(staged)
+    for location in staged:
+        metadata = FromInputFile.table_metadata(tbl.io.new_input(location))
+        files |= _reachable(tbl, metadata.snapshots, cache)
+    return files
+
+
+def _expire_and_delete(tbl, snapshot_ids: list[int], staged: tuple[str, ...] = ()) -> int:
     present = {s.snapshot_id for s in tbl.metadata.snapshots}
     ids = [s for s in snapshot_ids if s in present]
     if not ids:
@@ -127,11 +146,109 @@ def _expire_and_delete(tbl, snapshot_ids: list[int]) -> int:
     before = _reachable(tbl, removed, cache)
     tbl.maintenance.expire_snapshots().by_ids(ids).commit()
     tbl.refresh()
-    after = _reachable(tbl, tbl.metadata.snapshots, cache)
+    after = _reachable(tbl, tbl.metadata.snapshots, cache) | _staged_files(tbl, staged, cache)
     doomed = before - after
     for path in doomed:
         tbl.io.delete(path)
     return len(doomed)
+
+
+# -- orphan files ---------------------------------------------------------------------------------------
+
+ORPHAN_GRACE_S = 3 * 86400.0  # Iceberg's own default for remove_orphan_files
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrphanReport:
+    table: TableName
+    listed: int
+    orphans: tuple[str, ...]
+    kept_recent: int
+    dry_run: bool
+
+    def to_json(self) -> dict:
+        return {"table": str(self.table), "listed": self.listed, "orphans": list(self.orphans),
+                "kept_recent": self.kept_recent, "dry_run": self.dry_run}
+
+
+def _referenced(tbl, staged: tuple[str, ...]) -> set[str]:
+    """Every file the table's metadata reaches: snapshots' files, metadata files (current,
+    logged, statistics, pinned ones of live snapshots) and what its staged commits use."""
+    from icebarrier.iceberg_ext.pinning import PINNED_PREFIX
+
+    cache: dict[str, set[str]] = {}
+    metadata = tbl.metadata
+    files = _reachable(tbl, metadata.snapshots, cache) | _staged_files(tbl, staged, cache)
+    files |= {tbl.metadata_location, *(e.metadata_file for e in metadata.metadata_log)}
+    files |= {s.statistics_path for s in metadata.statistics}
+    files |= {s.statistics_path for s in metadata.partition_statistics}
+    base = f"{metadata.location.rstrip('/')}/metadata/{PINNED_PREFIX}"
+    files |= {f"{base}{s.snapshot_id}.metadata.json" for s in metadata.snapshots} | {f"{base}empty.metadata.json"}
+    return files
+
+
+def _listing(tbl, nested: list[str]):
+    """(path as the table names it, modified time) of every file under the table's location,
+    skipping other tables' locations nested inside it."""
+    from pyarrow.fs import FileSelector, FileType
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    location = tbl.metadata.location.rstrip("/")
+    scheme, netloc, path = PyArrowFileIO.parse_location(location)
+    io = tbl.io if isinstance(tbl.io, PyArrowFileIO) else PyArrowFileIO(tbl.io.properties)
+    fs = io.fs_by_scheme(scheme, netloc)
+    prefix = location[: len(location) - len(path)] if location.endswith(path) else f"{scheme}://"
+    for info in fs.get_file_info(FileSelector(path, recursive=True, allow_not_found=True)):
+        name = f"{prefix}{info.path}"
+        if info.type == FileType.File and not any(name.startswith(f"{n}/") for n in nested):
+            yield name, info.mtime
+
+
+def remove_orphans(conn: psycopg.Connection, catalog, table: TableName, *, older_than_s: float = ORPHAN_GRACE_S,
+                   dry_run: bool = False, locations: list[str] | None = None) -> OrphanReport:
+    """Delete the files under ``table``'s location that nothing references, modified more than
+    ``older_than_s`` ago and before any session or staging of the table opened (its files may
+    not be referenced yet). Runs under the table's expiry lock (one maintenance at a time).
+    ``locations``: every table's location (:func:`table_locations`; read once for many tables),
+    so that a table living inside this one's folder keeps its files."""
+    import datetime as dt
+
+    with leases.expiry_lock(conn, table):
+        staging = job_sessions.staging(conn, table)
+        tbl = load_table(catalog, table)
+        referenced = _referenced(tbl, staging.metadata_locations)
+        cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=older_than_s)
+        if staging.open_since is not None:
+            cutoff = min(cutoff, staging.open_since)
+        location = tbl.metadata.location.rstrip("/")
+        nested = [t for t in (locations if locations is not None else table_locations(catalog))
+                  if t.startswith(f"{location}/")]
+        listed, orphans, recent = 0, [], 0
+        for path, modified in _listing(tbl, nested):
+            listed += 1
+            if path in referenced:
+                continue
+            if modified is not None and modified.astimezone(dt.timezone.utc) >= cutoff:
+                recent += 1
+                continue
+            orphans.append(path)
+        if not dry_run:
+            for path in orphans:
+                tbl.io.delete(path)
+    return OrphanReport(table=table, listed=listed, orphans=tuple(sorted(orphans)), kept_recent=recent,
+                        dry_run=dry_run)
+
+
+def table_locations(catalog) -> list[str]:
+    """Every table's location in the catalog (other tables may live inside a table's folder)."""
+    found = []
+    for namespace in catalog.list_namespaces():
+        for identifier in catalog.list_tables(namespace):
+            try:
+                found.append(catalog.load_table(identifier).metadata.location.rstrip("/"))
+            except Exception:  # noqa: BLE001 - a table dropped meanwhile, or unreadable: not ours to skip
+                continue
+    return found
 
 
 # -- compaction ------------------------------------------------------------------------------------------

@@ -39,10 +39,10 @@ class S3:
                 f'[storage.readers]\n"s3.access-key-id" = "{READER_KEY}"\n"s3.secret-access-key" = "{READER_SECRET}"\n')
 
     def keys(self, prefix: str = "") -> set[str]:
-        """Every object key in the bucket under ``prefix``."""
+        """Every object key in the bucket under ``prefix`` (not the directory markers pyarrow leaves)."""
         found, client = set(), self.client()
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
-            found |= {o["Key"] for o in page.get("Contents", [])}
+            found |= {o["Key"] for o in page.get("Contents", []) if not o["Key"].endswith("/")}
         return found
 
 

@@ -4,6 +4,7 @@ the catalog URI and their token and get the storage access they need in the load
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 import requests
 
 from icebarrier.apps.catalog.clients import configuration
-from icebarrier.control_plane import barriers, job_sessions, leases, tokens
+from icebarrier.control_plane import barriers, job_sessions, leases, reads, tokens
 from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest
 from tests.iceberg_ext.test_job_exec import (
     SINKS,
@@ -149,3 +150,93 @@ def test_unknown_storage_keys_are_refused(tmp_path, monkeypatch):
     done = subprocess.run(["icebarrier", "--config", str(config), "db", "status"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 1 and "[storage] has unknown key 's3.endpiont'" in done.stderr, done.stderr
+
+
+def referenced_keys(table, s3) -> set[str]:
+    """The bucket keys of every file the table's snapshots and metadata use (pinned metadata
+    files are written on a pinned load only: allowed, not required)."""
+    from icebarrier.iceberg_ext.maintenance import _referenced
+    from icebarrier.iceberg_ext.pinning import PINNED_PREFIX
+
+    return {p.removeprefix(f"s3://{s3.bucket}/") for p in _referenced(table, ()) if PINNED_PREFIX not in p}
+
+
+def test_expiry_on_s3_deletes_expired_files_and_never_what_a_lease_or_the_read_window_protects(s3_lake, s3_server,
+                                                                                            s3):
+    """Lease-aware expiry on S3: the expired snapshots' manifest lists are gone from the bucket,
+    every file of the leased snapshot and of the current one is still there, and the lease still
+    reads its rows through DuckDB."""
+    from icebarrier.iceberg_ext.maintenance import expire
+
+    lake = s3_lake
+    p = Pipeline(lake, {"ingest": ["orders"]})
+    marks = [p.advance(rows=10) for _ in range(4)]
+    table = lake.catalog.load_table(f"{lake.namespace}.orders")
+    at = {b: table.snapshot_by_id(reads.resolve(lake.conn, [lake.T("orders")], barrier=b).snapshots[lake.T("orders")])
+          for b in marks}
+    lease = leases.acquire(lake.conn, [lake.T("orders")], ttl_s=600, holder="t", barrier=marks[1])
+    report = expire(lake.conn, lake.catalog, lake.T("orders"))
+    gone = {at[marks[0]].snapshot_id, at[marks[2]].snapshot_id}
+    assert set(report.expired) == gone and report.files_deleted >= 2
+    keys = s3.keys(f"wh/{lake.namespace}/orders/")
+    assert not {at[m].manifest_list.removeprefix(f"s3://{s3.bucket}/") for m in (marks[0], marks[2])} & keys
+    table = lake.catalog.load_table(f"{lake.namespace}.orders")
+    assert {s.snapshot_id for s in table.snapshots()} == {at[marks[1]].snapshot_id, at[marks[3]].snapshot_id}
+    assert referenced_keys(table, s3) <= keys  # nothing a kept snapshot uses was deleted
+    reader = ":".join(tokens.create(lake.conn))
+    assert duck(s3_server, f"lease-{lease.lease_id}", reader).execute(
+        f"SELECT count(*) FROM lake.{lake.namespace}.orders").fetchone()[0] == 20
+
+
+def orphans(args: list[str]) -> list[dict]:
+    done = subprocess.run(["icebarrier", "--output", "json", "remove-orphans", *args], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_orphan_removal_on_s3_deletes_what_failed_runs_left_and_never_a_live_sessions_staging(s3_lake, s3_server, s3,
+                                                                                             tmp_path):
+    """A failed run leaves files no snapshot references; `remove-orphans` deletes them (listing the
+    bucket), keeps every referenced file and, while a run is paused with its commit staged, every
+    file of that run (its staged commit references them); the tables read the same afterwards."""
+    lake = s3_lake
+    creds = setup_pipeline(lake)
+    barriers.issue(lake.conn)
+    job_exec(s3_server, creds["ingest"], "ingest", command(lake, "ingest", rows=7))
+    barriers.issue(lake.conn)
+    prefix = f"wh/{lake.namespace}/orders/"
+    clean = s3.keys(prefix)
+    job_exec(s3_server, creds["ingest"], "ingest", ["sh", "-c", " ".join(command(lake, "ingest", rows=50)) + "; exit 3"],
+             expect=3)
+    left = s3.keys(prefix) - clean
+    assert left and any(k.endswith(".parquet") for k in left)
+    # a run paused with its commit staged: its files are newer than its session, never removed
+    pause = tmp_path / "pause"
+    proc = subprocess.Popen(exec_args(s3_server, creds["ingest"], "ingest", command(lake, "ingest", rows=5)),
+                            env={**os.environ, "ENGINE_PAUSE": "after", "ENGINE_PAUSE_FILE": str(pause)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_pause(proc, pause)
+        live = s3.keys(prefix) - clean - left
+        assert any(k.endswith(".parquet") for k in live)
+        [report] = orphans(["--table", str(lake.T("orders")), "--older-than", "0s", "--dry-run"])
+        assert {o.removeprefix(f"s3://{s3.bucket}/") for o in report["orphans"]} == left  # the failed run's only
+        assert live <= s3.keys(prefix)  # staged, referenced by the session's commit: kept
+        proc.send_signal(signal.SIGCONT)
+    finally:
+        os.kill(wait_pause(proc, pause), signal.SIGKILL)
+        proc.communicate(timeout=120)
+    # no session open any more (the killed run's hold lapses; release it as the next run would)
+    lake.conn.execute("DELETE FROM catalog_pending")
+    lake.conn.execute("DELETE FROM job_session")
+    table = lake.catalog.load_table(f"{lake.namespace}.orders")
+    [dry] = orphans(["--table", str(lake.T("orders")), "--older-than", "0s", "--dry-run"])
+    assert {o.removeprefix(f"s3://{s3.bucket}/") for o in dry["orphans"]} == s3.keys(prefix) - clean
+    assert s3.keys(prefix) - clean  # a dry run deletes nothing
+    [done] = orphans(["--table", str(lake.T("orders")), "--older-than", "0s"])
+    assert done["orphans"] == dry["orphans"]
+    assert s3.keys(prefix) == clean and referenced_keys(table, s3) <= clean
+    assert lake.catalog.load_table(f"{lake.namespace}.orders").scan().to_arrow().num_rows == 7
+    [grace] = orphans(["--table", str(lake.T("orders"))])  # the default grace keeps everything recent
+    assert grace["orphans"] == []
