@@ -1,6 +1,7 @@
-"""A scratch environment for the demo and the checker: a fresh database on the given
-Postgres (or on an embedded one under the state directory) and a fresh warehouse, both
-removed afterwards unless kept."""
+"""A scratch environment for the demo: a fresh database on the given Postgres (or on an
+embedded one under the state directory) and a fresh warehouse (a folder under the state
+directory, or a prefix under a given warehouse such as ``s3://bucket/prefix``), both removed
+afterwards unless kept."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ from icebarrier.control_plane.db import DSN_ENV
 
 
 @contextmanager
-def scratch(obj, purpose: str, say, *, keep: bool = False):
-    """Yield (dsn, warehouse) of a new database and warehouse directory for ``purpose``."""
+def scratch(obj, purpose: str, say, *, keep: bool = False, under: str | None = None, storage=None):
+    """Yield (dsn, warehouse) of a new database and warehouse for ``purpose`` (``under`` that
+    warehouse, reached with ``storage``'s settings, if given)."""
+    from icebarrier.iceberg_ext.storage import Storage, remove_tree
+
     from icebarrier.apps.embedded import EmbeddedPostgres
     from icebarrier.iceberg_ext.config import state_dir
 
@@ -33,7 +37,7 @@ def scratch(obj, purpose: str, say, *, keep: bool = False):
             f"unless --keep)" if user else ""))
         base_dsn = server.start()
     dbname = f"icebarrier_{purpose}_{uuid.uuid4().hex[:8]}"
-    warehouse = Path(home / f"{purpose}-warehouse" / dbname)
+    warehouse = f"{under.rstrip('/')}/{dbname}" if under else Path(home / f"{purpose}-warehouse" / dbname)
     try:
         with psycopg.connect(base_dsn, autocommit=True) as admin:
             admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
@@ -42,11 +46,14 @@ def scratch(obj, purpose: str, say, *, keep: bool = False):
         if not keep:
             with psycopg.connect(base_dsn, autocommit=True) as admin:
                 admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
-            shutil.rmtree(warehouse, ignore_errors=True)
-            try:
-                warehouse.parent.rmdir()  # when no other run's warehouse is there
-            except OSError:
-                pass
+            if under:
+                remove_tree(warehouse, (storage or Storage()).fileio())
+            else:
+                shutil.rmtree(warehouse, ignore_errors=True)
+                try:
+                    warehouse.parent.rmdir()  # when no other run's warehouse is there
+                except OSError:
+                    pass
             if server is not None:
                 server.remove()
                 say("embedded Postgres stopped and removed")

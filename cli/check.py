@@ -25,8 +25,12 @@ from icebarrier.cli.render import above, emit, table, terminal_progress
 @click.option("--restarts/--no-restarts", default=True, show_default=True,
               help="Restart the run's control-plane Postgres at random moments (about one per 10 s).")
 @click.option("--keep", is_flag=True, help="Keep the run's Postgres data and warehouse for inspection.")
+@click.option("--warehouse", "under", metavar="URI",
+              help="Put the run's warehouse under this one (e.g. s3://bucket/prefix, with the [storage] settings of "
+                   "icebarrier.toml or the AWS_* variables); default: the run's temporary folder.")
 @click.pass_obj
-def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts: bool, keep: bool) -> None:
+def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts: bool, keep: bool,
+          under: str | None) -> None:
     """Run root and intermediate jobs and an expiry as real processes at random speeds, kill jobs
     at random fault points and restart the control-plane Postgres, while readers query at every
     level; validate every barrier, read and pin against a model that is a function of the seed.
@@ -39,15 +43,21 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts:
     from icebarrier.apps.check import CheckReport, private_env, run_check
     from icebarrier.apps.embedded import EmbeddedPostgres
     from icebarrier.iceberg_ext.catalog import upgrade
+    from icebarrier.iceberg_ext.config import Settings
+    from icebarrier.iceberg_ext.storage import check_warehouse, remove_tree
 
     seed = seed if seed is not None else random.randrange(1, 1_000_000)
     say = lambda line: click.echo(line, err=True)  # noqa: E731
+    storage = Settings.load_storage(obj.config)
+    warehouse = f"{under.rstrip('/')}/check-{seed}-{random.randrange(16**8):08x}" if under else None
+    if warehouse:  # wrong settings: one line before anything starts
+        check_warehouse(warehouse, storage.fileio())
     say(f"check: seed {seed} (reproduce with --seed {seed})")
     home = Path(tempfile.mkdtemp(prefix=f"icebarrier-check-{seed}-"))
     server = EmbeddedPostgres(state_dir=home / "pg")
     say(f"check: starting a private embedded Postgres under {home} …")
     try:
-        env = private_env(server.start(), home, seed)
+        env = private_env(server.start(), home, seed, warehouse=warehouse, storage=storage.fileio())
         upgrade(env.settings)
         report = CheckReport(seed=seed)
         with _live(report, duration_s, say) as line:
@@ -59,6 +69,8 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts:
             say(f"check: kept {home} (start its Postgres with pg_ctl -D {home / 'pg' / 'pgdata'} start)")
         else:
             shutil.rmtree(home, ignore_errors=True)
+            if warehouse:
+                remove_tree(warehouse, storage.fileio())
 
     def text() -> str:
         rows = [(lvl, report.reads[lvl], report.anomalies[lvl], report.examples.get(lvl, "-")) for lvl in report.reads]

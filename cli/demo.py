@@ -19,8 +19,11 @@ from icebarrier.control_plane import db, schema
 @click.option("--scenario", type=click.Choice(["shopping", "transfers", "all"]), default="all", show_default=True)
 @click.option("--rounds", type=click.IntRange(2, 50), default=6, show_default=True, help="Barriers to run.")
 @click.option("--keep", is_flag=True, help="Keep the demo database and warehouse (and leave the server running).")
+@click.option("--warehouse", "under", metavar="URI",
+              help="Put the demo's warehouse under this one (e.g. s3://bucket/prefix, with the [storage] settings of "
+                   "icebarrier.toml or the AWS_* variables); default: a folder under ~/.icebarrier/.")
 @click.pass_obj
-def demo(obj, scenario: str, rounds: int, keep: bool) -> None:
+def demo(obj, scenario: str, rounds: int, keep: bool, under: str | None) -> None:
     """Run a pipeline whose jobs commit at different speeds while a reader checks an invariant
     at every consistency level; print the topology, anomalies per level, delays and a
     lease-protected expiry.
@@ -29,11 +32,15 @@ def demo(obj, scenario: str, rounds: int, keep: bool) -> None:
     ~/.icebarrier/, or $ICEBARRIER_HOME) and stops it afterwards; it writes nothing
     outside that state directory."""
     from icebarrier.iceberg_ext.config import Settings
+    from icebarrier.iceberg_ext.storage import check_warehouse
 
     say = lambda line: click.echo(line, err=obj.output == "json")  # noqa: E731
     started = time.perf_counter()
-    with scratch(obj, "demo", say, keep=keep) as (dsn, warehouse):
-        settings = Settings(dsn=dsn, warehouse=str(warehouse)).validated()
+    storage = Settings.load_storage(obj.config)
+    if under:  # wrong settings: one line before anything starts
+        check_warehouse(under, storage.fileio())
+    with scratch(obj, "demo", say, keep=keep, under=under, storage=storage) as (dsn, warehouse):
+        settings = Settings(dsn=dsn, warehouse=str(warehouse), storage=storage).validated()
         results = _run(settings, scenario, rounds, say)
         payload = {"database": psycopg.conninfo.conninfo_to_dict(dsn)["dbname"], "warehouse": str(warehouse),
                    "results": [r.to_json() for r in results], "seconds": round(time.perf_counter() - started, 1)}

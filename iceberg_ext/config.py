@@ -49,6 +49,26 @@ ENV = {
 }
 
 
+def _config_file(config_file: str | Path | None) -> dict:
+    """The TOML file's values (``--config``, ``$ICEBARRIER_CONFIG`` or ./icebarrier.toml if present)."""
+    named = config_file or os.environ.get(CONFIG_ENV)
+    if named and not Path(named).is_file():
+        raise ConfigurationError(f"config file {named} does not exist; fix --config / {CONFIG_ENV}, or leave it "
+                                 f"out to use ./icebarrier.toml when present")
+    path = Path(named or "icebarrier.toml")
+    if not path.is_file():
+        return {}
+    try:
+        values = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigurationError(f"config file {path} is not valid TOML ({exc}); fix or remove it") from None
+    unknown = set(values) - {*ENV, *SECTIONS}
+    if unknown:
+        raise ConfigurationError(f"config file {path} has unknown keys {sorted(unknown)}; "
+                                 f"known: {sorted([*ENV, *SECTIONS])}")
+    return values
+
+
 def state_dir() -> Path:
     return Path(os.environ.get(HOME_ENV, Path.home() / ".icebarrier"))
 
@@ -66,23 +86,7 @@ class Settings:
     @classmethod
     def load(cls, config_file: str | Path | None = None, **flags: str | None) -> Settings:
         """Flags win over environment variables, which win over the TOML file."""
-        named = config_file or os.environ.get(CONFIG_ENV)
-        if named and not Path(named).is_file():
-            raise ConfigurationError(f"config file {named} does not exist; fix --config / {CONFIG_ENV}, or leave it "
-                                     f"out to use ./icebarrier.toml when present")
-        path = Path(named or "icebarrier.toml")
-        values: dict = {}
-        if path.is_file():
-            try:
-                values = tomllib.loads(path.read_text())
-            except tomllib.TOMLDecodeError as exc:
-                raise ConfigurationError(f"config file {path} is not valid TOML ({exc}); fix or remove it") from None
-            unknown = set(values) - {*ENV, *SECTIONS}
-            if unknown:
-                raise ConfigurationError(
-                    f"config file {path} has unknown keys {sorted(unknown)}; "
-                    f"known: {sorted([*ENV, *SECTIONS])}"
-                )
+        values = _config_file(config_file)
         for key, env in ENV.items():
             if os.environ.get(env):
                 values[key] = os.environ[env]
@@ -92,6 +96,11 @@ class Settings:
         values["dsn"] = resolve_dsn(values.get("dsn"))
         settings = cls(**{k: v for k, v in values.items() if v is not None})
         return settings.validated()
+
+    @staticmethod
+    def load_storage(config_file: str | Path | None = None) -> Storage:
+        """The storage settings alone (for a program that brings its own database: demo, check)."""
+        return Storage.from_config(_config_file(config_file).get("storage"))
 
     def validated(self) -> Settings:
         parse_schema_name(self.schema)

@@ -6,6 +6,11 @@ wheel (1.0.2; 1.0.3's jar lacks shaded Jackson), the Postgres JDBC driver from D
 ``ICEBARRIER_ICEBERG_JAR`` / ``ICEBARRIER_JDBC_JAR`` (paths), or
 ``ICEBARRIER_SPARK_PACKAGES`` (Maven coordinates, where Maven is reachable).
 PySpark is imported lazily; without it, Spark features say how to install it.
+
+A warehouse on S3 needs Iceberg's ``S3FileIO`` and the AWS SDK it calls: the
+``iceberg-aws-bundle`` jar of the runtime's Iceberg version. No package on PyPI or Debian ships
+it, so it is ``ICEBARRIER_ICEBERG_AWS_JAR`` (a path) when set, else its Maven coordinates in
+``spark.jars.packages`` (Spark fetches it where Maven Central is reachable).
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ ICEBERG_JAR_NAME = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 ICEBERG_JAR_ENV = "ICEBARRIER_ICEBERG_JAR"
 JDBC_JAR_ENV = "ICEBARRIER_JDBC_JAR"
 PACKAGES_ENV = "ICEBARRIER_SPARK_PACKAGES"
+AWS_JAR_ENV = "ICEBARRIER_ICEBERG_AWS_JAR"
+ICEBERG_VERSION = "1.10.2"  # the runtime jar's (ICEBERG_JAR_NAME)
+AWS_BUNDLE = f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG_VERSION}"
+S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 DEBIAN_JDBC_JAR = "/usr/share/java/postgresql.jar"
 SHADED_JACKSON = "org/apache/iceberg/shaded/com/fasterxml/jackson/databind/ObjectMapper.class"
 EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
@@ -96,6 +105,9 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         conf["spark.jars.packages"] = packages
     else:
         conf["spark.jars"] = ",".join(str(p) for p in (iceberg_jar(), jdbc_jar()))
+    if settings.on_object_storage and settings.is_default_catalog:
+        conf.update(s3_catalog_conf(settings, cat))
+        add_aws_bundle(conf)
     conf[cat] = "org.apache.iceberg.spark.SparkCatalog"
     conf[f"{cat}.cache-enabled"] = "false"  # a cut must never read stale cached metadata
     conf[f"{cat}.warehouse"] = settings.warehouse
@@ -110,6 +122,30 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         for key, value in settings.catalog_properties.items():
             conf[f"{cat}.{key}"] = str(value)
     return conf
+
+
+def s3_catalog_conf(settings: Settings, cat: str) -> dict[str, str]:
+    """Catalog properties and the jar for a warehouse on S3 (Iceberg's S3FileIO, which reads the
+    same ``s3.*`` FileIO properties as PyIceberg; the region is its ``client.region``)."""
+    from icebarrier.iceberg_ext import storage
+
+    conf = {f"{cat}.io-impl": S3_FILE_IO}
+    for key, value in settings.storage.fileio().items():
+        conf[f"{cat}.{'client.region' if key == storage.REGION else key}"] = value
+    return conf
+
+
+def add_aws_bundle(conf: dict[str, str]) -> None:
+    """Add the AWS bundle S3FileIO needs to ``conf``'s jars: ``ICEBARRIER_ICEBERG_AWS_JAR``, else
+    its Maven coordinates (see the module docstring)."""
+    jar = os.environ.get(AWS_JAR_ENV)
+    if jar and not Path(jar).is_file():
+        raise SparkUnavailableError(f"{AWS_JAR_ENV}={jar} does not exist; point it at "
+                                    f"iceberg-aws-bundle-{ICEBERG_VERSION}.jar ({AWS_BUNDLE} on Maven Central)")
+    if jar:
+        conf["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars"), jar]))
+    else:
+        conf["spark.jars.packages"] = ",".join(filter(None, [conf.get("spark.jars.packages"), AWS_BUNDLE]))
 
 
 # Spark's log configuration where the user has none: errors only, on stderr (Spark's default
@@ -162,7 +198,14 @@ def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: s
         builder = builder.config("spark.driver.bindAddress", "0.0.0.0")
     builder = builder.config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
     builder = builder.config("spark.sql.session.timeZone", "UTC")
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # noqa: BLE001 - Spark says why in pages of JVM output
+        if settings.on_object_storage and AWS_BUNDLE in spark_conf(settings).get("spark.jars.packages", ""):
+            raise SparkUnavailableError(
+                f"Spark could not start with {AWS_BUNDLE} for the S3 warehouse (it fetches it from Maven Central); "
+                f"download iceberg-aws-bundle-{ICEBERG_VERSION}.jar and set {AWS_JAR_ENV} to its path") from exc
+        raise
     wanted = spark_conf(settings)
     for key in (f"spark.sql.catalog.{settings.catalog}", f"spark.sql.catalog.{settings.catalog}.uri"):
         if key in wanted and spark.conf.get(key, None) != wanted[key]:
@@ -180,7 +223,7 @@ def conf_as_flags(conf: dict[str, str]) -> str:
 
 
 def is_secret(key: str) -> bool:
-    return key.endswith((".password", ".credential", ".token", ".secret"))
+    return key.endswith((".password", ".credential", ".token", ".secret", ".secret-access-key", ".session-token"))
 
 
 def redacted(conf: dict[str, str]) -> dict[str, str]:

@@ -124,6 +124,25 @@ def validate_warehouse(warehouse: str) -> None:
         raise ConfigurationError(f"warehouse {warehouse!r} names no bucket; use s3://bucket/prefix")
 
 
+def remove_tree(location: str, properties: Mapping[str, str]) -> None:
+    """Delete everything under ``location`` (a scratch warehouse: the demo's, the checker's), on a
+    local directory or on object storage."""
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    scheme_, netloc, path = PyArrowFileIO.parse_location(location)
+    fs = PyArrowFileIO(dict(properties)).fs_by_scheme(scheme_, netloc)
+    try:
+        fs.delete_dir(path)
+    except FileNotFoundError:
+        pass
+
+
+def check_warehouse(warehouse: str, properties: Mapping[str, str]) -> None:
+    """:func:`validate_warehouse`, then :func:`check`."""
+    validate_warehouse(warehouse)
+    check(warehouse, properties)
+
+
 def check(warehouse: str, properties: Mapping[str, str]) -> None:
     """Write, read and delete a probe object under an object-storage warehouse, so that a wrong
     bucket, endpoint or key is one line naming the setting at start-up, not a traceback at the

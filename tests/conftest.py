@@ -23,6 +23,7 @@ from psycopg import sql
 from icebarrier.control_plane import db
 from icebarrier.iceberg_ext.config import Settings
 from tests.helpers import calm_anchors
+from tests.s3 import moto_server
 
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -63,6 +64,13 @@ def _docker_answers() -> bool:
         return subprocess.run(["docker", "info"], capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """An S3-compatible server on 127.0.0.1 (moto's, a process of its own) with a bucket for this run."""
+    with moto_server(tmp_path_factory.mktemp("s3") / "moto.log") as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
@@ -108,6 +116,13 @@ def pg_server():
 
 def _with_db(dsn: str, dbname: str) -> str:
     return psycopg.conninfo.make_conninfo(dsn, dbname=dbname)
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """An S3-compatible server on 127.0.0.1 (moto's, a process of its own) with a bucket for this run."""
+    with moto_server(tmp_path_factory.mktemp("s3") / "moto.log") as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

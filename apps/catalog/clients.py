@@ -60,7 +60,23 @@ def spark_conf(warehouse: str, uri: str, credential: str, catalog: str) -> dict[
         f"spark.sql.catalog.{catalog}.credential": credential,
         f"spark.sql.catalog.{catalog}.oauth2-server-uri": f"{uri}/v1/oauth/tokens",
         f"spark.sql.catalog.{catalog}.cache-enabled": "false",
-    }
+        # the storage access a table needs comes with its load (S3: with ICEBARRIER_ICEBERG_AWS_JAR)
+        f"spark.sql.catalog.{catalog}.header.X-Iceberg-Access-Delegation": "vended-credentials",
+    } | aws_bundle()
+
+
+def aws_bundle() -> dict[str, str]:
+    """The AWS bundle jar for Spark through the catalog on S3, where ``ICEBARRIER_ICEBERG_AWS_JAR``
+    names it (a lake on a local directory needs none)."""
+    import os
+
+    from icebarrier.iceberg_ext.spark import AWS_JAR_ENV, add_aws_bundle, iceberg_jar
+
+    if not os.environ.get(AWS_JAR_ENV):
+        return {}
+    conf = {"spark.jars": str(iceberg_jar())}
+    add_aws_bundle(conf)
+    return conf
 
 
 def pyiceberg_environment(warehouse: str, uri: str, credential: str, catalog: str) -> dict[str, str]:

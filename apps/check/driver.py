@@ -625,8 +625,9 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, serv
     return report
 
 
-def private_env(dsn: str, home: Path, seed: int) -> Env:
-    """An Env for a run on ``dsn``, with its warehouse and the processes' reports under ``home``
-    (a folder the caller owns and removes)."""
-    return Env(dsn=dsn, schema="icebarrier", warehouse=(home / "warehouse").as_uri(), ns=f"check_{seed}", seed=seed,
-               reports=str(home / "reports"))
+def private_env(dsn: str, home: Path, seed: int, *, warehouse: str | None = None,
+                storage: dict | None = None) -> Env:
+    """An Env for a run on ``dsn``, with the processes' reports under ``home`` (a folder the caller
+    owns and removes), and its warehouse there too unless given (e.g. a prefix on S3)."""
+    return Env(dsn=dsn, schema="icebarrier", warehouse=warehouse or (home / "warehouse").as_uri(), ns=f"check_{seed}",
+               seed=seed, reports=str(home / "reports"), storage=dict(storage or {}))

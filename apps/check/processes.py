@@ -16,7 +16,7 @@ import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -33,6 +33,7 @@ from icebarrier.iceberg_ext.catalog import load_catalog
 from icebarrier.iceberg_ext.commits import BarrierCommit
 from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.maintenance import expire
+from icebarrier.iceberg_ext.storage import Storage
 from icebarrier.iceberg_ext.runtime import inputs_at, record_plan
 
 T = TypeVar("T")
@@ -51,10 +52,12 @@ class Env:
     ns: str
     seed: int
     reports: str  # folder for the processes' JSON-line reports
+    storage: dict = field(default_factory=dict)  # FileIO settings (a warehouse on S3)
 
     @property
     def settings(self) -> Settings:
-        return Settings(dsn=self.dsn, schema=self.schema, warehouse=self.warehouse).validated()
+        return Settings(dsn=self.dsn, schema=self.schema, warehouse=self.warehouse,
+                        storage=Storage(properties=self.storage)).validated()
 
     def t(self, name: str) -> TableName:
         return TableName.parse(f"lake.{self.ns}.{name}")

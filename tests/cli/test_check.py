@@ -73,6 +73,28 @@ def test_short_seeded_check_run_passes():
     assert report["expiry_runs"] > 0 and report["rr_sessions"] > 0
 
 
+@pytest.mark.slow
+def test_short_check_run_on_s3_passes(s3, tmp_path):
+    """The same checker with its warehouse on S3 (`--warehouse s3://…`, the storage settings in
+    icebarrier.toml): no anomaly, nothing lost; its tables' files are in the bucket."""
+    import re as regex
+    import shutil
+
+    config = tmp_path / "icebarrier.toml"
+    config.write_text(s3.storage_toml())
+    done = subprocess.run([sys.executable, "-m", "icebarrier.cli.main", "--config", str(config), "--output", "json",
+                           "check", "--seed", "12", "--duration", "10", "--warehouse", f"s3://{s3.bucket}/checks",
+                           "--keep"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["validated"] > 0 and report["reads"]["read-committed"] > 0
+    assert report["expiry_runs"] > 0 and report["restarts"] >= 1
+    tables = {k.split("/")[3] for k in s3.keys("checks/check-12-") if k.count("/") > 3}
+    assert {"orders", "payments", "ledger", "balances", "paid"} <= tables, tables
+    kept = regex.search(r"check: kept (\S+)", done.stderr).group(1)
+    shutil.rmtree(kept, ignore_errors=True)
+
+
 def test_fault_schedule_is_a_function_of_the_seed():
     """The same seed gives the same kills, restarts and armed fault points; another seed differs."""
     from icebarrier.apps.check import fault_schedule

@@ -22,7 +22,6 @@ from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.storage import Storage
 from tests.helpers import calm_anchors, new_database
 from tests.iceberg_ext.catalog_server import start_server, stop_server
-from tests.s3 import moto_server
 
 
 @pytest.fixture(scope="session")
@@ -81,13 +80,6 @@ def _lake(lake_dsn, warehouse: str, monkeypatch, storage: Storage = Storage()):
 def lake(lake_dsn, warehouse, monkeypatch):
     """A fresh control-plane schema and Iceberg namespace on the local warehouse."""
     yield from _lake(lake_dsn, str(warehouse), monkeypatch)
-
-
-@pytest.fixture(scope="session")
-def s3(tmp_path_factory):
-    """An S3-compatible server on 127.0.0.1 (moto) with a bucket for this run."""
-    with moto_server(tmp_path_factory.mktemp("s3") / "moto.log") as server:
-        yield server
 
 
 @pytest.fixture
