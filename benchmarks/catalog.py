@@ -1,6 +1,6 @@
 """The consistent catalog's speed (``icebarrier serve``), against baselines in the same run.
 
-    python benchmarks/catalog.py [--dsn DSN] [--tables 1000] [--loads 2000]
+    python benchmarks/catalog.py [--dsn DSN] [--tables 1000] [--loads 2000] [--warehouse local|s3]
 
 Prints:
 - load-table latency p50/p95 through a pinned warehouse (barrier-<B>) at N managed tables,
@@ -11,6 +11,11 @@ Prints:
 - DuckDB (its iceberg extension, configured as `icebarrier connect --engine duckdb` prints):
   a one-table query p50 through barrier-<B> and through latest, and a two-table join's p50
   through read-committed ÷ through latest (goal <= 1.2).
+
+With ``--warehouse s3`` it runs the loads and commits twice in one run, on a local warehouse
+and on S3 (an S3-compatible server on 127.0.0.1: moto's, from the test extra), and prints the
+S3 figures ÷ the local ones, and a commit through the server on S3 ÷ the same commit through
+the SQL catalog writing to S3 directly (goal <= 1.2).
 
 It creates a scratch database and warehouse, starts a real server process, and removes both.
 """
@@ -26,12 +31,14 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from pathlib import Path
 
 import pyarrow as pa
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.s3: the S3 server of the tests
 
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 from icebarrier.control_plane import barriers, db, jobs, tokens  # noqa: E402
@@ -60,11 +67,12 @@ def build_lake(settings: Settings, n_tables: int) -> tuple[int, list[str]]:
     return b, names
 
 
-def start(settings: Settings) -> tuple[subprocess.Popen, str]:
+def start(settings: Settings, config: str | None = None) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "ICEBARRIER_DSN": settings.dsn, "ICEBARRIER_WAREHOUSE": settings.warehouse}
+    env = {**os.environ, "ICEBARRIER_DSN": settings.dsn, "ICEBARRIER_WAREHOUSE": settings.warehouse,
+           **({"ICEBARRIER_CONFIG": config} if config else {})}
     proc = subprocess.Popen(["icebarrier", "serve", "--port", str(port)], env=env)
     for _ in range(300):
         try:
@@ -137,6 +145,53 @@ def duckdb_p50(uri: str, credential: str, warehouse: str, query: str, n: int, na
     return statistics.median(times)
 
 
+def on_storage(args, dsn: str, warehouse: str, config: str | None) -> dict[str, float]:
+    """Pinned-load p50 and the commit figures on one warehouse (a scratch one of its own)."""
+    from icebarrier.iceberg_ext.storage import Storage
+
+    storage = Storage.from_config(tomllib.loads(Path(config).read_text())["storage"], environ={}) if config \
+        else Storage()
+    settings = Settings(dsn=dsn, warehouse=warehouse, storage=storage).validated()
+    ib_catalog.upgrade(settings)
+    barrier, names = build_lake(settings, args.tables)
+    with db.connect(dsn) as conn:
+        reader = tokens.create(conn)
+        writer = tokens.create(conn, job="bench")
+    proc, uri = start(settings, config)
+    try:
+        s = session(uri, *reader)
+        loads(s, uri, barrier, names, min(args.tables, 1000))  # warm: every pinned file written once
+        p50 = statistics.median(loads(s, uri, barrier, names, args.loads))
+        direct_ms, served_ms = commit_ratio(settings, uri, *writer, args.commits)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {"load_p50": p50, "direct_ms": direct_ms, "served_ms": served_ms}
+
+
+def compare_s3(args) -> int:
+    """The same loads and commits on a local warehouse and on S3, in one run."""
+    from tests.s3 import moto_server
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with moto_server(Path(tmp) / "moto.log") as s3:
+            config = Path(tmp) / "icebarrier.toml"
+            config.write_text(s3.storage_toml())
+            with scratch_database(args.dsn) as dsn:
+                local = on_storage(args, dsn, f"{tmp}/wh", None)
+            with scratch_database(args.dsn) as dsn:
+                remote = on_storage(args, dsn, f"s3://{s3.bucket}/wh", str(config))
+    overhead = remote["served_ms"] / remote["direct_ms"]
+    print(f"{args.tables} managed tables; S3 = moto's server on 127.0.0.1")
+    print(f"pinned load p50: local {local['load_p50']:5.2f} ms, S3 {remote['load_p50']:5.2f} ms, "
+          f"S3 / local {remote['load_p50'] / local['load_p50']:4.2f}")
+    print(f"commit through the server: local {local['served_ms']:6.1f} ms, S3 {remote['served_ms']:6.1f} ms, "
+          f"S3 / local {remote['served_ms'] / local['served_ms']:4.2f}")
+    print(f"commit on S3: SQL catalog direct {remote['direct_ms']:6.1f} ms, through the server "
+          f"{remote['served_ms']:6.1f} ms, ratio {overhead:4.2f} (goal <= 1.2: {'met' if overhead <= 1.2 else 'MISSED'})")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default=DEFAULT_SERVER)
@@ -144,7 +199,11 @@ def main() -> int:
     parser.add_argument("--loads", type=int, default=2000)
     parser.add_argument("--commits", type=int, default=30)
     parser.add_argument("--duckdb-queries", type=int, default=200)
+    parser.add_argument("--warehouse", choices=["local", "s3"], default="local",
+                        help="s3: compare a local warehouse with one on S3 (loads and commits)")
     args = parser.parse_args()
+    if args.warehouse == "s3":
+        return compare_s3(args)
     with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory() as wh:
         settings = Settings(dsn=dsn, warehouse=wh).validated()
         ib_catalog.upgrade(settings)
