@@ -1,4 +1,4 @@
-"""The lake on object storage: an `s3://` warehouse on a real S3-compatible server (moto's, on
+"""Where the lake lives: an `s3://` warehouse on a real S3-compatible server (moto's, on
 127.0.0.1), every path end to end. The catalog server holds the storage keys; clients bring only
 the catalog URI and their token and get the storage access they need in the load response."""
 
@@ -240,3 +240,33 @@ def test_orphan_removal_on_s3_deletes_what_failed_runs_left_and_never_a_live_ses
     assert lake.catalog.load_table(f"{lake.namespace}.orders").scan().to_arrow().num_rows == 7
     [grace] = orphans(["--table", str(lake.T("orders"))])  # the default grace keeps everything recent
     assert grace["orphans"] == []
+
+
+def test_orphan_removal_on_a_local_warehouse_deletes_only_old_unreferenced_files(lake):
+    """The same removal on a local directory: an old stray file goes, a recent one and every
+    referenced file stay, and the table reads the same."""
+    import time
+    from pathlib import Path
+
+    import pyarrow as pa
+
+    from icebarrier.iceberg_ext.maintenance import remove_orphans
+
+    from icebarrier.control_plane import jobs
+    from icebarrier.control_plane.model import JobDefinition
+
+    jobs.register(lake.conn, JobDefinition(name="writer", sinks=frozenset([lake.T("t")]),
+                                           external_inputs=frozenset(["ext:t"])))
+    table = lake.catalog.create_table(f"{lake.namespace}.t", schema=pa.schema([("id", pa.int64())]))
+    for i in range(2):
+        table.append(pa.table({"id": [i]}))
+    root = Path(table.metadata.location.removeprefix("file://"))
+    old, new = root / "data" / "stray-old.parquet", root / "data" / "stray-new.parquet"
+    for f in (old, new):
+        f.write_bytes(b"not referenced")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    referenced = {p for p in root.rglob("*") if p.is_file()} - {old, new}
+    report = remove_orphans(lake.conn, lake.catalog, lake.T("t"), older_than_s=3600)
+    assert report.orphans == (old.as_uri(),) and report.kept_recent == 1
+    assert not old.exists() and new.exists() and all(p.exists() for p in referenced)
+    assert lake.catalog.load_table(f"{lake.namespace}.t").scan().to_arrow().num_rows == 2
