@@ -21,10 +21,9 @@ from icebarrier.control_plane.db import DSN_ENV
 def scratch(obj, purpose: str, say, *, keep: bool = False, under: str | None = None, storage=None):
     """Yield (dsn, warehouse) of a new database and warehouse for ``purpose`` (``under`` that
     warehouse, reached with ``storage``'s settings, if given)."""
-    from icebarrier.iceberg_ext.storage import Storage, remove_tree
-
     from icebarrier.apps.embedded import EmbeddedPostgres
     from icebarrier.iceberg_ext.config import state_dir
+    from icebarrier.iceberg_ext.storage import Storage, remove_tree
 
     home = state_dir()
     server = None

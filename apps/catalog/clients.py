@@ -26,7 +26,8 @@ def configuration(engine: str, warehouse: str, uri: str, credential: str, catalo
     return (f"# etc/catalog/{catalog}.properties\nconnector.name=iceberg\niceberg.catalog.type=rest\n"
             f"iceberg.rest-catalog.uri={uri}\niceberg.rest-catalog.warehouse={warehouse}\n"
             f"iceberg.rest-catalog.security=OAUTH2\niceberg.rest-catalog.oauth2.credential={credential}\n"
-            f"iceberg.rest-catalog.oauth2.server-uri={uri}/v1/oauth/tokens\n")
+            f"iceberg.rest-catalog.oauth2.server-uri={uri}/v1/oauth/tokens\n"
+            f"iceberg.rest-catalog.vended-credentials-enabled=true\n")
 
 
 def duckdb_install() -> str:

@@ -96,10 +96,7 @@ def s3_lake(lake_dsn, s3, tmp_path, monkeypatch):
 @pytest.fixture
 def s3_server(s3_lake):
     """A real `icebarrier serve` process over the test's S3 lake; its URI."""
-    proc, uri = start_server(s3_lake, "--session-quiet", "1s")
-    yield uri
-    err = stop_server(proc)
-    assert "Traceback" not in err, err[-3000:]
+    yield from _serve(s3_lake)
 
 
 @pytest.fixture(scope="session")
@@ -114,6 +111,10 @@ def spark_cluster(tmp_path_factory):
 @pytest.fixture
 def server(lake):
     """A real `icebarrier serve` process over the test's lake; its URI."""
+    yield from _serve(lake)
+
+
+def _serve(lake):
     proc, uri = start_server(lake, "--session-quiet", "1s")
     yield uri
     err = stop_server(proc)
