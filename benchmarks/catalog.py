@@ -31,7 +31,6 @@ import sys
 import tempfile
 import threading
 import time
-import tomllib
 from pathlib import Path
 
 import pyarrow as pa
@@ -149,8 +148,7 @@ def on_storage(args, dsn: str, warehouse: str, config: str | None) -> dict[str, 
     """Pinned-load p50 and the commit figures on one warehouse (a scratch one of its own)."""
     from icebarrier.iceberg_ext.storage import Storage
 
-    storage = Storage.from_config(tomllib.loads(Path(config).read_text())["storage"], environ={}) if config \
-        else Storage()
+    storage = Settings.load_storage(config) if config else Storage()
     settings = Settings(dsn=dsn, warehouse=warehouse, storage=storage).validated()
     ib_catalog.upgrade(settings)
     barrier, names = build_lake(settings, args.tables)

@@ -10,6 +10,11 @@ from icebarrier.control_plane import tables
 from icebarrier.control_plane.model import TableName, barrier_label, parse_duration_s, parse_tag_name
 
 
+def _named_or_all(conn, table_names) -> list[TableName]:
+    """The tables named with --table, else every managed table."""
+    return [TableName.parse(t) for t in table_names] or [v.name for v in tables.list_versions(conn)]
+
+
 @click.command("expire")
 @click.option("--table", "table_names", multiple=True, metavar="TABLE", help="Only these tables (default: all).")
 @click.option("--older-than", help="Only snapshots older than this (e.g. 7d); default: any age.")
@@ -23,9 +28,8 @@ def expire(obj, table_names, older_than: str | None, retain_last: int, dry_run: 
     from icebarrier.iceberg_ext.maintenance import expire as run
 
     older = parse_duration_s(older_than, allow_zero=True) if older_than else None
-    names = [TableName.parse(t) for t in table_names]
     conn, catalog = obj.conn(), obj.catalog()
-    names = names or [v.name for v in tables.list_versions(conn)]
+    names = _named_or_all(conn, table_names)
     reports = [run(conn, catalog, t, older_than_s=older, retain_last=retain_last, dry_run=dry_run) for t in names]
     emit(
         obj,
@@ -52,9 +56,8 @@ def remove_orphans(obj, table_names, older_than: str, dry_run: bool) -> None:
     from icebarrier.iceberg_ext.maintenance import table_locations
 
     older = parse_duration_s(older_than, allow_zero=True)
-    names = [TableName.parse(t) for t in table_names]
     conn, catalog = obj.conn(), obj.catalog()
-    names = names or [v.name for v in tables.list_versions(conn)]
+    names = _named_or_all(conn, table_names)
     locations = table_locations(catalog)
     reports = [run(conn, catalog, t, older_than_s=older, dry_run=dry_run, locations=locations) for t in names]
     emit(

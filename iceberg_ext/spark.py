@@ -188,7 +188,8 @@ def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: s
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: no guessing at interfaces
     builder = SparkSession.builder.appName(app_name)
     builder = builder.master(master or os.environ.get("ICEBARRIER_SPARK_MASTER", "local[2]"))
-    for key, value in {**spark_conf(settings), **(extra or {})}.items():
+    wanted = spark_conf(settings)
+    for key, value in {**wanted, **(extra or {})}.items():
         builder = builder.config(key, value)
     if "spark.driver.extraJavaOptions" not in (extra or {}):  # quiet from the JVM's first line, no progress bars
         builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet_log_config()}")
@@ -201,12 +202,11 @@ def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: s
     try:
         spark = builder.getOrCreate()
     except Exception as exc:  # noqa: BLE001 - Spark says why in pages of JVM output
-        if settings.on_object_storage and AWS_BUNDLE in spark_conf(settings).get("spark.jars.packages", ""):
+        if settings.on_object_storage and AWS_BUNDLE in wanted.get("spark.jars.packages", ""):
             raise SparkUnavailableError(
                 f"Spark could not start with {AWS_BUNDLE} for the S3 warehouse (it fetches it from Maven Central); "
                 f"download iceberg-aws-bundle-{ICEBERG_VERSION}.jar and set {AWS_JAR_ENV} to its path") from exc
         raise
-    wanted = spark_conf(settings)
     for key in (f"spark.sql.catalog.{settings.catalog}", f"spark.sql.catalog.{settings.catalog}.uri"):
         if key in wanted and spark.conf.get(key, None) != wanted[key]:
             raise ConfigurationError(

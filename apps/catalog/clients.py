@@ -47,10 +47,13 @@ def duckdb_install() -> str:
 
 
 def spark_conf(warehouse: str, uri: str, credential: str, catalog: str) -> dict[str, str]:
-    """Spark properties for catalog ``catalog`` through the REST catalog at ``uri``."""
-    from icebarrier.iceberg_ext.spark import iceberg_jar
+    """Spark properties for catalog ``catalog`` through the REST catalog at ``uri`` (with the AWS
+    bundle jar where ``ICEBARRIER_ICEBERG_AWS_JAR`` names it: a lake on S3)."""
+    import os
 
-    return {
+    from icebarrier.iceberg_ext.spark import AWS_JAR_ENV, add_aws_bundle, iceberg_jar
+
+    conf = {
         "spark.jars": str(iceberg_jar()),
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         f"spark.sql.catalog.{catalog}": "org.apache.iceberg.spark.SparkCatalog",
@@ -63,20 +66,9 @@ def spark_conf(warehouse: str, uri: str, credential: str, catalog: str) -> dict[
         f"spark.sql.catalog.{catalog}.cache-enabled": "false",
         # the storage access a table needs comes with its load (S3: with ICEBARRIER_ICEBERG_AWS_JAR)
         f"spark.sql.catalog.{catalog}.header.X-Iceberg-Access-Delegation": "vended-credentials",
-    } | aws_bundle()
-
-
-def aws_bundle() -> dict[str, str]:
-    """The AWS bundle jar for Spark through the catalog on S3, where ``ICEBARRIER_ICEBERG_AWS_JAR``
-    names it (a lake on a local directory needs none)."""
-    import os
-
-    from icebarrier.iceberg_ext.spark import AWS_JAR_ENV, add_aws_bundle, iceberg_jar
-
-    if not os.environ.get(AWS_JAR_ENV):
-        return {}
-    conf = {"spark.jars": str(iceberg_jar())}
-    add_aws_bundle(conf)
+    }
+    if os.environ.get(AWS_JAR_ENV):
+        add_aws_bundle(conf)
     return conf
 
 

@@ -7,7 +7,6 @@ catalog stays and the namespaces change).
 
 from __future__ import annotations
 
-import tomllib
 import uuid
 from dataclasses import dataclass
 
@@ -89,8 +88,7 @@ def s3_lake(lake_dsn, s3, tmp_path, monkeypatch):
     config = tmp_path / "icebarrier.toml"
     config.write_text(s3.storage_toml())
     monkeypatch.setenv("ICEBARRIER_CONFIG", str(config))
-    storage = Storage.from_config(tomllib.loads(config.read_text())["storage"], environ={})
-    yield from _lake(lake_dsn, f"s3://{s3.bucket}/wh", monkeypatch, storage)
+    yield from _lake(lake_dsn, f"s3://{s3.bucket}/wh", monkeypatch, Settings.load_storage(config))
 
 
 @pytest.fixture
