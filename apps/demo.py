@@ -27,7 +27,8 @@ from icebarrier.control_plane.errors import NoValidCutError
 from icebarrier.control_plane.model import Level, TableName, barrier_label
 from icebarrier.iceberg_ext.maintenance import expire
 from icebarrier.iceberg_ext.reads import ConsistentRead
-from icebarrier.iceberg_ext.runtime import RootJob, Runtime, SqlJob
+from icebarrier.iceberg_ext.job import RootJob, SqlJob
+from icebarrier.iceberg_ext.runtime import Runtime
 from icebarrier.iceberg_ext.sources import PostgresSource
 
 ACCOUNTS = 8

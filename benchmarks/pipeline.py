@@ -39,7 +39,8 @@ from icebarrier.control_plane import barriers, db, delays, reads  # noqa: E402
 from icebarrier.control_plane.errors import NoValidCutError  # noqa: E402
 from icebarrier.control_plane.model import TableName  # noqa: E402
 from icebarrier.iceberg_ext.config import Settings  # noqa: E402
-from icebarrier.iceberg_ext.runtime import RootJob, Runtime, SqlJob  # noqa: E402
+from icebarrier.iceberg_ext.job import RootJob, SqlJob  # noqa: E402
+from icebarrier.iceberg_ext.runtime import Runtime  # noqa: E402
 from icebarrier.iceberg_ext.sources import FileSource  # noqa: E402
 from icebarrier.iceberg_ext.spark import spark_session  # noqa: E402
 

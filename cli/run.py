@@ -13,7 +13,7 @@ from icebarrier.control_plane.model import parse_duration_s
 
 def load_job(path: str):
     """The Job a file defines: its variable ``job``, or its only Job instance."""
-    from icebarrier.iceberg_ext.runtime import Job
+    from icebarrier.iceberg_ext.job import Job
 
     try:
         namespace = runpy.run_path(path, run_name="icebarrier_job")

@@ -7,7 +7,7 @@ The public API, for job files and readers::
 Names are imported on first use (PEP 562), so ``import icebarrier`` needs neither PyIceberg
 nor PySpark; a name whose extra is missing fails with the ``pip install`` line to run.
 The subpackages are ``icebarrier.control_plane`` (Postgres rules, psycopg only),
-``icebarrier.iceberg_ext`` (Iceberg side and the PySpark job runtime), ``icebarrier.cli``
+``icebarrier.iceberg_ext`` (Iceberg side, job definitions and the PySpark job runtime), ``icebarrier.cli``
 and ``icebarrier.apps`` (demo, checker, embedded Postgres).
 """
 
@@ -17,15 +17,15 @@ import importlib
 
 _EXPORTS = {
     # jobs
-    "RootJob": "icebarrier.iceberg_ext.runtime",
-    "TransformJob": "icebarrier.iceberg_ext.runtime",
-    "SqlJob": "icebarrier.iceberg_ext.runtime",
-    "BarrierContext": "icebarrier.iceberg_ext.runtime",
-    "Output": "icebarrier.iceberg_ext.runtime",
-    "append": "icebarrier.iceberg_ext.runtime",
-    "overwrite": "icebarrier.iceberg_ext.runtime",
-    "merge": "icebarrier.iceberg_ext.runtime",
-    "delta_join": "icebarrier.iceberg_ext.runtime",
+    "RootJob": "icebarrier.iceberg_ext.job",
+    "TransformJob": "icebarrier.iceberg_ext.job",
+    "SqlJob": "icebarrier.iceberg_ext.job",
+    "BarrierContext": "icebarrier.iceberg_ext.job",
+    "Output": "icebarrier.iceberg_ext.job",
+    "append": "icebarrier.iceberg_ext.job",
+    "overwrite": "icebarrier.iceberg_ext.job",
+    "merge": "icebarrier.iceberg_ext.job",
+    "delta_join": "icebarrier.iceberg_ext.job",
     "foreach_batch": "icebarrier.iceberg_ext.runtime",
     "Runtime": "icebarrier.iceberg_ext.runtime",
     "FileSource": "icebarrier.iceberg_ext.sources",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from icebarrier.iceberg_ext.runtime import RootJob, SqlJob, TransformJob, append, delta_join
+from icebarrier.iceberg_ext.job import RootJob, SqlJob, TransformJob, append, delta_join
 from icebarrier.iceberg_ext.sources import FileSource
 
 INPUT = os.environ.get("SHOP_INPUT", os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "input"))

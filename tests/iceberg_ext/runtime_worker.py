@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 
 from icebarrier.iceberg_ext.config import Settings
-from icebarrier.iceberg_ext.runtime import Runtime, TransformJob, overwrite
+from icebarrier.iceberg_ext.job import TransformJob, overwrite
+from icebarrier.iceberg_ext.runtime import Runtime
 from tests.iceberg_ext.test_runtime import shop
 
 

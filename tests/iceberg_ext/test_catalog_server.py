@@ -454,7 +454,8 @@ def test_anonymous_clients_read_only_when_allowed(lake):
 SPLIT_VIA_REST = """
 import json, sys
 from icebarrier import Settings
-from icebarrier.iceberg_ext.runtime import Runtime, TransformJob, overwrite
+from icebarrier.iceberg_ext.job import TransformJob, overwrite
+from icebarrier.iceberg_ext.runtime import Runtime
 from icebarrier.iceberg_ext.spark import spark_session
 
 source, left, right = sys.argv[2:5]

@@ -12,7 +12,8 @@ from icebarrier.control_plane import barriers, jobs, reads, tables
 from icebarrier.control_plane.errors import BarrierNotValidError
 from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext.catalog import coalesced_after, lineage, load_table
-from icebarrier.iceberg_ext.runtime import Runtime, TransformJob, overwrite
+from icebarrier.iceberg_ext.job import TransformJob, overwrite
+from icebarrier.iceberg_ext.runtime import Runtime
 from tests.helpers import anchor
 from tests.iceberg_ext.test_runtime import _round, generate, shop, shopping  # noqa: F401 - the fixture
 

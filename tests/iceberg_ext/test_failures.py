@@ -11,7 +11,8 @@ import pytest
 from icebarrier.control_plane import barriers, jobs, reads, runs, tables
 from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext.faults import AFTER_CONTROL_PLANE, AFTER_ICEBERG_COMMIT, AFTER_INPUT_RANGE, CRASH_EXIT_CODE
-from icebarrier.iceberg_ext.runtime import RootJob, Runtime, foreach_batch
+from icebarrier.iceberg_ext.job import RootJob
+from icebarrier.iceberg_ext.runtime import Runtime, foreach_batch
 from tests.iceberg_ext.test_runtime import generate, shop
 
 

@@ -9,7 +9,8 @@ import pytest
 from icebarrier.control_plane import barriers, jobs, runs, tables
 from icebarrier.control_plane.model import Level, TableName
 from icebarrier.iceberg_ext.reads import ConsistentRead
-from icebarrier.iceberg_ext.runtime import IncrementUnavailableError, Runtime, TransformJob, append, overwrite
+from icebarrier.iceberg_ext.job import IncrementUnavailableError, TransformJob, append, overwrite
+from icebarrier.iceberg_ext.runtime import Runtime
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "shopping"
 

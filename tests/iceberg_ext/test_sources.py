@@ -9,7 +9,8 @@ import pytest
 
 from icebarrier.control_plane import barriers, runs, tables
 from icebarrier.control_plane.model import TableName, barrier_time
-from icebarrier.iceberg_ext.runtime import RootJob, Runtime
+from icebarrier.iceberg_ext.job import RootJob
+from icebarrier.iceberg_ext.runtime import Runtime
 from icebarrier.iceberg_ext.sources import PostgresSource, SourceError
 
 

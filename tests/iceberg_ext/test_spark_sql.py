@@ -8,7 +8,7 @@ from icebarrier.iceberg_ext import spark_sql
 from icebarrier.iceberg_ext.commits import BarrierCommit
 from icebarrier.iceberg_ext.errors import StatementNotPinnableError
 from icebarrier.iceberg_ext.reads import ConsistentRead
-from icebarrier.iceberg_ext.runtime import SqlJob
+from icebarrier.iceberg_ext.job import SqlJob
 from icebarrier.iceberg_ext.spark_io import append_df
 
 
