@@ -53,14 +53,14 @@ def _replay(conn, k: int, spec, *, downstream=None):
     complete it (a downstream job reading table 0 right after it). Returns (names, marks,
     commits per table, downstream job name or None)."""
     tag = uuid.uuid4().hex[:8]
-    names = [TableName.parse(f"lake.h{tag}.t{i}") for i in range(len(spec))]
+    names = [TableName.parse(f"lake.h_{tag}.t{i}") for i in range(len(spec))]
     for i, name in enumerate(names):
         jobs.register(conn, JobDefinition(name=f"j{tag}_{i}", sinks=frozenset([name]),
                                           external_inputs=frozenset([f"ext:{tag}{i}"])))
     derived = None
     if downstream is not None:
         derived = f"d{tag}"
-        names.append(TableName.parse(f"lake.h{tag}.derived"))
+        names.append(TableName.parse(f"lake.h_{tag}.derived"))
         jobs.register(conn, JobDefinition(name=derived, sources=frozenset([names[0]]), sinks=frozenset([names[-1]])))
     marks, commits = [], {name: {} for name in names}
 
@@ -189,3 +189,29 @@ def test_expiry_claims_exactly_what_no_reason_keeps(conn):
     assert claim.removable == (100, 4242)
     assert claim.protected[101].reasons == (f"lease:{lease.lease_id}",)
     assert list(claim.removable) == removable(candidates, claim.protected)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(history=histories(), namespace_of_one=st.booleans())
+def test_the_whole_lake_and_namespace_cuts_agree_with_the_pure_definition(make_db, template_db, history,
+                                                                         namespace_of_one):
+    """latest_cut(NULL) (the read-committed warehouse, one pass over the rows and the coalesced
+    ranges around the candidate) and latest_cut(namespace) are the newest barrier every tracked
+    table of the lake / the namespace has completed, as defined; a namespace's name is not a
+    pattern (an `_` in it matches itself only)."""
+    k, spec = history
+    with db.connect(make_db(template_db)) as conn:  # the whole lake: one database per history
+        names, marks, _, _ = _replay(conn, k, spec)
+        if namespace_of_one:  # a look-alike namespace (`_` matching any character) must not count
+            odd = TableName.parse(f"lake.{names[0].namespace[0].replace('_', 'x')}.t")
+            jobs.register(conn, JobDefinition(name="lookalike", sinks=frozenset([odd]),
+                                              external_inputs=frozenset(["ext:lookalike"])))
+        states = _states(names, marks, spec, None)
+        try:
+            expected = latest_valid_barrier(states)
+        except NoValidCutError:
+            expected = None
+        namespace = f"{names[0].catalog}.{names[0].namespace[0]}"
+        assert conn.execute("SELECT latest_cut(%s) AS b", (namespace,)).fetchone()["b"] == expected
+        whole = conn.execute("SELECT latest_cut(NULL) AS b").fetchone()["b"]
+        assert whole == (None if namespace_of_one else expected)  # the unstarted look-alike is in the lake
