@@ -25,6 +25,7 @@ What COMMAND finds in its environment (see docs/job-exec.md):
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -44,10 +45,13 @@ from icebarrier.apps.catalog.clients import configuration, pyiceberg_environment
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.job_sessions import HOLD_S
 from icebarrier.control_plane.model import TableName, barrier_label, format_duration_s
+from icebarrier.control_plane.notices import SAFETY_POLL_S
 from icebarrier.iceberg_ext.lineage import Lineage
 from icebarrier.iceberg_ext.spark import SPARK_LOG4J2
 
-REQUEST_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT_S = 75.0
+MAX_WAIT_S = 60.0  # one long poll's wait at the server (< REQUEST_TIMEOUT_S)
+RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # --follow: back-off while no catalog answers
 
 
 class CatalogRequestError(IcebarrierError):
@@ -56,6 +60,11 @@ class CatalogRequestError(IcebarrierError):
     def __init__(self, message: str, status: int | None = None) -> None:
         self.status = status
         super().__init__(message)
+
+    @property
+    def transient(self) -> bool:
+        """No answer, or one a restarting server gives: asking again may succeed."""
+        return self.status is None or self.status in (502, 503, 504)
 
 
 class SessionClient:
@@ -69,11 +78,28 @@ class SessionClient:
         self.uri, self.client_id, self.secret = uri.rstrip("/"), client_id, secret
         self._token: str | None = None
 
-    def _send(self, method: str, path: str, data: bytes | None, headers: dict) -> dict:
+    def _send(self, method: str, path: str, data: bytes | None, headers: dict,
+              on_line: Callable[[dict], None] | None = None) -> dict:
+        """The answer; a stream of JSON lines (a long poll) goes line by line to ``on_line``, its
+        last line is the answer (an ``error`` line is raised as the catalog's refusal)."""
         request = urllib.request.Request(self.uri + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-                return json.loads(response.read() or b"{}")
+                if response.headers.get_content_type() != "application/x-ndjson":
+                    return json.loads(response.read() or b"{}")
+                for line in response:
+                    item = json.loads(line)
+                    if "error" in item:
+                        raise CatalogRequestError(f"the catalog at {self.uri} refused {method} {path}: "
+                                                  f"{item['error'].get('message')}", item["error"].get("code"))
+                    if "ready" in item:
+                        return item
+                    if on_line is not None:
+                        on_line(item)
+                raise http.client.IncompleteRead(b"")
+        except (http.client.IncompleteRead, ValueError) as exc:  # the server went away mid-answer
+            raise CatalogRequestError(f"the catalog at {self.uri} cut its answer to {method} {path} short "
+                                      f"({type(exc).__name__})") from None
         except urllib.error.HTTPError as exc:
             body = exc.read()
             try:
@@ -96,20 +122,25 @@ class SessionClient:
                                      {"Content-Type": "application/x-www-form-urlencoded"})["access_token"]
         return self._token
 
-    def call(self, method: str, job: str, path: str = "", body: dict | None = None) -> dict:
+    def call(self, method: str, job: str, path: str = "", body: dict | None = None,
+             on_line: Callable[[dict], None] | None = None) -> dict:
         route = f"/icebarrier/v1/jobs/{urllib.parse.quote(job, safe='')}/session{path}"
         data = json.dumps(body).encode() if body is not None else None
         for attempt in (1, 2):
             headers = {"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json"}
             try:
-                return self._send(method, route, data, headers)
+                return self._send(method, route, data, headers, on_line)
             except CatalogRequestError as exc:
                 if exc.status != 401 or attempt == 2:
                     raise
                 self._token = None  # the access token expired: authenticate again
 
-    def open(self, job: str, *, skip: bool, coalesce: bool, hold_s: float) -> dict:
-        return self.call("POST", job, body={"skip": skip, "coalesce": coalesce, "hold_s": hold_s})
+    def open(self, job: str, *, skip: bool, coalesce: bool, hold_s: float, wait_s: float = 0.0,
+             on_line: Callable[[dict], None] | None = None) -> dict:
+        """Open the job's session; ``wait_s``: a long poll, whose progress (barriers the server
+        skipped for the job) goes to ``on_line`` as it happens."""
+        return self.call("POST", job, body={"skip": skip, "coalesce": coalesce, "hold_s": hold_s, "wait_s": wait_s},
+                         on_line=on_line)
 
     def hold(self, job: str, run_id: str, hold_s: float) -> dict:
         return self.call("PUT", job, "/hold", {"run_id": run_id, "hold_s": hold_s})
@@ -189,8 +220,14 @@ class ExecSummary:
                 "exit_code": self.exit_code, "stopped_by_signal": self.stopped_by_signal}
 
 
+class _StopWaiting(BaseException):
+    """SIGINT/SIGTERM while the run waits for work."""
+
+
 class JobExec:
     """Runs COMMAND once per planned barrier of job ``job`` (see the module docstring)."""
+
+    _waiting = False  # in a long poll for work (a signal then stops the run at once)
 
     def __init__(self, job: str, command: list[str], *, uri: str, credential: str, skip: bool = True,
                  coalesce: bool = True, hold_s: float = HOLD_S, log: Callable[[str], None] = print) -> None:
@@ -201,14 +238,24 @@ class JobExec:
         self._child: subprocess.Popen | None = None
         self.lineage = Lineage.for_job(job)
 
-    def run(self, *, follow: bool = False, poll_s: float = 1.0) -> ExecSummary:
-        """Complete every barrier due now (``follow``: keep going until SIGINT/SIGTERM)."""
+    def run(self, *, follow: bool = False, poll_s: float = SAFETY_POLL_S) -> ExecSummary:
+        """Complete every barrier due now (``follow``: keep going until SIGINT/SIGTERM; each open
+        waits at the server up to ``poll_s`` for work, which wakes it at once)."""
         summary = ExecSummary(job=self.job)
         restore = self._install_signal_handlers()
         newest = None  # --once stops at the newest barrier issued when it started
         try:
             while not self.stop.is_set():
-                opened = self.client.open(self.job, skip=self.skip, coalesce=self.coalesce, hold_s=self.hold_s)
+                try:
+                    self._waiting = follow
+                    opened = self._open(poll_s if follow else None, lambda line: self._skipped(line, summary))
+                except _StopWaiting:
+                    break
+                finally:
+                    self._waiting = False
+                if opened is None:
+                    continue
+                self._skipped(opened, summary)
                 if newest is None:
                     newest = opened.get("newest_barrier")
                 session = opened.get("session")
@@ -220,8 +267,7 @@ class JobExec:
                     summary.waiting = opened.get("waiting")
                     if not follow:
                         break
-                    self.stop.wait(poll_s)
-                    continue
+                    continue  # the server waited for it (wait_s) already
                 step = self._step(opened["opened"], session)
                 summary.steps.append(step)
                 summary.waiting = None
@@ -236,6 +282,36 @@ class JobExec:
         if summary.waiting and not summary.steps:
             self.log(f"job {self.job}: nothing to do: it waits for {summary.waiting}")
         return summary
+
+    def _skipped(self, answer: dict, summary: ExecSummary) -> None:
+        """Barriers the server completed for the job with no computation (no source changed)."""
+        for barrier in answer.get("skipped", ()):
+            summary.steps.append(Step(barrier=barrier, plan="skip", outcome="skipped", seconds=0.0))
+        if answer.get("skipped"):
+            self.log(f"job {self.job}: barrier {barrier_label(answer['skipped'][-1])} skipped (no source changed)")
+
+    def _open(self, wait_s: float | None, on_line: Callable[[dict], None]) -> dict | None:
+        """Open the job's session; with ``wait_s`` (--follow) the server waits up to that long for
+        work, and a catalog that does not answer (a server process restarting, another taking
+        over) is asked again after a back-off (None: ask again)."""
+        follow = wait_s is not None
+        attempt = 0
+        while True:
+            try:
+                opened = self.client.open(self.job, skip=self.skip, coalesce=self.coalesce, hold_s=self.hold_s,
+                                          wait_s=min(wait_s or 0.0, MAX_WAIT_S), on_line=on_line)
+            except CatalogRequestError as exc:
+                if not follow or not exc.transient:
+                    raise
+                if attempt == 0:
+                    self.log(f"job {self.job}: {exc}; asking again until it answers")
+                if self.stop.wait(RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)]):
+                    return None
+                attempt += 1
+                continue
+            if attempt:
+                self.log(f"job {self.job}: the catalog answers again")
+            return opened
 
     def _step(self, opened: str, session: dict) -> Step:
         started = time.perf_counter()
@@ -327,6 +403,10 @@ class JobExec:
 
         def handler(signum, frame):
             self.stop.set()
+            if self._waiting:  # idle in a long poll: stop now (a session opened in that instant is taken over
+                # by the next run once its hold lapses, like a dead run's)
+                self.log(f"job {self.job}: {signal.Signals(signum).name}, stopping")
+                raise _StopWaiting
             self.log(f"job {self.job}: {signal.Signals(signum).name}, passed to the command; stopping")
             self._signal_child(signum)
 

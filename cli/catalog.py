@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import click
 
 from icebarrier.apps.catalog.clients import ENGINES, configuration
@@ -12,22 +15,33 @@ from icebarrier.control_plane.model import parse_duration_s
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (other hosts: 0.0.0.0).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8181, show_default=True)
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Server processes on the one port (a dead one is replaced); all state is in Postgres.")
 @click.option("--session-quiet", default="1s", show_default=True,
               help="A read-committed session moves to the newest cut after this long without loads.")
 @click.option("--allow-anonymous-read", is_flag=True, help="Serve clients without a token (read-only).")
 @click.pass_obj
-def serve(obj, host: str, port: int, session_quiet: str, allow_anonymous_read: bool) -> None:
+def serve(obj, host: str, port: int, workers: int, session_quiet: str, allow_anonymous_read: bool) -> None:
     """Serve the lake over the Iceberg REST catalog protocol, with consistent warehouses:
     latest, read-committed, read-committed:<namespace>, barrier-<B>, lease-<ID>.
 
-    The server keeps its state in Postgres: to scale out, run several behind one address."""
+    The server keeps its state in Postgres: scale out with --workers, or run several behind
+    one address."""
     import uvicorn
 
-    from icebarrier.apps.catalog.server import create_app
+    from icebarrier.apps.catalog import server
 
     quiet_ms = max(1, round(parse_duration_s(session_quiet) * 1000))
-    app = create_app(obj.settings(), quiet_ms=quiet_ms, allow_anonymous_read=allow_anonymous_read)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    options = {"quiet_ms": quiet_ms, "allow_anonymous_read": allow_anonymous_read}
+    settings = obj.settings()
+    if workers == 1:
+        uvicorn.run(server.create_app(settings, **options), host=host, port=port, log_level="warning",
+                    http=server.HTTP_PROTOCOL)
+        return
+    server.check_settings(settings)  # one line now, not one per worker
+    os.environ[server.WORKER_ENV] = json.dumps({"config": obj.config, "dsn": obj.dsn, "schema": obj.schema, **options})
+    uvicorn.run(f"{server.__name__}:{server.worker_app.__name__}", factory=True, workers=workers, host=host,
+                port=port, log_level="warning", http=server.HTTP_PROTOCOL)
 
 
 @click.command("connect")

@@ -190,7 +190,8 @@ COMMANDS = [job_group]
               help="A token of job NAME, or an admin token [env ICEBARRIER_CATALOG_CREDENTIAL].")
 @click.option("--no-skip", is_flag=True, help="The command reads the barrier itself: run it even when no source changed.")
 @click.option("--no-coalesce", is_flag=True, help="Complete every barrier exactly, one run each.")
-@click.option("--poll", default="1s", show_default=True, help="How often --follow looks for a new barrier.")
+@click.option("--poll", default="60s", show_default=True,
+              help="--follow waits for notices from the control plane; this is how often it looks anyway.")
 @click.option("--hold", default="30s", show_default=True,
               help="How long the session stays held if this process dies (another run may then take it over).")
 @click.pass_obj

@@ -38,7 +38,8 @@ def load_job(path: str):
 @click.argument("path", metavar="FILE.py", type=click.Path(exists=True, dir_okay=False))
 @click.option("--once", "mode", flag_value="once", default=True, help="Complete every ready barrier, then exit.")
 @click.option("--follow", "mode", flag_value="follow", help="Keep going until SIGINT/SIGTERM.")
-@click.option("--poll", default="1s", show_default=True, help="How often --follow looks for a new barrier.")
+@click.option("--poll", default="60s", show_default=True,
+              help="--follow waits for notices from the control plane; this is how often it looks anyway.")
 @click.pass_obj
 def run(obj, path: str, mode: str, poll: str) -> None:
     """Run the job FILE.py defines (register, complete barriers in order, heartbeat, stop cleanly)."""

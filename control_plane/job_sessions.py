@@ -160,18 +160,35 @@ def current(conn: psycopg.Connection, job: str, *, run_id: str | None = None) ->
     found = get(conn, job, run_id=run_id)
     if found is not None:
         return found
-    session, _ = open_session(conn, job)
-    return session
+    opening = open_session(conn, job)
+    if opening.session is None:
+        raise NoBarrierDueError(opening.plan)
+    return opening.session
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Opening:
+    """What opening a run's session came to: the session and how the run came by it (None:
+    nothing to complete now; ``plan`` says what the job waits for), after the barriers skipped
+    on the way (completed with no computation and no session)."""
+
+    session: JobSession | None
+    how: Opened | None
+    plan: NextBarrier | None = None
+    skipped: tuple[jobs.Completion, ...] = ()
+    due_in_s: float | None = None
 
 
 def open_session(conn: psycopg.Connection, job: str, *, skip: bool = True, coalesce: bool = True,
-                 hold_s: float | None = None) -> tuple[JobSession, Opened]:
-    """Open the job's session for a run (``hold_s``: held that long; renew with :func:`hold`).
+                 hold_s: float | None = None) -> Opening:
+    """Open the job's session for a run (``hold_s``: held that long; renew with :func:`hold`),
+    in one transaction.
 
     A stale session is discarded. An open one held by a live run is :class:`SessionHeldError`;
     one whose hold lapsed (or that no run holds) is taken over: adopted if its command
-    succeeded, else resumed with its staged commits dropped. Otherwise the job's plan is taken now
-    (:class:`NoBarrierDueError` if it has nothing to complete)."""
+    succeeded, else resumed with its staged commits dropped. Otherwise the job's plan is taken
+    now: barriers it may skip are completed at once (no session), and a session opened for the
+    plan if the job can follow it."""
     with conn.transaction():
         row = _row(conn, job, lock=True)
         if row is not None and row["progress"] != row["from_barrier"]:
@@ -186,11 +203,11 @@ def open_session(conn: psycopg.Connection, job: str, *, skip: bool = True, coale
             conn.execute("UPDATE job_session SET run_id = %s, opened_at = now(), "
                          "held_until = clock_timestamp() + make_interval(secs => %s) WHERE job_name = %s",
                          (_run_id(), hold_s or 0, job))
-            return _fresh(_row(conn, job, lock=False)), how
-    plan = jobs.next_barrier(conn, job, skip=skip, coalesce=coalesce)
-    if not plan.ready:
-        raise NoBarrierDueError(plan)
-    with conn.transaction():
+            return Opening(session=_fresh(_row(conn, job, lock=False)), how=how)
+        step = jobs.advance(conn, job, skip=skip, coalesce=coalesce)
+        plan = step.plan
+        if not plan.ready:
+            return Opening(session=None, how=None, plan=plan, skipped=step.skipped, due_in_s=step.due_in_s)
         inserted = conn.execute(
             "INSERT INTO job_session (job_name, barrier, plan, from_barrier, run_id, held_until) VALUES "
             "(%s, %s, %s, %s, %s, clock_timestamp() + make_interval(secs => %s)) ON CONFLICT (job_name) DO NOTHING",
@@ -200,7 +217,7 @@ def open_session(conn: psycopg.Connection, job: str, *, skip: bool = True, coale
         row = _row(conn, job, lock=False)
     if not inserted and hold_s is not None:  # another run opened it meanwhile
         raise SessionHeldError(job, row["run_id"], row["held_until"])
-    return _fresh(row), Opened.NEW
+    return Opening(session=_fresh(row), how=Opened.NEW, plan=plan, skipped=step.skipped)
 
 
 def hold(conn: psycopg.Connection, job: str, run_id: str, hold_s: float) -> JobSession:

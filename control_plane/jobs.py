@@ -13,10 +13,11 @@ from datetime import datetime
 from enum import Enum
 
 import psycopg
+from psycopg import errors as pg_errors
 
 from icebarrier.control_plane import barriers
 from icebarrier.control_plane.db import call, retrying
-from icebarrier.control_plane.errors import JobDefinitionChangedError, JobNotFoundError
+from icebarrier.control_plane.errors import IcebarrierError, JobDefinitionChangedError, JobNotFoundError
 from icebarrier.control_plane.model import JobDefinition, TableName, TableState, barrier_label
 
 
@@ -33,7 +34,7 @@ class Registration:
 class JobInfo:
     definition: JobDefinition
     registered_at: datetime
-    status: str  # registered, running, stopped, or lost (running without a heartbeat for 30 s)
+    status: str  # registered, running, stopped, or lost (running without a heartbeat for 90 s)
     heartbeat_at: datetime | None
     progress: int | None
     start_barrier: int | None
@@ -87,6 +88,7 @@ class NextBarrier:
     plan: Plan = Plan.EXACT
     from_barrier: int | None = None
     anchors_in_range: int = 0
+    root: bool = False  # the job has no sources
 
     def describe_wait(self) -> str | None:
         """What the job waits for, in words (None when ready)."""
@@ -134,7 +136,8 @@ def definition_json(job: JobDefinition) -> dict:
 # -- registration ---------------------------------------------------------------------------
 
 
-def load_definitions(conn: psycopg.Connection) -> dict[str, JobDefinition]:
+def load_definitions(conn: psycopg.Connection, *, only: str | None = None) -> dict[str, JobDefinition]:
+    """Every active job's definition (``only``: that job's, if it is one)."""
     rows = conn.execute(
         """
         SELECT j.name, j.external_inputs,
@@ -142,8 +145,8 @@ def load_definitions(conn: psycopg.Connection) -> dict[str, JobDefinition]:
                           WHERE s.job_id = j.job_id), '{}') AS sources,
                coalesce((SELECT array_agg(t.name) FROM job_sink_tables s JOIN managed_tables t USING (table_id)
                           WHERE s.job_id = j.job_id), '{}') AS sinks
-        FROM jobs j WHERE j.active
-        """
+        FROM jobs j WHERE j.active AND (%(only)s::text IS NULL OR j.name = %(only)s)
+        """, {"only": only}
     ).fetchall()
     return {r["name"]: _definition(r) for r in rows}
 
@@ -156,7 +159,7 @@ def register(conn: psycopg.Connection, job: JobDefinition, *, replace: bool = Fa
         status = call(conn, "register_job", job.name, sorted(map(str, job.sources)), sorted(map(str, job.sinks)),
                       sorted(job.external_inputs), replace)[0]["register_job"]
         if status == "changed":
-            current = load_definitions(conn)[job.name]
+            current = load_definitions(conn, only=job.name)[job.name]
             raise JobDefinitionChangedError(job.name, current.differences(job))
     return Registration(job=job, status=status)
 
@@ -164,7 +167,7 @@ def register(conn: psycopg.Connection, job: JobDefinition, *, replace: bool = Fa
 def unregister(conn: psycopg.Connection, name: str) -> JobDefinition:
     """Remove a job from the topology; its tables, their history and watermarks stay."""
     with conn.transaction():
-        definition = load_definitions(conn).get(name)
+        definition = load_definitions(conn, only=name).get(name)
         if definition is None:
             raise JobNotFoundError(name)
         call(conn, "unregister_job", name)
@@ -176,7 +179,7 @@ def unregister(conn: psycopg.Connection, name: str) -> JobDefinition:
 
 _JOB_STATE = """
 SELECT j.job_id, j.name, j.external_inputs, j.registered_at, j.heartbeat_at, j.waiting_for,
-       CASE WHEN j.status = 'running' AND j.heartbeat_at < now() - interval '30 seconds' THEN 'lost'
+       CASE WHEN j.status = 'running' AND j.heartbeat_at < now() - interval '90 seconds' THEN 'lost'
             ELSE j.status END AS status,
        coalesce(src.names, '{}') AS sources, coalesce(snk.names, '{}') AS sinks,
        coalesce(src.states, '[]') AS source_states, coalesce(snk.states, '[]') AS sink_states,
@@ -265,7 +268,7 @@ def next_barrier(conn: psycopg.Connection, name: str, *, skip: bool = True, coal
             row = call(conn, "plan_barrier", name, skip, coalesce, up_to)[0]
     return NextBarrier(job=name, barrier=row["barrier"], ready=row["ready"], waiting_for=row["waiting"] or {},
                        issued=issued, plan=Plan(row["plan"]), from_barrier=row["from_barrier"],
-                       anchors_in_range=row["anchors_in_range"])
+                       anchors_in_range=row["anchors_in_range"], root=row["root"])
 
 
 # -- completing a barrier ------------------------------------------------------------------------------
@@ -289,9 +292,63 @@ def complete(
     nothing) or, with ``coalesce``, coalesced (refused across an anchor). Completing a
     completed barrier again with the same commits is a no-op; with other commits it is refused.
     """
-    commits = dict(commits or {})
-    row = retrying(lambda: call(conn, "complete_barrier", name, barrier, [str(t) for t in commits],
-                                list(commits.values()), run_id, coalesce)[0])
+    return retrying(lambda: _complete(conn, name, barrier, dict(commits or {}), run_id, coalesce))
+
+
+def _complete(conn: psycopg.Connection, name: str, barrier: int, commits: dict[TableName, int], run_id: str | None,
+              coalesce: bool) -> Completion:
+    row = call(conn, "complete_barrier", name, barrier, [str(t) for t in commits], list(commits.values()), run_id,
+               coalesce)[0]
     return Completion(job=name, barrier=barrier, commits=commits,
                       sinks=tuple(sorted(TableName.parse(n) for n in row["sinks"])), noop=row["noop"],
                       coalesced=coalesce and not row["noop"])
+
+
+# -- one look: plan, skip, wait (DESIGN.md, "Cost of waiting") -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Advance:
+    """What one planning transaction came to: the barriers it skipped on the way (completed
+    with no computation), then the plan. ``due_in_s``: for a root job with nothing to take,
+    when the clock's next barrier is due (it may be negative: due now, for the next look)."""
+
+    plan: NextBarrier
+    skipped: tuple[Completion, ...] = ()
+    due_in_s: float | None = None
+
+
+_DUE_IN_S = """
+SELECT ((SELECT max(barrier) FROM barriers)
+        + 1000 * (SELECT value::bigint FROM settings WHERE key = 'barrier_interval_ms')
+        - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1e6 AS due_in_s
+"""
+
+
+def advance(conn: psycopg.Connection, name: str, *, skip: bool = True, coalesce: bool = True,
+            up_to: int | None = None, heartbeat: bool = False, record_wait: bool = False) -> Advance:
+    """The job's plan, in one transaction: a skip is completed at once (no computation: its sinks
+    keep their snapshots and move to the barrier) and the job planned again, so that a job whose
+    sources did not change costs one transaction per look; ``heartbeat``, ``record_wait``: the
+    job's heartbeat, and what it waits for (``jobs.waiting_for``), in the same transaction. A
+    skip that meets a concurrent completion is left to the next look."""
+    skipped: list[Completion] = []
+    with conn.transaction():
+        if heartbeat:
+            call(conn, "job_heartbeat", name)
+        plan = next_barrier(conn, name, skip=skip, coalesce=coalesce, up_to=up_to)
+        while plan.ready and plan.plan is Plan.SKIP and len(skipped) < 3:
+            try:
+                with conn.transaction():  # a savepoint: a conflict undoes this skip only
+                    skipped.append(_complete(conn, name, plan.barrier, {}, None, False))
+            except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected):
+                break
+            except IcebarrierError as exc:
+                if not exc.retryable:
+                    raise
+                break
+            plan = next_barrier(conn, name, skip=skip, coalesce=coalesce, up_to=up_to)
+        if record_wait:
+            call(conn, "set_job_waiting", name, plan.describe_wait())
+        due = conn.execute(_DUE_IN_S).fetchone()["due_in_s"] if plan.root and not plan.ready else None
+    return Advance(plan=plan, skipped=tuple(skipped), due_in_s=None if due is None else float(due))

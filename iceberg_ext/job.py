@@ -188,13 +188,14 @@ class Job:
         raise NotImplementedError
 
     def main(self, argv: list[str] | None = None) -> None:
-        """``python my_job.py [--once | --follow] [--poll 1s]``"""
+        """``python my_job.py [--once | --follow] [--poll 60s]``"""
         parser = argparse.ArgumentParser(prog=f"job {self.name}")
         mode = parser.add_mutually_exclusive_group()
         mode.add_argument("--once", action="store_true", help="complete the newest barrier it can (skipping unchanged "
                           "barriers, coalescing the rest up to each anchor), then exit (default)")
         mode.add_argument("--follow", action="store_true", help="keep going until SIGINT/SIGTERM")
-        parser.add_argument("--poll", default="1s", help="how often to look for a new barrier in --follow")
+        parser.add_argument("--poll", default="60s", help="--follow waits for the control plane's notices; this is "
+                            "how often it looks anyway")
         args = parser.parse_args(argv)
         from icebarrier.iceberg_ext.runtime import Runtime
 

@@ -10,7 +10,10 @@ in one control-plane transaction. A root job first records its input range (repl
 a crash; an empty one is a skip); an intermediate job records the barrier it computes, so a
 restart finishes that one. A job added to tables with history bootstraps from their latest
 common completed barrier. ``--once`` is the batch mode: complete the newest barrier the job
-can, with as few computations as the anchors allow, and exit.
+can, with as few computations as the anchors allow, and exit. ``--follow`` keeps going: between
+barriers it waits on its own listening connection for the control plane's notices (a barrier
+issued, a source's watermark moved), costing no transaction while nothing concerns it, and
+looks anyway every ``--poll`` (docs/model.md, "Waiting, and what a barrier costs").
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from icebarrier.control_plane import db, jobs, reads, runs
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError
 from icebarrier.control_plane.jobs import NextBarrier, Plan
 from icebarrier.control_plane.model import Level, TableName, barrier_label, format_duration_s
+from icebarrier.control_plane.notices import SAFETY_POLL_S, Listener, Wait
 from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import load_catalog
 from icebarrier.iceberg_ext.commits import BarrierCommit
@@ -36,7 +40,7 @@ from icebarrier.iceberg_ext.job import BarrierContext, Job, Output, RootJob
 from icebarrier.iceberg_ext.lineage import Lineage
 from icebarrier.iceberg_ext.reads import ConsistentRead
 
-HEARTBEAT_S = 5.0
+HEARTBEAT_S = 30.0  # a running job's heartbeat at least this often (with its safety poll when idle)
 
 
 def record_plan(conn, plan: NextBarrier) -> None:
@@ -128,11 +132,13 @@ class Runtime:
             self.log(f"job {self.job.name}: registered ({result.status})")
         self._registered = True
 
-    def run(self, *, follow: bool = False, poll_s: float = 1.0, max_barriers: int | None = None) -> RunSummary:
-        """Complete every ready barrier (then exit, or with ``follow`` keep polling until stopped)."""
+    def run(self, *, follow: bool = False, poll_s: float = SAFETY_POLL_S, max_barriers: int | None = None) -> RunSummary:
+        """Complete every ready barrier (then exit, or with ``follow`` keep going until stopped:
+        waiting for the control plane's notices, and planning again every ``poll_s`` anyway)."""
         self.stop.clear()
         self.register()
         runs.set_status(self.conn, self.job.name, "running")
+        self._beat_at = time.monotonic()
         summary = RunSummary(job=self.job.name)
         beat = threading.Thread(target=self._heartbeat, daemon=True, name="icebarrier-heartbeat")
         beat.start()
@@ -141,15 +147,16 @@ class Runtime:
             # Ctrl-C finishes the current barrier and exits 0 like SIGTERM.
             _ = self.spark
         restore = self._install_signal_handlers() if follow else None
+        listener = Listener(self.settings.dsn, self.settings.schema).open() if follow else None  # before planning
         try:
             while not self.stop.is_set():
                 if max_barriers is not None and len(summary.completed) >= max_barriers:
                     break
-                plan = self._next_ready()
+                plan = self._next_ready(summary)
                 if plan is None:
                     if not follow:
                         break
-                    self.stop.wait(poll_s)
+                    self._wait(listener, poll_s)
                     continue
                 try:
                     self._complete(plan, summary)
@@ -159,6 +166,8 @@ class Runtime:
                     self.log(f"job {self.job.name}: {exc}; bootstrapping from a newer barrier")
         finally:
             self.stop.set()
+            if listener is not None:
+                listener.close()
             if restore:
                 restore()
             beat.join(timeout=HEARTBEAT_S)
@@ -184,25 +193,55 @@ class Runtime:
         previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
         return lambda: [signal.signal(s, h) for s, h in previous.items()]
 
+    _beat_at = 0.0  # time.monotonic() of the last heartbeat
+
     def _heartbeat(self) -> None:
-        while not self.stop.wait(HEARTBEAT_S):
+        """Beat while the job computes a long barrier (an idle job beats with its safety poll)."""
+        while not self.stop.wait(HEARTBEAT_S / 6):
+            if time.monotonic() - self._beat_at < HEARTBEAT_S:
+                continue
             if self._beat_conn is None or self._beat_conn.closed:  # its own connection, opened once
                 self._beat_conn = db.connect(self.settings.dsn, self.settings.schema)
             runs.heartbeat(self._beat_conn, self.job.name)
+            self._beat_at = time.monotonic()
 
-    def _next_ready(self) -> NextBarrier | None:
-        """The job's plan if it can follow it now; else records what it waits for."""
+    _last: jobs.Advance | None = None
+
+    def _next_ready(self, summary: RunSummary) -> NextBarrier | None:
+        """The job's plan if it can follow it now, in one transaction that completes the barriers
+        it may skip (and beats, records what it waits for); else None."""
         source = getattr(self.job, "source", None)
-        nb = jobs.next_barrier(self.conn, self.job.name, skip=not self.job.reads_barrier, coalesce=self.job.coalesce,
-                               up_to=source.ready_until() if source is not None else None)
+        beat = time.monotonic() - self._beat_at >= HEARTBEAT_S / 3
+        step = jobs.advance(self.conn, self.job.name, skip=not self.job.reads_barrier, coalesce=self.job.coalesce,
+                            up_to=source.ready_until() if source is not None else None, heartbeat=beat,
+                            record_wait=True)
+        if beat:
+            self._beat_at = time.monotonic()
+        self._last, nb = step, step.plan
+        for done in step.skipped:
+            summary.completed.append(done.barrier)
+            self.log(f"job {self.job.name}: barrier {barrier_label(done.barrier)} skipped (nothing changed)")
         waiting = nb.describe_wait()
         if source is not None and not nb.ready and nb.barrier is not None:  # its input, past ready_until()
             waiting = source.waiting_for(nb.barrier) or waiting
-        runs.set_waiting(self.conn, self.job.name, waiting)
-        if waiting is not None and waiting != self._said_waiting:  # said once while idle, not every poll
+            runs.set_waiting(self.conn, self.job.name, waiting)
+        if waiting is not None and waiting != self._said_waiting:  # said once while idle, not every look
             self.log(f"job {self.job.name}: waiting for {waiting}")
         self._said_waiting = waiting
         return nb if waiting is None else None
+
+    def _wait(self, listener: Listener, poll_s: float) -> None:
+        """Wait until a notice concerns the job (its sources moved, a barrier was issued for a
+        root job), a root job's next barrier is due, or ``poll_s`` passed; costs no transaction.
+        A root job whose input is not ready yet (an event-time source) looks again every second."""
+        step = self._last
+        source_wait = getattr(self.job, "source", None) is not None and step.plan.barrier is not None
+        wait = Wait.of(step.plan, root=step.plan.root, sinks=self.job.sinks, due_in_s=step.due_in_s,
+                       safety_s=min(poll_s, 1.0) if source_wait else poll_s)
+        while not self.stop.is_set() and wait.remaining_s() > 0:
+            notices = listener.wait(min(wait.remaining_s(), 1.0))  # SIGTERM is seen within a second
+            if any([wait.wakes(n) for n in notices]):
+                return
 
     def _complete(self, plan: NextBarrier, summary: RunSummary) -> None:
         started = time.perf_counter()
@@ -265,11 +304,14 @@ class Runtime:
         job: RootJob = self.job
         spec = runs.recorded_range(self.conn, job.name, plan.barrier)
         if spec is None:
-            spec = runs.record_range(self.conn, job.name, plan.barrier,
-                                     job.source.plan(self.conn, job.name, plan.barrier))
+            spec = job.source.plan(self.conn, job.name, plan.barrier)
+            if job.source.is_empty(spec) and not job.reads_barrier:
+                jobs.complete(self.conn, job.name, plan.barrier)  # nothing arrived, nothing to replay: a skip
+                return None
+            spec = runs.record_range(self.conn, job.name, plan.barrier, spec)
         faults.point(faults.AFTER_INPUT_RANGE)
-        if job.source.is_empty(spec) and not job.reads_barrier:
-            jobs.complete(self.conn, job.name, plan.barrier)  # nothing arrived: the barriers change nothing
+        if job.source.is_empty(spec) and not job.reads_barrier:  # a range recorded empty, replayed
+            jobs.complete(self.conn, job.name, plan.barrier)
             return None
         df = job.source.read(self.spark, spec)
         if job.transform is not None:

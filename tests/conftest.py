@@ -119,13 +119,6 @@ def _with_db(dsn: str, dbname: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def s3(tmp_path_factory):
-    """An S3-compatible server on 127.0.0.1 (moto's, a process of its own) with a bucket for this run."""
-    with moto_server(tmp_path_factory.mktemp("s3") / "moto.log") as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
 def template_db(pg_server):
     """A fresh database for this run, migrated to head; per-test databases are copies."""
     name = f"icebarrier_test_{uuid.uuid4().hex[:10]}"

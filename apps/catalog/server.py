@@ -11,13 +11,20 @@ page (:mod:`.ui`, ``/ui``) and Prometheus metrics (:mod:`.metrics`, ``/metrics``
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from icebarrier.apps.catalog import errors, metrics, namespaces, oauth, sessions, tables, ui
 from icebarrier.apps.catalog.lake import Lake
+from icebarrier.apps.catalog.notices import Hub
 from icebarrier.iceberg_ext.config import Settings
 
+
+WORKER_ENV = "ICEBARRIER_SERVE_WORKER"  # `serve --workers N`: what each worker process builds its app from
 
 ROUTERS = (oauth.router, namespaces.router, tables.router, sessions.router, ui.router)
 
@@ -32,7 +39,10 @@ def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read
     app = FastAPI(title="icebarrier consistent catalog", docs_url=None, redoc_url=None, openapi_url=None)
     lake = Lake(settings, quiet_ms=quiet_ms)
     app.state.lake = lake
+    app.state.hub = Hub(settings.dsn, settings.schema)
     app.state.allow_anonymous_read = allow_anonymous_read
+    app.router.add_event_handler("startup", app.state.hub.start)
+    app.router.add_event_handler("shutdown", app.state.hub.stop)
     app.router.add_event_handler("shutdown", lake.close)
     errors.install(app)
     for router in ROUTERS:
@@ -41,3 +51,41 @@ def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read
     app.state.routes = [r for router in ROUTERS for r in router.routes]
     app.state.endpoints = served_endpoints(app.state.routes)
     return app
+
+
+def check_settings(settings: Settings) -> None:
+    """What a server refuses to start on (the database, its schema, the storage), checked once."""
+    from icebarrier.control_plane import db
+
+    db.connect(settings.dsn, settings.schema).close()
+    settings.check_storage()
+
+
+def worker_app() -> FastAPI:
+    """The app of one worker process of ``icebarrier serve --workers N`` (uvicorn's factory)."""
+    options = json.loads(os.environ[WORKER_ENV])
+    settings = Settings.load(options.pop("config"), dsn=options.pop("dsn"), schema=options.pop("schema"))
+    return create_app(settings, **options)
+
+
+def _http_protocol() -> type:
+    """uvicorn's HTTP protocol (httptools where installed, else h11) with TCP_NODELAY set on every
+    connection: a socket uvicorn binds for ``--workers`` is not marked TCP, so asyncio leaves
+    Nagle's algorithm on, and a response in two writes waits out the client's delayed ACK (40 ms)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+
+    class NoDelay(base):
+        def connection_made(self, transport) -> None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            super().connection_made(transport)
+
+    return NoDelay
+
+
+NoDelayHttp = _http_protocol()
+HTTP_PROTOCOL = f"{__name__}:NoDelayHttp"  # uvicorn's http= (an import string reaches the workers)

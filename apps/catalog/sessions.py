@@ -7,18 +7,24 @@ job, or an admin token, may act on it.
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from icebarrier.apps.catalog.deps import Caller, LakeDep, acting
+from icebarrier.apps.catalog.errors import error_response
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import job_sessions, reads
-from icebarrier.control_plane.job_sessions import NoBarrierDueError
 from icebarrier.control_plane.model import parse_job_name
+from icebarrier.control_plane.notices import Wait
 
 router = APIRouter(prefix="/icebarrier/v1/jobs/{job}/session")
+NDJSON = "application/x-ndjson"
 
 
 async def session_job(who: Caller, job: str) -> str:
@@ -37,6 +43,7 @@ class OpenRequest(_Body):
     skip: bool = True  # False: the job reads the barrier itself and is never skipped
     coalesce: bool = True
     hold_s: float = Field(default=job_sessions.HOLD_S, gt=0, le=3600)
+    wait_s: float = Field(default=0, ge=0, le=300)  # nothing to complete now: wait up to this long (a long poll)
 
 
 class HoldRequest(_Body):
@@ -48,24 +55,75 @@ class RunRequest(_Body):
     run_id: str | None = None  # None: whichever run holds it (a client without job exec)
 
 
-@router.post("")
-def open_session(job: SessionJob, lake: LakeDep, body: OpenRequest | None = None):
-    """The run's session: ``opened`` says new, resumed (computing B again) or adopted (publish
-    what the dead run staged); ``inputs`` the snapshots its sources load at; ``ready`` false with
-    what the job waits for when it has nothing to complete now."""
-    body = body or OpenRequest()
-    with lake.pool.connection() as conn:
-        try:
-            session, how = job_sessions.open_session(conn, job, skip=body.skip, coalesce=body.coalesce,
-                                                     hold_s=body.hold_s)
-        except NoBarrierDueError as exc:
-            return {"ready": False, "waiting": exc.plan.describe_wait(), "plan": exc.plan.to_json()}
+def _open(lake, job: str, body: OpenRequest) -> tuple[job_sessions.Opening, dict]:
+    """Open the job's session, in one transaction with what the run needs to know of it."""
+    with lake.pool.connection() as conn, conn.transaction():
+        opening = job_sessions.open_session(conn, job, skip=body.skip, coalesce=body.coalesce, hold_s=body.hold_s)
+        if opening.session is None:
+            return opening, {"ready": False, "waiting": opening.plan.describe_wait(), "plan": opening.plan.to_json()}
+        session = opening.session
         newest = conn.execute("SELECT max(barrier) AS b FROM barrier").fetchone()["b"]
         inputs = reads.resolve(conn, sorted(session.sources), barrier=session.barrier).snapshots \
             if session.sources else {}
-    return {"ready": True, "opened": how.value, "newest_barrier": newest,
-            "session": {**session.to_json(), "catalog": lake.settings.catalog,
-                        "inputs": {str(t): s for t, s in sorted(inputs.items())}}}
+    return opening, {"ready": True, "opened": opening.how.value, "newest_barrier": newest,
+                     "session": {**session.to_json(), "catalog": lake.settings.catalog,
+                                 "inputs": {str(t): s for t, s in sorted(inputs.items())}}}
+
+
+@router.post("")
+async def open_session(job: SessionJob, lake: LakeDep, request: Request, body: OpenRequest | None = None):
+    """The run's session: ``opened`` says new, resumed (computing B again) or adopted (publish
+    what the dead run staged); ``inputs`` the snapshots its sources load at; ``ready`` false with
+    what the job waits for when it has nothing to complete now. ``skipped``: the barriers
+    completed on the way with no computation (no source changed).
+
+    ``wait_s``: with nothing to complete now, wait up to that long for something (a long poll):
+    the answer is then a stream of JSON lines — ``{"skipped": [B…]}`` as the server skips
+    barriers for the job, and last the answer above (or ``{"error": …}``). The server plans
+    again only when a notice concerns the job (a barrier issued for a root job, its sources'
+    watermarks moving): waiting costs the database nothing."""
+    body = body or OpenRequest()
+    hub = request.app.state.hub
+    watch = hub.watch() if body.wait_s > 0 else None  # before planning: a notice meanwhile is kept
+    deadline, streaming = time.monotonic() + body.wait_s, False
+    try:
+        opening, answer = await run_in_threadpool(_open, lake, job, body)
+        if answer["ready"] or watch is None:
+            return {**answer, "skipped": [c.barrier for c in opening.skipped]}
+        streaming = True
+        return StreamingResponse(_waiting(hub, watch, lake, job, body, opening, answer, deadline), media_type=NDJSON)
+    finally:
+        if watch is not None and not streaming:
+            hub.forget(watch)
+
+
+async def _waiting(hub, watch, lake, job: str, body: OpenRequest, opening: job_sessions.Opening, answer: dict,
+                   deadline: float):
+    """The long poll's lines: the barriers skipped as they are, then the answer."""
+    try:
+        if opening.skipped:
+            yield _line({"skipped": [c.barrier for c in opening.skipped]})
+        while (left := deadline - time.monotonic()) > 0:
+            woke = await watch.until(Wait.of(opening.plan, root=opening.plan.root, due_in_s=opening.due_in_s,
+                                             safety_s=left), limit_s=left)
+            if not woke and deadline - time.monotonic() <= 0:
+                break  # the long poll's end: the client asks again (its safety poll)
+            try:
+                opening, answer = await run_in_threadpool(_open, lake, job, body)
+            except Exception as exc:  # noqa: BLE001 - the stream has begun: the error is its last line
+                yield _line(json.loads(error_response(exc).body))
+                return
+            if opening.skipped:
+                yield _line({"skipped": [c.barrier for c in opening.skipped]})
+            if answer["ready"]:
+                break
+        yield _line({**answer, "skipped": []})
+    finally:
+        hub.forget(watch)
+
+
+def _line(item: dict) -> bytes:
+    return json.dumps(item).encode() + b"\n"
 
 
 @router.get("")

@@ -82,6 +82,22 @@ def lake(lake_dsn, warehouse, monkeypatch):
 
 
 @pytest.fixture
+def own_lake(pg_server, warehouse, monkeypatch):
+    """The same as ``lake``, in a database of its own: what Postgres counts for that database
+    (transactions) is the test's alone — the worker's shared lake database also counts whatever
+    earlier tests left running."""
+    with new_database(pg_server, "icebarrier_own") as dsn:
+        Settings(dsn=dsn).ensure_catalog_schema()
+        yield from _lake(dsn, str(warehouse), monkeypatch)
+
+
+@pytest.fixture
+def own_server(own_lake):
+    """A real `icebarrier serve` process over ``own_lake``; its URI."""
+    yield from _serve(own_lake)
+
+
+@pytest.fixture
 def s3_lake(lake_dsn, s3, tmp_path, monkeypatch):
     """The same as ``lake``, with the warehouse on S3: the storage settings in an icebarrier.toml
     that ICEBARRIER_CONFIG names (for the CLI and the servers the test starts)."""

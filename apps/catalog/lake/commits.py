@@ -33,7 +33,8 @@ class Commits(Sessions):
         from pyiceberg.table.update import AddSnapshotUpdate, AssertCreate
 
         session = self.session(conn, warehouse, principal) if warehouse.kind == "job" else None
-        definition = jobs.load_definitions(conn).get(principal.job) if principal.job and not session else None
+        definition = jobs.load_definitions(conn, only=principal.job).get(principal.job) \
+            if principal.job and not session else None
         sinks = session.sinks if session else definition.sinks if definition else frozenset()
         names = [self.table_name(c.identifier.namespace, c.identifier.name) for c in changes]
         whole = (session is not None or len(sinks) > 1) and set(names) == set(sinks)  # all the job's sinks at once

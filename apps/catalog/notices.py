@@ -1,0 +1,101 @@
+"""The control plane's notices in a server process: one LISTEN connection (a thread), routed to
+the requests that wait on the event loop (``icebarrier job exec --follow`` long-polls its
+session: see :mod:`.sessions`). A waiting request costs the database nothing.
+
+A request registers a :class:`Watch` before it plans (everything is kept until it knows what
+it waits for, so a notice raised meanwhile is not lost), then waits for a notice its
+:class:`~icebarrier.control_plane.notices.Wait` finds worth planning again for, or its time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import defaultdict
+
+from icebarrier.control_plane.notices import Listener, Notice, Wait
+
+_ALL = "*"
+
+
+class Watch:
+    """One waiting request's inbox (used on the event loop only)."""
+
+    def __init__(self, hub: Hub) -> None:
+        self._hub, self._notices, self._wait = hub, [], None
+        self._event = asyncio.Event()
+
+    def offer(self, notice: Notice) -> None:
+        if self._wait is None:
+            self._notices.append(notice)
+        elif self._wait.wakes(notice):
+            self._event.set()
+
+    async def until(self, wait: Wait, *, limit_s: float) -> bool:
+        """Wait until a notice wakes ``wait``, its due time, or ``limit_s``; whether a notice woke it."""
+        pending, self._notices = self._notices, []
+        if any([wait.wakes(n) for n in pending]):  # something came while the request planned
+            return True
+        self._wait, self._event = wait, asyncio.Event()
+        keys = {"jobs", "resync", *wait.tables, *wait.sinks} | ({"barrier"} if wait.root else set())
+        self._hub.route(self, keys)
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout=max(min(wait.remaining_s(), limit_s), 0.0))
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._wait = None
+            self._hub.route(self, {_ALL})
+
+
+class Hub:
+    """Routes one listener's notices to the watches of this process's event loop."""
+
+    def __init__(self, dsn: str | None, schema: str | None) -> None:
+        self._listener = Listener(dsn, schema)
+        self._by_key: dict[str, set[Watch]] = defaultdict(set)
+        self._keys: dict[Watch, set[str]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._listener.open()
+        self._thread = threading.Thread(target=self._listen, daemon=True, name="icebarrier-notices")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._listener.close()
+
+    def watch(self) -> Watch:
+        found = Watch(self)
+        self.route(found, {_ALL})
+        return found
+
+    def forget(self, watch: Watch) -> None:
+        self.route(watch, set())
+
+    def route(self, watch: Watch, keys: set[str]) -> None:
+        for key in self._keys.pop(watch, ()):
+            self._by_key[key].discard(watch)
+        if keys:
+            self._keys[watch] = keys
+            for key in keys:
+                self._by_key[key].add(watch)
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            notices = self._listener.wait(1.0)
+            if notices:
+                self._loop.call_soon_threadsafe(self._deliver, notices)
+
+    def _deliver(self, notices: list[Notice]) -> None:
+        for notice in notices:
+            key = notice.table if notice.kind == "watermark" else notice.kind
+            for watch in (*self._by_key.get(key, ()), *self._by_key.get(_ALL, ())):
+                watch.offer(notice)

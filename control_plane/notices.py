@@ -1,0 +1,141 @@
+"""Push, not poll (DESIGN.md, "Cost of waiting"): what the control plane announces, and a job's
+wait for what concerns it.
+
+Triggers (migration 0012) raise a notification on channel ``icebarrier.<schema>`` when a
+barrier is issued, a managed table's watermark moves, or the jobs change; Postgres delivers it
+when the transaction commits. A :class:`Listener` is one connection that LISTENs; waiting on
+it costs the database nothing. A :class:`Wait` decides, from what a job's plan said it waits
+for and the notices since, whether planning again is worth a transaction — and when a slow
+safety poll is due anyway (a notice is lost if the listener was disconnected).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from icebarrier.control_plane import db
+from icebarrier.control_plane.jobs import NextBarrier
+
+SAFETY_POLL_S = 60.0  # a waiting job plans again this often even if no notice came
+
+
+def channel(schema: str) -> str:
+    return f"icebarrier.{schema}"
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """``barrier`` (B issued), ``watermark`` (``table`` moved to B; B None: rewound to nothing),
+    ``jobs`` (registrations changed) or ``resync`` (the listener reconnected: notices were
+    missed)."""
+
+    kind: str
+    barrier: int | None = None
+    table: str | None = None
+
+    @classmethod
+    def parse(cls, payload: str) -> Notice:
+        kind, _, rest = payload.partition(" ")
+        if kind == "barrier":
+            return cls(kind, int(rest))
+        if kind == "watermark":
+            mark, _, table = rest.partition(" ")
+            return cls(kind, None if mark == "-" else int(mark), table)
+        return cls(kind)
+
+
+RESYNC = Notice("resync")
+
+
+class Listener:
+    """A connection LISTENing to the control plane's notices (its own; autocommit). Listen
+    before planning: a notice raised between the plan and the wait is then not lost."""
+
+    def __init__(self, dsn: str | None, schema: str | None) -> None:
+        self._dsn, self._schema = dsn, schema
+        self.conn: psycopg.Connection | None = None
+        self._pending: list[Notice] = []
+
+    def open(self) -> Listener:
+        self.conn = db.connect(self._dsn, self._schema)
+        schema = self.conn.info_schema  # type: ignore[attr-defined]
+        self.conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel(schema))))
+        return self
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def __enter__(self) -> Listener:
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def wait(self, timeout_s: float) -> list[Notice]:
+        """The notices that arrive within ``timeout_s`` (returns at the first, with any already
+        queued). A lost connection is reopened, and reported as :data:`RESYNC`."""
+        if self.conn is None or self.conn.closed:
+            self.open()
+            return [RESYNC]
+        try:
+            found = [Notice.parse(n.payload) for n in self.conn.notifies(timeout=max(timeout_s, 0.0), stop_after=1)]
+            if found:
+                found += [Notice.parse(n.payload) for n in self.conn.notifies(timeout=0.0)]
+        except psycopg.OperationalError:
+            self.close()
+            time.sleep(min(timeout_s, 1.0))
+            try:
+                self.open()
+            except Exception:  # noqa: BLE001 - the control plane is away; the next wait tries again
+                return []
+            return [RESYNC]
+        return found
+
+
+@dataclass(slots=True)
+class Wait:
+    """What a job with nothing to do waits for, from its plan: a root job the next barrier; any
+    other job its sources reaching the barrier it plans (``tables``: the watermarks it saw; all
+    of them when no barrier is planned yet), or its own sinks moving from ``progress`` (a
+    revision rewound them). ``due_at``: when planning again is due regardless (the clock's next
+    barrier for a root job; the safety poll)."""
+
+    tables: dict[str, int | None] = field(default_factory=dict)
+    target: int | None = None
+    root: bool = False
+    sinks: frozenset[str] = frozenset()
+    progress: int | None = None
+    due_at: float = 0.0  # time.monotonic()
+
+    @classmethod
+    def of(cls, plan: NextBarrier, *, root: bool, sinks=(), due_in_s: float | None = None,
+           safety_s: float = SAFETY_POLL_S) -> Wait:
+        due = safety_s if due_in_s is None else min(max(due_in_s, 0.0), safety_s)
+        return cls(tables=dict(plan.waiting_for), target=plan.barrier, root=root, sinks=frozenset(map(str, sinks)),
+                   progress=plan.from_barrier, due_at=time.monotonic() + due)
+
+    def remaining_s(self) -> float:
+        return self.due_at - time.monotonic()
+
+    def wakes(self, notice: Notice) -> bool:
+        """Whether ``notice`` makes planning again worth a transaction."""
+        if notice.kind in ("jobs", "resync"):
+            return True
+        if notice.kind == "barrier":
+            return self.root
+        if notice.kind != "watermark":
+            return False
+        if notice.table in self.sinks:
+            return notice.barrier != self.progress
+        if notice.table not in self.tables:
+            return False
+        self.tables[notice.table] = notice.barrier
+        if notice.barrier is None or self.target is None:
+            return True
+        return all(mark is not None and mark >= self.target for mark in self.tables.values())

@@ -1,0 +1,167 @@
+"""Push, not poll, through the catalog server: `job exec --follow` jobs wait on the server (a long
+poll it answers when a notice concerns the job), costing Postgres nothing while nothing happens;
+several server processes serve one control plane, and a killed one costs a job nothing.
+
+(A read-committed session stays on one cut across server processes: test_catalog_server.py,
+``test_read_committed_sessions_never_mix_cuts_across_two_servers``.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from icebarrier.control_plane import barriers, jobs, tokens
+from icebarrier.control_plane.model import JobDefinition
+from tests.helpers import WEEK_S
+from tests.iceberg_ext.catalog_server import start_server, stop_server
+from tests.iceberg_ext.test_job_exec import exec_args
+
+pytestmark = pytest.mark.slow
+
+CHAIN = ("root", "mid", "leaf")  # root -> t_root -> mid -> t_mid -> leaf -> t_leaf
+
+
+def register_chain(lake) -> dict[str, str]:
+    creds, source = {}, None
+    for job in CHAIN:
+        jobs.register(lake.conn, JobDefinition(
+            name=job, sources=frozenset([lake.T(f"t_{source}")]) if source else frozenset(),
+            sinks=frozenset([lake.T(f"t_{job}")]), external_inputs=frozenset() if source else frozenset(["ext:x"])))
+        creds[job] = ":".join(tokens.create(lake.conn, job=job))
+        source = job
+    return creds
+
+
+def follow(server: str, creds: dict, tmp_path: Path, *options: str) -> dict[str, subprocess.Popen]:
+    """Each job of the chain as `job exec --follow -- true` (the command writes nothing: the root
+    publishes an empty barrier, the others skip)."""
+    procs = {}
+    for job in CHAIN:
+        with open(tmp_path / f"{job}.err", "w") as err:
+            procs[job] = subprocess.Popen(exec_args(server, creds[job], job, ["true"], "--follow", *options),
+                                          stdout=subprocess.PIPE, stderr=err, text=True)
+    return procs
+
+
+def wait_for(condition, what: str, procs: dict, tmp_path: Path, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        for job, proc in procs.items():
+            assert proc.poll() is None, f"job exec {job} exited: {(tmp_path / f'{job}.err').read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"{what}: " + " | ".join(
+            (tmp_path / f"{j}.err").read_text()[-500:] for j in procs)
+        time.sleep(0.1)
+
+
+def stop(procs: dict, tmp_path: Path) -> dict[str, dict]:
+    summaries = {}
+    for job, proc in procs.items():
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, (tmp_path / f"{job}.err").read_text()[-2000:]
+        summaries[job] = json.loads(out)
+    return summaries
+
+
+def committed(lake) -> tuple[int, object]:
+    """Transactions committed in the lake's database, as the statistics have them (a backend
+    flushes its counts within 10 s of going idle: read after that), and when autovacuum last
+    worked in it (its transactions count too)."""
+    time.sleep(11)
+    return lake.conn.execute(
+        "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()) AS n, "
+        "(SELECT max(greatest(last_autovacuum, last_autoanalyze)) FROM pg_stat_all_tables) AS vacuumed").fetchone()
+
+
+def idle_cost(lake, seconds: float, budget_per_s: float) -> tuple[int, float]:
+    """Transactions committed over ``seconds`` of quiet and the window's length; measured again
+    when autovacuum worked in the database meanwhile. It starts once the count has settled: a
+    backend may defer flushing its counts (up to a minute when the statistics are contended),
+    and the start-up's transactions must not land in the window."""
+    previous = committed(lake)
+    for _ in range(6):
+        settled = committed(lake)
+        if settled["n"] - previous["n"] <= 1 + budget_per_s * 11:
+            break
+        previous = settled
+    for _ in range(3):
+        before, started = committed(lake), time.monotonic()
+        time.sleep(seconds)
+        after = committed(lake)
+        if after["vacuumed"] == before["vacuumed"]:
+            return after["n"] - before["n"], time.monotonic() - started
+    raise AssertionError("autovacuum worked in the lake's database through three measurements")
+
+
+def test_following_jobs_cost_nothing_while_idle_and_wake_when_their_source_moves(own_lake, own_server, tmp_path):
+    """Three `job exec --follow` jobs in a chain, polling only every 5 minutes: while no barrier
+    is due they cost the database at most 0.1 transactions per job per second (polling every
+    second cost ~3 per job per second); each barrier then reaches the end of the chain at
+    once (woken by notices, not by the poll), the middle and last jobs skipping. (A database of
+    its own: its transaction count is this test's alone.)"""
+    lake, server = own_lake, own_server
+    barriers.set_interval_s(lake.conn, WEEK_S)
+    creds = register_chain(lake)
+    procs = follow(server, creds, tmp_path, "--poll", "300s")
+    wait_for(lambda: all("waiting for" in (tmp_path / f"{j}.err").read_text() for j in CHAIN), "idle", procs, tmp_path)
+    spent, seconds = idle_cost(lake, 10, 0.1 * len(CHAIN))
+    # the goal: at most 0.1 per idle job per second (each long poll, every 50 s, costs two), plus
+    # the measuring; polling cost ~3 per job per second
+    assert spent <= 2 + 0.1 * len(CHAIN) * seconds, f"{spent} transactions in {seconds:.0f} s of idle jobs"
+    marks = []
+    for _ in range(3):
+        marks.append(barriers.issue(lake.conn).barrier)
+        wait_for(lambda: jobs.show(lake.conn, "leaf").progress == marks[-1], f"barrier {marks[-1]} at the leaf",
+                 procs, tmp_path, timeout_s=60)  # the poll alone would take 300 s
+    summaries = stop(procs, tmp_path)
+    published = [s["barrier"] for s in summaries["root"]["steps"] if s["outcome"] == "published"]
+    assert published[-3:] == marks  # after the barrier the clock issued for its first run
+    for job in ("mid", "leaf"):
+        steps = summaries[job]["steps"]  # its first barrier bootstraps (runs the command), then it skips
+        assert [s["outcome"] for s in steps[1:]] == ["skipped"] * len(steps[1:]) and len(steps) > 1, steps
+        assert summaries[job]["steps"][-1]["barrier"] == marks[-1]
+
+
+def worker_pids(supervisor: int) -> set[int]:
+    """The worker processes of `serve --workers` (uvicorn's spawned children, not its helpers)."""
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    return {int(p) for p in children
+            if "resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")}
+
+
+def test_serve_workers_replace_a_killed_process_and_following_jobs_keep_going(lake, tmp_path):
+    """`serve --workers 2` with a chain of `job exec --follow` jobs on 1-s barriers: SIGKILL of each
+    worker in turn (the long polls it held are cut) — the jobs ask again, another process (or
+    the replacement) answers, and every job keeps completing barriers."""
+    barriers.set_interval_s(lake.conn, 1)
+    creds = register_chain(lake)
+    proc, uri = start_server(lake, "--workers", "2")
+    procs = {}
+    try:
+        deadline = time.monotonic() + 60
+        while len(worker_pids(proc.pid)) < 2:
+            assert time.monotonic() < deadline, "two workers did not start"
+            time.sleep(0.1)
+        procs = follow(uri, creds, tmp_path)
+        for victim in sorted(worker_pids(proc.pid)):
+            reached = jobs.show(lake.conn, "leaf").progress or 0
+            wait_for(lambda: (jobs.show(lake.conn, "leaf").progress or 0) > reached, "progress", procs, tmp_path)
+            os.kill(victim, signal.SIGKILL)
+            reached = jobs.show(lake.conn, "leaf").progress or 0
+            wait_for(lambda: (jobs.show(lake.conn, "leaf").progress or 0) > reached + 2_000_000,
+                     "progress after a killed worker", procs, tmp_path)
+            assert victim not in worker_pids(proc.pid)
+        summaries = stop(procs, tmp_path)
+        procs = {}
+        assert all(len(s["steps"]) >= 3 for s in summaries.values())
+    finally:
+        for p in procs.values():
+            p.kill()
+        err = stop_server(proc)
+    assert "Traceback" not in err, err[-3000:]
