@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -32,6 +33,23 @@ def barrier_for_key(conn: psycopg.Connection, job: str, range_key: str) -> int |
         "SELECT barrier FROM input_ranges WHERE job_name = %s AND range_key = %s", (job, range_key)
     ).fetchone()
     return row["barrier"] if row else None
+
+
+def last_range(conn: psycopg.Connection, job: str, *, before_barrier: int) -> dict | None:
+    """The job's newest recorded range before ``before_barrier``, or None."""
+    return next(recent_ranges(conn, job, before_barrier=before_barrier, page=1), None)
+
+
+def recent_ranges(conn: psycopg.Connection, job: str, *, before_barrier: int, page: int = 20) -> Iterator[dict]:
+    """The job's recorded ranges before ``before_barrier``, newest first, fetched a page at a time
+    (a source's consumed-input watermark is in the newest few: read only as far as needed)."""
+    while True:
+        rows = conn.execute("SELECT barrier, spec FROM input_ranges WHERE job_name = %s AND barrier < %s "
+                            "ORDER BY barrier DESC LIMIT %s", (job, before_barrier, page)).fetchall()
+        yield from ({"barrier": r["barrier"], **r["spec"]} for r in rows)
+        if len(rows) < page:
+            return
+        before_barrier = rows[-1]["barrier"]
 
 
 def ranges(conn: psycopg.Connection, job: str, *, up_to_barrier: int | None = None) -> list[dict]:

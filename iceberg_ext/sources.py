@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -67,17 +68,40 @@ class Source:
 
 @dataclass
 class FileSource(Source):
-    """New files in ``path`` matching ``pattern``, read with Spark's ``fmt`` reader and ``schema`` (DDL)."""
+    """New files in ``path`` matching ``pattern``, read with Spark's ``fmt`` reader and ``schema`` (DDL).
+
+    Which files are new follows a consumed-input watermark, not the whole history: each range
+    records when its listing started (``arrived_le``); the next takes the files that arrived
+    (were renamed into place: their ctime) after the previous watermark less ``margin_s``, except
+    those the ranges of that last stretch took. So a plan reads a few recent ranges, however
+    many barriers came before. ``margin_s`` covers a file system's coarse clock (its ctime may
+    lag the rename by a tick)."""
 
     path: str
     schema: str
     fmt: str = "json"
     pattern: str = "*"
+    margin_s: float = 1.0
 
     def plan(self, conn, job, barrier):
-        consumed = {f for r in runs.ranges(conn, job, up_to_barrier=barrier) for f in r.get("files", [])}
+        listed_at = time.time()  # before the listing: whatever arrived by then is in it
         present = sorted(p for p in glob.glob(os.path.join(self.path, self.pattern)) if os.path.isfile(p))
-        return {"source": self.describe(), "files": [p for p in present if p not in consumed]}
+        recent = runs.recent_ranges(conn, job, before_barrier=barrier)
+        first = next(recent, None)
+        if first is None:
+            new = present
+        elif "arrived_le" not in first:  # recorded before the watermark existed: every range is needed
+            consumed = {f for r in runs.ranges(conn, job, up_to_barrier=barrier) for f in r.get("files", [])}
+            new = [p for p in present if p not in consumed]
+        else:
+            after = first["arrived_le"] - self.margin_s
+            taken = set(first["files"])
+            for earlier in recent:  # the ranges that may have taken a file that arrived after `after`
+                if earlier.get("arrived_le", float("-inf")) < after - self.margin_s:
+                    break
+                taken.update(earlier["files"])
+            new = [p for p in present if _arrived(p) > after and p not in taken]
+        return {"source": self.describe(), "files": new, "arrived_le": listed_at}
 
     def is_empty(self, spec):
         return not spec["files"]
@@ -124,13 +148,11 @@ class PostgresSource(Source):
         return sql.Identifier(*name.split("."))
 
     def plan(self, conn, job, barrier):
+        previous = runs.last_range(conn, job, before_barrier=barrier)  # ranges are contiguous: the last is enough
         if self.strategy == EVENT_TIME:
-            previous = runs.ranges(conn, job, up_to_barrier=barrier)
-            after = max((r["event_time_le"] for r in previous if r["barrier"] < barrier), default=None)
-            return {"source": self.describe(), "event_time_gt": after,
+            return {"source": self.describe(), "event_time_gt": previous["event_time_le"] if previous else None,
                     "event_time_le": barrier_time(barrier).isoformat()}
-        previous = [r for r in runs.ranges(conn, job, up_to_barrier=barrier) if r["barrier"] < barrier]
-        low = previous[-1]["key_le"] if previous else None
+        low = previous["key_le"] if previous else None
         high = self._db().execute(sql.SQL("SELECT max({}) FROM {}").format(
             sql.Identifier(self.key), self._ident(self.table))).fetchone()[0]
         if low is not None and (high is None or high < low):
@@ -220,6 +242,14 @@ class PostgresSource(Source):
 
 _PG_TO_SPARK = {16: "boolean", 20: "bigint", 21: "int", 23: "int", 25: "string", 1043: "string", 700: "float",
                 701: "double", 1700: "decimal(38,9)", 1082: "date", 1114: "timestamp", 1184: "timestamp"}
+
+
+def _arrived(path: str) -> float:
+    """When a file arrived: its ctime, which a rename into place sets (0 if it is gone)."""
+    try:
+        return os.stat(path).st_ctime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _spark_type(oid: int) -> str:
