@@ -147,14 +147,20 @@ def session_cut(conn: psycopg.Connection, access_token: str, table: str, *, scop
     """(barrier, ``S(table, barrier)``) for this session reading through ``read-committed``
     (``scope``: a namespace, ``catalog.namespace``): the session's barrier while its loads keep
     coming less than ``quiet_ms`` apart, else the newest cut over the scope's managed tables
-    (None, None: no cut yet). One statement."""
+    (None, None: no cut yet).
+
+    Two statements: the session's barrier may have been chosen, moments ago, by another server
+    process serving the same session, from a snapshot newer than this statement's; S(table, B)
+    is resolved in a statement that starts after, so it sees every completion the choice saw."""
     with conn.transaction():
         # The session's moment is soft state (lost in a crash, the session just takes the newest
         # cut): its update need not wait for the WAL flush, which costs more than the load.
         conn.execute("SET LOCAL synchronous_commit TO off")
         with translated(conn, "session_cut"):
-            row = conn.execute(
-                "SELECT s.b, CASE WHEN s.b IS NOT NULL THEN (SELECT r.snapshot_ids[1] FROM "
-                "resolve_cut(ARRAY[%s], s.b, true) r) END AS snapshot_id "
-                "FROM (SELECT session_cut(%s, %s, %s) AS b) s", (table, _hash(access_token), scope, quiet_ms)).fetchone()
-    return row["b"], row["snapshot_id"]
+            barrier = conn.execute("SELECT session_cut(%s, %s, %s) AS b",
+                                   (_hash(access_token), scope, quiet_ms)).fetchone()["b"]
+            if barrier is None:
+                return None, None
+            row = conn.execute("SELECT r.snapshot_ids[1] AS snapshot_id FROM resolve_cut(ARRAY[%s], %s, true) r",
+                               (table, barrier)).fetchone()
+    return barrier, row["snapshot_id"]

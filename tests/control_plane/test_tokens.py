@@ -1,0 +1,51 @@
+"""Catalog tokens and the read-committed session's moment, as several server processes share them."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from icebarrier.control_plane import db, tokens
+from tests.helpers import T, complete_all, new_barrier, register_chain
+
+
+def test_a_session_barrier_another_server_chose_resolves_in_a_snapshot_that_sees_it(conn, dsn):
+    """Two server processes serve one read-committed session. While one (B) holds the session's
+    row and moves it to barrier b2, the other (A) starts its load; b2 completes, B commits, A takes
+    b2 — and resolves S(orders, b2) in a statement that sees b2's completion (one statement would
+    resolve it in the snapshot taken before, where b2 is not valid: a 400 for the client)."""
+    register_chain(conn)
+    b1 = new_barrier(conn)
+    complete_all(conn, b1)
+    client_id, secret = tokens.create(conn)
+    access = tokens.open_session(conn, client_id, secret)
+    assert tokens.session_cut(conn, access, str(T("orders")), scope=None, quiet_ms=60_000)[0] == b1
+    b2 = new_barrier(conn)
+    found: dict = {}
+
+    def load_on_server_a() -> None:
+        with db.connect(dsn) as a:
+            try:
+                found["cut"] = tokens.session_cut(a, access, str(T("orders")), scope=None, quiet_ms=60_000)
+            except Exception as exc:  # noqa: BLE001 - the assertion below shows it
+                found["error"] = exc
+
+    with db.connect(dsn) as server_b:
+        server_b.execute("BEGIN")
+        server_b.execute("UPDATE catalog_session SET rc_barrier = %s, rc_loaded_at = clock_timestamp() "
+                         "WHERE token_hash = %s", (b2, tokens._hash(access)))
+        a = threading.Thread(target=load_on_server_a)
+        a.start()
+        deadline = time.monotonic() + 10
+        while not conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+                               "AND wait_event_type = 'Lock'").fetchone()["n"]:
+            assert time.monotonic() < deadline, "server A's load never waited for the session's row"
+            time.sleep(0.01)
+        complete_all(conn, b2)
+        server_b.execute("COMMIT")
+        a.join(timeout=10)
+    assert "error" not in found, found.get("error")
+    barrier, snapshot = found["cut"]
+    assert barrier == b2
+    assert snapshot == conn.execute("SELECT snapshot_ids[1] AS s FROM resolve_cut(ARRAY[%s], %s, true)",
+                                    (str(T("orders")), b2)).fetchone()["s"]
