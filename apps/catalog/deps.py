@@ -29,18 +29,35 @@ async def get_lake(request: Request) -> Lake:
 LakeDep = Annotated[Lake, Depends(get_lake)]
 
 
-async def caller(request: Request,
-                 authorization: Annotated[str | None, Header()] = None) -> tuple[Principal, str | None]:
-    """Who calls, and their access token (the session), from the Authorization header. (On the
-    event loop: one indexed lookup costs less than a hop to the thread pool.)"""
+ANONYMOUS = Principal(client_id=None, kind="reader")
+
+
+async def bearer(request: Request, authorization: Annotated[str | None, Header()] = None) -> str | None:
+    """The caller's access token from the Authorization header, not yet checked (None: an
+    anonymous reader, where the server allows them)."""
     if authorization and authorization.lower().startswith("bearer "):
-        token = authorization[7:].strip()
-        with request.app.state.lake.pool.connection() as conn:
-            return tokens.session(conn, token), token
+        return authorization[7:].strip()
     if request.app.state.allow_anonymous_read:
-        return Principal(client_id=None, kind="reader"), None
+        return None
     raise AuthenticationError("this catalog needs a token: create one with `icebarrier token create` and pass "
                               "CLIENT_ID:SECRET as the client's credential")
+
+
+Bearer = Annotated["str | None", Depends(bearer)]
+
+
+def principal_of(conn, access_token: str | None) -> Principal:
+    """Who holds ``access_token`` (AuthenticationError if nobody does now)."""
+    return ANONYMOUS if access_token is None else tokens.session(conn, access_token)
+
+
+async def caller(request: Request, token: Bearer) -> tuple[Principal, str | None]:
+    """Who calls, and their access token (the session). (On the event loop: one indexed lookup
+    costs less than a hop to the thread pool.)"""
+    if token is None:
+        return ANONYMOUS, None
+    with request.app.state.lake.pool.connection() as conn:
+        return principal_of(conn, token), token
 
 
 Caller = Annotated[tuple[Principal, "str | None"], Depends(caller)]
@@ -155,9 +172,38 @@ async def reading_table(request: Request, who: Caller, prefix: str, namespace: s
     return _table_at(request, warehouse, namespace, table, acting(who[0], warehouse), who[1])
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Loading:
+    """A load's request, parsed (no database yet): the route checks the token on the connection
+    it loads with."""
+
+    lake: Lake
+    warehouse: Warehouse
+    table: TableName
+    access_token: str | None
+
+    def at(self, conn) -> TableAt:
+        principal = acting(principal_of(conn, self.access_token), self.warehouse)
+        return TableAt(lake=self.lake, warehouse=self.warehouse, table=self.table, principal=principal,
+                       access_token=self.access_token)
+
+    def load(self, access) -> bytes:
+        """The LoadTableResult, on one pooled connection (the token checked on it)."""
+        with self.lake.pool.connection() as conn:
+            at = self.at(conn)
+            return self.lake.load(conn, at.warehouse, at.table, at.principal, at.access_token, access)
+
+
+async def loading_table(request: Request, token: Bearer, prefix: str, namespace: str, table: str) -> Loading:
+    lake = request.app.state.lake
+    return Loading(lake=lake, warehouse=Warehouse.parse(prefix), access_token=token,
+                   table=lake.table_name(parse_namespace(namespace), check_table(table)))
+
+
 async def writing_table(request: Request, who: Caller, to: Writing, namespace: str, table: str) -> TableAt:
     return _table_at(request, to.warehouse, namespace, table, to.principal, who[1])
 
 
 ReadTable = Annotated[TableAt, Depends(reading_table)]
+LoadTable = Annotated[Loading, Depends(loading_table)]
 WriteTable = Annotated[TableAt, Depends(writing_table)]

@@ -7,10 +7,13 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request, Response
+from fastapi.concurrency import run_in_threadpool
 
 from icebarrier.apps.catalog.delegation import Access
+from icebarrier.apps.catalog.lake import NeedsStorage, memory_only
 from icebarrier.apps.catalog.deps import (
     LakeDep,
+    LoadTable,
     NamespacePath,
     PageSize,
     Reading,
@@ -58,11 +61,22 @@ def register_table(to: Writing, namespace: NamespacePath, lake: LakeDep, access:
 
 
 @router.get(TABLE)
-def load_table(request: Request, at: ReadTable, access: Access, snapshots: str | None = None):
+async def load_table(request: Request, loading: LoadTable, access: Access, snapshots: str | None = None):
+    """On the event loop while Postgres and memory suffice (the token, the cut, a cached response:
+    the common load, with no hop to the thread pool, which cost 40 % of its CPU); a load that must
+    read or write a file (a metadata file not cached yet, a pinned response to write), or works in
+    a job's session, runs in the thread pool."""
     started = time.perf_counter()
-    with at.lake.pool.connection() as conn:
-        body = at.lake.load(conn, at.warehouse, at.table, at.principal, at.access_token, access)
-    request.app.state.metrics.load_seconds.labels(at.warehouse.kind).observe(time.perf_counter() - started)
+    body = None
+    if loading.warehouse.kind != "job":
+        try:
+            with memory_only():
+                body = loading.load(access)
+        except NeedsStorage:
+            pass
+    if body is None:
+        body = await run_in_threadpool(loading.load, access)
+    request.app.state.metrics.load_seconds.labels(loading.warehouse.kind).observe(time.perf_counter() - started)
     return Response(body, media_type="application/json")
 
 

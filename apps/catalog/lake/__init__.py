@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from icebarrier.apps.catalog.lake.admin import Admin
 from icebarrier.apps.catalog.lake.commits import Commits
-from icebarrier.apps.catalog.lake.core import LATEST, LakeCore
+from icebarrier.apps.catalog.lake.core import LATEST, LakeCore, NeedsStorage, memory_only
 from icebarrier.apps.catalog.lake.loads import Loads
 
-__all__ = ["LATEST", "Lake", "LakeCore"]
+__all__ = ["LATEST", "Lake", "LakeCore", "NeedsStorage", "memory_only"]
 
 
 class Lake(Loads, Commits, Admin):

@@ -5,9 +5,12 @@ a job's staged (unpublished) commits.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 from psycopg import sql
@@ -25,6 +28,25 @@ from icebarrier.iceberg_ext.config import Settings
 LATEST = Warehouse("latest")
 
 
+_MEMORY_ONLY = contextvars.ContextVar("icebarrier_memory_only", default=False)
+
+
+class NeedsStorage(Exception):
+    """Work under :func:`memory_only` needed a file (a metadata file not cached yet, a pinned
+    response to write): do it where blocking is fine."""
+
+
+@contextmanager
+def memory_only() -> Iterator[None]:
+    """Within: a cache miss raises :class:`NeedsStorage` instead of reading or writing a file
+    (the catalog serves a load on its event loop only while Postgres and memory suffice)."""
+    token = _MEMORY_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _MEMORY_ONLY.reset(token)
+
+
 class _LRU:
     """A small thread-safe LRU for immutable values (metadata files, pinned responses)."""
 
@@ -36,6 +58,8 @@ class _LRU:
             if key in self.items:
                 self.items.move_to_end(key)
                 return self.items[key]
+        if _MEMORY_ONLY.get():
+            raise NeedsStorage(key)
         value = make()
         with self.lock:
             self.items[key] = value
