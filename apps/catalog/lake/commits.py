@@ -56,8 +56,9 @@ class Commits(Sessions):
                 metadata, io = self.metadata(pending["metadata_location"])
                 current = Table(table.identifier, metadata, pending["metadata_location"], io, self.catalog)
             else:
-                try:
-                    current = self.catalog.load_table(table.identifier)
+                try:  # the pointer on this connection, the metadata from the cache (the server wrote it)
+                    location, metadata, io = self.current(conn, table)
+                    current = Table(table.identifier, metadata, location, io, self.catalog)
                 except NoSuchTableError:
                     if not any(isinstance(r, AssertCreate) for r in change.requirements):
                         raise
@@ -79,6 +80,7 @@ class Commits(Sessions):
         for _, current, new, _, _ in staged:
             if current is None or new.metadata != current.metadata:
                 self.catalog._write_metadata(new.metadata, new.io, new.metadata_location)
+                self.metadata_cache.get(new.metadata_location, lambda new=new: (new.metadata, new.io))
         with conn.transaction():
             for table, current, new, pending, barrier in staged:
                 location = current.metadata_location if current is not None else None
