@@ -1,0 +1,266 @@
+"""The control plane and catalog at scale: what many jobs and many tables cost Postgres.
+
+    python benchmarks/scale.py [--points 10x1000,50x1000,200x1000,200x10000] [--minutes 5]
+                               [--exec 2] [--workers 1] [--plot docs/scale.png]
+
+Per point (J jobs x N managed tables): a DAG five deep of J jobs (a tenth of them roots),
+each writing one table of namespace ``scale``; N - J more managed tables of jobs that are not
+running (a lake's daily jobs). The jobs are `icebarrier job exec --follow -- true`: J - E of
+them simulated in this process (threads running job exec's own :class:`JobExec` against the
+same endpoints, the command a no-op), E real `job exec` processes at depth five. The command writes nothing: the
+roots publish an empty barrier each, every other job skips (the cost of a job with nothing to
+do). One `icebarrier serve` (``--workers``) serves them; barriers every second.
+
+After a warm-up (every job bootstrapped), for ``--minutes`` it samples, and prints:
+- Postgres transactions per second (``pg_stat_database.xact_commit`` of the benchmark's
+  database: everything — server, jobs, sampling), per barrier, per job per barrier
+  (goal <= 2 where jobs only skip; 200 jobs: tx/s <= 600);
+- the server's CPU seconds per barrier (its processes' user + system time);
+- read-committed freshness at the end of the chain: now - the issue time of the newest cut
+  over namespace ``scale`` (p50, p95; goal p95 <= 3 s at 200 jobs), and whether the lag grows
+  (mean of the last third vs the first third);
+then, with barriers every hour, Postgres transactions per idle job per second over a minute
+(goal <= 0.1).
+
+``--plot PATH`` writes the curves (transactions per second and freshness p95 against jobs and
+against tables) as a PNG (needs matplotlib: ``pip install 'icebarrier[bench]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from catalog import start  # noqa: E402 - benchmarks/catalog.py: a server process on a free port
+from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
+from icebarrier.apps.job_exec import JobExec  # noqa: E402
+from icebarrier.control_plane import barriers, db, jobs, tokens  # noqa: E402
+from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
+from icebarrier.iceberg_ext.config import Settings  # noqa: E402
+
+DEPTH = 5
+NAMESPACE = "lake.scale"
+TICK_S = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Point:
+    jobs: int
+    tables: int
+    tx_per_s: float = 0.0
+    tx_per_barrier: float = 0.0
+    tx_per_job_barrier: float = 0.0
+    cpu_s_per_barrier: float = 0.0
+    barriers_per_s: float = 0.0
+    freshness: list[float] = field(default_factory=list)
+    idle_tx_per_job_s: float = 0.0
+
+    def p(self, q: float) -> float:
+        ranked = sorted(self.freshness)
+        return ranked[min(len(ranked) - 1, int(len(ranked) * q))] if ranked else float("nan")
+
+    def lag_grows(self) -> tuple[float, float, bool]:
+        third = max(1, len(self.freshness) // 3)
+        first, last = statistics.fmean(self.freshness[:third]), statistics.fmean(self.freshness[-third:])
+        return first, last, last > first * 1.5 + 0.5
+
+
+class SimulatedJob(JobExec):
+    """`job exec` with a command that does nothing, run in this process (no fork per barrier)."""
+
+    def _run_command(self, session: dict) -> int:
+        return 0
+
+
+def topology(n_jobs: int, seed: int) -> list[JobDefinition]:
+    """J jobs five deep: a tenth roots, the rest spread over depths 2-5, each reading one or two
+    tables of the depth above."""
+    rng = random.Random(seed)
+    roots = max(1, n_jobs // 10)
+    per_depth = [roots] + [(n_jobs - roots) // (DEPTH - 1) + (1 if d < (n_jobs - roots) % (DEPTH - 1) else 0)
+                           for d in range(DEPTH - 1)]
+    found, above = [], []
+    for depth, count in enumerate(per_depth, start=1):
+        level = []
+        for i in range(count):
+            sink = TableName.parse(f"{NAMESPACE}.d{depth}_{i}")
+            sources = frozenset(rng.sample(above, min(len(above), rng.choice((1, 2))))) if above else frozenset()
+            found.append(JobDefinition(name=f"d{depth}_{i}", sources=sources, sinks=frozenset([sink]),
+                                       external_inputs=frozenset() if sources else frozenset(["ext:scale"])))
+            level.append(sink)
+        above = level
+    return found
+
+
+def build(conn, definitions: list[JobDefinition], n_tables: int) -> None:
+    """The jobs, and the rest of the lake: idle jobs of 100 tables each, completed once."""
+    for definition in definitions:
+        jobs.register(conn, definition)
+    rest = n_tables - len(definitions)
+    b = barriers.issue(conn).barrier
+    for k in range(0, rest, 100):
+        sinks = frozenset(TableName.parse(f"lake.daily{k // 100}.t{i}") for i in range(k, min(rest, k + 100)))
+        jobs.register(conn, JobDefinition(name=f"daily{k // 100}", sinks=sinks, external_inputs=frozenset(["ext:d"])))
+        jobs.complete(conn, f"daily{k // 100}", b)
+    conn.execute("ANALYZE")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system seconds of a process and its children (the server's workers)."""
+    total = 0.0
+    for p in [pid, *(int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / TICK_S
+        except (FileNotFoundError, IndexError):
+            pass
+    return total
+
+
+def committed(conn) -> int:
+    return conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+                        ).fetchone()["xact_commit"]
+
+
+def freshness_s(conn) -> float | None:
+    row = conn.execute("SELECT extract(epoch FROM clock_timestamp() - b.issued_at)::float8 AS age "
+                       "FROM barrier b WHERE b.barrier = latest_cut(%s)", (NAMESPACE,)).fetchone()
+    return row["age"] if row else None
+
+
+def run_point(args, n_jobs: int, n_tables: int) -> Point:
+    point = Point(jobs=n_jobs, tables=n_tables)
+    definitions = topology(n_jobs, args.seed)
+    with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory() as wh, db.connect(dsn) as conn:
+        settings = Settings(dsn=dsn, warehouse=wh).validated()
+        build(conn, definitions, n_tables)
+        barriers.set_anchor_interval_s(conn, 3600)
+        credential = ":".join(tokens.create(conn, admin=True, name="scale"))
+        barriers.set_interval_s(conn, 1)
+        server, uri = start(settings, workers=args.workers)
+        real = [d.name for d in definitions if d.name.startswith(f"d{DEPTH}_")][:args.exec]
+        runners = [SimulatedJob(d.name, ["true"], uri=uri, credential=credential, log=lambda _: None)
+                   for d in definitions if d.name not in real]
+        threads = [threading.Thread(target=r.run, kwargs={"follow": True}, daemon=True) for r in runners]
+        procs = [subprocess.Popen([sys.executable, "-m", "icebarrier.cli.main", "job", "exec", name, "--follow",
+                                   "--catalog-uri", uri, "--credential", credential, "--", "true"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name in real]
+        try:
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 300
+            while freshness_s(conn) is None:  # every job has bootstrapped
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{n_jobs} jobs did not all bootstrap within 5 minutes")
+                time.sleep(0.5)
+            time.sleep(20)
+            b0, tx0, cpu0, t0 = _barriers(conn), committed(conn), cpu_s(server.pid), time.monotonic()
+            end = t0 + args.minutes * 60
+            while time.monotonic() < end:
+                age = freshness_s(conn)
+                point.freshness.append(age if age is not None else float("nan"))
+                time.sleep(0.5)
+            # busy backends flush their statistics at least every second: the window's count is good
+            b1, tx1, cpu1, elapsed = _barriers(conn), committed(conn), cpu_s(server.pid), time.monotonic() - t0
+            issued = max(1, b1 - b0)
+            point.tx_per_s = (tx1 - tx0) / elapsed
+            point.barriers_per_s = issued / elapsed
+            point.tx_per_barrier = (tx1 - tx0) / issued
+            point.tx_per_job_barrier = point.tx_per_barrier / n_jobs
+            point.cpu_s_per_barrier = (cpu1 - cpu0) / issued
+            barriers.set_interval_s(conn, 3600)  # idle: no barrier is due for an hour
+            time.sleep(15)  # idle backends flush their statistics within 10 s
+            tx0, t0 = committed(conn), time.monotonic()
+            time.sleep(args.idle_s + 11)
+            point.idle_tx_per_job_s = (committed(conn) - tx0 - 1) / (time.monotonic() - t0) / n_jobs
+        finally:
+            for r in runners:
+                r.stop.set()
+            for p in procs:
+                p.terminate()
+            server.terminate()
+            server.wait(60)
+            for p in procs:
+                p.wait(60)
+            for t in threads:
+                t.join(timeout=30)
+    return point
+
+
+def _barriers(conn) -> int:
+    return conn.execute("SELECT count(*) AS n FROM barrier").fetchone()["n"]
+
+
+def report(point: Point) -> None:
+    first, last, grows = point.lag_grows()
+    print(f"{point.jobs:4d} jobs x {point.tables:6d} tables: {point.tx_per_s:7.1f} tx/s "
+          f"({point.barriers_per_s:4.2f} barriers/s), {point.tx_per_barrier:6.1f} tx/barrier, "
+          f"{point.tx_per_job_barrier:4.2f} tx/job/barrier (goal <= 2), server CPU {point.cpu_s_per_barrier:5.3f} s/barrier, "
+          f"freshness p50 {point.p(0.5):4.2f} s p95 {point.p(0.95):4.2f} s, lag {first:4.2f} -> {last:4.2f} s "
+          f"({'GROWS' if grows else 'steady'}), idle {point.idle_tx_per_job_s:5.3f} tx/job/s (goal <= 0.1)", flush=True)
+
+
+def plot(points: list[Point], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'icebarrier[bench]'") from None
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    by_tables = sorted({p.tables for p in points})
+    for tables in by_tables:
+        row = sorted((p for p in points if p.tables == tables), key=lambda p: p.jobs)
+        axes[0].plot([p.jobs for p in row], [p.tx_per_s for p in row], "o-", label=f"{tables:,} tables")
+        axes[1].plot([p.jobs for p in row], [p.tx_per_job_barrier for p in row], "o-", label=f"{tables:,} tables")
+        axes[2].plot([p.jobs for p in row], [p.p(0.95) for p in row], "o-", label=f"{tables:,} tables")
+    axes[0].axhline(600, color="grey", linestyle=":", label="goal at 200 jobs")
+    axes[1].axhline(2, color="grey", linestyle=":", label="goal")
+    axes[2].axhline(3, color="grey", linestyle=":", label="goal")
+    for ax, title in zip(axes, ("Postgres transactions / s", "transactions / job / barrier",
+                                "read-committed freshness p95 at depth 5 (s)")):
+        ax.set_title(title)
+        ax.set_xlabel("jobs (1-s barriers)")
+        ax.set_ylim(bottom=0)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"wrote {path}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default=DEFAULT_SERVER)
+    parser.add_argument("--points", default="10x1000,50x1000,200x1000,200x10000",
+                        help="JOBSxTABLES,… to measure")
+    parser.add_argument("--minutes", type=float, default=5.0, help="1-s barriers this long per point")
+    parser.add_argument("--idle-s", type=float, default=60.0, help="the idle measurement's length")
+    parser.add_argument("--exec", type=int, default=2, help="jobs at depth 5 run as real `job exec` processes")
+    parser.add_argument("--workers", type=int, default=1, help="`icebarrier serve --workers`")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--plot", help="write the curves to this PNG")
+    args = parser.parse_args()
+    points = []
+    for spec in args.points.split(","):
+        n_jobs, n_tables = (int(x) for x in spec.split("x"))
+        points.append(run_point(args, n_jobs, max(n_tables, n_jobs)))
+        report(points[-1])
+    if args.plot:
+        plot(points, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
