@@ -63,7 +63,7 @@ def register_table(to: Writing, namespace: NamespacePath, lake: LakeDep, access:
 @router.get(TABLE)
 async def load_table(request: Request, loading: LoadTable, access: Access, snapshots: str | None = None):
     """On the event loop while Postgres and memory suffice (the token, the cut, a cached response:
-    the common load, with no hop to the thread pool, which cost 40 % of its CPU); a load that must
+    the common load, with no hop to the thread pool, which cost a fifth of its CPU); a load that must
     read or write a file (a metadata file not cached yet, a pinned response to write), or works in
     a job's session, runs in the thread pool."""
     started = time.perf_counter()
