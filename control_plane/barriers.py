@@ -40,6 +40,16 @@ def newest(conn: psycopg.Connection) -> Barrier | None:
     return Barrier(**row) if row else None
 
 
+def next_due_in_s(conn: psycopg.Connection) -> float | None:
+    """Seconds until the clock rule issues the next barrier (the newest plus the interval, on the
+    database clock; negative: due now), None before the first barrier."""
+    row = conn.execute(
+        "SELECT ((SELECT max(barrier) FROM barriers) + 1000 * (SELECT value::bigint FROM settings WHERE key = %s)"
+        " - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1e6 AS due_in_s",
+        (BARRIER_INTERVAL_KEY,)).fetchone()
+    return None if row["due_in_s"] is None else float(row["due_in_s"])
+
+
 def list_barriers(conn: psycopg.Connection, *, limit: int = 20) -> list[Barrier]:
     rows = conn.execute(
         "SELECT barrier, issued_at, issued_by, anchor FROM barriers ORDER BY barrier DESC LIMIT %s", (limit,)

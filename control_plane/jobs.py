@@ -318,13 +318,6 @@ class Advance:
     due_in_s: float | None = None
 
 
-_DUE_IN_S = """
-SELECT ((SELECT max(barrier) FROM barriers)
-        + 1000 * (SELECT value::bigint FROM settings WHERE key = 'barrier_interval_ms')
-        - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1e6 AS due_in_s
-"""
-
-
 def advance(conn: psycopg.Connection, name: str, *, skip: bool = True, coalesce: bool = True,
             up_to: int | None = None, heartbeat: bool = False, record_wait: bool = False) -> Advance:
     """The job's plan, in one transaction: a skip is completed at once (no computation: its sinks
@@ -350,5 +343,5 @@ def advance(conn: psycopg.Connection, name: str, *, skip: bool = True, coalesce:
             plan = next_barrier(conn, name, skip=skip, coalesce=coalesce, up_to=up_to)
         if record_wait:
             call(conn, "set_job_waiting", name, plan.describe_wait())
-        due = conn.execute(_DUE_IN_S).fetchone()["due_in_s"] if plan.root and not plan.ready else None
-    return Advance(plan=plan, skipped=tuple(skipped), due_in_s=None if due is None else float(due))
+        due = barriers.next_due_in_s(conn) if plan.root and not plan.ready else None
+    return Advance(plan=plan, skipped=tuple(skipped), due_in_s=due)
