@@ -41,6 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import uuid6
+
 from icebarrier.apps.catalog.clients import configuration, pyiceberg_environment, spark_conf
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.job_sessions import HOLD_S
@@ -52,6 +54,7 @@ from icebarrier.iceberg_ext.spark import SPARK_LOG4J2
 REQUEST_TIMEOUT_S = 75.0
 MAX_WAIT_S = 60.0  # one long poll's wait at the server (< REQUEST_TIMEOUT_S)
 RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # --follow: back-off while no catalog answers
+RETRY_S = (0.1, 0.3, 1.0, 2.0, 4.0)  # one request whose answer was lost: sent again (same key) after these
 
 
 class CatalogRequestError(IcebarrierError):
@@ -124,16 +127,27 @@ class SessionClient:
 
     def call(self, method: str, job: str, path: str = "", body: dict | None = None,
              on_line: Callable[[dict], None] | None = None) -> dict:
+        """One logical request under one idempotency key: a request whose answer was lost (no
+        answer, an answer cut short, a server restarting) is sent again with the same key, and
+        the server answers it with the first outcome instead of acting twice."""
         route = f"/icebarrier/v1/jobs/{urllib.parse.quote(job, safe='')}/session{path}"
         data = json.dumps(body).encode() if body is not None else None
-        for attempt in (1, 2):
-            headers = {"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json"}
+        key = str(uuid6.uuid7())
+        lost = 0
+        authenticated = False
+        while True:
+            headers = {"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json",
+                       "Idempotency-Key": key}
             try:
                 return self._send(method, route, data, headers, on_line)
             except CatalogRequestError as exc:
-                if exc.status != 401 or attempt == 2:
+                if exc.status == 401 and not authenticated:
+                    self._token, authenticated = None, True  # the access token expired: authenticate again
+                    continue
+                if not exc.transient or lost >= len(RETRY_S):
                     raise
-                self._token = None  # the access token expired: authenticate again
+                time.sleep(RETRY_S[lost])
+                lost += 1
 
     def open(self, job: str, *, skip: bool, coalesce: bool, hold_s: float, wait_s: float = 0.0,
              on_line: Callable[[dict], None] | None = None) -> dict:

@@ -37,7 +37,7 @@ class Context:
             from icebarrier.control_plane.db import connect
 
             settings = self.settings()
-            self._conn = connect(settings.dsn, settings.schema)
+            self._conn = connect(settings.dsn, settings.schema, actor=f"cli:{_os_user()}")
         return self._conn
 
     def catalog(self):
@@ -56,6 +56,15 @@ class Context:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _os_user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
 
 
 class IcebarrierGroup(click.Group):

@@ -64,15 +64,18 @@ def resolve_schema(schema: str | None) -> str:
     return parse_schema_name(schema)
 
 
-def connect(dsn: str | None = None, schema: str | None = None, *, check_schema: bool = True) -> psycopg.Connection:
+def connect(dsn: str | None = None, schema: str | None = None, *, check_schema: bool = True,
+            actor: str | None = None) -> psycopg.Connection:
     """Open a connection to the control plane (autocommit; units of work use transactions).
 
     With ``check_schema`` it refuses a database whose schema is not at the migrations' head.
+    ``actor``: who acts through the connection, as the audit trail names them beside the role
+    (an admin command's OS user).
     """
     dsn = resolve_dsn(dsn)
     schema = resolve_schema(schema)
     try:
-        conn = psycopg.connect(dsn, **connection_kwargs(schema))
+        conn = psycopg.connect(dsn, **connection_kwargs(schema, actor=actor))
     except psycopg.OperationalError as exc:
         reason = "; ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip()) \
             or type(exc).__name__
@@ -92,14 +95,21 @@ def connect(dsn: str | None = None, schema: str | None = None, *, check_schema: 
     return conn
 
 
-def connection_kwargs(schema: str) -> dict:
+ACTOR_SETTING = "icebarrier.actor"  # who acts, for the audit trail (migration 0014)
+
+
+def connection_kwargs(schema: str, *, actor: str | None = None) -> dict:
     """How every control-plane connection is opened (autocommit, dict rows, the schema first on
-    the search_path, bounded lock and statement waits); pools use the same."""
+    the search_path, bounded lock and statement waits, the actor); pools use the same."""
+    options = (f"-c search_path={schema} -c lock_timeout={_timeout_ms(LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT)} "
+               f"-c statement_timeout={_timeout_ms(STATEMENT_TIMEOUT_ENV, DEFAULT_STATEMENT_TIMEOUT)}")
+    if actor:
+        escaped = actor.replace("\\", "\\\\").replace(" ", "\\ ")
+        options += f" -c {ACTOR_SETTING}={escaped}"
     return {
         "autocommit": True,
         "row_factory": dict_row,
-        "options": f"-c search_path={schema} -c lock_timeout={_timeout_ms(LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT)} "
-                   f"-c statement_timeout={_timeout_ms(STATEMENT_TIMEOUT_ENV, DEFAULT_STATEMENT_TIMEOUT)}",
+        "options": options,
         "application_name": "icebarrier",
         "connect_timeout": 10,
     }

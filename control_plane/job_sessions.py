@@ -240,6 +240,13 @@ def mark_succeeded(conn: psycopg.Connection, job: str, run_id: str | None) -> Jo
     return session
 
 
+def note_succeeded(conn: psycopg.Connection, job: str, run_id: str | None) -> None:
+    """:func:`mark_succeeded` where the run still holds the session, and nothing otherwise (a
+    retried publish whose first attempt published)."""
+    conn.execute("UPDATE job_session SET succeeded_at = now() WHERE job_name = %s AND (%s::text IS NULL OR "
+                 "run_id = %s)", (job, run_id, run_id))
+
+
 def _drop_staged(conn: psycopg.Connection, job: str) -> None:
     conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
 

@@ -4,9 +4,11 @@ warehouse; changes through ``latest`` with a job token."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
 
 from icebarrier.apps.catalog.deps import LakeDep, NamespacePath, PageSize, Reading, Writing, parse_namespace
 from icebarrier.apps.catalog.errors import UnprocessableError
+from icebarrier.apps.catalog.idempotency import Writes
 from icebarrier.apps.catalog.models import CreateNamespaceRequest, UpdateNamespacePropertiesRequest
 
 router = APIRouter(prefix="/v1/{prefix}/namespaces")
@@ -20,10 +22,14 @@ def list_namespaces(warehouse: Reading, lake: LakeDep, parent: str | None = None
 
 
 @router.post("")
-def create_namespace(to: Writing, lake: LakeDep, body: dict):
+def create_namespace(to: Writing, lake: LakeDep, once: Writes, body: dict):
     request = CreateNamespaceRequest.parse(body)
-    lake.catalog.create_namespace(request.namespace, request.properties)
-    return {"namespace": list(request.namespace), "properties": request.properties}
+
+    def create(conn):
+        lake.catalog.create_namespace(request.namespace, request.properties)
+        return JSONResponse({"namespace": list(request.namespace), "properties": request.properties})
+
+    return once.run(create)
 
 
 @router.get("/{namespace}")
@@ -38,19 +44,25 @@ def namespace_exists(warehouse: Reading, namespace: NamespacePath, lake: LakeDep
 
 
 @router.delete("/{namespace}")
-def drop_namespace(to: Writing, namespace: NamespacePath, lake: LakeDep):
-    lake.catalog.drop_namespace(namespace)
-    return Response(status_code=204)
+def drop_namespace(to: Writing, namespace: NamespacePath, lake: LakeDep, once: Writes):
+    def drop(conn):
+        lake.catalog.drop_namespace(namespace)
+        return Response(status_code=204)
+
+    return once.run(drop)
 
 
 @router.post("/{namespace}/properties")
-def update_properties(to: Writing, namespace: NamespacePath, lake: LakeDep,
-                      body: dict):
+def update_properties(to: Writing, namespace: NamespacePath, lake: LakeDep, once: Writes, body: dict):
     request = UpdateNamespacePropertiesRequest.parse(body)
     both = sorted(set(request.removals) & set(request.updates))
     if both:
         raise UnprocessableError(f"namespace properties {', '.join(both)} are both updated and removed; "
                                  f"send each key once")
-    summary = lake.catalog.update_namespace_properties(namespace, set(request.removals), request.updates)
-    return {"updated": summary.updated, "removed": summary.removed, "missing": summary.missing}
+
+    def update(conn):
+        summary = lake.catalog.update_namespace_properties(namespace, set(request.removals), request.updates)
+        return JSONResponse({"updated": summary.updated, "removed": summary.removed, "missing": summary.missing})
+
+    return once.run(update)
 

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from icebarrier.apps.catalog import idempotency
 from icebarrier.apps.catalog.deps import Caller, LakeDep
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import tokens
@@ -120,4 +121,5 @@ def _grant(lake, form, authorization: str | None) -> str:
 @router.get("/v1/config")
 def config(request: Request, who: Caller, warehouse: str = ""):
     parsed = Warehouse.parse(warehouse or "latest")  # no warehouse named: latest
-    return {"defaults": {}, "overrides": {"prefix": str(parsed)}, "endpoints": request.app.state.endpoints}
+    return {"defaults": {}, "overrides": {"prefix": str(parsed)}, "endpoints": request.app.state.endpoints,
+            "idempotency-key-lifetime": idempotency.LIFETIME}

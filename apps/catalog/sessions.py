@@ -13,11 +13,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from icebarrier.apps.catalog.deps import Caller, LakeDep, acting
 from icebarrier.apps.catalog.errors import error_response
+from icebarrier.apps.catalog.idempotency import Write, Writes
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import job_sessions, reads
 from icebarrier.control_plane.model import parse_job_name
@@ -55,23 +56,35 @@ class RunRequest(_Body):
     run_id: str | None = None  # None: whichever run holds it (a client without job exec)
 
 
-def _open(lake, job: str, body: OpenRequest) -> tuple[job_sessions.Opening, dict]:
-    """Open the job's session, in one transaction with what the run needs to know of it."""
-    with lake.pool.connection() as conn, conn.transaction():
+def _open(once: Write, job: str, body: OpenRequest) -> tuple[job_sessions.Opening | None, dict]:
+    """Open the job's session, in one transaction with what the run needs to know of it (the
+    opening is None where the answer is a retry's, given again)."""
+    found: list[job_sessions.Opening] = []
+
+    def open_(conn) -> JSONResponse:
         opening = job_sessions.open_session(conn, job, skip=body.skip, coalesce=body.coalesce, hold_s=body.hold_s)
+        found.append(opening)
+        skipped = [c.barrier for c in opening.skipped]
         if opening.session is None:
-            return opening, {"ready": False, "waiting": opening.plan.describe_wait(), "plan": opening.plan.to_json()}
+            return JSONResponse({"ready": False, "waiting": opening.plan.describe_wait(),
+                                 "plan": opening.plan.to_json(), "skipped": skipped})
         session = opening.session
         newest = conn.execute("SELECT max(barrier) AS b FROM barrier").fetchone()["b"]
         inputs = reads.resolve(conn, sorted(session.sources), barrier=session.barrier).snapshots \
             if session.sources else {}
-    return opening, {"ready": True, "opened": opening.how.value, "newest_barrier": newest,
-                     "session": {**session.to_json(), "catalog": lake.settings.catalog,
-                                 "inputs": {str(t): s for t, s in sorted(inputs.items())}}}
+        return JSONResponse({"ready": True, "opened": opening.how.value, "newest_barrier": newest, "skipped": skipped,
+                             "session": {**session.to_json(), "catalog": once.lake.settings.catalog,
+                                         "inputs": {str(t): s for t, s in sorted(inputs.items())}}})
+
+    response = once.run(open_, final=lambda r: r.status_code != 200 or json.loads(r.body)["ready"])
+    answer = json.loads(response.body)
+    if response.status_code != 200:
+        return None, answer  # a refusal given again
+    return (found[-1] if found else None), answer
 
 
 @router.post("")
-async def open_session(job: SessionJob, lake: LakeDep, request: Request, body: OpenRequest | None = None):
+async def open_session(job: SessionJob, once: Writes, request: Request, body: OpenRequest | None = None):
     """The run's session: ``opened`` says new, resumed (computing B again) or adopted (publish
     what the dead run staged); ``inputs`` the snapshots its sources load at; ``ready`` false with
     what the job waits for when it has nothing to complete now. ``skipped``: the barriers
@@ -81,24 +94,28 @@ async def open_session(job: SessionJob, lake: LakeDep, request: Request, body: O
     the answer is then a stream of JSON lines — ``{"skipped": [B…]}`` as the server skips
     barriers for the job, and last the answer above (or ``{"error": …}``). The server plans
     again only when a notice concerns the job (a barrier issued for a root job, its sources'
-    watermarks moving): waiting costs the database nothing."""
+    watermarks moving): waiting costs the database nothing.
+
+    With an ``Idempotency-Key``, the answer that opens a session is final (a retry gets it
+    again: the same run); an answer with nothing to do is not (a retry waits again)."""
     body = body or OpenRequest()
     hub = request.app.state.hub
     watch = hub.watch() if body.wait_s > 0 else None  # before planning: a notice meanwhile is kept
     deadline, streaming = time.monotonic() + body.wait_s, False
     try:
-        opening, answer = await run_in_threadpool(_open, lake, job, body)
-        if answer["ready"] or watch is None:
-            return {**answer, "skipped": [c.barrier for c in opening.skipped]}
+        opening, answer = await run_in_threadpool(_open, once, job, body)
+        if opening is None or answer["ready"] or watch is None:
+            return JSONResponse(answer, status_code=answer["error"]["code"] if "error" in answer else 200)
         streaming = True
-        return StreamingResponse(_waiting(hub, watch, lake, job, body, opening, answer, deadline), media_type=NDJSON)
+        return StreamingResponse(_waiting(hub, watch, once, job, body, opening, answer, deadline),
+                                 media_type=NDJSON)
     finally:
         if watch is not None and not streaming:
             hub.forget(watch)
 
 
-async def _waiting(hub, watch, lake, job: str, body: OpenRequest, opening: job_sessions.Opening, answer: dict,
-                   deadline: float):
+async def _waiting(hub, watch, once: Write, job: str, body: OpenRequest, opening: job_sessions.Opening,
+                   answer: dict, deadline: float):
     """The long poll's lines: the barriers skipped as they are, then the answer."""
     try:
         if opening.skipped:
@@ -109,10 +126,14 @@ async def _waiting(hub, watch, lake, job: str, body: OpenRequest, opening: job_s
             if not woke and deadline - time.monotonic() <= 0:
                 break  # the long poll's end: the client asks again (its safety poll)
             try:
-                opening, answer = await run_in_threadpool(_open, lake, job, body)
+                found, answer = await run_in_threadpool(_open, once, job, body)
             except Exception as exc:  # noqa: BLE001 - the stream has begun: the error is its last line
                 yield _line(json.loads(error_response(exc).body))
                 return
+            if found is None:  # a refusal given again
+                yield _line(answer)
+                return
+            opening = found
             if opening.skipped:
                 yield _line({"skipped": [c.barrier for c in opening.skipped]})
             if answer["ready"]:
@@ -140,13 +161,17 @@ def hold_session(job: SessionJob, lake: LakeDep, body: HoldRequest):
 
 
 @router.post("/publish")
-def publish_session(job: SessionJob, lake: LakeDep, body: RunRequest | None = None):
+def publish_session(job: SessionJob, lake: LakeDep, once: Writes, body: RunRequest | None = None):
+    """Publish the run's barrier. The run's success is noted first, in a transaction of its own,
+    so that a publish cut short is adopted by the job's next run."""
+    run_id = (body or RunRequest()).run_id
     with lake.pool.connection() as conn:
-        return {"completion": lake.publish_session(conn, job, (body or RunRequest()).run_id).to_json()}
+        job_sessions.note_succeeded(conn, job, run_id)
+        return once.run_on(conn, lambda conn: JSONResponse(
+            {"completion": lake.publish_session(conn, job, run_id).to_json()}))
 
 
 @router.post("/release")
-def release_session(job: SessionJob, lake: LakeDep, body: HoldRequest):
+def release_session(job: SessionJob, once: Writes, body: HoldRequest):
     """The run ends without publishing: drop what it staged, release its hold, keep the plan."""
-    with lake.pool.connection() as conn:
-        return {"released": job_sessions.release(conn, job, body.run_id)}
+    return once.run(lambda conn: JSONResponse({"released": job_sessions.release(conn, job, body.run_id)}))

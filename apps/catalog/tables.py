@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from icebarrier.apps.catalog.delegation import Access
+from icebarrier.apps.catalog.idempotency import Writes
 from icebarrier.apps.catalog.lake import NeedsStorage, memory_only
 from icebarrier.apps.catalog.deps import (
     LakeDep,
@@ -47,17 +48,19 @@ def list_tables(warehouse: Reading, namespace: NamespacePath, lake: LakeDep, pag
 
 
 @router.post("/namespaces/{namespace}/tables")
-def create_table(to: Writing, namespace: NamespacePath, lake: LakeDep, access: Access, body: dict):
+def create_table(to: Writing, namespace: NamespacePath, lake: LakeDep, access: Access, once: Writes, body: dict):
     request = CreateTableRequest.parse(body)
-    return _json(lake.create(to.warehouse, to.principal, lake.table_name(namespace, request.name), request, access))
+    table = lake.table_name(namespace, request.name)
+    return once.run(lambda conn: _json(lake.create(conn, to.warehouse, to.principal, table, request, access)))
 
 
 @router.post("/namespaces/{namespace}/register")
-def register_table(to: Writing, namespace: NamespacePath, lake: LakeDep, access: Access, body: dict):
+def register_table(to: Writing, namespace: NamespacePath, lake: LakeDep, access: Access, once: Writes, body: dict):
     request = RegisterTableRequest.parse(body)
     lake.outside_sessions(to.warehouse, "register tables")
-    return _json(lake.register(to.principal, lake.table_name(namespace, request.name), request.metadata_location,
-                               overwrite=request.overwrite, access=access))
+    table = lake.table_name(namespace, request.name)
+    return once.run(lambda conn: _json(lake.register(conn, to.principal, table, request.metadata_location,
+                                                     overwrite=request.overwrite, access=access)))
 
 
 @router.get(TABLE)
@@ -88,22 +91,29 @@ def table_exists(at: ReadTable):
 
 
 @router.delete(TABLE)
-def drop_table(at: WriteTable, purgeRequested: bool = False):
+def drop_table(at: WriteTable, once: Writes, purgeRequested: bool = False):
     at.lake.outside_sessions(at.warehouse, "drop tables")
-    at.lake.drop(at.principal, at.table, purge=purgeRequested)
-    return Response(status_code=204)
+
+    def drop(conn):
+        at.lake.drop(conn, at.principal, at.table, purge=purgeRequested)
+        return Response(status_code=204)
+
+    return once.run(drop)
 
 
 @router.post(TABLE)
-def commit_table(at: WriteTable, body: dict):
+def commit_table(at: WriteTable, once: Writes, body: dict):
     from pyiceberg.table import CommitTableResponse
 
     request = CommitTableRequest.parse(body)
     identified = request.model_copy(
         update={"identifier": TableIdentifier(namespace=at.table.namespace, name=at.table.name)})
-    with at.lake.pool.connection() as conn:
+
+    def commit(conn):
         [(_, new)] = at.lake.commit(conn, at.warehouse, at.principal, [identified])
-    return _json(CommitTableResponse(metadata=new.metadata, metadata_location=new.metadata_location))
+        return _json(CommitTableResponse(metadata=new.metadata, metadata_location=new.metadata_location))
+
+    return once.run(commit)
 
 
 @router.post(TABLE + "/metrics")
@@ -113,18 +123,25 @@ def report_metrics(at: ReadTable, body: dict):
 
 
 @router.post("/tables/rename")
-def rename_table(to: Writing, lake: LakeDep, body: dict):
+def rename_table(to: Writing, lake: LakeDep, once: Writes, body: dict):
     request = RenameTableRequest.parse(body)
     lake.outside_sessions(to.warehouse, "rename tables")
-    lake.rename(to.principal, lake.table_name(request.source.namespace, request.source.name),
-                lake.table_name(request.destination.namespace, request.destination.name))
-    return Response(status_code=204)
+
+    def rename(conn):
+        lake.rename(conn, to.principal, lake.table_name(request.source.namespace, request.source.name),
+                    lake.table_name(request.destination.namespace, request.destination.name))
+        return Response(status_code=204)
+
+    return once.run(rename)
 
 
 @router.post("/transactions/commit")
-def commit_transaction(to: Writing, lake: LakeDep, body: dict):
+def commit_transaction(to: Writing, lake: LakeDep, once: Writes, body: dict):
     request = CommitTransactionRequest.parse(body)
-    if request.table_changes:  # an empty transaction changes nothing
-        with lake.pool.connection() as conn:
+
+    def commit(conn):
+        if request.table_changes:  # an empty transaction changes nothing
             lake.commit(conn, to.warehouse, to.principal, list(request.table_changes))
-    return Response(status_code=204)
+        return Response(status_code=204)
+
+    return once.run(commit)

@@ -14,10 +14,9 @@ from icebarrier.control_plane.tokens import Principal
 
 
 class Admin(Sessions):
-    def may_write(self, principal: Principal, table: TableName) -> bool:
+    def may_write(self, conn, principal: Principal, table: TableName) -> bool:
         """Check that ``principal`` may change ``table``; returns whether it is managed."""
-        with self.pool.connection() as conn:
-            managed, writer = self.writer_of(conn, table)
+        managed, writer = self.writer_of(conn, table)
         self.require_writer(principal, table, managed, writer)
         return managed
 
@@ -30,15 +29,15 @@ class Admin(Sessions):
                     partition_spec=request.partition_spec or UNPARTITIONED_PARTITION_SPEC,
                     sort_order=request.write_order or UNSORTED_SORT_ORDER, properties=request.properties)
 
-    def create(self, warehouse: Warehouse, principal: Principal, table: TableName, request, access: Delegation):
+    def create(self, conn, warehouse: Warehouse, principal: Principal, table: TableName, request,
+               access: Delegation):
         """Create (or stage-create) a table from a :class:`~.models.CreateTableRequest`; the
         LoadTableResult. Through a job session, a sink's creation is staged."""
 
         if warehouse.kind == "job":
-            with self.pool.connection() as conn:
-                return self.create_staged(conn, self.session(conn, warehouse, principal), table, request, principal,
-                                          access)
-        self.may_write(principal, table)
+            return self.create_staged(conn, self.session(conn, warehouse, principal), table, request, principal,
+                                      access)
+        self.may_write(conn, principal, table)
         make = self.catalog._create_staged_table if request.stage_create else self.catalog.create_table
         made = make(table.identifier, **self.create_args(request))
         return self.response(made.metadata_location, made.metadata, principal, access)
@@ -49,13 +48,13 @@ class Admin(Sessions):
         if warehouse.kind == "job":
             raise ForbiddenError(f"a job session writes only data to its sinks; {what} through warehouse latest")
 
-    def register(self, principal: Principal, table: TableName, metadata_location: str, *, overwrite: bool,
+    def register(self, conn, principal: Principal, table: TableName, metadata_location: str, *, overwrite: bool,
                  access: Delegation):
         """Register an existing metadata file as ``table``; the LoadTableResult. Overwriting is
         refused for a managed table: its history is the control plane's record."""
         from pyiceberg.exceptions import NoSuchTableError
 
-        managed = self.may_write(principal, table)
+        managed = self.may_write(conn, principal, table)
         try:
             metadata, _ = self.metadata(metadata_location)
         except (OSError, ValueError) as exc:
@@ -67,27 +66,25 @@ class Admin(Sessions):
             raise ForbiddenError(f"table {table} is managed by icebarrier; registering over it would replace its "
                                  f"barrier history. Revise it with `icebarrier revise` instead")
         else:
-            with self.pool.connection() as conn, conn.transaction():
-                try:
-                    current, _, _ = self.current(conn, table)
-                except NoSuchTableError:
-                    current = None
-                self.point(conn, table, metadata_location, current)
+            try:
+                current, _, _ = self.current(conn, table)
+            except NoSuchTableError:
+                current = None
+            self.point(conn, table, metadata_location, current)
         return self.response(metadata_location, metadata, principal, access)
 
-    def drop(self, principal: Principal, table: TableName, *, purge: bool) -> None:
-        self.may_write(principal, table)
+    def drop(self, conn, principal: Principal, table: TableName, *, purge: bool) -> None:
+        self.may_write(conn, principal, table)
         (self.catalog.purge_table if purge else self.catalog.drop_table)(table.identifier)
 
-    def rename(self, principal: Principal, source: TableName, destination: TableName) -> None:
+    def rename(self, conn, principal: Principal, source: TableName, destination: TableName) -> None:
         """Rename an unmanaged table. A managed table (or a name a job declares as its sink) is
         never renamed through the catalog: jobs, barrier records and leases name it."""
-        with self.pool.connection() as conn:
-            for table in (source, destination):
-                managed, writer = self.writer_of(conn, table)
-                if managed:
-                    owner = f"job {writer}" if writer else "the control plane"
-                    raise ForbiddenError(
-                        f"table {table} is managed by icebarrier (written by {owner}); it is not renamed through the "
-                        f"catalog. Register the job with the new sink name and let it write the new table instead")
+        for table in (source, destination):
+            managed, writer = self.writer_of(conn, table)
+            if managed:
+                owner = f"job {writer}" if writer else "the control plane"
+                raise ForbiddenError(
+                    f"table {table} is managed by icebarrier (written by {owner}); it is not renamed through the "
+                    f"catalog. Register the job with the new sink name and let it write the new table instead")
         self.catalog.rename_table(source.identifier, destination.identifier)

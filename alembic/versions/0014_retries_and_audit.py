@@ -1,0 +1,177 @@
+"""Retries are safe, and every administrative and write action leaves a row.
+
+- ``idempotency_key``: a mutating request's ``Idempotency-Key`` (the REST spec's header)
+  with the caller, the request's fingerprint and its final response, written in the
+  transaction of the action; a retry finds it and gets the first response. Kept for the
+  advertised lifetime (``expires_at``; rows past it are deleted as new keys arrive).
+- ``audit_event``: who (the Postgres role, and the application's actor: a catalog token, the
+  OS user of an admin command), what, when, on which job or table, with what result. Rows
+  are appended by triggers on the tables whose changes are the actions (jobs registered and
+  unregistered, revisions, catalog tokens, settings, job sessions), so that no action
+  commits without its row; actions that are not a row of their own (an admin's lease)
+  append through ``audit_append``. Only the admin reads it (view ``audit``): no grant to
+  reader or job roles, and the table is written by the owner's functions only.
+
+Revision ID: 0014
+Revises: 0013
+Create Date: 2026-11-25
+"""
+
+from alembic import context, op
+from psycopg import sql
+
+revision = "0014"
+down_revision = "0013"
+branch_labels = None
+depends_on = None
+
+UPGRADE = """
+CREATE TABLE idempotency_key (
+    key         uuid        CONSTRAINT idempotency_key_pkey PRIMARY KEY,
+    client_id   text,
+    fingerprint text        NOT NULL,
+    status      integer     NOT NULL,
+    media_type  text,
+    body        bytea       NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX idempotency_key_expiry ON idempotency_key (expires_at);
+
+CREATE TABLE audit_event (
+    event_id   bigint GENERATED ALWAYS AS IDENTITY CONSTRAINT audit_event_pkey PRIMARY KEY,
+    at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    role_name  name        NOT NULL,
+    actor      text,
+    action     text        NOT NULL,
+    job_name   text,
+    table_name text,
+    object     text,
+    result     text        NOT NULL,
+    detail     jsonb       NOT NULL DEFAULT '{{}}'
+);
+CREATE INDEX audit_event_at ON audit_event (at);
+CREATE INDEX audit_event_job ON audit_event (job_name, at) WHERE job_name IS NOT NULL;
+CREATE INDEX audit_event_table ON audit_event (table_name, at) WHERE table_name IS NOT NULL;
+REVOKE ALL ON audit_event, idempotency_key FROM PUBLIC;
+
+-- Append one event: who is the session's role and the actor the application named
+-- (setting icebarrier.actor: a catalog token, the OS user of an admin command).
+CREATE FUNCTION audit_append(p_action text, p_job text, p_table text, p_object text, p_result text,
+                             p_detail jsonb) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = {search_path}
+BEGIN ATOMIC
+    INSERT INTO audit_event (role_name, actor, action, job_name, table_name, object, result, detail)
+    VALUES (session_user, nullif(current_setting('icebarrier.actor', true), ''), p_action, p_job, p_table,
+            p_object, p_result, coalesce(p_detail, '{{}}'::jsonb));
+END;
+REVOKE EXECUTE ON FUNCTION audit_append(text, text, text, text, text, jsonb) FROM PUBLIC;
+
+CREATE FUNCTION audit_row() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = {search_path} AS $$
+DECLARE
+    v_action text;
+    v_job text;
+    v_table text;
+    v_object text;
+    v_detail jsonb := '{{}}';
+BEGIN
+    IF TG_TABLE_NAME = 'job' THEN
+        v_job := NEW.name;
+        v_detail := jsonb_build_object('external_inputs', NEW.external_inputs);
+        IF TG_OP = 'INSERT' OR NOT OLD.active AND NEW.active THEN
+            v_action := 'job register';
+        ELSIF OLD.active AND NOT NEW.active THEN
+            v_action := 'job unregister';
+        ELSIF NEW.active THEN
+            v_action := 'job replace';
+        END IF;
+    ELSIF TG_TABLE_NAME = 'revision' THEN
+        v_table := NEW.root_table;
+        v_object := 'revision ' || NEW.revision_id;
+        v_detail := jsonb_build_object('revision', NEW.revision_id, 'to_barrier', NEW.to_barrier);
+        v_action := CASE WHEN TG_OP = 'INSERT' THEN 'revise' WHEN NEW.state = 'done' AND OLD.state <> 'done'
+                         THEN 'revise done' END;
+    ELSIF TG_TABLE_NAME = 'catalog_token' THEN
+        v_object := NEW.client_id;
+        v_job := NEW.job_name;
+        v_detail := jsonb_build_object('kind', NEW.kind, 'name', NEW.name);
+        v_action := CASE WHEN TG_OP = 'INSERT' THEN 'token create'
+                         WHEN NEW.revoked_at IS NOT NULL AND OLD.revoked_at IS NULL THEN 'token revoke' END;
+    ELSIF TG_TABLE_NAME = 'setting' THEN
+        v_object := NEW.key;
+        v_detail := jsonb_build_object('value', NEW.value,
+                                       'was', CASE WHEN TG_OP = 'UPDATE' THEN OLD.value END);
+        v_action := CASE WHEN TG_OP = 'INSERT' OR OLD.value IS DISTINCT FROM NEW.value THEN 'setting' END;
+    END IF;
+    IF v_action IS NOT NULL THEN
+        PERFORM audit_append(v_action, v_job, v_table, v_object, 'done', v_detail);
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- Job sessions: opened, taken over (a new run of a session whose hold lapsed), released (the
+-- command failed), published (deleted after its command succeeded) or discarded (stale).
+CREATE FUNCTION audit_session() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = {search_path} AS $$
+DECLARE
+    v_row job_session := CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    v_action text;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        v_action := 'session open';
+    ELSIF TG_OP = 'DELETE' THEN
+        v_action := CASE WHEN OLD.succeeded_at IS NOT NULL THEN 'session publish' ELSE 'session discard' END;
+    ELSIF NEW.run_id <> OLD.run_id THEN
+        v_action := CASE WHEN NEW.held_until IS NULL THEN 'session release' ELSE 'session takeover' END;
+    END IF;
+    IF v_action IS NOT NULL THEN
+        PERFORM audit_append(v_action, v_row.job_name, NULL, v_row.run_id, 'done',
+                             jsonb_build_object('barrier', v_row.barrier, 'plan', v_row.plan,
+                                                'run', v_row.run_id,
+                                                'previous_run', CASE WHEN TG_OP = 'UPDATE' THEN OLD.run_id END));
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER audit_job AFTER INSERT OR UPDATE OF active, external_inputs ON job
+    FOR EACH ROW EXECUTE FUNCTION audit_row();
+CREATE TRIGGER audit_revision AFTER INSERT OR UPDATE OF state ON revision
+    FOR EACH ROW EXECUTE FUNCTION audit_row();
+CREATE TRIGGER audit_token AFTER INSERT OR UPDATE OF revoked_at ON catalog_token
+    FOR EACH ROW EXECUTE FUNCTION audit_row();
+CREATE TRIGGER audit_setting AFTER INSERT OR UPDATE ON setting
+    FOR EACH ROW EXECUTE FUNCTION audit_row();
+CREATE TRIGGER audit_job_session AFTER INSERT OR UPDATE OF run_id OR DELETE ON job_session
+    FOR EACH ROW EXECUTE FUNCTION audit_session();
+
+-- The admin's view of the trail (no grant to reader or job roles).
+CREATE VIEW audit AS
+SELECT event_id, at, role_name, actor, action, job_name, table_name, object, result, detail FROM audit_event;
+"""
+
+DOWNGRADE = """
+DROP VIEW audit;
+DROP TRIGGER audit_job_session ON job_session;
+DROP TRIGGER audit_setting ON setting;
+DROP TRIGGER audit_token ON catalog_token;
+DROP TRIGGER audit_revision ON revision;
+DROP TRIGGER audit_job ON job;
+DROP FUNCTION audit_session();
+DROP FUNCTION audit_row();
+DROP FUNCTION audit_append(text, text, text, text, text, jsonb);
+DROP TABLE audit_event;
+DROP TABLE idempotency_key;
+"""
+
+
+def _search_path() -> str:
+    return f"{sql.Identifier(context.config.attributes['schema']).as_string(None)}, pg_temp"
+
+
+def upgrade() -> None:
+    op.execute(UPGRADE.format(search_path=_search_path()))
+
+
+def downgrade() -> None:
+    op.execute(DOWNGRADE)

@@ -1,0 +1,87 @@
+"""Every write route runs as one :class:`Write`: the ``Idempotency-Key`` header (the REST
+spec's), the actor the audit trail names, and the one transaction in which the action, the
+key's claim and its outcome commit together (see :mod:`icebarrier.control_plane.idempotency`).
+
+A retry with the key of a finalized request gets the first response and changes nothing (2xx
+and 4xx are final, as the spec says; a 5xx is not: nothing of it committed, the retry acts).
+The same key with another body, route or token is refused (422). A malformed key is a 400.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Header, Request, Response
+
+from icebarrier.apps.catalog.deps import Caller
+from icebarrier.apps.catalog.errors import error_response
+from icebarrier.control_plane import idempotency
+from icebarrier.control_plane.db import ACTOR_SETTING
+from icebarrier.control_plane.idempotency import Outcome
+
+HEADER = "Idempotency-Key"
+LIFETIME = f"PT{idempotency.LIFETIME_S // 60}M"  # advertised in /v1/config (idempotency-key-lifetime)
+REPLAYED = "Idempotent-Replayed"  # response header on an answer given again
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Write:
+    """A write request: its key (None: none sent), fingerprint and who acts."""
+
+    lake: object
+    key: uuid.UUID | None
+    fingerprint: str
+    client_id: str | None
+
+    def run(self, action: Callable[[object], Response], *, final: Callable[[Response], bool] = lambda r: True
+            ) -> Response:
+        """``action(conn)`` in one transaction with the key's claim and outcome; ``final``: whether
+        an answer is final (a long poll that found nothing to do is not: the key stays free)."""
+        with self.lake.pool.connection() as conn:
+            return self.run_on(conn, action, final=final)
+
+    def run_on(self, conn, action: Callable[[object], Response], *,
+               final: Callable[[Response], bool] = lambda r: True) -> Response:
+        with conn.transaction():
+            conn.execute("SELECT set_config(%s, %s, true)", (ACTOR_SETTING, f"token:{self.client_id}"
+                                                             if self.client_id else "anonymous"))
+            if self.key is not None:
+                outcome = idempotency.claim(conn, self.key, client_id=self.client_id, fingerprint=self.fingerprint)
+                if outcome is not None:
+                    return replay(outcome)
+            try:
+                with conn.transaction():
+                    response = action(conn)
+            except Exception as exc:
+                response = error_response(exc)
+                if self.key is None or response.status_code >= 500:
+                    raise  # not final: nothing of it commits, a retry acts
+            if self.key is not None:
+                if final(response):
+                    idempotency.record(conn, self.key, Outcome(status=response.status_code,
+                                                               media_type=response.media_type, body=response.body))
+                else:
+                    conn.execute("DELETE FROM idempotency_key WHERE key = %s", (self.key,))
+            return response
+
+
+def replay(outcome: Outcome) -> Response:
+    return Response(outcome.body, status_code=outcome.status, media_type=outcome.media_type,
+                    headers={REPLAYED: "true"})
+
+
+async def write(request: Request, who: Caller,
+                key: Annotated[str | None, Header(alias=HEADER)] = None) -> Write:
+    parsed = idempotency.parse_key(key) if key is not None else None
+    digest = hashlib.sha256(f"{request.method} {request.url.path}?{request.url.query}\n".encode())
+    if parsed is not None:
+        digest.update(await request.body())
+    return Write(lake=request.app.state.lake, key=parsed, fingerprint=digest.hexdigest(),
+                 client_id=who[0].client_id)
+
+
+Writes = Annotated[Write, Depends(write)]
