@@ -52,6 +52,7 @@ _STATUS = [  # (exception class name, HTTP status, REST error type), most specif
     ("NamespaceNotEmptyError", 409, "NamespaceNotEmptyException"),
     ("CommitFailedException", 409, "CommitFailedException"),
     ("UnprocessableError", 422, "UnprocessableEntityException"),
+    ("IdempotencyKeyReusedError", 422, "UnprocessableEntityException"),
     ("ValidationError", 400, "BadRequestException"),
     ("IcebarrierError", 400, "BadRequestException"),
 ]

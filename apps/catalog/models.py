@@ -183,26 +183,34 @@ class NotExpression(_Request):
     child: Expression
 
 
+# The operands: spec 1.10 names them term/value, later specs child or left/right (a value
+# expression: literal, reference or function). Reports are dropped: operands are not parsed.
 class SetExpression(_Request):
     type: Literal["in", "not-in"]
-    term: Term
-    values: tuple[dict, ...]
+    term: Term | None = None
+    child: object = None
+    values: object
 
 
 class LiteralExpression(_Request):
     type: Literal["lt", "lt-eq", "gt", "gt-eq", "eq", "not-eq", "starts-with", "not-starts-with"]
-    term: Term
-    value: dict
+    term: Term | None = None
+    value: object = None
+    left: object = None
+    right: object = None
 
 
 class UnaryExpression(_Request):
     type: Literal["is-null", "not-null", "is-nan", "not-nan"]
-    term: Term
-    value: dict
+    term: Term | None = None
+    child: object = None
+    value: object = None
 
 
-Expression = Annotated[TrueExpression | FalseExpression | AndOrExpression | NotExpression | SetExpression
-                       | LiteralExpression | UnaryExpression, Field(discriminator="type")]
+# A predicate: a bare boolean (later specs; Java's client writes `true` for alwaysTrue) or an object.
+Expression = Annotated[bool, Field(strict=True)] | Annotated[
+    TrueExpression | FalseExpression | AndOrExpression | NotExpression | SetExpression | LiteralExpression
+    | UnaryExpression, Field(discriminator="type")]
 AndOrExpression.model_rebuild()
 NotExpression.model_rebuild()
 
@@ -216,7 +224,7 @@ class _Report(_Request):
 
 
 class ScanReport(_Report):
-    filter: Annotated[bool, Field(strict=True)] | Expression  # Java's client writes `true` for alwaysTrue
+    filter: Expression
     schema_id: int = Field(alias="schema-id")
     projected_field_ids: tuple[int, ...] = Field(alias="projected-field-ids")
     projected_field_names: tuple[str, ...] = Field(alias="projected-field-names")

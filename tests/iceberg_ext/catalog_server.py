@@ -89,3 +89,17 @@ def access_token(uri: str, client_id: str, secret: str) -> str:
                                                       "client_secret": secret}, timeout=30)
     assert r.status_code == 200, r.text
     return r.json()["access_token"]
+
+
+def staged_change(catalog, name: str, barrier: int | None):
+    """A PyIceberg transaction appending one row (tagged ``barrier``), not committed: its change."""
+    from pyiceberg.catalog.rest import CommitTableRequest
+    from pyiceberg.table import TableIdentifier
+
+    table = catalog.load_table(name)
+    tx = table.transaction()
+    tx.append(pa.table({"id": [1], "barrier": [barrier or 0]}),
+              snapshot_properties={SUMMARY_BARRIER: str(barrier)} if barrier is not None else {})
+    namespace, _, table_name = name.rpartition(".")
+    return CommitTableRequest(identifier=TableIdentifier(namespace=[namespace], name=table_name),
+                              requirements=tx._requirements, updates=tx._updates)

@@ -16,7 +16,7 @@ import requests
 from icebarrier.control_plane import barriers, jobs, leases, reads, tables, tokens
 from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER
-from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, start_server, stop_server
+from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, staged_change, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -296,19 +296,6 @@ def test_a_lease_warehouse_keeps_its_snapshots_through_expire(lake, server):
         rest(server, f"barrier-{marks[1]}", f"{cid}:{secret}").load_table(f"{lake.namespace}.orders")
 
 
-def _staged(catalog, name: str, barrier: int):
-    """A PyIceberg transaction appending one row tagged ``barrier``, not committed: its change."""
-    from pyiceberg.catalog.rest import CommitTableRequest
-    from pyiceberg.table import TableIdentifier
-
-    table = catalog.load_table(name)
-    tx = table.transaction()
-    tx.append(pa.table({"id": [1], "barrier": [barrier]}), snapshot_properties={SUMMARY_BARRIER: str(barrier)})
-    namespace, _, table_name = name.rpartition(".")
-    return CommitTableRequest(identifier=TableIdentifier(namespace=[namespace], name=table_name),
-                              requirements=tx._requirements, updates=tx._updates)
-
-
 def test_a_multi_table_commit_is_atomic_for_readers_of_latest(lake, server):
     """A job's two sinks committed in one transaction (carrying barrier B) complete B in the same
     Postgres transaction; a reader polling latest throughout never sees the first swapped
@@ -334,7 +321,7 @@ def test_a_multi_table_commit_is_atomic_for_readers_of_latest(lake, server):
     try:
         for _ in range(8):
             b = barriers.issue(lake.conn).barrier
-            changes = [_staged(writer, f"{lake.namespace}.{t}", b) for t in ("left", "right")]
+            changes = [staged_change(writer, f"{lake.namespace}.{t}", b) for t in ("left", "right")]
             body = '{"table-changes": [' + ", ".join(c.model_dump_json() for c in changes) + "]}"
             r = requests.post(f"{server}/v1/latest/transactions/commit", data=body, timeout=60,
                               headers={**access, "Content-Type": "application/json"})

@@ -1,0 +1,144 @@
+"""Retries are safe: a request whose answer is lost on the way back (a proxy forwards it, the
+server acts, the proxy closes the client's connection) and is sent again with its
+``Idempotency-Key`` gets the first answer, and nothing is applied twice."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+import requests
+import uuid6
+
+from icebarrier.control_plane import barriers, jobs, tokens
+from tests.dropping_proxy import DroppingProxy
+from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, staged_change
+from tests.iceberg_ext.test_job_exec import command, job_exec, setup_pipeline
+
+pytestmark = pytest.mark.slow
+
+KEY = "Idempotency-Key"
+
+
+@pytest.fixture
+def proxy(server):
+    p = DroppingProxy(server)
+    yield p
+    p.close()
+
+
+def _lost_then_retried(proxy: DroppingProxy, server: str, method: str, path: str, body: str, headers: dict):
+    """Send through the proxy, which drops the answer; then again, straight to the server, with
+    the same key. The retry's response."""
+    key = str(uuid6.uuid7())
+    headers = {**headers, KEY: key, "Content-Type": "application/json"}
+    proxy.drop = lambda m, p, h: h.get(KEY) == key
+    with pytest.raises(requests.ConnectionError):
+        requests.request(method, proxy.uri + path, data=body, headers=headers, timeout=60)
+    [first] = [s for s in proxy.seen if s.headers.get(KEY) == key]
+    assert first.dropped and first.status in (200, 204), first  # the server acted; the client never heard
+    retry = requests.request(method, server + path, data=body, headers=headers, timeout=60)
+    assert retry.headers.get("Idempotent-Replayed") == "true" and retry.status_code == first.status
+    return retry
+
+
+def test_a_lost_commit_answer_retried_with_its_key_is_answered_and_not_applied_again(lake, server, proxy):
+    """One commit, its answer lost: the retry gets the same answer and the table has one new
+    snapshot; the same request without the key is a conflict (what a client met before)."""
+    p = Pipeline(lake, {"solo": ["facts"]})
+    p.advance()
+    job = f"{lake.namespace}_solo"
+    jid, secret = tokens.create(lake.conn, job=job)
+    writer = rest(server, "latest", f"{jid}:{secret}")
+    auth = {"Authorization": f"Bearer {access_token(server, jid, secret)}"}
+    b = barriers.issue(lake.conn).barrier
+    change = staged_change(writer, f"{lake.namespace}.facts", b)
+    path = f"/v1/latest/namespaces/{lake.namespace}/tables/facts"
+    body = change.model_dump_json(exclude={"identifier"})
+    retry = _lost_then_retried(proxy, server, "POST", path, body, auth)
+    assert len(retry.json()["metadata"]["snapshots"]) == 2
+    assert len(writer.load_table(f"{lake.namespace}.facts").metadata.snapshots) == 2
+    assert jobs.show(lake.conn, job).progress == b
+    again = requests.post(server + path, data=body, headers={**auth, "Content-Type": "application/json"}, timeout=60)
+    assert again.status_code == 409, again.text
+
+
+def test_a_lost_transaction_answer_retried_with_its_key_commits_both_tables_once(lake, server, proxy):
+    """A multi-table transaction, its answer lost: the retry is answered 204 and each table has
+    exactly one new snapshot."""
+    p = Pipeline(lake, {"pair": ["left", "right"]})
+    p.advance()
+    job = f"{lake.namespace}_pair"
+    jid, secret = tokens.create(lake.conn, job=job)
+    writer = rest(server, "latest", f"{jid}:{secret}")
+    auth = {"Authorization": f"Bearer {access_token(server, jid, secret)}"}
+    b = barriers.issue(lake.conn).barrier
+    changes = [staged_change(writer, f"{lake.namespace}.{t}", b) for t in ("left", "right")]
+    body = '{"table-changes": [' + ", ".join(c.model_dump_json() for c in changes) + "]}"
+    _lost_then_retried(proxy, server, "POST", "/v1/latest/transactions/commit", body, auth)
+    assert [len(writer.load_table(f"{lake.namespace}.{t}").metadata.snapshots) for t in ("left", "right")] == [2, 2]
+    assert jobs.show(lake.conn, job).progress == b
+
+
+def test_a_lost_publish_answer_is_retried_by_job_exec_and_published_once(lake, server, proxy):
+    """`job exec` through the proxy, which drops the answer to its first publish: job exec sends
+    the publish again with its key, is told the first outcome, and the barrier is published once
+    (one publish in the audit trail, the rows written once)."""
+    creds = setup_pipeline(lake)
+    b = barriers.issue(lake.conn).barrier
+    dropped = []
+
+    def drop_first_publish(method, path, headers):
+        if path.endswith("/session/publish") and not dropped:
+            dropped.append(headers[KEY])
+            return True
+        return False
+
+    proxy.drop = drop_first_publish
+    out = job_exec(proxy.uri, creds["ingest"], "ingest", command(lake, "ingest", rows=3))
+    assert [(s["barrier"], s["outcome"]) for s in out["steps"]] == [(b, "published")]
+    publishes = [s for s in proxy.seen if s.path.endswith("/session/publish")]
+    assert [s.headers[KEY] for s in publishes] == dropped * 2 and publishes[0].dropped
+    assert jobs.show(lake.conn, "ingest").progress == b
+    assert lake.catalog.load_table(f"{lake.namespace}.orders").scan().to_arrow().num_rows == 3
+    audited = lake.conn.execute("SELECT action FROM audit WHERE job_name = 'ingest' AND action LIKE 'session %%' "
+                                "ORDER BY event_id").fetchall()
+    assert [r["action"] for r in audited] == ["session open", "session publish"]
+
+
+def test_keys_are_checked_and_bound_to_one_request(lake, server):
+    """A malformed key is a 400; the same key with another body is a 422; another token's key is
+    refused without its answer; GET /v1/config advertises the keys' lifetime."""
+    Pipeline(lake, {"solo": ["facts"]}).advance()
+    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo")
+    other_id, other_secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo")
+    auth = {"Authorization": f"Bearer {access_token(server, jid, secret)}", "Content-Type": "application/json"}
+    config = requests.get(f"{server}/v1/config", headers=auth, timeout=30).json()
+    assert config["idempotency-key-lifetime"] == "PT30M"
+    path = f"{server}/v1/latest/namespaces"
+    for bad in ("nope", "0" * 36, str(uuid.uuid4()).replace("-", "")):
+        r = requests.post(path, data=json.dumps({"namespace": ["n1"]}), headers={**auth, KEY: bad}, timeout=30)
+        assert r.status_code == 400 and "Idempotency-Key" in r.json()["error"]["message"], r.text
+    key = str(uuid6.uuid7())
+    first = requests.post(path, data=json.dumps({"namespace": [f"{lake.namespace}_n"]}), headers={**auth, KEY: key},
+                          timeout=30)
+    assert first.status_code == 200, first.text
+    assert requests.post(path, data=json.dumps({"namespace": [f"{lake.namespace}_n"]}), headers={**auth, KEY: key},
+                         timeout=30).json() == first.json()
+    other = requests.post(path, data=json.dumps({"namespace": [f"{lake.namespace}_m"]}), headers={**auth, KEY: key},
+                          timeout=30)
+    assert other.status_code == 422 and "another request" in other.json()["error"]["message"]
+    stolen = requests.post(path, data=json.dumps({"namespace": [f"{lake.namespace}_n"]}), timeout=30, headers={
+        KEY: key, "Authorization": f"Bearer {access_token(server, other_id, other_secret)}",
+        "Content-Type": "application/json"})
+    assert stolen.status_code == 422 and "namespace" not in stolen.text.replace("another request", "")
+    # a refusal is final too: a retry of a 409 is the same 409, not a new attempt
+    key2 = str(uuid6.uuid7())
+    conflict = requests.post(path, data=json.dumps({"namespace": [f"{lake.namespace}_n"]}),
+                             headers={**auth, KEY: key2}, timeout=30)
+    assert conflict.status_code == 409
+    requests.delete(f"{path}/{lake.namespace}_n", headers=auth, timeout=30).raise_for_status()
+    replayed = requests.post(path, data=json.dumps({"namespace": [f"{lake.namespace}_n"]}),
+                             headers={**auth, KEY: key2}, timeout=30)
+    assert replayed.status_code == 409 and replayed.headers.get("Idempotent-Replayed") == "true"
