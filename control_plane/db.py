@@ -36,6 +36,8 @@ DSN_ENV = "ICEBARRIER_DSN"
 SCHEMA_ENV = "ICEBARRIER_SCHEMA"
 LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT = "ICEBARRIER_LOCK_TIMEOUT", "10s"
 STATEMENT_TIMEOUT_ENV, DEFAULT_STATEMENT_TIMEOUT = "ICEBARRIER_STATEMENT_TIMEOUT", "60s"
+# A pooled connection idle longer than this is pinged before use.
+POOL_CHECK_ENV, DEFAULT_POOL_CHECK = "ICEBARRIER_POOL_CHECK_IDLE", "1s"
 RETRY_ATTEMPTS = 5
 
 T = TypeVar("T")
@@ -125,8 +127,21 @@ def pool(dsn: str | None, schema: str | None, *, max_size: int = 8):
     def configure(conn: psycopg.Connection) -> None:
         conn.info_schema = schema  # type: ignore[attr-defined]
 
-    return ConnectionPool(dsn, kwargs=connection_kwargs(schema), configure=configure, min_size=1,
-                          max_size=max_size, open=True, name="icebarrier")
+    def returned(conn: psycopg.Connection) -> None:
+        conn.idle_since = time.monotonic()  # type: ignore[attr-defined]
+
+    ping_after_s = _timeout_ms(POOL_CHECK_ENV, DEFAULT_POOL_CHECK) / 1000
+
+    def check(conn: psycopg.Connection) -> None:
+        # A connection that sat idle may have been killed (a Postgres restart, a proxy's idle
+        # timeout): ping it before handing it out (the pool replaces one that fails). One in
+        # steady use is not pinged: that would add a round trip to every request.
+        if time.monotonic() - getattr(conn, "idle_since", 0.0) >= ping_after_s:
+            ConnectionPool.check_connection(conn)
+
+    return ConnectionPool(dsn, kwargs=connection_kwargs(schema), configure=configure, reset=returned, check=check,
+                          min_size=1, max_size=max_size, open=True, name="icebarrier")
+
 
 
 def _timeout_ms(env: str, default: str) -> int:

@@ -161,7 +161,7 @@ class Settings:
         if not self.is_default_catalog:
             return {"warehouse": self.warehouse, **self.catalog_properties, **self.storage.fileio()}
         return {"type": "sql", "uri": self.sqlalchemy_uri, "warehouse": self.warehouse, "schema_version": "v1",
-                **self.storage.fileio()}
+                "pool_pre_ping": "true", **self.storage.fileio()}
 
     def check_storage(self) -> None:
         """A wrong bucket, endpoint or key as one line naming the setting (the default catalog's

@@ -53,6 +53,8 @@ _STATUS = [  # (exception class name, HTTP status, REST error type), most specif
     ("CommitFailedException", 409, "CommitFailedException"),
     ("UnprocessableError", 422, "UnprocessableEntityException"),
     ("IdempotencyKeyReusedError", 422, "UnprocessableEntityException"),
+    ("ControlPlaneInterruptedError", 503, "ServiceUnavailableException"),
+    ("ControlPlaneUnavailableError", 503, "ServiceUnavailableException"),
     ("ValidationError", 400, "BadRequestException"),
     ("IcebarrierError", 400, "BadRequestException"),
 ]
@@ -122,3 +124,76 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(HTTPException, http)
     app.add_exception_handler(Exception, lambda request, exc: error_response(exc))
+
+
+class ControlPlaneInterruptedError(IcebarrierError):
+    """A request met a dead control-plane connection (a Postgres restart, failover) twice (503)."""
+
+
+RETRY_AFTER_S = 1  # what a 503 asks the client to wait
+
+
+class ControlPlaneOutage:
+    """ASGI middleware: a request that meets a dead control-plane connection (Postgres restarted
+    under the server) is retried once on fresh connections where that is safe (reads, the token
+    grant, and writes carrying an ``Idempotency-Key``: their action and key commit together, so
+    a retry replays what committed or does what did not); else, or if it fails again, a 503 with
+    ``Retry-After`` in the error model. Never a 500. The pool pings idle connections before use
+    (:func:`icebarrier.control_plane.db.pool`); this covers the ones killed mid-request."""
+
+    def __init__(self, app, pool) -> None:
+        import psycopg
+        import sqlalchemy.exc
+
+        self.app, self.pool = app, pool
+        self.outages = (psycopg.OperationalError, sqlalchemy.exc.OperationalError)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        from starlette.concurrency import run_in_threadpool
+
+        body = await _read_body(receive)
+        headers = dict(scope.get("headers") or ())
+        safe = scope["method"] in ("GET", "HEAD") or scope["path"] == "/v1/oauth/tokens" \
+            or b"idempotency-key" in headers
+        started = False
+
+        delivered = False
+
+        async def replay():  # the buffered body once per attempt, then the client's own messages
+            nonlocal delivered
+            if delivered:
+                return await receive()
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def tracked(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        for attempt in (1, 2):
+            delivered = False
+            try:
+                return await self.app(scope, replay, tracked)
+            except self.outages as exc:
+                if started:
+                    raise
+                await run_in_threadpool(self.pool.check)  # drop every connection the outage killed
+                if attempt == 1 and safe:
+                    continue
+                response = error_response(ControlPlaneInterruptedError(
+                    f"the control-plane database was interrupted ({type(exc).__name__}); "
+                    f"retry in {RETRY_AFTER_S} s"))
+                response.headers["Retry-After"] = str(RETRY_AFTER_S)
+                return await response(scope, receive, send)
+
+
+async def _read_body(receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body"):
+            return b"".join(chunks)

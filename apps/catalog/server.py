@@ -48,6 +48,7 @@ def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read
     for router in ROUTERS:
         app.include_router(router)
     metrics.install(app, lake.pool)
+    app.add_middleware(errors.ControlPlaneOutage, pool=lake.pool)
     app.state.routes = [r for router in ROUTERS for r in router.routes]
     app.state.endpoints = served_endpoints(app.state.routes)
     return app
