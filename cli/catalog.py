@@ -20,19 +20,24 @@ from icebarrier.control_plane.model import parse_duration_s
 @click.option("--session-quiet", default="1s", show_default=True,
               help="A read-committed session moves to the newest cut after this long without loads.")
 @click.option("--allow-anonymous-read", is_flag=True, help="Serve clients without a token (read-only).")
+@click.option("--allowed-location", "allowed_locations", multiple=True, metavar="PREFIX",
+              help="Another prefix table locations may lie under (repeatable); the warehouse always is one.")
 @click.pass_obj
-def serve(obj, host: str, port: int, workers: int, session_quiet: str, allow_anonymous_read: bool) -> None:
+def serve(obj, host: str, port: int, workers: int, session_quiet: str, allow_anonymous_read: bool,
+          allowed_locations: tuple[str, ...]) -> None:
     """Serve the lake over the Iceberg REST catalog protocol, with consistent warehouses:
     latest, read-committed, read-committed:<namespace>, barrier-<B>, lease-<ID>.
 
     The server keeps its state in Postgres: scale out with --workers, or run several behind
-    one address."""
+    one address. Table locations are confined to the warehouse (and --allowed-location
+    prefixes) and never overlap another table's."""
     import uvicorn
 
     from icebarrier.apps.catalog import server
 
     quiet_ms = max(1, round(parse_duration_s(session_quiet) * 1000))
-    options = {"quiet_ms": quiet_ms, "allow_anonymous_read": allow_anonymous_read}
+    options = {"quiet_ms": quiet_ms, "allow_anonymous_read": allow_anonymous_read,
+               "allowed_locations": list(allowed_locations)}
     settings = obj.settings()
     if workers == 1:
         uvicorn.run(server.create_app(settings, **options), host=host, port=port, log_level="warning",

@@ -135,9 +135,10 @@ def cli(ctx: click.Context, dsn: str | None, schema: str | None, config: str | N
 
 
 def _register_commands() -> None:
-    from icebarrier.cli import barrier, catalog, check, cut, db, delay, demo, job, lease, maintenance, run, spark, table
+    from icebarrier.cli import (audit, barrier, catalog, check, cut, db, delay, demo, job, lease, maintenance, run,
+                                spark, table)
 
-    for module in (db, job, barrier, table, cut, lease, delay, spark, maintenance, run, demo, check, catalog):
+    for module in (db, job, barrier, table, cut, lease, delay, spark, maintenance, run, demo, check, catalog, audit):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -7,9 +7,9 @@
 - ``audit_event``: who (the Postgres role, and the application's actor: a catalog token, the
   OS user of an admin command), what, when, on which job or table, with what result. Rows
   are appended by triggers on the tables whose changes are the actions (jobs registered and
-  unregistered, revisions, catalog tokens, settings, job sessions), so that no action
-  commits without its row; actions that are not a row of their own (an admin's lease)
-  append through ``audit_append``. Only the admin reads it (view ``audit``): no grant to
+  unregistered, revisions, catalog tokens, settings, job sessions, leases taken by hand), so
+  that no action commits without its row; an action that is no row of its own appends
+  through ``audit_append``. Only the admin reads it (view ``audit``): no grant to
   reader or job roles, and the table is written by the owner's functions only.
 
 Revision ID: 0014
@@ -103,6 +103,16 @@ BEGIN
         v_detail := jsonb_build_object('value', NEW.value,
                                        'was', CASE WHEN TG_OP = 'UPDATE' THEN OLD.value END);
         v_action := CASE WHEN TG_OP = 'INSERT' OR OLD.value IS DISTINCT FROM NEW.value THEN 'setting' END;
+    ELSIF TG_TABLE_NAME = 'lease' THEN
+        -- a lease someone took by hand (an admin command, a catalog client), not a job's or
+        -- reader's own (those name no actor and come and go with every run)
+        IF nullif(current_setting('icebarrier.actor', true), '') IS NULL THEN
+            RETURN NULL;
+        END IF;
+        v_object := 'lease ' || NEW.lease_id;
+        v_detail := jsonb_build_object('holder', NEW.holder, 'barrier', NEW.barrier, 'expires_at', NEW.expires_at);
+        v_action := CASE WHEN TG_OP = 'INSERT' THEN 'lease acquire'
+                         WHEN NEW.released_at IS NOT NULL AND OLD.released_at IS NULL THEN 'lease release' END;
     END IF;
     IF v_action IS NOT NULL THEN
         PERFORM audit_append(v_action, v_job, v_table, v_object, 'done', v_detail);
@@ -142,6 +152,8 @@ CREATE TRIGGER audit_token AFTER INSERT OR UPDATE OF revoked_at ON catalog_token
     FOR EACH ROW EXECUTE FUNCTION audit_row();
 CREATE TRIGGER audit_setting AFTER INSERT OR UPDATE ON setting
     FOR EACH ROW EXECUTE FUNCTION audit_row();
+CREATE TRIGGER audit_lease AFTER INSERT OR UPDATE OF released_at ON lease
+    FOR EACH ROW EXECUTE FUNCTION audit_row();
 CREATE TRIGGER audit_job_session AFTER INSERT OR UPDATE OF run_id OR DELETE ON job_session
     FOR EACH ROW EXECUTE FUNCTION audit_session();
 
@@ -153,6 +165,7 @@ SELECT event_id, at, role_name, actor, action, job_name, table_name, object, res
 DOWNGRADE = """
 DROP VIEW audit;
 DROP TRIGGER audit_job_session ON job_session;
+DROP TRIGGER audit_lease ON lease;
 DROP TRIGGER audit_setting ON setting;
 DROP TRIGGER audit_token ON catalog_token;
 DROP TRIGGER audit_revision ON revision;

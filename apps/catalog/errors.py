@@ -40,6 +40,7 @@ class NotServedError(IcebarrierError):
 _STATUS = [  # (exception class name, HTTP status, REST error type), most specific first
     ("AuthenticationError", 401, "NotAuthorizedException"),
     ("ForbiddenError", 403, "ForbiddenException"),
+    ("LocationRefusedError", 403, "ForbiddenException"),
     ("SessionGoneError", 403, "ForbiddenException"),
     ("StaleSessionError", 403, "ForbiddenException"),
     ("SessionHeldError", 409, "ConflictException"),

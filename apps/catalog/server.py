@@ -35,9 +35,10 @@ def served_endpoints(routes: list[APIRoute]) -> list[str]:
     return sorted(found, key=lambda e: (e.split(" ", 1)[1], e))
 
 
-def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read: bool = False) -> FastAPI:
+def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read: bool = False,
+               allowed_locations: list[str] | tuple[str, ...] = ()) -> FastAPI:
     app = FastAPI(title="icebarrier consistent catalog", docs_url=None, redoc_url=None, openapi_url=None)
-    lake = Lake(settings, quiet_ms=quiet_ms)
+    lake = Lake(settings, quiet_ms=quiet_ms, allowed_locations=allowed_locations)
     app.state.lake = lake
     app.state.hub = Hub(settings.dsn, settings.schema)
     app.state.allow_anonymous_read = allow_anonymous_read

@@ -7,7 +7,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from icebarrier.control_plane import barriers, db, jobs, leases, reads, revisions, runs, schema, snapshots
+from icebarrier.control_plane import audit, barriers, db, jobs, leases, reads, revisions, runs, schema, snapshots
 from icebarrier.control_plane.errors import IcebarrierError, PermissionDeniedError
 from icebarrier.iceberg_ext.catalog import grant
 from icebarrier.iceberg_ext.config import Settings
@@ -84,6 +84,10 @@ ACTIONS = {
         lambda c, w: c.execute("UPDATE lease SET expires_at = now() + interval '100 years'"), {"admin"}),
     "delete expiry tombstones": (lambda c, w: c.execute("DELETE FROM expired_snapshot"), {"admin"}),
     "set alembic_version": (lambda c, w: c.execute("UPDATE alembic_version SET version_num = '0001'"), {"admin"}),
+    "read the audit trail": (lambda c, w: c.execute("SELECT * FROM audit").fetchall(), {"admin"}),
+    "read the audit table": (lambda c, w: c.execute("SELECT * FROM audit_event").fetchall(), {"admin"}),
+    "append to the audit trail": (lambda c, w: audit.append(c, "forged"), {"admin"}),
+    "erase the audit trail": (lambda c, w: c.execute("DELETE FROM audit_event"), {"admin"}),
     "store barrier_interval_ms = 'abc'": (
         lambda c, w: c.execute("UPDATE setting SET value = 'abc' WHERE key = 'barrier_interval_ms'"), set()),
 }
@@ -117,6 +121,7 @@ def test_the_role_matrix_is_enforced_by_the_database(world):
     assert "has no access to control-plane schema" in matrix["resolve a cut", "nobody"]
     assert "permission denied for table expired_snapshot" in matrix["delete expiry tombstones", "job_a"]
     assert "violates check constraint" in matrix["store barrier_interval_ms = 'abc'", "admin"]
+    assert "permission denied for view audit" in matrix["read the audit trail", "job_a"]
 
 
 def test_a_lease_records_its_owner_and_only_it_or_the_admin_releases_it(world):
@@ -175,13 +180,14 @@ def _relations(dsn: str, kind: str) -> list[str]:
 
 
 def test_readers_and_job_roles_read_views_never_base_tables(world):
-    """Every base table (tokens, sessions, staged catalog commits and job grants included) is
-    refused to a reader and to a job role; every view is allowed; a job's input ranges show only
+    """Every base table (tokens, sessions, staged catalog commits, job grants and the audit trail
+    included) is refused to a reader and to a job role; every view but the audit trail is allowed; a job's input ranges show only
     to the roles granted that job. (alembic_version: the revision every client checks.)"""
     tables = [t for t in _relations(world["dsn"]["admin"], "r") if t != "alembic_version"]
     views = _relations(world["dsn"]["admin"], "v")
-    assert {"catalog_token", "catalog_session", "catalog_pending", "job_grant", "table_commit"} <= set(tables)
-    assert set(views) == set(schema.VIEWS)  # every view is granted, and only views
+    assert {"catalog_token", "catalog_session", "catalog_pending", "job_grant", "table_commit", "audit_event",
+            "idempotency_key"} <= set(tables)
+    assert set(views) == {*schema.VIEWS, "audit"}  # every view is granted but the admin's audit trail
     with db.connect(world["dsn"]["job_a"]) as c:
         runs.record_range(c, "ingest_a", world["b2"], {"files": ["in-a"]})
     for role in ("reader", "job_a"):
@@ -190,8 +196,10 @@ def test_readers_and_job_roles_read_views_never_base_tables(world):
             for table in tables:
                 with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"permission denied for table {table}"):
                     c.execute(f"SELECT 1 FROM {table} LIMIT 1")
-            for view in views:
+            for view in schema.VIEWS:
                 c.execute(f"SELECT * FROM {view} LIMIT 1").fetchall()
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied for view audit"):
+                c.execute("SELECT 1 FROM audit LIMIT 1")
             seen = c.execute("SELECT job_name FROM input_ranges").fetchall()
             assert seen == ([("ingest_a",)] if role == "job_a" else []), role
 

@@ -233,15 +233,19 @@ def test_namespace_properties_register_rename_and_metrics(lake, server):
     assert lake.catalog.table_exists(f"{ns}.managed") and not lake.catalog.table_exists(f"{ns}.moved")
     r = requests.post(f"{base}/namespaces/{ns}/register", headers=headers, timeout=30,
                       json={"name": "again", "metadata-location": plain.metadata_location})
+    assert r.status_code == 403 and f"table lake.{ns}.plain2's location" in r.json()["error"]["message"]
+    lake.catalog.drop_table(f"{ns}.plain2")  # its files stay: registered again, under another name
+    r = requests.post(f"{base}/namespaces/{ns}/register", headers=headers, timeout=30,
+                      json={"name": "again", "metadata-location": plain.metadata_location})
     assert r.status_code == 200 and r.json()["metadata-location"] == plain.metadata_location
     assert lake.catalog.load_table(f"{ns}.again").metadata.table_uuid == plain.metadata.table_uuid
     r = requests.post(f"{base}/namespaces/{ns}/register", headers=headers, timeout=30,
                       json={"name": "managed", "metadata-location": plain.metadata_location, "overwrite": True})
     assert r.status_code == 403 and "managed by icebarrier" in r.json()["error"]["message"]
-    report = {"report-type": "commit-report", "table-name": f"lake.{ns}.plain2", "snapshot-id": 1,
+    report = {"report-type": "commit-report", "table-name": f"lake.{ns}.again", "snapshot-id": 1,
               "sequence-number": 1, "operation": "append", "metrics": {"added-records": {"unit": "count", "value": 3}}}
-    r = requests.post(f"{base}/namespaces/{ns}/tables/plain2/metrics", json=report, headers=headers, timeout=30)
+    r = requests.post(f"{base}/namespaces/{ns}/tables/again/metrics", json=report, headers=headers, timeout=30)
     assert r.status_code == 204
-    r = requests.post(f"{base}/namespaces/{ns}/tables/plain2/metrics", json={**report, "snapshot-id": True},
+    r = requests.post(f"{base}/namespaces/{ns}/tables/again/metrics", json={**report, "snapshot-id": True},
                       headers=headers, timeout=30)
     assert r.status_code == 400 and "snapshot-id" in r.json()["error"]["message"]

@@ -20,12 +20,15 @@ class Admin(Sessions):
         self.require_writer(principal, table, managed, writer)
         return managed
 
-    @staticmethod
-    def create_args(request) -> dict:
+    def create_args(self, conn, table: TableName, request) -> dict:
+        """PyIceberg's arguments for creating ``table``, its location (given or the warehouse's
+        default) confined first."""
         from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
         from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 
-        return dict(schema=request.table_schema, location=request.location,
+        location = self.catalog._resolve_table_location(request.location, ".".join(table.namespace), table.name)
+        self.confine(conn, table, location, request.properties or {})
+        return dict(schema=request.table_schema, location=location,
                     partition_spec=request.partition_spec or UNPARTITIONED_PARTITION_SPEC,
                     sort_order=request.write_order or UNSORTED_SORT_ORDER, properties=request.properties)
 
@@ -39,7 +42,7 @@ class Admin(Sessions):
                                       access)
         self.may_write(conn, principal, table)
         make = self.catalog._create_staged_table if request.stage_create else self.catalog.create_table
-        made = make(table.identifier, **self.create_args(request))
+        made = make(table.identifier, **self.create_args(conn, table, request))
         return self.response(made.metadata_location, made.metadata, principal, access)
 
     @staticmethod
@@ -55,16 +58,19 @@ class Admin(Sessions):
         from pyiceberg.exceptions import NoSuchTableError
 
         managed = self.may_write(conn, principal, table)
+        if overwrite and managed:
+            raise ForbiddenError(f"table {table} is managed by icebarrier; registering over it would replace its "
+                                 f"barrier history. Revise it with `icebarrier revise` instead")
+        others = self.placed(conn)
+        self.confinement.check_file(str(table), metadata_location, others)  # before anything is read
         try:
             metadata, _ = self.metadata(metadata_location)
         except (OSError, ValueError) as exc:
             raise IcebarrierError(f"metadata-location {metadata_location!r} cannot be read as table metadata "
                                   f"({type(exc).__name__}); give the location of a metadata.json file") from None
+        self.confine(conn, table, metadata.location, metadata.properties, others=others)
         if not overwrite:
             self.catalog.register_table(table.identifier, metadata_location)
-        elif managed:
-            raise ForbiddenError(f"table {table} is managed by icebarrier; registering over it would replace its "
-                                 f"barrier history. Revise it with `icebarrier revise` instead")
         else:
             try:
                 current, _, _ = self.current(conn, table)

@@ -30,7 +30,7 @@ class Commits(Sessions):
         the job's sinks with no changes."""
         from pyiceberg.exceptions import NoSuchTableError
         from pyiceberg.table import Table
-        from pyiceberg.table.update import AddSnapshotUpdate, AssertCreate
+        from pyiceberg.table.update import AddSnapshotUpdate, AssertCreate, SetLocationUpdate, SetPropertiesUpdate
 
         session = self.session(conn, warehouse, principal) if warehouse.kind == "job" else None
         definition = jobs.load_definitions(conn, only=principal.job).get(principal.job) \
@@ -65,6 +65,9 @@ class Commits(Sessions):
                     current = None
             new = self.catalog._update_and_stage_table(current, table.identifier, tuple(change.requirements),
                                                        tuple(change.updates))
+            moved = any(isinstance(u, SetLocationUpdate) for u in change.updates)
+            paths = {k: v for u in change.updates if isinstance(u, SetPropertiesUpdate) for k, v in u.updates.items()}
+            self.confine(conn, table, new.metadata.location if moved else None, paths)
             added = [u.snapshot for u in change.updates if isinstance(u, AddSnapshotUpdate)]
             barrier = session.barrier if session else pending["barrier"] if pending else None
             if managed and added and session is None:

@@ -9,7 +9,7 @@ import contextvars
 import functools
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import psycopg
@@ -23,6 +23,7 @@ from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.tokens import Principal
 from icebarrier.iceberg_ext.catalog import barrier_of, coalesced_after, is_compaction, load_catalog
+from icebarrier.iceberg_ext import locations
 from icebarrier.iceberg_ext.config import Settings
 
 LATEST = Warehouse("latest")
@@ -76,7 +77,8 @@ def _catalog_sql(catalog_schema: str, text: str) -> str:
 class LakeCore:
     """The server's view of the lake: the SQL catalog (PyIceberg) plus the control plane."""
 
-    def __init__(self, settings: Settings, *, quiet_ms: int, pool_size: int = 8) -> None:
+    def __init__(self, settings: Settings, *, quiet_ms: int, pool_size: int = 8,
+                 allowed_locations: Iterable[str] = ()) -> None:
         if not settings.is_default_catalog:
             raise IcebarrierError("icebarrier serve serves the default SQL catalog in the control-plane database; "
                                   "remove [catalog_properties] from the configuration")
@@ -85,6 +87,7 @@ class LakeCore:
         self.catalog = load_catalog(settings)
         self.pool = db.pool(settings.dsn, settings.schema, max_size=pool_size)
         self.quiet_ms = quiet_ms
+        self.confinement = locations.Confinement.of(settings.warehouse, allowed_locations)
         self.metadata_cache = _LRU(4096)
         self.pinned_cache = _LRU(8192)
         in_catalog = functools.partial(_catalog_sql, settings.catalog_schema)
@@ -158,6 +161,27 @@ class LakeCore:
 
             raise NoSuchTableError(f"table {table} does not exist")
         return (row["metadata_location"], *self.metadata(row["metadata_location"]))
+
+    def placed(self, conn) -> list[locations.Placed]:
+        """Every table's location (the catalog's and the sinks sessions created), under a lock
+        that keeps two placements from passing the check at once (held to the transaction's end)."""
+        db.advisory_lock(conn, "table_location", [0], what="placing a table")
+        tables = locations.catalog_tables(conn, self.settings.catalog_schema, self.settings.catalog)
+        return locations.placed(tables, lambda pointer: self.metadata(pointer)[0].location)
+
+    def confine(self, conn, table: TableName, location: str | None, properties: Mapping[str, str], *,
+                others: list[locations.Placed] | None = None) -> None:
+        """Refuse a location (and path properties) of ``table`` outside the allowed prefixes or
+        overlapping another table's (:mod:`icebarrier.iceberg_ext.locations`); ``others``: the
+        tables' locations if the caller has them."""
+        paths = {k: v for k, v in properties.items() if k in locations.PATH_PROPERTIES}
+        if location is None and not paths:
+            return
+        others = self.placed(conn) if others is None else others
+        if location is not None:
+            self.confinement.check(str(table), location, others)
+        for key, path in paths.items():
+            self.confinement.check(str(table), path, others, what=f"property {key}")
 
     def metadata(self, location: str):
         def read():

@@ -86,7 +86,7 @@ class Sessions(LakeCore):
         if self.staged(conn, session.job, table) is not None or conn.execute(
                 self._pointer_sql, (table.catalog, ".".join(table.namespace), table.name)).fetchone() is not None:
             raise TableAlreadyExistsError(f"table {table} already exists")
-        made = self.catalog._create_staged_table(table.identifier, **self.create_args(request))
+        made = self.catalog._create_staged_table(table.identifier, **self.create_args(conn, table, request))
         if not request.stage_create:  # a staged create is committed by the client (AssertCreate) like any change
             self.catalog._write_metadata(made.metadata, made.io, made.metadata_location)
             self.stage(conn, session.job, table, session.barrier, None, made.metadata_location, None)

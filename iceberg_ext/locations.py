@@ -1,0 +1,155 @@
+"""Where tables live: every table location lies under the warehouse (or a prefix the server is
+told to allow), and no two tables' locations overlap, so nothing that cleans one table (purge,
+orphan-file removal, expiry) touches another's files.
+
+A table's location is its metadata's ``location``; for the catalog's tables it is read off the
+pointer (``<location>/metadata/<file>.metadata.json``, how every writer names metadata unless
+``write.metadata.path`` moves it) and from the metadata file only where the pointer does not
+have that form. Locations compare normalized: one scheme per store (``s3a``/``s3n`` are
+``s3``; a local path is ``file://``), no empty, ``.`` or ``..`` segments, no trailing ``/``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+from psycopg import sql
+
+from icebarrier.control_plane.errors import IcebarrierError
+
+# Table properties that place files outside the table's location: confined like it.
+PATH_PROPERTIES = ("write.data.path", "write.metadata.path", "write.object-storage.path",
+                   "write.folder-storage.path")
+_SAME_STORE = {"s3a": "s3", "s3n": "s3", "": "file"}
+
+
+class LocationRefusedError(IcebarrierError):
+    """A table location outside the allowed prefixes, or overlapping another table's (403)."""
+
+
+def normalized(location: str) -> str:
+    """``location`` in the one form locations compare in; a malformed one is refused."""
+    parts = urlsplit(location.strip())
+    scheme = _SAME_STORE.get(parts.scheme.lower(), parts.scheme.lower())
+    path = unquote(parts.path)
+    segments = path.split("/")
+    if any(s in (".", "..") for s in segments) or parts.query or parts.fragment:
+        raise LocationRefusedError(f"location {location!r} has '.', '..', '?' or '#' in its path; give it plainly")
+    if scheme != "file" and not parts.netloc:
+        raise LocationRefusedError(f"location {location!r} names no bucket; give scheme://bucket/path")
+    path = posixpath.normpath("/" + path.lstrip("/")).rstrip("/")
+    return f"{scheme}://{parts.netloc}{path}"
+
+
+def contains(outer: str, inner: str) -> bool:
+    """Whether normalized ``inner`` is ``outer`` or lies under it."""
+    return inner == outer or inner.startswith(outer + "/")
+
+
+def overlap(a: str, b: str) -> bool:
+    return contains(a, b) or contains(b, a)
+
+
+def location_of_pointer(metadata_location: str) -> str | None:
+    """The table location a metadata pointer implies (``<location>/metadata/<file>``), if it has that form."""
+    head, sep, file = metadata_location.rpartition("/metadata/")
+    return head if sep and head and "/" not in file else None
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A table (its name as the catalog spells it) and its normalized location."""
+
+    table: str
+    location: str
+
+
+def catalog_tables(conn, catalog_schema: str, catalog: str) -> list[tuple[str, str]]:
+    """(table, metadata location) of every table of the catalog, and of every sink a job session
+    created and has not published (its location is taken too)."""
+    rows = conn.execute(sql.SQL(
+        "SELECT concat_ws('.', catalog_name, table_namespace, table_name) AS name, metadata_location "
+        "FROM {}.iceberg_tables WHERE catalog_name = %s AND metadata_location IS NOT NULL "
+        "UNION ALL SELECT table_name, metadata_location FROM catalog_pending WHERE base_location IS NULL"
+    ).format(sql.Identifier(catalog_schema)), (catalog,)).fetchall()
+    return [(r["name"], r["metadata_location"]) for r in rows]
+
+
+def placed(tables: Iterable[tuple[str, str]], read_location: Callable[[str], str]) -> list[Placed]:
+    """Every table's normalized location; ``read_location(metadata_location)`` reads one off its
+    metadata file where the pointer does not say it."""
+    found = []
+    for table, pointer in tables:
+        try:
+            found.append(Placed(table, normalized(location_of_pointer(pointer) or read_location(pointer))))
+        except (IcebarrierError, OSError, ValueError):
+            continue  # a table whose metadata cannot be read places nothing (its load fails on its own)
+    return found
+
+
+def reader(properties: dict[str, str]) -> Callable[[str], str]:
+    """``read_location`` for :func:`placed` from PyIceberg's FileIO with ``properties``."""
+
+    def read(metadata_location: str) -> str:
+        from pyiceberg.io import load_file_io
+        from pyiceberg.serializers import FromInputFile
+
+        io = load_file_io(properties, metadata_location)
+        return FromInputFile.table_metadata(io.new_input(metadata_location)).location
+
+    return read
+
+
+def overlapping(tables: list[Placed]) -> list[tuple[Placed, Placed]]:
+    """Every pair of tables whose locations overlap (what earlier versions let in)."""
+    pairs, open_ = [], []  # open_: the chain of locations containing the current one
+    for t in sorted(tables, key=lambda p: (p.location + "/", p.table)):
+        while open_ and not contains(open_[-1].location, t.location):
+            open_.pop()
+        pairs.extend((outer, t) for outer in open_)
+        open_.append(t)
+    return pairs
+
+
+@dataclass(frozen=True, slots=True)
+class Confinement:
+    """The prefixes table locations may lie under (the warehouse first)."""
+
+    allowed: tuple[str, ...]
+
+    @classmethod
+    def of(cls, warehouse: str, extra: Iterable[str] = ()) -> Confinement:
+        return cls(tuple(normalized(p) for p in (warehouse, *extra)))
+
+    def check(self, table: str, location: str, others: Iterable[Placed], *, what: str = "location") -> str:
+        """Refuse ``location`` for ``table`` unless it lies strictly under an allowed prefix and
+        overlaps no other table's location; its normalized form."""
+        spot = self.allowed_spot(table, location, what)
+        for other in others:
+            if other.table != table and overlap(spot, other.location):
+                raise LocationRefusedError(
+                    f"{what} {location} of table {table} overlaps table {other.table} (at {other.location}); "
+                    f"give the table a location of its own")
+        return spot
+
+    def allowed_spot(self, table: str, location: str, what: str) -> str:
+        spot = normalized(location)
+        if not any(spot.startswith(prefix + "/") for prefix in self.allowed):
+            where = self.allowed[0] + (f" (or {', '.join(self.allowed[1:])})" if len(self.allowed) > 1 else "")
+            raise LocationRefusedError(
+                f"{what} {location} of table {table} is outside the warehouse {where}; place the table under "
+                f"it, or start `icebarrier serve` with --allowed-location for that prefix")
+        return spot
+
+    def check_file(self, table: str, file: str, others: Iterable[Placed]) -> None:
+        """Refuse a metadata file of ``table`` outside the allowed prefixes or under another
+        table's location."""
+        spot = self.allowed_spot(table, file, "metadata-location")
+        for other in others:
+            if other.table != table and contains(other.location, spot):
+                raise LocationRefusedError(
+                    f"metadata-location {file} lies under table {other.table}'s location {other.location}; "
+                    f"a table is registered from metadata of its own")

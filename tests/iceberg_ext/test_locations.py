@@ -1,0 +1,104 @@
+"""Table locations are confined: under the warehouse (or an allowed prefix), never overlapping
+another table's, for create, register, a commit's set-location and path properties; the probes
+of issue 27 with job A's own token against job B's table, on a local warehouse and on S3."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pyarrow as pa
+import pytest
+import requests
+from pyiceberg.exceptions import ForbiddenError, NoSuchTableError
+
+from icebarrier.control_plane import tokens
+from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest
+
+pytestmark = pytest.mark.slow
+
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+@pytest.fixture(params=["local", "s3"])
+def placed(request):
+    """(lake, server URI) on a local warehouse, then on S3."""
+    if request.param == "local":
+        return request.getfixturevalue("lake"), request.getfixturevalue("server")
+    return request.getfixturevalue("s3_lake"), request.getfixturevalue("s3_server")
+
+
+def _files_under(lake, location: str) -> set[str]:
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+    from pyarrow.fs import FileSelector
+
+    scheme, netloc, path = PyArrowFileIO.parse_location(location)
+    fs = PyArrowFileIO(lake.catalog.properties).fs_by_scheme(scheme, netloc)
+    return {f.path for f in fs.get_file_info(FileSelector(path, recursive=True))}
+
+
+def _refused(call, *words: str) -> str:
+    with pytest.raises(ForbiddenError) as refused:
+        call()
+    message = str(refused.value)
+    assert "\n" not in message.strip() and all(w in message for w in words), message
+    return message
+
+
+def test_a_job_cannot_place_its_tables_in_another_tables_location_or_outside_the_warehouse(placed):
+    lake, server = placed
+    Pipeline(lake, {"a": ["fa"], "b": ["fb"]}).advance()
+    ns = lake.namespace
+    b = lake.catalog.load_table(f"{ns}.fb")
+    owner = f"lake.{ns}.fb"
+    jid, secret = tokens.create(lake.conn, job=f"{ns}_a")
+    a = rest(server, "latest", f"{jid}:{secret}")
+    before = _files_under(lake, b.location())
+    outside = "file:///etc/icebarrier-probe" if lake.settings.warehouse.startswith("file:") \
+        else lake.settings.warehouse.rsplit("/", 1)[0] + "/elsewhere/probe"
+
+    # create: in B's directory, under it, above it; outside the warehouse; a path property into B's
+    _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=b.location()), "overlaps", owner)
+    _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=b.location() + "/data/x"), owner)
+    _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=b.location().rsplit("/", 1)[0]), "overlaps table")
+    _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=b.location() + "/../fb"), "'..'")
+    _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=outside), "outside the warehouse")
+    _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, properties={
+        "write.data.path": b.location() + "/data"}), "write.data.path", owner)
+    _refused(lambda: a.create_table_transaction(f"{ns}.probe", schema=SCHEMA, location=b.location()), owner)
+
+    # register B's current metadata file under a name of A's
+    _refused(lambda: a.register_table(f"{ns}.copy", b.metadata_location), "lies under", owner)
+
+    # a commit moving A's own table: to a place of its own, then into B's location
+    a.create_table(f"{ns}.mine", schema=SCHEMA)
+    auth = {"Authorization": f"Bearer {access_token(server, jid, secret)}"}
+    mine = f"{server}/v1/latest/namespaces/{ns}/tables/mine"
+
+    def move(location: str) -> requests.Response:
+        return requests.post(mine, json={"requirements": [], "updates": [
+            {"action": "set-location", "location": location}]}, headers=auth, timeout=30)
+
+    own = b.location().rsplit("/", 1)[0] + "/mine-moved"
+    assert move(own).status_code == 200
+    refused = move(b.location())
+    assert refused.status_code == 403 and owner in refused.json()["error"]["message"], refused.text
+
+    for name in ("probe", "copy"):
+        with pytest.raises(NoSuchTableError):
+            a.load_table(f"{ns}.{name}")
+    assert a.load_table(f"{ns}.mine").location() == own
+    assert _files_under(lake, b.location()) == before  # nothing of A's landed in B's directory
+
+
+def test_db_status_lists_overlaps_earlier_versions_let_in(lake):
+    """Two tables placed at one location behind the catalog's back (what an earlier version
+    served): `icebarrier db status` names both."""
+    Pipeline(lake, {"b": ["fb"]})
+    b = lake.catalog.load_table(f"{lake.namespace}.fb")
+    lake.catalog.create_table(f"{lake.namespace}.squatter", schema=SCHEMA, location=b.location() + "/data/sq")
+    done = subprocess.run(["icebarrier", "--output", "json", "db", "status"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    pairs = json.loads(done.stdout)["overlapping_locations"]
+    assert {"table": f"lake.{lake.namespace}.squatter", "under": f"lake.{lake.namespace}.fb"}.items() <= \
+        next(p for p in pairs if p["under"] == f"lake.{lake.namespace}.fb").items()
