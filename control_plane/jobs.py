@@ -301,7 +301,7 @@ def _complete(conn: psycopg.Connection, name: str, barrier: int, commits: dict[T
                coalesce)[0]
     return Completion(job=name, barrier=barrier, commits=commits,
                       sinks=tuple(sorted(TableName.parse(n) for n in row["sinks"])), noop=row["noop"],
-                      coalesced=coalesce and not row["noop"])
+                      coalesced=row["coalesced"])
 
 
 # -- one look: plan, skip, wait (DESIGN.md, "Cost of waiting") -------------------------------------------

@@ -24,12 +24,6 @@ from icebarrier.control_plane.errors import (
 )
 
 # The views users query (DESIGN.md, "Control-plane views").
-VIEWS = (
-    "job_sources", "job_sinks", "table_versions", "topology_edges",
-    "consistent_barrier", "barrier_delay", "job_delay", "active_leases",
-)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchemaStatus:
     schema: str
@@ -150,6 +144,7 @@ VIEWS = ("job_sources", "job_sinks", "table_versions", "topology_edges", "consis
          "job_delay", "active_leases", "barriers", "jobs", "job_source_tables", "job_sink_tables", "managed_tables",
          "table_commits", "table_completions", "expired_snapshots", "settings", "leases", "lease_snapshots",
          "input_ranges", "coalesced_ranges")
+ADMIN_VIEWS = ("audit",)  # the admin's only: never granted
 READABLE = (*VIEWS, "alembic_version")  # the revision: every client checks it on connect
 READER_FUNCTIONS = ("resolve_cut", "acquire_lease", "renew_lease", "release_lease")
 JOB_FUNCTIONS = (

@@ -17,6 +17,10 @@ Revises: 0013
 Create Date: 2026-11-25
 """
 
+import importlib.util
+import re
+from pathlib import Path
+
 from alembic import context, op
 from psycopg import sql
 
@@ -182,9 +186,50 @@ def _search_path() -> str:
     return f"{sql.Identifier(context.config.attributes['schema']).as_string(None)}, pg_temp"
 
 
+COMPLETE_BARRIER = "complete_barrier(text, bigint, text[], bigint[], text, boolean)"
+_JOB_ROLES = """
+SELECT r.rolname FROM pg_roles r
+WHERE NOT r.rolsuper AND r.oid <> (SELECT nspowner FROM pg_namespace WHERE nspname = current_schema())
+  AND has_function_privilege(r.oid, (SELECT p.oid FROM pg_proc p WHERE p.pronamespace = current_schema()::regnamespace
+                                     AND p.proname = 'complete_barrier' LIMIT 1), 'EXECUTE')
+"""
+
+
+def _complete_barrier(*, reporting_coalesced: bool) -> str:
+    """0010's ``complete_barrier``; with ``reporting_coalesced``, also returning what it recorded."""
+    path = Path(__file__).with_name("0010_cost_follows_change.py")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    earlier = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(earlier)
+    text = re.search(r"CREATE FUNCTION complete_barrier\(.*?END \$\$;", earlier.FUNCTIONS, re.S).group(0)
+    if reporting_coalesced:
+        edits = [("RETURNS TABLE (sinks text[], noop boolean)",
+                  "RETURNS TABLE (sinks text[], noop boolean, coalesced boolean)"),
+                 ("        noop := true;\n",
+                  "        noop := true;\n        coalesced := coalesce((SELECT bool_or(tc.coalesced) FROM table_completion tc\n"
+                  "            WHERE tc.table_id = (s.first_sink).table_id AND tc.barrier = p_barrier), false);\n"),
+                 ("    noop := false;\n", "    noop := false;\n    coalesced := v_between AND p_coalesce;\n")]
+        for old, new in edits:
+            assert text.count(old) == 1, old
+            text = text.replace(old, new)
+    return text.format(search_path=_search_path())
+
+
+def _replace_complete_barrier(*, reporting_coalesced: bool) -> None:
+    """Drop and create ``complete_barrier`` (its result type changes), keeping its grants."""
+    job_roles = [r[0] for r in op.get_bind().exec_driver_sql(_JOB_ROLES).fetchall()]
+    op.execute(f"DROP FUNCTION {COMPLETE_BARRIER}")
+    op.execute(_complete_barrier(reporting_coalesced=reporting_coalesced))
+    op.execute(f"REVOKE EXECUTE ON FUNCTION {COMPLETE_BARRIER} FROM PUBLIC")
+    for role in job_roles:
+        op.execute(f"GRANT EXECUTE ON FUNCTION {COMPLETE_BARRIER} TO {sql.Identifier(role).as_string(None)}")
+
+
 def upgrade() -> None:
     op.execute(UPGRADE.format(search_path=_search_path()))
+    _replace_complete_barrier(reporting_coalesced=True)
 
 
 def downgrade() -> None:
+    _replace_complete_barrier(reporting_coalesced=False)
     op.execute(DOWNGRADE)

@@ -184,3 +184,26 @@ def test_a_root_plans_only_up_to_its_input_watermark(conn, chain):
     plan = jobs.next_barrier(conn, "ingest", up_to=b1 - 1)
     assert (plan.barrier, plan.ready) == (b1, False)
     assert jobs.next_barrier(conn, "ingest").barrier == b3
+
+
+def test_completion_says_whether_the_database_recorded_a_coalesced_completion(conn):
+    """`--coalesce` over an empty range records an exact completion and says so; over skipped
+    barriers it coalesces and says so; a repeat reports what was recorded the first time."""
+    from icebarrier.control_plane import barriers, jobs
+    from tests.helpers import T, job
+
+    jobs.register(conn, job("src", sinks=["src_out"], external=["ext:src"]))
+    b1 = barriers.issue(conn).barrier
+    assert not jobs.complete(conn, "src", b1, {T("src_out"): 1}, coalesce=True).coalesced  # first: nothing to fold
+    b2 = barriers.issue(conn).barrier
+    exact = jobs.complete(conn, "src", b2, {T("src_out"): 2}, coalesce=True)
+    assert not exact.coalesced and not exact.noop  # the next barrier: an empty range, recorded exact
+    barriers.issue(conn)
+    b4 = barriers.issue(conn).barrier
+    folded = jobs.complete(conn, "src", b4, {T("src_out"): 4}, coalesce=True)
+    assert folded.coalesced and folded.to_json()["coalesced"] is True
+    again = jobs.complete(conn, "src", b4, {T("src_out"): 4})
+    assert again.noop and again.coalesced
+    assert not jobs.complete(conn, "src", b2, {T("src_out"): 2}, coalesce=True).coalesced
+    recorded = conn.execute("SELECT barrier, coalesced FROM table_completion ORDER BY barrier").fetchall()
+    assert [(r["barrier"], r["coalesced"]) for r in recorded] == [(b1, False), (b2, False), (b4, True)]

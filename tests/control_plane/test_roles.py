@@ -187,7 +187,7 @@ def test_readers_and_job_roles_read_views_never_base_tables(world):
     views = _relations(world["dsn"]["admin"], "v")
     assert {"catalog_token", "catalog_session", "catalog_pending", "job_grant", "table_commit", "audit_event",
             "idempotency_key"} <= set(tables)
-    assert set(views) == {*schema.VIEWS, "audit"}  # every view is granted but the admin's audit trail
+    assert set(views) == {*schema.VIEWS, *schema.ADMIN_VIEWS}  # every view is granted but the admin's
     with db.connect(world["dsn"]["job_a"]) as c:
         runs.record_range(c, "ingest_a", world["b2"], {"files": ["in-a"]})
     for role in ("reader", "job_a"):
