@@ -13,6 +13,7 @@ from icebarrier.apps.catalog.delegation import Access
 from icebarrier.apps.catalog.idempotency import Writes
 from icebarrier.apps.catalog.lake import NeedsStorage, memory_only
 from icebarrier.apps.catalog.deps import (
+    Caller,
     LakeDep,
     LoadTable,
     NamespacePath,
@@ -21,6 +22,7 @@ from icebarrier.apps.catalog.deps import (
     ReadTable,
     Writing,
     WriteTable,
+    acting,
 )
 from icebarrier.apps.catalog.models import (
     CommitTableRequest,
@@ -41,10 +43,16 @@ def _json(model) -> Response:
 
 
 @router.get("/namespaces/{namespace}/tables")
-def list_tables(warehouse: Reading, namespace: NamespacePath, lake: LakeDep, pageToken: str | None = None,
-                pageSize: PageSize = None):
-    found = lake.catalog.list_tables(namespace)
-    return {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in found]}
+def list_tables(warehouse: Reading, who: Caller, namespace: NamespacePath, lake: LakeDep,
+                pageToken: str | None = None, pageSize: PageSize = None):
+    """The catalog's tables; through a job's session also the sinks it created and has not
+    published (nobody else sees them yet)."""
+    found = set(lake.catalog.list_tables(namespace))
+    if warehouse.kind == "job":
+        with lake.pool.connection() as conn:
+            session = lake.session(conn, warehouse, acting(who[0], warehouse))
+            found.update(t.identifier for t in lake.created(conn, session.job) if t.namespace == namespace)
+    return {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in sorted(found)]}
 
 
 @router.post("/namespaces/{namespace}/tables")

@@ -423,3 +423,28 @@ def test_follow_runs_the_command_once_per_barrier_and_stops_on_sigterm(lake, ser
     assert summary["stopped_by_signal"] and [s["barrier"] for s in summary["steps"]] == marks
     counts = lake.catalog.load_table(f"{lake.namespace}.by_barrier").scan().to_arrow().to_pylist()
     assert sorted((r["barrier"], r["n"]) for r in counts) == list(zip(marks, (2, 3, 4)))
+
+
+def test_a_session_lists_the_sinks_it_created_and_only_it_sees_them(lake, server):
+    """A first run creates its sink through its session: `list tables` through the session shows
+    it before publishing; through latest (and other jobs) it is not there until published."""
+    import requests
+
+    from tests.iceberg_ext.catalog_server import access_token
+
+    creds = setup_pipeline(lake)
+    barriers.issue(lake.conn)
+    client_id, secret = creds["ingest"].split(":")
+    auth = {"Authorization": f"Bearer {access_token(server, client_id, secret)}"}
+    opened = requests.post(f"{server}/icebarrier/v1/jobs/ingest/session", json={}, headers=auth, timeout=30).json()
+    assert opened["ready"], opened
+    session = rest(server, "job", creds["ingest"])
+    latest = rest(server, "latest", creds["ingest"])
+    session.create_table(f"{lake.namespace}.orders", schema=pa.schema([("id", pa.int64()), ("barrier", pa.int64())]))
+    assert (lake.namespace, "orders") in session.list_tables(lake.namespace)
+    assert (lake.namespace, "orders") not in latest.list_tables(lake.namespace)
+    assert (lake.namespace, "orders") not in rest(server, "latest", creds["count"]).list_tables(lake.namespace)
+    published = requests.post(f"{server}/icebarrier/v1/jobs/ingest/session/publish",
+                              json={"run_id": opened["session"]["run_id"]}, headers=auth, timeout=30)
+    assert published.status_code == 200, published.text
+    assert (lake.namespace, "orders") in latest.list_tables(lake.namespace)

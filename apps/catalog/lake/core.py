@@ -218,6 +218,12 @@ class LakeCore:
         return conn.execute("SELECT barrier, base_location, metadata_location FROM catalog_pending "
                             "WHERE job_name = %s AND table_name = %s", (job, str(table))).fetchone()
 
+    def created(self, conn, job: str) -> list[TableName]:
+        """The tables the job's staged commits create (published with its barrier)."""
+        rows = conn.execute("SELECT table_name FROM catalog_pending WHERE job_name = %s AND base_location IS NULL",
+                            (job,)).fetchall()
+        return [TableName.parse(r["table_name"]) for r in rows]
+
     def stage(self, conn, job: str, table: TableName, barrier: int, base: str | None, location: str,
               expected: str | None) -> None:
         """Stage ``location`` as the job's commit of ``table`` for ``barrier``: the pointer stays at
