@@ -27,7 +27,7 @@ from enum import Enum
 
 import psycopg
 
-from icebarrier.control_plane import jobs
+from icebarrier.control_plane import db, jobs
 from icebarrier.control_plane.errors import BarrierError
 from icebarrier.control_plane.jobs import NextBarrier, Plan
 from icebarrier.control_plane.model import TableName
@@ -204,6 +204,13 @@ def open_session(conn: psycopg.Connection, job: str, *, skip: bool = True, coale
                          "held_until = clock_timestamp() + make_interval(secs => %s) WHERE job_name = %s",
                          (_run_id(), hold_s or 0, job))
             return Opening(session=_fresh(_row(conn, job, lock=False)), how=how)
+        # Expiry claims a table's snapshots under its lock, exclusive; the session, once its row
+        # commits, protects its sources' S(T, B) (protection(): a first run counts as at B).
+        sources = [r["table_id"] for r in conn.execute(
+            "SELECT m.table_id FROM job_sources s JOIN managed_tables m ON m.name = s.table_name "
+            "WHERE s.job_name = %s ORDER BY 1", (job,)).fetchall()]
+        if sources:
+            db.advisory_lock(conn, "table", sources, shared=True, what=f"opening job {job}'s session")
         step = jobs.advance(conn, job, skip=skip, coalesce=coalesce)
         plan = step.plan
         if not plan.ready:

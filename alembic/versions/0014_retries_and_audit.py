@@ -11,6 +11,12 @@
   that no action commits without its row; an action that is no row of its own appends
   through ``audit_append``. Only the admin reads it (view ``audit``): no grant to
   reader or job roles, and the table is written by the owner's functions only.
+- ``complete_barrier`` also returns ``coalesced``: whether the completion it recorded (or, for
+  a repeat, the one recorded before) coalesced barriers; ``--coalesce`` over an empty range
+  records an exact completion, and now says so.
+- ``protection`` protects what a job's session reads from the start: a job with no progress
+  yet (its first run) counts as at its session's barrier while the session lives, so its
+  sources' ``S(T, B)`` is kept as a job's progress is.
 
 Revision ID: 0014
 Revises: 0013
@@ -195,13 +201,33 @@ WHERE NOT r.rolsuper AND r.oid <> (SELECT nspowner FROM pg_namespace WHERE nspna
 """
 
 
-def _complete_barrier(*, reporting_coalesced: bool) -> str:
-    """0010's ``complete_barrier``; with ``reporting_coalesced``, also returning what it recorded."""
+def _from_0010(pattern: str) -> str:
+    """The statement of revision 0010's definitions or functions that ``pattern`` (a regular
+    expression) matches."""
     path = Path(__file__).with_name("0010_cost_follows_change.py")
     spec = importlib.util.spec_from_file_location(path.stem, path)
     earlier = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(earlier)
-    text = re.search(r"CREATE FUNCTION complete_barrier\(.*?END \$\$;", earlier.FUNCTIONS, re.S).group(0)
+    return re.search(pattern, earlier.DEFINITIONS + earlier.FUNCTIONS, re.S).group(0)
+
+
+_FIRST_RUN = ("(SELECT min(r.barrier) FROM input_range r WHERE r.job_name = j.name)) AS progress",
+              "(SELECT min(r.barrier) FROM input_range r WHERE r.job_name = j.name),\n"
+              "                        (SELECT js.barrier FROM job_session js WHERE js.job_name = j.name)) AS progress")
+
+
+def _protection(*, first_runs: bool) -> str:
+    """0010's ``protection``; with ``first_runs``, a session's barrier counting as its job's progress."""
+    text = _from_0010(r"CREATE FUNCTION protection\(.*?\nEND;").replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+    if first_runs:
+        assert text.count(_FIRST_RUN[0]) == 1
+        text = text.replace(*_FIRST_RUN)
+    return text.format(search_path=_search_path())
+
+
+def _complete_barrier(*, reporting_coalesced: bool) -> str:
+    """0010's ``complete_barrier``; with ``reporting_coalesced``, also returning what it recorded."""
+    text = _from_0010(r"CREATE FUNCTION complete_barrier\(.*?END \$\$;")
     if reporting_coalesced:
         edits = [("RETURNS TABLE (sinks text[], noop boolean)",
                   "RETURNS TABLE (sinks text[], noop boolean, coalesced boolean)"),
@@ -228,8 +254,10 @@ def _replace_complete_barrier(*, reporting_coalesced: bool) -> None:
 def upgrade() -> None:
     op.execute(UPGRADE.format(search_path=_search_path()))
     _replace_complete_barrier(reporting_coalesced=True)
+    op.execute(_protection(first_runs=True))
 
 
 def downgrade() -> None:
+    op.execute(_protection(first_runs=False))
     _replace_complete_barrier(reporting_coalesced=False)
     op.execute(DOWNGRADE)

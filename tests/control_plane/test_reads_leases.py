@@ -185,3 +185,76 @@ def test_bootstrap_is_refused_when_a_later_snapshot_is_already_gone(conn):
     assert jobs.next_barrier(conn, "late").barrier == marks[2]  # nothing was recorded: start newer
     cut = leases.acquire(conn, [T("src")], ttl_s=60, holder="b", barrier=marks[2], bootstrap_job="late")
     assert cut.barrier == marks[2]
+
+
+def test_a_first_runs_session_protects_what_it_reads_while_it_lives(conn):
+    """Issue 27: a bootstrapping job's session reads its sources at S(T, B); expiry must keep
+    those snapshots while the session lives (the pipeline moving on no longer frees them)."""
+    from icebarrier.control_plane import job_sessions
+
+    jobs.register(conn, job("ingest", sinks=["src"]))
+    jobs.register(conn, job("late", sources=["src"], sinks=["derived"]))
+    b0 = new_barrier(conn)
+    jobs.complete(conn, "ingest", b0, {T("src"): 100})
+    opened = job_sessions.open_session(conn, "late")
+    assert opened.session.barrier == b0 and opened.session.from_barrier is None  # a first run
+    for i, b in enumerate([new_barrier(conn), new_barrier(conn)], start=1):
+        jobs.complete(conn, "ingest", b, {T("src"): 100 + i})
+    claim = leases.claim_expiry(conn, T("src"), [100, 101], dry_run=True)
+    assert claim.removable == () and "job:late" in claim.protected[100].reasons
+    with conn.transaction():
+        job_sessions.close(conn, "late")  # the session ends (here: dropped): nothing reads S(src, b0) now
+    assert leases.claim_expiry(conn, T("src"), [100, 101], dry_run=True).removable == (100, 101)
+
+
+def test_expiry_racing_bootstrapping_sessions_never_removes_what_they_read(dsn, conn):
+    """A writer moving its table on and an expirer claiming every snapshot it may, in threads of
+    their own, while a first run opens its session again and again: no snapshot a session reads
+    is ever tombstoned while it lives."""
+    import threading
+
+    from icebarrier.control_plane import db, job_sessions
+
+    jobs.register(conn, job("ingest", sinks=["src"]))
+    jobs.register(conn, job("late", sources=["src"], sinks=["derived"]))
+    jobs.complete(conn, "ingest", new_barrier(conn), {T("src"): 1000})
+    stop, failures = threading.Event(), []
+
+    def writing():
+        with db.connect(dsn) as c:
+            for i in range(1, 10_000):
+                if stop.is_set():
+                    return
+                jobs.complete(c, "ingest", new_barrier(c), {T("src"): 1000 + i})
+
+    def expiring():
+        with db.connect(dsn) as c:
+            while not stop.is_set():
+                candidates = [r["snapshot_id"] for r in c.execute(
+                    "SELECT snapshot_id FROM table_commit WHERE snapshot_id NOT IN "
+                    "(SELECT snapshot_id FROM expired_snapshot)").fetchall()]
+                try:
+                    leases.claim_expiry(c, T("src"), candidates)
+                except Exception as exc:  # noqa: BLE001 - reported below
+                    failures.append(exc)
+                    return
+
+    threads = [threading.Thread(target=f) for f in (writing, expiring)]
+    for t in threads:
+        t.start()
+    try:
+        with db.connect(dsn) as c:
+            for _ in range(60):
+                session = job_sessions.open_session(c, "late").session
+                read = reads.resolve(c, [T("src")], barrier=session.barrier).snapshots[T("src")]
+                for _ in range(3):
+                    gone = c.execute("SELECT 1 FROM expired_snapshot WHERE snapshot_id = %s", (read,)).fetchone()
+                    assert gone is None, f"snapshot {read}, read by late's session at {session.barrier}, was expired"
+                with c.transaction():
+                    job_sessions.close(c, "late")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not failures, failures
+    assert conn.execute("SELECT count(*) AS n FROM expired_snapshot").fetchone()["n"] > 0  # expiry did run
