@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from icebarrier.cli.render import above, emit, table, terminal_progress
+from icebarrier.iceberg_ext.faults import MUTATIONS
 
 
 @click.command("check")
@@ -28,12 +29,18 @@ from icebarrier.cli.render import above, emit, table, terminal_progress
 @click.option("--warehouse", "under", metavar="URI",
               help="Put the run's warehouse under this one (e.g. s3://bucket/prefix, with the [storage] settings of "
                    "icebarrier.toml or the AWS_* variables); default: the run's temporary folder.")
+@click.option("--exec-jobs/--no-exec-jobs", default=True, show_default=True,
+              help="Run orders_in and balances_job as plain PyIceberg scripts under `icebarrier job exec`, through "
+                   "a catalog server the run starts and kills at random; validate cuts through it too.")
+@click.option("--mutation", type=click.Choice(MUTATIONS),
+              help="Run the catalog server with this deliberate bug: the run must fail (a test of the checker).")
 @click.pass_obj
 def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts: bool, keep: bool,
-          under: str | None) -> None:
+          under: str | None, exec_jobs: bool, mutation: str | None) -> None:
     """Run root and intermediate jobs and an expiry as real processes at random speeds, kill jobs
     at random fault points and restart the control-plane Postgres, while readers query at every
-    level; validate every barrier, read and pin against a model that is a function of the seed.
+    level (through the catalog server too); two jobs run under `icebarrier job exec`, whose
+    catalog server is killed and restarted; validate every barrier, read and pin against a model that is a function of the seed.
     Jobs coalesce at random and some run as batch jobs; cuts at coalesced barriers must be
     refused, anchors never.
 
@@ -62,7 +69,7 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts:
         report = CheckReport(seed=seed)
         with _live(report, duration_s, say) as line:
             run_check(env, duration_s=duration_s, fault_rate=fault_rate, server=server if restarts else None,
-                      progress=line, report=report)
+                      progress=line, report=report, exec_jobs=exec_jobs, mutation=mutation)
     finally:
         server.stop()
         if keep:
@@ -90,6 +97,10 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts:
             f"expiry (own process, racing the readers): {report.expiry_runs} run(s), "
             f"{report.snapshots_expired} snapshot(s) expired",
             f"faults injected: {faults}; Postgres restarts: {report.restarts}",
+            f"catalog server ({', '.join(report.exec_jobs) or 'no job exec jobs'} under job exec"
+            + (f"; mutation {report.mutation}" if report.mutation else "") + f"): {report.catalog_reads} "
+            f"read-committed read(s), {report.catalog_anomalies} anomal(ies), {report.catalog_validated} cut(s) "
+            f"validated through barrier-<B>, {report.catalog_unavailable} read(s) found it down",
             "reconnects after restarts: " + (", ".join(f"{who} x{w['reconnects']} (longest {w['max_wait_s']:.1f}s)"
                                                         for who, w in sorted(waited.items())) or "none"),
         ]

@@ -254,6 +254,17 @@ def note_succeeded(conn: psycopg.Connection, job: str, run_id: str | None) -> No
                  "run_id = %s)", (job, run_id, run_id))
 
 
+def compute_again(conn: psycopg.Connection, job: str, run_id: str | None) -> None:
+    """What the run staged cannot be published (its sinks moved under it): drop it; the job's
+    next run computes the barrier again instead of adopting it. Nothing if another run holds
+    the session now."""
+    with conn.transaction():
+        row = _row(conn, job, lock=True)
+        if row is not None and (run_id is None or row["run_id"] == run_id):
+            _drop_staged(conn, job)
+            conn.execute("UPDATE job_session SET succeeded_at = NULL WHERE job_name = %s", (job,))
+
+
 def _drop_staged(conn: psycopg.Connection, job: str) -> None:
     conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
 

@@ -18,6 +18,7 @@ import psycopg
 from psycopg import sql
 
 from icebarrier.control_plane import db
+from icebarrier.control_plane.errors import ControlPlaneUnavailableError
 from icebarrier.control_plane.jobs import NextBarrier
 
 SAFETY_POLL_S = 60.0  # a waiting job plans again this often even if no notice came
@@ -81,8 +82,7 @@ class Listener:
         """The notices that arrive within ``timeout_s`` (returns at the first, with any already
         queued). A lost connection is reopened, and reported as :data:`RESYNC`."""
         if self.conn is None or self.conn.closed:
-            self.open()
-            return [RESYNC]
+            return self._reopen(timeout_s)
         try:
             found = [Notice.parse(n.payload) for n in self.conn.notifies(timeout=max(timeout_s, 0.0), stop_after=1)]
             if found:
@@ -90,12 +90,19 @@ class Listener:
         except psycopg.OperationalError:
             self.close()
             time.sleep(min(timeout_s, 1.0))
-            try:
-                self.open()
-            except Exception:  # noqa: BLE001 - the control plane is away; the next wait tries again
-                return []
-            return [RESYNC]
+            return self._reopen(timeout_s)
         return found
+
+    def _reopen(self, timeout_s: float) -> list[Notice]:
+        """[RESYNC] once listening again; [] while the control plane is away (found by
+        `icebarrier check`: a failed reopen used to end the catalog server's listener thread)."""
+        try:
+            self.open()
+        except (psycopg.OperationalError, ControlPlaneUnavailableError):
+            self.close()
+            time.sleep(min(timeout_s, 1.0))
+            return []
+        return [RESYNC]
 
 
 @dataclass(slots=True)

@@ -29,3 +29,15 @@ def point(name: str) -> None:
     _passed[name] = _passed.get(name, 0) + 1
     if _passed[name] > int(os.environ.get(FAULT_AFTER_ENV, "0")):
         os._exit(CRASH_EXIT_CODE)
+
+
+# A deliberate bug a process is started with, for the checker's mutation tests (a checker must
+# fail a run with it): ``ICEBARRIER_MUTATION=nonatomic-publish`` makes the catalog server publish
+# a job session's staged commits one transaction at a time, the completion last.
+MUTATION_ENV = "ICEBARRIER_MUTATION"
+NONATOMIC_PUBLISH = "nonatomic-publish"
+MUTATIONS = (NONATOMIC_PUBLISH,)
+
+
+def mutated(name: str) -> bool:
+    return os.environ.get(MUTATION_ENV) == name

@@ -167,8 +167,11 @@ def publish_session(job: SessionJob, lake: LakeDep, once: Writes, body: RunReque
     run_id = (body or RunRequest()).run_id
     with lake.pool.connection() as conn:
         job_sessions.note_succeeded(conn, job, run_id)
-        return once.run_on(conn, lambda conn: JSONResponse(
+        response = once.run_on(conn, lambda conn: JSONResponse(
             {"completion": lake.publish_session(conn, job, run_id).to_json()}))
+        if response.status_code == 409:  # a sink moved under the run (not by expiry alone): its next run
+            job_sessions.compute_again(conn, job, run_id)  # computes the barrier again, never adopts this
+        return response
 
 
 @router.post("/release")

@@ -38,9 +38,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from icebarrier.apps.check.exec_jobs import EXEC_JOBS, CatalogServer, children, exec_command
 from icebarrier.apps.check.model import DERIVED, JOBS, ROOTS, SCHEMAS, check_cut, compare, events
 from icebarrier.apps.check.processes import Env, Reconnecting, barrier_number
-from icebarrier.control_plane import barriers, delays, jobs, leases, reads
+from icebarrier.control_plane import barriers, delays, jobs, leases, reads, tokens
 from icebarrier.control_plane.errors import (
     BarrierNotValidError,
     IcebarrierError,
@@ -75,18 +76,26 @@ RR_TTL_S = 2.0         # short: repeatable-read sessions outlive it, so renewal 
 @dataclass(frozen=True, slots=True)
 class Fault:
     at_s: float
-    kind: str            # kill (a job process, -9) or restart (the control-plane Postgres)
+    # kill (a job process, -9: for a job exec job, `job exec` itself), script (a job exec job's
+    # script alone, -9), restart (the control-plane Postgres), server (the catalog server, -9,
+    # started again down_s later)
+    kind: str
     job: str | None = None
     down_s: float = 0.0
 
 
-def fault_schedule(seed: int, duration_s: float, fault_rate: float, *, restarts: bool) -> list[Fault]:
+def fault_schedule(seed: int, duration_s: float, fault_rate: float, *, restarts: bool,
+                   exec_jobs: bool = False) -> list[Fault]:
     rng = random.Random(f"{seed}:schedule")
     kills = [Fault(at_s=rng.uniform(0.5, duration_s), kind="kill", job=rng.choice(JOBS))
              for _ in range(round(duration_s * fault_rate * 0.7))]
     downs = [Fault(at_s=rng.uniform(1.0, duration_s), kind="restart", down_s=round(rng.uniform(0.2, 1.5), 2))
              for _ in range(max(1, round(duration_s / 10)) if restarts else 0)]
-    return sorted(kills + downs, key=lambda f: f.at_s)
+    scripts = [Fault(at_s=rng.uniform(0.5, duration_s), kind="script", job=rng.choice(list(EXEC_JOBS)))
+               for _ in range(round(duration_s * fault_rate * 0.3) if exec_jobs else 0)]
+    servers = [Fault(at_s=rng.uniform(1.0, duration_s), kind="server", down_s=round(rng.uniform(0.2, 1.5), 2))
+               for _ in range(max(1, round(duration_s * fault_rate / 6)) if exec_jobs else 0)]
+    return sorted(kills + downs + scripts + servers, key=lambda f: f.at_s)
 
 
 def launch_fault(seed: int, job: str, launch_no: int, fault_rate: float) -> tuple[str | None, int]:
@@ -125,6 +134,12 @@ class CheckReport:
     waits: list[tuple[str, str, float]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     coverage_floor: float = COVERAGE_FLOOR
+    exec_jobs: list[str] = field(default_factory=list)  # the jobs run under `icebarrier job exec`
+    mutation: str | None = None  # the deliberate bug the catalog server ran with
+    catalog_reads: int = 0        # read-committed reads through the catalog server
+    catalog_validated: int = 0    # cuts validated through the catalog's barrier-<B> warehouse too
+    catalog_unavailable: int = 0  # catalog reads that found the server down (killed by the schedule)
+    catalog_anomalies: int = 0
 
     @property
     def coverage(self) -> float:
@@ -146,7 +161,7 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        return (not self.violations and self.anomalies["read-committed"] == 0
+        return (not self.violations and self.anomalies["read-committed"] == 0 and self.catalog_anomalies == 0
                 and self.anomalies["repeatable-read"] == 0 and self.coverage >= self.coverage_floor)
 
     def to_json(self) -> dict:
@@ -161,7 +176,9 @@ class CheckReport:
                 "leases_refused": self.leases_refused, "expiry_runs": self.expiry_runs,
                 "snapshots_expired": self.snapshots_expired, "faults": dict(self.faults), "restarts": self.restarts,
                 "reconnects": len(self.waits), "max_wait_s": round(max((w[2] for w in self.waits), default=0), 3),
-                "waited": self.waited(),
+                "waited": self.waited(), "exec_jobs": self.exec_jobs, "mutation": self.mutation,
+                "catalog": {"reads": self.catalog_reads, "validated": self.catalog_validated,
+                            "unavailable": self.catalog_unavailable, "anomalies": self.catalog_anomalies},
                 "violations": self.violations}
 
 
@@ -246,8 +263,15 @@ class _Pinner:
 
 
 class _Run:
-    def __init__(self, env: Env, report: CheckReport, *, fault_rate: float, server, progress) -> None:
+    def __init__(self, env: Env, report: CheckReport, *, fault_rate: float, server, progress, exec_jobs: bool = False,
+                 mutation: str | None = None) -> None:
         self.env, self.report, self.fault_rate, self.server, self.progress = env, report, fault_rate, server, progress
+        self.exec_jobs = set(EXEC_JOBS) if exec_jobs else set()
+        self.catalog_server = CatalogServer(env, Path(env.reports), mutation=mutation) if exec_jobs else None
+        self.barriers_file = Path(env.reports) / "barriers.jsonl"
+        self.numbered = 0  # barriers written to barriers_file
+        self.credentials: dict[str, str] = {}
+        self.exec_errors: dict[str, str] = {}
         self.rng = random.Random(env.seed)
         self.catalog = load_catalog(env.settings)
         self.names = [env.t(n) for n in SCHEMAS]
@@ -259,6 +283,47 @@ class _Run:
         self.rr: ConsistentRead | None = None
         self.rr_first = None
 
+    # -- barriers and the catalog server
+
+    def issue(self) -> None:
+        """Issue a barrier, and number every barrier issued since the last (the job exec scripts
+        read their ranges' numbers from the file)."""
+        self.cp.run("barrier", lambda conn: barriers.issue(conn))
+        marks = self.cp.run("barriers", lambda conn: conn.execute(
+            "SELECT barrier, n FROM (SELECT barrier, row_number() OVER (ORDER BY barrier) AS n FROM barrier) b "
+            "WHERE n > %s ORDER BY n", (self.numbered,)).fetchall())
+        with open(self.barriers_file, "a") as f:
+            f.writelines(json.dumps({"barrier": m["barrier"], "number": m["n"]}) + "\n" for m in marks)
+        self.numbered = self.report.barriers = marks[-1]["n"] if marks else self.numbered
+
+    def start_catalog(self) -> None:
+        """Tokens for the job exec jobs and the validator (a reader); the catalog server."""
+        if self.catalog_server is None:
+            return
+        for who in (*sorted(self.exec_jobs), "reader"):
+            self.credentials[who] = ":".join(self.cp.run("token", lambda conn, who=who: tokens.create(
+                conn, job=None if who == "reader" else who, name=f"check {who}")))
+        self.catalog_server.start()
+
+    def catalog_read(self, warehouse: str) -> dict | None:
+        """Every table as the catalog serves it through ``warehouse`` (one session); None if the
+        server was down or answered 503 (the schedule killed it, or Postgres restarted)."""
+        import requests
+        from pyiceberg.catalog.rest import RestCatalog
+        from pyiceberg.exceptions import ServiceUnavailableError
+
+        if self.catalog_server.down_until is not None:
+            self.report.catalog_unavailable += 1
+            return None
+        try:
+            catalog = RestCatalog(f"check-{warehouse}", uri=self.catalog_server.uri, warehouse=warehouse,
+                                  credential=self.credentials["reader"])
+            tables = {name: catalog.load_table(f"{self.env.ns}.{name}") for name in SCHEMAS}
+            return {name: table.scan().to_arrow() for name, table in tables.items()}
+        except (requests.ConnectionError, ServiceUnavailableError):
+            self.report.catalog_unavailable += 1
+            return None
+
     # -- processes
 
     def _spawn(self, *args: str, extra_env: dict | None = None) -> subprocess.Popen:
@@ -268,6 +333,17 @@ class _Run:
 
     def launch(self, job: str, until: int) -> None:
         self.launches[job] += 1
+        if job in self.exec_jobs:  # `icebarrier job exec --follow` (--once for the final barrier)
+            log = open(Path(self.env.reports) / f"{job}.log", "a")
+            proc = subprocess.Popen(
+                exec_command(job, uri=self.catalog_server.uri, credential=self.credentials[job], namespace=self.env.ns,
+                             seed=self.env.seed, barriers_file=self.barriers_file, follow=until == 2**62),
+                env={k: v for k, v in os.environ.items() if k not in (faults.FAULT_ENV, faults.MUTATION_ENV)},
+                stdout=log, stderr=log, text=True)
+            log.close()
+            proc.fault = None  # type: ignore[attr-defined]
+            self.procs[job] = proc
+            return
         point, after = launch_fault(self.env.seed, job, self.launches[job], self.fault_rate)
         extra = {faults.FAULT_ENV: point, faults.FAULT_AFTER_ENV: str(after)} if point else {}
         proc = self._spawn("job", self.env.to_json(), job, str(until), str(self.env.seed * 31 + self.launches[job]),
@@ -279,7 +355,16 @@ class _Run:
         if self.procs[job].poll() is None:
             self.procs[job].kill()
             self.procs[job].wait()
-            self.report.faults[f"{job}@killed"] += 1
+            self.report.faults[f"{job}@{'job exec ' if job in self.exec_jobs else ''}killed"] += 1
+
+    def kill_script(self, job: str) -> None:
+        """SIGKILL of the script a job exec job runs (job exec itself lives on)."""
+        for pid in children(self.procs[job].pid):
+            try:
+                os.kill(pid, 9)
+                self.report.faults[f"{job}@script killed"] += 1
+            except ProcessLookupError:
+                pass
 
     def reap(self, final: int | None) -> None:
         """Restart job processes that ended before their work was done."""
@@ -287,7 +372,12 @@ class _Run:
             code = proc.poll()
             if code is None:
                 continue
-            if code == faults.CRASH_EXIT_CODE:
+            if job in self.exec_jobs:
+                if code not in (0, -9):  # the script killed (137), the catalog unreachable too long (1)
+                    self.report.faults[f"{job}@job exec exit {code}"] += 1
+                    lines = (Path(self.env.reports) / f"{job}.log").read_text().strip().splitlines()
+                    self.exec_errors[job] = next((ln for ln in reversed(lines) if ln.startswith("error")), "")
+            elif code == faults.CRASH_EXIT_CODE:
                 self.report.faults[f"{job}@{proc.fault}"] += 1
             elif code not in (0, -9):
                 raise IcebarrierError(f"check process {job} failed (exit {code}): {proc.stderr.read()[-2000:]}")
@@ -328,6 +418,28 @@ class _Run:
                 problem = problem or compare(self.env.seed, self._number(cut.barrier), data)
             if problem:
                 self.report.anomaly(level, problem)
+        if self.catalog_server is not None and self.rng.random() < 0.3:  # a catalog read costs ~10 requests
+            self.catalog_read_committed()
+
+    def catalog_read_committed(self) -> None:
+        """A read-committed read through the catalog server: the invariants hold across its tables."""
+        try:
+            data = self.catalog_read("read-committed")
+        except FileNotFoundError:
+            self.report.excused["catalog read-committed: files expired mid-scan"] += 1
+            return
+        except Exception as exc:  # noqa: BLE001 - an error reading a valid cut is an anomaly
+            self.report.catalog_reads += 1
+            self.report.catalog_anomalies += 1
+            self.report.examples.setdefault("catalog read-committed", f"{type(exc).__name__}: {str(exc)[:200]}")
+            return
+        if data is None:
+            return
+        self.report.catalog_reads += 1
+        problem = check_cut(data)
+        if problem:
+            self.report.catalog_anomalies += 1
+            self.report.examples.setdefault("catalog read-committed", problem)
 
     def _read(self, conn, level: Level):
         with ConsistentRead(conn, self.catalog, self.names, level=level, holder="check") as r:
@@ -437,6 +549,18 @@ class _Run:
         problem = compare(self.env.seed, number, data) or check_cut(data)
         if problem:
             self.report.violations.append(f"cut at barrier #{number}: {problem}")
+        if self.catalog_server is not None:  # the same cut through the catalog's barrier-<B> warehouse
+            try:
+                served = self.catalog_read(f"barrier-{barrier}")
+            except Exception as exc:  # noqa: BLE001 - a pinned cut the catalog cannot serve is damage
+                self._violation(f"cut at barrier #{number} through the catalog: {type(exc).__name__}: "
+                                f"{str(exc)[:200]}")
+                return
+            if served is not None:
+                self.report.catalog_validated += 1
+                problem = compare(self.env.seed, number, served) or check_cut(served)
+                if problem:
+                    self._violation(f"cut at barrier #{number} through the catalog: {problem}")
 
     # -- audits
 
@@ -548,20 +672,28 @@ class _Run:
                     self.report.snapshots_expired += len(record["expired"])
 
 
+FINAL_TIMEOUT_S = 180.0  # every job reaches the final barrier within this, or the run fails
+
+
 def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, server=None, progress=print,
-              report: CheckReport | None = None) -> CheckReport:
+              report: CheckReport | None = None, exec_jobs: bool = True, mutation: str | None = None) -> CheckReport:
     """One seeded run. ``server`` (an :class:`~icebarrier.apps.embedded.EmbeddedPostgres` the run
-    owns) is restarted by the fault schedule; without it the schedule has no restarts. Pass a
-    ``report`` to watch a live run from another thread."""
+    owns) is restarted by the fault schedule; without it the schedule has no restarts. With
+    ``exec_jobs``, two jobs run under ``icebarrier job exec`` through a catalog server the run
+    starts (and kills), which runs with the deliberate bug ``mutation`` if given
+    (:data:`icebarrier.iceberg_ext.faults.MUTATIONS`). Pass a ``report`` to watch a live run
+    from another thread."""
     report = report or CheckReport(seed=env.seed)
     Path(env.reports).mkdir(parents=True, exist_ok=True)
     running = Path(env.reports) / "running"
     running.touch()
-    run = _Run(env, report, fault_rate=fault_rate, server=server, progress=progress)
+    run = _Run(env, report, fault_rate=fault_rate, server=server, progress=progress, exec_jobs=exec_jobs,
+               mutation=mutation)
+    report.exec_jobs, report.mutation = sorted(run.exec_jobs), mutation
     run.cp.run("setup", lambda conn: setup(env, conn, run.catalog))
-    schedule = fault_schedule(env.seed, duration_s, fault_rate, restarts=server is not None)
-    run.cp.run("barrier", lambda conn: barriers.issue(conn))
-    report.barriers = 1
+    schedule = fault_schedule(env.seed, duration_s, fault_rate, restarts=server is not None, exec_jobs=exec_jobs)
+    run.issue()
+    run.start_catalog()
     for job in JOBS:
         run.launch(job, 2**62)
     run.wait_for_start()
@@ -575,19 +707,35 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, serv
                 fault = schedule.pop(0)
                 if fault.kind == "kill":
                     run.kill(fault.job)
+                elif fault.kind == "script":
+                    run.kill_script(fault.job)
+                elif fault.kind == "server":
+                    run.catalog_server.kill(fault.down_s)
+                    report.faults["catalog server@killed"] += 1
                 else:
                     progress(f"check: restarting the control-plane Postgres ({fault.down_s}s down)")
                     server.restart(down_s=fault.down_s)
                     report.restarts += 1
+            if run.catalog_server is not None:
+                run.catalog_server.tend()
             if final is None and elapsed > duration_s:
+                if run.catalog_server is not None and run.catalog_server.down_until is not None:
+                    run.catalog_server.start()
                 final = run.cp.run("barrier", lambda conn: barriers.newest(conn).barrier)
                 progress(f"check: {report.barriers} barriers issued; waiting for every job to complete the last")
                 for job in JOBS:  # a hard kill mid-work, then a run that stops at the final barrier
                     run.kill(job)
                     run.launch(job, final)
             for _ in range(run.rng.randrange(0, 4) if final is None else 0):  # faster than some jobs keep up
-                run.cp.run("barrier", lambda conn: barriers.issue(conn))
-                report.barriers += 1
+                run.issue()
+            if final is not None and elapsed > duration_s + FINAL_TIMEOUT_S:
+                behind = {j: run.cp.run("progress", lambda c, j=j: jobs.show(c, j).progress) for j in JOBS}
+                for job, at in behind.items():
+                    if at != final:
+                        report.violations.append(
+                            f"job {job} did not reach the final barrier in {FINAL_TIMEOUT_S:g}s (at {at}, final "
+                            f"{final}){': ' + run.exec_errors[job] if run.exec_errors.get(job) else ''}")
+                break
             run.reap(final)
             run.read_levels()
             run.repeatable_read()
@@ -610,18 +758,24 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, serv
         for proc in run.procs.values():
             if proc.poll() is None:
                 proc.kill()
-    if expiry.returncode not in (0, None):
-        report.violations.append(f"the expiry process failed: {expiry.stderr.read()[-1000:]}")
-    run.validate_new(upto=final)
-    run.audit_pins()
-    run.audit_commits(final=True)
-    run.audit_inputs()
-    run.count_completions()
-    if report.anchors_validated == 0:
-        report.violations.append("no anchor was validated: the run proves nothing about anchors")
-    run.collect()
-    run.cp.close()
-    run.pinner.cp.close()
+    try:
+        if expiry.returncode not in (0, None):
+            report.violations.append(f"the expiry process failed: {expiry.stderr.read()[-1000:]}")
+        run.validate_new(upto=final)
+        run.audit_pins()
+        run.audit_commits(final=True)
+        run.audit_inputs()
+        run.count_completions()
+        if report.anchors_validated == 0:
+            report.violations.append("no anchor was validated: the run proves nothing about anchors")
+        if run.catalog_server is not None and report.catalog_validated == 0:
+            report.violations.append("no cut was validated through the catalog: the run proves nothing about it")
+        run.collect()
+    finally:
+        if run.catalog_server is not None:
+            run.catalog_server.stop()
+        run.cp.close()
+        run.pinner.cp.close()
     return report
 
 

@@ -240,6 +240,30 @@ class LakeCore:
         if moved != 1:
             raise CommitFailedException(f"table {table} was changed by another commit; retry")
 
+    def rebased(self, table: TableName, base: str, current: str, staged: str) -> str:
+        """A staged commit built on ``base``, rebased onto ``current`` where maintenance only
+        removed snapshots meanwhile (expiry: the same refs, no snapshot added): the staged
+        metadata without those snapshots, written next to it. Found by `icebarrier check`: an
+        expiry while a session ran made its publish fail for ever. Anything else moved the
+        table: refused (:class:`CommitFailedException`), the job computes the barrier again."""
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.table import Table
+        from pyiceberg.table.update import RemoveSnapshotsUpdate
+
+        (was, _), (now, _), (mine, io) = self.metadata(base), self.metadata(current), self.metadata(staged)
+        before, after = {s.snapshot_id for s in was.snapshots}, {s.snapshot_id for s in now.snapshots}
+        if after - before or now.refs != was.refs or now.schemas != was.schemas or now.properties != was.properties:
+            raise CommitFailedException(f"table {table} was changed outside the barrier staged for it (not by "
+                                        f"expiry alone); run the job again")
+        gone = sorted((before - after) & {s.snapshot_id for s in mine.snapshots})
+        if not gone:
+            return staged
+        new = self.catalog._update_and_stage_table(Table(table.identifier, mine, staged, io, self.catalog),
+                                                   table.identifier, (), (RemoveSnapshotsUpdate(snapshot_ids=gone),))
+        self.catalog._write_metadata(new.metadata, new.io, new.metadata_location)
+        self.metadata_cache.get(new.metadata_location, lambda: (new.metadata, new.io))
+        return new.metadata_location
+
     def swap_staged(self, conn, job: str, barrier: int | None = None) -> tuple[int, dict[TableName, int], bool]:
         """Swap every pointer the job staged to its staged commit (inside the caller's
         transaction) and drop the staging. Returns the barrier (``barrier`` None: the one they
@@ -254,7 +278,13 @@ class LakeCore:
         barrier, commits, coalesced = marks.pop(), {}, False
         for r in rows:
             table = TableName.parse(r["table_name"])
-            self.point(conn, table, r["metadata_location"], r["base_location"],
+            location, base = r["metadata_location"], r["base_location"]
+            if base is not None:
+                now = conn.execute(self._pointer_sql, (table.catalog, ".".join(table.namespace), table.name)).fetchone()
+                if now is not None and now["metadata_location"] != base:
+                    location, base = self.rebased(table, base, now["metadata_location"], location), \
+                        now["metadata_location"]
+            self.point(conn, table, location, base,
                        lost=f"was changed outside job {job}'s barrier; run the job again")
             main = self.metadata(r["metadata_location"])[0].current_snapshot()
             if main is not None and barrier_of(main) == barrier and not is_compaction(main):

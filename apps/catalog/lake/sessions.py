@@ -4,6 +4,8 @@ barrier stamped into its snapshots, its staged creations, and its publish.
 
 from __future__ import annotations
 
+import time
+
 from icebarrier.apps.catalog.delegation import Delegation
 from icebarrier.apps.catalog.errors import ForbiddenError
 from icebarrier.apps.catalog.lake.core import LATEST, LakeCore
@@ -97,6 +99,8 @@ class Sessions(LakeCore):
         in one transaction (sinks it did not write complete B unchanged). The session is marked
         succeeded first, so that a publish cut short is adopted by the job's next run."""
         job_sessions.mark_succeeded(conn, job, run_id)
+        if faults.mutated(faults.NONATOMIC_PUBLISH):
+            return self._publish_piecemeal(conn, job, run_id)
         with conn.transaction():
             session = job_sessions.get(conn, job, run_id=run_id, lock=True)
             _, commits, _ = self.swap_staged(conn, job, session.barrier)
@@ -106,3 +110,27 @@ class Sessions(LakeCore):
             coalesce = session.plan is Plan.COALESCE and (bool(commits) or not session.root)
             with conn.transaction():
                 return jobs.complete(conn, job, session.barrier, commits, run_id=session.run_id, coalesce=coalesce)
+
+    def _publish_piecemeal(self, conn, job: str, run_id: str | None) -> Completion:
+        """The mutation :data:`~icebarrier.iceberg_ext.faults.NONATOMIC_PUBLISH`: what a server
+        that swaps a session's pointers one transaction at a time does (a bug the checker must
+        catch: a crash in between leaves sinks swapped with no completion)."""
+        session = job_sessions.get(conn, job, run_id=run_id)
+        rows = conn.execute("SELECT table_name, base_location, metadata_location FROM catalog_pending "
+                            "WHERE job_name = %s ORDER BY table_name", (job,)).fetchall()
+        commits = {}
+        for r in rows:
+            table = TableName.parse(r["table_name"])
+            with self.pool.connection() as own, own.transaction():
+                self.point(own, table, r["metadata_location"], r["base_location"])
+                own.execute("DELETE FROM catalog_pending WHERE job_name = %s AND table_name = %s",
+                            (job, r["table_name"]))
+            main = self.metadata(r["metadata_location"])[0].current_snapshot()
+            if main is not None and barrier_of(main) == session.barrier:
+                commits[table] = main.snapshot_id
+            time.sleep(0.3)
+        with conn.transaction():
+            job_sessions.close(conn, job)
+            coalesce = session.plan is Plan.COALESCE and (bool(commits) or not session.root)
+            return jobs.complete(conn, job, session.barrier, commits, run_id=session.run_id, coalesce=coalesce)
+
