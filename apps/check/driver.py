@@ -650,6 +650,30 @@ class _Run:
                     self._violation(f"{self.env.t(table)} completed barrier {r['barrier']} with input "
                                     f"({r['spec']['t_from']}, {r['spec']['t_to']}] but has no commit record for it")
 
+    def audit_publishes(self) -> None:
+        """A job exec job's sinks never show a barrier its job has not completed: the catalog
+        swaps a session's pointers and completes its barrier in one transaction. Pointer and
+        watermark are read in one statement (one snapshot of the database)."""
+        from pyiceberg.io import load_file_io
+        from pyiceberg.serializers import FromInputFile
+        from psycopg import sql
+
+        settings = self.env.settings
+        query = sql.SQL(
+            "SELECT m.name, m.watermark, t.metadata_location FROM managed_table m JOIN {}.iceberg_tables t "
+            "ON t.catalog_name = %s AND t.table_namespace = %s AND m.name = t.catalog_name || '.' || "
+            "t.table_namespace || '.' || t.table_name WHERE m.name = ANY(%s)").format(
+            sql.Identifier(settings.catalog_schema))
+        sinks = [str(self.env.t(DERIVED[j][1] if j in DERIVED else ROOTS[j])) for j in sorted(self.exec_jobs)]
+        for row in self.cp.run("audit publishes", lambda conn: conn.execute(
+                query, (settings.catalog, self.env.ns, sinks)).fetchall()):
+            io = load_file_io(settings.pyiceberg_properties(), row["metadata_location"])
+            current = FromInputFile.table_metadata(io.new_input(row["metadata_location"])).current_snapshot()
+            shown = int(summary_properties(current).get(SUMMARY_BARRIER, 0)) if current is not None else 0
+            if shown > (row["watermark"] or 0):
+                self._violation(f"{row['name']} shows barrier {shown} while its job has completed only "
+                                f"{row['watermark']}: a session's commits were visible before its barrier completed")
+
     def count_completions(self) -> None:
         """How the jobs completed barriers: one exact barrier, a skipped run, a coalesced range."""
         for kinds in self.cp.run("completions", delays.completion_kinds).values():
@@ -737,6 +761,8 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, serv
                             f"{final}){': ' + run.exec_errors[job] if run.exec_errors.get(job) else ''}")
                 break
             run.reap(final)
+            if run.exec_jobs:
+                run.audit_publishes()
             run.read_levels()
             run.repeatable_read()
             run.validate_new()

@@ -71,6 +71,25 @@ def test_short_seeded_check_run_passes():
     assert report["coverage"] >= report["coverage_floor"] and report["validated"] > 0
     assert report["restarts"] >= 1 and report["reconnects"] > 0 and sum(report["faults"].values()) > 0
     assert report["expiry_runs"] > 0 and report["rr_sessions"] > 0
+    # two jobs ran under `icebarrier job exec`, through a catalog server the run killed; cuts
+    # were validated through the catalog's barrier-<B> warehouse and read through read-committed
+    assert report["exec_jobs"] == ["balances_job", "orders_in"] and report["mutation"] is None
+    assert report["faults"].get("catalog server@killed", 0) >= 1
+    assert report["catalog"]["validated"] > 0 and report["catalog"]["reads"] > 0
+    assert report["catalog"]["anomalies"] == 0
+
+
+@pytest.mark.slow
+def test_a_server_that_publishes_non_atomically_fails_the_check():
+    """The checker's mutation test: a catalog server publishing a session's staged commits one
+    transaction at a time (ICEBARRIER_MUTATION=nonatomic-publish) must fail the run."""
+    done = subprocess.run([sys.executable, "-m", "icebarrier.cli.main", "--output", "json", "check", "--seed", "11",
+                           "--duration", "12", "--mutation", "nonatomic-publish"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 1, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert not report["ok"] and report["mutation"] == "nonatomic-publish"
+    assert any("visible before its barrier completed" in v for v in report["violations"]), report["violations"]
 
 
 @pytest.mark.slow
@@ -105,6 +124,9 @@ def test_fault_schedule_is_a_function_of_the_seed():
     assert [launch_fault(7, "orders_in", n, 0.5) for n in range(10)] == \
         [launch_fault(7, "orders_in", n, 0.5) for n in range(10)]
     assert not [f for f in fault_schedule(7, 20, 0.3, restarts=False) if f.kind == "restart"]
+    with_exec = fault_schedule(7, 60, 0.3, restarts=True, exec_jobs=True)
+    assert {"kill", "script", "server", "restart"} <= {f.kind for f in with_exec}
+    assert not [f for f in fault_schedule(7, 60, 0.3, restarts=True) if f.kind in ("script", "server")]
 
 
 def _with_terminal_stderr(args: list[str]) -> tuple[int, str, str]:
