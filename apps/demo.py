@@ -25,9 +25,9 @@ import psycopg
 from icebarrier.control_plane import barriers, delays, jobs, reads, topology
 from icebarrier.control_plane.errors import NoValidCutError
 from icebarrier.control_plane.model import Level, TableName, barrier_label
+from icebarrier.iceberg_ext.job import RootJob, SqlJob
 from icebarrier.iceberg_ext.maintenance import expire
 from icebarrier.iceberg_ext.reads import ConsistentRead
-from icebarrier.iceberg_ext.job import RootJob, SqlJob
 from icebarrier.iceberg_ext.runtime import Runtime
 from icebarrier.iceberg_ext.sources import PostgresSource
 
@@ -57,9 +57,13 @@ class DemoResult:
 
     def to_json(self) -> dict:
         return {
-            "scenario": self.scenario, "barriers": self.barriers, "seconds": round(self.seconds, 1),
-            "levels": {k: {"queries": v.queries, "anomalies": v.anomalies, "example": v.example}
-                       for k, v in self.levels.items()},
+            "scenario": self.scenario,
+            "barriers": self.barriers,
+            "seconds": round(self.seconds, 1),
+            "levels": {
+                k: {"queries": v.queries, "anomalies": v.anomalies, "example": v.example}
+                for k, v in self.levels.items()
+            },
             "repeatable_read_changes": self.repeatable_read_changes,
             "table_delays": [d.to_json() for d in self.table_delays],
             "job_delays": [d.to_json() for d in self.job_delays],
@@ -92,42 +96,61 @@ class Shopping(Scenario):
     name = "shopping"
 
     def setup(self, spark):
-        self.tables = {n: TableName.parse(f"lake.{self.ns}.{n}") for n in ("shopping", "user_item_amount",
-                                                                             "user_item_price")}
-        ddl = {"shopping": "user_id bigint, item_id bigint, amount bigint, price double",
-               "user_item_amount": "user_id bigint, item_id bigint, amount bigint",
-               "user_item_price": "user_id bigint, item_id bigint, price double"}
+        self.tables = {
+            n: TableName.parse(f"lake.{self.ns}.{n}") for n in ("shopping", "user_item_amount", "user_item_price")
+        }
+        ddl = {
+            "shopping": "user_id bigint, item_id bigint, amount bigint, price double",
+            "user_item_amount": "user_id bigint, item_id bigint, amount bigint",
+            "user_item_price": "user_id bigint, item_id bigint, price double",
+        }
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.{self.ns}")
         for n, cols in ddl.items():
             spark.sql(f"CREATE TABLE IF NOT EXISTS {self.t(n)} ({cols}) USING iceberg")
         with psycopg.connect(self.dsn, autocommit=True) as c:
-            c.execute("CREATE TABLE IF NOT EXISTS public.demo_shopping (id bigserial PRIMARY KEY, user_id bigint, "
-                      "item_id bigint, amount bigint, price double precision)")
+            c.execute(
+                "CREATE TABLE IF NOT EXISTS public.demo_shopping (id bigserial PRIMARY KEY, user_id bigint, "
+                "item_id bigint, amount bigint, price double precision)"
+            )
         source = PostgresSource(self.dsn, "public.demo_shopping", ["user_id", "item_id", "amount", "price"], key="id")
         return [
             RootJob(name=f"{self.ns}_ingest", sinks=[str(self.t("shopping"))], source=source),
-            SqlJob(f"{self.ns}_user_item_amount", f"INSERT INTO {self.t('user_item_amount')} SELECT user_id, item_id, "
-                   f"sum(amount) AS amount FROM {self.t('shopping')} GROUP BY user_id, item_id"),
-            SqlJob(f"{self.ns}_user_item_price", f"INSERT INTO {self.t('user_item_price')} SELECT user_id, item_id, "
-                   f"sum(amount * price) AS price FROM {self.t('shopping')} GROUP BY user_id, item_id"),
+            SqlJob(
+                f"{self.ns}_user_item_amount",
+                f"INSERT INTO {self.t('user_item_amount')} SELECT user_id, item_id, "
+                f"sum(amount) AS amount FROM {self.t('shopping')} GROUP BY user_id, item_id",
+            ),
+            SqlJob(
+                f"{self.ns}_user_item_price",
+                f"INSERT INTO {self.t('user_item_price')} SELECT user_id, item_id, "
+                f"sum(amount * price) AS price FROM {self.t('shopping')} GROUP BY user_id, item_id",
+            ),
         ]
 
     def produce(self, round_no):
-        rows = [(self.rng.randrange(10), self.rng.randrange(5), self.rng.randrange(1, 5),
-                 float(self.rng.randrange(1, 50))) for _ in range(40)]
+        rows = [
+            (self.rng.randrange(10), self.rng.randrange(5), self.rng.randrange(1, 5), float(self.rng.randrange(1, 50)))
+            for _ in range(40)
+        ]
         with psycopg.connect(self.dsn, autocommit=True) as c, c.cursor() as cur:
-            cur.executemany("INSERT INTO public.demo_shopping (user_id, item_id, amount, price) "
-                            "VALUES (%s, %s, %s, %s)", rows)
+            cur.executemany(
+                "INSERT INTO public.demo_shopping (user_id, item_id, amount, price) VALUES (%s, %s, %s, %s)", rows
+            )
 
     def check(self, spark, reader):
-        q = reader.sql(spark, f"""
-            SELECT (SELECT sum(amount) FROM {self.t('shopping')}) AS src_amount,
-                   (SELECT sum(amount * price) FROM {self.t('shopping')}) AS src_price,
-                   (SELECT sum(amount) FROM {self.t('user_item_amount')}) AS amount,
-                   (SELECT sum(price) FROM {self.t('user_item_price')}) AS price""").collect()[0]
+        q = reader.sql(
+            spark,
+            f"""
+            SELECT (SELECT sum(amount) FROM {self.t("shopping")}) AS src_amount,
+                   (SELECT sum(amount * price) FROM {self.t("shopping")}) AS src_price,
+                   (SELECT sum(amount) FROM {self.t("user_item_amount")}) AS amount,
+                   (SELECT sum(price) FROM {self.t("user_item_price")}) AS price""",
+        ).collect()[0]
         if (q.src_amount or 0) != (q.amount or 0) or abs((q.src_price or 0) - (q.price or 0)) > 1e-6:
-            return (f"shopping has amount {_sum(q.src_amount)} / revenue {_sum(q.src_price)}, but user_item_amount "
-                    f"says {_sum(q.amount)} and user_item_price {_sum(q.price)}")
+            return (
+                f"shopping has amount {_sum(q.src_amount)} / revenue {_sum(q.src_price)}, but user_item_amount "
+                f"says {_sum(q.amount)} and user_item_price {_sum(q.price)}"
+            )
         return None
 
 
@@ -142,19 +165,27 @@ class Transfers(Scenario):
     def setup(self, spark):
         self.tables = {n: TableName.parse(f"lake.{self.ns}.{n}") for n in ("ledger", "balances")}
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.{self.ns}")
-        spark.sql(f"CREATE TABLE IF NOT EXISTS {self.t('ledger')} (transfer_id bigint, account bigint, delta bigint, "
-                  f"ts timestamp) USING iceberg")
+        spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {self.t('ledger')} (transfer_id bigint, account bigint, delta bigint, "
+            f"ts timestamp) USING iceberg"
+        )
         spark.sql(f"CREATE TABLE IF NOT EXISTS {self.t('balances')} (account bigint, balance bigint) USING iceberg")
         with psycopg.connect(self.dsn, autocommit=True) as c:
-            c.execute("CREATE TABLE IF NOT EXISTS public.demo_transfer_legs (id bigserial PRIMARY KEY, "
-                      "transfer_id bigint, account bigint, delta bigint, ts timestamptz NOT NULL DEFAULT now())")
-        source = PostgresSource(self.dsn, "public.demo_transfer_legs", ["transfer_id", "account", "delta", "ts"],
-                                event_time="ts")
+            c.execute(
+                "CREATE TABLE IF NOT EXISTS public.demo_transfer_legs (id bigserial PRIMARY KEY, "
+                "transfer_id bigint, account bigint, delta bigint, ts timestamptz NOT NULL DEFAULT now())"
+            )
+        source = PostgresSource(
+            self.dsn, "public.demo_transfer_legs", ["transfer_id", "account", "delta", "ts"], event_time="ts"
+        )
         opening = " UNION ALL ".join(f"SELECT {a} AS account, {OPENING} AS delta" for a in range(ACCOUNTS))
         return [
             RootJob(name=f"{self.ns}_ledger", sinks=[str(self.t("ledger"))], source=source),
-            SqlJob(f"{self.ns}_balances", f"INSERT INTO {self.t('balances')} SELECT account, sum(delta) AS balance "
-                   f"FROM (SELECT account, delta FROM {self.t('ledger')} UNION ALL {opening}) GROUP BY account"),
+            SqlJob(
+                f"{self.ns}_balances",
+                f"INSERT INTO {self.t('balances')} SELECT account, sum(delta) AS balance "
+                f"FROM (SELECT account, delta FROM {self.t('ledger')} UNION ALL {opening}) GROUP BY account",
+            ),
         ]
 
     def produce(self, round_no):
@@ -164,14 +195,20 @@ class Transfers(Scenario):
                 amount = self.rng.randrange(1, 100)
                 with c.transaction():  # one source transaction, both legs stamped now()
                     tid = round_no * 1000 + i
-                    c.execute("INSERT INTO public.demo_transfer_legs (transfer_id, account, delta) "
-                              "VALUES (%s, %s, %s), (%s, %s, %s)", (tid, a, -amount, tid, b, amount))
+                    c.execute(
+                        "INSERT INTO public.demo_transfer_legs (transfer_id, account, delta) "
+                        "VALUES (%s, %s, %s), (%s, %s, %s)",
+                        (tid, a, -amount, tid, b, amount),
+                    )
 
     def check(self, spark, reader):
-        rows = reader.sql(spark, f"""
+        rows = reader.sql(
+            spark,
+            f"""
             SELECT b.account, b.balance, {OPENING} + coalesce(sum(l.delta), 0) AS from_ledger
-            FROM {self.t('balances')} b LEFT JOIN {self.t('ledger')} l ON l.account = b.account
-            GROUP BY b.account, b.balance""").collect()
+            FROM {self.t("balances")} b LEFT JOIN {self.t("ledger")} l ON l.account = b.account
+            GROUP BY b.account, b.balance""",
+        ).collect()
         total = sum(r.balance for r in rows)
         if rows and total != ACCOUNTS * OPENING:
             return f"total balance is {total}, not {ACCOUNTS * OPENING}"
@@ -185,9 +222,18 @@ class Transfers(Scenario):
 SCENARIOS = {"shopping": Shopping, "transfers": Transfers}
 
 
-def run_demo(conn: psycopg.Connection, settings, spark, catalog, *, scenario: str, rounds: int = 6, seed: int = 7,
-             progress: Callable[[str], None] = print,
-             step: Callable[[int, int, str], None] | None = None) -> DemoResult:
+def run_demo(
+    conn: psycopg.Connection,
+    settings,
+    spark,
+    catalog,
+    *,
+    scenario: str,
+    rounds: int = 6,
+    seed: int = 7,
+    progress: Callable[[str], None] = print,
+    step: Callable[[int, int, str], None] | None = None,
+) -> DemoResult:
     """Run one scenario; ``progress`` gets a line per barrier, ``step`` (barriers done, of, what
     runs now) drives a live display."""
     step = step or (lambda done, of, what: None)
@@ -199,8 +245,12 @@ def run_demo(conn: psycopg.Connection, settings, spark, catalog, *, scenario: st
         rt.register()
     barriers.set_interval_s(conn, 3600)  # the demo issues its own barriers
     definitions = list(jobs.load_definitions(conn).values())
-    result = DemoResult(scenario=scenario, topology_text=topology.render_text(definitions),
-                        topology_mermaid=topology.render_mermaid(topology.edges_of(definitions)), barriers=rounds)
+    result = DemoResult(
+        scenario=scenario,
+        topology_text=topology.render_text(definitions),
+        topology_mermaid=topology.render_mermaid(topology.edges_of(definitions)),
+        barriers=rounds,
+    )
     result.levels = {lvl.value: LevelStats() for lvl in Level}
     names = list(sc.tables.values())
 
@@ -235,8 +285,13 @@ def run_demo(conn: psycopg.Connection, settings, spark, catalog, *, scenario: st
                     break
         if round_no == 2:
             # A session needs a first consistent cut: wait for it (bounded), running the jobs meanwhile.
-            reads.wait_for_cut(conn, names, timeout_s=120, progress=lambda line: progress(f"[{scenario}] {line}"),
-                               idle=lambda: [rt.run(max_barriers=1) for rt in runtimes])
+            reads.wait_for_cut(
+                conn,
+                names,
+                timeout_s=120,
+                progress=lambda line: progress(f"[{scenario}] {line}"),
+                idle=lambda: [rt.run(max_barriers=1) for rt in runtimes],
+            )
             rr_reader = ConsistentRead(conn, catalog, names, level=Level.REPEATABLE_READ, holder="demo-session")
             rr_reader.__enter__()
             rr_first = _snapshot_of(spark, rr_reader, names)
@@ -251,12 +306,19 @@ def run_demo(conn: psycopg.Connection, settings, spark, catalog, *, scenario: st
                 result.repeatable_read_changes += 1
     step(rounds, rounds, "lease-protected expiry")
     pinned_barrier = rr_reader.cut().barrier if rr_reader else None
-    progress(f"[{scenario}] lease-protected expiry of {names[0]} (a repeatable-read session pins barrier "
-             f"{barrier_label(pinned_barrier)})")
+    progress(
+        f"[{scenario}] lease-protected expiry of {names[0]} (a repeatable-read session pins barrier "
+        f"{barrier_label(pinned_barrier)})"
+    )
     report = expire(conn, catalog, names[0])
     held = [s for s, why in report.protected.items() if any(w.startswith("lease:") for w in why)]
-    result.expiry = {"table": str(names[0]), "expired": len(report.expired), "kept": len(report.protected),
-                     "kept_by_lease": held, "files_deleted": report.files_deleted}
+    result.expiry = {
+        "table": str(names[0]),
+        "expired": len(report.expired),
+        "kept": len(report.protected),
+        "kept_by_lease": held,
+        "files_deleted": report.files_deleted,
+    }
     if rr_reader is not None:
         stats = result.levels[Level.REPEATABLE_READ.value]
         stats.queries += 1

@@ -67,16 +67,34 @@ class EmbeddedPostgres:
             if user:
                 shutil.chown(self.data_dir, user, user)
             _run(
-                [str(bin_dir / "initdb"), "-D", str(self.data_dir), "-U", "postgres", "--auth=trust",
-                 "--encoding=UTF8", "--no-sync"],
+                [
+                    str(bin_dir / "initdb"),
+                    "-D",
+                    str(self.data_dir),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--no-sync",
+                ],
                 user,
             )
         port = port or _free_port()
         log = self.data_dir / "server.log"
         _run(
-            [str(bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-l", str(log), "-w", "-t", "60", "-o",
-             f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories='' -c max_connections=200",
-             "start"],
+            [
+                str(bin_dir / "pg_ctl"),
+                "-D",
+                str(self.data_dir),
+                "-l",
+                str(log),
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories='' -c max_connections=200",
+                "start",
+            ],
             user,
         )
         self._port_file.write_text(json.dumps({"port": port}))
@@ -154,7 +172,8 @@ def _os_user() -> tuple[str | None, bool]:
     except KeyError:
         subprocess.run(
             ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OS_USER],
-            check=True, capture_output=True,
+            check=True,
+            capture_output=True,
         )
         return OS_USER, True
 
@@ -177,7 +196,12 @@ def _make_traversable(path: Path) -> dict[str, int]:
 def _run(cmd: list[str], user: str | None) -> None:
     try:
         subprocess.run(
-            cmd, check=True, capture_output=True, text=True, cwd="/", timeout=120,
+            cmd,
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd="/",
+            timeout=120,
             **({"user": user, "group": user, "extra_groups": []} if user else {}),
         )
     except subprocess.CalledProcessError as exc:

@@ -76,13 +76,16 @@ class SessionClient:
     def __init__(self, uri: str, credential: str) -> None:
         client_id, colon, secret = credential.partition(":")
         if not colon or not client_id or not secret:
-            raise IcebarrierError("the catalog credential must be CLIENT_ID:SECRET (from `icebarrier token create "
-                                  "--job JOB`); pass --credential or set ICEBARRIER_CATALOG_CREDENTIAL")
+            raise IcebarrierError(
+                "the catalog credential must be CLIENT_ID:SECRET (from `icebarrier token create "
+                "--job JOB`); pass --credential or set ICEBARRIER_CATALOG_CREDENTIAL"
+            )
         self.uri, self.client_id, self.secret = uri.rstrip("/"), client_id, secret
         self._token: str | None = None
 
-    def _send(self, method: str, path: str, data: bytes | None, headers: dict,
-              on_line: Callable[[dict], None] | None = None) -> dict:
+    def _send(
+        self, method: str, path: str, data: bytes | None, headers: dict, on_line: Callable[[dict], None] | None = None
+    ) -> dict:
         """The answer; a stream of JSON lines (a long poll) goes line by line to ``on_line``, its
         last line is the answer (an ``error`` line is raised as the catalog's refusal)."""
         request = urllib.request.Request(self.uri + path, data=data, method=method, headers=headers)
@@ -93,40 +96,57 @@ class SessionClient:
                 for line in response:
                     item = json.loads(line)
                     if "error" in item:
-                        raise CatalogRequestError(f"the catalog at {self.uri} refused {method} {path}: "
-                                                  f"{item['error'].get('message')}", item["error"].get("code"))
+                        raise CatalogRequestError(
+                            f"the catalog at {self.uri} refused {method} {path}: {item['error'].get('message')}",
+                            item["error"].get("code"),
+                        )
                     if "ready" in item:
                         return item
                     if on_line is not None:
                         on_line(item)
                 raise http.client.IncompleteRead(b"")
         except (http.client.IncompleteRead, ValueError) as exc:  # the server went away mid-answer
-            raise CatalogRequestError(f"the catalog at {self.uri} cut its answer to {method} {path} short "
-                                      f"({type(exc).__name__})") from None
+            raise CatalogRequestError(
+                f"the catalog at {self.uri} cut its answer to {method} {path} short ({type(exc).__name__})"
+            ) from None
         except urllib.error.HTTPError as exc:
             body = exc.read()
             try:
                 parsed = json.loads(body)
-                message = parsed["error"]["message"] if "error" in parsed and isinstance(parsed["error"], dict) \
+                message = (
+                    parsed["error"]["message"]
+                    if "error" in parsed and isinstance(parsed["error"], dict)
                     else parsed.get("error_description") or parsed.get("error")
+                )
             except (ValueError, KeyError, TypeError, AttributeError):
                 message = body[:300].decode(errors="replace")
-            raise CatalogRequestError(f"the catalog at {self.uri} refused {method} {path}: {message}",
-                                      exc.code) from None
+            raise CatalogRequestError(
+                f"the catalog at {self.uri} refused {method} {path}: {message}", exc.code
+            ) from None
         except OSError as exc:
-            raise CatalogRequestError(f"no catalog answers at {self.uri} ({getattr(exc, 'reason', exc)}); start one "
-                                      f"with `icebarrier serve` or pass --catalog-uri") from None
+            raise CatalogRequestError(
+                f"no catalog answers at {self.uri} ({getattr(exc, 'reason', exc)}); start one "
+                f"with `icebarrier serve` or pass --catalog-uri"
+            ) from None
 
     def token(self) -> str:
         if self._token is None:
-            form = urllib.parse.urlencode({"grant_type": "client_credentials", "client_id": self.client_id,
-                                           "client_secret": self.secret}).encode()
-            self._token = self._send("POST", "/v1/oauth/tokens", form,
-                                     {"Content-Type": "application/x-www-form-urlencoded"})["access_token"]
+            form = urllib.parse.urlencode(
+                {"grant_type": "client_credentials", "client_id": self.client_id, "client_secret": self.secret}
+            ).encode()
+            self._token = self._send(
+                "POST", "/v1/oauth/tokens", form, {"Content-Type": "application/x-www-form-urlencoded"}
+            )["access_token"]
         return self._token
 
-    def call(self, method: str, job: str, path: str = "", body: dict | None = None,
-             on_line: Callable[[dict], None] | None = None) -> dict:
+    def call(
+        self,
+        method: str,
+        job: str,
+        path: str = "",
+        body: dict | None = None,
+        on_line: Callable[[dict], None] | None = None,
+    ) -> dict:
         """One logical request under one idempotency key: a request whose answer was lost (no
         answer, an answer cut short, a server restarting) is sent again with the same key, and
         the server answers it with the first outcome instead of acting twice."""
@@ -136,8 +156,11 @@ class SessionClient:
         lost = 0
         authenticated = False
         while True:
-            headers = {"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json",
-                       "Idempotency-Key": key}
+            headers = {
+                "Authorization": f"Bearer {self.token()}",
+                "Content-Type": "application/json",
+                "Idempotency-Key": key,
+            }
             try:
                 return self._send(method, route, data, headers, on_line)
             except CatalogRequestError as exc:
@@ -149,12 +172,21 @@ class SessionClient:
                 time.sleep(RETRY_S[lost])
                 lost += 1
 
-    def open(self, job: str, *, skip: bool, coalesce: bool, hold_s: float, wait_s: float = 0.0,
-             on_line: Callable[[dict], None] | None = None) -> dict:
+    def open(
+        self,
+        job: str,
+        *,
+        skip: bool,
+        coalesce: bool,
+        hold_s: float,
+        wait_s: float = 0.0,
+        on_line: Callable[[dict], None] | None = None,
+    ) -> dict:
         """Open the job's session; ``wait_s``: a long poll, whose progress (barriers the server
         skipped for the job) goes to ``on_line`` as it happens."""
-        return self.call("POST", job, body={"skip": skip, "coalesce": coalesce, "hold_s": hold_s, "wait_s": wait_s},
-                         on_line=on_line)
+        return self.call(
+            "POST", job, body={"skip": skip, "coalesce": coalesce, "hold_s": hold_s, "wait_s": wait_s}, on_line=on_line
+        )
 
     def hold(self, job: str, run_id: str, hold_s: float) -> dict:
         return self.call("PUT", job, "/hold", {"run_id": run_id, "hold_s": hold_s})
@@ -174,10 +206,15 @@ def command_environment(session: dict, *, catalog: str, uri: str, credential: st
     (files written under ``workdir``)."""
     warehouse = f"job:{session['job']}@{session['run_id']}"
     env = {
-        "ICEBARRIER_JOB": session["job"], "ICEBARRIER_BARRIER": str(session["barrier"]),
-        "ICEBARRIER_PLAN": session["plan"], "ICEBARRIER_FROM_BARRIER": str(session["from_barrier"] or ""),
-        "ICEBARRIER_RUN_ID": session["run_id"], "ICEBARRIER_CATALOG": catalog, "ICEBARRIER_CATALOG_URI": uri,
-        "ICEBARRIER_CATALOG_WAREHOUSE": warehouse, "ICEBARRIER_CATALOG_CREDENTIAL": credential,
+        "ICEBARRIER_JOB": session["job"],
+        "ICEBARRIER_BARRIER": str(session["barrier"]),
+        "ICEBARRIER_PLAN": session["plan"],
+        "ICEBARRIER_FROM_BARRIER": str(session["from_barrier"] or ""),
+        "ICEBARRIER_RUN_ID": session["run_id"],
+        "ICEBARRIER_CATALOG": catalog,
+        "ICEBARRIER_CATALOG_URI": uri,
+        "ICEBARRIER_CATALOG_WAREHOUSE": warehouse,
+        "ICEBARRIER_CATALOG_CREDENTIAL": credential,
         **pyiceberg_environment(warehouse, uri, credential, catalog),
     }
     duckdb_init = workdir / "duckdb-init.sql"
@@ -217,8 +254,14 @@ class Step:
     commits: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"barrier": self.barrier, "plan": self.plan, "outcome": self.outcome, "seconds": round(self.seconds, 3),
-                "exit_code": self.exit_code, "commits": self.commits}
+        return {
+            "barrier": self.barrier,
+            "plan": self.plan,
+            "outcome": self.outcome,
+            "seconds": round(self.seconds, 3),
+            "exit_code": self.exit_code,
+            "commits": self.commits,
+        }
 
 
 @dataclass(slots=True, kw_only=True)
@@ -230,8 +273,13 @@ class ExecSummary:
     stopped_by_signal: bool = False
 
     def to_json(self) -> dict:
-        return {"job": self.job, "steps": [s.to_json() for s in self.steps], "waiting": self.waiting,
-                "exit_code": self.exit_code, "stopped_by_signal": self.stopped_by_signal}
+        return {
+            "job": self.job,
+            "steps": [s.to_json() for s in self.steps],
+            "waiting": self.waiting,
+            "exit_code": self.exit_code,
+            "stopped_by_signal": self.stopped_by_signal,
+        }
 
 
 class _StopWaiting(BaseException):
@@ -243,8 +291,18 @@ class JobExec:
 
     _waiting = False  # in a long poll for work (a signal then stops the run at once)
 
-    def __init__(self, job: str, command: list[str], *, uri: str, credential: str, skip: bool = True,
-                 coalesce: bool = True, hold_s: float = HOLD_S, log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        job: str,
+        command: list[str],
+        *,
+        uri: str,
+        credential: str,
+        skip: bool = True,
+        coalesce: bool = True,
+        hold_s: float = HOLD_S,
+        log: Callable[[str], None] = print,
+    ) -> None:
         self.job, self.command, self.skip, self.coalesce, self.hold_s = job, command, skip, coalesce, hold_s
         self.uri, self.credential, self.log = uri.rstrip("/"), credential, log
         self.client = SessionClient(uri, credential)
@@ -312,8 +370,14 @@ class JobExec:
         attempt = 0
         while True:
             try:
-                opened = self.client.open(self.job, skip=self.skip, coalesce=self.coalesce, hold_s=self.hold_s,
-                                          wait_s=min(wait_s or 0.0, MAX_WAIT_S), on_line=on_line)
+                opened = self.client.open(
+                    self.job,
+                    skip=self.skip,
+                    coalesce=self.coalesce,
+                    hold_s=self.hold_s,
+                    wait_s=min(wait_s or 0.0, MAX_WAIT_S),
+                    on_line=on_line,
+                )
             except CatalogRequestError as exc:
                 if not follow or not exc.transient:
                     raise
@@ -334,12 +398,21 @@ class JobExec:
         if opened == "adopted" or plan == "skip":
             completion = self.client.publish(self.job, run_id)
             outcome = "adopted" if opened == "adopted" else "skipped"
-            self.log(f"job {self.job}: barrier {barrier_label(barrier)} {outcome} "
-                     f"({'a previous run had staged it' if outcome == 'adopted' else 'no source changed'})")
-            return Step(barrier=barrier, plan=plan, outcome=outcome, seconds=time.perf_counter() - started,
-                        commits=completion["commits"])
+            self.log(
+                f"job {self.job}: barrier {barrier_label(barrier)} {outcome} "
+                f"({'a previous run had staged it' if outcome == 'adopted' else 'no source changed'})"
+            )
+            return Step(
+                barrier=barrier,
+                plan=plan,
+                outcome=outcome,
+                seconds=time.perf_counter() - started,
+                commits=completion["commits"],
+            )
         if opened == "resumed":
-            self.log(f"job {self.job}: barrier {barrier_label(barrier)}: a previous run died before publishing it; computing it again")
+            self.log(
+                f"job {self.job}: barrier {barrier_label(barrier)}: a previous run died before publishing it; computing it again"
+            )
         self.log(f"job {self.job}: barrier {barrier_label(barrier)} ({how}), run {run_id}: {' '.join(self.command)}")
         run = dict(plan=plan, from_barrier=session["from_barrier"], session_run=run_id)
         inputs = {TableName.parse(t): s for t, s in session.get("inputs", {}).items()}
@@ -351,26 +424,36 @@ class JobExec:
             if self.lineage:
                 self.lineage.fail(barrier, error=f"the command failed ({describe_exit(code)})", **run)
             self.client.release(self.job, run_id)
-            self.log(f"job {self.job}: the command failed ({describe_exit(code)}) after {format_duration_s(seconds)}; "
-                     f"barrier {barrier_label(barrier)} is not published (nothing it wrote is visible; the next run computes it "
-                     f"again)")
+            self.log(
+                f"job {self.job}: the command failed ({describe_exit(code)}) after {format_duration_s(seconds)}; "
+                f"barrier {barrier_label(barrier)} is not published (nothing it wrote is visible; the next run computes it "
+                f"again)"
+            )
             return Step(barrier=barrier, plan=plan, outcome="failed", seconds=seconds, exit_code=code)
         completion = self.client.publish(self.job, run_id)
         seconds = time.perf_counter() - started
         if self.lineage:
-            self.lineage.complete(barrier, inputs=inputs, outputs={TableName.parse(t): s for t, s in
-                                                                   completion["commits"].items()}, **run)
+            self.lineage.complete(
+                barrier, inputs=inputs, outputs={TableName.parse(t): s for t, s in completion["commits"].items()}, **run
+            )
         written = ", ".join(sorted(completion["commits"])) or "no sink changed"
-        self.log(f"job {self.job}: barrier {barrier_label(barrier)} published in {format_duration_s(seconds)} ({written})")
-        return Step(barrier=barrier, plan=plan, outcome="published", seconds=seconds, exit_code=0,
-                    commits=completion["commits"])
+        self.log(
+            f"job {self.job}: barrier {barrier_label(barrier)} published in {format_duration_s(seconds)} ({written})"
+        )
+        return Step(
+            barrier=barrier, plan=plan, outcome="published", seconds=seconds, exit_code=0, commits=completion["commits"]
+        )
 
     def _run_command(self, session: dict) -> int:
         """Run COMMAND in its own process group while a thread renews the session's hold; its
         exit code (128 + N if signal N killed it)."""
         with tempfile.TemporaryDirectory(prefix="icebarrier-exec-") as workdir:
-            env = {**os.environ, **command_environment(session, catalog=session["catalog"], uri=self.uri,
-                                                        credential=self.credential, workdir=Path(workdir))}
+            env = {
+                **os.environ,
+                **command_environment(
+                    session, catalog=session["catalog"], uri=self.uri, credential=self.credential, workdir=Path(workdir)
+                ),
+            }
             try:
                 self._child = subprocess.Popen(self.command, env=env, process_group=0)
             except OSError as exc:

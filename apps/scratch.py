@@ -31,9 +31,15 @@ def scratch(obj, purpose: str, say, *, keep: bool = False, under: str | None = N
     if not base_dsn:
         server = EmbeddedPostgres(state_dir=home / "demo-pg")
         user = server.runs_as()
-        say(f"starting an embedded Postgres under {home / 'demo-pg'} …" + (
-            f" (as OS user {user}: Postgres refuses to run as root; it is created if missing and removed at the end "
-            f"unless --keep)" if user else ""))
+        say(
+            f"starting an embedded Postgres under {home / 'demo-pg'} …"
+            + (
+                f" (as OS user {user}: Postgres refuses to run as root; it is created if missing and removed at the end "
+                f"unless --keep)"
+                if user
+                else ""
+            )
+        )
         base_dsn = server.start()
     dbname = f"icebarrier_{purpose}_{uuid.uuid4().hex[:8]}"
     warehouse = f"{under.rstrip('/')}/{dbname}" if under else Path(home / f"{purpose}-warehouse" / dbname)
@@ -57,6 +63,11 @@ def scratch(obj, purpose: str, say, *, keep: bool = False, under: str | None = N
                 server.remove()
                 say("embedded Postgres stopped and removed")
         else:
-            say(f"kept: database {dbname} and warehouse {warehouse}"
-                + (f"; stop the embedded server with `pg_ctl -D {home / 'demo-pg' / 'pgdata'} stop` as its owner"
-                   if server else ""))
+            say(
+                f"kept: database {dbname} and warehouse {warehouse}"
+                + (
+                    f"; stop the embedded server with `pg_ctl -D {home / 'demo-pg' / 'pgdata'} stop` as its owner"
+                    if server
+                    else ""
+                )
+            )

@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.s3: the S3 server of the tests
 
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
+
 from icebarrier.control_plane import barriers, db, jobs, tokens  # noqa: E402
 from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
 from icebarrier.iceberg_ext import catalog as ib_catalog  # noqa: E402
@@ -59,8 +60,14 @@ def build_lake(settings: Settings, n_tables: int) -> tuple[int, list[str]]:
     catalog.create_namespace_if_not_exists("bench")
     schema = pa.schema([("id", pa.int64())])
     with db.connect(settings.dsn, settings.schema) as conn:
-        jobs.register(conn, JobDefinition(name="bench", sinks=frozenset(TableName.parse(f"lake.{n}") for n in names),
-                                          external_inputs=frozenset(["x"])))
+        jobs.register(
+            conn,
+            JobDefinition(
+                name="bench",
+                sinks=frozenset(TableName.parse(f"lake.{n}") for n in names),
+                external_inputs=frozenset(["x"]),
+            ),
+        )
         b = barriers.issue(conn).barrier
         commits = {}
         for n in names:
@@ -82,19 +89,50 @@ def add_managed(conn, n: int, barrier: int) -> None:
 
 
 def start(settings: Settings, config: str | None = None, workers: int = 1) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "ICEBARRIER_DSN": settings.dsn, "ICEBARRIER_WAREHOUSE": settings.warehouse,
-           **({"ICEBARRIER_CONFIG": config} if config else {})}
-    return _serve(lambda port: [sys.executable, "-m", "icebarrier.cli.main", "serve", "--port", str(port),
-                                "--workers", str(workers)], env)
+    env = {
+        **os.environ,
+        "ICEBARRIER_DSN": settings.dsn,
+        "ICEBARRIER_WAREHOUSE": settings.warehouse,
+        **({"ICEBARRIER_CONFIG": config} if config else {}),
+    }
+    return _serve(
+        lambda port: [
+            sys.executable,
+            "-m",
+            "icebarrier.cli.main",
+            "serve",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+        ],
+        env,
+    )
 
 
 def start_floor(body: Path, workers: int) -> tuple[subprocess.Popen, str]:
     """``floor_app.py`` answering with ``body``, served as ``icebarrier serve`` serves."""
     from icebarrier.apps.catalog.server import HTTP_PROTOCOL
 
-    return _serve(lambda port: [sys.executable, "-m", "uvicorn", "floor_app:app", "--app-dir", str(Path(__file__).parent),
-                                "--port", str(port), "--workers", str(workers), "--log-level", "warning",
-                                "--http", HTTP_PROTOCOL], {**os.environ, "FLOOR_BODY": str(body)})
+    return _serve(
+        lambda port: [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "floor_app:app",
+            "--app-dir",
+            str(Path(__file__).parent),
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+            "--http",
+            HTTP_PROTOCOL,
+        ],
+        {**os.environ, "FLOOR_BODY": str(body)},
+    )
 
 
 def _serve(command, env: dict) -> tuple[subprocess.Popen, str]:
@@ -113,8 +151,10 @@ def _serve(command, env: dict) -> tuple[subprocess.Popen, str]:
 
 def session(uri: str, client_id: str, secret: str) -> requests.Session:
     s = requests.Session()
-    r = s.post(f"{uri}/v1/oauth/tokens", data={"grant_type": "client_credentials", "client_id": client_id,
-                                               "client_secret": secret})
+    r = s.post(
+        f"{uri}/v1/oauth/tokens",
+        data={"grant_type": "client_credentials", "client_id": client_id, "client_secret": secret},
+    )
     r.raise_for_status()
     s.headers["Authorization"] = f"Bearer {r.json()['access_token']}"
     return s
@@ -147,8 +187,11 @@ def rate(uri: str, authorization: str, barrier: int, names: list[str], n: int, c
     """Loads/s of ``clients`` concurrent client processes, ``n`` loads in all."""
     with concurrent.futures.ProcessPoolExecutor(clients) as pool:
         go_at = time.time() + 1.0
-        ends = list(pool.map(_client, *zip(*[(uri, authorization, barrier, names, n // clients, k, go_at)
-                                              for k in range(clients)])))
+        ends = list(
+            pool.map(
+                _client, *zip(*[(uri, authorization, barrier, names, n // clients, k, go_at) for k in range(clients)])
+            )
+        )
     return clients * (n // clients) / (max(ends) - go_at)
 
 
@@ -162,7 +205,8 @@ def commit_ratio(settings: Settings, uri: str, client_id: str, secret: str, n: i
     a = direct.create_table("free.direct", schema=schema)
     direct.create_table("free.served", schema=schema)
     served = RestCatalog("bench", uri=uri, warehouse="latest", credential=f"{client_id}:{secret}").load_table(
-        "free.served")
+        "free.served"
+    )
     rows = pa.table({"id": [1]})
     out = []
     for table in (a, served):
@@ -230,12 +274,18 @@ def compare_s3(args) -> int:
                 remote = on_storage(args, dsn, f"s3://{s3.bucket}/wh", str(config))
     overhead = remote["served_ms"] / remote["direct_ms"]
     print(f"{args.tables} managed tables; S3 = moto's server on 127.0.0.1")
-    print(f"pinned load p50: local {local['load_p50']:5.2f} ms, S3 {remote['load_p50']:5.2f} ms, "
-          f"S3 / local {remote['load_p50'] / local['load_p50']:4.2f}")
-    print(f"commit through the server: local {local['served_ms']:6.1f} ms, S3 {remote['served_ms']:6.1f} ms, "
-          f"S3 / local {remote['served_ms'] / local['served_ms']:4.2f}")
-    print(f"commit on S3: SQL catalog direct {remote['direct_ms']:6.1f} ms, through the server "
-          f"{remote['served_ms']:6.1f} ms, ratio {overhead:4.2f} (goal <= 1.2: {'met' if overhead <= 1.2 else 'MISSED'})")
+    print(
+        f"pinned load p50: local {local['load_p50']:5.2f} ms, S3 {remote['load_p50']:5.2f} ms, "
+        f"S3 / local {remote['load_p50'] / local['load_p50']:4.2f}"
+    )
+    print(
+        f"commit through the server: local {local['served_ms']:6.1f} ms, S3 {remote['served_ms']:6.1f} ms, "
+        f"S3 / local {remote['served_ms'] / local['served_ms']:4.2f}"
+    )
+    print(
+        f"commit on S3: SQL catalog direct {remote['direct_ms']:6.1f} ms, through the server "
+        f"{remote['served_ms']:6.1f} ms, ratio {overhead:4.2f} (goal <= 1.2: {'met' if overhead <= 1.2 else 'MISSED'})"
+    )
     return 0
 
 
@@ -244,13 +294,21 @@ def main() -> int:
     parser.add_argument("--dsn", default=DEFAULT_SERVER)
     parser.add_argument("--tables", type=int, default=1000)
     parser.add_argument("--loads", type=int, default=2000)
-    parser.add_argument("--managed", type=int, default=0,
-                        help="managed tables in the control plane (the --tables Iceberg tables and more, rows only)")
+    parser.add_argument(
+        "--managed",
+        type=int,
+        default=0,
+        help="managed tables in the control plane (the --tables Iceberg tables and more, rows only)",
+    )
     parser.add_argument("--workers", type=int, default=1, help="`icebarrier serve --workers`")
     parser.add_argument("--commits", type=int, default=30)
     parser.add_argument("--duckdb-queries", type=int, default=200)
-    parser.add_argument("--warehouse", choices=["local", "s3"], default="local",
-                        help="s3: compare a local warehouse with one on S3 (loads and commits)")
+    parser.add_argument(
+        "--warehouse",
+        choices=["local", "s3"],
+        default="local",
+        help="s3: compare a local warehouse with one on S3 (loads and commits)",
+    )
     args = parser.parse_args()
     if args.warehouse == "s3":
         return compare_s3(args)
@@ -268,8 +326,10 @@ def main() -> int:
             loads(s, uri, barrier, names, min(args.tables, 1000))  # warm: every pinned file written once
             times = sorted(loads(s, uri, barrier, names, args.loads))
             p50, p95 = statistics.median(times), times[int(len(times) * 0.95) - 1]
-            print(f"load through barrier-B, {max(args.managed, args.tables)} managed tables: p50 {p50:5.2f} ms  p95 {p95:5.2f} ms "
-                  f"(goal p50 <= 3 ms: {'met' if p50 <= 3 else 'MISSED'})")
+            print(
+                f"load through barrier-B, {max(args.managed, args.tables)} managed tables: p50 {p50:5.2f} ms  p95 {p95:5.2f} ms "
+                f"(goal p50 <= 3 ms: {'met' if p50 <= 3 else 'MISSED'})"
+            )
             authorization = s.headers["Authorization"]
             served = rate(uri, authorization, barrier, names, args.loads)
             body = Path(wh) / "load-response.json"
@@ -280,13 +340,17 @@ def main() -> int:
             finally:
                 floor_proc.terminate()
                 floor_proc.wait(30)
-            print(f"loads/s, 4 client processes, {args.workers} server process(es): {served:6.0f} "
-                  f"(goal >= 1000: {'met' if served >= 1000 else 'MISSED'}); the floor (same bytes, no work): "
-                  f"{floor:6.0f}/s, loads ÷ floor {served / floor:4.2f}")
+            print(
+                f"loads/s, 4 client processes, {args.workers} server process(es): {served:6.0f} "
+                f"(goal >= 1000: {'met' if served >= 1000 else 'MISSED'}); the floor (same bytes, no work): "
+                f"{floor:6.0f}/s, loads ÷ floor {served / floor:4.2f}"
+            )
             direct_ms, served_ms = commit_ratio(settings, uri, *writer, args.commits)
             ratio = served_ms / direct_ms
-            print(f"commit: SQL catalog {direct_ms:6.1f} ms, through the server {served_ms:6.1f} ms, ratio "
-                  f"{ratio:4.2f} (goal <= 1.2: {'met' if ratio <= 1.2 else 'MISSED'})")
+            print(
+                f"commit: SQL catalog {direct_ms:6.1f} ms, through the server {served_ms:6.1f} ms, ratio "
+                f"{ratio:4.2f} (goal <= 1.2: {'met' if ratio <= 1.2 else 'MISSED'})"
+            )
             cred = ":".join(reader)
             one = "SELECT count(*) FROM {a}"
             pinned_ms = duckdb_p50(uri, cred, f"barrier-{barrier}", one, args.duckdb_queries, names)
@@ -295,8 +359,10 @@ def main() -> int:
             join = "SELECT count(*) FROM {a} x JOIN {b} y USING (id)"
             rc_ms = duckdb_p50(uri, cred, "read-committed", join, args.duckdb_queries, names)
             ru_ms = duckdb_p50(uri, cred, "latest", join, args.duckdb_queries, names)
-            print(f"duckdb, two-table join p50: read-committed {rc_ms:5.1f} ms, latest {ru_ms:5.1f} ms, ratio "
-                  f"{rc_ms / ru_ms:4.2f} (goal <= 1.2: {'met' if rc_ms / ru_ms <= 1.2 else 'MISSED'})")
+            print(
+                f"duckdb, two-table join p50: read-committed {rc_ms:5.1f} ms, latest {ru_ms:5.1f} ms, ratio "
+                f"{rc_ms / ru_ms:4.2f} (goal <= 1.2: {'met' if rc_ms / ru_ms <= 1.2 else 'MISSED'})"
+            )
         finally:
             proc.terminate()
             proc.wait(30)

@@ -32,9 +32,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "shopping"))
 
-from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 import generate  # noqa: E402
 import pipeline as shop  # noqa: E402
+from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
+
 from icebarrier.control_plane import barriers, db, reads  # noqa: E402
 from icebarrier.control_plane.model import TableName  # noqa: E402
 from icebarrier.iceberg_ext.config import Settings  # noqa: E402
@@ -50,8 +51,10 @@ class Bench:
         self.conn, self.spark, self.ns, self.input_dir, self.barrier_s = conn, spark, ns, input_dir, barrier_s
         shop.create_tables(spark, ns)
         built = shop.build(ns, str(input_dir))
-        self.runtimes = {k: Runtime(built[k], settings=settings, spark=spark, conn=None if k in ROOTS else conn,
-                                    log=lambda _: None) for k in (*ROOTS, JOB)}  # roots: own connections
+        self.runtimes = {
+            k: Runtime(built[k], settings=settings, spark=spark, conn=None if k in ROOTS else conn, log=lambda _: None)
+            for k in (*ROOTS, JOB)
+        }  # roots: own connections
         self.batch = 0
 
     def ingest(self, *, run: bool = True) -> None:
@@ -63,8 +66,10 @@ class Bench:
     def tick(self, n: int, *, ingest_every: int | None = None) -> list[int]:
         """Issue n barriers at the barrier interval; with ``ingest_every``, a batch of input
         arrives that often and the root jobs follow along in threads."""
-        roots = [threading.Thread(target=self.runtimes[name].run, kwargs={"follow": True, "poll_s": 0.05})
-                 for name in (ROOTS if ingest_every else ())]
+        roots = [
+            threading.Thread(target=self.runtimes[name].run, kwargs={"follow": True, "poll_s": 0.05})
+            for name in (ROOTS if ingest_every else ())
+        ]
         for t in roots:
             t.start()
         marks, started = [], time.monotonic()
@@ -87,16 +92,19 @@ class Bench:
         return time.perf_counter() - started, summary
 
     def anchors_in(self, after: int, upto: int) -> int:
-        return self.conn.execute("SELECT count(*) AS n FROM barriers WHERE anchor AND barrier > %s AND barrier <= %s",
-                                 (after, upto)).fetchone()["n"]
+        return self.conn.execute(
+            "SELECT count(*) AS n FROM barriers WHERE anchor AND barrier > %s AND barrier <= %s", (after, upto)
+        ).fetchone()["n"]
 
     def equals_recompute(self) -> bool:
         t = shop.tables(self.ns)
         source, sink = TableName.parse(t["shopping"]), TableName.parse(t[JOB])
         cut = reads.resolve(self.conn, [source, sink])
         got = self.spark.sql(f"SELECT * FROM {sink} VERSION AS OF {cut.snapshots[sink]}").collect()
-        want = self.spark.sql(f"SELECT user_id, item_id, sum(amount) AS amount FROM {source} "
-                              f"VERSION AS OF {cut.snapshots[source]} GROUP BY user_id, item_id").collect()
+        want = self.spark.sql(
+            f"SELECT user_id, item_id, sum(amount) AS amount FROM {source} "
+            f"VERSION AS OF {cut.snapshots[source]} GROUP BY user_id, item_id"
+        ).collect()
         return sorted(map(tuple, got)) == sorted(map(tuple, want))
 
 
@@ -135,30 +143,36 @@ def main() -> int:
             bench.tick(args.behind)
             seconds, summary = bench.run_job()
             ratio = seconds / baseline
-            print(f"unchanged: {args.behind} barriers behind, sources unchanged: {seconds * 1000:7.0f} ms, "
-                  f"{summary.computations} computation(s), {len(summary.completed)} step(s); "
-                  f"ratio {ratio:.2f}   (goal <= 1.5: {verdict(ratio <= 1.5)})")
+            print(
+                f"unchanged: {args.behind} barriers behind, sources unchanged: {seconds * 1000:7.0f} ms, "
+                f"{summary.computations} computation(s), {len(summary.completed)} step(s); "
+                f"ratio {ratio:.2f}   (goal <= 1.5: {verdict(ratio <= 1.5)})"
+            )
 
             start = conn.execute("SELECT max(barrier) AS b FROM barriers").fetchone()["b"]
             marks = bench.tick(args.behind, ingest_every=10)
             seconds, summary = bench.run_job()
             anchors = bench.anchors_in(start, marks[-1])
             budget = (anchors + 1) * baseline * 1.2
-            print(f"changes: {args.behind} barriers behind, a batch every 10, {anchors} anchor(s) in range: "
-                  f"{summary.computations} computation(s) (goal <= {anchors + 1}: "
-                  f"{verdict(summary.computations <= anchors + 1)}), {seconds * 1000:.0f} ms "
-                  f"(goal <= {budget * 1000:.0f} ms: {verdict(seconds <= budget)}); ratio to (anchors+1) x baseline "
-                  f"{seconds / ((anchors + 1) * baseline):.2f}; output = full recompute: {bench.equals_recompute()}")
+            print(
+                f"changes: {args.behind} barriers behind, a batch every 10, {anchors} anchor(s) in range: "
+                f"{summary.computations} computation(s) (goal <= {anchors + 1}: "
+                f"{verdict(summary.computations <= anchors + 1)}), {seconds * 1000:.0f} ms "
+                f"(goal <= {budget * 1000:.0f} ms: {verdict(seconds <= budget)}); ratio to (anchors+1) x baseline "
+                f"{seconds / ((anchors + 1) * baseline):.2f}; output = full recompute: {bench.equals_recompute()}"
+            )
 
             start = marks[-1]
             marks = bench.tick(args.batch_barriers, ingest_every=10)
             seconds, summary = bench.run_job()
             anchors = bench.anchors_in(start, marks[-1])
-            print(f"hourly batch (--once after {args.batch_barriers} barriers, {anchors} anchor(s) passed): "
-                  f"{summary.computations} computation(s) (goal <= {anchors + 1}: "
-                  f"{verdict(summary.computations <= anchors + 1)}), "
-                  f"{seconds:.1f} s, {seconds / baseline:.1f}x one barrier; "
-                  f"output = full recompute at barrier {summary.completed[-1]}: {bench.equals_recompute()}")
+            print(
+                f"hourly batch (--once after {args.batch_barriers} barriers, {anchors} anchor(s) passed): "
+                f"{summary.computations} computation(s) (goal <= {anchors + 1}: "
+                f"{verdict(summary.computations <= anchors + 1)}), "
+                f"{seconds:.1f} s, {seconds / baseline:.1f}x one barrier; "
+                f"output = full recompute at barrier {summary.completed[-1]}: {bench.equals_recompute()}"
+            )
         spark.stop()
     return 0
 

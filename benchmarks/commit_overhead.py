@@ -17,10 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
+
 from icebarrier.control_plane import barriers, db, jobs  # noqa: E402
 from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
 from icebarrier.iceberg_ext.catalog import load_catalog, load_table  # noqa: E402
@@ -33,7 +33,8 @@ from icebarrier.iceberg_ext.spark_io import append_df  # noqa: E402
 
 def batch(spark, barrier_no: int, rows: int):
     return spark.range(barrier_no * rows, (barrier_no + 1) * rows).selectExpr(
-        "id", "id % 1000 AS customer", "cast(id % 97 AS bigint) AS amount")
+        "id", "id % 1000 AS customer", "cast(id % 97 AS bigint) AS amount"
+    )
 
 
 def bench_writes(spark, conn, catalog, n_barriers: int, rows: int, rounds: int = 4) -> tuple[float, float]:
@@ -46,6 +47,7 @@ def bench_writes(spark, conn, catalog, n_barriers: int, rows: int, rounds: int =
     direct_s = managed_s = 0.0
     k = 1
     for r in range(rounds):  # interleave, alternating which goes first, to share the noise fairly
+
         def direct(k=k):
             for i in range(n_barriers):
                 batch(spark, k + i, rows).writeTo("lake.bench.direct").append()
@@ -56,7 +58,7 @@ def bench_writes(spark, conn, catalog, n_barriers: int, rows: int, rounds: int =
                 with BarrierCommit(conn, catalog, job="bench", barrier=b) as tx:
                     append_df(tx, sink, batch(spark, k + i, rows))
 
-        for which in ((direct, managed) if r % 2 == 0 else (managed, direct)):
+        for which in (direct, managed) if r % 2 == 0 else (managed, direct):
             start = time.perf_counter()
             which()
             elapsed = time.perf_counter() - start
@@ -89,22 +91,36 @@ def bench_expiry_planning(conn, catalog, n_snapshots: int) -> float:
     now_ms = int(time.time() * 1000) - n_snapshots
     for i, b in enumerate(marks):
         sid = 10_000_000 + i
-        updates.append(AddSnapshotUpdate(snapshot=Snapshot(
-            snapshot_id=sid, parent_snapshot_id=parent, sequence_number=base.sequence_number + 1 + i,
-            timestamp_ms=now_ms + i, manifest_list=base.manifest_list, schema_id=base.schema_id,
-            summary=Summary(operation=Operation.APPEND, **{"icebarrier.barrier": str(b), "icebarrier.job": "many"}))))
+        updates.append(
+            AddSnapshotUpdate(
+                snapshot=Snapshot(
+                    snapshot_id=sid,
+                    parent_snapshot_id=parent,
+                    sequence_number=base.sequence_number + 1 + i,
+                    timestamp_ms=now_ms + i,
+                    manifest_list=base.manifest_list,
+                    schema_id=base.schema_id,
+                    summary=Summary(
+                        operation=Operation.APPEND, **{"icebarrier.barrier": str(b), "icebarrier.job": "many"}
+                    ),
+                )
+            )
+        )
         parent = sid
     updates.append(SetSnapshotRefUpdate(ref_name="main", type="branch", snapshot_id=parent))
     with tbl.transaction() as tx:
         tx._apply(tuple(updates))
     with conn.transaction():
-        conn.execute("UPDATE managed_table SET start_barrier = %s, watermark = %s WHERE name = %s",
-                     (marks[0], marks[-1], str(name)))
+        conn.execute(
+            "UPDATE managed_table SET start_barrier = %s, watermark = %s WHERE name = %s",
+            (marks[0], marks[-1], str(name)),
+        )
         conn.execute(
             """INSERT INTO table_commit (table_id, barrier, snapshot_id, job_name)
                SELECT (SELECT table_id FROM managed_table WHERE name = %s), b, s, 'many'
                FROM unnest(%s::bigint[], %s::bigint[]) AS x(b, s)""",
-            (str(name), marks, [10_000_000 + i for i in range(n_snapshots)]))
+            (str(name), marks, [10_000_000 + i for i in range(n_snapshots)]),
+        )
     assert len(load_table(catalog, name).metadata.snapshots) == n_snapshots + 1
     times = []
     for _ in range(3):
@@ -136,8 +152,10 @@ def main() -> int:
                 print(f"  through icebarrier:    {managed_s:7.2f} s")
                 print(f"  ratio:                 {ratio:7.3f}   (goal <= 1.05: {'met' if ratio <= 1.05 else 'MISSED'})")
                 planning = bench_expiry_planning(conn, catalog, args.snapshots)
-                print(f"expiry planning, {args.snapshots} snapshots: {planning:.3f} s   "
-                      f"(goal <= 1 s: {'met' if planning <= 1 else 'MISSED'})")
+                print(
+                    f"expiry planning, {args.snapshots} snapshots: {planning:.3f} s   "
+                    f"(goal <= 1 s: {'met' if planning <= 1 else 'MISSED'})"
+                )
             spark.stop()
     return 0
 

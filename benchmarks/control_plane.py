@@ -27,6 +27,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
+
 from icebarrier.control_plane import barriers, db, jobs, reads  # noqa: E402
 from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
 
@@ -85,13 +86,14 @@ def timed(work, reps: int) -> tuple[float, float]:
 
 
 def report(what: str, p50: float, p95: float, goal: float) -> None:
-    print(f"{what:<44} p50 {p50:6.2f} ms  p95 {p95:6.2f} ms   (goal p50 <= {goal} ms: {'met' if p50 <= goal else 'MISSED'})")
+    print(
+        f"{what:<44} p50 {p50:6.2f} ms  p95 {p95:6.2f} ms   (goal p50 <= {goal} ms: {'met' if p50 <= goal else 'MISSED'})"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dsn", default=DEFAULT_SERVER,
-                        help="a server where we may CREATE DATABASE")
+    parser.add_argument("--dsn", default=DEFAULT_SERVER, help="a server where we may CREATE DATABASE")
     parser.add_argument("--n", type=int, default=2000, help="operations per throughput measurement")
     parser.add_argument("--reps", type=int, default=200, help="cut resolutions per size")
     args = parser.parse_args()

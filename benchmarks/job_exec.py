@@ -35,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
+
 from icebarrier.apps.catalog.clients import spark_conf  # noqa: E402
 from icebarrier.control_plane import barriers, db, jobs, tokens  # noqa: E402
 from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
@@ -109,13 +110,32 @@ def main() -> None:
         settings = Settings(dsn=dsn, warehouse=str(Path(tmp) / "warehouse")).validated()
         load_catalog(settings).create_namespace("bench")
         with db.connect(settings.dsn, settings.schema) as conn:
-            jobs.register(conn, JobDefinition(name="minute", sinks=frozenset([TableName.parse("lake.bench.minute")]),
-                                              external_inputs=frozenset(["ext:minute"])))
+            jobs.register(
+                conn,
+                JobDefinition(
+                    name="minute",
+                    sinks=frozenset([TableName.parse("lake.bench.minute")]),
+                    external_inputs=frozenset(["ext:minute"]),
+                ),
+            )
             credential = ":".join(tokens.create(conn, job="minute"))
         uri, counts = serve(settings)
         direct = ["python3", str(SCRIPT), "bench.direct", str(args.rows)]
-        exec_ = ["icebarrier", "job", "exec", "minute", "--catalog-uri", uri, "--credential", credential, "--",
-                 "python3", str(SCRIPT), "bench.minute", str(args.rows)]
+        exec_ = [
+            "icebarrier",
+            "job",
+            "exec",
+            "minute",
+            "--catalog-uri",
+            uri,
+            "--credential",
+            credential,
+            "--",
+            "python3",
+            str(SCRIPT),
+            "bench.minute",
+            str(args.rows),
+        ]
         env = direct_env(uri, credential, Path(tmp))
         pairs, requests = [], None
         for run in range(args.runs):
@@ -135,8 +155,10 @@ def main() -> None:
         print("\nexec ÷ direct, worst first (goal <= 1.1):")
         for ratio, d, e in sorted(pairs, reverse=True):
             print(f"  {ratio:.3f}  (direct {d:.1f} s, exec {e:.1f} s)")
-        print(f"\ncatalog requests of one exec run: {sum(requests.values())} "
-              f"({', '.join(f'{k} {v}' for k, v in sorted(requests.items()))})")
+        print(
+            f"\ncatalog requests of one exec run: {sum(requests.values())} "
+            f"({', '.join(f'{k} {v}' for k, v in sorted(requests.items()))})"
+        )
 
 
 if __name__ == "__main__":

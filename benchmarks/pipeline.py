@@ -31,10 +31,10 @@ from pathlib import Path
 
 from psycopg import sql
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
+
 from icebarrier.control_plane import barriers, db, delays, reads  # noqa: E402
 from icebarrier.control_plane.errors import NoValidCutError  # noqa: E402
 from icebarrier.control_plane.model import TableName  # noqa: E402
@@ -74,18 +74,26 @@ def run_plain(spark, folder: Path, ns: str, k: int) -> None:
 
 def chain(tmp: Path) -> list:
     return [
-        RootJob(name="ingest", sinks=["lake.managed.events"],
-                source=FileSource(str(tmp / "managed_in"), SCHEMA, pattern="*.json")),
+        RootJob(
+            name="ingest",
+            sinks=["lake.managed.events"],
+            source=FileSource(str(tmp / "managed_in"), SCHEMA, pattern="*.json"),
+        ),
         SqlJob("per_customer", "INSERT INTO lake.managed.per_customer " + MID.format(src="lake.managed.events")),
-        SqlJob("top_customers", "INSERT INTO lake.managed.top_customers " + TOP.format(src="lake.managed.per_customer")),
+        SqlJob(
+            "top_customers", "INSERT INTO lake.managed.top_customers " + TOP.format(src="lake.managed.per_customer")
+        ),
     ]
 
 
 def _counts(conn) -> tuple[int, int]:
     """Barriers issued, and transactions committed in this database."""
-    return (conn.execute("SELECT count(*) AS n FROM barriers").fetchone()["n"],
-            conn.execute("SELECT xact_commit AS x FROM pg_stat_database WHERE datname = current_database()"
-                         ).fetchone()["x"])
+    return (
+        conn.execute("SELECT count(*) AS n FROM barriers").fetchone()["n"],
+        conn.execute("SELECT xact_commit AS x FROM pg_stat_database WHERE datname = current_database()").fetchone()[
+            "x"
+        ],
+    )
 
 
 def follow(dsn: str, settings: Settings, spark, tmp: Path, seconds: float, rows: int) -> None:
@@ -94,11 +102,11 @@ def follow(dsn: str, settings: Settings, spark, tmp: Path, seconds: float, rows:
     with db.connect(dsn) as conn:
         barriers.set_interval_s(conn, 1)
         barriers.set_anchor_interval_s(conn, 60)
-        conn.execute(sql.SQL("ALTER DATABASE {} SET track_functions = 'pl'").format(
-            sql.Identifier(conn.info.dbname)))
+        conn.execute(sql.SQL("ALTER DATABASE {} SET track_functions = 'pl'").format(sql.Identifier(conn.info.dbname)))
         runtimes = [Runtime(j, settings=settings, spark=spark, log=lambda _: None) for j in chain(tmp)]
-        threads = [threading.Thread(target=rt.run, kwargs={"follow": True, "poll_s": 0.2}, daemon=True)
-                   for rt in runtimes]
+        threads = [
+            threading.Thread(target=rt.run, kwargs={"follow": True, "poll_s": 0.2}, daemon=True) for rt in runtimes
+        ]
         first = _counts(conn)
         for t in threads:
             t.start()
@@ -107,12 +115,16 @@ def follow(dsn: str, settings: Settings, spark, tmp: Path, seconds: float, rows:
             write_batch(tmp / "managed_in", k, rows)
             k += 1
             time.sleep(max(0.0, k - (time.monotonic() - started)))
-            lag.append(max(r["barriers_behind"] for r in conn.execute(
-                "SELECT barriers_behind FROM table_versions").fetchall()))
+            lag.append(
+                max(r["barriers_behind"] for r in conn.execute("SELECT barriers_behind FROM table_versions").fetchall())
+            )
             try:
                 cut = reads.resolve(conn, names)
-                freshness.append(conn.execute("SELECT extract(epoch FROM clock_timestamp()) - %s / 1e6 AS s",
-                                              (cut.barrier,)).fetchone()["s"])
+                freshness.append(
+                    conn.execute(
+                        "SELECT extract(epoch FROM clock_timestamp()) - %s / 1e6 AS s", (cut.barrier,)
+                    ).fetchone()["s"]
+                )
             except NoValidCutError:
                 if freshness:  # after the chain's first barrier (before it: Spark warming up)
                     freshness.append(None)
@@ -132,15 +144,21 @@ def follow(dsn: str, settings: Settings, spark, tmp: Path, seconds: float, rows:
     p95 = fresh[int(len(fresh) * 0.95) - 1] if fresh else float("inf")
     print(f"three-level chain as --follow jobs, 1 s barriers, 60 s anchors, {seconds:.0f} s, {rows} rows/s:")
     print(f"  warm-up (until the chain completed its first barrier): {warm_up:.0f} s; then {len(lag)} samples")
-    print(f"  barriers issued: {issued}; lag (max over tables, barriers): first third {early:.1f}, last third "
-          f"{late:.1f}, max {max(lag)}   (goal: does not grow: {'met' if late <= early + 2 else 'MISSED'})")
-    print(f"  read-committed freshness over the chain: p50 {statistics.median(fresh):.1f} s, p95 {p95:.1f} s, "
-          f"max {fresh[-1]:.1f} s, {len(freshness) - len(fresh)} sample(s) without a cut after it   "
-          f"(goal p95 <= 5 s: {'met' if p95 <= 5 else 'MISSED'})")
+    print(
+        f"  barriers issued: {issued}; lag (max over tables, barriers): first third {early:.1f}, last third "
+        f"{late:.1f}, max {max(lag)}   (goal: does not grow: {'met' if late <= early + 2 else 'MISSED'})"
+    )
+    print(
+        f"  read-committed freshness over the chain: p50 {statistics.median(fresh):.1f} s, p95 {p95:.1f} s, "
+        f"max {fresh[-1]:.1f} s, {len(freshness) - len(fresh)} sample(s) without a cut after it   "
+        f"(goal p95 <= 5 s: {'met' if p95 <= 5 else 'MISSED'})"
+    )
     for name, k in sorted(kinds.items()):
         print(f"  {name}: {k.total()} step(s): {k['skip']} skip, {k['coalesce']} coalesce, {k['exact']} exact")
-    print(f"  control plane per barrier: {xacts / issued:.1f} transactions; function calls: "
-          + ", ".join(f"{r['funcname']} {r['calls'] / issued:.2f}" for r in calls if r["calls"] / issued >= 0.05))
+    print(
+        f"  control plane per barrier: {xacts / issued:.1f} transactions; function calls: "
+        + ", ".join(f"{r['funcname']} {r['calls'] / issued:.2f}" for r in calls if r["calls"] / issued >= 0.05)
+    )
 
 
 def main() -> int:
@@ -165,8 +183,9 @@ def main() -> int:
             rows = args.rows or 100_000
             with db.connect(dsn) as conn:
                 barriers.set_interval_s(conn, 3600)
-                runtimes = [Runtime(j, settings=settings, spark=spark, conn=conn, log=lambda _: None)
-                            for j in chain(tmp)]
+                runtimes = [
+                    Runtime(j, settings=settings, spark=spark, conn=conn, log=lambda _: None) for j in chain(tmp)
+                ]
                 plain_s, managed_s = [], []
                 for k in range(args.barriers + 1):  # batch 0 warms both paths up
                     write_batch(tmp / "plain_in", k, rows)  # one new input file per barrier
@@ -179,14 +198,20 @@ def main() -> int:
                     for rt in runtimes:
                         assert len(rt.run().completed) == 1
                     managed_s.append(time.perf_counter() - start)
-                latencies = [r["d"] for r in conn.execute(
-                    "SELECT extract(epoch FROM delay) AS d FROM barrier_delay "
-                    "WHERE table_name = 'lake.managed.top_customers' ORDER BY barrier").fetchall()][1:]
+                latencies = [
+                    r["d"]
+                    for r in conn.execute(
+                        "SELECT extract(epoch FROM delay) AS d FROM barrier_delay "
+                        "WHERE table_name = 'lake.managed.top_customers' ORDER BY barrier"
+                    ).fetchall()
+                ][1:]
             assert spark.table("lake.managed.events").count() == spark.table("lake.plain.events").count()
             plain, managed = sum(plain_s[1:]), sum(managed_s[1:])
             print(f"three-level chain, {args.barriers} barriers x {rows} rows (after one warm-up barrier):")
-            print(f"  end-to-end barrier latency (issue -> top_customers): p50 {statistics.median(latencies):.2f} s, "
-                  f"max {max(latencies):.2f} s")
+            print(
+                f"  end-to-end barrier latency (issue -> top_customers): p50 {statistics.median(latencies):.2f} s, "
+                f"max {max(latencies):.2f} s"
+            )
             print(f"  plain Spark + Iceberg: {plain / args.barriers:6.2f} s per barrier")
             print(f"  icebarrier runtime:    {managed / args.barriers:6.2f} s per barrier")
             ratio = managed / plain

@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from catalog import start  # noqa: E402 - benchmarks/catalog.py: a server process on a free port
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
+
 from icebarrier.apps.job_exec import JobExec  # noqa: E402
 from icebarrier.control_plane import barriers, db, jobs, tokens  # noqa: E402
 from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
@@ -88,16 +89,23 @@ def topology(n_jobs: int, seed: int) -> list[JobDefinition]:
     tables of the depth above."""
     rng = random.Random(seed)
     roots = max(1, n_jobs // 10)
-    per_depth = [roots] + [(n_jobs - roots) // (DEPTH - 1) + (1 if d < (n_jobs - roots) % (DEPTH - 1) else 0)
-                           for d in range(DEPTH - 1)]
+    per_depth = [roots] + [
+        (n_jobs - roots) // (DEPTH - 1) + (1 if d < (n_jobs - roots) % (DEPTH - 1) else 0) for d in range(DEPTH - 1)
+    ]
     found, above = [], []
     for depth, count in enumerate(per_depth, start=1):
         level = []
         for i in range(count):
             sink = TableName.parse(f"{NAMESPACE}.d{depth}_{i}")
             sources = frozenset(rng.sample(above, min(len(above), rng.choice((1, 2))))) if above else frozenset()
-            found.append(JobDefinition(name=f"d{depth}_{i}", sources=sources, sinks=frozenset([sink]),
-                                       external_inputs=frozenset() if sources else frozenset(["ext:scale"])))
+            found.append(
+                JobDefinition(
+                    name=f"d{depth}_{i}",
+                    sources=sources,
+                    sinks=frozenset([sink]),
+                    external_inputs=frozenset() if sources else frozenset(["ext:scale"]),
+                )
+            )
             level.append(sink)
         above = level
     return found
@@ -129,13 +137,17 @@ def cpu_s(pid: int) -> float:
 
 
 def committed(conn) -> int:
-    return conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-                        ).fetchone()["xact_commit"]
+    return conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").fetchone()[
+        "xact_commit"
+    ]
 
 
 def freshness_s(conn) -> float | None:
-    row = conn.execute("SELECT extract(epoch FROM clock_timestamp() - b.issued_at)::float8 AS age "
-                       "FROM barrier b WHERE b.barrier = latest_cut(%s)", (NAMESPACE,)).fetchone()
+    row = conn.execute(
+        "SELECT extract(epoch FROM clock_timestamp() - b.issued_at)::float8 AS age "
+        "FROM barrier b WHERE b.barrier = latest_cut(%s)",
+        (NAMESPACE,),
+    ).fetchone()
     return row["age"] if row else None
 
 
@@ -149,13 +161,35 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
         credential = ":".join(tokens.create(conn, admin=True, name="scale"))
         barriers.set_interval_s(conn, 1)
         server, uri = start(settings, workers=args.workers)
-        real = [d.name for d in definitions if d.name.startswith(f"d{DEPTH}_")][:args.exec]
-        runners = [SimulatedJob(d.name, ["true"], uri=uri, credential=credential, log=lambda _: None)
-                   for d in definitions if d.name not in real]
+        real = [d.name for d in definitions if d.name.startswith(f"d{DEPTH}_")][: args.exec]
+        runners = [
+            SimulatedJob(d.name, ["true"], uri=uri, credential=credential, log=lambda _: None)
+            for d in definitions
+            if d.name not in real
+        ]
         threads = [threading.Thread(target=r.run, kwargs={"follow": True}, daemon=True) for r in runners]
-        procs = [subprocess.Popen([sys.executable, "-m", "icebarrier.cli.main", "job", "exec", name, "--follow",
-                                   "--catalog-uri", uri, "--credential", credential, "--", "true"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name in real]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "icebarrier.cli.main",
+                    "job",
+                    "exec",
+                    name,
+                    "--follow",
+                    "--catalog-uri",
+                    uri,
+                    "--credential",
+                    credential,
+                    "--",
+                    "true",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for name in real
+        ]
         try:
             for t in threads:
                 t.start()
@@ -204,11 +238,14 @@ def _barriers(conn) -> int:
 
 def report(point: Point) -> None:
     first, last, grows = point.lag_grows()
-    print(f"{point.jobs:4d} jobs x {point.tables:6d} tables: {point.tx_per_s:7.1f} tx/s "
-          f"({point.barriers_per_s:4.2f} barriers/s), {point.tx_per_barrier:6.1f} tx/barrier, "
-          f"{point.tx_per_job_barrier:4.2f} tx/job/barrier (goal <= 2), server CPU {point.cpu_s_per_barrier:5.3f} s/barrier, "
-          f"freshness p50 {point.p(0.5):4.2f} s p95 {point.p(0.95):4.2f} s, lag {first:4.2f} -> {last:4.2f} s "
-          f"({'GROWS' if grows else 'steady'}), idle {point.idle_tx_per_job_s:5.3f} tx/job/s (goal <= 0.1)", flush=True)
+    print(
+        f"{point.jobs:4d} jobs x {point.tables:6d} tables: {point.tx_per_s:7.1f} tx/s "
+        f"({point.barriers_per_s:4.2f} barriers/s), {point.tx_per_barrier:6.1f} tx/barrier, "
+        f"{point.tx_per_job_barrier:4.2f} tx/job/barrier (goal <= 2), server CPU {point.cpu_s_per_barrier:5.3f} s/barrier, "
+        f"freshness p50 {point.p(0.5):4.2f} s p95 {point.p(0.95):4.2f} s, lag {first:4.2f} -> {last:4.2f} s "
+        f"({'GROWS' if grows else 'steady'}), idle {point.idle_tx_per_job_s:5.3f} tx/job/s (goal <= 0.1)",
+        flush=True,
+    )
 
 
 def plot(points: list[Point], path: str) -> None:
@@ -229,8 +266,10 @@ def plot(points: list[Point], path: str) -> None:
     axes[0].axhline(600, color="grey", linestyle=":", label="goal at 200 jobs")
     axes[1].axhline(2, color="grey", linestyle=":", label="goal")
     axes[2].axhline(3, color="grey", linestyle=":", label="goal")
-    for ax, title in zip(axes, ("Postgres transactions / s", "transactions / job / barrier",
-                                "read-committed freshness p95 at depth 5 (s)")):
+    for ax, title in zip(
+        axes,
+        ("Postgres transactions / s", "transactions / job / barrier", "read-committed freshness p95 at depth 5 (s)"),
+    ):
         ax.set_title(title)
         ax.set_xlabel("jobs (1-s barriers)")
         ax.set_ylim(bottom=0)
@@ -243,8 +282,7 @@ def plot(points: list[Point], path: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default=DEFAULT_SERVER)
-    parser.add_argument("--points", default="10x1000,50x1000,200x1000,200x10000",
-                        help="JOBSxTABLES,… to measure")
+    parser.add_argument("--points", default="10x1000,50x1000,200x1000,200x10000", help="JOBSxTABLES,… to measure")
     parser.add_argument("--minutes", type=float, default=5.0, help="1-s barriers this long per point")
     parser.add_argument("--idle-s", type=float, default=60.0, help="the idle measurement's length")
     parser.add_argument("--exec", type=int, default=2, help="jobs at depth 5 run as real `job exec` processes")

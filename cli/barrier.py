@@ -35,8 +35,10 @@ def list_(obj, limit: int) -> None:
     emit(
         obj,
         [_barrier_json(b) for b in items],
-        lambda: table(["barrier", "issued_at", "issued_by", "anchor"],
-                      [(b.barrier, b.issued_at.isoformat(), b.issued_by, "anchor" if b.anchor else "") for b in items]),
+        lambda: table(
+            ["barrier", "issued_at", "issued_by", "anchor"],
+            [(b.barrier, b.issued_at.isoformat(), b.issued_by, "anchor" if b.anchor else "") for b in items],
+        ),
     )
 
 
@@ -50,7 +52,9 @@ def interval(obj, duration_text: str | None) -> None:
     """
     conn = obj.conn()
     seconds = (
-        barriers.set_interval_s(conn, parse_duration_s(duration_text)) if duration_text else barriers.get_interval_s(conn)
+        barriers.set_interval_s(conn, parse_duration_s(duration_text))
+        if duration_text
+        else barriers.get_interval_s(conn)
     )
     emit(obj, {"barrier_interval_s": seconds}, f"barrier interval: {duration(seconds)}")
 
@@ -66,8 +70,11 @@ def anchor_interval(obj, duration_text: str | None) -> None:
     valid cut at each anchor they have passed.
     """
     conn = obj.conn()
-    seconds = (barriers.set_anchor_interval_s(conn, parse_duration_s(duration_text)) if duration_text
-               else barriers.get_anchor_interval_s(conn))
+    seconds = (
+        barriers.set_anchor_interval_s(conn, parse_duration_s(duration_text))
+        if duration_text
+        else barriers.get_anchor_interval_s(conn)
+    )
     emit(obj, {"anchor_interval_s": seconds}, f"anchor interval: {duration(seconds)}")
 
 

@@ -12,19 +12,41 @@ from icebarrier.cli.render import emit, table
 from icebarrier.control_plane import tokens
 from icebarrier.control_plane.model import parse_duration_s
 
+
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (other hosts: 0.0.0.0).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8181, show_default=True)
-@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Server processes on the one port (a dead one is replaced); all state is in Postgres.")
-@click.option("--session-quiet", default="1s", show_default=True,
-              help="A read-committed session moves to the newest cut after this long without loads.")
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Server processes on the one port (a dead one is replaced); all state is in Postgres.",
+)
+@click.option(
+    "--session-quiet",
+    default="1s",
+    show_default=True,
+    help="A read-committed session moves to the newest cut after this long without loads.",
+)
 @click.option("--allow-anonymous-read", is_flag=True, help="Serve clients without a token (read-only).")
-@click.option("--allowed-location", "allowed_locations", multiple=True, metavar="PREFIX",
-              help="Another prefix table locations may lie under (repeatable); the warehouse always is one.")
+@click.option(
+    "--allowed-location",
+    "allowed_locations",
+    multiple=True,
+    metavar="PREFIX",
+    help="Another prefix table locations may lie under (repeatable); the warehouse always is one.",
+)
 @click.pass_obj
-def serve(obj, host: str, port: int, workers: int, session_quiet: str, allow_anonymous_read: bool,
-          allowed_locations: tuple[str, ...]) -> None:
+def serve(
+    obj,
+    host: str,
+    port: int,
+    workers: int,
+    session_quiet: str,
+    allow_anonymous_read: bool,
+    allowed_locations: tuple[str, ...],
+) -> None:
     """Serve the lake over the Iceberg REST catalog protocol, with consistent warehouses:
     latest, read-committed, read-committed:<namespace>, barrier-<B>, lease-<ID>.
 
@@ -36,27 +58,43 @@ def serve(obj, host: str, port: int, workers: int, session_quiet: str, allow_ano
     from icebarrier.apps.catalog import server
 
     quiet_ms = max(1, round(parse_duration_s(session_quiet) * 1000))
-    options = {"quiet_ms": quiet_ms, "allow_anonymous_read": allow_anonymous_read,
-               "allowed_locations": list(allowed_locations)}
+    options = {
+        "quiet_ms": quiet_ms,
+        "allow_anonymous_read": allow_anonymous_read,
+        "allowed_locations": list(allowed_locations),
+    }
     settings = obj.settings()
     if workers == 1:
-        uvicorn.run(server.create_app(settings, **options), host=host, port=port, log_level="warning",
-                    http=server.HTTP_PROTOCOL)
+        uvicorn.run(
+            server.create_app(settings, **options), host=host, port=port, log_level="warning", http=server.HTTP_PROTOCOL
+        )
         return
     server.check_settings(settings)  # one line now, not one per worker
     os.environ[server.WORKER_ENV] = json.dumps({"config": obj.config, "dsn": obj.dsn, "schema": obj.schema, **options})
-    uvicorn.run(f"{server.__name__}:{server.worker_app.__name__}", factory=True, workers=workers, host=host,
-                port=port, log_level="warning", http=server.HTTP_PROTOCOL)
+    uvicorn.run(
+        f"{server.__name__}:{server.worker_app.__name__}",
+        factory=True,
+        workers=workers,
+        host=host,
+        port=port,
+        log_level="warning",
+        http=server.HTTP_PROTOCOL,
+    )
 
 
 @click.command("connect")
 @click.option("--engine", type=click.Choice(ENGINES), required=True)
-@click.option("--warehouse", default="read-committed", show_default=True,
-              help="latest, read-committed, read-committed:<namespace>, barrier-<B>, lease-<ID>, or job / "
-                   "job:<JOB> (a job's session, see `icebarrier job exec`).")
+@click.option(
+    "--warehouse",
+    default="read-committed",
+    show_default=True,
+    help="latest, read-committed, read-committed:<namespace>, barrier-<B>, lease-<ID>, or job / "
+    "job:<JOB> (a job's session, see `icebarrier job exec`).",
+)
 @click.option("--uri", default="http://127.0.0.1:8181", show_default=True, help="Where `icebarrier serve` listens.")
-@click.option("--credential", default="CLIENT_ID:SECRET", show_default=True,
-              help="A token from `icebarrier token create`.")
+@click.option(
+    "--credential", default="CLIENT_ID:SECRET", show_default=True, help="A token from `icebarrier token create`."
+)
 @click.pass_obj
 def connect(obj, engine: str, warehouse: str, uri: str, credential: str) -> None:
     """Print a ready-to-paste configuration for ENGINE to read (or write) through the catalog."""
@@ -76,8 +114,11 @@ def token_group() -> None:
 @token_group.command("create")
 @click.option("--reader", is_flag=True, help="A token that reads only.")
 @click.option("--job", help="A token that acts for JOB: commits to its sinks through warehouse latest.")
-@click.option("--admin", is_flag=True, help="A token that runs any job's session (warehouse job:<JOB>, "
-                                          "`icebarrier job exec`), e.g. for a scheduler.")
+@click.option(
+    "--admin",
+    is_flag=True,
+    help="A token that runs any job's session (warehouse job:<JOB>, `icebarrier job exec`), e.g. for a scheduler.",
+)
 @click.option("--name", help="What the token is for (shown in token list).")
 @click.pass_obj
 def create(obj, reader: bool, job: str | None, admin: bool, name: str | None) -> None:
@@ -94,10 +135,24 @@ def create(obj, reader: bool, job: str | None, admin: bool, name: str | None) ->
 def list_(obj) -> None:
     """List tokens (never their secrets)."""
     found = tokens.list_tokens(obj.conn())
-    emit(obj, [t.to_json() for t in found], lambda: table(
-        ["client id", "role", "job", "name", "created", "revoked"],
-        [(t.client_id, t.kind, t.job, t.name, t.created_at.isoformat(timespec="seconds"),
-          t.revoked_at.isoformat(timespec="seconds") if t.revoked_at else None) for t in found]))
+    emit(
+        obj,
+        [t.to_json() for t in found],
+        lambda: table(
+            ["client id", "role", "job", "name", "created", "revoked"],
+            [
+                (
+                    t.client_id,
+                    t.kind,
+                    t.job,
+                    t.name,
+                    t.created_at.isoformat(timespec="seconds"),
+                    t.revoked_at.isoformat(timespec="seconds") if t.revoked_at else None,
+                )
+                for t in found
+            ],
+        ),
+    )
 
 
 @token_group.command("revoke")

@@ -19,24 +19,59 @@ from icebarrier.iceberg_ext.faults import MUTATIONS
 
 @click.command("check")
 @click.option("--seed", type=int, help="Seed to reproduce a run (default: random, printed).")
-@click.option("--duration", "duration_s", type=click.FloatRange(3, 86400), default=20, show_default=True,
-              help="Seconds of barriers, jobs, faults, readers and expiry before the final validation.")
-@click.option("--fault-rate", type=click.FloatRange(0, 1), default=0.3, show_default=True,
-              help="Chance that a job process is started with a random fault point armed (kills scale with it).")
-@click.option("--restarts/--no-restarts", default=True, show_default=True,
-              help="Restart the run's control-plane Postgres at random moments (about one per 10 s).")
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.FloatRange(3, 86400),
+    default=20,
+    show_default=True,
+    help="Seconds of barriers, jobs, faults, readers and expiry before the final validation.",
+)
+@click.option(
+    "--fault-rate",
+    type=click.FloatRange(0, 1),
+    default=0.3,
+    show_default=True,
+    help="Chance that a job process is started with a random fault point armed (kills scale with it).",
+)
+@click.option(
+    "--restarts/--no-restarts",
+    default=True,
+    show_default=True,
+    help="Restart the run's control-plane Postgres at random moments (about one per 10 s).",
+)
 @click.option("--keep", is_flag=True, help="Keep the run's Postgres data and warehouse for inspection.")
-@click.option("--warehouse", "under", metavar="URI",
-              help="Put the run's warehouse under this one (e.g. s3://bucket/prefix, with the [storage] settings of "
-                   "icebarrier.toml or the AWS_* variables); default: the run's temporary folder.")
-@click.option("--exec-jobs/--no-exec-jobs", default=True, show_default=True,
-              help="Run orders_in and balances_job as plain PyIceberg scripts under `icebarrier job exec`, through "
-                   "a catalog server the run starts and kills at random; validate cuts through it too.")
-@click.option("--mutation", type=click.Choice(MUTATIONS),
-              help="Run the catalog server with this deliberate bug: the run must fail (a test of the checker).")
+@click.option(
+    "--warehouse",
+    "under",
+    metavar="URI",
+    help="Put the run's warehouse under this one (e.g. s3://bucket/prefix, with the [storage] settings of "
+    "icebarrier.toml or the AWS_* variables); default: the run's temporary folder.",
+)
+@click.option(
+    "--exec-jobs/--no-exec-jobs",
+    default=True,
+    show_default=True,
+    help="Run orders_in and balances_job as plain PyIceberg scripts under `icebarrier job exec`, through "
+    "a catalog server the run starts and kills at random; validate cuts through it too.",
+)
+@click.option(
+    "--mutation",
+    type=click.Choice(MUTATIONS),
+    help="Run the catalog server with this deliberate bug: the run must fail (a test of the checker).",
+)
 @click.pass_obj
-def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts: bool, keep: bool,
-          under: str | None, exec_jobs: bool, mutation: str | None) -> None:
+def check(
+    obj,
+    seed: int | None,
+    duration_s: float,
+    fault_rate: float,
+    restarts: bool,
+    keep: bool,
+    under: str | None,
+    exec_jobs: bool,
+    mutation: str | None,
+) -> None:
     """Run root and intermediate jobs and an expiry as real processes at random speeds, kill jobs
     at random fault points and restart the control-plane Postgres, while readers query at every
     level (through the catalog server too); two jobs run under `icebarrier job exec`, whose
@@ -68,8 +103,16 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts:
         upgrade(env.settings)
         report = CheckReport(seed=seed)
         with _live(report, duration_s, say) as line:
-            run_check(env, duration_s=duration_s, fault_rate=fault_rate, server=server if restarts else None,
-                      progress=line, report=report, exec_jobs=exec_jobs, mutation=mutation)
+            run_check(
+                env,
+                duration_s=duration_s,
+                fault_rate=fault_rate,
+                server=server if restarts else None,
+                progress=line,
+                report=report,
+                exec_jobs=exec_jobs,
+                mutation=mutation,
+            )
     finally:
         server.stop()
         if keep:
@@ -86,23 +129,31 @@ def check(obj, seed: int | None, duration_s: float, fault_rate: float, restarts:
         lines = [
             f"seed {report.seed}: {report.barriers} barriers issued, {report.validated} validated "
             f"(coverage {report.coverage:.0%}, floor {report.coverage_floor:.0%}; excused: "
-            + (", ".join(f"{k} x{v}" for k, v in report.excused.items()) or "none") + ")",
+            + (", ".join(f"{k} x{v}" for k, v in report.excused.items()) or "none")
+            + ")",
             table(["level", "reads", "anomalies", "example"], rows),
             f"no valid cut yet: {report.no_valid_cut} read(s); read-uncommitted errors: {report.read_uncommitted_errors}",
-            "completions: " + (", ".join(f"{k} x{v}" for k, v in sorted(report.completions.items())) or "none")
+            "completions: "
+            + (", ".join(f"{k} x{v}" for k, v in sorted(report.completions.items())) or "none")
             + f"; cuts refused at coalesced barriers: {report.coalesced_refused}; anchors validated: "
-              f"{report.anchors_validated}",
+            f"{report.anchors_validated}",
             f"repeatable-read: {report.rr_sessions} session(s), {report.leases_renewed} lease renewal(s), "
             f"{report.leases_lost} lease(s) lost (reads stopped), {report.leases_refused} refused",
             f"expiry (own process, racing the readers): {report.expiry_runs} run(s), "
             f"{report.snapshots_expired} snapshot(s) expired",
             f"faults injected: {faults}; Postgres restarts: {report.restarts}",
             f"catalog server ({', '.join(report.exec_jobs) or 'no job exec jobs'} under job exec"
-            + (f"; mutation {report.mutation}" if report.mutation else "") + f"): {report.catalog_reads} "
+            + (f"; mutation {report.mutation}" if report.mutation else "")
+            + f"): {report.catalog_reads} "
             f"read-committed read(s), {report.catalog_anomalies} anomal(ies), {report.catalog_validated} cut(s) "
             f"validated through barrier-<B>, {report.catalog_unavailable} read(s) found it down",
-            "reconnects after restarts: " + (", ".join(f"{who} x{w['reconnects']} (longest {w['max_wait_s']:.1f}s)"
-                                                        for who, w in sorted(waited.items())) or "none"),
+            "reconnects after restarts: "
+            + (
+                ", ".join(
+                    f"{who} x{w['reconnects']} (longest {w['max_wait_s']:.1f}s)" for who, w in sorted(waited.items())
+                )
+                or "none"
+            ),
         ]
         lines += [f"VIOLATION: {v}" for v in report.violations]
         lines.append("OK" if report.ok else f"FAILED (reproduce with --seed {report.seed})")
@@ -129,9 +180,11 @@ def _live(report, duration_s: float, say):
     def status() -> str:
         uncommitted = report.anomalies[Level.READ_UNCOMMITTED.value]
         consistent = sum(report.anomalies.values()) - uncommitted
-        return (f"{report.barriers} barriers issued, {report.validated} validated, {sum(report.reads.values())} "
-                f"reads ({consistent} anomalies at consistent levels, {uncommitted} read-uncommitted), "
-                f"{sum(report.faults.values())} faults, {report.restarts} restarts")
+        return (
+            f"{report.barriers} barriers issued, {report.validated} validated, {sum(report.reads.values())} "
+            f"reads ({consistent} anomalies at consistent levels, {uncommitted} read-uncommitted), "
+            f"{sum(report.faults.values())} faults, {report.restarts} restarts"
+        )
 
     @contextlib.contextmanager
     def live():

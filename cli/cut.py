@@ -13,9 +13,14 @@ LEVELS = [level.value for level in Level]
 
 def wait_option(command):
     """``--wait``: how long a read waits for the tables' first consistent cut."""
-    return click.option("--wait", "wait", default="30s", show_default=True,
-                        help="Wait this long for a first consistent cut (0s: fail at once); a line on stderr "
-                             "names the job being waited for.")(command)
+    return click.option(
+        "--wait",
+        "wait",
+        default="30s",
+        show_default=True,
+        help="Wait this long for a first consistent cut (0s: fail at once); a line on stderr "
+        "names the job being waited for.",
+    )(command)
 
 
 def wait_for_first_cut(obj, names: list[TableName], level: Level, barrier: int | None, wait: str) -> None:

@@ -38,20 +38,30 @@ def status(obj) -> None:
         pairs = _overlapping_locations(conn, settings) if st.up_to_date else []
     state = "up to date" if st.up_to_date else "out of date: run `icebarrier db upgrade`"
     lines = [f"schema {st.schema}: current {st.current or '(none)'}, head {st.head} ({state})"]
-    lines += [f"table {inner.table} at {inner.location} lies under table {outer.table}'s location; move one of "
-              f"them (drop and register elsewhere) before purging or expiring either" for outer, inner in pairs]
-    payload = {**st.to_json(), "overlapping_locations": [
-        {"table": inner.table, "location": inner.location, "under": outer.table, "under_location": outer.location}
-        for outer, inner in pairs]}
+    lines += [
+        f"table {inner.table} at {inner.location} lies under table {outer.table}'s location; move one of "
+        f"them (drop and register elsewhere) before purging or expiring either"
+        for outer, inner in pairs
+    ]
+    payload = {
+        **st.to_json(),
+        "overlapping_locations": [
+            {"table": inner.table, "location": inner.location, "under": outer.table, "under_location": outer.location}
+            for outer, inner in pairs
+        ],
+    }
     emit(obj, payload, "\n".join(lines))
 
 
 def _overlapping_locations(conn, settings) -> list:
     from icebarrier.iceberg_ext import locations
 
-    if not settings.is_default_catalog or conn.execute(
+    if (
+        not settings.is_default_catalog
+        or conn.execute(
             "SELECT to_regclass(%s) IS NULL AS missing", (f"{settings.catalog_schema}.iceberg_tables",)
-    ).fetchone()["missing"]:
+        ).fetchone()["missing"]
+    ):
         return []
     tables = locations.catalog_tables(conn, settings.catalog_schema, settings.catalog)
     return locations.overlapping(locations.placed(tables, locations.reader(settings.pyiceberg_properties())))

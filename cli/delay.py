@@ -11,8 +11,9 @@ from icebarrier.control_plane import delays
 @click.command("delay")
 @click.option("--table", "table_name", metavar="TABLE", help="Only this table.")
 @click.option("--job", "job_name", metavar="JOB", help="Only this job.")
-@click.option("--last", type=click.IntRange(1, 100_000), default=100, show_default=True,
-              help="Over the last N barriers.")
+@click.option(
+    "--last", type=click.IntRange(1, 100_000), default=100, show_default=True, help="Over the last N barriers."
+)
 @click.pass_obj
 def delay(obj, table_name: str | None, job_name: str | None, last: int) -> None:
     """Per table and per job: p50/p95/max delay over the last N barriers, freshness,
@@ -25,15 +26,21 @@ def delay(obj, table_name: str | None, job_name: str | None, last: int) -> None:
         headers = ["name", "barriers", "p50", "p95", "max", "freshness", "behind"]
 
         def row(d, flag=""):
-            return (d.name + flag, d.barriers, *(None if v is None else Seconds(v) for v in
-                                                (d.p50_s, d.p95_s, d.max_s, d.freshness_s)), d.barriers_behind)
+            return (
+                d.name + flag,
+                d.barriers,
+                *(None if v is None else Seconds(v) for v in (d.p50_s, d.p95_s, d.max_s, d.freshness_s)),
+                d.barriers_behind,
+            )
 
         parts = []
         if not job_name:
             parts.append("table delay (completion - barrier issue)\n" + table(headers, [row(d) for d in table_rows]))
         if not table_name:
-            parts.append("job delay (completion - inputs ready)\n"
-                         + table(headers, [row(d, "  <- bottleneck" if d.bottleneck else "") for d in job_rows]))
+            parts.append(
+                "job delay (completion - inputs ready)\n"
+                + table(headers, [row(d, "  <- bottleneck" if d.bottleneck else "") for d in job_rows])
+            )
         return "\n\n".join(parts)
 
     emit(obj, {"tables": [d.to_json() for d in table_rows], "jobs": [d.to_json() for d in job_rows]}, text)

@@ -28,7 +28,9 @@ def job_group() -> None:
 @click.argument("name")
 @click.option("--source", "sources", multiple=True, metavar="TABLE", help="Managed table the job reads (repeatable).")
 @click.option("--sink", "sinks", multiple=True, metavar="TABLE", help="Managed table the job writes (repeatable).")
-@click.option("--external", "externals", multiple=True, metavar="NAME", help="External input of a root job (repeatable).")
+@click.option(
+    "--external", "externals", multiple=True, metavar="NAME", help="External input of a root job (repeatable)."
+)
 @click.option("--replace", is_flag=True, help="Replace a registered job's definition.")
 @click.pass_obj
 def register(obj, name: str, sources, sinks, externals, replace: bool) -> None:
@@ -65,10 +67,14 @@ def list_(obj) -> None:
             ["job", "kind", "status", "reads", "writes", "progress", "behind", "waiting for"],
             [
                 (
-                    i.definition.name, i.kind, i.status,
+                    i.definition.name,
+                    i.kind,
+                    i.status,
                     ", ".join(sorted(i.definition.external_inputs) or sorted(map(str, i.definition.sources))),
                     ", ".join(sorted(map(str, i.definition.sinks))),
-                    barrier_label(i.progress), i.barriers_behind, i.waiting_for or "-",
+                    barrier_label(i.progress),
+                    i.barriers_behind,
+                    i.waiting_for or "-",
                 )
                 for i in items
             ],
@@ -89,7 +95,8 @@ def show(obj, name: str) -> None:
         lines = [
             f"job:        {d.name} ({info.kind})",
             f"registered: {info.registered_at.isoformat()}",
-            f"status:     {info.status}" + (f" (heartbeat {info.heartbeat_at.isoformat()})" if info.heartbeat_at else ""),
+            f"status:     {info.status}"
+            + (f" (heartbeat {info.heartbeat_at.isoformat()})" if info.heartbeat_at else ""),
             f"progress:   {barrier_label(info.progress)} ({info.barriers_behind} barriers behind)",
         ]
         if info.waiting_for:
@@ -121,8 +128,11 @@ def next_barrier(obj, name: str, no_skip: bool, no_coalesce: bool) -> None:
     nb = jobs.next_barrier(obj.conn(), name, skip=not no_skip, coalesce=not no_coalesce)
 
     def text() -> str:
-        how = nb.plan.value if nb.from_barrier is None or nb.plan.value == "exact" else \
-            f"{nb.plan.value} from {barrier_label(nb.from_barrier)}, {nb.anchors_in_range} anchor(s) in range"
+        how = (
+            nb.plan.value
+            if nb.from_barrier is None or nb.plan.value == "exact"
+            else f"{nb.plan.value} from {barrier_label(nb.from_barrier)}, {nb.anchors_in_range} anchor(s) in range"
+        )
         if nb.ready:
             return f"job {name}: next barrier {barrier_label(nb.barrier)}, {how} (ready{', newly issued' if nb.issued else ''})"
         where = f"next barrier {barrier_label(nb.barrier)}" if nb.barrier is not None else "no barrier to complete yet"
@@ -140,8 +150,10 @@ def _parse_commit(text: str) -> tuple[TableName, int]:
         if not 0 < snapshot_id < 2**63:
             raise ValueError
     except ValueError:
-        raise InvalidValueError(f"--commit {text!r} is malformed; use TABLE=SNAPSHOT_ID with a positive 64-bit "
-                                f"snapshot id, e.g. lake.db.orders=123") from None
+        raise InvalidValueError(
+            f"--commit {text!r} is malformed; use TABLE=SNAPSHOT_ID with a positive 64-bit "
+            f"snapshot id, e.g. lake.db.orders=123"
+        ) from None
     return TableName.parse(table_text), snapshot_id
 
 
@@ -150,8 +162,10 @@ def _parse_commits(texts) -> dict[TableName, int]:
     parsed: dict[TableName, int] = {}
     for sink, snapshot_id in map(_parse_commit, texts):
         if sink in parsed:
-            raise InvalidValueError(f"--commit names {sink} twice ({parsed[sink]} and {snapshot_id}); a table has "
-                                    f"one commit per barrier, give it once")
+            raise InvalidValueError(
+                f"--commit names {sink} twice ({parsed[sink]} and {snapshot_id}); a table has "
+                f"one commit per barrier, give it once"
+            )
         parsed[sink] = snapshot_id
     return parsed
 
@@ -159,11 +173,19 @@ def _parse_commits(texts) -> dict[TableName, int]:
 @job_group.command("complete")
 @click.argument("name")
 @click.option("--barrier", "barrier", type=BARRIER, required=True, help="The barrier completed.")
-@click.option("--commit", "commits", multiple=True, metavar="TABLE=SNAPSHOT_ID",
-              help="Snapshot written to a sink for this barrier (repeatable); other sinks keep theirs.")
+@click.option(
+    "--commit",
+    "commits",
+    multiple=True,
+    metavar="TABLE=SNAPSHOT_ID",
+    help="Snapshot written to a sink for this barrier (repeatable); other sinks keep theirs.",
+)
 @click.option("--run-id", help="Identifier of the run that wrote the commits.")
-@click.option("--coalesce", is_flag=True,
-              help="Coalesce the barriers between the job's progress and BARRIER (one computation for all).")
+@click.option(
+    "--coalesce",
+    is_flag=True,
+    help="Coalesce the barriers between the job's progress and BARRIER (one computation for all).",
+)
 @click.pass_obj
 def complete(obj, name: str, barrier: int, commits, run_id: str | None, coalesce: bool) -> None:
     """Record that job NAME completed BARRIER for all its sinks, in one transaction.
@@ -173,7 +195,11 @@ def complete(obj, name: str, barrier: int, commits, run_id: str | None, coalesce
     parsed = _parse_commits(commits)
     result = jobs.complete(obj.conn(), name, barrier, parsed, run_id=run_id, coalesce=coalesce)
     what = "already completed (no change)" if result.noop else "completed"
-    emit(obj, result.to_json(), f"job {name}: barrier {barrier_label(barrier)} {what} for {', '.join(map(str, result.sinks))}")
+    emit(
+        obj,
+        result.to_json(),
+        f"job {name}: barrier {barrier_label(barrier)} {what} for {', '.join(map(str, result.sinks))}",
+    )
 
 
 COMMANDS = [job_group]
@@ -184,19 +210,48 @@ COMMANDS = [job_group]
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option("--once", "mode", flag_value="once", default=True, help="Complete every barrier due now, then exit.")
 @click.option("--follow", "mode", flag_value="follow", help="Keep going until SIGINT/SIGTERM.")
-@click.option("--catalog-uri", envvar="ICEBARRIER_CATALOG_URI", default="http://127.0.0.1:8181", show_default=True,
-              help="Where `icebarrier serve` listens [env ICEBARRIER_CATALOG_URI].")
-@click.option("--credential", envvar="ICEBARRIER_CATALOG_CREDENTIAL", metavar="CLIENT_ID:SECRET",
-              help="A token of job NAME, or an admin token [env ICEBARRIER_CATALOG_CREDENTIAL].")
-@click.option("--no-skip", is_flag=True, help="The command reads the barrier itself: run it even when no source changed.")
+@click.option(
+    "--catalog-uri",
+    envvar="ICEBARRIER_CATALOG_URI",
+    default="http://127.0.0.1:8181",
+    show_default=True,
+    help="Where `icebarrier serve` listens [env ICEBARRIER_CATALOG_URI].",
+)
+@click.option(
+    "--credential",
+    envvar="ICEBARRIER_CATALOG_CREDENTIAL",
+    metavar="CLIENT_ID:SECRET",
+    help="A token of job NAME, or an admin token [env ICEBARRIER_CATALOG_CREDENTIAL].",
+)
+@click.option(
+    "--no-skip", is_flag=True, help="The command reads the barrier itself: run it even when no source changed."
+)
 @click.option("--no-coalesce", is_flag=True, help="Complete every barrier exactly, one run each.")
-@click.option("--poll", default="60s", show_default=True,
-              help="--follow waits for notices from the control plane; this is how often it looks anyway.")
-@click.option("--hold", default="30s", show_default=True,
-              help="How long the session stays held if this process dies (another run may then take it over).")
+@click.option(
+    "--poll",
+    default="60s",
+    show_default=True,
+    help="--follow waits for notices from the control plane; this is how often it looks anyway.",
+)
+@click.option(
+    "--hold",
+    default="30s",
+    show_default=True,
+    help="How long the session stays held if this process dies (another run may then take it over).",
+)
 @click.pass_obj
-def exec_(obj, name: str, command, mode: str, catalog_uri: str, credential: str | None, no_skip: bool,
-          no_coalesce: bool, poll: str, hold: str) -> None:
+def exec_(
+    obj,
+    name: str,
+    command,
+    mode: str,
+    catalog_uri: str,
+    credential: str | None,
+    no_skip: bool,
+    no_coalesce: bool,
+    poll: str,
+    hold: str,
+) -> None:
     """Run COMMAND as job NAME through the catalog: once per planned barrier, publishing the
     barrier when it exits 0 (nothing of a failed run is visible).
 
@@ -211,13 +266,27 @@ def exec_(obj, name: str, command, mode: str, catalog_uri: str, credential: str 
 
     parse_job_name(name)
     if not credential:
-        raise click.UsageError("no catalog credential: pass --credential CLIENT_ID:SECRET (a token of the job, from "
-                               "`icebarrier token create --job JOB`) or set ICEBARRIER_CATALOG_CREDENTIAL")
-    runner = JobExec(name, list(command), uri=catalog_uri, credential=credential, skip=not no_skip,
-                     coalesce=not no_coalesce, hold_s=parse_duration_s(hold), log=lambda line: click.echo(line, err=True))
+        raise click.UsageError(
+            "no catalog credential: pass --credential CLIENT_ID:SECRET (a token of the job, from "
+            "`icebarrier token create --job JOB`) or set ICEBARRIER_CATALOG_CREDENTIAL"
+        )
+    runner = JobExec(
+        name,
+        list(command),
+        uri=catalog_uri,
+        credential=credential,
+        skip=not no_skip,
+        coalesce=not no_coalesce,
+        hold_s=parse_duration_s(hold),
+        log=lambda line: click.echo(line, err=True),
+    )
     summary = runner.run(follow=mode == "follow", poll_s=parse_duration_s(poll))
     published = [s for s in summary.steps if s.outcome != "failed"]
-    emit(obj, summary.to_json(), f"job {name}: {len(published)} barrier(s) completed"
-         + (f", the last {published[-1].barrier}" if published else ""))
+    emit(
+        obj,
+        summary.to_json(),
+        f"job {name}: {len(published)} barrier(s) completed"
+        + (f", the last {published[-1].barrier}" if published else ""),
+    )
     if summary.exit_code:
         sys.exit(summary.exit_code)

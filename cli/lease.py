@@ -22,8 +22,9 @@ def max_ttl(obj, duration_text: str | None) -> None:
     """Show or set the longest TTL a lease may have when taken by a role other than the admin
     (e.g. 1h, 1d; at most 7d). Setting it is for the admin."""
     conn = obj.conn()
-    seconds = leases.set_max_ttl_s(conn, parse_duration_s(duration_text)) if duration_text \
-        else leases.get_max_ttl_s(conn)
+    seconds = (
+        leases.set_max_ttl_s(conn, parse_duration_s(duration_text)) if duration_text else leases.get_max_ttl_s(conn)
+    )
     emit(obj, {"lease_max_ttl_s": seconds}, f"lease max TTL (roles other than the admin): {duration(seconds)}")
 
 
@@ -88,8 +89,11 @@ def protected(obj, table_name: str) -> None:
     emit(
         obj,
         {"table": str(name), "protected": {str(s): list(p.reasons) for s, p in items.items()}},
-        lambda: table(["snapshot", "why"], [(s, ", ".join(p.reasons)) for s, p in items.items()],
-                      empty=f"no protected snapshots recorded for {name}"),
+        lambda: table(
+            ["snapshot", "why"],
+            [(s, ", ".join(p.reasons)) for s, p in items.items()],
+            empty=f"no protected snapshots recorded for {name}",
+        ),
     )
 
 

@@ -99,8 +99,9 @@ class IcebarrierGroup(click.Group):
             if _debug(ctx):
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            click.echo(f"error: control-plane database error: {one_line(first)} (rerun with --debug for details)",
-                       err=True)
+            click.echo(
+                f"error: control-plane database error: {one_line(first)} (rerun with --debug for details)", err=True
+            )
             sys.exit(1)
 
 
@@ -111,15 +112,21 @@ def _debug(ctx: click.Context) -> bool:
 
 @click.group(cls=IcebarrierGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--dsn", envvar="ICEBARRIER_DSN", help="Control-plane Postgres DSN (env ICEBARRIER_DSN).")
+@click.option("--schema", envvar="ICEBARRIER_SCHEMA", help="Postgres schema of the control plane (default icebarrier).")
 @click.option(
-    "--schema", envvar="ICEBARRIER_SCHEMA", help="Postgres schema of the control plane (default icebarrier)."
-)
-@click.option(
-    "--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    "--output",
+    "-o",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
     help="Text for people, JSON (stable, documented in the README) for scripts.",
 )
-@click.option("--config", envvar="ICEBARRIER_CONFIG", type=click.Path(dir_okay=False),
-              help="icebarrier.toml with dsn, schema, catalog, warehouse (default ./icebarrier.toml).")
+@click.option(
+    "--config",
+    envvar="ICEBARRIER_CONFIG",
+    type=click.Path(dir_okay=False),
+    help="icebarrier.toml with dsn, schema, catalog, warehouse (default ./icebarrier.toml).",
+)
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(package_name="icebarrier")
 @click.pass_context
@@ -135,8 +142,22 @@ def cli(ctx: click.Context, dsn: str | None, schema: str | None, config: str | N
 
 
 def _register_commands() -> None:
-    from icebarrier.cli import (audit, barrier, catalog, check, cut, db, delay, demo, job, lease, maintenance, run,
-                                spark, table)
+    from icebarrier.cli import (
+        audit,
+        barrier,
+        catalog,
+        check,
+        cut,
+        db,
+        delay,
+        demo,
+        job,
+        lease,
+        maintenance,
+        run,
+        spark,
+        table,
+    )
 
     for module in (db, job, barrier, table, cut, lease, delay, spark, maintenance, run, demo, check, catalog, audit):
         for command in module.COMMANDS:

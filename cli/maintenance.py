@@ -18,8 +18,13 @@ def _named_or_all(conn, table_names) -> list[TableName]:
 @click.command("expire")
 @click.option("--table", "table_names", multiple=True, metavar="TABLE", help="Only these tables (default: all).")
 @click.option("--older-than", help="Only snapshots older than this (e.g. 7d); default: any age.")
-@click.option("--retain-last", type=click.IntRange(1), default=1, show_default=True,
-              help="Keep the newest N snapshots regardless.")
+@click.option(
+    "--retain-last",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="Keep the newest N snapshots regardless.",
+)
 @click.option("--dry-run", is_flag=True, help="Show what would be expired and why the rest is kept.")
 @click.pass_obj
 def expire(obj, table_names, older_than: str | None, retain_last: int, dry_run: bool) -> None:
@@ -43,9 +48,12 @@ def expire(obj, table_names, older_than: str | None, retain_last: int, dry_run: 
 
 @click.command("remove-orphans")
 @click.option("--table", "table_names", multiple=True, metavar="TABLE", help="Only these tables (default: all).")
-@click.option("--older-than", default="3d", show_default=True,
-              help="Only files last modified longer ago than this (files of a write in flight are not referenced "
-                   "yet).")
+@click.option(
+    "--older-than",
+    default="3d",
+    show_default=True,
+    help="Only files last modified longer ago than this (files of a write in flight are not referenced yet).",
+)
 @click.option("--dry-run", is_flag=True, help="List the orphans without deleting them.")
 @click.pass_obj
 def remove_orphans(obj, table_names, older_than: str, dry_run: bool) -> None:
@@ -81,9 +89,13 @@ def compact(obj, table_name: str, min_input_files: int) -> None:
     name, conn = TableName.parse(table_name), obj.conn()
     tables.require(conn, name)  # before starting Spark (seconds) for a table that is not there
     report = run(obj.spark(), conn, obj.catalog(), name, min_input_files=min_input_files)
-    emit(obj, report.to_json(),
-         f"{report.table}: compacted at barrier {barrier_label(report.barrier)} into snapshot {report.snapshot_id}"
-         if report.snapshot_id else f"{report.table}: nothing to compact")
+    emit(
+        obj,
+        report.to_json(),
+        f"{report.table}: compacted at barrier {barrier_label(report.barrier)} into snapshot {report.snapshot_id}"
+        if report.snapshot_id
+        else f"{report.table}: nothing to compact",
+    )
 
 
 @click.command("reconcile")
@@ -112,8 +124,9 @@ def reconcile(obj, table_names) -> None:
     emit(obj, [r.to_json() for r in reports], text)
     bad = [r for r in reports if not r.ok]
     if bad:
-        click.echo(f"error: single-writer violations or missing snapshots in {', '.join(str(r.table) for r in bad)}",
-                   err=True)
+        click.echo(
+            f"error: single-writer violations or missing snapshots in {', '.join(str(r.table) for r in bad)}", err=True
+        )
         sys.exit(1)
 
 
@@ -131,8 +144,16 @@ def revise(obj, table_name: str, to_barrier: int, dry_run: bool) -> None:
 
     def text() -> str:
         head = f"{'plan' if dry_run else 'revised'}: {plan.root} and downstream to barrier {barrier_label(plan.to_barrier)}"
-        rows = [(str(t.table), f"{t.from_watermark} -> {t.to_watermark}", f"{t.from_snapshot} -> {t.to_snapshot}",
-                 t.writer_job, "yes" if t.changes else "no") for t in plan.tables]
+        rows = [
+            (
+                str(t.table),
+                f"{t.from_watermark} -> {t.to_watermark}",
+                f"{t.from_snapshot} -> {t.to_snapshot}",
+                t.writer_job,
+                "yes" if t.changes else "no",
+            )
+            for t in plan.tables
+        ]
         body = table(["table", "watermark", "snapshot", "job", "changes"], rows)
         return f"{head}\n{body}\njobs reset: {', '.join(plan.jobs_reset) or '(none)'}"
 

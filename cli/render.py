@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import click
 
@@ -57,7 +57,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, empty: st
 def ago(when: datetime | None) -> str:
     if when is None:
         return "-"
-    return format_duration_s((datetime.now(timezone.utc) - when).total_seconds()) + " ago"
+    return format_duration_s((datetime.now(UTC) - when).total_seconds()) + " ago"
 
 
 duration = format_duration_s

@@ -22,15 +22,14 @@ def load_job(path: str):
     except IcebarrierError:
         raise
     except Exception as exc:  # the job file's own code failed
-        raise IcebarrierError(f"{path} failed while loading: {type(exc).__name__}: {exc} "
-                              f"(rerun with --debug for the traceback)") from exc
+        raise IcebarrierError(
+            f"{path} failed while loading: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)"
+        ) from exc
     if isinstance(namespace.get("job"), Job):
         return namespace["job"]
     found = [v for v in namespace.values() if isinstance(v, Job)]
     if len(found) != 1:
-        raise IcebarrierError(
-            f"{path} defines {len(found)} jobs; define exactly one, or name the one to run `job`"
-        )
+        raise IcebarrierError(f"{path} defines {len(found)} jobs; define exactly one, or name the one to run `job`")
     return found[0]
 
 
@@ -38,8 +37,12 @@ def load_job(path: str):
 @click.argument("path", metavar="FILE.py", type=click.Path(exists=True, dir_okay=False))
 @click.option("--once", "mode", flag_value="once", default=True, help="Complete every ready barrier, then exit.")
 @click.option("--follow", "mode", flag_value="follow", help="Keep going until SIGINT/SIGTERM.")
-@click.option("--poll", default="60s", show_default=True,
-              help="--follow waits for notices from the control plane; this is how often it looks anyway.")
+@click.option(
+    "--poll",
+    default="60s",
+    show_default=True,
+    help="--follow waits for notices from the control plane; this is how often it looks anyway.",
+)
 @click.pass_obj
 def run(obj, path: str, mode: str, poll: str) -> None:
     """Run the job FILE.py defines (register, complete barriers in order, heartbeat, stop cleanly)."""
@@ -48,8 +51,11 @@ def run(obj, path: str, mode: str, poll: str) -> None:
     job = load_job(path)
     with Runtime(job, settings=obj.settings()) as runtime:
         summary = runtime.run(follow=mode == "follow", poll_s=parse_duration_s(poll))
-    emit(obj, {"job": summary.job, "completed": summary.completed, "stopped_by_signal": summary.stopped_by_signal},
-         f"job {summary.job}: completed {len(summary.completed)} barrier(s)")
+    emit(
+        obj,
+        {"job": summary.job, "completed": summary.completed, "stopped_by_signal": summary.stopped_by_signal},
+        f"job {summary.job}: completed {len(summary.completed)} barrier(s)",
+    )
 
 
 COMMANDS = [run]

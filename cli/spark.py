@@ -12,13 +12,24 @@ from icebarrier.control_plane.model import Level, parse_duration_s
 
 
 @click.command("spark-conf")
-@click.option("--format", "fmt", type=click.Choice(["flags", "json", "properties"]), default="flags",
-              show_default=True, help="--conf flags for spark-submit, JSON, or spark-defaults.conf lines.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["flags", "json", "properties"]),
+    default="flags",
+    show_default=True,
+    help="--conf flags for spark-submit, JSON, or spark-defaults.conf lines.",
+)
 @click.option("--show-secrets", is_flag=True, help="Print passwords in JSON/properties output (default: ***).")
-@click.option("--via", type=click.Choice(["jdbc", "rest"]), default="jdbc", show_default=True,
-              help="The catalog Spark writes through: the SQL (JDBC) catalog in the control-plane database, or "
-                   "`icebarrier serve` (warehouse latest, with a job token: each commit is recorded in the same "
-                   "transaction as its pointer swap).")
+@click.option(
+    "--via",
+    type=click.Choice(["jdbc", "rest"]),
+    default="jdbc",
+    show_default=True,
+    help="The catalog Spark writes through: the SQL (JDBC) catalog in the control-plane database, or "
+    "`icebarrier serve` (warehouse latest, with a job token: each commit is recorded in the same "
+    "transaction as its pointer swap).",
+)
 @click.option("--uri", default="http://127.0.0.1:8181", show_default=True, help="With --via rest: the server.")
 @click.option("--credential", help="With --via rest: a job token, CLIENT_ID:SECRET (`icebarrier token create --job`).")
 @click.pass_obj
@@ -36,11 +47,19 @@ def spark_conf(obj, fmt: str, show_secrets: bool, via: str, uri: str, credential
     settings = obj.settings()
     if via == "rest":
         if not credential or credential.count(":") != 1:
-            raise IcebarrierError("--via rest needs --credential CLIENT_ID:SECRET (a job token from "
-                                  "`icebarrier token create --job JOB`)")
-        settings = replace(settings, catalog_properties={"type": "rest", "uri": uri, "warehouse": "latest",
-                                                         "credential": credential,
-                                                         "oauth2-server-uri": f"{uri}/v1/oauth/tokens"})
+            raise IcebarrierError(
+                "--via rest needs --credential CLIENT_ID:SECRET (a job token from `icebarrier token create --job JOB`)"
+            )
+        settings = replace(
+            settings,
+            catalog_properties={
+                "type": "rest",
+                "uri": uri,
+                "warehouse": "latest",
+                "credential": credential,
+                "oauth2-server-uri": f"{uri}/v1/oauth/tokens",
+            },
+        )
     conf = build(settings)
     shown = conf if show_secrets else redacted(conf)
     if fmt == "json" or obj.output == "json":
@@ -55,8 +74,13 @@ def spark_conf(obj, fmt: str, show_secrets: bool, via: str, uri: str, credential
 
 @click.command("query")
 @click.argument("sql", required=False)
-@click.option("--file", "-f", "sql_file", type=click.File("r"),
-              help="Read the query from this file (- for standard input) instead of SQL.")
+@click.option(
+    "--file",
+    "-f",
+    "sql_file",
+    type=click.File("r"),
+    help="Read the query from this file (- for standard input) instead of SQL.",
+)
 @click.option("--level", type=click.Choice(LEVELS), default=Level.READ_COMMITTED.value, show_default=True)
 @click.option("--barrier", type=BARRIER, help="Read the cut at this past barrier.")
 @click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, show_default=True, help="Rows to print.")
@@ -69,8 +93,11 @@ def query(obj, sql: str | None, sql_file, level: str, barrier: int | None, limit
     Every managed table the query reads (found by Spark's parser) reads its snapshot at the cut.
     """
     if (sql is None) == (sql_file is None):
-        raise click.UsageError("give the query as SQL or with --file PATH, not both" if sql is not None
-                               else "missing the query: give it as SQL or with --file PATH")
+        raise click.UsageError(
+            "give the query as SQL or with --file PATH, not both"
+            if sql is not None
+            else "missing the query: give it as SQL or with --file PATH"
+        )
     if sql_file is not None:
         sql = sql_file.read()
     if not sql.strip():
@@ -82,11 +109,19 @@ def query(obj, sql: str | None, sql_file, level: str, barrier: int | None, limit
     spark = obj.spark()
     names = spark_sql.check_pinnable(spark_sql.parse(spark, sql), tables.managed_names(conn))
     if not names:
-        raise IcebarrierError("the query reads no managed table; name one, e.g. lake.db.orders "
-                              "(`icebarrier table list` shows them)")
+        raise IcebarrierError(
+            "the query reads no managed table; name one, e.g. lake.db.orders (`icebarrier table list` shows them)"
+        )
     wait_for_first_cut(obj, names, Level(level), barrier, wait)
-    with ConsistentRead(conn, obj.catalog(), names, level=Level(level), barrier=barrier,
-                        ttl_s=parse_duration_s("10m"), holder="icebarrier query") as reader:
+    with ConsistentRead(
+        conn,
+        obj.catalog(),
+        names,
+        level=Level(level),
+        barrier=barrier,
+        ttl_s=parse_duration_s("10m"),
+        holder="icebarrier query",
+    ) as reader:
         cut = reader.cut()
         frame = reader.sql(spark, sql)
         columns = frame.columns

@@ -28,8 +28,13 @@ def list_(obj) -> None:
             ["table", "kind", "writer", "watermark", "snapshot", "freshness", "behind"],
             [
                 (
-                    str(v.name), v.kind, v.writer_job, barrier_label(v.watermark), v.current_snapshot_id,
-                    Seconds(v.freshness.total_seconds()) if v.freshness is not None else None, v.barriers_behind,
+                    str(v.name),
+                    v.kind,
+                    v.writer_job,
+                    barrier_label(v.watermark),
+                    v.current_snapshot_id,
+                    Seconds(v.freshness.total_seconds()) if v.freshness is not None else None,
+                    v.barriers_behind,
                 )
                 for v in items
             ],
@@ -40,7 +45,11 @@ def list_(obj) -> None:
 
 @click.command("topology")
 @click.option(
-    "--format", "fmt", type=click.Choice(["text", "dot", "mermaid", "json"]), default="text", show_default=True,
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "dot", "mermaid", "json"]),
+    default="text",
+    show_default=True,
     help="text for people, dot (Graphviz) or mermaid to render, json for scripts.",
 )
 @click.pass_obj
@@ -49,9 +58,21 @@ def topology_cmd(obj, fmt: str) -> None:
     definitions = list(jobs.load_definitions(obj.conn()).values())
     edges = topology.edges_of(definitions)
     if fmt == "json" or obj.output == "json":
-        click.echo(json.dumps(
-            [{"from_node": e.from_node, "to_node": e.to_node, "edge_kind": e.edge_kind,
-              "from_kind": e.from_kind, "to_kind": e.to_kind} for e in edges], indent=2))
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "from_node": e.from_node,
+                        "to_node": e.to_node,
+                        "edge_kind": e.edge_kind,
+                        "from_kind": e.from_kind,
+                        "to_kind": e.to_kind,
+                    }
+                    for e in edges
+                ],
+                indent=2,
+            )
+        )
     elif fmt == "dot":
         click.echo(topology.render_dot(edges))
     elif fmt == "mermaid":
@@ -63,8 +84,9 @@ def topology_cmd(obj, fmt: str) -> None:
 @click.command("lineage")
 @click.argument("table_name", metavar="TABLE")
 @click.option("--upstream", "direction", flag_value="upstream", help="Tables TABLE is computed from.")
-@click.option("--downstream", "direction", flag_value="downstream", default=True,
-              help="Tables computed from TABLE (default).")
+@click.option(
+    "--downstream", "direction", flag_value="downstream", default=True, help="Tables computed from TABLE (default)."
+)
 @click.pass_obj
 def lineage(obj, table_name: str, direction: str) -> None:
     """Tables upstream or downstream of TABLE, nearest first, with the job on each hop."""
@@ -72,10 +94,16 @@ def lineage(obj, table_name: str, direction: str) -> None:
     steps = tables.lineage(obj.conn(), name, direction=direction)
     emit(
         obj,
-        {"table": str(name), "direction": direction,
-         "steps": [{"table": str(s.table), "job": s.job, "depth": s.depth} for s in steps]},
-        lambda: table(["depth", "table", "via job"], [(s.depth, str(s.table), s.job) for s in steps],
-                      empty=f"nothing {direction} of {name}"),
+        {
+            "table": str(name),
+            "direction": direction,
+            "steps": [{"table": str(s.table), "job": s.job, "depth": s.depth} for s in steps],
+        },
+        lambda: table(
+            ["depth", "table", "via job"],
+            [(s.depth, str(s.table), s.job) for s in steps],
+            empty=f"nothing {direction} of {name}",
+        ),
     )
 
 

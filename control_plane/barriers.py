@@ -8,10 +8,8 @@ steps back, and concurrent issuers are serialised by that row's lock.
 
 from __future__ import annotations
 
-import psycopg
-
 from icebarrier.control_plane import settings
-from icebarrier.control_plane.db import call
+from icebarrier.control_plane.db import Conn, call
 from icebarrier.control_plane.errors import InvalidValueError
 from icebarrier.control_plane.model import Barrier
 
@@ -19,14 +17,14 @@ BARRIER_INTERVAL_KEY = "barrier_interval_ms"
 ANCHOR_INTERVAL_KEY = "anchor_interval_ms"
 
 
-def issue(conn: psycopg.Connection, *, issued_by: str = "operator") -> Barrier:
+def issue(conn: Conn, *, issued_by: str = "operator") -> Barrier:
     """Issue a barrier now (an operator's request; the admin only)."""
     with conn.transaction():
         row = call(conn, "issue_barrier", issued_by)[0]
     return Barrier(**row)
 
 
-def issue_if_due(conn: psycopg.Connection, *, job: str) -> Barrier | None:
+def issue_if_due(conn: Conn, *, job: str) -> Barrier | None:
     """The clock rule, asked for by (a role acting for) ``job``: issue a barrier if the newest is
     older than the barrier interval, else None."""
     with conn.transaction():
@@ -34,50 +32,51 @@ def issue_if_due(conn: psycopg.Connection, *, job: str) -> Barrier | None:
     return Barrier(**rows[0]) if rows else None
 
 
-def newest(conn: psycopg.Connection) -> Barrier | None:
-    row = conn.execute("SELECT barrier, issued_at, issued_by, anchor FROM barriers ORDER BY barrier DESC LIMIT 1"
-                       ).fetchone()
+def newest(conn: Conn) -> Barrier | None:
+    row = conn.execute(
+        "SELECT barrier, issued_at, issued_by, anchor FROM barriers ORDER BY barrier DESC LIMIT 1"
+    ).fetchone()
     return Barrier(**row) if row else None
 
 
-def next_due_in_s(conn: psycopg.Connection) -> float | None:
+def next_due_in_s(conn: Conn) -> float | None:
     """Seconds until the clock rule issues the next barrier (the newest plus the interval, on the
     database clock; negative: due now), None before the first barrier."""
     row = conn.execute(
         "SELECT ((SELECT max(barrier) FROM barriers) + 1000 * (SELECT value::bigint FROM settings WHERE key = %s)"
         " - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1e6 AS due_in_s",
-        (BARRIER_INTERVAL_KEY,)).fetchone()
+        (BARRIER_INTERVAL_KEY,),
+    ).fetchone()
     return None if row["due_in_s"] is None else float(row["due_in_s"])
 
 
-def list_barriers(conn: psycopg.Connection, *, limit: int = 20) -> list[Barrier]:
+def list_barriers(conn: Conn, *, limit: int = 20) -> list[Barrier]:
     rows = conn.execute(
         "SELECT barrier, issued_at, issued_by, anchor FROM barriers ORDER BY barrier DESC LIMIT %s", (limit,)
     ).fetchall()
     return [Barrier(**r) for r in rows]
 
 
-def get_interval_s(conn: psycopg.Connection) -> float:
+def get_interval_s(conn: Conn) -> float:
     return settings.get_s(conn, BARRIER_INTERVAL_KEY)
 
 
-def set_interval_s(conn: psycopg.Connection, seconds: float) -> float:
+def set_interval_s(conn: Conn, seconds: float) -> float:
     """Set the barrier interval (the admin only; the setting's CHECK bounds it to 1ms..7d)."""
     return _set_duration(conn, BARRIER_INTERVAL_KEY, "barrier interval", seconds, "10s")
 
 
-def get_anchor_interval_s(conn: psycopg.Connection) -> float:
+def get_anchor_interval_s(conn: Conn) -> float:
     return settings.get_s(conn, ANCHOR_INTERVAL_KEY)
 
 
-def set_anchor_interval_s(conn: psycopg.Connection, seconds: float) -> float:
+def set_anchor_interval_s(conn: Conn, seconds: float) -> float:
     """Set the anchor interval: the first barrier issued at or after each multiple of it (on the
     database clock) is an anchor, which no job coalesces (the admin only; 1ms..7d)."""
     return _set_duration(conn, ANCHOR_INTERVAL_KEY, "anchor interval", seconds, "60s")
 
 
-def _set_duration(conn: psycopg.Connection, key: str, what: str, seconds: float, example: str) -> float:
+def _set_duration(conn: Conn, key: str, what: str, seconds: float, example: str) -> float:
     if not 0.001 <= seconds <= 86400 * 7:
-        raise InvalidValueError(f"{what} {seconds:g}s is out of range; use at least 1ms and at most 7d, "
-                                f"e.g. {example}")
+        raise InvalidValueError(f"{what} {seconds:g}s is out of range; use at least 1ms and at most 7d, e.g. {example}")
     return settings.set_s(conn, key, seconds)

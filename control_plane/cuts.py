@@ -29,24 +29,33 @@ def latest_valid_barrier(states: Sequence[TableState], bound: int | None = None,
         raise NoValidCutError(names, "no tables given")
     not_started = [str(s.name) for s in states if s.watermark is None]
     if not_started:
-        raise NoValidCutError(names, f"{', '.join(not_started)} completed no barrier yet; wait for its job",
-                              holding={t: "has completed no barrier yet" for t in not_started})
+        raise NoValidCutError(
+            names,
+            f"{', '.join(not_started)} completed no barrier yet; wait for its job",
+            holding={t: "has completed no barrier yet" for t in not_started},
+        )
     lowest = min(s.watermark for s in states)
     barrier = lowest if bound is None else bound
     while True:
         late = [s for s in states if s.start_barrier > barrier]
         if late:
             early = [str(s.name) for s in states if s.watermark == lowest]
-            newest = (f"the newest completed by {', '.join(early)}" if barrier == lowest else
-                      "the newest the others completed together (coalesced ranges hold the ones after it)")
+            newest = (
+                f"the newest completed by {', '.join(early)}"
+                if barrier == lowest
+                else "the newest the others completed together (coalesced ranges hold the ones after it)"
+            )
             raise NoValidCutError(
                 names,
                 f"{', '.join(str(s.name) for s in late)} started after barrier {barrier}, {newest}; "
                 f"wait until those catch up",
                 holding={str(s.name): f"started at barrier {s.start_barrier}, after barrier {barrier}" for s in late},
             )
-        lower = [s.watermark if barrier > s.watermark else s.coalesced_at(barrier)[0]
-                 for s in states if not s.has_completed(barrier)]
+        lower = [
+            s.watermark if barrier > s.watermark else s.coalesced_at(barrier)[0]
+            for s in states
+            if not s.has_completed(barrier)
+        ]
         if not lower:
             return barrier
         barrier = min(lower)
@@ -58,15 +67,21 @@ def earliest_valid_barrier(states: Sequence[TableState], bound: int) -> int | No
     while True:
         if any(s.watermark is None or barrier > s.watermark for s in states):
             return None
-        higher = [s.start_barrier if barrier < s.start_barrier else s.coalesced_at(barrier)[1]
-                  for s in states if not s.has_completed(barrier)]
+        higher = [
+            s.start_barrier if barrier < s.start_barrier else s.coalesced_at(barrier)[1]
+            for s in states
+            if not s.has_completed(barrier)
+        ]
         if not higher:
             return barrier
         barrier = max(higher)
 
 
-def check_valid_at(states: Sequence[TableState], barrier: int, nearest: tuple[int | None, int | None] | None = None,
-                   ) -> None:
+def check_valid_at(
+    states: Sequence[TableState],
+    barrier: int,
+    nearest: tuple[int | None, int | None] | None = None,
+) -> None:
     """Raise :class:`BarrierNotValidError` naming each table that has not completed ``barrier``
     and the nearest valid cuts (``nearest``, else computed from ``states``)."""
     reasons = {}
@@ -79,8 +94,10 @@ def check_valid_at(states: Sequence[TableState], barrier: int, nearest: tuple[in
         elif barrier > s.watermark:
             reasons[str(s.name)] = f"has only completed up to {s.watermark}"
         elif coalesced is not None:
-            reasons[str(s.name)] = (f"coalesced it into barrier {coalesced[1]} (its state between barriers "
-                                    f"{coalesced[0]} and {coalesced[1]} is not kept)")
+            reasons[str(s.name)] = (
+                f"coalesced it into barrier {coalesced[1]} (its state between barriers "
+                f"{coalesced[0]} and {coalesced[1]} is not kept)"
+            )
         else:
             reasons[str(s.name)] = f"started at barrier {s.start_barrier}"
     if reasons:
@@ -127,8 +144,7 @@ def protected_set(
     for ref, snapshot_id in tagged:
         add(snapshot_id, f"ref:{ref}")
     return {
-        sid: ProtectedSnapshot(snapshot_id=sid, reasons=tuple(dict.fromkeys(rs)))
-        for sid, rs in sorted(reasons.items())
+        sid: ProtectedSnapshot(snapshot_id=sid, reasons=tuple(dict.fromkeys(rs))) for sid, rs in sorted(reasons.items())
     }
 
 

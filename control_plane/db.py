@@ -19,7 +19,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 
 from icebarrier.control_plane.errors import (
     ConfigurationError,
@@ -41,6 +41,7 @@ POOL_CHECK_ENV, DEFAULT_POOL_CHECK = "ICEBARRIER_POOL_CHECK_IDLE", "1s"
 RETRY_ATTEMPTS = 5
 
 T = TypeVar("T")
+Conn = psycopg.Connection[DictRow]  # every control-plane connection: dict rows (connection_kwargs)
 
 
 def resolve_dsn(dsn: str | None) -> str:
@@ -66,8 +67,9 @@ def resolve_schema(schema: str | None) -> str:
     return parse_schema_name(schema)
 
 
-def connect(dsn: str | None = None, schema: str | None = None, *, check_schema: bool = True,
-            actor: str | None = None) -> psycopg.Connection:
+def connect(
+    dsn: str | None = None, schema: str | None = None, *, check_schema: bool = True, actor: str | None = None
+) -> Conn:
     """Open a connection to the control plane (autocommit; units of work use transactions).
 
     With ``check_schema`` it refuses a database whose schema is not at the migrations' head.
@@ -79,8 +81,7 @@ def connect(dsn: str | None = None, schema: str | None = None, *, check_schema: 
     try:
         conn = psycopg.connect(dsn, **connection_kwargs(schema, actor=actor))
     except psycopg.OperationalError as exc:
-        reason = "; ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip()) \
-            or type(exc).__name__
+        reason = "; ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip()) or type(exc).__name__
         raise ControlPlaneUnavailableError(
             f"cannot connect to the control plane at {_redact(dsn)}: {reason}; "
             f"check that Postgres is running and --dsn / {DSN_ENV} is right"
@@ -103,8 +104,10 @@ ACTOR_SETTING = "icebarrier.actor"  # who acts, for the audit trail (migration 0
 def connection_kwargs(schema: str, *, actor: str | None = None) -> dict:
     """How every control-plane connection is opened (autocommit, dict rows, the schema first on
     the search_path, bounded lock and statement waits, the actor); pools use the same."""
-    options = (f"-c search_path={schema} -c lock_timeout={_timeout_ms(LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT)} "
-               f"-c statement_timeout={_timeout_ms(STATEMENT_TIMEOUT_ENV, DEFAULT_STATEMENT_TIMEOUT)}")
+    options = (
+        f"-c search_path={schema} -c lock_timeout={_timeout_ms(LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT)} "
+        f"-c statement_timeout={_timeout_ms(STATEMENT_TIMEOUT_ENV, DEFAULT_STATEMENT_TIMEOUT)}"
+    )
     if actor:
         escaped = actor.replace("\\", "\\\\").replace(" ", "\\ ")
         options += f" -c {ACTOR_SETTING}={escaped}"
@@ -124,24 +127,32 @@ def pool(dsn: str | None, schema: str | None, *, max_size: int = 8):
     dsn, schema = resolve_dsn(dsn), resolve_schema(schema)
     connect(dsn, schema).close()  # refuse an unreachable server or an old schema now, with our message
 
-    def configure(conn: psycopg.Connection) -> None:
+    def configure(conn: Conn) -> None:
         conn.info_schema = schema  # type: ignore[attr-defined]
 
-    def returned(conn: psycopg.Connection) -> None:
+    def returned(conn: Conn) -> None:
         conn.idle_since = time.monotonic()  # type: ignore[attr-defined]
 
     ping_after_s = _timeout_ms(POOL_CHECK_ENV, DEFAULT_POOL_CHECK) / 1000
 
-    def check(conn: psycopg.Connection) -> None:
+    def check(conn: Conn) -> None:
         # A connection that sat idle may have been killed (a Postgres restart, a proxy's idle
         # timeout): ping it before handing it out (the pool replaces one that fails). One in
         # steady use is not pinged: that would add a round trip to every request.
         if time.monotonic() - getattr(conn, "idle_since", 0.0) >= ping_after_s:
             ConnectionPool.check_connection(conn)
 
-    return ConnectionPool(dsn, kwargs=connection_kwargs(schema), configure=configure, reset=returned, check=check,
-                          min_size=1, max_size=max_size, open=True, name="icebarrier")
-
+    return ConnectionPool(
+        dsn,
+        kwargs=connection_kwargs(schema),
+        configure=configure,
+        reset=returned,
+        check=check,
+        min_size=1,
+        max_size=max_size,
+        open=True,
+        name="icebarrier",
+    )
 
 
 def _timeout_ms(env: str, default: str) -> int:
@@ -152,7 +163,7 @@ def _timeout_ms(env: str, default: str) -> int:
         raise ConfigurationError(f"{env}={text!r} is not a duration; use e.g. {default}") from None
 
 
-def call(conn: psycopg.Connection, function: str, *args) -> list[dict]:
+def call(conn: Conn, function: str, *args) -> list[dict]:
     """Call a control-plane function (``SELECT * FROM function(args)``) and return its rows.
 
     The functions check who may do what and their rules, and raise their own SQLSTATEs; those
@@ -162,15 +173,15 @@ def call(conn: psycopg.Connection, function: str, *args) -> list[dict]:
 
 
 @contextmanager
-def translated(conn: psycopg.Connection, what: str) -> Iterator[None]:
+def translated(conn: Conn, what: str) -> Iterator[None]:
     """Raise what a control-plane function raised as our error (a missing privilege and a lock
     wait past lock_timeout too); ``what`` names the operation."""
     try:
         yield
     except pg_errors.InsufficientPrivilege as exc:
         raise PermissionDeniedError(
-            conn.info.user, what, None, f"role {conn.info.user} may not call {what} "
-            f"({exc.diag.message_primary})") from None
+            conn.info.user, what, None, f"role {conn.info.user} may not call {what} ({exc.diag.message_primary})"
+        ) from None
     except pg_errors.LockNotAvailable:
         timeout = os.environ.get(LOCK_TIMEOUT_ENV) or DEFAULT_LOCK_TIMEOUT
         raise LockTimeoutError(what.replace("_", " "), timeout, []) from None
@@ -184,12 +195,16 @@ def translated(conn: psycopg.Connection, what: str) -> Iterator[None]:
 @functools.lru_cache(maxsize=64)
 def _call_query(function: str, n_args: int) -> str:
     """``SELECT * FROM function(%s, …)``, composed once (psycopg then prepares it server-side)."""
-    return sql.SQL("SELECT * FROM {}({})").format(
-        sql.Identifier(function), sql.SQL(", ").join(sql.Placeholder() * n_args)).as_string(None)
+    return (
+        sql.SQL("SELECT * FROM {}({})")
+        .format(sql.Identifier(function), sql.SQL(", ").join(sql.Placeholder() * n_args))
+        .as_string(None)
+    )
 
 
-def advisory_lock(conn: psycopg.Connection, purpose: str, ids: list[int], *, what: str, shared: bool = False,
-                  session: bool = False) -> None:
+def advisory_lock(
+    conn: Conn, purpose: str, ids: list[int], *, what: str, shared: bool = False, session: bool = False
+) -> None:
     """Take the advisory locks (``purpose``, id) for ``ids`` in id order (transaction-scoped
     unless ``session``). A wait past ``lock_timeout`` raises :class:`LockTimeoutError` naming
     the backends that hold them. Any role that can connect can take advisory locks: see the
@@ -197,12 +212,12 @@ def advisory_lock(conn: psycopg.Connection, purpose: str, ids: list[int], *, wha
     call(conn, "take_lock", purpose, list(ids), shared, what, session)
 
 
-def advisory_unlock(conn: psycopg.Connection, purpose: str, ids: list[int]) -> None:
+def advisory_unlock(conn: Conn, purpose: str, ids: list[int]) -> None:
     """Release session-level locks taken with ``advisory_lock(..., session=True)``."""
     call(conn, "unlock", purpose, list(ids))
 
 
-def reopen(conn: psycopg.Connection) -> psycopg.Connection:
+def reopen(conn: Conn) -> Conn:
     """A new connection to the same database and schema as ``conn``, for a thread of its own
     (a psycopg connection carries one transaction state: a background renewal on the caller's
     connection would become a savepoint of whatever transaction the caller has open)."""
@@ -212,7 +227,7 @@ def reopen(conn: psycopg.Connection) -> psycopg.Connection:
     return connect(dsn, schema_of(conn), check_schema=False)
 
 
-def schema_of(conn: psycopg.Connection) -> str:
+def schema_of(conn: Conn) -> str:
     return getattr(conn, "info_schema", DEFAULT_SCHEMA)
 
 
@@ -244,4 +259,4 @@ def _redact(dsn: str) -> str:
         return "(unparsable)"
     if not params.get("password"):
         return dsn
-    return make_conninfo(**{**params, "password": "***"})
+    return make_conninfo("", **{**params, "password": "***"})

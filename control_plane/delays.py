@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-import psycopg
-
 from icebarrier.control_plane import jobs, tables
+from icebarrier.control_plane.db import Conn
 from icebarrier.control_plane.model import TableName
 
 
@@ -36,9 +35,14 @@ class DelayStats:
 
     def to_json(self) -> dict:
         return {
-            "name": self.name, "kind": self.kind, "barriers": self.barriers,
-            "p50_s": self.p50_s, "p95_s": self.p95_s, "max_s": self.max_s,
-            "freshness_s": self.freshness_s, "barriers_behind": self.barriers_behind,
+            "name": self.name,
+            "kind": self.kind,
+            "barriers": self.barriers,
+            "p50_s": self.p50_s,
+            "p95_s": self.p95_s,
+            "max_s": self.max_s,
+            "freshness_s": self.freshness_s,
+            "barriers_behind": self.barriers_behind,
             "bottleneck": self.bottleneck,
         }
 
@@ -82,7 +86,7 @@ ORDER BY p.name
 """
 
 
-def table_delays(conn: psycopg.Connection, *, last: int = 100, table: str | None = None) -> list[DelayStats]:
+def table_delays(conn: Conn, *, last: int = 100, table: str | None = None) -> list[DelayStats]:
     """Per-table delays (``table``: only that one; an unknown table is refused)."""
     if table is not None:
         tables.require(conn, TableName.parse(table))
@@ -90,7 +94,7 @@ def table_delays(conn: psycopg.Connection, *, last: int = 100, table: str | None
     return [DelayStats(kind="table", **_floats(r)) for r in rows]
 
 
-def job_delays(conn: psycopg.Connection, *, last: int = 100, job: str | None = None) -> list[DelayStats]:
+def job_delays(conn: Conn, *, last: int = 100, job: str | None = None) -> list[DelayStats]:
     """Per-job delays; the job with the largest median delay is flagged as the bottleneck
     (``job``: only that one; an unknown job is refused)."""
     if job is not None:
@@ -114,7 +118,7 @@ FROM barrier_delay d GROUP BY 1, 2
 """
 
 
-def completion_kinds(conn: psycopg.Connection) -> dict[str, Counter]:
+def completion_kinds(conn: Conn) -> dict[str, Counter]:
     """Per table, how many steps completed one barrier exactly, skipped a run of unchanged
     barriers, or coalesced a range."""
     kinds: dict[str, Counter] = {}

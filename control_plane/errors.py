@@ -8,6 +8,8 @@ retry may resolve; everything else fails fast.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class IcebarrierError(Exception):
     """Root of every error icebarrier raises on purpose.
@@ -16,6 +18,7 @@ class IcebarrierError(Exception):
     processes, multiprocessing in tests), whatever arguments a subclass takes."""
 
     retryable: bool = False
+    _init_args: tuple[tuple, dict]
 
     def __new__(cls, *args, **kwargs):
         self = super().__new__(cls, *args)
@@ -66,10 +69,15 @@ class LockTimeoutError(IcebarrierError):
 
     def __init__(self, what: str, timeout: str, holders: list[dict]) -> None:
         self.what, self.timeout, self.holders = what, timeout, holders
-        held = "; ".join(
-            f"backend {h['pid']} (user {h['usename']}, application {h['application_name']!r}, {h['state']}"
-            + (f" since {str(h['xact_start'])[:19]}" if h.get("xact_start") else "") + ")"
-            for h in holders) or "another backend (it has released it since, or it is a row lock: see pg_locks)"
+        held = (
+            "; ".join(
+                f"backend {h['pid']} (user {h['usename']}, application {h['application_name']!r}, {h['state']}"
+                + (f" since {str(h['xact_start'])[:19]}" if h.get("xact_start") else "")
+                + ")"
+                for h in holders
+            )
+            or "another backend (it has released it since, or it is a row lock: see pg_locks)"
+        )
         super().__init__(
             f"{what}: waited {timeout} for a lock held by {held}; retry when it is done, raise "
             f"ICEBARRIER_LOCK_TIMEOUT, or end that backend with pg_terminate_backend(pid)"
@@ -87,8 +95,11 @@ class PermissionDeniedError(IcebarrierError):
 
     def __init__(self, role: str, action: str, job: str | None, reason: str, fix: str | None = None) -> None:
         self.role, self.action, self.job, self.reason = role, action, job, reason
-        self.fix = fix or (f"connect as a role granted job {job} (`icebarrier db grant-job ROLE {job}`, run by the "
-                           f"admin)" if job else "connect as the admin (the schema owner) or ask the admin to do it")
+        self.fix = fix or (
+            f"connect as a role granted job {job} (`icebarrier db grant-job ROLE {job}`, run by the admin)"
+            if job
+            else "connect as the admin (the schema owner) or ask the admin to do it"
+        )
         super().__init__(f"{reason}; {self.fix}")
 
 
@@ -125,17 +136,14 @@ class JobNotFoundError(IcebarrierError):
 class TableNotFoundError(IcebarrierError):
     def __init__(self, table: str) -> None:
         self.table = table
-        super().__init__(
-            f"table {table} is not managed by icebarrier; register a job that reads or writes it first"
-        )
+        super().__init__(f"table {table} is not managed by icebarrier; register a job that reads or writes it first")
 
 
 class JobDefinitionChangedError(IcebarrierError):
     def __init__(self, job: str, differences: str) -> None:
         self.job = job
         super().__init__(
-            f"job {job} is already registered with a different definition ({differences}); "
-            f"pass --replace to change it"
+            f"job {job} is already registered with a different definition ({differences}); pass --replace to change it"
         )
 
 
@@ -168,8 +176,7 @@ class SelfReadError(TopologyError):
     def __init__(self, job: str, table: str) -> None:
         self.job, self.table = job, table
         super().__init__(
-            f"job {job} reads its own sink {table}; a job never reads what it writes. "
-            f"Write to another table"
+            f"job {job} reads its own sink {table}; a job never reads what it writes. Write to another table"
         )
 
 
@@ -202,8 +209,16 @@ class BarrierOutOfOrderError(BarrierError):
     skip there: "sources" (an intermediate job's), "input" (a root job commits); ``coalesced_into``:
     the sinks coalesced ``barrier`` into that one."""
 
-    def __init__(self, job: str, barrier: int, expected: int | None, watermark: int | None, *,
-                 changed: str | None = None, coalesced_into: int | None = None) -> None:
+    def __init__(
+        self,
+        job: str,
+        barrier: int,
+        expected: int | None,
+        watermark: int | None,
+        *,
+        changed: str | None = None,
+        coalesced_into: int | None = None,
+    ) -> None:
         self.job, self.barrier, self.expected, self.watermark = job, barrier, expected, watermark
         self.changed, self.coalesced_into = changed, coalesced_into
         nxt = f"barrier {expected}" if expected is not None else "no barrier yet"
@@ -213,11 +228,15 @@ class BarrierOutOfOrderError(BarrierError):
             why = f"its sinks are already at {watermark}"
         elif changed:
             what = "its sources changed after" if changed == "sources" else "it commits input that arrived after"
-            why = (f"its sinks are at {watermark} and {what} {nxt}, so it must complete {nxt} next (or coalesce, up "
-                   f"to the next anchor)")
+            why = (
+                f"its sinks are at {watermark} and {what} {nxt}, so it must complete {nxt} next (or coalesce, up "
+                f"to the next anchor)"
+            )
         else:
-            why = (f"its sinks are at {watermark}, so it must complete {nxt} next (barriers are completed in "
-                   f"order, without gaps)")
+            why = (
+                f"its sinks are at {watermark}, so it must complete {nxt} next (barriers are completed in "
+                f"order, without gaps)"
+            )
         super().__init__(f"job {job} cannot complete barrier {barrier}: {why}; see `icebarrier job next-barrier {job}`")
 
 
@@ -233,15 +252,21 @@ class CoalesceAcrossAnchorError(BarrierError):
 class SourcesNotReadyError(BarrierError):
     """``coalesced``: sources that coalesced the barrier, with the barrier they coalesced it into."""
 
-    def __init__(self, job: str, barrier: int, waiting: dict[str, int | None],
-                 coalesced: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, job: str, barrier: int, waiting: dict[str, int | None], coalesced: dict[str, int] | None = None
+    ) -> None:
         self.job, self.barrier, self.waiting, self.coalesced = job, barrier, waiting, dict(coalesced or {})
-        listed = ", ".join(f"{t} (coalesced it into {self.coalesced[t]})" if t in self.coalesced else f"{t} ({_at(w)})"
-                           for t, w in sorted(waiting.items()))
+        listed = ", ".join(
+            f"{t} (coalesced it into {self.coalesced[t]})" if t in self.coalesced else f"{t} ({_at(w)})"
+            for t, w in sorted(waiting.items())
+        )
         super().__init__(
             f"job {job} cannot complete barrier {barrier} before its sources have: {listed}; "
-            + ("coalesce it too, into a barrier they all completed" if self.coalesced and
-               set(self.coalesced) == set(waiting) else "wait for their jobs to complete it")
+            + (
+                "coalesce it too, into a barrier they all completed"
+                if self.coalesced and set(self.coalesced) == set(waiting)
+                else "wait for their jobs to complete it"
+            )
         )
 
 
@@ -249,8 +274,7 @@ class NotASinkError(BarrierError):
     def __init__(self, job: str, tables: list[str]) -> None:
         self.job, self.tables = job, tables
         super().__init__(
-            f"job {job} does not write {', '.join(tables)}; commit only to its sinks "
-            f"(see `icebarrier job show {job}`)"
+            f"job {job} does not write {', '.join(tables)}; commit only to its sinks (see `icebarrier job show {job}`)"
         )
 
 
@@ -275,15 +299,19 @@ class NoValidCutError(BarrierError):
 class BarrierNotValidError(BarrierError):
     """``nearest``: the newest valid cut before the barrier and the oldest after it (None: none)."""
 
-    def __init__(self, barrier: int, reasons: dict[str, str],
-                 nearest: tuple[int | None, int | None] = (None, None)) -> None:
+    def __init__(
+        self, barrier: int, reasons: dict[str, str], nearest: tuple[int | None, int | None] = (None, None)
+    ) -> None:
         self.barrier, self.reasons, self.nearest = barrier, reasons, tuple(nearest)
         listed = "; ".join(f"{t} {r}" for t, r in sorted(reasons.items()))
         near = " and ".join(f"{b} ({side})" for b, side in zip(self.nearest, ("before", "after")) if b is not None)
         super().__init__(
             f"barrier {barrier} is not a valid cut: {listed}; "
-            + (f"the nearest valid cuts are {near}" if near else
-               "pick a barrier every table has completed (see `icebarrier table list`)")
+            + (
+                f"the nearest valid cuts are {near}"
+                if near
+                else "pick a barrier every table has completed (see `icebarrier table list`)"
+            )
         )
 
 
@@ -314,19 +342,14 @@ class LeaseNotFoundError(IcebarrierError):
 class LeaseExpiredError(IcebarrierError):
     def __init__(self, lease_id: str, state: str) -> None:
         self.lease_id = lease_id
-        super().__init__(
-            f"lease {lease_id} is {state} and protects nothing any more; acquire a new lease"
-        )
+        super().__init__(f"lease {lease_id} is {state} and protects nothing any more; acquire a new lease")
 
 
 class SnapshotExpiredError(IcebarrierError):
     def __init__(self, table: str, snapshot_id: int, barrier: int | None = None) -> None:
         self.table, self.snapshot_id, self.barrier = table, snapshot_id, barrier
         at = f" (its snapshot at barrier {barrier})" if barrier is not None else ""
-        super().__init__(
-            f"snapshot {snapshot_id} of {table}{at} was already expired; "
-            f"read a newer barrier instead"
-        )
+        super().__init__(f"snapshot {snapshot_id} of {table}{at} was already expired; read a newer barrier instead")
 
 
 def _at(watermark: int | None) -> str:
@@ -349,9 +372,15 @@ def _cut_not_valid(d: dict, _message: str) -> IcebarrierError:
     from icebarrier.control_plane.cuts import check_valid_at, latest_valid_barrier
     from icebarrier.control_plane.model import TableName, TableState
 
-    states = [TableState(name=TableName.parse(s["name"]), start_barrier=s["start"], watermark=s["watermark"],
-                         coalesced=tuple(tuple(r) for r in s.get("coalesced", ())))
-              for s in d["states"]]
+    states = [
+        TableState(
+            name=TableName.parse(s["name"]),
+            start_barrier=s["start"],
+            watermark=s["watermark"],
+            coalesced=tuple(tuple(r) for r in s.get("coalesced", ())),
+        )
+        for s in d["states"]
+    ]
     try:
         if d["barrier"] is None:
             latest_valid_barrier(states)
@@ -362,16 +391,21 @@ def _cut_not_valid(d: dict, _message: str) -> IcebarrierError:
     return IcebarrierError(f"{_message} (the pure definition disagrees: a bug, please report it)")
 
 
-SQLSTATES: dict[str, object] = {
+SQLSTATES: dict[str, Callable[[dict, str], IcebarrierError]] = {
     "IB001": lambda d, m: JobNotFoundError(d["job"]),
     "IB002": lambda d, m: BarrierNotIssuedError(d["barrier"]),
     "IB003": lambda d, m: RevisionInProgressError(d["table"], d["revision_id"]),
     "IB004": lambda d, m: NotASinkError(d["job"], d["tables"]),
     "IB005": lambda d, m: SinkHistoryMismatchError(d["job"], d["watermarks"]),
     "IB006": lambda d, m: CompletionConflictError(d["job"], d["barrier"], d["recorded"], d["given"]),
-    "IB007": lambda d, m: BarrierOutOfOrderError(d["job"], d["barrier"], d["expected"], d["watermark"],
-                                                 changed=d.get("changed"),
-                                                 coalesced_into=d.get("coalesced_into")),
+    "IB007": lambda d, m: BarrierOutOfOrderError(
+        d["job"],
+        d["barrier"],
+        d["expected"],
+        d["watermark"],
+        changed=d.get("changed"),
+        coalesced_into=d.get("coalesced_into"),
+    ),
     "IB008": lambda d, m: SourcesNotReadyError(d["job"], d["barrier"], d["waiting"], d.get("coalesced")),
     "IB009": lambda d, m: TableNotFoundError(d["table"]),
     "IB010": _cut_not_valid,

@@ -12,8 +12,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-import psycopg
-
+from icebarrier.control_plane.db import Conn
 from icebarrier.control_plane.errors import IcebarrierError
 
 LIFETIME_S = 30 * 60  # advertised: a client may retry with a key for this long
@@ -26,8 +25,10 @@ class IdempotencyKeyReusedError(IcebarrierError):
 
     def __init__(self, key: str) -> None:
         self.key = key
-        super().__init__(f"Idempotency-Key {key} was used for another request (another body, route or token); "
-                         f"send a new key (a UUIDv7) for each operation and reuse one only to retry it")
+        super().__init__(
+            f"Idempotency-Key {key} was used for another request (another body, route or token); "
+            f"send a new key (a UUIDv7) for each operation and reuse one only to retry it"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,8 +47,10 @@ def parse_key(text: str) -> uuid.UUID:
             raise ValueError(text)
         return uuid.UUID(text)
     except ValueError:
-        raise IcebarrierError(f"Idempotency-Key {text[:60]!r} is not a UUID (36 characters, e.g. "
-                              f"017f22e2-79b0-7cc3-98c4-dc0c0c07398f); send a new UUIDv7 per operation") from None
+        raise IcebarrierError(
+            f"Idempotency-Key {text[:60]!r} is not a UUID (36 characters, e.g. "
+            f"017f22e2-79b0-7cc3-98c4-dc0c0c07398f); send a new UUIDv7 per operation"
+        ) from None
 
 
 _CLAIM = f"""
@@ -62,15 +65,16 @@ RETURNING key
 """
 
 
-def claim(conn: psycopg.Connection, key: uuid.UUID, *, client_id: str | None, fingerprint: str) -> Outcome | None:
+def claim(conn: Conn, key: uuid.UUID, *, client_id: str | None, fingerprint: str) -> Outcome | None:
     """Inside the caller's transaction: reserve ``key`` for this request (None: go ahead, then
     :func:`record`), or the outcome of the request that finalized it. Raises
     :class:`IdempotencyKeyReusedError` for a key first used with another request."""
     params = {"key": key, "client": client_id, "fingerprint": fingerprint, "keep_s": LIFETIME_S + GRACE_S}
     if conn.execute(_CLAIM, params).fetchone() is not None:
         return None
-    row = conn.execute("SELECT client_id, fingerprint, status, media_type, body FROM idempotency_key "
-                       "WHERE key = %s", (key,)).fetchone()
+    row = conn.execute(
+        "SELECT client_id, fingerprint, status, media_type, body FROM idempotency_key WHERE key = %s", (key,)
+    ).fetchone()
     if row is None:  # the first attempt rolled back meanwhile: this one is the first
         return claim(conn, key, client_id=client_id, fingerprint=fingerprint)
     if row["fingerprint"] != fingerprint or row["client_id"] != client_id:
@@ -78,7 +82,9 @@ def claim(conn: psycopg.Connection, key: uuid.UUID, *, client_id: str | None, fi
     return Outcome(status=row["status"], media_type=row["media_type"], body=bytes(row["body"]))
 
 
-def record(conn: psycopg.Connection, key: uuid.UUID, outcome: Outcome) -> None:
+def record(conn: Conn, key: uuid.UUID, outcome: Outcome) -> None:
     """The claimed key's final outcome (in the transaction that claimed it)."""
-    conn.execute("UPDATE idempotency_key SET status = %s, media_type = %s, body = %s WHERE key = %s",
-                 (outcome.status, outcome.media_type, outcome.body, key))
+    conn.execute(
+        "UPDATE idempotency_key SET status = %s, media_type = %s, body = %s WHERE key = %s",
+        (outcome.status, outcome.media_type, outcome.body, key),
+    )

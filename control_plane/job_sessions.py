@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 
-import psycopg
-
 from icebarrier.control_plane import db, jobs
+from icebarrier.control_plane.db import Conn
 from icebarrier.control_plane.errors import BarrierError
 from icebarrier.control_plane.jobs import NextBarrier, Plan
 from icebarrier.control_plane.model import TableName
@@ -40,8 +39,10 @@ class SessionHeldError(BarrierError):
 
     def __init__(self, job: str, run_id: str, held_until: datetime) -> None:
         self.job, self.run_id, self.held_until = job, run_id, held_until
-        super().__init__(f"job {job} is running (run {run_id} holds its session until "
-                         f"{held_until.isoformat(timespec='seconds')}); one run of a job at a time: wait for it")
+        super().__init__(
+            f"job {job} is running (run {run_id} holds its session until "
+            f"{held_until.isoformat(timespec='seconds')}); one run of a job at a time: wait for it"
+        )
 
 
 class SessionGoneError(BarrierError):
@@ -50,8 +51,9 @@ class SessionGoneError(BarrierError):
     def __init__(self, job: str, run_id: str, current: str | None) -> None:
         self.job, self.run_id, self.current = job, run_id, current
         now = f"run {current} holds it now" if current else "it was published or discarded"
-        super().__init__(f"run {run_id} of job {job} no longer holds the job's session ({now}); nothing it writes "
-                         f"is kept: stop it")
+        super().__init__(
+            f"run {run_id} of job {job} no longer holds the job's session ({now}); nothing it writes is kept: stop it"
+        )
 
 
 class StaleSessionError(BarrierError):
@@ -62,7 +64,8 @@ class StaleSessionError(BarrierError):
         super().__init__(
             f"job {job}'s session for barrier {barrier} was planned from barrier {planned_from}, but the job is now "
             f"at {progress} (barriers were completed outside the session, or a revision rewound it); run the job "
-            f"again: its next run plans anew")
+            f"again: its next run plans anew"
+        )
 
 
 class NoBarrierDueError(BarrierError):
@@ -104,10 +107,18 @@ class JobSession:
         return self.from_barrier if self.plan is Plan.COALESCE else None
 
     def to_json(self) -> dict:
-        return {"job": self.job, "barrier": self.barrier, "plan": self.plan.value, "from_barrier": self.from_barrier,
-                "run_id": self.run_id, "opened_at": self.opened_at.isoformat(),
-                "held_until": self.held_until.isoformat() if self.held_until else None, "succeeded": self.succeeded,
-                "sources": sorted(map(str, self.sources)), "sinks": sorted(map(str, self.sinks))}
+        return {
+            "job": self.job,
+            "barrier": self.barrier,
+            "plan": self.plan.value,
+            "from_barrier": self.from_barrier,
+            "run_id": self.run_id,
+            "opened_at": self.opened_at.isoformat(),
+            "held_until": self.held_until.isoformat() if self.held_until else None,
+            "succeeded": self.succeeded,
+            "sources": sorted(map(str, self.sources)),
+            "sinks": sorted(map(str, self.sinks)),
+        }
 
 
 _SESSION = """
@@ -122,16 +133,23 @@ WHERE s.job_name = %s
 """
 
 
-def _row(conn: psycopg.Connection, job: str, *, lock: bool) -> dict | None:
+def _row(conn: Conn, job: str, *, lock: bool) -> dict | None:
     return conn.execute(_SESSION + (" FOR UPDATE OF s" if lock else ""), (job,)).fetchone()
 
 
 def _session(row: dict) -> JobSession:
-    return JobSession(job=row["job_name"], barrier=row["barrier"], plan=Plan(row["plan"]),
-                      from_barrier=row["from_barrier"], run_id=row["run_id"], opened_at=row["opened_at"],
-                      held_until=row["held_until"], succeeded=row["succeeded"],
-                      sources=frozenset(map(TableName.parse, row["sources"])),
-                      sinks=frozenset(map(TableName.parse, row["sinks"])))
+    return JobSession(
+        job=row["job_name"],
+        barrier=row["barrier"],
+        plan=Plan(row["plan"]),
+        from_barrier=row["from_barrier"],
+        run_id=row["run_id"],
+        opened_at=row["opened_at"],
+        held_until=row["held_until"],
+        succeeded=row["succeeded"],
+        sources=frozenset(map(TableName.parse, row["sources"])),
+        sinks=frozenset(map(TableName.parse, row["sinks"])),
+    )
 
 
 def _fresh(row: dict) -> JobSession:
@@ -144,7 +162,7 @@ def _run_id() -> str:
     return f"run-{uuid.uuid4().hex[:12]}"
 
 
-def get(conn: psycopg.Connection, job: str, *, run_id: str | None = None, lock: bool = False) -> JobSession | None:
+def get(conn: Conn, job: str, *, run_id: str | None = None, lock: bool = False) -> JobSession | None:
     """The job's open session, if any; ``run_id``: it must be that run's (else
     :class:`SessionGoneError`); ``lock``: held for update until the transaction ends. A session
     whose plan no longer starts at the job's progress is :class:`StaleSessionError`."""
@@ -154,7 +172,7 @@ def get(conn: psycopg.Connection, job: str, *, run_id: str | None = None, lock: 
     return _fresh(row) if row is not None else None
 
 
-def current(conn: psycopg.Connection, job: str, *, run_id: str | None = None) -> JobSession:
+def current(conn: Conn, job: str, *, run_id: str | None = None) -> JobSession:
     """The session a request through warehouse ``job`` works in: the named run's, else the
     job's open session, else one opened now with the job's plan (its first request)."""
     found = get(conn, job, run_id=run_id)
@@ -179,8 +197,9 @@ class Opening:
     due_in_s: float | None = None
 
 
-def open_session(conn: psycopg.Connection, job: str, *, skip: bool = True, coalesce: bool = True,
-                 hold_s: float | None = None) -> Opening:
+def open_session(
+    conn: Conn, job: str, *, skip: bool = True, coalesce: bool = True, hold_s: float | None = None
+) -> Opening:
     """Open the job's session for a run (``hold_s``: held that long; renew with :func:`hold`),
     in one transaction.
 
@@ -200,15 +219,22 @@ def open_session(conn: psycopg.Connection, job: str, *, skip: bool = True, coale
             how = Opened.ADOPTED if row["succeeded"] else Opened.RESUMED
             if how is Opened.RESUMED:
                 _drop_staged(conn, job)
-            conn.execute("UPDATE job_session SET run_id = %s, opened_at = now(), "
-                         "held_until = clock_timestamp() + make_interval(secs => %s) WHERE job_name = %s",
-                         (_run_id(), hold_s or 0, job))
+            conn.execute(
+                "UPDATE job_session SET run_id = %s, opened_at = now(), "
+                "held_until = clock_timestamp() + make_interval(secs => %s) WHERE job_name = %s",
+                (_run_id(), hold_s or 0, job),
+            )
             return Opening(session=_fresh(_row(conn, job, lock=False)), how=how)
         # Expiry claims a table's snapshots under its lock, exclusive; the session, once its row
         # commits, protects its sources' S(T, B) (protection(): a first run counts as at B).
-        sources = [r["table_id"] for r in conn.execute(
-            "SELECT m.table_id FROM job_sources s JOIN managed_tables m ON m.name = s.table_name "
-            "WHERE s.job_name = %s ORDER BY 1", (job,)).fetchall()]
+        sources = [
+            r["table_id"]
+            for r in conn.execute(
+                "SELECT m.table_id FROM job_sources s JOIN managed_tables m ON m.name = s.table_name "
+                "WHERE s.job_name = %s ORDER BY 1",
+                (job,),
+            ).fetchall()
+        ]
         if sources:
             db.advisory_lock(conn, "table", sources, shared=True, what=f"opening job {job}'s session")
         step = jobs.advance(conn, job, skip=skip, coalesce=coalesce)
@@ -218,7 +244,8 @@ def open_session(conn: psycopg.Connection, job: str, *, skip: bool = True, coale
         inserted = conn.execute(
             "INSERT INTO job_session (job_name, barrier, plan, from_barrier, run_id, held_until) VALUES "
             "(%s, %s, %s, %s, %s, clock_timestamp() + make_interval(secs => %s)) ON CONFLICT (job_name) DO NOTHING",
-            (job, plan.barrier, plan.plan.value, plan.from_barrier, _run_id(), hold_s or 0)).rowcount
+            (job, plan.barrier, plan.plan.value, plan.from_barrier, _run_id(), hold_s or 0),
+        ).rowcount
         if inserted:  # commits staged outside any session (a multi-sink job through latest) are not its
             _drop_staged(conn, job)
         row = _row(conn, job, lock=False)
@@ -227,34 +254,39 @@ def open_session(conn: psycopg.Connection, job: str, *, skip: bool = True, coale
     return Opening(session=_fresh(row), how=Opened.NEW, plan=plan, skipped=step.skipped)
 
 
-def hold(conn: psycopg.Connection, job: str, run_id: str, hold_s: float) -> JobSession:
+def hold(conn: Conn, job: str, run_id: str, hold_s: float) -> JobSession:
     """Renew the run's hold on the job's session."""
     with conn.transaction():
         get(conn, job, run_id=run_id, lock=True)
-        conn.execute("UPDATE job_session SET held_until = clock_timestamp() + make_interval(secs => %s) "
-                     "WHERE job_name = %s", (hold_s, job))
+        conn.execute(
+            "UPDATE job_session SET held_until = clock_timestamp() + make_interval(secs => %s) WHERE job_name = %s",
+            (hold_s, job),
+        )
     return get(conn, job, run_id=run_id)
 
 
-def mark_succeeded(conn: psycopg.Connection, job: str, run_id: str | None) -> JobSession:
+def mark_succeeded(conn: Conn, job: str, run_id: str | None) -> JobSession:
     """The run's command exited 0: what it staged is whole (a publish cut short is adopted)."""
     with conn.transaction():
         session = get(conn, job, run_id=run_id, lock=True)
         if session is None:
-            raise BarrierError(f"job {job} has no open session to publish; its first request through warehouse "
-                               f"job opens one")
+            raise BarrierError(
+                f"job {job} has no open session to publish; its first request through warehouse job opens one"
+            )
         conn.execute("UPDATE job_session SET succeeded_at = now() WHERE job_name = %s", (job,))
     return session
 
 
-def note_succeeded(conn: psycopg.Connection, job: str, run_id: str | None) -> None:
+def note_succeeded(conn: Conn, job: str, run_id: str | None) -> None:
     """:func:`mark_succeeded` where the run still holds the session, and nothing otherwise (a
     retried publish whose first attempt published)."""
-    conn.execute("UPDATE job_session SET succeeded_at = now() WHERE job_name = %s AND (%s::text IS NULL OR "
-                 "run_id = %s)", (job, run_id, run_id))
+    conn.execute(
+        "UPDATE job_session SET succeeded_at = now() WHERE job_name = %s AND (%s::text IS NULL OR run_id = %s)",
+        (job, run_id, run_id),
+    )
 
 
-def compute_again(conn: psycopg.Connection, job: str, run_id: str | None) -> None:
+def compute_again(conn: Conn, job: str, run_id: str | None) -> None:
     """What the run staged cannot be published (its sinks moved under it): drop it; the job's
     next run computes the barrier again instead of adopting it. Nothing if another run holds
     the session now."""
@@ -265,16 +297,16 @@ def compute_again(conn: psycopg.Connection, job: str, run_id: str | None) -> Non
             conn.execute("UPDATE job_session SET succeeded_at = NULL WHERE job_name = %s", (job,))
 
 
-def _drop_staged(conn: psycopg.Connection, job: str) -> None:
+def _drop_staged(conn: Conn, job: str) -> None:
     conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
 
 
-def _delete(conn: psycopg.Connection, job: str) -> None:
+def _delete(conn: Conn, job: str) -> None:
     _drop_staged(conn, job)
     conn.execute("DELETE FROM job_session WHERE job_name = %s", (job,))
 
 
-def release(conn: psycopg.Connection, job: str, run_id: str) -> bool:
+def release(conn: Conn, job: str, run_id: str) -> bool:
     """The run ends without publishing (its command failed): what it staged is dropped (nothing
     of it was visible) and its hold released; the plan stays for the next run, which computes the
     same barrier again. Whether the run still held the session."""
@@ -288,7 +320,7 @@ def release(conn: psycopg.Connection, job: str, run_id: str) -> bool:
         return True
 
 
-def close(conn: psycopg.Connection, job: str) -> None:
+def close(conn: Conn, job: str) -> None:
     """End the session whose barrier was just published (inside the publishing transaction, which
     has swapped in and dropped what it staged)."""
     conn.execute("DELETE FROM job_session WHERE job_name = %s", (job,))
@@ -304,7 +336,7 @@ class Staging:
     open_since: datetime | None
 
 
-def staging(conn: psycopg.Connection, table: TableName) -> Staging:
+def staging(conn: Conn, table: TableName) -> Staging:
     """The staging of ``table`` right now (see :class:`Staging`)."""
     row = conn.execute(
         "SELECT coalesce((SELECT array_agg(metadata_location ORDER BY metadata_location) FROM catalog_pending "
@@ -312,5 +344,7 @@ def staging(conn: psycopg.Connection, table: TableName) -> Staging:
         "(SELECT min(t) FROM (SELECT staged_at AS t FROM catalog_pending WHERE table_name = %(t)s "
         "UNION ALL SELECT s.opened_at FROM job_session s JOIN job j ON j.name = s.job_name AND j.active "
         "JOIN job_sink k ON k.job_id = j.job_id JOIN managed_table m ON m.table_id = k.table_id "
-        "WHERE m.name = %(t)s) o) AS since", {"t": str(table)}).fetchone()
+        "WHERE m.name = %(t)s) o) AS since",
+        {"t": str(table)},
+    ).fetchone()
     return Staging(tuple(row["locations"]), row["since"])

@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
 
-import psycopg
 from psycopg import errors as pg_errors
 
 from icebarrier.control_plane import barriers
-from icebarrier.control_plane.db import call, retrying
+from icebarrier.control_plane.db import Conn, call, retrying
 from icebarrier.control_plane.errors import IcebarrierError, JobDefinitionChangedError, JobNotFoundError
 from icebarrier.control_plane.model import JobDefinition, TableName, TableState, barrier_label
 
@@ -97,13 +96,19 @@ class NextBarrier:
         if self.waiting_for:
             return "sources " + ", ".join(
                 f"{t} (at barrier {barrier_label(w)})" if w is not None else f"{t} (no barrier completed yet)"
-                for t, w in sorted(self.waiting_for.items()))
+                for t, w in sorted(self.waiting_for.items())
+            )
         return "the next barrier (none due yet; see `icebarrier barrier interval`)"
 
     def to_json(self) -> dict:
         return {
-            "job": self.job, "barrier": self.barrier, "plan": self.plan.value, "from_barrier": self.from_barrier,
-            "anchors_in_range": self.anchors_in_range, "ready": self.ready, "waiting_for": self.waiting_for,
+            "job": self.job,
+            "barrier": self.barrier,
+            "plan": self.plan.value,
+            "from_barrier": self.from_barrier,
+            "anchors_in_range": self.anchors_in_range,
+            "ready": self.ready,
+            "waiting_for": self.waiting_for,
             "issued": self.issued,
         }
 
@@ -119,9 +124,12 @@ class Completion:
 
     def to_json(self) -> dict:
         return {
-            "job": self.job, "barrier": self.barrier,
+            "job": self.job,
+            "barrier": self.barrier,
             "commits": {str(t): s for t, s in sorted(self.commits.items())},
-            "sinks": [str(t) for t in self.sinks], "noop": self.noop, "coalesced": self.coalesced,
+            "sinks": [str(t) for t in self.sinks],
+            "noop": self.noop,
+            "coalesced": self.coalesced,
         }
 
 
@@ -136,7 +144,7 @@ def definition_json(job: JobDefinition) -> dict:
 # -- registration ---------------------------------------------------------------------------
 
 
-def load_definitions(conn: psycopg.Connection, *, only: str | None = None) -> dict[str, JobDefinition]:
+def load_definitions(conn: Conn, *, only: str | None = None) -> dict[str, JobDefinition]:
     """Every active job's definition (``only``: that job's, if it is one)."""
     rows = conn.execute(
         """
@@ -146,25 +154,33 @@ def load_definitions(conn: psycopg.Connection, *, only: str | None = None) -> di
                coalesce((SELECT array_agg(t.name) FROM job_sink_tables s JOIN managed_tables t USING (table_id)
                           WHERE s.job_id = j.job_id), '{}') AS sinks
         FROM jobs j WHERE j.active AND (%(only)s::text IS NULL OR j.name = %(only)s)
-        """, {"only": only}
+        """,
+        {"only": only},
     ).fetchall()
     return {r["name"]: _definition(r) for r in rows}
 
 
-def register(conn: psycopg.Connection, job: JobDefinition, *, replace: bool = False) -> Registration:
+def register(conn: Conn, job: JobDefinition, *, replace: bool = False) -> Registration:
     """Register ``job``; the ``register_job`` function enforces the topology rules (one writer
     per table, no cycles, a job never reads its sink, its sinks at one barrier) and writes
     nothing if one is broken. Registrations are serialised by a topology lock."""
     with conn.transaction():
-        status = call(conn, "register_job", job.name, sorted(map(str, job.sources)), sorted(map(str, job.sinks)),
-                      sorted(job.external_inputs), replace)[0]["register_job"]
+        status = call(
+            conn,
+            "register_job",
+            job.name,
+            sorted(map(str, job.sources)),
+            sorted(map(str, job.sinks)),
+            sorted(job.external_inputs),
+            replace,
+        )[0]["register_job"]
         if status == "changed":
             current = load_definitions(conn, only=job.name)[job.name]
             raise JobDefinitionChangedError(job.name, current.differences(job))
     return Registration(job=job, status=status)
 
 
-def unregister(conn: psycopg.Connection, name: str) -> JobDefinition:
+def unregister(conn: Conn, name: str) -> JobDefinition:
     """Remove a job from the topology; its tables, their history and watermarks stay."""
     with conn.transaction():
         definition = load_definitions(conn, only=name).get(name)
@@ -199,11 +215,11 @@ WHERE j.active
 """
 
 
-def list_jobs(conn: psycopg.Connection) -> list[JobInfo]:
+def list_jobs(conn: Conn) -> list[JobInfo]:
     return [_job_info(r) for r in conn.execute(_JOB_STATE + " ORDER BY j.name").fetchall()]
 
 
-def show(conn: psycopg.Connection, name: str) -> JobInfo:
+def show(conn: Conn, name: str) -> JobInfo:
     row = conn.execute(_JOB_STATE + " AND j.name = %s", (name,)).fetchone()
     if row is None:
         raise JobNotFoundError(name)
@@ -236,7 +252,10 @@ def _definition(r: dict) -> JobDefinition:
 
 def _states(items: list[dict]) -> list[TableState]:
     return sorted(
-        (TableState(name=TableName.parse(i["name"]), start_barrier=i["start"], watermark=i["watermark"]) for i in items),
+        (
+            TableState(name=TableName.parse(i["name"]), start_barrier=i["start"], watermark=i["watermark"])
+            for i in items
+        ),
         key=lambda s: s.name,
     )
 
@@ -244,8 +263,9 @@ def _states(items: list[dict]) -> list[TableState]:
 # -- the next barrier ------------------------------------------------------------------------------
 
 
-def next_barrier(conn: psycopg.Connection, name: str, *, skip: bool = True, coalesce: bool = True,
-                 up_to: int | None = None) -> NextBarrier:
+def next_barrier(
+    conn: Conn, name: str, *, skip: bool = True, coalesce: bool = True, up_to: int | None = None
+) -> NextBarrier:
     """The plan ``name`` follows next (the ``plan_barrier`` function decides, on the same
     definitions as completion).
 
@@ -266,16 +286,24 @@ def next_barrier(conn: psycopg.Connection, name: str, *, skip: bool = True, coal
         issued = barriers.issue_if_due(conn, job=name) is not None
         if issued:
             row = call(conn, "plan_barrier", name, skip, coalesce, up_to)[0]
-    return NextBarrier(job=name, barrier=row["barrier"], ready=row["ready"], waiting_for=row["waiting"] or {},
-                       issued=issued, plan=Plan(row["plan"]), from_barrier=row["from_barrier"],
-                       anchors_in_range=row["anchors_in_range"], root=row["root"])
+    return NextBarrier(
+        job=name,
+        barrier=row["barrier"],
+        ready=row["ready"],
+        waiting_for=row["waiting"] or {},
+        issued=issued,
+        plan=Plan(row["plan"]),
+        from_barrier=row["from_barrier"],
+        anchors_in_range=row["anchors_in_range"],
+        root=row["root"],
+    )
 
 
 # -- completing a barrier ------------------------------------------------------------------------------
 
 
 def complete(
-    conn: psycopg.Connection,
+    conn: Conn,
     name: str,
     barrier: int,
     commits: dict[TableName, int] | None = None,
@@ -295,13 +323,20 @@ def complete(
     return retrying(lambda: _complete(conn, name, barrier, dict(commits or {}), run_id, coalesce))
 
 
-def _complete(conn: psycopg.Connection, name: str, barrier: int, commits: dict[TableName, int], run_id: str | None,
-              coalesce: bool) -> Completion:
-    row = call(conn, "complete_barrier", name, barrier, [str(t) for t in commits], list(commits.values()), run_id,
-               coalesce)[0]
-    return Completion(job=name, barrier=barrier, commits=commits,
-                      sinks=tuple(sorted(TableName.parse(n) for n in row["sinks"])), noop=row["noop"],
-                      coalesced=row["coalesced"])
+def _complete(
+    conn: Conn, name: str, barrier: int, commits: dict[TableName, int], run_id: str | None, coalesce: bool
+) -> Completion:
+    row = call(
+        conn, "complete_barrier", name, barrier, [str(t) for t in commits], list(commits.values()), run_id, coalesce
+    )[0]
+    return Completion(
+        job=name,
+        barrier=barrier,
+        commits=commits,
+        sinks=tuple(sorted(TableName.parse(n) for n in row["sinks"])),
+        noop=row["noop"],
+        coalesced=row["coalesced"],
+    )
 
 
 # -- one look: plan, skip, wait (DESIGN.md, "Cost of waiting") -------------------------------------------
@@ -318,8 +353,16 @@ class Advance:
     due_in_s: float | None = None
 
 
-def advance(conn: psycopg.Connection, name: str, *, skip: bool = True, coalesce: bool = True,
-            up_to: int | None = None, heartbeat: bool = False, record_wait: bool = False) -> Advance:
+def advance(
+    conn: Conn,
+    name: str,
+    *,
+    skip: bool = True,
+    coalesce: bool = True,
+    up_to: int | None = None,
+    heartbeat: bool = False,
+    record_wait: bool = False,
+) -> Advance:
     """The job's plan, in one transaction: a skip is completed at once (no computation: its sinks
     keep their snapshots and move to the barrier) and the job planned again, so that a job whose
     sources did not change costs one transaction per look; ``heartbeat``, ``record_wait``: the

@@ -15,17 +15,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import psycopg
-
 from icebarrier.control_plane import settings
 from icebarrier.control_plane.cuts import protected_set
-from icebarrier.control_plane.db import advisory_lock, advisory_unlock, call
+from icebarrier.control_plane.db import Conn, advisory_lock, advisory_unlock, call
 from icebarrier.control_plane.errors import LeaseNotFoundError
 from icebarrier.control_plane.model import Cut, Lease, Level, ProtectedSnapshot, TableName, parse_holder
 from icebarrier.control_plane.tables import require
 
+
 def acquire(
-    conn: psycopg.Connection,
+    conn: Conn,
     tables: list[TableName],
     *,
     ttl_s: float,
@@ -47,32 +46,34 @@ def acquire(
     with conn.transaction():
         row = call(conn, "acquire_lease", names, float(ttl_s), holder, barrier, bootstrap_job)[0]
     return Cut(
-        barrier=row["barrier"], level=Level.REPEATABLE_READ,
+        barrier=row["barrier"],
+        level=Level.REPEATABLE_READ,
         snapshots={TableName.parse(t): s for t, s in zip(row["table_names"], row["snapshot_ids"])},
-        lease_id=str(row["lease_id"]), expires_at=row["expires_at"],
+        lease_id=str(row["lease_id"]),
+        expires_at=row["expires_at"],
     )
 
 
 MAX_TTL_KEY = "lease_max_ttl_ms"
 
 
-def get_max_ttl_s(conn: psycopg.Connection) -> float:
+def get_max_ttl_s(conn: Conn) -> float:
     """The longest TTL a role other than the admin may give a lease."""
     return settings.get_s(conn, MAX_TTL_KEY)
 
 
-def set_max_ttl_s(conn: psycopg.Connection, seconds: float) -> float:
+def set_max_ttl_s(conn: Conn, seconds: float) -> float:
     """Set the cap (the admin only; 1s..7d, checked by the setting's constraint)."""
     return settings.set_s(conn, MAX_TTL_KEY, seconds)
 
 
-def renew(conn: psycopg.Connection, lease_id: str, *, ttl_s: float) -> Lease:
+def renew(conn: Conn, lease_id: str, *, ttl_s: float) -> Lease:
     with conn.transaction():
         call(conn, "renew_lease", _parse_id(lease_id), float(ttl_s))
     return get(conn, lease_id)
 
 
-def release(conn: psycopg.Connection, lease_id: str) -> Lease:
+def release(conn: Conn, lease_id: str) -> Lease:
     """Release a lease (releasing it again changes nothing)."""
     with conn.transaction():
         call(conn, "release_lease", _parse_id(lease_id))
@@ -91,14 +92,14 @@ ORDER BY l.acquired_at
 """
 
 
-def get(conn: psycopg.Connection, lease_id: str) -> Lease:
+def get(conn: Conn, lease_id: str) -> Lease:
     row = conn.execute(_LEASES.format(where="WHERE l.lease_id = %s"), (_parse_id(lease_id),)).fetchone()
     if row is None:
         raise LeaseNotFoundError(lease_id)
     return _lease(row)
 
 
-def list_leases(conn: psycopg.Connection, *, include_inactive: bool = False) -> list[Lease]:
+def list_leases(conn: Conn, *, include_inactive: bool = False) -> list[Lease]:
     where = "" if include_inactive else "WHERE l.released_at IS NULL AND l.expires_at > now()"
     rows = conn.execute(_LEASES.format(where=where)).fetchall()
     return [_lease(r) for r in rows]
@@ -106,8 +107,12 @@ def list_leases(conn: psycopg.Connection, *, include_inactive: bool = False) -> 
 
 def _lease(r: dict) -> Lease:
     return Lease(
-        lease_id=str(r["lease_id"]), holder=r["holder"], barrier=r["barrier"], acquired_at=r["acquired_at"],
-        expires_at=r["expires_at"], released_at=r["released_at"],
+        lease_id=str(r["lease_id"]),
+        holder=r["holder"],
+        barrier=r["barrier"],
+        acquired_at=r["acquired_at"],
+        expires_at=r["expires_at"],
+        released_at=r["released_at"],
         snapshots={TableName.parse(t): s for t, s in r["snapshots"].items()},
     )
 
@@ -121,8 +126,9 @@ def _parse_id(lease_id: str) -> uuid.UUID:
 
 # -- protected sets and expiry ----------------------------------------------------------------
 
+
 def protected(
-    conn: psycopg.Connection,
+    conn: Conn,
     table: TableName,
     *,
     retained: tuple[int, ...] = (),
@@ -162,7 +168,7 @@ class ExpiryClaim:
 
 
 @contextmanager
-def expiry_lock(conn: psycopg.Connection, table: TableName) -> Iterator[None]:
+def expiry_lock(conn: Conn, table: TableName) -> Iterator[None]:
     """Run one expiry of ``table`` at a time, from planning to deleting files (a session-level
     advisory lock on ``conn``; a second expiry of the same table waits here)."""
     table_id = require(conn, table)
@@ -175,7 +181,7 @@ def expiry_lock(conn: psycopg.Connection, table: TableName) -> Iterator[None]:
 
 
 def claim_expiry(
-    conn: psycopg.Connection,
+    conn: Conn,
     table: TableName,
     candidates: list[int],
     *,

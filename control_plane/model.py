@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import Enum
 
 from icebarrier.control_plane.errors import InvalidNameError, InvalidValueError
@@ -128,7 +128,7 @@ def format_duration_s(seconds: float | None) -> str:
 
 def barrier_time(barrier: int) -> datetime:
     """A barrier is microseconds since the epoch on the control plane's clock."""
-    return datetime.fromtimestamp(barrier / 1_000_000, tz=timezone.utc)
+    return datetime.fromtimestamp(barrier / 1_000_000, tz=UTC)
 
 
 def barrier_label(barrier: int | None) -> str:
@@ -244,7 +244,7 @@ class Lease:
     def state(self) -> str:
         if self.released_at is not None:
             return "released"
-        if self.expires_at <= datetime.now(timezone.utc):
+        if self.expires_at <= datetime.now(UTC):
             return "expired"
         return "active"
 

@@ -18,6 +18,7 @@ import psycopg
 from psycopg import sql
 
 from icebarrier.control_plane import db
+from icebarrier.control_plane.db import Conn
 from icebarrier.control_plane.errors import ControlPlaneUnavailableError
 from icebarrier.control_plane.jobs import NextBarrier
 
@@ -58,7 +59,7 @@ class Listener:
 
     def __init__(self, dsn: str | None, schema: str | None) -> None:
         self._dsn, self._schema = dsn, schema
-        self.conn: psycopg.Connection | None = None
+        self.conn: Conn | None = None
         self._pending: list[Notice] = []
 
     def open(self) -> Listener:
@@ -121,11 +122,18 @@ class Wait:
     due_at: float = 0.0  # time.monotonic()
 
     @classmethod
-    def of(cls, plan: NextBarrier, *, root: bool, sinks=(), due_in_s: float | None = None,
-           safety_s: float = SAFETY_POLL_S) -> Wait:
+    def of(
+        cls, plan: NextBarrier, *, root: bool, sinks=(), due_in_s: float | None = None, safety_s: float = SAFETY_POLL_S
+    ) -> Wait:
         due = safety_s if due_in_s is None else min(max(due_in_s, 0.0), safety_s)
-        return cls(tables=dict(plan.waiting_for), target=plan.barrier, root=root, sinks=frozenset(map(str, sinks)),
-                   progress=plan.from_barrier, due_at=time.monotonic() + due)
+        return cls(
+            tables=dict(plan.waiting_for),
+            target=plan.barrier,
+            root=root,
+            sinks=frozenset(map(str, sinks)),
+            progress=plan.from_barrier,
+            due_at=time.monotonic() + due,
+        )
 
     def remaining_s(self) -> float:
         return self.due_at - time.monotonic()

@@ -13,15 +13,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import psycopg
-
-from icebarrier.control_plane.db import call
+from icebarrier.control_plane.db import Conn, call
 from icebarrier.control_plane.errors import IcebarrierError, NoValidCutError
 from icebarrier.control_plane.model import Cut, Level, TableName
 
 
 def resolve(
-    conn: psycopg.Connection,
+    conn: Conn,
     tables: list[TableName],
     *,
     level: Level = Level.READ_COMMITTED,
@@ -41,7 +39,7 @@ def resolve(
 
 
 def wait_for_cut(
-    conn: psycopg.Connection,
+    conn: Conn,
     tables: list[TableName],
     *,
     timeout_s: float,
@@ -70,10 +68,16 @@ def wait_for_cut(
             idle() if idle is not None else time.sleep(poll_s)
 
 
-def _holding_back(conn: psycopg.Connection, holding: dict[str, str]) -> str:
+def _holding_back(conn: Conn, holding: dict[str, str]) -> str:
     """The tables keeping a cut from existing (as :func:`latest_valid_barrier` says why), each
     with the job that writes it."""
-    writers = {r["table_name"]: r["writer_job"] for r in conn.execute(
-        "SELECT table_name, writer_job FROM table_versions WHERE table_name = ANY(%s)", (list(holding),)).fetchall()}
-    return "; ".join(f"{'job ' + writers[t] if writers.get(t) else 'no job'} ({t} {why})"
-                     for t, why in holding.items()) or "jobs to complete a common barrier"
+    writers = {
+        r["table_name"]: r["writer_job"]
+        for r in conn.execute(
+            "SELECT table_name, writer_job FROM table_versions WHERE table_name = ANY(%s)", (list(holding),)
+        ).fetchall()
+    }
+    return (
+        "; ".join(f"{'job ' + writers[t] if writers.get(t) else 'no job'} ({t} {why})" for t, why in holding.items())
+        or "jobs to complete a common barrier"
+    )

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import psycopg
 from psycopg.types.json import Jsonb
 
 from icebarrier.control_plane import jobs, tables, topology
-from icebarrier.control_plane.db import call
+from icebarrier.control_plane.db import Conn, call
 from icebarrier.control_plane.errors import BarrierNotIssuedError, RevisionError
 from icebarrier.control_plane.model import TableName
 
@@ -36,9 +35,12 @@ class TableRevision:
 
     def to_json(self) -> dict:
         return {
-            "table": str(self.table), "writer_job": self.writer_job,
-            "from_watermark": self.from_watermark, "to_watermark": self.to_watermark,
-            "from_snapshot": self.from_snapshot, "to_snapshot": self.to_snapshot,
+            "table": str(self.table),
+            "writer_job": self.writer_job,
+            "from_watermark": self.from_watermark,
+            "to_watermark": self.to_watermark,
+            "from_snapshot": self.from_snapshot,
+            "to_snapshot": self.to_snapshot,
         }
 
 
@@ -55,17 +57,20 @@ class RevisionPlan:
 
     def to_json(self) -> dict:
         return {
-            "revision_id": self.revision_id, "root": str(self.root), "to_barrier": self.to_barrier,
-            "tables": [t.to_json() for t in self.tables], "jobs_reset": self.jobs_reset,
+            "revision_id": self.revision_id,
+            "root": str(self.root),
+            "to_barrier": self.to_barrier,
+            "tables": [t.to_json() for t in self.tables],
+            "jobs_reset": self.jobs_reset,
         }
 
     @classmethod
     def from_json(cls, data: dict, revision_id: int) -> RevisionPlan:
         return cls(
-            root=TableName.parse(data["root"]), to_barrier=data["to_barrier"], revision_id=revision_id,
-            tables=tuple(
-                TableRevision(**{**t, "table": TableName.parse(t["table"])}) for t in data["tables"]
-            ),
+            root=TableName.parse(data["root"]),
+            to_barrier=data["to_barrier"],
+            revision_id=revision_id,
+            tables=tuple(TableRevision(**{**t, "table": TableName.parse(t["table"])}) for t in data["tables"]),
         )
 
 
@@ -75,7 +80,7 @@ SELECT (SELECT snapshot_id FROM snapshot_at(t.table_id, %(b)s)) AS s FROM manage
 """
 
 
-def plan(conn: psycopg.Connection, table: TableName, to_barrier: int) -> RevisionPlan:
+def plan(conn: Conn, table: TableName, to_barrier: int) -> RevisionPlan:
     """What revising ``table`` to ``to_barrier`` would change (no writes)."""
     if conn.execute("SELECT 1 FROM barriers WHERE barrier = %s", (to_barrier,)).fetchone() is None:
         raise BarrierNotIssuedError(to_barrier)
@@ -103,14 +108,18 @@ def plan(conn: psycopg.Connection, table: TableName, to_barrier: int) -> Revisio
             target, to_snapshot = None, None
         items.append(
             TableRevision(
-                table=name, writer_job=writers.get(name), from_watermark=mark, to_watermark=target,
-                from_snapshot=current["s"], to_snapshot=to_snapshot,
+                table=name,
+                writer_job=writers.get(name),
+                from_watermark=mark,
+                to_watermark=target,
+                from_snapshot=current["s"],
+                to_snapshot=to_snapshot,
             )
         )
     return RevisionPlan(root=table, to_barrier=to_barrier, tables=tuple(items))
 
 
-def begin(conn: psycopg.Connection, table: TableName, to_barrier: int) -> RevisionPlan:
+def begin(conn: Conn, table: TableName, to_barrier: int) -> RevisionPlan:
     """Apply the control-plane half of a revision in one transaction (the admin only); returns
     the plan with its id. If an unfinished revision of the same table to the same barrier
     exists, it is returned to be resumed instead."""
@@ -122,14 +131,19 @@ def begin(conn: psycopg.Connection, table: TableName, to_barrier: int) -> Revisi
     return RevisionPlan(root=p.root, to_barrier=p.to_barrier, tables=p.tables, revision_id=row["revision_id"])
 
 
-def record_revision_snapshot(conn: psycopg.Connection, plan_: RevisionPlan, table: TableName, snapshot_id: int) -> None:
+def record_revision_snapshot(conn: Conn, plan_: RevisionPlan, table: TableName, snapshot_id: int) -> None:
     """Record the snapshot that emptied a table during a revision as its state at R."""
     t = next(x for x in plan_.tables if x.table == table)
     with conn.transaction():
-        call(conn, "record_revision_snapshot", str(table),
-             t.to_watermark if t.to_watermark is not None else plan_.to_barrier, snapshot_id)
+        call(
+            conn,
+            "record_revision_snapshot",
+            str(table),
+            t.to_watermark if t.to_watermark is not None else plan_.to_barrier,
+            snapshot_id,
+        )
 
 
-def finish(conn: psycopg.Connection, revision_id: int) -> None:
+def finish(conn: Conn, revision_id: int) -> None:
     with conn.transaction():
         call(conn, "finish_revision", revision_id)

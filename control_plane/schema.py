@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from icebarrier.control_plane.db import resolve_dsn, resolve_schema, schema_of
+from icebarrier.control_plane.db import Conn, resolve_dsn, resolve_schema, schema_of
 from icebarrier.control_plane.errors import (
     GrantNotPerformedError,
     PermissionDeniedError,
@@ -22,6 +22,7 @@ from icebarrier.control_plane.errors import (
     SchemaMigrationError,
     SchemaOutOfDateError,
 )
+
 
 # The views users query (DESIGN.md, "Control-plane views").
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,28 +63,31 @@ def head_revision() -> str:
     return ScriptDirectory.from_config(_alembic_config()).get_current_head()
 
 
-def current_revision(conn: psycopg.Connection) -> str | None:
+def current_revision(conn: Conn) -> str | None:
     schema = schema_of(conn)
-    access = conn.execute("SELECT has_schema_privilege(n.oid, 'USAGE') AS ok FROM pg_namespace n WHERE nspname = %s",
-                          (schema,)).fetchone()
+    access = conn.execute(
+        "SELECT has_schema_privilege(n.oid, 'USAGE') AS ok FROM pg_namespace n WHERE nspname = %s", (schema,)
+    ).fetchone()
     if access is not None and not _first(access):
         raise PermissionDeniedError(
-            conn.info.user, "connect", None, f"role {conn.info.user} has no access to control-plane schema {schema}",
-            f"ask the admin for `icebarrier db grant-job {conn.info.user} JOB` or `db grant-reader {conn.info.user}`")
+            conn.info.user,
+            "connect",
+            None,
+            f"role {conn.info.user} has no access to control-plane schema {schema}",
+            f"ask the admin for `icebarrier db grant-job {conn.info.user} JOB` or `db grant-reader {conn.info.user}`",
+        )
     exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL AS ok", (f"{schema}.alembic_version",)).fetchone()
     if not _first(exists):
         return None
-    row = conn.execute(
-        sql.SQL("SELECT version_num FROM {}.alembic_version").format(sql.Identifier(schema))
-    ).fetchone()
-    return _first(row) if row else None
+    row = conn.execute(sql.SQL("SELECT version_num FROM {}.alembic_version").format(sql.Identifier(schema))).fetchone()
+    return str(_first(row)) if row else None
 
 
-def status(conn: psycopg.Connection) -> SchemaStatus:
+def status(conn: Conn) -> SchemaStatus:
     return SchemaStatus(schema=schema_of(conn), current=current_revision(conn), head=head_revision())
 
 
-def require_current(conn: psycopg.Connection) -> None:
+def require_current(conn: Conn) -> None:
     st = status(conn)
     if not st.up_to_date:
         raise SchemaOutOfDateError(st.schema, st.current, st.head)
@@ -100,11 +104,11 @@ def downgrade(dsn: str | None = None, schema: str | None = None, revision: str =
 
 
 def _run_alembic(dsn: str | None, schema: str | None, direction: str, revision: str) -> SchemaStatus:
-    from alembic import command
     from sqlalchemy import create_engine
     from sqlalchemy.exc import DBAPIError
     from sqlalchemy.pool import NullPool
 
+    from alembic import command
     from icebarrier.control_plane.db import connect
 
     dsn = resolve_dsn(dsn)
@@ -140,16 +144,44 @@ def _run_alembic(dsn: str | None, schema: str | None, direction: str, revision: 
 # names and the model's state as read-only views (migration 0009), which is what the library
 # reads whichever role it runs as. Base tables and the other functions are the admin's; so are
 # tokens, sessions, staged catalog commits and job grants, which no view shows.
-VIEWS = ("job_sources", "job_sinks", "table_versions", "topology_edges", "consistent_barrier", "barrier_delay",
-         "job_delay", "active_leases", "barriers", "jobs", "job_source_tables", "job_sink_tables", "managed_tables",
-         "table_commits", "table_completions", "expired_snapshots", "settings", "leases", "lease_snapshots",
-         "input_ranges", "coalesced_ranges")
+VIEWS = (
+    "job_sources",
+    "job_sinks",
+    "table_versions",
+    "topology_edges",
+    "consistent_barrier",
+    "barrier_delay",
+    "job_delay",
+    "active_leases",
+    "barriers",
+    "jobs",
+    "job_source_tables",
+    "job_sink_tables",
+    "managed_tables",
+    "table_commits",
+    "table_completions",
+    "expired_snapshots",
+    "settings",
+    "leases",
+    "lease_snapshots",
+    "input_ranges",
+    "coalesced_ranges",
+)
 ADMIN_VIEWS = ("audit",)  # the admin's only: never granted
 READABLE = (*VIEWS, "alembic_version")  # the revision: every client checks it on connect
 READER_FUNCTIONS = ("resolve_cut", "acquire_lease", "renew_lease", "release_lease")
 JOB_FUNCTIONS = (
-    *READER_FUNCTIONS, "register_job", "unregister_job", "plan_barrier", "complete_barrier", "issue_barrier_if_due",
-    "record_commit", "record_input_range", "set_job_status", "set_job_waiting", "job_heartbeat",
+    *READER_FUNCTIONS,
+    "register_job",
+    "unregister_job",
+    "plan_barrier",
+    "complete_barrier",
+    "issue_barrier_if_due",
+    "record_commit",
+    "record_input_range",
+    "set_job_status",
+    "set_job_waiting",
+    "job_heartbeat",
 )
 
 
@@ -165,7 +197,7 @@ class Grant:
         return {"role": self.role, "job": self.job, "granted": list(self.granted)}
 
 
-def grant_reader(conn: psycopg.Connection, role: str) -> Grant:
+def grant_reader(conn: Conn, role: str) -> Grant:
     """Let ``role`` read the control plane's views, resolve cuts, and hold leases of
     its own (TTL capped by ``lease_max_ttl_ms``). No writes."""
     with conn.transaction():
@@ -173,25 +205,27 @@ def grant_reader(conn: psycopg.Connection, role: str) -> Grant:
     return Grant(role=role, job=None, granted=granted)
 
 
-def grant_job(conn: psycopg.Connection, role: str, job: str) -> Grant:
+def grant_job(conn: Conn, role: str, job: str) -> Grant:
     """Let ``role`` act for ``job`` (which need not be registered yet): register and complete
     it, record its commits and input ranges, and hold leases of its own. Several jobs may be
     granted to one role, one grant each."""
     with conn.transaction():
         granted = _grant(conn, role, JOB_FUNCTIONS)
-        conn.execute("INSERT INTO job_grant (role_name, job_name) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                     (role, job))
+        conn.execute("INSERT INTO job_grant (role_name, job_name) VALUES (%s, %s) ON CONFLICT DO NOTHING", (role, job))
     return Grant(role=role, job=job, granted=(*granted, f"job {job}"))
 
 
-def _grant(conn: psycopg.Connection, role: str, functions: tuple[str, ...]) -> tuple[str, ...]:
+def _grant(conn: Conn, role: str, functions: tuple[str, ...]) -> tuple[str, ...]:
     """Grant schema usage, SELECT on the views and EXECUTE on ``functions``, then check that
     Postgres granted each (a role that may not grant gets a warning and nothing)."""
     schema = schema_of(conn)
     if not _first(conn.execute("SELECT caller_is_admin()").fetchone()):
-        raise PermissionDeniedError(conn.info.user, "grant", None,
-                                    f"role {conn.info.user} may not grant roles: that is for the admin "
-                                    f"(the owner of schema {schema})")
+        raise PermissionDeniedError(
+            conn.info.user,
+            "grant",
+            None,
+            f"role {conn.info.user} may not grant roles: that is for the admin (the owner of schema {schema})",
+        )
     _require_role(conn, role)
     s, r = sql.Identifier(schema), sql.Identifier(role)
     conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, r))
@@ -199,28 +233,34 @@ def _grant(conn: psycopg.Connection, role: str, functions: tuple[str, ...]) -> t
         conn.execute(sql.SQL("GRANT SELECT ON {}.{} TO {}").format(s, sql.Identifier(relation), r))
     for fn in functions:
         conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {}.{} TO {}").format(s, sql.Identifier(fn), r))
-    checks = [(f"USAGE ON SCHEMA {schema}", "has_schema_privilege(%s, %s, 'USAGE')", (schema,))]
-    checks += [(f"SELECT ON {schema}.{v}", "has_table_privilege(%s, %s, 'SELECT')", (f"{schema}.{v}",))
-               for v in READABLE]
+    checks: list[tuple[str, str, tuple]] = [
+        (f"USAGE ON SCHEMA {schema}", "has_schema_privilege(%s, %s, 'USAGE')", (schema,))
+    ]
+    checks += [
+        (f"SELECT ON {schema}.{v}", "has_table_privilege(%s, %s, 'SELECT')", (f"{schema}.{v}",)) for v in READABLE
+    ]
     checks += [(f"EXECUTE ON {schema}.{fn}", _HAS_FUNCTION, (schema, fn)) for fn in functions]
     require_granted(conn, role, checks)
     return tuple(what for what, _, _ in checks)
 
 
-_HAS_FUNCTION = ("has_function_privilege(%s, (SELECT p.oid FROM pg_proc p WHERE p.pronamespace = %s::regnamespace "
-                 "AND p.proname = %s), 'EXECUTE')")
+_HAS_FUNCTION = (
+    "has_function_privilege(%s, (SELECT p.oid FROM pg_proc p WHERE p.pronamespace = %s::regnamespace "
+    "AND p.proname = %s), 'EXECUTE')"
+)
 
 
-def require_granted(conn: psycopg.Connection, role: str, checks: list[tuple[str, str, tuple]]) -> None:
+def require_granted(conn: Conn, role: str, checks: list[tuple[str, str, tuple]]) -> None:
     """Raise :class:`GrantNotPerformedError` naming each privilege ``role`` does not hold; a
     check is (privilege, a ``has_*_privilege(role, …)`` expression, its other arguments)."""
-    missing = [what for what, test, args in checks
-               if not _first(conn.execute(f"SELECT {test}", (role, *args)).fetchone())]
+    missing = [
+        what for what, test, args in checks if not _first(conn.execute(f"SELECT {test}", (role, *args)).fetchone())
+    ]
     if missing:
         raise GrantNotPerformedError(role, missing)
 
 
-def _require_role(conn: psycopg.Connection, role: str) -> None:
+def _require_role(conn: Conn, role: str) -> None:
     row = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
     if row is None:
         raise RoleNotFoundError(role)

@@ -6,17 +6,15 @@ parse; writing goes through the ``set_setting`` function (the admin only).
 
 from __future__ import annotations
 
-import psycopg
-
-from icebarrier.control_plane.db import call
+from icebarrier.control_plane.db import Conn, call
 
 
-def get_s(conn: psycopg.Connection, key: str) -> float:
+def get_s(conn: Conn, key: str) -> float:
     """A duration setting, in seconds."""
     return int(conn.execute("SELECT value FROM settings WHERE key = %s", (key,)).fetchone()["value"]) / 1000
 
 
-def set_s(conn: psycopg.Connection, key: str, seconds: float) -> float:
+def set_s(conn: Conn, key: str, seconds: float) -> float:
     """Store a duration setting (rounded to milliseconds); returns what is stored, in seconds."""
     with conn.transaction():
         call(conn, "set_setting", key, str(round(seconds * 1000)))

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import psycopg
-
-from icebarrier.control_plane.db import call
+from icebarrier.control_plane.db import Conn, call
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.tables import require
 
@@ -21,7 +19,7 @@ class RecordedCommit:
     revoked: bool
 
 
-def recorded(conn: psycopg.Connection, table: TableName) -> dict[int, RecordedCommit]:
+def recorded(conn: Conn, table: TableName) -> dict[int, RecordedCommit]:
     """Every snapshot of ``table`` in the map (revoked ones too), by snapshot id."""
     rows = conn.execute(
         """
@@ -33,7 +31,7 @@ def recorded(conn: psycopg.Connection, table: TableName) -> dict[int, RecordedCo
     return {r["snapshot_id"]: RecordedCommit(**r) for r in rows}
 
 
-def known_writers(conn: psycopg.Connection, table: TableName) -> set[str]:
+def known_writers(conn: Conn, table: TableName) -> set[str]:
     """Jobs that ever completed barriers of ``table`` (current and former writers)."""
     rows = conn.execute(
         """
@@ -47,7 +45,7 @@ def known_writers(conn: psycopg.Connection, table: TableName) -> set[str]:
 
 
 def record(
-    conn: psycopg.Connection,
+    conn: Conn,
     table: TableName,
     *,
     barrier: int,
@@ -61,5 +59,6 @@ def record(
     Refused for a barrier the table has not completed: its job adopts such a commit when it
     completes the barrier."""
     with conn.transaction():
-        return call(conn, "record_commit", str(table), barrier, snapshot_id, operation, job_name,
-                    run_id)[0]["record_commit"]
+        return call(conn, "record_commit", str(table), barrier, snapshot_id, operation, job_name, run_id)[0][
+            "record_commit"
+        ]

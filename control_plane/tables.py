@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-import psycopg
-
 from icebarrier.control_plane import jobs, topology
+from icebarrier.control_plane.db import Conn
 from icebarrier.control_plane.errors import TableNotFoundError
 from icebarrier.control_plane.model import TableName, TableState
 
@@ -26,7 +25,7 @@ class TableVersion:
     freshness: timedelta | None
     barriers_behind: int
     coalesced_after: int | None = None  # its newest coalesced range: the barriers between were
-    coalesced_into: int | None = None   # completed once, at coalesced_into
+    coalesced_into: int | None = None  # completed once, at coalesced_into
 
     def to_json(self) -> dict:
         return {
@@ -44,7 +43,7 @@ class TableVersion:
         }
 
 
-def states(conn: psycopg.Connection, names: list[TableName]) -> list[TableState]:
+def states(conn: Conn, names: list[TableName]) -> list[TableState]:
     """Progress of the named tables, in the order given; unknown tables are refused."""
     rows = conn.execute(
         "SELECT t.name, t.start_barrier, t.watermark, "
@@ -58,18 +57,22 @@ def states(conn: psycopg.Connection, names: list[TableName]) -> list[TableState]
         if str(n) not in by_name:
             raise TableNotFoundError(str(n))
     return [
-        TableState(name=n, start_barrier=by_name[str(n)]["start_barrier"], watermark=by_name[str(n)]["watermark"],
-                   coalesced=tuple(tuple(r) for r in by_name[str(n)]["coalesced"]))
+        TableState(
+            name=n,
+            start_barrier=by_name[str(n)]["start_barrier"],
+            watermark=by_name[str(n)]["watermark"],
+            coalesced=tuple(tuple(r) for r in by_name[str(n)]["coalesced"]),
+        )
         for n in names
     ]
 
 
-def managed_names(conn: psycopg.Connection) -> set[TableName]:
+def managed_names(conn: Conn) -> set[TableName]:
     """The names of every managed table (what a consistent SQL read must pin or refuse)."""
     return {TableName.parse(r["name"]) for r in conn.execute("SELECT name FROM managed_tables").fetchall()}
 
 
-def require(conn: psycopg.Connection, name: TableName) -> int:
+def require(conn: Conn, name: TableName) -> int:
     """The table's id; unknown tables are refused."""
     row = conn.execute("SELECT table_id FROM managed_tables WHERE name = %s", (str(name),)).fetchone()
     if row is None:
@@ -77,7 +80,7 @@ def require(conn: psycopg.Connection, name: TableName) -> int:
     return row["table_id"]
 
 
-def list_versions(conn: psycopg.Connection) -> list[TableVersion]:
+def list_versions(conn: Conn) -> list[TableVersion]:
     rows = conn.execute(
         """
         SELECT table_name, table_kind, writer_job, start_barrier, watermark_barrier, current_snapshot_id,
@@ -87,17 +90,23 @@ def list_versions(conn: psycopg.Connection) -> list[TableVersion]:
     ).fetchall()
     return [
         TableVersion(
-            name=TableName.parse(r["table_name"]), kind=r["table_kind"], writer_job=r["writer_job"],
-            start_barrier=r["start_barrier"], watermark=r["watermark_barrier"],
-            current_snapshot_id=r["current_snapshot_id"], last_commit_at=r["last_commit_at"],
-            freshness=r["freshness"], barriers_behind=r["barriers_behind"],
-            coalesced_after=r["coalesced_after"], coalesced_into=r["coalesced_into"],
+            name=TableName.parse(r["table_name"]),
+            kind=r["table_kind"],
+            writer_job=r["writer_job"],
+            start_barrier=r["start_barrier"],
+            watermark=r["watermark_barrier"],
+            current_snapshot_id=r["current_snapshot_id"],
+            last_commit_at=r["last_commit_at"],
+            freshness=r["freshness"],
+            barriers_behind=r["barriers_behind"],
+            coalesced_after=r["coalesced_after"],
+            coalesced_into=r["coalesced_into"],
         )
         for r in rows
     ]
 
 
-def lineage(conn: psycopg.Connection, table: TableName, *, direction: str) -> list[topology.LineageStep]:
+def lineage(conn: Conn, table: TableName, *, direction: str) -> list[topology.LineageStep]:
     """Tables upstream or downstream of ``table`` (``direction`` "upstream" or "downstream")."""
     require(conn, table)
     definitions = jobs.load_definitions(conn).values()

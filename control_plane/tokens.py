@@ -14,9 +14,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime
 
-import psycopg
-
-from icebarrier.control_plane.db import translated
+from icebarrier.control_plane.db import Conn, translated
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import parse_job_name
 
@@ -57,17 +55,21 @@ class Token:
     revoked_at: datetime | None
 
     def to_json(self) -> dict:
-        return {"client_id": self.client_id, "role": self.kind, "job": self.job, "name": self.name,
-                "created_at": self.created_at.isoformat(),
-                "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None}
+        return {
+            "client_id": self.client_id,
+            "role": self.kind,
+            "job": self.job,
+            "name": self.name,
+            "created_at": self.created_at.isoformat(),
+            "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
+        }
 
 
 def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def create(conn: psycopg.Connection, *, job: str | None = None, name: str | None = None,
-           admin: bool = False) -> tuple[str, str]:
+def create(conn: Conn, *, job: str | None = None, name: str | None = None, admin: bool = False) -> tuple[str, str]:
     """A new token for a reader (``job`` None), for ``job``, or (``admin``) for any job's session;
     returns (client id, secret)."""
     if job is not None:
@@ -80,41 +82,48 @@ def create(conn: psycopg.Connection, *, job: str | None = None, name: str | None
     with conn.transaction():
         conn.execute(
             "INSERT INTO catalog_token (client_id, secret_hash, kind, job_name, name) VALUES (%s, %s, %s, %s, %s)",
-            (client_id, _hash(secret), kind, job, name))
+            (client_id, _hash(secret), kind, job, name),
+        )
     return client_id, secret
 
 
-def list_tokens(conn: psycopg.Connection) -> list[Token]:
-    rows = conn.execute("SELECT client_id, kind, job_name AS job, name, created_at, revoked_at FROM catalog_token "
-                        "ORDER BY created_at").fetchall()
+def list_tokens(conn: Conn) -> list[Token]:
+    rows = conn.execute(
+        "SELECT client_id, kind, job_name AS job, name, created_at, revoked_at FROM catalog_token ORDER BY created_at"
+    ).fetchall()
     return [Token(**r) for r in rows]
 
 
-def revoke(conn: psycopg.Connection, client_id: str) -> Token:
+def revoke(conn: Conn, client_id: str) -> Token:
     """Revoke a token and end its sessions (at once, on every server)."""
     with conn.transaction():
-        row = conn.execute("UPDATE catalog_token SET revoked_at = coalesce(revoked_at, now()) WHERE client_id = %s "
-                           "RETURNING client_id, kind, job_name AS job, name, created_at, revoked_at",
-                           (client_id,)).fetchone()
+        row = conn.execute(
+            "UPDATE catalog_token SET revoked_at = coalesce(revoked_at, now()) WHERE client_id = %s "
+            "RETURNING client_id, kind, job_name AS job, name, created_at, revoked_at",
+            (client_id,),
+        ).fetchone()
         if row is None:
             raise TokenNotFoundError(client_id)
         conn.execute("DELETE FROM catalog_session WHERE client_id = %s", (client_id,))
     return Token(**row)
 
 
-def open_session(conn: psycopg.Connection, client_id: str, secret: str, *, ttl_s: int = SESSION_TTL_S) -> str:
+def open_session(conn: Conn, client_id: str, secret: str, *, ttl_s: int = SESSION_TTL_S) -> str:
     """Check a client's credentials and open a session; returns its access token."""
     if "\x00" in client_id:  # no such client (and Postgres text cannot hold NUL)
         raise AuthenticationError(f"client {client_id!r} is unknown; create a token with `icebarrier token create`")
-    row = conn.execute("SELECT secret_hash, revoked_at FROM catalog_token WHERE client_id = %s",
-                       (client_id,)).fetchone()
+    row = conn.execute(
+        "SELECT secret_hash, revoked_at FROM catalog_token WHERE client_id = %s", (client_id,)
+    ).fetchone()
     if row is None or row["revoked_at"] is not None or not secrets.compare_digest(row["secret_hash"], _hash(secret)):
-        raise AuthenticationError(f"client {client_id!r} is unknown, revoked, or its secret is wrong; "
-                                  f"create a token with `icebarrier token create`")
+        raise AuthenticationError(
+            f"client {client_id!r} is unknown, revoked, or its secret is wrong; "
+            f"create a token with `icebarrier token create`"
+        )
     return _new_session(conn, client_id, ttl_s)
 
 
-def reopen_session(conn: psycopg.Connection, access_token: str, *, ttl_s: int = SESSION_TTL_S) -> str:
+def reopen_session(conn: Conn, access_token: str, *, ttl_s: int = SESSION_TTL_S) -> str:
     """A fresh access token for the client of a live one (OAuth2 token exchange, a refresh)."""
     principal = session(conn, access_token)
     if principal.client_id is None:
@@ -122,28 +131,33 @@ def reopen_session(conn: psycopg.Connection, access_token: str, *, ttl_s: int = 
     return _new_session(conn, principal.client_id, ttl_s)
 
 
-def _new_session(conn: psycopg.Connection, client_id: str, ttl_s: int) -> str:
+def _new_session(conn: Conn, client_id: str, ttl_s: int) -> str:
     access_token = secrets.token_urlsafe(32)
     with conn.transaction():
         conn.execute("DELETE FROM catalog_session WHERE client_id = %s AND expires_at < now()", (client_id,))
-        conn.execute("INSERT INTO catalog_session (token_hash, client_id, expires_at) "
-                     "VALUES (%s, %s, now() + make_interval(secs => %s))", (_hash(access_token), client_id, ttl_s))
+        conn.execute(
+            "INSERT INTO catalog_session (token_hash, client_id, expires_at) "
+            "VALUES (%s, %s, now() + make_interval(secs => %s))",
+            (_hash(access_token), client_id, ttl_s),
+        )
     return access_token
 
 
-def session(conn: psycopg.Connection, access_token: str) -> Principal:
+def session(conn: Conn, access_token: str) -> Principal:
     """The principal behind a live access token."""
     row = conn.execute(
         """SELECT t.client_id, t.kind, t.job_name FROM catalog_session s JOIN catalog_token t USING (client_id)
            WHERE s.token_hash = %s AND s.expires_at > now() AND t.revoked_at IS NULL""",
-        (_hash(access_token),)).fetchone()
+        (_hash(access_token),),
+    ).fetchone()
     if row is None:
         raise AuthenticationError("the access token is unknown, expired or revoked; authenticate again")
     return Principal(client_id=row["client_id"], kind=row["kind"], job=row["job_name"])
 
 
-def session_cut(conn: psycopg.Connection, access_token: str, table: str, *, scope: str | None,
-                quiet_ms: int) -> tuple[int | None, int | None]:
+def session_cut(
+    conn: Conn, access_token: str, table: str, *, scope: str | None, quiet_ms: int
+) -> tuple[int | None, int | None]:
     """(barrier, ``S(table, barrier)``) for this session reading through ``read-committed``
     (``scope``: a namespace, ``catalog.namespace``): the session's barrier while its loads keep
     coming less than ``quiet_ms`` apart, else the newest cut over the scope's managed tables
@@ -157,10 +171,12 @@ def session_cut(conn: psycopg.Connection, access_token: str, table: str, *, scop
         # cut): its update need not wait for the WAL flush, which costs more than the load.
         conn.execute("SET LOCAL synchronous_commit TO off")
         with translated(conn, "session_cut"):
-            barrier = conn.execute("SELECT session_cut(%s, %s, %s) AS b",
-                                   (_hash(access_token), scope, quiet_ms)).fetchone()["b"]
+            barrier = conn.execute(
+                "SELECT session_cut(%s, %s, %s) AS b", (_hash(access_token), scope, quiet_ms)
+            ).fetchone()["b"]
             if barrier is None:
                 return None, None
-            row = conn.execute("SELECT r.snapshot_ids[1] AS snapshot_id FROM resolve_cut(ARRAY[%s], %s, true) r",
-                               (table, barrier)).fetchone()
+            row = conn.execute(
+                "SELECT r.snapshot_ids[1] AS snapshot_id FROM resolve_cut(ARRAY[%s], %s, true) r", (table, barrier)
+            ).fetchone()
     return barrier, row["snapshot_id"]

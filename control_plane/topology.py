@@ -79,9 +79,13 @@ def edges_of(jobs: Iterable[JobDefinition]) -> list[Edge]:
         for ext in sorted(job.external_inputs):
             edges.append(Edge(from_node=ext, to_node=job.name, edge_kind="reads", from_kind="external", to_kind="job"))
         for src in sorted(job.sources):
-            edges.append(Edge(from_node=str(src), to_node=job.name, edge_kind="reads", from_kind="table", to_kind="job"))
+            edges.append(
+                Edge(from_node=str(src), to_node=job.name, edge_kind="reads", from_kind="table", to_kind="job")
+            )
         for sink in sorted(job.sinks):
-            edges.append(Edge(from_node=job.name, to_node=str(sink), edge_kind="writes", from_kind="job", to_kind="table"))
+            edges.append(
+                Edge(from_node=job.name, to_node=str(sink), edge_kind="writes", from_kind="job", to_kind="table")
+            )
     return edges
 
 

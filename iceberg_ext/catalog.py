@@ -137,25 +137,36 @@ def grant(settings: Settings, role: str, *, job: str | None = None):
             return done
         cs, r = settings.catalog_schema, sql.Identifier(role)
         tables, props = (sql.Identifier(cs, t) for t in ("iceberg_tables", "iceberg_namespace_properties"))
-        statements = [sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(cs), r),
-                      sql.SQL("GRANT SELECT ON {}, {} TO {}").format(tables, props, r)]
-        checks = [(f"USAGE ON SCHEMA {cs}", "has_schema_privilege(%s, %s, 'USAGE')", (cs,)),
-                  (f"SELECT ON {cs}.iceberg_tables", "has_table_privilege(%s, %s, 'SELECT')", (f"{cs}.iceberg_tables",))]
+        statements = [
+            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(cs), r),
+            sql.SQL("GRANT SELECT ON {}, {} TO {}").format(tables, props, r),
+        ]
+        checks = [
+            (f"USAGE ON SCHEMA {cs}", "has_schema_privilege(%s, %s, 'USAGE')", (cs,)),
+            (f"SELECT ON {cs}.iceberg_tables", "has_table_privilege(%s, %s, 'SELECT')", (f"{cs}.iceberg_tables",)),
+        ]
         if job:
             statements += [
-                sql.SQL("GRANT INSERT, DELETE, UPDATE (metadata_location, previous_metadata_location) ON {} TO {}")
-                .format(tables, r),
-                sql.SQL("GRANT INSERT, UPDATE, DELETE ON {} TO {}").format(props, r)]
-            checks += [(f"INSERT ON {cs}.iceberg_tables", "has_table_privilege(%s, %s, 'INSERT')",
-                        (f"{cs}.iceberg_tables",)),
-                       (f"UPDATE (metadata_location) ON {cs}.iceberg_tables",
-                        "has_column_privilege(%s, %s, 'metadata_location', 'UPDATE')", (f"{cs}.iceberg_tables",))]
+                sql.SQL(
+                    "GRANT INSERT, DELETE, UPDATE (metadata_location, previous_metadata_location) ON {} TO {}"
+                ).format(tables, r),
+                sql.SQL("GRANT INSERT, UPDATE, DELETE ON {} TO {}").format(props, r),
+            ]
+            checks += [
+                (f"INSERT ON {cs}.iceberg_tables", "has_table_privilege(%s, %s, 'INSERT')", (f"{cs}.iceberg_tables",)),
+                (
+                    f"UPDATE (metadata_location) ON {cs}.iceberg_tables",
+                    "has_column_privilege(%s, %s, 'metadata_location', 'UPDATE')",
+                    (f"{cs}.iceberg_tables",),
+                ),
+            ]
         try:
             for statement in statements:
                 conn.execute(statement)
         except psycopg.errors.UndefinedTable:
-            raise IcebarrierError(f"the Iceberg catalog tables in schema {cs!r} do not exist; "
-                                  f"run `icebarrier db upgrade` first") from None
+            raise IcebarrierError(
+                f"the Iceberg catalog tables in schema {cs!r} do not exist; run `icebarrier db upgrade` first"
+            ) from None
         schema.require_granted(conn, role, checks)
         return replace(done, granted=(*done.granted, *(what for what, _, _ in checks)))
 
@@ -172,8 +183,12 @@ def publish_barrier(catalog, sinks) -> None:
     """Publish the barrier a multi-sink job staged through ``icebarrier serve``: one transaction
     naming all its sinks with no changes; the server swaps every staged pointer and completes
     the barrier at once."""
-    body = {"table-changes": [{"identifier": {"namespace": list(t.namespace), "name": t.name},
-                               "requirements": [], "updates": []} for t in sorted(sinks)]}
+    body = {
+        "table-changes": [
+            {"identifier": {"namespace": list(t.namespace), "name": t.name}, "requirements": [], "updates": []}
+            for t in sorted(sinks)
+        ]
+    }
     response = catalog._session.post(catalog.url("transactions/commit"), json=body)
     if response.status_code != 204:
         try:

@@ -34,7 +34,6 @@ from icebarrier.iceberg_ext.catalog import (
     summary_properties,
 )
 
-
 _CHANGE_COUNTERS = ("added-data-files", "deleted-data-files", "added-delete-files", "removed-delete-files")
 
 
@@ -61,8 +60,17 @@ class BarrierCommit:
     job's progress P) the writes cover every barrier after P up to this one, which the
     completion coalesces; each snapshot says so (``icebarrier.coalesced-after``)."""
 
-    def __init__(self, conn: psycopg.Connection, catalog, *, job: str, barrier: int, run_id: str | None = None,
-                 job_info: jobs.JobInfo | None = None, coalesce_after: int | None = None):
+    def __init__(
+        self,
+        conn: psycopg.Connection,
+        catalog,
+        *,
+        job: str,
+        barrier: int,
+        run_id: str | None = None,
+        job_info: jobs.JobInfo | None = None,
+        coalesce_after: int | None = None,
+    ):
         self.conn, self.catalog, self.job, self.barrier = conn, catalog, job, barrier
         self.coalesce_after = coalesce_after
         self.run_id = run_id or uuid.uuid4().hex
@@ -112,8 +120,11 @@ class BarrierCommit:
             # Engines commit a snapshot even for an empty write; a barrier that changes nothing
             # writes no snapshot, so step back to the parent (cheaper than probing the data first).
             parent = tbl.snapshot_by_id(written).parent_snapshot_id
-            retry_commit(lambda: load_table(self.catalog, table).manage_snapshots()
-                         .set_current_snapshot(snapshot_id=parent).commit())
+            retry_commit(
+                lambda: (
+                    load_table(self.catalog, table).manage_snapshots().set_current_snapshot(snapshot_id=parent).commit()
+                )
+            )
             written = None
         if written is not None:
             self.commits[table] = written
@@ -128,8 +139,14 @@ class BarrierCommit:
         else:
             if self.staged:
                 publish_barrier(self.catalog, self.sinks)  # completes the barrier with the pointer swaps
-            self.completion = jobs.complete(self.conn, self.job, self.barrier, self.commits, run_id=self.run_id,
-                                            coalesce=self.coalesce_after is not None)
+            self.completion = jobs.complete(
+                self.conn,
+                self.job,
+                self.barrier,
+                self.commits,
+                run_id=self.run_id,
+                coalesce=self.coalesce_after is not None,
+            )
         faults.point(faults.AFTER_CONTROL_PLANE)
         return self.completion
 

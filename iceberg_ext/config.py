@@ -53,8 +53,10 @@ def _config_file(config_file: str | Path | None) -> dict:
     """The TOML file's values (``--config``, ``$ICEBARRIER_CONFIG`` or ./icebarrier.toml if present)."""
     named = config_file or os.environ.get(CONFIG_ENV)
     if named and not Path(named).is_file():
-        raise ConfigurationError(f"config file {named} does not exist; fix --config / {CONFIG_ENV}, or leave it "
-                                 f"out to use ./icebarrier.toml when present")
+        raise ConfigurationError(
+            f"config file {named} does not exist; fix --config / {CONFIG_ENV}, or leave it "
+            f"out to use ./icebarrier.toml when present"
+        )
     path = Path(named or "icebarrier.toml")
     if not path.is_file():
         return {}
@@ -64,8 +66,9 @@ def _config_file(config_file: str | Path | None) -> dict:
         raise ConfigurationError(f"config file {path} is not valid TOML ({exc}); fix or remove it") from None
     unknown = set(values) - {*ENV, *SECTIONS}
     if unknown:
-        raise ConfigurationError(f"config file {path} has unknown keys {sorted(unknown)}; "
-                                 f"known: {sorted([*ENV, *SECTIONS])}")
+        raise ConfigurationError(
+            f"config file {path} has unknown keys {sorted(unknown)}; known: {sorted([*ENV, *SECTIONS])}"
+        )
     return values
 
 
@@ -160,8 +163,14 @@ class Settings:
         """The catalog's properties plus the FileIO settings (added, never replacing them)."""
         if not self.is_default_catalog:
             return {"warehouse": self.warehouse, **self.catalog_properties, **self.storage.fileio()}
-        return {"type": "sql", "uri": self.sqlalchemy_uri, "warehouse": self.warehouse, "schema_version": "v1",
-                "pool_pre_ping": "true", **self.storage.fileio()}
+        return {
+            "type": "sql",
+            "uri": self.sqlalchemy_uri,
+            "warehouse": self.warehouse,
+            "schema_version": "v1",
+            "pool_pre_ping": "true",
+            **self.storage.fileio(),
+        }
 
     def check_storage(self) -> None:
         """A wrong bucket, endpoint or key as one line naming the setting (the default catalog's
@@ -179,7 +188,8 @@ class Settings:
         if not found:
             raise ConfigurationError(
                 f"the Iceberg catalog schema {self.catalog_schema!r} does not exist in the control-plane database; "
-                f"run `icebarrier db upgrade` first")
+                f"run `icebarrier db upgrade` first"
+            )
 
     def ensure_catalog_schema(self) -> None:
         """The default SQL catalog lives in its own Postgres schema; create it if missing."""

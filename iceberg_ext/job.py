@@ -29,7 +29,7 @@ from icebarrier.iceberg_ext.sources import Source
 
 class IncrementUnavailableError(IcebarrierError):
     def __init__(self, table: TableName, snapshot_id: int, operation: str, *, changelog_possible: bool = True) -> None:
-        way = (f"read its changelog with ctx.changes({str(table)!r}) or " if changelog_possible else "")
+        way = f"read its changelog with ctx.changes({str(table)!r}) or " if changelog_possible else ""
         super().__init__(
             f"source {table} has snapshot {snapshot_id} (operation {operation}) since the previous barrier, which "
             f"incremental reads skip silently; {way}do a full recompute from ctx.table({str(table)!r})"
@@ -66,8 +66,16 @@ class BarrierContext:
     progress). When the job coalesces, P is older than the barrier before B: increments and
     changes cover every barrier after P up to B."""
 
-    def __init__(self, spark, reader: ConsistentRead, catalog, *, barrier: int, previous: int | None,
-                 previous_snapshots: dict[TableName, int | None]) -> None:
+    def __init__(
+        self,
+        spark,
+        reader: ConsistentRead,
+        catalog,
+        *,
+        barrier: int,
+        previous: int | None,
+        previous_snapshots: dict[TableName, int | None],
+    ) -> None:
         self.spark, self.barrier, self.previous = spark, barrier, previous
         self._reader, self._catalog = reader, catalog
         self._cut = reader.cut()
@@ -116,8 +124,12 @@ class BarrierContext:
             operation = snapshot.summary.operation.value if snapshot.summary else "unknown"
             if operation != "append" and not (operation == "replace" and is_compaction(snapshot)):
                 raise IncrementUnavailableError(name, snapshot.snapshot_id, operation)
-        return (self.spark.read.format("iceberg").option("start-snapshot-id", str(start))
-                .option("end-snapshot-id", str(end)).load(str(name)))
+        return (
+            self.spark.read.format("iceberg")
+            .option("start-snapshot-id", str(start))
+            .option("end-snapshot-id", str(end))
+            .load(str(name))
+        )
 
     def changes(self, table: str | TableName):
         """The source's changelog since the previous barrier: its rows plus ``_change_type``
@@ -134,8 +146,9 @@ class BarrierContext:
             return self.table(name).withColumn("_change_type", F.lit("INSERT"))
         for snapshot in self._since_previous(name, start, end):
             if int(summary_properties(snapshot).get("added-delete-files", "0")) > 0:
-                raise IncrementUnavailableError(name, snapshot.snapshot_id, "merge-on-read delete",
-                                                changelog_possible=False)
+                raise IncrementUnavailableError(
+                    name, snapshot.snapshot_id, "merge-on-read delete", changelog_possible=False
+                )
         view = f"__icebarrier_changes_{abs(hash((str(name), start, end)))}"
         ident = ".".join((*name.namespace, name.name))
         self.spark.sql(
@@ -191,11 +204,18 @@ class Job:
         """``python my_job.py [--once | --follow] [--poll 60s]``"""
         parser = argparse.ArgumentParser(prog=f"job {self.name}")
         mode = parser.add_mutually_exclusive_group()
-        mode.add_argument("--once", action="store_true", help="complete the newest barrier it can (skipping unchanged "
-                          "barriers, coalescing the rest up to each anchor), then exit (default)")
+        mode.add_argument(
+            "--once",
+            action="store_true",
+            help="complete the newest barrier it can (skipping unchanged "
+            "barriers, coalescing the rest up to each anchor), then exit (default)",
+        )
         mode.add_argument("--follow", action="store_true", help="keep going until SIGINT/SIGTERM")
-        parser.add_argument("--poll", default="60s", help="--follow waits for the control plane's notices; this is "
-                            "how often it looks anyway")
+        parser.add_argument(
+            "--poll",
+            default="60s",
+            help="--follow waits for the control plane's notices; this is how often it looks anyway",
+        )
         args = parser.parse_args(argv)
         from icebarrier.iceberg_ext.runtime import Runtime
 
@@ -234,8 +254,15 @@ class SqlJob(TransformJob):
 
     needs_spark_to_define = True
 
-    def __init__(self, name: str, statement: str, *, mode: str = "overwrite", keys: list[str] = (),
-                 sources: list[str] | None = None):
+    def __init__(
+        self,
+        name: str,
+        statement: str,
+        *,
+        mode: str = "overwrite",
+        keys: list[str] = (),
+        sources: list[str] | None = None,
+    ):
         super().__init__(name=name, sinks=[], sources=list(sources or []))
         self.statement, self.mode, self.keys = statement, mode, list(keys)
         self._declared_sources = sources is not None
@@ -260,8 +287,10 @@ class SqlJob(TransformJob):
         if self._declared_sources:
             undeclared = sorted(set(read) - {str(TableName.parse(s)) for s in self.sources})
             if undeclared:
-                raise IcebarrierError(f"SQL job {self.name}: its query reads {', '.join(undeclared)}, which is not "
-                                      f"among its sources=; add it, or leave sources= out to take them from the query")
+                raise IcebarrierError(
+                    f"SQL job {self.name}: its query reads {', '.join(undeclared)}, which is not "
+                    f"among its sources=; add it, or leave sources= out to take them from the query"
+                )
         else:
             self.sources = read
         self.sinks = [str(parsed.sink)]
@@ -269,8 +298,10 @@ class SqlJob(TransformJob):
 
     def definition(self) -> JobDefinition:
         if self._parsed is None:
-            raise IcebarrierError(f"SQL job {self.name}: its sink and sources come from Spark's parser; "
-                                  f"run it through Runtime / `icebarrier run`, or call job.bind(spark) first")
+            raise IcebarrierError(
+                f"SQL job {self.name}: its sink and sources come from Spark's parser; "
+                f"run it through Runtime / `icebarrier run`, or call job.bind(spark) first"
+            )
         return super().definition()
 
     def _run(self, ctx):
@@ -293,6 +324,7 @@ class RootJob(Job):
         if len(self.sinks) != 1:
             raise IcebarrierError(
                 f"root job {self.name} names {len(self.sinks)} sinks; a RootJob writes exactly one. Use one RootJob "
-                f"per sink, or a TransformJob that returns {{sink: Output}} from the root table")
+                f"per sink, or a TransformJob that returns {{sink: Output}} from the root table"
+            )
         if not self.external_inputs and self.source is not None:
             self.external_inputs = [self.source.describe()]

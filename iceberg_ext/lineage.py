@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from icebarrier.control_plane.model import TableName
@@ -31,8 +31,11 @@ def configured() -> bool:
     """Is an OpenLineage transport configured (the client's own sources of configuration)?"""
     if os.environ.get("OPENLINEAGE_DISABLED", "").strip().lower() == "true":
         return False
-    return (any(k in os.environ for k in ("OPENLINEAGE_URL", "OPENLINEAGE_CONFIG"))
-            or any(k.startswith("OPENLINEAGE__TRANSPORT") for k in os.environ) or Path("openlineage.yml").is_file())
+    return (
+        any(k in os.environ for k in ("OPENLINEAGE_URL", "OPENLINEAGE_CONFIG"))
+        or any(k.startswith("OPENLINEAGE__TRANSPORT") for k in os.environ)
+        or Path("openlineage.yml").is_file()
+    )
 
 
 def _facet_class():
@@ -77,31 +80,59 @@ class Lineage:
             return None
         return cls(job, OpenLineageClient())
 
-    def _event(self, state: str, barrier: int, *, plan: str, from_barrier: int | None, session_run: str | None,
-               inputs: dict[TableName, int | None], outputs: dict[TableName, int | None], error: str | None = None):
+    def _event(
+        self,
+        state: str,
+        barrier: int,
+        *,
+        plan: str,
+        from_barrier: int | None,
+        session_run: str | None,
+        inputs: dict[TableName, int | None],
+        outputs: dict[TableName, int | None],
+        error: str | None = None,
+    ):
         from openlineage.client.event_v2 import InputDataset, Job, OutputDataset, Run, RunEvent, RunState
         from openlineage.client.facet_v2 import dataset_version_dataset, error_message_run
         from openlineage.client.uuid import generate_new_uuid
 
         run_id = self._runs.setdefault(barrier, str(generate_new_uuid()))
-        facets = {"icebarrier": self._facet(barrier=barrier, plan=plan, fromBarrier=from_barrier,
-                                            sessionRun=session_run, producer=PRODUCER)}
+        facets = {
+            "icebarrier": self._facet(
+                barrier=barrier, plan=plan, fromBarrier=from_barrier, sessionRun=session_run, producer=PRODUCER
+            )
+        }
         if error:
             facets["errorMessage"] = error_message_run.ErrorMessageRunFacet(
-                message=error, programmingLanguage="python", producer=PRODUCER)
+                message=error, programmingLanguage="python", producer=PRODUCER
+            )
 
         def version(snapshot_id: int | None) -> dict:
-            return {} if snapshot_id is None else {
-                "version": dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=str(snapshot_id),
-                                                                               producer=PRODUCER)}
+            return (
+                {}
+                if snapshot_id is None
+                else {
+                    "version": dataset_version_dataset.DatasetVersionDatasetFacet(
+                        datasetVersion=str(snapshot_id), producer=PRODUCER
+                    )
+                }
+            )
 
         return RunEvent(
-            eventType=getattr(RunState, state), eventTime=datetime.now(timezone.utc).isoformat(), producer=PRODUCER,
-            run=Run(runId=run_id, facets=facets), job=Job(namespace=self.namespace, name=self.job),
-            inputs=[InputDataset(namespace=self.namespace, name=str(t), facets=version(s))
-                    for t, s in sorted(inputs.items())],
-            outputs=[OutputDataset(namespace=self.namespace, name=str(t), facets=version(s))
-                     for t, s in sorted(outputs.items())])
+            eventType=getattr(RunState, state),
+            eventTime=datetime.now(UTC).isoformat(),
+            producer=PRODUCER,
+            run=Run(runId=run_id, facets=facets),
+            job=Job(namespace=self.namespace, name=self.job),
+            inputs=[
+                InputDataset(namespace=self.namespace, name=str(t), facets=version(s))
+                for t, s in sorted(inputs.items())
+            ],
+            outputs=[
+                OutputDataset(namespace=self.namespace, name=str(t), facets=version(s))
+                for t, s in sorted(outputs.items())
+            ],
+        )
 
     def _emit(self, *args, **kwargs) -> None:
         try:
@@ -109,21 +140,64 @@ class Lineage:
         except Exception as exc:  # noqa: BLE001 - lineage never fails the job
             log.warning("job %s: an OpenLineage event could not be sent (%s: %s)", self.job, type(exc).__name__, exc)
 
-    def start(self, barrier: int, *, plan: str, from_barrier: int | None = None, session_run: str | None = None,
-              inputs: dict[TableName, int | None] | None = None) -> None:
-        self._emit("START", barrier, plan=plan, from_barrier=from_barrier, session_run=session_run,
-                   inputs=dict(inputs or {}), outputs={})
+    def start(
+        self,
+        barrier: int,
+        *,
+        plan: str,
+        from_barrier: int | None = None,
+        session_run: str | None = None,
+        inputs: dict[TableName, int | None] | None = None,
+    ) -> None:
+        self._emit(
+            "START",
+            barrier,
+            plan=plan,
+            from_barrier=from_barrier,
+            session_run=session_run,
+            inputs=dict(inputs or {}),
+            outputs={},
+        )
 
-    def complete(self, barrier: int, *, plan: str, from_barrier: int | None = None, session_run: str | None = None,
-                 inputs: dict[TableName, int | None] | None = None,
-                 outputs: dict[TableName, int | None] | None = None) -> None:
-        self._emit("COMPLETE", barrier, plan=plan, from_barrier=from_barrier, session_run=session_run,
-                   inputs=dict(inputs or {}), outputs=dict(outputs or {}))
+    def complete(
+        self,
+        barrier: int,
+        *,
+        plan: str,
+        from_barrier: int | None = None,
+        session_run: str | None = None,
+        inputs: dict[TableName, int | None] | None = None,
+        outputs: dict[TableName, int | None] | None = None,
+    ) -> None:
+        self._emit(
+            "COMPLETE",
+            barrier,
+            plan=plan,
+            from_barrier=from_barrier,
+            session_run=session_run,
+            inputs=dict(inputs or {}),
+            outputs=dict(outputs or {}),
+        )
         self._runs.pop(barrier, None)
 
-    def fail(self, barrier: int, *, plan: str, from_barrier: int | None = None, session_run: str | None = None,
-             error: BaseException | str) -> None:
+    def fail(
+        self,
+        barrier: int,
+        *,
+        plan: str,
+        from_barrier: int | None = None,
+        session_run: str | None = None,
+        error: BaseException | str,
+    ) -> None:
         message = error if isinstance(error, str) else "".join(traceback.format_exception_only(error)).strip()
-        self._emit("FAIL", barrier, plan=plan, from_barrier=from_barrier, session_run=session_run, inputs={},
-                   outputs={}, error=message)
+        self._emit(
+            "FAIL",
+            barrier,
+            plan=plan,
+            from_barrier=from_barrier,
+            session_run=session_run,
+            inputs={},
+            outputs={},
+            error=message,
+        )
         self._runs.pop(barrier, None)

@@ -21,8 +21,7 @@ from psycopg import sql
 from icebarrier.control_plane.errors import IcebarrierError
 
 # Table properties that place files outside the table's location: confined like it.
-PATH_PROPERTIES = ("write.data.path", "write.metadata.path", "write.object-storage.path",
-                   "write.folder-storage.path")
+PATH_PROPERTIES = ("write.data.path", "write.metadata.path", "write.object-storage.path", "write.folder-storage.path")
 _SAME_STORE = {"s3a": "s3", "s3n": "s3", "": "file"}
 
 
@@ -70,11 +69,14 @@ class Placed:
 def catalog_tables(conn, catalog_schema: str, catalog: str) -> list[tuple[str, str]]:
     """(table, metadata location) of every table of the catalog, and of every sink a job session
     created and has not published (its location is taken too)."""
-    rows = conn.execute(sql.SQL(
-        "SELECT concat_ws('.', catalog_name, table_namespace, table_name) AS name, metadata_location "
-        "FROM {}.iceberg_tables WHERE catalog_name = %s AND metadata_location IS NOT NULL "
-        "UNION ALL SELECT table_name, metadata_location FROM catalog_pending WHERE base_location IS NULL"
-    ).format(sql.Identifier(catalog_schema)), (catalog,)).fetchall()
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT concat_ws('.', catalog_name, table_namespace, table_name) AS name, metadata_location "
+            "FROM {}.iceberg_tables WHERE catalog_name = %s AND metadata_location IS NOT NULL "
+            "UNION ALL SELECT table_name, metadata_location FROM catalog_pending WHERE base_location IS NULL"
+        ).format(sql.Identifier(catalog_schema)),
+        (catalog,),
+    ).fetchall()
     return [(r["name"], r["metadata_location"]) for r in rows]
 
 
@@ -132,7 +134,8 @@ class Confinement:
             if other.table != table and overlap(spot, other.location):
                 raise LocationRefusedError(
                     f"{what} {location} of table {table} overlaps table {other.table} (at {other.location}); "
-                    f"give the table a location of its own")
+                    f"give the table a location of its own"
+                )
         return spot
 
     def allowed_spot(self, table: str, location: str, what: str) -> str:
@@ -141,7 +144,8 @@ class Confinement:
             where = self.allowed[0] + (f" (or {', '.join(self.allowed[1:])})" if len(self.allowed) > 1 else "")
             raise LocationRefusedError(
                 f"{what} {location} of table {table} is outside the warehouse {where}; place the table under "
-                f"it, or start `icebarrier serve` with --allowed-location for that prefix")
+                f"it, or start `icebarrier serve` with --allowed-location for that prefix"
+            )
         return spot
 
     def check_file(self, table: str, file: str, others: Iterable[Placed]) -> None:
@@ -152,4 +156,5 @@ class Confinement:
             if other.table != table and contains(other.location, spot):
                 raise LocationRefusedError(
                     f"metadata-location {file} lies under table {other.table}'s location {other.location}; "
-                    f"a table is registered from metadata of its own")
+                    f"a table is registered from metadata of its own"
+                )

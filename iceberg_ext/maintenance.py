@@ -57,9 +57,13 @@ class ExpiryReport:
 
     def to_json(self) -> dict:
         return {
-            "table": str(self.table), "candidates": self.candidates, "expired": list(self.expired),
+            "table": str(self.table),
+            "candidates": self.candidates,
+            "expired": list(self.expired),
             "protected": {str(k): list(v) for k, v in self.protected.items()},
-            "files_deleted": self.files_deleted, "dry_run": self.dry_run, "planning_s": round(self.planning_s, 4),
+            "files_deleted": self.files_deleted,
+            "dry_run": self.dry_run,
+            "planning_s": round(self.planning_s, 4),
         }
 
 
@@ -70,7 +74,8 @@ def plan_candidates(tbl, *, older_than_s: float | None, retain_last: int, now_ms
     current = tbl.metadata.current_snapshot_id
     snaps = tbl.metadata.snapshots
     candidates = [
-        s.snapshot_id for s in snaps
+        s.snapshot_id
+        for s in snaps
         if s.snapshot_id != current and (older_than_s is None or s.timestamp_ms < now_ms - older_than_s * 1000)
     ]
     newest = sorted(snaps, key=lambda s: (s.timestamp_ms, s.sequence_number or 0), reverse=True)[:retain_last]
@@ -102,12 +107,17 @@ def expire(
         deleted = 0
         if claim.removable and not dry_run:
             staged = job_sessions.staging(conn, table).metadata_locations
-            deleted = retry_commit(lambda: _expire_and_delete(load_table(catalog, table), list(claim.removable),
-                                                              staged))
+            deleted = retry_commit(
+                lambda: _expire_and_delete(load_table(catalog, table), list(claim.removable), staged)
+            )
     return ExpiryReport(
-        table=table, candidates=len(candidates), expired=claim.removable,
-        protected={s: p.reasons for s, p in claim.protected.items()}, files_deleted=deleted,
-        dry_run=dry_run, planning_s=planning_s,
+        table=table,
+        candidates=len(candidates),
+        expired=claim.removable,
+        protected={s: p.reasons for s, p in claim.protected.items()},
+        files_deleted=deleted,
+        dry_run=dry_run,
+        planning_s=planning_s,
     )
 
 
@@ -167,8 +177,13 @@ class OrphanReport:
     dry_run: bool
 
     def to_json(self) -> dict:
-        return {"table": str(self.table), "listed": self.listed, "orphans": list(self.orphans),
-                "kept_recent": self.kept_recent, "dry_run": self.dry_run}
+        return {
+            "table": str(self.table),
+            "listed": self.listed,
+            "orphans": list(self.orphans),
+            "kept_recent": self.kept_recent,
+            "dry_run": self.dry_run,
+        }
 
 
 def _referenced(tbl, staged: tuple[str, ...]) -> set[str]:
@@ -204,8 +219,15 @@ def _listing(tbl, nested: list[str]):
             yield name, info.mtime
 
 
-def remove_orphans(conn: psycopg.Connection, catalog, table: TableName, *, older_than_s: float = ORPHAN_GRACE_S,
-                   dry_run: bool = False, locations: list[str] | None = None) -> OrphanReport:
+def remove_orphans(
+    conn: psycopg.Connection,
+    catalog,
+    table: TableName,
+    *,
+    older_than_s: float = ORPHAN_GRACE_S,
+    dry_run: bool = False,
+    locations: list[str] | None = None,
+) -> OrphanReport:
     """Delete the files under ``table``'s location that nothing references, modified more than
     ``older_than_s`` ago and before any session or staging of the table opened (its files may
     not be referenced yet). Runs under the table's expiry lock (one maintenance at a time).
@@ -217,26 +239,28 @@ def remove_orphans(conn: psycopg.Connection, catalog, table: TableName, *, older
         staging = job_sessions.staging(conn, table)
         tbl = load_table(catalog, table)
         referenced = _referenced(tbl, staging.metadata_locations)
-        cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=older_than_s)
+        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than_s)
         if staging.open_since is not None:
             cutoff = min(cutoff, staging.open_since)
         location = tbl.metadata.location.rstrip("/")
-        nested = [t for t in (locations if locations is not None else table_locations(catalog))
-                  if t.startswith(f"{location}/")]
+        nested = [
+            t
+            for t in (locations if locations is not None else table_locations(catalog))
+            if t.startswith(f"{location}/")
+        ]
         listed, orphans, recent = 0, [], 0
         for path, modified in _listing(tbl, nested):
             listed += 1
             if path in referenced:
                 continue
-            if modified is not None and modified.astimezone(dt.timezone.utc) >= cutoff:
+            if modified is not None and modified.astimezone(dt.UTC) >= cutoff:
                 recent += 1
                 continue
             orphans.append(path)
         if not dry_run:
             for path in orphans:
                 tbl.io.delete(path)
-    return OrphanReport(table=table, listed=listed, orphans=tuple(sorted(orphans)), kept_recent=recent,
-                        dry_run=dry_run)
+    return OrphanReport(table=table, listed=listed, orphans=tuple(sorted(orphans)), kept_recent=recent, dry_run=dry_run)
 
 
 def table_locations(catalog) -> list[str]:
@@ -262,8 +286,12 @@ class CompactionReport:
     rewritten_files: int
 
     def to_json(self) -> dict:
-        return {"table": str(self.table), "barrier": self.barrier, "snapshot_id": self.snapshot_id,
-                "rewritten_files": self.rewritten_files}
+        return {
+            "table": str(self.table),
+            "barrier": self.barrier,
+            "snapshot_id": self.snapshot_id,
+            "rewritten_files": self.rewritten_files,
+        }
 
 
 def data_barrier(tbl, snapshot) -> int | None:
@@ -274,7 +302,9 @@ def data_barrier(tbl, snapshot) -> int | None:
     return None
 
 
-def compact(spark, conn: psycopg.Connection, catalog, table: TableName, *, min_input_files: int = 2) -> CompactionReport:
+def compact(
+    spark, conn: psycopg.Connection, catalog, table: TableName, *, min_input_files: int = 2
+) -> CompactionReport:
     """Rewrite small files (Spark ``rewrite_data_files``). The new snapshot carries the barrier
     it compacted and ``icebarrier.operation=compaction`` and becomes S(T, B) for new readers;
     older snapshots stay for lease-aware expiry."""
@@ -291,8 +321,16 @@ def compact(spark, conn: psycopg.Connection, catalog, table: TableName, *, min_i
         )
     from icebarrier.iceberg_ext.spark_io import rewrite_data_files
 
-    rewrite_data_files(spark, table, min_input_files=min_input_files, properties={
-        SUMMARY_BARRIER: str(barrier), SUMMARY_OPERATION: OPERATION_COMPACTION, SUMMARY_JOB: MAINTENANCE_JOB})
+    rewrite_data_files(
+        spark,
+        table,
+        min_input_files=min_input_files,
+        properties={
+            SUMMARY_BARRIER: str(barrier),
+            SUMMARY_OPERATION: OPERATION_COMPACTION,
+            SUMMARY_JOB: MAINTENANCE_JOB,
+        },
+    )
     tbl = load_table(catalog, table)
     new = next(
         (s for s in lineage(tbl) if is_compaction(s) and (s.sequence_number or 0) > (current.sequence_number or 0)),
@@ -302,8 +340,9 @@ def compact(spark, conn: psycopg.Connection, catalog, table: TableName, *, min_i
         return CompactionReport(table=table, barrier=barrier, snapshot_id=None, rewritten_files=0)
     # If the job committed meanwhile, the compaction holds the newer content: record it there.
     holds = data_barrier(tbl, new)
-    snapshots.record(conn, table, barrier=holds, snapshot_id=new.snapshot_id, operation="compaction",
-                     job_name=MAINTENANCE_JOB)
+    snapshots.record(
+        conn, table, barrier=holds, snapshot_id=new.snapshot_id, operation="compaction", job_name=MAINTENANCE_JOB
+    )
     rewritten = int(summary_properties(new).get("deleted-data-files", "0"))
     return CompactionReport(table=table, barrier=holds, snapshot_id=new.snapshot_id, rewritten_files=rewritten)
 
@@ -325,7 +364,8 @@ class ReconcileReport:
 
     def to_json(self) -> dict:
         return {
-            "table": str(self.table), "ok": self.ok,
+            "table": str(self.table),
+            "ok": self.ok,
             "adopted": [{"barrier": b, "snapshot_id": s} for b, s in self.adopted],
             "pending": [{"barrier": b, "snapshot_id": s, "job": j} for b, s, j in self.pending],
             "foreign": [{"snapshot_id": s, "why": w} for s, w in self.foreign],
@@ -348,7 +388,9 @@ def reconcile(conn: psycopg.Connection, catalog, table: TableName) -> ReconcileR
         if sid in known:
             continue
         if SUMMARY_BARRIER not in props:
-            report.foreign.append((sid, f"no {SUMMARY_BARRIER} in its summary (operation {snap.summary.operation.value})"))
+            report.foreign.append(
+                (sid, f"no {SUMMARY_BARRIER} in its summary (operation {snap.summary.operation.value})")
+            )
             continue
         job = props.get(SUMMARY_JOB, "?")
         if job not in writers and job != MAINTENANCE_JOB and props.get(SUMMARY_OPERATION) != OPERATION_REVISION:
@@ -376,10 +418,13 @@ def reconcile(conn: psycopg.Connection, catalog, table: TableName) -> ReconcileR
 
 
 def _tombstoned(conn, table: TableName, snapshot_id: int) -> bool:
-    return conn.execute(
-        "SELECT 1 FROM expired_snapshots e JOIN managed_tables m USING (table_id) WHERE m.name = %s AND e.snapshot_id = %s",
-        (str(table), snapshot_id),
-    ).fetchone() is not None
+    return (
+        conn.execute(
+            "SELECT 1 FROM expired_snapshots e JOIN managed_tables m USING (table_id) WHERE m.name = %s AND e.snapshot_id = %s",
+            (str(table), snapshot_id),
+        ).fetchone()
+        is not None
+    )
 
 
 # -- revision ---------------------------------------------------------------------------------------------
@@ -401,9 +446,15 @@ def revise(conn: psycopg.Connection, catalog, table: TableName, to_barrier: int,
         elif current is not None and not _is_revision_snapshot(tbl.current_snapshot(), plan):
             from pyiceberg.expressions import AlwaysTrue
 
-            tbl.delete(AlwaysTrue(), snapshot_properties={
-                SUMMARY_BARRIER: str(plan.to_barrier), SUMMARY_OPERATION: OPERATION_REVISION,
-                SUMMARY_JOB: MAINTENANCE_JOB, "icebarrier.revision": str(plan.revision_id)})
+            tbl.delete(
+                AlwaysTrue(),
+                snapshot_properties={
+                    SUMMARY_BARRIER: str(plan.to_barrier),
+                    SUMMARY_OPERATION: OPERATION_REVISION,
+                    SUMMARY_JOB: MAINTENANCE_JOB,
+                    "icebarrier.revision": str(plan.revision_id),
+                },
+            )
             emptied = load_table(catalog, t.table).metadata.current_snapshot_id
             if emptied is not None and emptied != current:
                 revisions.record_revision_snapshot(conn, plan, t.table, emptied)
@@ -418,8 +469,15 @@ def _is_revision_snapshot(snapshot, plan) -> bool:
 # -- tags -----------------------------------------------------------------------------------------------------
 
 
-def tag(conn: psycopg.Connection, catalog, name: str, table_names: list[TableName], *, barrier: int | None = None,
-        max_age_s: float | None = None) -> Cut:
+def tag(
+    conn: psycopg.Connection,
+    catalog,
+    name: str,
+    table_names: list[TableName],
+    *,
+    barrier: int | None = None,
+    max_age_s: float | None = None,
+) -> Cut:
     """Create Iceberg tag ``name`` on each table at the cut's snapshot, so any engine can read
     the consistent cut with ``VERSION AS OF 'name'``."""
     name = parse_tag_name(name)
@@ -427,7 +485,7 @@ def tag(conn: psycopg.Connection, catalog, name: str, table_names: list[TableNam
     empty = [str(t) for t, s in cut.snapshots.items() if s is None]
     if empty:
         raise IcebarrierError(f"{', '.join(empty)} had no snapshot at barrier {cut.barrier}; a tag needs one")
-    for t, snapshot_id in cut.snapshots.items():
+    for t in cut.snapshots:
         tbl = load_table(catalog, t)
         if name in tbl.metadata.refs:
             raise IcebarrierError(f"table {t} already has a ref named {name}; pick another tag name")

@@ -25,9 +25,17 @@ def pin_metadata(metadata, snapshot_id: int | None):
     from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRef, SnapshotRefType
 
     if snapshot_id is None:
-        return metadata.model_copy(update={
-            "current_snapshot_id": None, "snapshots": [], "refs": {}, "snapshot_log": [], "statistics": [],
-            "partition_statistics": []} | ({"last_sequence_number": 0} if metadata.format_version > 1 else {}))
+        return metadata.model_copy(
+            update={
+                "current_snapshot_id": None,
+                "snapshots": [],
+                "refs": {},
+                "snapshot_log": [],
+                "statistics": [],
+                "partition_statistics": [],
+            }
+            | ({"last_sequence_number": 0} if metadata.format_version > 1 else {})
+        )
     by_id = {s.snapshot_id: s for s in metadata.snapshots}
     kept, current = [], by_id.get(snapshot_id)
     if current is None:

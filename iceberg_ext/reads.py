@@ -56,8 +56,9 @@ class _LeaseKeeper:
 
     def acquire(self, tables, *, barrier, holder, bootstrap_job) -> Cut:
         started = time.monotonic()
-        cut = leases.acquire(self.conn, tables, ttl_s=self.ttl_s, holder=holder, barrier=barrier,
-                             bootstrap_job=bootstrap_job)
+        cut = leases.acquire(
+            self.conn, tables, ttl_s=self.ttl_s, holder=holder, barrier=barrier, bootstrap_job=bootstrap_job
+        )
         self.lease_id, self._valid_until = cut.lease_id, started + self.ttl_s
         return cut
 
@@ -81,7 +82,11 @@ class _LeaseKeeper:
                 self._reconnect()
                 interval = max(self.ttl_s / 10, 0.05)
                 continue
-            self._valid_until, self.renewals, interval = started + self.ttl_s, self.renewals + 1, max(self.ttl_s / 3, 0.1)
+            self._valid_until, self.renewals, interval = (
+                started + self.ttl_s,
+                self.renewals + 1,
+                max(self.ttl_s / 3, 0.1),
+            )
 
     def _reconnect(self) -> None:
         if self.conn.closed or self.conn.broken:
@@ -139,8 +144,9 @@ class ConsistentRead:
         if self.wait_s > 0 and self.barrier is None and self.level is not Level.READ_UNCOMMITTED:
             reads.wait_for_cut(self.conn, self.tables, timeout_s=self.wait_s, progress=self.progress)
         if self.level is Level.REPEATABLE_READ:
-            cut, keeper = self._lease(self.ttl_s, holder=self.holder, barrier=self.barrier,
-                                      bootstrap_job=self.bootstrap_job)
+            cut, keeper = self._lease(
+                self.ttl_s, holder=self.holder, barrier=self.barrier, bootstrap_job=self.bootstrap_job
+            )
             try:
                 if self.mirror_tags:
                     self._tag(cut)
@@ -165,8 +171,9 @@ class ConsistentRead:
         """How many times the lease was renewed (0 without a lease)."""
         return self._keeper.renewals if self._keeper else 0
 
-    def _lease(self, ttl_s: float, *, holder: str, barrier: int | None = None,
-               bootstrap_job: str | None = None) -> tuple[Cut, _LeaseKeeper]:
+    def _lease(
+        self, ttl_s: float, *, holder: str, barrier: int | None = None, bootstrap_job: str | None = None
+    ) -> tuple[Cut, _LeaseKeeper]:
         """A lease on a cut, held and renewed on its own connection. Written first, re-checked
         after: the snapshots must still exist in Iceberg."""
         keeper = _LeaseKeeper(self.conn, ttl_s)

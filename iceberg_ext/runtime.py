@@ -58,8 +58,16 @@ def inputs_at(conn, catalog, job: str, sources: list[TableName], barrier: int, *
     start, atomically (refused if expiry got there first; the job then starts at a newer
     barrier)."""
     if bootstrap:
-        return ConsistentRead(conn, catalog, sources, barrier=barrier, level=Level.REPEATABLE_READ,
-                              ttl_s=3600, holder=f"bootstrap:{job}", bootstrap_job=job)
+        return ConsistentRead(
+            conn,
+            catalog,
+            sources,
+            barrier=barrier,
+            level=Level.REPEATABLE_READ,
+            ttl_s=3600,
+            holder=f"bootstrap:{job}",
+            bootstrap_job=job,
+        )
     return ConsistentRead(conn, catalog, sources, barrier=barrier, verify_snapshots=False)
 
 
@@ -80,8 +88,15 @@ class RunSummary:
 class Runtime:
     """Runs one job: registers it, completes ready barriers in order, heartbeats, stops cleanly."""
 
-    def __init__(self, job: Job, *, settings: Settings | None = None, spark=None, conn: psycopg.Connection | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        job: Job,
+        *,
+        settings: Settings | None = None,
+        spark=None,
+        conn: psycopg.Connection | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         self.job = job
         self.settings = settings or Settings.load()
         self._owns_conn = conn is None
@@ -132,7 +147,9 @@ class Runtime:
             self.log(f"job {self.job.name}: registered ({result.status})")
         self._registered = True
 
-    def run(self, *, follow: bool = False, poll_s: float = SAFETY_POLL_S, max_barriers: int | None = None) -> RunSummary:
+    def run(
+        self, *, follow: bool = False, poll_s: float = SAFETY_POLL_S, max_barriers: int | None = None
+    ) -> RunSummary:
         """Complete every ready barrier (then exit, or with ``follow`` keep going until stopped:
         waiting for the control plane's notices, and planning again every ``poll_s`` anyway)."""
         self.stop.clear()
@@ -174,8 +191,10 @@ class Runtime:
             self._close_heartbeat()
             runs.set_status(self.conn, self.job.name, "stopped")
         summary.stopped_by_signal = self._signalled
-        self.log(f"job {self.job.name}: stopped after {len(summary.completed)} step(s), "
-                 f"{summary.computations} computation(s)")
+        self.log(
+            f"job {self.job.name}: stopped after {len(summary.completed)} step(s), "
+            f"{summary.computations} computation(s)"
+        )
         return summary
 
     _signalled = False
@@ -212,9 +231,15 @@ class Runtime:
         it may skip (and beats, records what it waits for); else None."""
         source = getattr(self.job, "source", None)
         beat = time.monotonic() - self._beat_at >= HEARTBEAT_S / 3
-        step = jobs.advance(self.conn, self.job.name, skip=not self.job.reads_barrier, coalesce=self.job.coalesce,
-                            up_to=source.ready_until() if source is not None else None, heartbeat=beat,
-                            record_wait=True)
+        step = jobs.advance(
+            self.conn,
+            self.job.name,
+            skip=not self.job.reads_barrier,
+            coalesce=self.job.coalesce,
+            up_to=source.ready_until() if source is not None else None,
+            heartbeat=beat,
+            record_wait=True,
+        )
         if beat:
             self._beat_at = time.monotonic()
         self._last, nb = step, step.plan
@@ -236,8 +261,13 @@ class Runtime:
         A root job whose input is not ready yet (an event-time source) looks again every second."""
         step = self._last
         source_wait = getattr(self.job, "source", None) is not None and step.plan.barrier is not None
-        wait = Wait.of(step.plan, root=step.plan.root, sinks=self.job.sinks, due_in_s=step.due_in_s,
-                       safety_s=min(poll_s, 1.0) if source_wait else poll_s)
+        wait = Wait.of(
+            step.plan,
+            root=step.plan.root,
+            sinks=self.job.sinks,
+            due_in_s=step.due_in_s,
+            safety_s=min(poll_s, 1.0) if source_wait else poll_s,
+        )
         while not self.stop.is_set() and wait.remaining_s() > 0:
             notices = listener.wait(min(wait.remaining_s(), 1.0))  # SIGTERM is seen within a second
             if any([wait.wakes(n) for n in notices]):
@@ -248,7 +278,9 @@ class Runtime:
         info = jobs.show(self.conn, self.job.name)  # fresh: the job's progress as of now
         behind, barrier = info.barriers_behind, plan.barrier
         if info.progress is None:
-            self.log(f"job {self.job.name}: bootstrapping at barrier {barrier_label(barrier)} (full read of its inputs)")
+            self.log(
+                f"job {self.job.name}: bootstrapping at barrier {barrier_label(barrier)} (full read of its inputs)"
+            )
         if plan.plan is Plan.SKIP:
             jobs.complete(self.conn, self.job.name, barrier)
             written = None
@@ -261,8 +293,10 @@ class Runtime:
         else:
             how = f"coalesced from {barrier_label(plan.from_barrier)}" if plan.plan is Plan.COALESCE else "completed"
         rows = ", ".join(f"{t}: {'adopted' if s is None else s}" for t, s in (written or {}).items()) or "no changes"
-        self.log(f"job {self.job.name}: barrier {barrier_label(barrier)} {how} in {format_duration_s(time.perf_counter() - started)} "
-                 f"({rows}); was {behind} behind")
+        self.log(
+            f"job {self.job.name}: barrier {barrier_label(barrier)} {how} in {format_duration_s(time.perf_counter() - started)} "
+            f"({rows}); was {behind} behind"
+        )
 
     def _computed(self, plan: NextBarrier, info: jobs.JobInfo) -> dict | None:
         """Compute the plan's barrier (an OpenLineage run when configured: START, then COMPLETE
@@ -279,8 +313,9 @@ class Runtime:
         except BaseException as exc:
             self.lineage.fail(plan.barrier, error=exc, **run)
             raise
-        self.lineage.complete(plan.barrier, inputs=inputs, outputs={TableName.parse(t): s for t, s in
-                                                                    (written or {}).items()}, **run)
+        self.lineage.complete(
+            plan.barrier, inputs=inputs, outputs={TableName.parse(t): s for t, s in (written or {}).items()}, **run
+        )
         return written
 
     def _write(self, tx: BarrierCommit, table: TableName, out: Output):
@@ -296,8 +331,14 @@ class Runtime:
 
     def _commit(self, plan: NextBarrier, info: jobs.JobInfo) -> BarrierCommit:
         coalesce_after = plan.from_barrier if plan.plan is Plan.COALESCE else None
-        return BarrierCommit(self.conn, self.catalog, job=self.job.name, barrier=plan.barrier, job_info=info,
-                             coalesce_after=coalesce_after)
+        return BarrierCommit(
+            self.conn,
+            self.catalog,
+            job=self.job.name,
+            barrier=plan.barrier,
+            job_info=info,
+            coalesce_after=coalesce_after,
+        )
 
     def _complete_root(self, plan: NextBarrier, info: jobs.JobInfo) -> dict | None:
         """Record (or re-read) the input range of the barrier; an empty range is a skip."""
@@ -328,10 +369,17 @@ class Runtime:
         if previous is not None:
             record_plan(self.conn, plan)
             previous_snapshots = reads.resolve(self.conn, sources, barrier=previous).snapshots
-        with inputs_at(self.conn, self.catalog, self.job.name, sources, plan.barrier,
-                       bootstrap=previous is None) as reader:
-            ctx = BarrierContext(self.spark, reader, self.catalog, barrier=plan.barrier, previous=previous,
-                                 previous_snapshots=previous_snapshots)
+        with inputs_at(
+            self.conn, self.catalog, self.job.name, sources, plan.barrier, bootstrap=previous is None
+        ) as reader:
+            ctx = BarrierContext(
+                self.spark,
+                reader,
+                self.catalog,
+                barrier=plan.barrier,
+                previous=previous,
+                previous_snapshots=previous_snapshots,
+            )
             outputs = self.job.outputs(ctx)
             with self._commit(plan, info) as tx:
                 for table in sorted(outputs):
@@ -342,8 +390,13 @@ class Runtime:
 # -- streaming root jobs -------------------------------------------------------------------------------------
 
 
-def foreach_batch(job: RootJob | Job, *, settings: Settings | None = None, wait_s: float = 0.2,
-                  log: Callable[[str], None] | None = None):
+def foreach_batch(
+    job: RootJob | Job,
+    *,
+    settings: Settings | None = None,
+    wait_s: float = 0.2,
+    log: Callable[[str], None] | None = None,
+):
     """A ``foreachBatch`` function for Spark Structured Streaming in which each micro-batch
     completes the job's planned barrier: the newest one, coalescing the barriers since the
     previous micro-batch (never past an anchor). The batch id is recorded as the barrier's
@@ -378,8 +431,10 @@ def foreach_batch(job: RootJob | Job, *, settings: Settings | None = None, wait_
         with rt._commit(plan, jobs.show(rt.conn, job.name)) as tx:
             rt._write(tx, sink, Output(data, getattr(job, "mode", "append"), tuple(getattr(job, "keys", ()))))
         runs.heartbeat(rt.conn, job.name)
-        rt.log(f"job {job.name}: micro-batch {batch_id} completed barrier {barrier_label(plan.barrier)}"
-               f"{f' (coalesced from {barrier_label(plan.from_barrier)})' if plan.plan is Plan.COALESCE else ''}")
+        rt.log(
+            f"job {job.name}: micro-batch {batch_id} completed barrier {barrier_label(plan.barrier)}"
+            f"{f' (coalesced from {barrier_label(plan.from_barrier)})' if plan.plan is Plan.COALESCE else ''}"
+        )
 
     return run
 

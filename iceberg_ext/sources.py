@@ -20,7 +20,7 @@ import glob
 import os
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import psycopg
 from psycopg import sql
@@ -150,11 +150,17 @@ class PostgresSource(Source):
     def plan(self, conn, job, barrier):
         previous = runs.last_range(conn, job, before_barrier=barrier)  # ranges are contiguous: the last is enough
         if self.strategy == EVENT_TIME:
-            return {"source": self.describe(), "event_time_gt": previous["event_time_le"] if previous else None,
-                    "event_time_le": barrier_time(barrier).isoformat()}
+            return {
+                "source": self.describe(),
+                "event_time_gt": previous["event_time_le"] if previous else None,
+                "event_time_le": barrier_time(barrier).isoformat(),
+            }
         low = previous["key_le"] if previous else None
-        high = self._db().execute(sql.SQL("SELECT max({}) FROM {}").format(
-            sql.Identifier(self.key), self._ident(self.table))).fetchone()[0]
+        high = (
+            self._db()
+            .execute(sql.SQL("SELECT max({}) FROM {}").format(sql.Identifier(self.key), self._ident(self.table)))
+            .fetchone()[0]
+        )
         if low is not None and (high is None or high < low):
             high = low
         return {"source": self.describe(), "key_gt": low, "key_le": high}
@@ -164,12 +170,15 @@ class PostgresSource(Source):
         in the source's database (None if there is none)."""
         conn = self._db()
         if not self._sees_all_sessions:
-            sees_all = conn.execute("SELECT pg_has_role('pg_read_all_stats', 'USAGE') "
-                                    "OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)").fetchone()[0]
+            sees_all = conn.execute(
+                "SELECT pg_has_role('pg_read_all_stats', 'USAGE') "
+                "OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
+            ).fetchone()[0]
             if not sees_all:
                 raise SourceError(
                     f"source {self.table}: role cannot see other sessions' transactions, so its event-time watermark "
-                    f"would be wrong; GRANT pg_read_all_stats TO the source's role")
+                    f"would be wrong; GRANT pg_read_all_stats TO the source's role"
+                )
             self._sees_all_sessions = True
         row = conn.execute(
             """
@@ -212,19 +221,25 @@ class PostgresSource(Source):
         if (watermark - barrier_time(barrier)).total_seconds() > self.allowed_lateness_s:
             return None
         if oldest is not None and oldest["xact_start"] <= barrier_time(barrier):
-            return (f"event-time watermark of {self.describe()}: transaction pid {oldest['pid']} "
-                    f"(user {oldest['user']}, application {oldest['application']!r}) open since "
-                    f"{oldest['xact_start'].isoformat()}")
+            return (
+                f"event-time watermark of {self.describe()}: transaction pid {oldest['pid']} "
+                f"(user {oldest['user']}, application {oldest['application']!r}) open since "
+                f"{oldest['xact_start'].isoformat()}"
+            )
         return f"event-time watermark of {self.describe()}: allowed lateness {self.allowed_lateness_s:g}s"
 
     def _where(self, spec) -> tuple[sql.Composable, sql.Composable, dict]:
         """The column a recorded range is on, its condition and parameters."""
         if self.strategy == EVENT_TIME:
             column = sql.Identifier(self.event_time)
-            where = sql.SQL("{c} <= %(hi)s AND (%(lo)s::timestamptz IS NULL OR {c} > %(lo)s::timestamptz)").format(c=column)
+            where = sql.SQL("{c} <= %(hi)s AND (%(lo)s::timestamptz IS NULL OR {c} > %(lo)s::timestamptz)").format(
+                c=column
+            )
             return column, where, {"lo": spec["event_time_gt"], "hi": spec["event_time_le"]}
         column = sql.Identifier(self.key)
-        where = sql.SQL("(%(hi)s::bigint IS NOT NULL AND {c} <= %(hi)s) AND (%(lo)s::bigint IS NULL OR {c} > %(lo)s)").format(c=column)
+        where = sql.SQL(
+            "(%(hi)s::bigint IS NOT NULL AND {c} <= %(hi)s) AND (%(lo)s::bigint IS NULL OR {c} > %(lo)s)"
+        ).format(c=column)
         return column, where, {"lo": spec["key_gt"], "hi": spec["key_le"]}
 
     def read(self, spark, spec):
@@ -240,8 +255,20 @@ class PostgresSource(Source):
         return f"postgres:{self.table}:{self.event_time or self.key}"
 
 
-_PG_TO_SPARK = {16: "boolean", 20: "bigint", 21: "int", 23: "int", 25: "string", 1043: "string", 700: "float",
-                701: "double", 1700: "decimal(38,9)", 1082: "date", 1114: "timestamp", 1184: "timestamp"}
+_PG_TO_SPARK = {
+    16: "boolean",
+    20: "bigint",
+    21: "int",
+    23: "int",
+    25: "string",
+    1043: "string",
+    700: "float",
+    701: "double",
+    1700: "decimal(38,9)",
+    1082: "date",
+    1114: "timestamp",
+    1184: "timestamp",
+}
 
 
 def _arrived(path: str) -> float:
@@ -261,5 +288,5 @@ def _spark_type(oid: int) -> str:
 
 def _spark_value(value):
     if isinstance(value, datetime) and value.tzinfo is not None:
-        return value.astimezone(timezone.utc).replace(tzinfo=None)
+        return value.astimezone(UTC).replace(tzinfo=None)
     return value

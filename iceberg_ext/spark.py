@@ -140,8 +140,10 @@ def add_aws_bundle(conf: dict[str, str]) -> None:
     its Maven coordinates (see the module docstring)."""
     jar = os.environ.get(AWS_JAR_ENV)
     if jar and not Path(jar).is_file():
-        raise SparkUnavailableError(f"{AWS_JAR_ENV}={jar} does not exist; point it at "
-                                    f"iceberg-aws-bundle-{ICEBERG_VERSION}.jar ({AWS_BUNDLE} on Maven Central)")
+        raise SparkUnavailableError(
+            f"{AWS_JAR_ENV}={jar} does not exist; point it at "
+            f"iceberg-aws-bundle-{ICEBERG_VERSION}.jar ({AWS_BUNDLE} on Maven Central)"
+        )
     if jar:
         conf["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars"), jar]))
     else:
@@ -192,7 +194,9 @@ def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: s
     for key, value in {**wanted, **(extra or {})}.items():
         builder = builder.config(key, value)
     if "spark.driver.extraJavaOptions" not in (extra or {}):  # quiet from the JVM's first line, no progress bars
-        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet_log_config()}")
+        builder = builder.config(
+            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet_log_config()}"
+        )
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     if os.environ.get(DRIVER_HOST_ENV):  # executors elsewhere (containers, other hosts) connect back here
         builder = builder.config("spark.driver.host", os.environ[DRIVER_HOST_ENV])
@@ -205,7 +209,8 @@ def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: s
         if settings.on_object_storage and AWS_BUNDLE in wanted.get("spark.jars.packages", ""):
             raise SparkUnavailableError(
                 f"Spark could not start with {AWS_BUNDLE} for the S3 warehouse (it fetches it from Maven Central); "
-                f"download iceberg-aws-bundle-{ICEBERG_VERSION}.jar and set {AWS_JAR_ENV} to its path") from exc
+                f"download iceberg-aws-bundle-{ICEBERG_VERSION}.jar and set {AWS_JAR_ENV} to its path"
+            ) from exc
         raise
     for key in (f"spark.sql.catalog.{settings.catalog}", f"spark.sql.catalog.{settings.catalog}.uri"):
         if key in wanted and spark.conf.get(key, None) != wanted[key]:

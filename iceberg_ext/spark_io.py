@@ -81,8 +81,7 @@ def merge_df(tx: BarrierCommit, table: TableName, df, keys: list[str]) -> int | 
     view = f"__icebarrier_merge_{abs(hash((str(table), tx.barrier)))}"
     on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
     statement = (
-        f"MERGE INTO {table} t USING {view} s ON {on} "
-        f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+        f"MERGE INTO {table} t USING {view} s ON {on} WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
     )
 
     def write(props):

@@ -23,8 +23,19 @@ _PLANS = "org.apache.spark.sql.catalyst.plans.logical."
 _ANALYSIS = "org.apache.spark.sql.catalyst.analysis."
 _SUBQUERY = "org.apache.spark.sql.catalyst.expressions.SubqueryExpression"
 # Table-valued functions that only generate rows from their arguments (no table access).
-_PURE_TVFS = frozenset({"range", "explode", "explode_outer", "inline", "inline_outer", "posexplode",
-                        "posexplode_outer", "json_tuple", "stack"})
+_PURE_TVFS = frozenset(
+    {
+        "range",
+        "explode",
+        "explode_outer",
+        "inline",
+        "inline_outer",
+        "posexplode",
+        "posexplode_outer",
+        "json_tuple",
+        "stack",
+    }
+)
 EMPTY_VIEW_PREFIX = "__icebarrier_empty_"
 
 
@@ -33,9 +44,9 @@ class Relation:
     """One relation of a statement: an identifier as written, and what it resolves to."""
 
     parts: tuple[str, ...]
-    kind: str                      # table, cte, temp_view, function
-    table: TableName | None        # for kind=table: catalog.namespace.name, lower-cased
-    start: int                     # span of the identifier in the text, inclusive
+    kind: str  # table, cte, temp_view, function
+    table: TableName | None  # for kind=table: catalog.namespace.name, lower-cased
+    start: int  # span of the identifier in the text, inclusive
     stop: int
     aliased: bool = False
     time_travel: str | None = None  # the VERSION/TIMESTAMP AS OF already written, if any
@@ -49,13 +60,13 @@ class Relation:
 class Statement:
     text: str
     relations: tuple[Relation, ...]
-    sink: TableName | None = None   # for INSERT INTO|OVERWRITE
+    sink: TableName | None = None  # for INSERT INTO|OVERWRITE
     overwrite: bool = False
-    query_start: int = 0            # where the SELECT of an INSERT starts
+    query_start: int = 0  # where the SELECT of an INSERT starts
 
     @property
     def query(self) -> str:
-        return self.text[self.query_start:]
+        return self.text[self.query_start :]
 
     def tables(self) -> list[TableName]:
         """The tables read, once each, in order of appearance (sink excluded)."""
@@ -92,8 +103,7 @@ class _Parser:
             rest = (*self.catalogs.currentNamespace(), rest[0])
         if len(rest) < 2:
             return None
-        return TableName(catalog=catalog.lower(), namespace=tuple(p.lower() for p in rest[:-1]),
-                         name=rest[-1].lower())
+        return TableName(catalog=catalog.lower(), namespace=tuple(p.lower() for p in rest[:-1]), name=rest[-1].lower())
 
     def relation(self, node, ctes: frozenset[str], *, aliased: bool, time_travel: str | None = None) -> Relation:
         parts = tuple(str(p) for p in _seq(node.multipartIdentifier()))
@@ -123,8 +133,15 @@ class _Parser:
             fn = tuple(str(p) for p in _seq(plan.name()))
             if fn[-1].lower() not in _PURE_TVFS:
                 origin = plan.origin()
-                out.append(Relation(parts=fn, kind="function", table=None, start=int(origin.startIndex().get()),
-                                    stop=int(origin.stopIndex().get())))
+                out.append(
+                    Relation(
+                        parts=fn,
+                        kind="function",
+                        table=None,
+                        start=int(origin.startIndex().get()),
+                        stop=int(origin.stopIndex().get()),
+                    )
+                )
         if name == _PLANS + "UnresolvedWith":
             # Each CTE is visible in the later definitions and in the body.
             scope = ctes
@@ -160,18 +177,25 @@ def parse(spark, text: str, *, insert: bool = False) -> Statement:
         if target.getClass().getName() != _ANALYSIS + "UnresolvedRelation":
             raise StatementNotPinnableError(None, "an INSERT must name its target table directly")
         if plan.partitionSpec().nonEmpty() or plan.userSpecifiedCols().nonEmpty():
-            raise StatementNotPinnableError(None, "write INSERT INTO <table> SELECT … without a column list "
-                                                  "or PARTITION clause")
+            raise StatementNotPinnableError(
+                None, "write INSERT INTO <table> SELECT … without a column list or PARTITION clause"
+            )
         sink_relation = p.relation(target, frozenset(), aliased=False)
         p.walk(plan.query(), frozenset(), relations)
         _dedupe(relations)
         # With no column list or PARTITION clause the query follows the target's identifier
         # (the query node's own origin is its top operator, e.g. the GROUP BY).
-        return Statement(text=text, relations=tuple(relations), sink=sink_relation.table,
-                         overwrite=bool(plan.overwrite()), query_start=sink_relation.stop + 1)
+        return Statement(
+            text=text,
+            relations=tuple(relations),
+            sink=sink_relation.table,
+            overwrite=bool(plan.overwrite()),
+            query_start=sink_relation.stop + 1,
+        )
     if p.is_a(plan, _PLANS + "Command") or p.is_a(plan, _PLANS + "ParsedStatement"):
-        raise StatementNotPinnableError(None, "only queries (SELECT, WITH, VALUES, TABLE) can be read at a cut; "
-                                              "run writes through a job")
+        raise StatementNotPinnableError(
+            None, "only queries (SELECT, WITH, VALUES, TABLE) can be read at a cut; run writes through a job"
+        )
     p.walk(plan, frozenset(), relations)
     _dedupe(relations)
     return Statement(text=text, relations=tuple(relations))
@@ -197,7 +221,9 @@ def _dedupe(relations: list[Relation]) -> None:
     relations[:] = unique
 
 
-def check_pinnable(statement: Statement, managed: set[TableName], allowed: set[TableName] | None = None) -> list[TableName]:
+def check_pinnable(
+    statement: Statement, managed: set[TableName], allowed: set[TableName] | None = None
+) -> list[TableName]:
     """The managed tables the statement reads; refuses any it reads in a way that cannot be pinned.
 
     ``allowed`` (the read's tables) refuses a managed table outside it."""
@@ -205,26 +231,37 @@ def check_pinnable(statement: Statement, managed: set[TableName], allowed: set[T
     for r in statement.relations:
         if r.kind == "function":
             raise StatementNotPinnableError(
-                None, f"table-valued function {r.written}(…) may read tables the cut cannot pin; "
-                      f"read the table by name instead")
+                None,
+                f"table-valued function {r.written}(…) may read tables the cut cannot pin; "
+                f"read the table by name instead",
+            )
         if r.kind != "table" or r.table is None:
             continue
         if r.table not in managed:
-            meta = TableName(catalog=r.table.catalog, namespace=r.table.namespace[:-1], name=r.table.namespace[-1]) \
-                if len(r.table.namespace) > 1 else None
+            meta = (
+                TableName(catalog=r.table.catalog, namespace=r.table.namespace[:-1], name=r.table.namespace[-1])
+                if len(r.table.namespace) > 1
+                else None
+            )
             if meta in managed:
                 raise StatementNotPinnableError(
-                    str(meta), f"{r.written} is a metadata table, which has no snapshot to pin; "
-                               f"query it with read-uncommitted (a plain spark.sql)")
+                    str(meta),
+                    f"{r.written} is a metadata table, which has no snapshot to pin; "
+                    f"query it with read-uncommitted (a plain spark.sql)",
+                )
             continue
         if r.time_travel:
             raise StatementNotPinnableError(
-                str(r.table), f"{r.written} already has {r.time_travel}; a consistent read pins the snapshot "
-                              f"itself, so drop the clause (or read that snapshot outside the consistent read)")
+                str(r.table),
+                f"{r.written} already has {r.time_travel}; a consistent read pins the snapshot "
+                f"itself, so drop the clause (or read that snapshot outside the consistent read)",
+            )
         if allowed is not None and r.table not in allowed:
             raise StatementNotPinnableError(
-                str(r.table), "the query reads it but the consistent read does not include it; add it to the "
-                              "read's tables so it is pinned to the same cut")
+                str(r.table),
+                "the query reads it but the consistent read does not include it; add it to the "
+                "read's tables so it is pinned to the same cut",
+            )
         read.append(r.table)
     return list(dict.fromkeys(read))
 
@@ -261,5 +298,7 @@ def _verify(spark, text: str, snapshots: dict[TableName, int | None]) -> None:
             expected = f"VERSION AS OF {snapshots[r.table]}"
             if r.time_travel != expected:
                 raise StatementNotPinnableError(
-                    str(r.table), f"could not be pinned (found {r.time_travel or 'no time travel'}, "
-                                  f"expected {expected}); please report this query")
+                    str(r.table),
+                    f"could not be pinned (found {r.time_travel or 'no time travel'}, "
+                    f"expected {expected}); please report this query",
+                )

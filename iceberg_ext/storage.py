@@ -64,8 +64,9 @@ class Storage:
         section = dict(section or {})
         readers = section.pop(READERS, {})
         if not isinstance(readers, Mapping):
-            raise ConfigurationError(f"[storage.{READERS}] must be a table of {ACCESS_KEY_ID} and "
-                                     f"{SECRET_ACCESS_KEY}; fix icebarrier.toml")
+            raise ConfigurationError(
+                f"[storage.{READERS}] must be a table of {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY}; fix icebarrier.toml"
+            )
         properties = _checked(section, "[storage]", KEYS)
         for key, names in ENV.items():
             for name in names:
@@ -74,8 +75,9 @@ class Storage:
                     break
         readers = _checked(readers, f"[storage.{READERS}]", SECRETS)
         if readers and not {ACCESS_KEY_ID, SECRET_ACCESS_KEY} <= set(readers):
-            raise ConfigurationError(f"[storage.{READERS}] needs both {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY}; "
-                                     f"fix icebarrier.toml")
+            raise ConfigurationError(
+                f"[storage.{READERS}] needs both {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY}; fix icebarrier.toml"
+            )
         return cls(properties=properties, readers=readers)
 
     def fileio(self) -> dict[str, str]:
@@ -118,8 +120,9 @@ def is_object_storage(warehouse: str) -> bool:
 def validate_warehouse(warehouse: str) -> None:
     parsed = urlparse(warehouse)
     if parsed.scheme not in SCHEMES:
-        raise ConfigurationError(f"warehouse {warehouse!r} has an unsupported scheme; use a local path, file://… "
-                                 f"or s3://bucket/prefix")
+        raise ConfigurationError(
+            f"warehouse {warehouse!r} has an unsupported scheme; use a local path, file://… or s3://bucket/prefix"
+        )
     if parsed.scheme != "file" and not parsed.netloc:
         raise ConfigurationError(f"warehouse {warehouse!r} names no bucket; use s3://bucket/prefix")
 
@@ -169,15 +172,33 @@ def explain(warehouse: str, properties: Mapping[str, str], exc: BaseException) -
     bucket = urlparse(warehouse).netloc
     endpoint = properties.get(ENDPOINT, "the AWS default")
     if "NoSuchBucket" in text or "NO_SUCH_BUCKET" in text or "bucket does not exist" in text.lower():
-        return (f"bucket {bucket!r} of warehouse {warehouse} does not exist at {endpoint}; create it or fix "
-                f"warehouse / ICEBARRIER_WAREHOUSE")
-    if any(s in text for s in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ACCESS_DENIED", "AccessDenied",
-                               "INVALID_ACCESS_KEY", "403", "Forbidden")):
-        return (f"the storage keys were refused writing to {warehouse} at {endpoint}; fix {ACCESS_KEY_ID} / "
-                f"{SECRET_ACCESS_KEY} in [storage] (or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)")
+        return (
+            f"bucket {bucket!r} of warehouse {warehouse} does not exist at {endpoint}; create it or fix "
+            f"warehouse / ICEBARRIER_WAREHOUSE"
+        )
+    if any(
+        s in text
+        for s in (
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "ACCESS_DENIED",
+            "AccessDenied",
+            "INVALID_ACCESS_KEY",
+            "403",
+            "Forbidden",
+        )
+    ):
+        return (
+            f"the storage keys were refused writing to {warehouse} at {endpoint}; fix {ACCESS_KEY_ID} / "
+            f"{SECRET_ACCESS_KEY} in [storage] (or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)"
+        )
     if any(s in text for s in ("connect", "Connect", "resolve", "curlCode", "NETWORK_CONNECTION", "timed out")):
-        return (f"the object store at {endpoint} cannot be reached for warehouse {warehouse}; fix {ENDPOINT} in "
-                f"[storage] (or AWS_ENDPOINT_URL_S3)")
+        return (
+            f"the object store at {endpoint} cannot be reached for warehouse {warehouse}; fix {ENDPOINT} in "
+            f"[storage] (or AWS_ENDPOINT_URL_S3)"
+        )
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return (f"warehouse {warehouse} is not usable with the [storage] settings ({first[:200]}); fix {ENDPOINT}, "
-            f"the keys or the bucket")
+    return (
+        f"warehouse {warehouse} is not usable with the [storage] settings ({first[:200]}); fix {ENDPOINT}, "
+        f"the keys or the bucket"
+    )

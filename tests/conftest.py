@@ -104,7 +104,8 @@ def pg_server():
     except EmbeddedPostgresError as exc:
         tried.append(f"embedded Postgres ({exc})")
         pytest.fail(
-            "no Postgres for the tests; tried: " + "; ".join(tried)
+            "no Postgres for the tests; tried: "
+            + "; ".join(tried)
             + ". Set ICEBARRIER_TEST_DSN to a server where the user may CREATE DATABASE"
         )
     try:

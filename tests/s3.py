@@ -27,16 +27,23 @@ class S3:
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
-                            aws_secret_access_key=SECRET_KEY, region_name=REGION)
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name=REGION,
+        )
 
     def storage_toml(self) -> str:
         """The ``[storage]`` section of icebarrier.toml for this server (and read-only-by-policy
         keys for readers)."""
-        return (f'[storage]\n"s3.endpoint" = "{self.endpoint}"\n"s3.region" = "{REGION}"\n'
-                f'"s3.access-key-id" = "{ACCESS_KEY}"\n"s3.secret-access-key" = "{SECRET_KEY}"\n'
-                f'"s3.path-style-access" = "true"\n'
-                f'[storage.readers]\n"s3.access-key-id" = "{READER_KEY}"\n"s3.secret-access-key" = "{READER_SECRET}"\n')
+        return (
+            f'[storage]\n"s3.endpoint" = "{self.endpoint}"\n"s3.region" = "{REGION}"\n'
+            f'"s3.access-key-id" = "{ACCESS_KEY}"\n"s3.secret-access-key" = "{SECRET_KEY}"\n'
+            f'"s3.path-style-access" = "true"\n'
+            f'[storage.readers]\n"s3.access-key-id" = "{READER_KEY}"\n"s3.secret-access-key" = "{READER_SECRET}"\n'
+        )
 
     def keys(self, prefix: str = "") -> set[str]:
         """Every object key in the bucket under ``prefix`` (not the directory markers pyarrow leaves)."""

@@ -47,17 +47,53 @@ def standalone_cluster(work_dir: Path, *, cores: int = 2, memory: str = "2g"):
     procs: list[subprocess.Popen] = []
     with open(log, "w") as out:
         try:
-            procs.append(subprocess.Popen(
-                [str(spark_class), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-                 "--webui-port", str(ui)], env=env, stdout=out, stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        str(spark_class),
+                        "org.apache.spark.deploy.master.Master",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                        "--webui-port",
+                        str(ui),
+                    ],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
             url = f"spark://127.0.0.1:{port}"
             _wait_for(lambda: "I have been elected leader" in log.read_text(), "the master's start", procs, log)
-            procs.append(subprocess.Popen(
-                [str(spark_class), "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores",
-                 str(cores), "--memory", memory, "--webui-port", str(worker_ui), "--work-dir", str(work_dir / "work")],
-                env=env, stdout=out, stderr=subprocess.STDOUT))
-            _wait_for(lambda: "Successfully registered with master" in log.read_text(), "the worker's registration",
-                      procs, log)
+            procs.append(
+                subprocess.Popen(
+                    [
+                        str(spark_class),
+                        "org.apache.spark.deploy.worker.Worker",
+                        url,
+                        "--host",
+                        "127.0.0.1",
+                        "--cores",
+                        str(cores),
+                        "--memory",
+                        memory,
+                        "--webui-port",
+                        str(worker_ui),
+                        "--work-dir",
+                        str(work_dir / "work"),
+                    ],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            _wait_for(
+                lambda: "Successfully registered with master" in log.read_text(),
+                "the worker's registration",
+                procs,
+                log,
+            )
             yield url
         finally:
             for p in reversed(procs):

@@ -37,9 +37,16 @@ def _compose() -> list[str] | None:
     return ["docker-compose"] if shutil.which("docker-compose") else None
 
 
-@pytest.mark.skipif(_compose() is None, reason="no docker compose on this machine (the docker CLI here, if any, "
-                                               "lacks the compose plugin)")
+@pytest.mark.skipif(
+    _compose() is None,
+    reason="no docker compose on this machine (the docker CLI here, if any, lacks the compose plugin)",
+)
 def test_docker_compose_config_parses_it():
-    done = subprocess.run([*_compose(), "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True,
-                          env={**os.environ, "PWD": str(COMPOSE.parent)}, timeout=60)
+    done = subprocess.run(
+        [*_compose(), "-f", str(COMPOSE), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PWD": str(COMPOSE.parent)},
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr

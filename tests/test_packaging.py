@@ -26,8 +26,9 @@ def test_installs_no_generic_top_level_modules_and_the_facade_resolves(tmp_path)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert not any(result["top_level"].values()), result["top_level"]
-    assert {"SqlJob", "RootJob", "TransformJob", "ConsistentRead", "BarrierCommit", "Settings", "Level"} <= \
-        set(result["facade"])
+    assert {"SqlJob", "RootJob", "TransformJob", "ConsistentRead", "BarrierCommit", "Settings", "Level"} <= set(
+        result["facade"]
+    )
     assert all(module.startswith("icebarrier.") for module in result["facade"].values())
 
 

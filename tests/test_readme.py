@@ -55,13 +55,14 @@ def run_session(script_lines: list[str], cwd: Path, env: dict[str, str]) -> list
     """Run the lines in one bash session; return (line, its stdout) for each. Fails on the first
     line that exits non-zero, showing it and its output."""
     marker = f"@@{uuid.uuid4().hex}@@"
-    script = "set -e -o pipefail\n" + "\n".join(
-        f"echo '{marker}{i}'; {line}" for i, line in enumerate(script_lines))
+    script = "set -e -o pipefail\n" + "\n".join(f"echo '{marker}{i}'; {line}" for i, line in enumerate(script_lines))
     done = subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     parts = done.stdout.split(marker)[1:]
     outputs = [(script_lines[int(p.split("\n", 1)[0])], p.split("\n", 1)[1] if "\n" in p else "") for p in parts]
-    assert done.returncode == 0, (f"README line failed: {outputs[-1][0] if outputs else '(before the first line)'}\n"
-                                  f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    assert done.returncode == 0, (
+        f"README line failed: {outputs[-1][0] if outputs else '(before the first line)'}\n"
+        f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return outputs
 
 
@@ -97,8 +98,11 @@ def test_the_readme_shell_blocks_run_as_written(pg_server, tmp_path):
     roles = sorted(set(re.findall(r"CREATE ROLE (\w+)", "\n".join(code))))
     names = {"icebarrier_tour": f"icebarrier_tour_{suffix}", **{r: f"{r}_{suffix}" for r in roles}}
     try:
-        outputs = run_session(shell_lines(code, names, pg_server, free_port()), tmp_path,
-                              session_env(ICEBARRIER_WAREHOUSE=str(tmp_path / "warehouse")))
+        outputs = run_session(
+            shell_lines(code, names, pg_server, free_port()),
+            tmp_path,
+            session_env(ICEBARRIER_WAREHOUSE=str(tmp_path / "warehouse")),
+        )
     finally:
         drop(pg_server, names["icebarrier_tour"], [names[r] for r in roles])
     said = dict(outputs)
@@ -121,9 +125,16 @@ def test_the_shopping_example_runs_from_its_readme(pg_server, tmp_path):
     before = set(os.listdir(tmp_path / "examples" / "shopping"))
     database = f"icebarrier_shop_{uuid.uuid4().hex[:8]}"
     try:
-        outputs = run_session(shell_lines([c for _, c in marked_tested(EXAMPLE / "README.md", "sh")],
-                                          {"icebarrier_shop": database}, pg_server, free_port()),
-                              tmp_path, session_env())
+        outputs = run_session(
+            shell_lines(
+                [c for _, c in marked_tested(EXAMPLE / "README.md", "sh")],
+                {"icebarrier_shop": database},
+                pg_server,
+                free_port(),
+            ),
+            tmp_path,
+            session_env(),
+        )
     finally:
         drop(pg_server, database)
     queries = [(line, avg_prices(out)) for line, out in outputs if "avg_price.sql" in line]
@@ -145,12 +156,14 @@ def test_a_readme_python_block_runs(pg_server, tmp_path, index):
     marked ``imports``, is imported: it defines jobs and runs none)."""
     note, code = marked_tested(README, "python")[index]
     (tmp_path / "snippet.py").write_text(code)
-    run = ["-c", "import runpy; runpy.run_path('snippet.py', run_name='readme')"] if "imports" in note \
-        else ["snippet.py"]
+    run = (
+        ["-c", "import runpy; runpy.run_path('snippet.py', run_name='readme')"] if "imports" in note else ["snippet.py"]
+    )
     with new_database(pg_server, "icebarrier_snippet") as dsn:
         env = session_env(ICEBARRIER_DSN=dsn, ICEBARRIER_WAREHOUSE=str(tmp_path / "warehouse"))
         upgraded = subprocess.run(["icebarrier", "db", "upgrade"], env=env, capture_output=True, text=True)
         assert upgraded.returncode == 0, upgraded.stderr
-        done = subprocess.run([sys.executable, *run], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=600)
+        done = subprocess.run(
+            [sys.executable, *run], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
     assert done.returncode == 0, f"README Python block {index} failed:\n{code}\n{done.stderr[-3000:]}"

@@ -93,9 +93,12 @@ def expiry_worker(queue, start, dsn, tables, rounds):
         for _ in range(rounds):
             for t in tables:
                 candidates = [
-                    r["snapshot_id"] for r in conn.execute(
+                    r["snapshot_id"]
+                    for r in conn.execute(
                         "SELECT c.snapshot_id FROM table_commit c JOIN managed_table m USING (table_id) "
-                        "WHERE m.name = %s", (str(T(t)),)).fetchall()
+                        "WHERE m.name = %s",
+                        (str(T(t)),),
+                    ).fetchall()
                 ]
                 claim = leases.claim_expiry(conn, T(t), candidates)
                 removed[t].update(claim.removable)

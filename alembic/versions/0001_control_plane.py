@@ -216,12 +216,28 @@ WHERE l.released_at IS NULL AND l.expires_at > now();
 """
 
 VIEW_NAMES = (
-    "active_leases", "job_delay", "barrier_delay", "consistent_barrier",
-    "topology_edges", "table_versions", "job_sinks", "job_sources",
+    "active_leases",
+    "job_delay",
+    "barrier_delay",
+    "consistent_barrier",
+    "topology_edges",
+    "table_versions",
+    "job_sinks",
+    "job_sources",
 )
 TABLE_NAMES = (
-    "expired_snapshot", "lease_snapshot", "lease", "table_completion", "table_commit",
-    "job_sink", "job_source", "job", "managed_table", "barrier", "barrier_clock", "setting",
+    "expired_snapshot",
+    "lease_snapshot",
+    "lease",
+    "table_completion",
+    "table_commit",
+    "job_sink",
+    "job_source",
+    "job",
+    "managed_table",
+    "barrier",
+    "barrier_clock",
+    "setting",
 )
 
 

@@ -18,8 +18,9 @@ Create Date: 2026-11-22
 import importlib.util
 from pathlib import Path
 
-from alembic import context, op
 from psycopg import sql
+
+from alembic import context, op
 
 revision = "0007"
 down_revision = "0006"
@@ -921,20 +922,42 @@ WHERE l.released_at IS NULL AND l.expires_at > now();
 """
 
 FUNCTION_SIGNATURES = (
-    "finish_revision(bigint)", "record_revision_snapshot(text, bigint, bigint)",
-    "begin_revision(text, bigint, jsonb)", "claim_expiry(text, bigint[], bigint[], boolean)",
-    "release_lease(uuid)", "renew_lease(uuid, double precision)", "own_lease(uuid, text)",
-    "acquire_lease(text[], double precision, text, bigint, text)", "check_lease_ttl(double precision)",
-    "lease_ttl_cap_s()", "resolve_cut(text[], bigint, boolean)", "job_heartbeat(text)",
-    "set_job_waiting(text, text)", "set_job_status(text, text, text)",
-    "record_input_range(text, bigint, text, jsonb)", "record_commit(text, bigint, bigint, text, text, text)",
-    "complete_barrier(text, bigint, text[], bigint[], text)", "set_setting(text, text)",
-    "issue_barrier_if_due(text)", "issue_barrier(text)", "tick_barrier(text, bigint)", "unregister_job(text)",
-    "register_job(text, text[], text[], text[], boolean)", "unlock(text, bigint[])",
-    "take_lock(text, bigint[], boolean, text, boolean)", "check_catalog_write(text, text, text)",
-    "require_job(text, text)", "require_admin(text)", "fail(text, text, jsonb)",
-    "may_write_catalog_table(text, text, text)", "caller_acts_for(text)", "caller_is_admin()",
-    "lock_key(text)", "protection(bigint)", "cut_at(text[], bigint)", "snapshot_at(bigint, bigint)",
+    "finish_revision(bigint)",
+    "record_revision_snapshot(text, bigint, bigint)",
+    "begin_revision(text, bigint, jsonb)",
+    "claim_expiry(text, bigint[], bigint[], boolean)",
+    "release_lease(uuid)",
+    "renew_lease(uuid, double precision)",
+    "own_lease(uuid, text)",
+    "acquire_lease(text[], double precision, text, bigint, text)",
+    "check_lease_ttl(double precision)",
+    "lease_ttl_cap_s()",
+    "resolve_cut(text[], bigint, boolean)",
+    "job_heartbeat(text)",
+    "set_job_waiting(text, text)",
+    "set_job_status(text, text, text)",
+    "record_input_range(text, bigint, text, jsonb)",
+    "record_commit(text, bigint, bigint, text, text, text)",
+    "complete_barrier(text, bigint, text[], bigint[], text)",
+    "set_setting(text, text)",
+    "issue_barrier_if_due(text)",
+    "issue_barrier(text)",
+    "tick_barrier(text, bigint)",
+    "unregister_job(text)",
+    "register_job(text, text[], text[], text[], boolean)",
+    "unlock(text, bigint[])",
+    "take_lock(text, bigint[], boolean, text, boolean)",
+    "check_catalog_write(text, text, text)",
+    "require_job(text, text)",
+    "require_admin(text)",
+    "fail(text, text, jsonb)",
+    "may_write_catalog_table(text, text, text)",
+    "caller_acts_for(text)",
+    "caller_is_admin()",
+    "lock_key(text)",
+    "protection(bigint)",
+    "cut_at(text[], bigint)",
+    "snapshot_at(bigint, bigint)",
     "has_completed(bigint, bigint, bigint)",
 )
 

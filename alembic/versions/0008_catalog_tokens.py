@@ -12,8 +12,9 @@ Revises: 0007
 Create Date: 2026-11-22
 """
 
-from alembic import context, op
 from psycopg import sql
+
+from alembic import context, op
 
 revision = "0008"
 down_revision = "0007"

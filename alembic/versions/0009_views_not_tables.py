@@ -14,8 +14,9 @@ Revises: 0008
 Create Date: 2026-11-23
 """
 
-from alembic import context, op
 from psycopg import sql
+
+from alembic import context, op
 
 revision = "0009"
 down_revision = "0008"
@@ -77,10 +78,29 @@ ALTER FUNCTION resolve_cut(text[], bigint, boolean) SECURITY DEFINER;
 REVOKE EXECUTE ON FUNCTION resolve_cut(text[], bigint, boolean) FROM PUBLIC;
 """
 
-READABLE = ("job_sources", "job_sinks", "table_versions", "topology_edges", "consistent_barrier", "barrier_delay",
-            "job_delay", "active_leases", "barriers", "jobs", "job_source_tables", "job_sink_tables",
-            "managed_tables", "table_commits", "table_completions", "expired_snapshots", "settings", "leases",
-            "lease_snapshots", "input_ranges", "alembic_version")
+READABLE = (
+    "job_sources",
+    "job_sinks",
+    "table_versions",
+    "topology_edges",
+    "consistent_barrier",
+    "barrier_delay",
+    "job_delay",
+    "active_leases",
+    "barriers",
+    "jobs",
+    "job_source_tables",
+    "job_sink_tables",
+    "managed_tables",
+    "table_commits",
+    "table_completions",
+    "expired_snapshots",
+    "settings",
+    "leases",
+    "lease_snapshots",
+    "input_ranges",
+    "alembic_version",
+)
 
 
 def _grantees(schema: str) -> list[str]:
@@ -90,7 +110,9 @@ def _grantees(schema: str) -> list[str]:
         "SELECT DISTINCT g.grantee FROM information_schema.role_table_grants g "
         "JOIN pg_namespace n ON n.nspname = g.table_schema "
         "WHERE g.table_schema = %(schema)s AND g.grantee <> pg_get_userbyid(n.nspowner) "
-        "AND g.grantee <> 'PUBLIC' ORDER BY 1", {"schema": schema}).fetchall()
+        "AND g.grantee <> 'PUBLIC' ORDER BY 1",
+        {"schema": schema},
+    ).fetchall()
     return [r[0] for r in rows]
 
 
@@ -98,8 +120,12 @@ def upgrade() -> None:
     schema = context.config.attributes["schema"]
     s = sql.Identifier(schema)
     grantees = _grantees(schema)
-    op.execute(VIEWS.format(search_path=f"{s.as_string(None)}, pg_temp",
-                            table_versions=TABLE_VERSIONS.format(current="current_commit(t.table_id)")))
+    op.execute(
+        VIEWS.format(
+            search_path=f"{s.as_string(None)}, pg_temp",
+            table_versions=TABLE_VERSIONS.format(current="current_commit(t.table_id)"),
+        )
+    )
     for role in grantees:
         r = sql.Identifier(role)
         op.execute(sql.SQL("REVOKE ALL ON ALL TABLES IN SCHEMA {} FROM {}").format(s, r).as_string(None))
@@ -117,9 +143,22 @@ def downgrade() -> None:
     op.execute(TABLE_VERSIONS.format(current=CURRENT_0007))
     op.execute("DROP FUNCTION current_commit(bigint)")
     op.execute("ALTER FUNCTION caller_acts_for(text) SECURITY INVOKER RESET search_path")
-    for view in ("input_ranges", "lease_snapshots", "leases", "settings", "expired_snapshots", "table_completions",
-                 "table_commits", "managed_tables", "job_sink_tables", "job_source_tables", "jobs", "barriers"):
+    for view in (
+        "input_ranges",
+        "lease_snapshots",
+        "leases",
+        "settings",
+        "expired_snapshots",
+        "table_completions",
+        "table_commits",
+        "managed_tables",
+        "job_sink_tables",
+        "job_source_tables",
+        "jobs",
+        "barriers",
+    ):
         op.execute(f"DROP VIEW {view}")
     for role in grantees:
-        op.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}").format(s, sql.Identifier(role))
-                   .as_string(None))
+        op.execute(
+            sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}").format(s, sql.Identifier(role)).as_string(None)
+        )

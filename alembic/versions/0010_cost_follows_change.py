@@ -27,8 +27,9 @@ import importlib.util
 import re
 from pathlib import Path
 
-from alembic import context, op
 from psycopg import sql
+
+from alembic import context, op
 
 revision = "0010"
 down_revision = "0009"
@@ -816,11 +817,19 @@ FROM coalesced_range r JOIN managed_table t USING (table_id);
 """
 
 NEW_FUNCTIONS = (
-    "plan_barrier(text, boolean, boolean, bigint)", "complete_barrier(text, bigint, text[], bigint[], text, boolean)",
-    "refresh_table_row(bigint)", "unchanged_until(bigint[], bigint, bigint)", "protection(bigint)",
-    "latest_cut(text)", "cut_at(text[], bigint)", "earliest_valid(bigint[], bigint)", "latest_valid(bigint[], bigint, boolean)",
-    "snapshot_id_at(managed_table, bigint)", "snapshot_id_from_history(bigint, bigint)",
-    "has_completed(managed_table, bigint)", "coalesced_at(managed_table, bigint)",
+    "plan_barrier(text, boolean, boolean, bigint)",
+    "complete_barrier(text, bigint, text[], bigint[], text, boolean)",
+    "refresh_table_row(bigint)",
+    "unchanged_until(bigint[], bigint, bigint)",
+    "protection(bigint)",
+    "latest_cut(text)",
+    "cut_at(text[], bigint)",
+    "earliest_valid(bigint[], bigint)",
+    "latest_valid(bigint[], bigint, boolean)",
+    "snapshot_id_at(managed_table, bigint)",
+    "snapshot_id_from_history(bigint, bigint)",
+    "has_completed(managed_table, bigint)",
+    "coalesced_at(managed_table, bigint)",
     "coalesced_range_at(bigint, bigint)",
 )
 
@@ -859,8 +868,11 @@ def upgrade() -> None:
     op.execute(DEFINITIONS.format(search_path=_search_path()))
     op.execute(FUNCTIONS.format(search_path=_search_path()))
     op.execute(VIEWS)
-    _grant(job_roles, "EXECUTE ON FUNCTION complete_barrier(text, bigint, text[], bigint[], text, boolean), "
-                      "plan_barrier(text, boolean, boolean, bigint)")
+    _grant(
+        job_roles,
+        "EXECUTE ON FUNCTION complete_barrier(text, bigint, text[], bigint[], text, boolean), "
+        "plan_barrier(text, boolean, boolean, bigint)",
+    )
     _grant(view_roles, "SELECT ON coalesced_ranges, consistent_barrier")
 
 
@@ -910,7 +922,8 @@ def downgrade() -> None:
     op.execute(_statement(rules.VIEWS, "CREATE OR REPLACE VIEW consistent_barrier AS", "= bounds.barrier;"))
     op.execute(views.TABLE_VERSIONS.format(current="current_commit(t.table_id)"))
     op.execute(_statement(views.VIEWS, "CREATE VIEW barriers AS", ";"))
-    op.execute(_statement(views.VIEWS, "CREATE VIEW input_ranges AS", ";").replace("CREATE VIEW",
-                                                                                    "CREATE OR REPLACE VIEW"))
+    op.execute(
+        _statement(views.VIEWS, "CREATE VIEW input_ranges AS", ";").replace("CREATE VIEW", "CREATE OR REPLACE VIEW")
+    )
     _grant(job_roles, "EXECUTE ON FUNCTION complete_barrier(text, bigint, text[], bigint[], text)")
     _grant(view_roles, "SELECT ON table_versions, consistent_barrier, barrier_delay, job_delay, barriers")

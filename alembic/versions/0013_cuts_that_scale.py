@@ -15,8 +15,9 @@ Revises: 0012
 Create Date: 2026-11-24
 """
 
-from alembic import context, op
 from psycopg import sql
+
+from alembic import context, op
 
 revision = "0013"
 down_revision = "0012"

@@ -27,8 +27,9 @@ import importlib.util
 import re
 from pathlib import Path
 
-from alembic import context, op
 from psycopg import sql
+
+from alembic import context, op
 
 revision = "0014"
 down_revision = "0013"
@@ -211,9 +212,11 @@ def _from_0010(pattern: str) -> str:
     return re.search(pattern, earlier.DEFINITIONS + earlier.FUNCTIONS, re.S).group(0)
 
 
-_FIRST_RUN = ("(SELECT min(r.barrier) FROM input_range r WHERE r.job_name = j.name)) AS progress",
-              "(SELECT min(r.barrier) FROM input_range r WHERE r.job_name = j.name),\n"
-              "                        (SELECT js.barrier FROM job_session js WHERE js.job_name = j.name)) AS progress")
+_FIRST_RUN = (
+    "(SELECT min(r.barrier) FROM input_range r WHERE r.job_name = j.name)) AS progress",
+    "(SELECT min(r.barrier) FROM input_range r WHERE r.job_name = j.name),\n"
+    "                        (SELECT js.barrier FROM job_session js WHERE js.job_name = j.name)) AS progress",
+)
 
 
 def _protection(*, first_runs: bool) -> str:
@@ -229,12 +232,18 @@ def _complete_barrier(*, reporting_coalesced: bool) -> str:
     """0010's ``complete_barrier``; with ``reporting_coalesced``, also returning what it recorded."""
     text = _from_0010(r"CREATE FUNCTION complete_barrier\(.*?END \$\$;")
     if reporting_coalesced:
-        edits = [("RETURNS TABLE (sinks text[], noop boolean)",
-                  "RETURNS TABLE (sinks text[], noop boolean, coalesced boolean)"),
-                 ("        noop := true;\n",
-                  "        noop := true;\n        coalesced := coalesce((SELECT bool_or(tc.coalesced) FROM table_completion tc\n"
-                  "            WHERE tc.table_id = (s.first_sink).table_id AND tc.barrier = p_barrier), false);\n"),
-                 ("    noop := false;\n", "    noop := false;\n    coalesced := v_between AND p_coalesce;\n")]
+        edits = [
+            (
+                "RETURNS TABLE (sinks text[], noop boolean)",
+                "RETURNS TABLE (sinks text[], noop boolean, coalesced boolean)",
+            ),
+            (
+                "        noop := true;\n",
+                "        noop := true;\n        coalesced := coalesce((SELECT bool_or(tc.coalesced) FROM table_completion tc\n"
+                "            WHERE tc.table_id = (s.first_sink).table_id AND tc.barrier = p_barrier), false);\n",
+            ),
+            ("    noop := false;\n", "    noop := false;\n    coalesced := v_between AND p_coalesce;\n"),
+        ]
         for old, new in edits:
             assert text.count(old) == 1, old
             text = text.replace(old, new)

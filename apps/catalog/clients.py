@@ -14,20 +14,26 @@ def configuration(engine: str, warehouse: str, uri: str, credential: str, catalo
     if engine == "spark":
         return "\n".join(f"{k} {v}" for k, v in spark_conf(warehouse, uri, credential, catalog).items())
     if engine == "pyiceberg":
-        return (f"# ~/.pyiceberg.yaml\ncatalog:\n  {catalog}:\n    type: rest\n    uri: {uri}\n"
-                f"    warehouse: {warehouse}\n    credential: {credential}\n"
-                f"    oauth2-server-uri: {uri}/v1/oauth/tokens\n")
+        return (
+            f"# ~/.pyiceberg.yaml\ncatalog:\n  {catalog}:\n    type: rest\n    uri: {uri}\n"
+            f"    warehouse: {warehouse}\n    credential: {credential}\n"
+            f"    oauth2-server-uri: {uri}/v1/oauth/tokens\n"
+        )
     if engine == "duckdb":
-        return (f"{duckdb_install()}\n"
-                f"CREATE SECRET icebarrier (TYPE iceberg, CLIENT_ID '{client_id}', CLIENT_SECRET '{secret}', "
-                f"OAUTH2_SERVER_URI '{uri}/v1/oauth/tokens');\n"
-                f"ATTACH '{warehouse}' AS {catalog} (TYPE iceberg, SECRET icebarrier, ENDPOINT '{uri}', "
-                f"ACCESS_DELEGATION_MODE 'vended_credentials');")
-    return (f"# etc/catalog/{catalog}.properties\nconnector.name=iceberg\niceberg.catalog.type=rest\n"
-            f"iceberg.rest-catalog.uri={uri}\niceberg.rest-catalog.warehouse={warehouse}\n"
-            f"iceberg.rest-catalog.security=OAUTH2\niceberg.rest-catalog.oauth2.credential={credential}\n"
-            f"iceberg.rest-catalog.oauth2.server-uri={uri}/v1/oauth/tokens\n"
-            f"iceberg.rest-catalog.vended-credentials-enabled=true\n")
+        return (
+            f"{duckdb_install()}\n"
+            f"CREATE SECRET icebarrier (TYPE iceberg, CLIENT_ID '{client_id}', CLIENT_SECRET '{secret}', "
+            f"OAUTH2_SERVER_URI '{uri}/v1/oauth/tokens');\n"
+            f"ATTACH '{warehouse}' AS {catalog} (TYPE iceberg, SECRET icebarrier, ENDPOINT '{uri}', "
+            f"ACCESS_DELEGATION_MODE 'vended_credentials');"
+        )
+    return (
+        f"# etc/catalog/{catalog}.properties\nconnector.name=iceberg\niceberg.catalog.type=rest\n"
+        f"iceberg.rest-catalog.uri={uri}\niceberg.rest-catalog.warehouse={warehouse}\n"
+        f"iceberg.rest-catalog.security=OAUTH2\niceberg.rest-catalog.oauth2.credential={credential}\n"
+        f"iceberg.rest-catalog.oauth2.server-uri={uri}/v1/oauth/tokens\n"
+        f"iceberg.rest-catalog.vended-credentials-enabled=true\n"
+    )
 
 
 def duckdb_install() -> str:
@@ -76,5 +82,10 @@ def pyiceberg_environment(warehouse: str, uri: str, credential: str, catalog: st
     """PyIceberg's configuration of catalog ``catalog`` as environment variables
     (``PYICEBERG_CATALOG__<NAME>__<PROPERTY>``, ``_`` standing for ``-``)."""
     prefix = f"PYICEBERG_CATALOG__{catalog.upper()}__"
-    return {f"{prefix}TYPE": "rest", f"{prefix}URI": uri, f"{prefix}WAREHOUSE": warehouse,
-            f"{prefix}CREDENTIAL": credential, f"{prefix}OAUTH2_SERVER_URI": f"{uri}/v1/oauth/tokens"}
+    return {
+        f"{prefix}TYPE": "rest",
+        f"{prefix}URI": uri,
+        f"{prefix}WAREHOUSE": warehouse,
+        f"{prefix}CREDENTIAL": credential,
+        f"{prefix}OAUTH2_SERVER_URI": f"{uri}/v1/oauth/tokens",
+    }

@@ -45,8 +45,9 @@ class Delegation:
         modes = frozenset(m.strip() for m in header.split(",") if m.strip())
         unknown = sorted(modes - set(MODES))
         if unknown:
-            raise MalformedRequestError(f"header {HEADER} names {', '.join(unknown)}; use {' or '.join(MODES)} "
-                                        f"(comma-separated)")
+            raise MalformedRequestError(
+                f"header {HEADER} names {', '.join(unknown)}; use {' or '.join(MODES)} (comma-separated)"
+            )
         return cls(modes)
 
     def config(self, storage: Storage, location: str, *, reader: bool) -> dict[str, str]:

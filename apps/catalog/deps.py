@@ -39,8 +39,10 @@ async def bearer(request: Request, authorization: Annotated[str | None, Header()
         return authorization[7:].strip()
     if request.app.state.allow_anonymous_read:
         return None
-    raise AuthenticationError("this catalog needs a token: create one with `icebarrier token create` and pass "
-                              "CLIENT_ID:SECRET as the client's credential")
+    raise AuthenticationError(
+        "this catalog needs a token: create one with `icebarrier token create` and pass "
+        "CLIENT_ID:SECRET as the client's credential"
+    )
 
 
 Bearer = Annotated["str | None", Depends(bearer)]
@@ -76,20 +78,28 @@ def acting(principal: Principal, warehouse: Warehouse) -> Principal:
         raise ForbiddenError(f"{principal.describe()} acts for no job of its own: name the job, warehouse job:<JOB>")
     job = warehouse.job or "JOB"
     if principal.kind == "job":
-        raise ForbiddenError(f"{principal.describe()} may not run job {job}: use a token of job {job} (or warehouse "
-                             f"job, its own job's session)")
-    raise ForbiddenError(f"{principal.describe()} may not run job {job}: a reader token writes nothing; use a token "
-                         f"of the job (`icebarrier token create --job {job}`)")
+        raise ForbiddenError(
+            f"{principal.describe()} may not run job {job}: use a token of job {job} (or warehouse "
+            f"job, its own job's session)"
+        )
+    raise ForbiddenError(
+        f"{principal.describe()} may not run job {job}: a reader token writes nothing; use a token "
+        f"of the job (`icebarrier token create --job {job}`)"
+    )
 
 
 def require_job(principal: Principal) -> Principal:
     """A principal that may change the catalog: a job (a reader token writes nothing)."""
     if principal.kind == "admin":
-        raise ForbiddenError(f"{principal.describe()} may not change the catalog except in a job's session: use "
-                             f"warehouse job:<JOB>, or a job token")
+        raise ForbiddenError(
+            f"{principal.describe()} may not change the catalog except in a job's session: use "
+            f"warehouse job:<JOB>, or a job token"
+        )
     if principal.kind != "job":
-        raise ForbiddenError(f"{principal.describe()} may not change the catalog: a reader token writes nothing; "
-                             f"create a job token with `icebarrier token create --job JOB`")
+        raise ForbiddenError(
+            f"{principal.describe()} may not change the catalog: a reader token writes nothing; "
+            f"create a job token with `icebarrier token create --job JOB`"
+        )
     return principal
 
 
@@ -100,8 +110,10 @@ async def reading(who: Caller, prefix: str) -> Warehouse:
 def writable(prefix: str) -> Warehouse:
     warehouse = Warehouse.parse(prefix)
     if not warehouse.writable:
-        raise ForbiddenError(f"warehouse {warehouse} is read-only (it pins snapshots); write through warehouse latest "
-                             f"(or a job's session, warehouse job)")
+        raise ForbiddenError(
+            f"warehouse {warehouse} is read-only (it pins snapshots); write through warehouse latest "
+            f"(or a job's session, warehouse job)"
+        )
     return warehouse
 
 
@@ -160,8 +172,9 @@ class TableAt:
     access_token: str | None
 
 
-def _table_at(request: Request, warehouse: Warehouse, namespace: str, table: str,
-              principal: Principal, access_token: str | None) -> TableAt:
+def _table_at(
+    request: Request, warehouse: Warehouse, namespace: str, table: str, principal: Principal, access_token: str | None
+) -> TableAt:
     lake = request.app.state.lake
     name = lake.table_name(parse_namespace(namespace), check_table(table))
     return TableAt(lake=lake, warehouse=warehouse, table=name, principal=principal, access_token=access_token)
@@ -184,8 +197,13 @@ class Loading:
 
     def at(self, conn) -> TableAt:
         principal = acting(principal_of(conn, self.access_token), self.warehouse)
-        return TableAt(lake=self.lake, warehouse=self.warehouse, table=self.table, principal=principal,
-                       access_token=self.access_token)
+        return TableAt(
+            lake=self.lake,
+            warehouse=self.warehouse,
+            table=self.table,
+            principal=principal,
+            access_token=self.access_token,
+        )
 
     def load(self, access) -> bytes:
         """The LoadTableResult, on one pooled connection (the token checked on it)."""
@@ -196,8 +214,12 @@ class Loading:
 
 async def loading_table(request: Request, token: Bearer, prefix: str, namespace: str, table: str) -> Loading:
     lake = request.app.state.lake
-    return Loading(lake=lake, warehouse=Warehouse.parse(prefix), access_token=token,
-                   table=lake.table_name(parse_namespace(namespace), check_table(table)))
+    return Loading(
+        lake=lake,
+        warehouse=Warehouse.parse(prefix),
+        access_token=token,
+        table=lake.table_name(parse_namespace(namespace), check_table(table)),
+    )
 
 
 async def writing_table(request: Request, who: Caller, to: Writing, namespace: str, table: str) -> TableAt:

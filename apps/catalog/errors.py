@@ -8,6 +8,9 @@ endpoint answers in RFC 6749's own error model instead (see :mod:`.oauth`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -75,7 +78,7 @@ def error_response(exc: Exception) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
 
-def describe_validation(errors: list[dict], what: str) -> str:
+def describe_validation(errors: Sequence[Any], what: str) -> str:
     """One line naming the first offending field of a pydantic/FastAPI validation and why."""
     first = errors[0]
     loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
@@ -103,17 +106,25 @@ def install(app: FastAPI) -> None:
     from pydantic import ValidationError
     from pyiceberg import exceptions as iceberg_errors
 
-    expected = (IcebarrierError, ValidationError, iceberg_errors.NoSuchTableError,
-                iceberg_errors.NoSuchNamespaceError, iceberg_errors.TableAlreadyExistsError,
-                iceberg_errors.NamespaceAlreadyExistsError, iceberg_errors.NamespaceNotEmptyError,
-                iceberg_errors.CommitFailedException)
+    expected = (
+        IcebarrierError,
+        ValidationError,
+        iceberg_errors.NoSuchTableError,
+        iceberg_errors.NoSuchNamespaceError,
+        iceberg_errors.TableAlreadyExistsError,
+        iceberg_errors.NamespaceAlreadyExistsError,
+        iceberg_errors.NamespaceNotEmptyError,
+        iceberg_errors.CommitFailedException,
+    )
     for kind in expected:
         app.add_exception_handler(kind, lambda request, exc: error_response(exc))
 
-    def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    def invalid(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
         return error_response(MalformedRequestError(describe_validation(exc.errors(), "request")))
 
-    def http(request: Request, exc: HTTPException) -> JSONResponse:
+    def http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)
         if exc.status_code in (404, 405):
             response = error_response(NotServedError(request.method, request.url.path, exc.status_code))
         else:
@@ -156,8 +167,9 @@ class ControlPlaneOutage:
 
         body = await _read_body(receive)
         headers = dict(scope.get("headers") or ())
-        safe = scope["method"] in ("GET", "HEAD") or scope["path"] == "/v1/oauth/tokens" \
-            or b"idempotency-key" in headers
+        safe = (
+            scope["method"] in ("GET", "HEAD") or scope["path"] == "/v1/oauth/tokens" or b"idempotency-key" in headers
+        )
         started = False
 
         delivered = False
@@ -184,9 +196,11 @@ class ControlPlaneOutage:
                 await run_in_threadpool(self.pool.check)  # drop every connection the outage killed
                 if attempt == 1 and safe:
                     continue
-                response = error_response(ControlPlaneInterruptedError(
-                    f"the control-plane database was interrupted ({type(exc).__name__}); "
-                    f"retry in {RETRY_AFTER_S} s"))
+                response = error_response(
+                    ControlPlaneInterruptedError(
+                        f"the control-plane database was interrupted ({type(exc).__name__}); retry in {RETRY_AFTER_S} s"
+                    )
+                )
                 response.headers["Retry-After"] = str(RETRY_AFTER_S)
                 return await response(scope, receive, send)
 

@@ -13,15 +13,18 @@ import hashlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Header, Request, Response
 
 from icebarrier.apps.catalog.deps import Caller
 from icebarrier.apps.catalog.errors import error_response
 from icebarrier.control_plane import idempotency
-from icebarrier.control_plane.db import ACTOR_SETTING
+from icebarrier.control_plane.db import ACTOR_SETTING, Conn
 from icebarrier.control_plane.idempotency import Outcome
+
+if TYPE_CHECKING:
+    from icebarrier.apps.catalog.lake.core import LakeCore
 
 HEADER = "Idempotency-Key"
 LIFETIME = f"PT{idempotency.LIFETIME_S // 60}M"  # advertised in /v1/config (idempotency-key-lifetime)
@@ -32,23 +35,27 @@ REPLAYED = "Idempotent-Replayed"  # response header on an answer given again
 class Write:
     """A write request: its key (None: none sent), fingerprint and who acts."""
 
-    lake: object
+    lake: LakeCore
     key: uuid.UUID | None
     fingerprint: str
     client_id: str | None
 
-    def run(self, action: Callable[[object], Response], *, final: Callable[[Response], bool] = lambda r: True
-            ) -> Response:
+    def run(
+        self, action: Callable[[Conn], Response], *, final: Callable[[Response], bool] = lambda r: True
+    ) -> Response:
         """``action(conn)`` in one transaction with the key's claim and outcome; ``final``: whether
         an answer is final (a long poll that found nothing to do is not: the key stays free)."""
         with self.lake.pool.connection() as conn:
             return self.run_on(conn, action, final=final)
 
-    def run_on(self, conn, action: Callable[[object], Response], *,
-               final: Callable[[Response], bool] = lambda r: True) -> Response:
+    def run_on(
+        self, conn, action: Callable[[Conn], Response], *, final: Callable[[Response], bool] = lambda r: True
+    ) -> Response:
         with conn.transaction():
-            conn.execute("SELECT set_config(%s, %s, true)", (ACTOR_SETTING, f"token:{self.client_id}"
-                                                             if self.client_id else "anonymous"))
+            conn.execute(
+                "SELECT set_config(%s, %s, true)",
+                (ACTOR_SETTING, f"token:{self.client_id}" if self.client_id else "anonymous"),
+            )
             if self.key is not None:
                 outcome = idempotency.claim(conn, self.key, client_id=self.client_id, fingerprint=self.fingerprint)
                 if outcome is not None:
@@ -62,26 +69,26 @@ class Write:
                     raise  # not final: nothing of it commits, a retry acts
             if self.key is not None:
                 if final(response):
-                    idempotency.record(conn, self.key, Outcome(status=response.status_code,
-                                                               media_type=response.media_type, body=response.body))
+                    idempotency.record(
+                        conn,
+                        self.key,
+                        Outcome(status=response.status_code, media_type=response.media_type, body=bytes(response.body)),
+                    )
                 else:
                     conn.execute("DELETE FROM idempotency_key WHERE key = %s", (self.key,))
             return response
 
 
 def replay(outcome: Outcome) -> Response:
-    return Response(outcome.body, status_code=outcome.status, media_type=outcome.media_type,
-                    headers={REPLAYED: "true"})
+    return Response(outcome.body, status_code=outcome.status, media_type=outcome.media_type, headers={REPLAYED: "true"})
 
 
-async def write(request: Request, who: Caller,
-                key: Annotated[str | None, Header(alias=HEADER)] = None) -> Write:
+async def write(request: Request, who: Caller, key: Annotated[str | None, Header(alias=HEADER)] = None) -> Write:
     parsed = idempotency.parse_key(key) if key is not None else None
     digest = hashlib.sha256(f"{request.method} {request.url.path}?{request.url.query}\n".encode())
     if parsed is not None:
         digest.update(await request.body())
-    return Write(lake=request.app.state.lake, key=parsed, fingerprint=digest.hexdigest(),
-                 client_id=who[0].client_id)
+    return Write(lake=request.app.state.lake, key=parsed, fingerprint=digest.hexdigest(), client_id=who[0].client_id)
 
 
 Writes = Annotated[Write, Depends(write)]

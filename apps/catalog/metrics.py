@@ -35,13 +35,19 @@ class LakeCollector:
         self.pool = pool
 
     def collect(self):
-        freshness = GaugeMetricFamily("icebarrier_table_freshness_seconds",
-                                      "Now minus the issue time of the table's watermark barrier", labels=["table"])
-        lag = GaugeMetricFamily("icebarrier_table_lag_seconds",
-                                "Age of the oldest barrier the table has not completed (0: caught up)",
-                                labels=["table"])
-        behind = GaugeMetricFamily("icebarrier_table_barriers_behind",
-                                   "Barriers issued after the table's watermark", labels=["table"])
+        freshness = GaugeMetricFamily(
+            "icebarrier_table_freshness_seconds",
+            "Now minus the issue time of the table's watermark barrier",
+            labels=["table"],
+        )
+        lag = GaugeMetricFamily(
+            "icebarrier_table_lag_seconds",
+            "Age of the oldest barrier the table has not completed (0: caught up)",
+            labels=["table"],
+        )
+        behind = GaugeMetricFamily(
+            "icebarrier_table_barriers_behind", "Barriers issued after the table's watermark", labels=["table"]
+        )
         with self.pool.connection() as conn:
             for r in conn.execute(SCRAPE).fetchall():
                 freshness.add_metric([r["table_name"]], float(r["freshness_s"]))
@@ -51,10 +57,13 @@ class LakeCollector:
         yield freshness
         yield lag
         yield behind
-        yield CounterMetricFamily("icebarrier_barriers_issued", "Barriers issued (its rate is the barrier rate)",
-                                  value=totals["barriers"])
-        cut = GaugeMetricFamily("icebarrier_read_committed_cut_age_seconds",
-                                "Now minus the issue time of the newest barrier every managed table completed")
+        yield CounterMetricFamily(
+            "icebarrier_barriers_issued", "Barriers issued (its rate is the barrier rate)", value=totals["barriers"]
+        )
+        cut = GaugeMetricFamily(
+            "icebarrier_read_committed_cut_age_seconds",
+            "Now minus the issue time of the newest barrier every managed table completed",
+        )
         if totals["cut_age_s"] is not None:
             cut.add_metric([], float(totals["cut_age_s"]))
         yield cut
@@ -67,9 +76,12 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(LakeCollector(pool))
         self.load_seconds = Histogram(
-            "icebarrier_catalog_load_seconds", "Latency of a table load through the catalog, by warehouse kind",
-            ["warehouse"], registry=self.registry,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+            "icebarrier_catalog_load_seconds",
+            "Latency of a table load through the catalog, by warehouse kind",
+            ["warehouse"],
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+        )
 
 
 def install(app, pool) -> None:

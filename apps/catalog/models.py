@@ -33,8 +33,11 @@ class _Request(BaseModel):
         except ValidationError as exc:
             raise MalformedRequestError(describe_validation(exc.errors(), cls.__name__)) from None
         except Exception as exc:  # noqa: BLE001 - PyIceberg's validators raise assorted errors on odd input
-            why = (f"{exc.args[0]} is missing" if isinstance(exc, KeyError) and exc.args
-                   else (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+            why = (
+                f"{exc.args[0]} is missing"
+                if isinstance(exc, KeyError) and exc.args
+                else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            )
             raise MalformedRequestError(f"malformed {cls.__name__}: {why}") from None
 
 
@@ -74,7 +77,7 @@ class CreateNamespaceRequest(_Request):
     namespace: tuple[str, ...]
     properties: dict[str, str] = Field(default_factory=dict)
 
-    _levels = field_validator("namespace")(TableIdentifier._levels.__func__)
+    _levels = field_validator("namespace")(TableIdentifier._levels.__func__)  # type: ignore[attr-defined]  # the classmethod's function, reused
     _props = field_validator("properties")(_properties)
 
 
@@ -101,7 +104,7 @@ class CreateTableRequest(_Request):
     stage_create: bool = Field(default=False, alias="stage-create")
     properties: dict[str, str] = Field(default_factory=dict)
 
-    _table = field_validator("name")(TableIdentifier._table.__func__)
+    _table = field_validator("name")(TableIdentifier._table.__func__)  # type: ignore[attr-defined]  # the classmethod's function, reused
     _props = field_validator("properties")(_properties)
 
 
@@ -110,7 +113,7 @@ class RegisterTableRequest(_Request):
     metadata_location: str = Field(alias="metadata-location")
     overwrite: bool = False
 
-    _table = field_validator("name")(TableIdentifier._table.__func__)
+    _table = field_validator("name")(TableIdentifier._table.__func__)  # type: ignore[attr-defined]  # the classmethod's function, reused
 
 
 class RenameTableRequest(_Request):
@@ -208,9 +211,19 @@ class UnaryExpression(_Request):
 
 
 # A predicate: a bare boolean (later specs; Java's client writes `true` for alwaysTrue) or an object.
-Expression = Annotated[bool, Field(strict=True)] | Annotated[
-    TrueExpression | FalseExpression | AndOrExpression | NotExpression | SetExpression | LiteralExpression
-    | UnaryExpression, Field(discriminator="type")]
+Expression = (
+    Annotated[bool, Field(strict=True)]
+    | Annotated[
+        TrueExpression
+        | FalseExpression
+        | AndOrExpression
+        | NotExpression
+        | SetExpression
+        | LiteralExpression
+        | UnaryExpression,
+        Field(discriminator="type"),
+    ]
+)
 AndOrExpression.model_rebuild()
 NotExpression.model_rebuild()
 
@@ -238,4 +251,4 @@ class CommitReport(_Report):
 class ReportMetricsRequest(RootModel[ScanReport | CommitReport]):
     """A scan or commit report (accepted and dropped)."""
 
-    parse = classmethod(_Request.parse.__func__)
+    parse = classmethod(_Request.parse.__func__)  # type: ignore[attr-defined,var-annotated,pydantic-field]

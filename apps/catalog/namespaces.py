@@ -15,8 +15,13 @@ router = APIRouter(prefix="/v1/{prefix}/namespaces")
 
 
 @router.get("")
-def list_namespaces(warehouse: Reading, lake: LakeDep, parent: str | None = None, pageToken: str | None = None,
-                    pageSize: PageSize = None):
+def list_namespaces(
+    warehouse: Reading,
+    lake: LakeDep,
+    parent: str | None = None,
+    pageToken: str | None = None,
+    pageSize: PageSize = None,
+):
     found = lake.catalog.list_namespaces(parse_namespace(parent) if parent else ())
     return {"namespaces": [list(n) for n in found]}
 
@@ -57,12 +62,12 @@ def update_properties(to: Writing, namespace: NamespacePath, lake: LakeDep, once
     request = UpdateNamespacePropertiesRequest.parse(body)
     both = sorted(set(request.removals) & set(request.updates))
     if both:
-        raise UnprocessableError(f"namespace properties {', '.join(both)} are both updated and removed; "
-                                 f"send each key once")
+        raise UnprocessableError(
+            f"namespace properties {', '.join(both)} are both updated and removed; send each key once"
+        )
 
     def update(conn):
         summary = lake.catalog.update_namespace_properties(namespace, set(request.removals), request.updates)
         return JSONResponse({"updated": summary.updated, "removed": summary.removed, "missing": summary.missing})
 
     return once.run(update)
-

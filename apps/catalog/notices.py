@@ -22,7 +22,9 @@ class Watch:
     """One waiting request's inbox (used on the event loop only)."""
 
     def __init__(self, hub: Hub) -> None:
-        self._hub, self._notices, self._wait = hub, [], None
+        self._hub = hub
+        self._notices: list[Notice] = []
+        self._wait: Wait | None = None
         self._event = asyncio.Event()
 
     def offer(self, notice: Notice) -> None:

@@ -40,8 +40,9 @@ class OAuthError(Exception):
 
     def response(self) -> JSONResponse:
         headers = {"WWW-Authenticate": 'Basic realm="icebarrier"'} if self.status == 401 else None
-        return JSONResponse({"error": self.error, "error_description": self.description}, status_code=self.status,
-                            headers=headers)
+        return JSONResponse(
+            {"error": self.error, "error_description": self.description}, status_code=self.status, headers=headers
+        )
 
 
 def basic_credentials(authorization: str | None) -> tuple[str, str] | None:
@@ -51,8 +52,9 @@ def basic_credentials(authorization: str | None) -> tuple[str, str] | None:
     try:
         decoded = base64.b64decode(authorization[6:].strip(), validate=True).decode()
     except (binascii.Error, UnicodeDecodeError):
-        raise OAuthError("invalid_request", "the Basic authorization header is not base64 of CLIENT_ID:SECRET") \
-            from None
+        raise OAuthError(
+            "invalid_request", "the Basic authorization header is not base64 of CLIENT_ID:SECRET"
+        ) from None
     client_id, colon, secret = decoded.partition(":")
     if not colon or not client_id:
         raise OAuthError("invalid_request", "the Basic authorization header must hold CLIENT_ID:SECRET")
@@ -67,16 +69,25 @@ def client_credentials(form, authorization: str | None) -> tuple[str, str]:
         fields = None
     elif None in fields:
         missing = "client_secret" if fields[1] is None else "client_id"
-        raise OAuthError("invalid_request", f"{missing} is missing; send both client_id and client_secret, or "
-                                            f"CLIENT_ID:SECRET in a Basic authorization header")
+        raise OAuthError(
+            "invalid_request",
+            f"{missing} is missing; send both client_id and client_secret, or "
+            f"CLIENT_ID:SECRET in a Basic authorization header",
+        )
     if header and fields and header != fields:
-        raise OAuthError("invalid_request", "the Basic authorization header and the form name different clients; "
-                                            "send the credentials once")
+        raise OAuthError(
+            "invalid_request",
+            "the Basic authorization header and the form name different clients; send the credentials once",
+        )
     found = header or fields
     if found is None:
-        raise OAuthError("invalid_client", "no client credentials: send CLIENT_ID:SECRET (from `icebarrier token "
-                                           "create`) in a Basic authorization header or as client_id and "
-                                           "client_secret form fields", status=401)
+        raise OAuthError(
+            "invalid_client",
+            "no client credentials: send CLIENT_ID:SECRET (from `icebarrier token "
+            "create`) in a Basic authorization header or as client_id and "
+            "client_secret form fields",
+            status=401,
+        )
     return found
 
 
@@ -91,8 +102,12 @@ async def oauth_tokens(request: Request, lake: LakeDep, authorization: Annotated
         access = await run_in_threadpool(_grant, lake, form, authorization)
     except OAuthError as exc:
         return exc.response()
-    answer = {"access_token": access, "token_type": "bearer", "expires_in": tokens.SESSION_TTL_S,
-              "issued_token_type": ACCESS_TOKEN_TYPE}
+    answer = {
+        "access_token": access,
+        "token_type": "bearer",
+        "expires_in": tokens.SESSION_TTL_S,
+        "issued_token_type": ACCESS_TOKEN_TYPE,
+    }
     if form.get("scope"):
         answer["scope"] = form.get("scope")
     return answer
@@ -104,8 +119,10 @@ def _grant(lake, form, authorization: str | None) -> str:
     if not grant_type:
         raise OAuthError("invalid_request", f"grant_type is missing; use {CLIENT_CREDENTIALS}")
     if grant_type not in (CLIENT_CREDENTIALS, TOKEN_EXCHANGE):
-        raise OAuthError("unsupported_grant_type", f"grant_type {grant_type!r} is not supported; use "
-                                                   f"{CLIENT_CREDENTIALS} (or a token exchange to refresh)")
+        raise OAuthError(
+            "unsupported_grant_type",
+            f"grant_type {grant_type!r} is not supported; use {CLIENT_CREDENTIALS} (or a token exchange to refresh)",
+        )
     if grant_type == TOKEN_EXCHANGE and not form.get("subject_token"):
         raise OAuthError("invalid_request", "subject_token is missing: a token exchange refreshes a live access token")
     credentials = client_credentials(form, authorization) if grant_type == CLIENT_CREDENTIALS else None
@@ -121,5 +138,9 @@ def _grant(lake, form, authorization: str | None) -> str:
 @router.get("/v1/config")
 def config(request: Request, who: Caller, warehouse: str = ""):
     parsed = Warehouse.parse(warehouse or "latest")  # no warehouse named: latest
-    return {"defaults": {}, "overrides": {"prefix": str(parsed)}, "endpoints": request.app.state.endpoints,
-            "idempotency-key-lifetime": idempotency.LIFETIME}
+    return {
+        "defaults": {},
+        "overrides": {"prefix": str(parsed)},
+        "endpoints": request.app.state.endpoints,
+        "idempotency-key-lifetime": idempotency.LIFETIME,
+    }

@@ -23,7 +23,6 @@ from icebarrier.apps.catalog.lake import Lake
 from icebarrier.apps.catalog.notices import Hub
 from icebarrier.iceberg_ext.config import Settings
 
-
 WORKER_ENV = "ICEBARRIER_SERVE_WORKER"  # `serve --workers N`: what each worker process builds its app from
 
 ROUTERS = (oauth.router, namespaces.router, tables.router, sessions.router, ui.router)
@@ -35,8 +34,13 @@ def served_endpoints(routes: list[APIRoute]) -> list[str]:
     return sorted(found, key=lambda e: (e.split(" ", 1)[1], e))
 
 
-def create_app(settings: Settings, *, quiet_ms: int = 1000, allow_anonymous_read: bool = False,
-               allowed_locations: list[str] | tuple[str, ...] = ()) -> FastAPI:
+def create_app(
+    settings: Settings,
+    *,
+    quiet_ms: int = 1000,
+    allow_anonymous_read: bool = False,
+    allowed_locations: list[str] | tuple[str, ...] = (),
+) -> FastAPI:
     app = FastAPI(title="icebarrier consistent catalog", docs_url=None, redoc_url=None, openapi_url=None)
     lake = Lake(settings, quiet_ms=quiet_ms, allowed_locations=allowed_locations)
     app.state.lake = lake
@@ -77,7 +81,7 @@ def _http_protocol() -> type:
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
     except ImportError:
-        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base  # type: ignore[assignment]  # the fallback
 
     class NoDelay(base):
         def connection_made(self, transport) -> None:

@@ -66,18 +66,35 @@ def _open(once: Write, job: str, body: OpenRequest) -> tuple[job_sessions.Openin
         found.append(opening)
         skipped = [c.barrier for c in opening.skipped]
         if opening.session is None:
-            return JSONResponse({"ready": False, "waiting": opening.plan.describe_wait(),
-                                 "plan": opening.plan.to_json(), "skipped": skipped})
+            return JSONResponse(
+                {
+                    "ready": False,
+                    "waiting": opening.plan.describe_wait(),
+                    "plan": opening.plan.to_json(),
+                    "skipped": skipped,
+                }
+            )
         session = opening.session
         newest = conn.execute("SELECT max(barrier) AS b FROM barrier").fetchone()["b"]
-        inputs = reads.resolve(conn, sorted(session.sources), barrier=session.barrier).snapshots \
-            if session.sources else {}
-        return JSONResponse({"ready": True, "opened": opening.how.value, "newest_barrier": newest, "skipped": skipped,
-                             "session": {**session.to_json(), "catalog": once.lake.settings.catalog,
-                                         "inputs": {str(t): s for t, s in sorted(inputs.items())}}})
+        inputs = (
+            reads.resolve(conn, sorted(session.sources), barrier=session.barrier).snapshots if session.sources else {}
+        )
+        return JSONResponse(
+            {
+                "ready": True,
+                "opened": opening.how.value,
+                "newest_barrier": newest,
+                "skipped": skipped,
+                "session": {
+                    **session.to_json(),
+                    "catalog": once.lake.settings.catalog,
+                    "inputs": {str(t): s for t, s in sorted(inputs.items())},
+                },
+            }
+        )
 
-    response = once.run(open_, final=lambda r: r.status_code != 200 or json.loads(r.body)["ready"])
-    answer = json.loads(response.body)
+    response = once.run(open_, final=lambda r: r.status_code != 200 or json.loads(bytes(r.body))["ready"])
+    answer = json.loads(bytes(response.body))
     if response.status_code != 200:
         return None, answer  # a refusal given again
     return (found[-1] if found else None), answer
@@ -107,28 +124,29 @@ async def open_session(job: SessionJob, once: Writes, request: Request, body: Op
         if opening is None or answer["ready"] or watch is None:
             return JSONResponse(answer, status_code=answer["error"]["code"] if "error" in answer else 200)
         streaming = True
-        return StreamingResponse(_waiting(hub, watch, once, job, body, opening, answer, deadline),
-                                 media_type=NDJSON)
+        return StreamingResponse(_waiting(hub, watch, once, job, body, opening, answer, deadline), media_type=NDJSON)
     finally:
         if watch is not None and not streaming:
             hub.forget(watch)
 
 
-async def _waiting(hub, watch, once: Write, job: str, body: OpenRequest, opening: job_sessions.Opening,
-                   answer: dict, deadline: float):
+async def _waiting(
+    hub, watch, once: Write, job: str, body: OpenRequest, opening: job_sessions.Opening, answer: dict, deadline: float
+):
     """The long poll's lines: the barriers skipped as they are, then the answer."""
     try:
         if opening.skipped:
             yield _line({"skipped": [c.barrier for c in opening.skipped]})
         while (left := deadline - time.monotonic()) > 0:
-            woke = await watch.until(Wait.of(opening.plan, root=opening.plan.root, due_in_s=opening.due_in_s,
-                                             safety_s=left), limit_s=left)
+            woke = await watch.until(
+                Wait.of(opening.plan, root=opening.plan.root, due_in_s=opening.due_in_s, safety_s=left), limit_s=left
+            )
             if not woke and deadline - time.monotonic() <= 0:
                 break  # the long poll's end: the client asks again (its safety poll)
             try:
                 found, answer = await run_in_threadpool(_open, once, job, body)
             except Exception as exc:  # noqa: BLE001 - the stream has begun: the error is its last line
-                yield _line(json.loads(error_response(exc).body))
+                yield _line(json.loads(bytes(error_response(exc).body)))
                 return
             if found is None:  # a refusal given again
                 yield _line(answer)
@@ -167,8 +185,9 @@ def publish_session(job: SessionJob, lake: LakeDep, once: Writes, body: RunReque
     run_id = (body or RunRequest()).run_id
     with lake.pool.connection() as conn:
         job_sessions.note_succeeded(conn, job, run_id)
-        response = once.run_on(conn, lambda conn: JSONResponse(
-            {"completion": lake.publish_session(conn, job, run_id).to_json()}))
+        response = once.run_on(
+            conn, lambda conn: JSONResponse({"completion": lake.publish_session(conn, job, run_id).to_json()})
+        )
         if response.status_code == 409:  # a sink moved under the run (not by expiry alone): its next run
             job_sessions.compute_again(conn, job, run_id)  # computes the barrier again, never adopts this
         return response

@@ -10,8 +10,6 @@ from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from icebarrier.apps.catalog.delegation import Access
-from icebarrier.apps.catalog.idempotency import Writes
-from icebarrier.apps.catalog.lake import NeedsStorage, memory_only
 from icebarrier.apps.catalog.deps import (
     Caller,
     LakeDep,
@@ -20,10 +18,12 @@ from icebarrier.apps.catalog.deps import (
     PageSize,
     Reading,
     ReadTable,
-    Writing,
     WriteTable,
+    Writing,
     acting,
 )
+from icebarrier.apps.catalog.idempotency import Writes
+from icebarrier.apps.catalog.lake import NeedsStorage, memory_only
 from icebarrier.apps.catalog.models import (
     CommitTableRequest,
     CommitTransactionRequest,
@@ -43,8 +43,14 @@ def _json(model) -> Response:
 
 
 @router.get("/namespaces/{namespace}/tables")
-def list_tables(warehouse: Reading, who: Caller, namespace: NamespacePath, lake: LakeDep,
-                pageToken: str | None = None, pageSize: PageSize = None):
+def list_tables(
+    warehouse: Reading,
+    who: Caller,
+    namespace: NamespacePath,
+    lake: LakeDep,
+    pageToken: str | None = None,
+    pageSize: PageSize = None,
+):
     """The catalog's tables; through a job's session also the sinks it created and has not
     published (nobody else sees them yet)."""
     found = set(lake.catalog.list_tables(namespace))
@@ -67,8 +73,13 @@ def register_table(to: Writing, namespace: NamespacePath, lake: LakeDep, access:
     request = RegisterTableRequest.parse(body)
     lake.outside_sessions(to.warehouse, "register tables")
     table = lake.table_name(namespace, request.name)
-    return once.run(lambda conn: _json(lake.register(conn, to.principal, table, request.metadata_location,
-                                                     overwrite=request.overwrite, access=access)))
+    return once.run(
+        lambda conn: _json(
+            lake.register(
+                conn, to.principal, table, request.metadata_location, overwrite=request.overwrite, access=access
+            )
+        )
+    )
 
 
 @router.get(TABLE)
@@ -115,7 +126,8 @@ def commit_table(at: WriteTable, once: Writes, body: dict):
 
     request = CommitTableRequest.parse(body)
     identified = request.model_copy(
-        update={"identifier": TableIdentifier(namespace=at.table.namespace, name=at.table.name)})
+        update={"identifier": TableIdentifier(namespace=at.table.namespace, name=at.table.name)}
+    )
 
     def commit(conn):
         [(_, new)] = at.lake.commit(conn, at.warehouse, at.principal, [identified])
@@ -136,8 +148,12 @@ def rename_table(to: Writing, lake: LakeDep, once: Writes, body: dict):
     lake.outside_sessions(to.warehouse, "rename tables")
 
     def rename(conn):
-        lake.rename(conn, to.principal, lake.table_name(request.source.namespace, request.source.name),
-                    lake.table_name(request.destination.namespace, request.destination.name))
+        lake.rename(
+            conn,
+            to.principal,
+            lake.table_name(request.source.namespace, request.source.name),
+            lake.table_name(request.destination.namespace, request.destination.name),
+        )
         return Response(status_code=204)
 
     return once.run(rename)

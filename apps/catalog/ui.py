@@ -14,7 +14,7 @@ token in the browser tab's session storage.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 
@@ -38,15 +38,19 @@ def layers(edges: list[tuple[str, str]], nodes: list[str]) -> dict[str, tuple[in
 
     def of(node: str, seen: frozenset = frozenset()) -> int:
         if node not in depth:
-            depth[node] = 0 if node in seen else 1 + max((of(f, seen | {node}) for f in feeds.get(node, [])),
-                                                       default=-1)
+            depth[node] = (
+                0 if node in seen else 1 + max((of(f, seen | {node}) for f in feeds.get(node, [])), default=-1)
+            )
         return depth[node]
 
     placed: dict[str, tuple[int, int]] = {}
     for layer in sorted({of(n) for n in nodes}):  # each layer ordered by where its feeders sit (fewer crossings)
         here = [n for n in nodes if of(n) == layer]
-        rank = {n: sum(placed[f][1] for f in feeds.get(n, []) if f in placed) /
-                max(1, sum(f in placed for f in feeds.get(n, []))) for n in here}
+        rank = {
+            n: sum(placed[f][1] for f in feeds.get(n, []) if f in placed)
+            / max(1, sum(f in placed for f in feeds.get(n, [])))
+            for n in here
+        }
         for row, node in enumerate(sorted(here, key=lambda n: (rank[n], n))):
             placed[node] = (layer, row)
     return placed
@@ -64,26 +68,59 @@ def topology_figure(edges: list[dict], tables: dict[str, dict]) -> dict:
     for a, b in pairs:
         xs += [at[a][0], at[b][0], None]
         ys += [-at[a][1], -at[b][1], None]
-    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"color": "#999", "width": 1}, hoverinfo="skip",
-                             showlegend=False, name="edges"))
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=ys,
+            mode="lines",
+            line={"color": "#999", "width": 1},
+            hoverinfo="skip",
+            showlegend=False,
+            name="edges",
+        )
+    )
     for kind, symbol in (("external", "diamond"), ("job", "square"), ("table", "circle")):
         names = [n for n in sorted(kinds) if kinds[n] == kind]
         behind = [tables.get(n, {}).get("barriers_behind", 0) for n in names]
-        text = [n if kind != "table" else f"{n}<br>behind {tables[n]['barriers_behind']} barrier(s), "
-                f"fresh {tables[n]['freshness']}" for n in names]
+        text = [
+            n
+            if kind != "table"
+            else f"{n}<br>behind {tables[n]['barriers_behind']} barrier(s), fresh {tables[n]['freshness']}"
+            for n in names
+        ]
         marker = {"symbol": symbol, "size": 18}
         if kind == "table":
-            marker |= {"color": behind, "colorscale": [[0, "#2ca02c"], [0.5, "#ffbf00"], [1, "#d62728"]],
-                       "cmin": 0, "cmax": max(4, *behind) if behind else 4, "showscale": True,
-                       "colorbar": {"title": {"text": "barriers behind"}}}
+            marker |= {
+                "color": behind,
+                "colorscale": [[0, "#2ca02c"], [0.5, "#ffbf00"], [1, "#d62728"]],
+                "cmin": 0,
+                "cmax": max(4, *behind) if behind else 4,
+                "showscale": True,
+                "colorbar": {"title": {"text": "barriers behind"}},
+            }
         else:
             marker |= {"color": "#1f77b4" if kind == "job" else "#7f7f7f"}
-        fig.add_trace(go.Scatter(x=[at[n][0] for n in names], y=[-at[n][1] for n in names], mode="markers+text",
-                                 text=[n.split(".")[-1] for n in names], textposition="top center",
-                                 hovertext=text, hoverinfo="text", marker=marker, name=kind))
-    fig.update_layout(title={"text": "Topology (tables coloured by barriers behind)"}, xaxis={"visible": False},
-                      yaxis={"visible": False}, margin={"l": 10, "r": 10, "t": 40, "b": 10}, height=360,
-                      legend={"orientation": "h", "y": -0.05})
+        fig.add_trace(
+            go.Scatter(
+                x=[at[n][0] for n in names],
+                y=[-at[n][1] for n in names],
+                mode="markers+text",
+                text=[n.split(".")[-1] for n in names],
+                textposition="top center",
+                hovertext=text,
+                hoverinfo="text",
+                marker=marker,
+                name=kind,
+            )
+        )
+    fig.update_layout(
+        title={"text": "Topology (tables coloured by barriers behind)"},
+        xaxis={"visible": False},
+        yaxis={"visible": False},
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        height=360,
+        legend={"orientation": "h", "y": -0.05},
+    )
     return json.loads(fig.to_json())
 
 
@@ -93,47 +130,80 @@ def delay_figure(delays: list[dict]) -> dict:
     fig = go.Figure()
     for job in sorted({d["job_name"] for d in delays}):
         mine = [d for d in delays if d["job_name"] == job]
-        fig.add_trace(go.Scatter(x=[d["issued_at"] for d in mine], y=[d["delay_s"] for d in mine],
-                                 mode="lines+markers", name=job))
-    fig.update_layout(title={"text": f"Job delay over the last {RECENT_BARRIERS} barriers (s)"},
-                      yaxis={"title": {"text": "seconds"}, "rangemode": "tozero"},
-                      margin={"l": 50, "r": 10, "t": 40, "b": 40}, height=300)
+        fig.add_trace(
+            go.Scatter(x=[d["issued_at"] for d in mine], y=[d["delay_s"] for d in mine], mode="lines+markers", name=job)
+        )
+    fig.update_layout(
+        title={"text": f"Job delay over the last {RECENT_BARRIERS} barriers (s)"},
+        yaxis={"title": {"text": "seconds"}, "rangemode": "tozero"},
+        margin={"l": 50, "r": 10, "t": 40, "b": 40},
+        height=300,
+    )
     return json.loads(fig.to_json())
 
 
 def state(conn) -> dict:
     """What the page shows, read in one transaction."""
     with conn.transaction():
-        edges = conn.execute("SELECT from_node, to_node, edge_kind, from_kind, to_kind FROM topology_edges "
-                             "ORDER BY 1, 2").fetchall()
-        rows = conn.execute("SELECT table_name, table_kind, writer_job, watermark_barrier, current_snapshot_id, "
-                            "extract(epoch FROM freshness) AS freshness_s, barriers_behind, coalesced_after, "
-                            "coalesced_into FROM table_versions ORDER BY table_name").fetchall()
+        edges = conn.execute(
+            "SELECT from_node, to_node, edge_kind, from_kind, to_kind FROM topology_edges ORDER BY 1, 2"
+        ).fetchall()
+        rows = conn.execute(
+            "SELECT table_name, table_kind, writer_job, watermark_barrier, current_snapshot_id, "
+            "extract(epoch FROM freshness) AS freshness_s, barriers_behind, coalesced_after, "
+            "coalesced_into FROM table_versions ORDER BY table_name"
+        ).fetchall()
         delays = conn.execute(
             "SELECT job_name, barrier, issued_at, extract(epoch FROM delay) AS delay_s FROM job_delay "
             "WHERE barrier >= coalesce((SELECT min(barrier) FROM (SELECT barrier FROM barrier ORDER BY barrier DESC "
-            "LIMIT %s) r), 0) ORDER BY issued_at", (RECENT_BARRIERS,)).fetchall()
-        leases = conn.execute("SELECT lease_id::text, holder, table_name, snapshot_id, barrier, expires_at "
-                              "FROM active_leases ORDER BY expires_at, table_name").fetchall()
-        cut = conn.execute("SELECT barrier, extract(epoch FROM now() - issued_at) AS age_s "
-                           "FROM consistent_barrier").fetchone()
-    tables = {r["table_name"]: {
-        "kind": r["table_kind"], "writer": r["writer_job"] or "none", "watermark": barrier_label(r["watermark_barrier"]),
-        "freshness": format_duration_s(r["freshness_s"]) if r["freshness_s"] is not None else "never completed",
-        "barriers_behind": int(r["barriers_behind"]), "snapshot": str(r["current_snapshot_id"] or "empty"),
-        "coalesced": (f"{r['coalesced_after']} .. {r['coalesced_into']}" if r["coalesced_into"] else "none")}
-        for r in rows}
+            "LIMIT %s) r), 0) ORDER BY issued_at",
+            (RECENT_BARRIERS,),
+        ).fetchall()
+        leases = conn.execute(
+            "SELECT lease_id::text, holder, table_name, snapshot_id, barrier, expires_at "
+            "FROM active_leases ORDER BY expires_at, table_name"
+        ).fetchall()
+        cut = conn.execute(
+            "SELECT barrier, extract(epoch FROM now() - issued_at) AS age_s FROM consistent_barrier"
+        ).fetchone()
+    tables = {
+        r["table_name"]: {
+            "kind": r["table_kind"],
+            "writer": r["writer_job"] or "none",
+            "watermark": barrier_label(r["watermark_barrier"]),
+            "freshness": format_duration_s(r["freshness_s"]) if r["freshness_s"] is not None else "never completed",
+            "barriers_behind": int(r["barriers_behind"]),
+            "snapshot": str(r["current_snapshot_id"] or "empty"),
+            "coalesced": (f"{r['coalesced_after']} .. {r['coalesced_into']}" if r["coalesced_into"] else "none"),
+        }
+        for r in rows
+    }
     return {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "cut": {"barrier": barrier_label(cut["barrier"]) if cut and cut["barrier"] else "none yet",
-                "age": format_duration_s(cut["age_s"]) if cut and cut["age_s"] is not None else "none yet"},
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cut": {
+            "barrier": barrier_label(cut["barrier"]) if cut and cut["barrier"] else "none yet",
+            "age": format_duration_s(cut["age_s"]) if cut and cut["age_s"] is not None else "none yet",
+        },
         "topology": topology_figure(edges, tables),
-        "delays": delay_figure([{**d, "issued_at": d["issued_at"].isoformat(), "delay_s": float(d["delay_s"])}
-                                for d in delays if d["delay_s"] is not None]),
+        "delays": delay_figure(
+            [
+                {**d, "issued_at": d["issued_at"].isoformat(), "delay_s": float(d["delay_s"])}
+                for d in delays
+                if d["delay_s"] is not None
+            ]
+        ),
         "tables": [{"table": name, **t} for name, t in tables.items()],
-        "leases": [{"lease": r["lease_id"], "holder": r["holder"], "table": r["table_name"],
-                    "snapshot": str(r["snapshot_id"] or "empty"), "barrier": barrier_label(r["barrier"]),
-                    "expires": r["expires_at"].isoformat(timespec="seconds")} for r in leases],
+        "leases": [
+            {
+                "lease": r["lease_id"],
+                "holder": r["holder"],
+                "table": r["table_name"],
+                "snapshot": str(r["snapshot_id"] or "empty"),
+                "barrier": barrier_label(r["barrier"]),
+                "expires": r["expires_at"].isoformat(timespec="seconds"),
+            }
+            for r in leases
+        ],
     }
 
 
@@ -144,8 +214,11 @@ def page():
 
 @router.get("/plotly.min.js")
 def plotly_js():
-    return FileResponse(str(resources.files("plotly") / "package_data" / "plotly.min.js"),
-                        media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
+    return FileResponse(
+        str(resources.files("plotly") / "package_data" / "plotly.min.js"),
+        media_type="text/javascript",
+        headers={"Cache-Control": "max-age=86400"},
+    )
 
 
 @router.get("/state")

@@ -67,7 +67,8 @@ class Warehouse:
                 pass
         raise InvalidValueError(
             f"warehouse {text!r} is unknown; use latest, read-committed, read-committed:<namespace>, "
-            f"barrier-<B>, lease-<ID>, or job (job:<JOB>) for a job's session")
+            f"barrier-<B>, lease-<ID>, or job (job:<JOB>) for a job's session"
+        )
 
     def __str__(self) -> str:
         if self.kind == "read-committed" and self.namespace:

@@ -10,5 +10,17 @@ from icebarrier.apps.check.driver import CheckReport, fault_schedule, private_en
 from icebarrier.apps.check.model import ACCOUNTS, OPENING, SCHEMAS, check_cut, compare, events, expected
 from icebarrier.apps.check.processes import Env
 
-__all__ = ["ACCOUNTS", "OPENING", "SCHEMAS", "CheckReport", "Env", "check_cut", "compare", "events",
-           "expected", "fault_schedule", "private_env", "run_check"]
+__all__ = [
+    "ACCOUNTS",
+    "OPENING",
+    "SCHEMAS",
+    "CheckReport",
+    "Env",
+    "check_cut",
+    "compare",
+    "events",
+    "expected",
+    "fault_schedule",
+    "private_env",
+    "run_check",
+]

@@ -65,9 +65,9 @@ from icebarrier.iceberg_ext.errors import LeaseLostError
 from icebarrier.iceberg_ext.reads import ConsistentRead
 
 _PROCESS_MAIN = "import sys; from icebarrier.apps.check.processes import main; main(sys.argv[1:])"
-COVERAGE_FLOOR = 0.6   # barriers validated / issued and not coalesced
+COVERAGE_FLOOR = 0.6  # barriers validated / issued and not coalesced
 ANCHOR_INTERVAL_S = 3.0
-RR_TTL_S = 2.0         # short: repeatable-read sessions outlive it, so renewal is exercised
+RR_TTL_S = 2.0  # short: repeatable-read sessions outlive it, so renewal is exercised
 
 
 # -- the fault schedule: a pure function of the seed ---------------------------------------------------
@@ -84,17 +84,26 @@ class Fault:
     down_s: float = 0.0
 
 
-def fault_schedule(seed: int, duration_s: float, fault_rate: float, *, restarts: bool,
-                   exec_jobs: bool = False) -> list[Fault]:
+def fault_schedule(
+    seed: int, duration_s: float, fault_rate: float, *, restarts: bool, exec_jobs: bool = False
+) -> list[Fault]:
     rng = random.Random(f"{seed}:schedule")
-    kills = [Fault(at_s=rng.uniform(0.5, duration_s), kind="kill", job=rng.choice(JOBS))
-             for _ in range(round(duration_s * fault_rate * 0.7))]
-    downs = [Fault(at_s=rng.uniform(1.0, duration_s), kind="restart", down_s=round(rng.uniform(0.2, 1.5), 2))
-             for _ in range(max(1, round(duration_s / 10)) if restarts else 0)]
-    scripts = [Fault(at_s=rng.uniform(0.5, duration_s), kind="script", job=rng.choice(list(EXEC_JOBS)))
-               for _ in range(round(duration_s * fault_rate * 0.3) if exec_jobs else 0)]
-    servers = [Fault(at_s=rng.uniform(1.0, duration_s), kind="server", down_s=round(rng.uniform(0.2, 1.5), 2))
-               for _ in range(max(1, round(duration_s * fault_rate / 6)) if exec_jobs else 0)]
+    kills = [
+        Fault(at_s=rng.uniform(0.5, duration_s), kind="kill", job=rng.choice(JOBS))
+        for _ in range(round(duration_s * fault_rate * 0.7))
+    ]
+    downs = [
+        Fault(at_s=rng.uniform(1.0, duration_s), kind="restart", down_s=round(rng.uniform(0.2, 1.5), 2))
+        for _ in range(max(1, round(duration_s / 10)) if restarts else 0)
+    ]
+    scripts = [
+        Fault(at_s=rng.uniform(0.5, duration_s), kind="script", job=rng.choice(list(EXEC_JOBS)))
+        for _ in range(round(duration_s * fault_rate * 0.3) if exec_jobs else 0)
+    ]
+    servers = [
+        Fault(at_s=rng.uniform(1.0, duration_s), kind="server", down_s=round(rng.uniform(0.2, 1.5), 2))
+        for _ in range(max(1, round(duration_s * fault_rate / 6)) if exec_jobs else 0)
+    ]
     return sorted(kills + downs + scripts + servers, key=lambda f: f.at_s)
 
 
@@ -119,7 +128,7 @@ class CheckReport:
     anomalies: dict[str, int] = field(default_factory=lambda: {lvl.value: 0 for lvl in Level})
     examples: dict[str, str] = field(default_factory=dict)
     no_valid_cut: int = 0
-    coalesced_refused: int = 0     # cuts refused at a barrier a table coalesced
+    coalesced_refused: int = 0  # cuts refused at a barrier a table coalesced
     anchors_validated: int = 0
     completions: Counter = field(default_factory=Counter)  # exact / skip / coalesce, from the control plane
     read_uncommitted_errors: int = 0
@@ -136,8 +145,8 @@ class CheckReport:
     coverage_floor: float = COVERAGE_FLOOR
     exec_jobs: list[str] = field(default_factory=list)  # the jobs run under `icebarrier job exec`
     mutation: str | None = None  # the deliberate bug the catalog server ran with
-    catalog_reads: int = 0        # read-committed reads through the catalog server
-    catalog_validated: int = 0    # cuts validated through the catalog's barrier-<B> warehouse too
+    catalog_reads: int = 0  # read-committed reads through the catalog server
+    catalog_validated: int = 0  # cuts validated through the catalog's barrier-<B> warehouse too
     catalog_unavailable: int = 0  # catalog reads that found the server down (killed by the schedule)
     catalog_anomalies: int = 0
 
@@ -161,25 +170,52 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        return (not self.violations and self.anomalies["read-committed"] == 0 and self.catalog_anomalies == 0
-                and self.anomalies["repeatable-read"] == 0 and self.coverage >= self.coverage_floor)
+        return (
+            not self.violations
+            and self.anomalies["read-committed"] == 0
+            and self.catalog_anomalies == 0
+            and self.anomalies["repeatable-read"] == 0
+            and self.coverage >= self.coverage_floor
+        )
 
     def to_json(self) -> dict:
-        return {"seed": self.seed, "ok": self.ok, "barriers": self.barriers, "validated": self.validated,
-                "coverage": round(self.coverage, 3), "coverage_floor": self.coverage_floor,
-                "excused": dict(self.excused), "reads": self.reads, "anomalies": self.anomalies,
-                "examples": self.examples, "no_valid_cut": self.no_valid_cut,
-                "coalesced_refused": self.coalesced_refused, "anchors_validated": self.anchors_validated,
-                "completions": dict(self.completions),
-                "read_uncommitted_errors": self.read_uncommitted_errors, "rr_sessions": self.rr_sessions,
-                "leases_renewed": self.leases_renewed, "leases_lost": self.leases_lost,
-                "leases_refused": self.leases_refused, "expiry_runs": self.expiry_runs,
-                "snapshots_expired": self.snapshots_expired, "faults": dict(self.faults), "restarts": self.restarts,
-                "reconnects": len(self.waits), "max_wait_s": round(max((w[2] for w in self.waits), default=0), 3),
-                "waited": self.waited(), "exec_jobs": self.exec_jobs, "mutation": self.mutation,
-                "catalog": {"reads": self.catalog_reads, "validated": self.catalog_validated,
-                            "unavailable": self.catalog_unavailable, "anomalies": self.catalog_anomalies},
-                "violations": self.violations}
+        return {
+            "seed": self.seed,
+            "ok": self.ok,
+            "barriers": self.barriers,
+            "validated": self.validated,
+            "coverage": round(self.coverage, 3),
+            "coverage_floor": self.coverage_floor,
+            "excused": dict(self.excused),
+            "reads": self.reads,
+            "anomalies": self.anomalies,
+            "examples": self.examples,
+            "no_valid_cut": self.no_valid_cut,
+            "coalesced_refused": self.coalesced_refused,
+            "anchors_validated": self.anchors_validated,
+            "completions": dict(self.completions),
+            "read_uncommitted_errors": self.read_uncommitted_errors,
+            "rr_sessions": self.rr_sessions,
+            "leases_renewed": self.leases_renewed,
+            "leases_lost": self.leases_lost,
+            "leases_refused": self.leases_refused,
+            "expiry_runs": self.expiry_runs,
+            "snapshots_expired": self.snapshots_expired,
+            "faults": dict(self.faults),
+            "restarts": self.restarts,
+            "reconnects": len(self.waits),
+            "max_wait_s": round(max((w[2] for w in self.waits), default=0), 3),
+            "waited": self.waited(),
+            "exec_jobs": self.exec_jobs,
+            "mutation": self.mutation,
+            "catalog": {
+                "reads": self.catalog_reads,
+                "validated": self.catalog_validated,
+                "unavailable": self.catalog_unavailable,
+                "anomalies": self.catalog_anomalies,
+            },
+            "violations": self.violations,
+        }
 
 
 # -- setup -----------------------------------------------------------------------------------------------------
@@ -189,11 +225,14 @@ def setup(env: Env, conn, catalog) -> None:
     for name, schema in SCHEMAS.items():
         create_table(catalog, env.t(name), schema)
     for job, table in ROOTS.items():
-        jobs.register(conn, JobDefinition(name=job, sinks=frozenset([env.t(table)]),
-                                          external_inputs=frozenset([f"model:{table}"])))
+        jobs.register(
+            conn,
+            JobDefinition(name=job, sinks=frozenset([env.t(table)]), external_inputs=frozenset([f"model:{table}"])),
+        )
     for job, (sources, sink) in DERIVED.items():
-        jobs.register(conn, JobDefinition(name=job, sources=frozenset(env.t(s) for s in sources),
-                                          sinks=frozenset([env.t(sink)])))
+        jobs.register(
+            conn, JobDefinition(name=job, sources=frozenset(env.t(s) for s in sources), sinks=frozenset([env.t(sink)]))
+        )
     barriers.set_interval_s(conn, 86400)  # only the driver issues barriers
     barriers.set_anchor_interval_s(conn, ANCHOR_INTERVAL_S)
 
@@ -211,7 +250,7 @@ class _Pinner:
         self.cp = Reconnecting(env, "pinner", on_wait=lambda what, s: report.waits.append(("pinner", what, s)))
         self.queue: queue.SimpleQueue[tuple[int, bool, int, str | None]] = queue.SimpleQueue()
         self.examined = 0  # barriers (by number) queued so far
-        self.last = 0      # the newest of them
+        self.last = 0  # the newest of them
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="check-pinner", daemon=True)
@@ -242,9 +281,13 @@ class _Pinner:
             return
         if newest_valid <= self.last:  # the cut has not moved since the last poll
             return
-        marks = self.cp.run("barriers", lambda conn: conn.execute(
-            "SELECT barrier, anchor FROM barrier WHERE barrier > %s AND barrier <= %s ORDER BY barrier",
-            (self.last, newest_valid)).fetchall())
+        marks = self.cp.run(
+            "barriers",
+            lambda conn: conn.execute(
+                "SELECT barrier, anchor FROM barrier WHERE barrier > %s AND barrier <= %s ORDER BY barrier",
+                (self.last, newest_valid),
+            ).fetchall(),
+        )
         for mark in marks:
             self.examined += 1
             self.last = mark["barrier"]
@@ -253,8 +296,10 @@ class _Pinner:
     def _pin(self, barrier: int) -> str | None:
         """A lease on the cut at ``barrier`` until it is validated (None: not valid or expired)."""
         try:
-            return self.cp.run("pin", lambda conn: leases.acquire(conn, self.names, ttl_s=60, holder="check-pin",
-                                                                 barrier=barrier).lease_id)
+            return self.cp.run(
+                "pin",
+                lambda conn: leases.acquire(conn, self.names, ttl_s=60, holder="check-pin", barrier=barrier).lease_id,
+            )
         except (BarrierNotValidError, SnapshotExpiredError):
             return None
 
@@ -263,8 +308,17 @@ class _Pinner:
 
 
 class _Run:
-    def __init__(self, env: Env, report: CheckReport, *, fault_rate: float, server, progress, exec_jobs: bool = False,
-                 mutation: str | None = None) -> None:
+    def __init__(
+        self,
+        env: Env,
+        report: CheckReport,
+        *,
+        fault_rate: float,
+        server,
+        progress,
+        exec_jobs: bool = False,
+        mutation: str | None = None,
+    ) -> None:
         self.env, self.report, self.fault_rate, self.server, self.progress = env, report, fault_rate, server, progress
         self.exec_jobs = set(EXEC_JOBS) if exec_jobs else set()
         self.catalog_server = CatalogServer(env, Path(env.reports), mutation=mutation) if exec_jobs else None
@@ -289,9 +343,14 @@ class _Run:
         """Issue a barrier, and number every barrier issued since the last (the job exec scripts
         read their ranges' numbers from the file)."""
         self.cp.run("barrier", lambda conn: barriers.issue(conn))
-        marks = self.cp.run("barriers", lambda conn: conn.execute(
-            "SELECT barrier, n FROM (SELECT barrier, row_number() OVER (ORDER BY barrier) AS n FROM barrier) b "
-            "WHERE n > %s ORDER BY n", (self.numbered,)).fetchall())
+        marks = self.cp.run(
+            "barriers",
+            lambda conn: conn.execute(
+                "SELECT barrier, n FROM (SELECT barrier, row_number() OVER (ORDER BY barrier) AS n FROM barrier) b "
+                "WHERE n > %s ORDER BY n",
+                (self.numbered,),
+            ).fetchall(),
+        )
         with open(self.barriers_file, "a") as f:
             f.writelines(json.dumps({"barrier": m["barrier"], "number": m["n"]}) + "\n" for m in marks)
         self.numbered = self.report.barriers = marks[-1]["n"] if marks else self.numbered
@@ -301,8 +360,14 @@ class _Run:
         if self.catalog_server is None:
             return
         for who in (*sorted(self.exec_jobs), "reader"):
-            self.credentials[who] = ":".join(self.cp.run("token", lambda conn, who=who: tokens.create(
-                conn, job=None if who == "reader" else who, name=f"check {who}")))
+            self.credentials[who] = ":".join(
+                self.cp.run(
+                    "token",
+                    lambda conn, who=who: tokens.create(
+                        conn, job=None if who == "reader" else who, name=f"check {who}"
+                    ),
+                )
+            )
         self.catalog_server.start()
 
     def catalog_read(self, warehouse: str) -> dict | None:
@@ -316,8 +381,12 @@ class _Run:
             self.report.catalog_unavailable += 1
             return None
         try:
-            catalog = RestCatalog(f"check-{warehouse}", uri=self.catalog_server.uri, warehouse=warehouse,
-                                  credential=self.credentials["reader"])
+            catalog = RestCatalog(
+                f"check-{warehouse}",
+                uri=self.catalog_server.uri,
+                warehouse=warehouse,
+                credential=self.credentials["reader"],
+            )
             tables = {name: catalog.load_table(f"{self.env.ns}.{name}") for name in SCHEMAS}
             return {name: table.scan().to_arrow() for name, table in tables.items()}
         except (requests.ConnectionError, ServiceUnavailableError):
@@ -327,27 +396,42 @@ class _Run:
     # -- processes
 
     def _spawn(self, *args: str, extra_env: dict | None = None) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-c", _PROCESS_MAIN, *args],
-                                env={**os.environ, faults.FAULT_ENV: "", faults.FAULT_AFTER_ENV: "0", **(extra_env or {})},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-c", _PROCESS_MAIN, *args],
+            env={**os.environ, faults.FAULT_ENV: "", faults.FAULT_AFTER_ENV: "0", **(extra_env or {})},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def launch(self, job: str, until: int) -> None:
         self.launches[job] += 1
         if job in self.exec_jobs:  # `icebarrier job exec --follow` (--once for the final barrier)
             log = open(Path(self.env.reports) / f"{job}.log", "a")
             proc = subprocess.Popen(
-                exec_command(job, uri=self.catalog_server.uri, credential=self.credentials[job], namespace=self.env.ns,
-                             seed=self.env.seed, barriers_file=self.barriers_file, follow=until == 2**62),
+                exec_command(
+                    job,
+                    uri=self.catalog_server.uri,
+                    credential=self.credentials[job],
+                    namespace=self.env.ns,
+                    seed=self.env.seed,
+                    barriers_file=self.barriers_file,
+                    follow=until == 2**62,
+                ),
                 env={k: v for k, v in os.environ.items() if k not in (faults.FAULT_ENV, faults.MUTATION_ENV)},
-                stdout=log, stderr=log, text=True)
+                stdout=log,
+                stderr=log,
+                text=True,
+            )
             log.close()
             proc.fault = None  # type: ignore[attr-defined]
             self.procs[job] = proc
             return
         point, after = launch_fault(self.env.seed, job, self.launches[job], self.fault_rate)
         extra = {faults.FAULT_ENV: point, faults.FAULT_AFTER_ENV: str(after)} if point else {}
-        proc = self._spawn("job", self.env.to_json(), job, str(until), str(self.env.seed * 31 + self.launches[job]),
-                           extra_env=extra)
+        proc = self._spawn(
+            "job", self.env.to_json(), job, str(until), str(self.env.seed * 31 + self.launches[job]), extra_env=extra
+        )
         proc.fault = point  # type: ignore[attr-defined]
         self.procs[job] = proc
 
@@ -452,9 +536,17 @@ class _Run:
             if self.rng.random() >= 0.2:
                 return
             try:
-                self.rr = self.cp.run("rr open", lambda conn: ConsistentRead(
-                    conn, self.catalog, self.names, level=Level.REPEATABLE_READ, ttl_s=RR_TTL_S,
-                    holder="check-session").__enter__())
+                self.rr = self.cp.run(
+                    "rr open",
+                    lambda conn: ConsistentRead(
+                        conn,
+                        self.catalog,
+                        self.names,
+                        level=Level.REPEATABLE_READ,
+                        ttl_s=RR_TTL_S,
+                        holder="check-session",
+                    ).__enter__(),
+                )
             except NoValidCutError:
                 self.report.no_valid_cut += 1
                 return
@@ -522,9 +614,17 @@ class _Run:
 
     def _validate(self, barrier: int, number: int, *, anchor: bool) -> None:
         def read(conn):
-            with ConsistentRead(conn, self.catalog, self.names, level=Level.REPEATABLE_READ, barrier=barrier,
-                                ttl_s=60, holder="check-validator") as r:
+            with ConsistentRead(
+                conn,
+                self.catalog,
+                self.names,
+                level=Level.REPEATABLE_READ,
+                barrier=barrier,
+                ttl_s=60,
+                holder="check-validator",
+            ) as r:
                 return r.read()[1]
+
         try:
             data = {t.name: d for t, d in self.cp.run("validate", read).items()}
         except SnapshotExpiredError:
@@ -553,8 +653,7 @@ class _Run:
             try:
                 served = self.catalog_read(f"barrier-{barrier}")
             except Exception as exc:  # noqa: BLE001 - a pinned cut the catalog cannot serve is damage
-                self._violation(f"cut at barrier #{number} through the catalog: {type(exc).__name__}: "
-                                f"{str(exc)[:200]}")
+                self._violation(f"cut at barrier #{number} through the catalog: {type(exc).__name__}: {str(exc)[:200]}")
                 return
             if served is not None:
                 self.report.catalog_validated += 1
@@ -568,12 +667,17 @@ class _Run:
         """No snapshot protected (by a lease, job progress, the read window or as current)
         before and after loading a table's metadata is missing from it."""
         for table in self.names:
+
             def audit(conn):
                 before = leases.protected(conn, table)
                 present = {s.snapshot_id for s in load_table(self.catalog, table).metadata.snapshots}
                 after = leases.protected(conn, table)
-                return [(sid, sorted(set(before[sid].reasons) | set(after[sid].reasons)))
-                        for sid in before.keys() & after.keys() if sid not in present]
+                return [
+                    (sid, sorted(set(before[sid].reasons) | set(after[sid].reasons)))
+                    for sid in before.keys() & after.keys()
+                    if sid not in present
+                ]
+
             for sid, reasons in self.cp.run("audit pins", audit):
                 violation = f"snapshot {sid} of {table} is protected ({', '.join(reasons)}) but was expired"
                 if violation not in self.report.violations:
@@ -595,84 +699,118 @@ class _Run:
                     after = coalesced_after(snap)
                     for b, number in self.accepted.items() if after is not None else ():
                         if after < b < int(props[SUMMARY_BARRIER]):
-                            self._violation(f"cut at barrier #{number} was accepted, but {table} coalesced it: its "
-                                            f"snapshot {snap.snapshot_id} covers barriers {after}.."
-                                            f"{props[SUMMARY_BARRIER]}")
+                            self._violation(
+                                f"cut at barrier #{number} was accepted, but {table} coalesced it: its "
+                                f"snapshot {snap.snapshot_id} covers barriers {after}.."
+                                f"{props[SUMMARY_BARRIER]}"
+                            )
             for barrier, runs in runs_of.items():
                 if len(runs) > 1:
-                    self._violation(f"{table} was written {len(runs)} times for barrier {barrier} "
-                                    f"(snapshots {sorted(ids_of[barrier])})")
+                    self._violation(
+                        f"{table} was written {len(runs)} times for barrier {barrier} "
+                        f"(snapshots {sorted(ids_of[barrier])})"
+                    )
             if not final:
                 continue
-            records = self.cp.run("audit commits", lambda conn: conn.execute(
-                """SELECT c.barrier, c.snapshot_id,
+            records = self.cp.run(
+                "audit commits",
+                lambda conn: conn.execute(
+                    """SELECT c.barrier, c.snapshot_id,
                           EXISTS (SELECT 1 FROM expired_snapshot e WHERE e.table_id = c.table_id
                                   AND e.snapshot_id = c.snapshot_id) AS expired
                    FROM table_commit c JOIN managed_table m USING (table_id)
-                   WHERE m.name = %s AND c.revoked_by IS NULL""", (str(table),)).fetchall())
+                   WHERE m.name = %s AND c.revoked_by IS NULL""",
+                    (str(table),),
+                ).fetchall(),
+            )
             recorded = {r["barrier"]: r for r in records}
             present = {s.snapshot_id for s in tbl.metadata.snapshots}
-            passed = self.cp.run("completions", lambda conn: conn.execute(
-                """SELECT c.from_barrier, c.barrier, c.coalesced FROM table_completion c JOIN managed_table m
-                   USING (table_id) WHERE m.name = %s AND c.from_barrier IS NOT NULL""", (str(table),)).fetchall())
+            passed = self.cp.run(
+                "completions",
+                lambda conn: conn.execute(
+                    """SELECT c.from_barrier, c.barrier, c.coalesced FROM table_completion c JOIN managed_table m
+                   USING (table_id) WHERE m.name = %s AND c.from_barrier IS NOT NULL""",
+                    (str(table),),
+                ).fetchall(),
+            )
             for barrier, ids in ids_of.items():
                 record = recorded.get(barrier)
                 inside = [p for p in passed if p["from_barrier"] < barrier < p["barrier"]]
                 if record is None and inside:
                     how = "coalesced" if inside[0]["coalesced"] else "skipped"
-                    self._violation(f"snapshot(s) {sorted(ids)} of {table} carry barrier {barrier}, which the table "
-                                    f"{how} ({inside[0]['from_barrier']}..{inside[0]['barrier']}): no computation "
-                                    f"may write there")
+                    self._violation(
+                        f"snapshot(s) {sorted(ids)} of {table} carry barrier {barrier}, which the table "
+                        f"{how} ({inside[0]['from_barrier']}..{inside[0]['barrier']}): no computation "
+                        f"may write there"
+                    )
                 elif record is None:
-                    self._violation(f"snapshot(s) {sorted(ids)} of {table} carry barrier {barrier} but the control "
-                                    f"plane has no record of that barrier")
+                    self._violation(
+                        f"snapshot(s) {sorted(ids)} of {table} carry barrier {barrier} but the control "
+                        f"plane has no record of that barrier"
+                    )
                 elif record["snapshot_id"] not in ids and not record["expired"]:
-                    self._violation(f"{table}: barrier {barrier} is recorded as snapshot {record['snapshot_id']}, "
-                                    f"but the table's lineage has {sorted(ids)} for it")
+                    self._violation(
+                        f"{table}: barrier {barrier} is recorded as snapshot {record['snapshot_id']}, "
+                        f"but the table's lineage has {sorted(ids)} for it"
+                    )
             for r in records:
                 if r["snapshot_id"] not in present and not r["expired"]:
-                    self._violation(f"{table}: the record of barrier {r['barrier']} names snapshot "
-                                    f"{r['snapshot_id']}, which is neither in the table nor expired")
+                    self._violation(
+                        f"{table}: the record of barrier {r['barrier']} names snapshot "
+                        f"{r['snapshot_id']}, which is neither in the table nor expired"
+                    )
 
     def audit_inputs(self) -> None:
         """Each barrier a root job took input for (its recorded range) and completed has a commit
         record if the model has rows in that range: no (table, barrier) lost from the map."""
         for job, table in ROOTS.items():
+
             def ranges(conn, job=job, table=table):
                 return conn.execute(
                     """SELECT r.barrier, r.spec, c.snapshot_id
                        FROM input_range r JOIN managed_table m ON m.name = %s
                        LEFT JOIN table_commit c ON c.table_id = m.table_id AND c.barrier = r.barrier
                                                AND c.revoked_by IS NULL
-                       WHERE r.job_name = %s AND r.barrier <= m.watermark""", (str(self.env.t(table)), job)).fetchall()
+                       WHERE r.job_name = %s AND r.barrier <= m.watermark""",
+                    (str(self.env.t(table)), job),
+                ).fetchall()
+
             for r in self.cp.run("audit inputs", ranges):
-                if r["snapshot_id"] is None and events(self.env.seed, table, r["spec"]["t_from"], r["spec"]["t_to"]).num_rows:
-                    self._violation(f"{self.env.t(table)} completed barrier {r['barrier']} with input "
-                                    f"({r['spec']['t_from']}, {r['spec']['t_to']}] but has no commit record for it")
+                if (
+                    r["snapshot_id"] is None
+                    and events(self.env.seed, table, r["spec"]["t_from"], r["spec"]["t_to"]).num_rows
+                ):
+                    self._violation(
+                        f"{self.env.t(table)} completed barrier {r['barrier']} with input "
+                        f"({r['spec']['t_from']}, {r['spec']['t_to']}] but has no commit record for it"
+                    )
 
     def audit_publishes(self) -> None:
         """A job exec job's sinks never show a barrier its job has not completed: the catalog
         swaps a session's pointers and completes its barrier in one transaction. Pointer and
         watermark are read in one statement (one snapshot of the database)."""
+        from psycopg import sql
         from pyiceberg.io import load_file_io
         from pyiceberg.serializers import FromInputFile
-        from psycopg import sql
 
         settings = self.env.settings
         query = sql.SQL(
             "SELECT m.name, m.watermark, t.metadata_location FROM managed_table m JOIN {}.iceberg_tables t "
             "ON t.catalog_name = %s AND t.table_namespace = %s AND m.name = t.catalog_name || '.' || "
-            "t.table_namespace || '.' || t.table_name WHERE m.name = ANY(%s)").format(
-            sql.Identifier(settings.catalog_schema))
+            "t.table_namespace || '.' || t.table_name WHERE m.name = ANY(%s)"
+        ).format(sql.Identifier(settings.catalog_schema))
         sinks = [str(self.env.t(DERIVED[j][1] if j in DERIVED else ROOTS[j])) for j in sorted(self.exec_jobs)]
-        for row in self.cp.run("audit publishes", lambda conn: conn.execute(
-                query, (settings.catalog, self.env.ns, sinks)).fetchall()):
+        for row in self.cp.run(
+            "audit publishes", lambda conn: conn.execute(query, (settings.catalog, self.env.ns, sinks)).fetchall()
+        ):
             io = load_file_io(settings.pyiceberg_properties(), row["metadata_location"])
             current = FromInputFile.table_metadata(io.new_input(row["metadata_location"])).current_snapshot()
             shown = int(summary_properties(current).get(SUMMARY_BARRIER, 0)) if current is not None else 0
             if shown > (row["watermark"] or 0):
-                self._violation(f"{row['name']} shows barrier {shown} while its job has completed only "
-                                f"{row['watermark']}: a session's commits were visible before its barrier completed")
+                self._violation(
+                    f"{row['name']} shows barrier {shown} while its job has completed only "
+                    f"{row['watermark']}: a session's commits were visible before its barrier completed"
+                )
 
     def count_completions(self) -> None:
         """How the jobs completed barriers: one exact barrier, a skipped run, a coalesced range."""
@@ -699,8 +837,17 @@ class _Run:
 FINAL_TIMEOUT_S = 180.0  # every job reaches the final barrier within this, or the run fails
 
 
-def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, server=None, progress=print,
-              report: CheckReport | None = None, exec_jobs: bool = True, mutation: str | None = None) -> CheckReport:
+def run_check(
+    env: Env,
+    *,
+    duration_s: float = 20,
+    fault_rate: float = 0.3,
+    server=None,
+    progress=print,
+    report: CheckReport | None = None,
+    exec_jobs: bool = True,
+    mutation: str | None = None,
+) -> CheckReport:
     """One seeded run. ``server`` (an :class:`~icebarrier.apps.embedded.EmbeddedPostgres` the run
     owns) is restarted by the fault schedule; without it the schedule has no restarts. With
     ``exec_jobs``, two jobs run under ``icebarrier job exec`` through a catalog server the run
@@ -711,8 +858,9 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, serv
     Path(env.reports).mkdir(parents=True, exist_ok=True)
     running = Path(env.reports) / "running"
     running.touch()
-    run = _Run(env, report, fault_rate=fault_rate, server=server, progress=progress, exec_jobs=exec_jobs,
-               mutation=mutation)
+    run = _Run(
+        env, report, fault_rate=fault_rate, server=server, progress=progress, exec_jobs=exec_jobs, mutation=mutation
+    )
     report.exec_jobs, report.mutation = sorted(run.exec_jobs), mutation
     run.cp.run("setup", lambda conn: setup(env, conn, run.catalog))
     schedule = fault_schedule(env.seed, duration_s, fault_rate, restarts=server is not None, exec_jobs=exec_jobs)
@@ -758,7 +906,8 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, serv
                     if at != final:
                         report.violations.append(
                             f"job {job} did not reach the final barrier in {FINAL_TIMEOUT_S:g}s (at {at}, final "
-                            f"{final}){': ' + run.exec_errors[job] if run.exec_errors.get(job) else ''}")
+                            f"{final}){': ' + run.exec_errors[job] if run.exec_errors.get(job) else ''}"
+                        )
                 break
             run.reap(final)
             if run.exec_jobs:
@@ -769,8 +918,11 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, serv
             if run.rng.random() < 0.2:
                 run.audit_pins()
                 run.audit_commits(final=False)
-            if final is not None and all(run.procs[j].poll() is not None for j in JOBS) and all(
-                    run.cp.run("progress", lambda c, j=j: jobs.show(c, j).progress) == final for j in JOBS):
+            if (
+                final is not None
+                and all(run.procs[j].poll() is not None for j in JOBS)
+                and all(run.cp.run("progress", lambda c, j=j: jobs.show(c, j).progress) == final for j in JOBS)
+            ):
                 break
             time.sleep(0.05)
     finally:
@@ -805,9 +957,15 @@ def run_check(env: Env, *, duration_s: float = 20, fault_rate: float = 0.3, serv
     return report
 
 
-def private_env(dsn: str, home: Path, seed: int, *, warehouse: str | None = None,
-                storage: dict | None = None) -> Env:
+def private_env(dsn: str, home: Path, seed: int, *, warehouse: str | None = None, storage: dict | None = None) -> Env:
     """An Env for a run on ``dsn``, with the processes' reports under ``home`` (a folder the caller
     owns and removes), and its warehouse there too unless given (e.g. a prefix on S3)."""
-    return Env(dsn=dsn, schema="icebarrier", warehouse=warehouse or (home / "warehouse").as_uri(), ns=f"check_{seed}",
-               seed=seed, reports=str(home / "reports"), storage=dict(storage or {}))
+    return Env(
+        dsn=dsn,
+        schema="icebarrier",
+        warehouse=warehouse or (home / "warehouse").as_uri(),
+        ns=f"check_{seed}",
+        seed=seed,
+        reports=str(home / "reports"),
+        storage=dict(storage or {}),
+    )

@@ -49,13 +49,22 @@ class CatalogServer:
         self.down_until: float | None = None
 
     def start(self, timeout_s: float = 60) -> None:
-        environ = {**os.environ, "ICEBARRIER_DSN": self.env.dsn, "ICEBARRIER_SCHEMA": self.env.schema,
-                   "ICEBARRIER_WAREHOUSE": self.env.warehouse, "ICEBARRIER_CONFIG": str(self.config)}
+        environ = {
+            **os.environ,
+            "ICEBARRIER_DSN": self.env.dsn,
+            "ICEBARRIER_SCHEMA": self.env.schema,
+            "ICEBARRIER_WAREHOUSE": self.env.warehouse,
+            "ICEBARRIER_CONFIG": str(self.config),
+        }
         environ.pop(MUTATION_ENV, None)
         if self.mutation:
             environ[MUTATION_ENV] = self.mutation
-        self.proc = subprocess.Popen([*_CLI, "serve", "--port", str(self.port), "--session-quiet", "200ms"],
-                                     env=environ, stdout=self.log, stderr=self.log)
+        self.proc = subprocess.Popen(
+            [*_CLI, "serve", "--port", str(self.port), "--session-quiet", "200ms"],
+            env=environ,
+            stdout=self.log,
+            stderr=self.log,
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -88,13 +97,37 @@ class CatalogServer:
         self.log.close()
 
 
-def exec_command(job: str, *, uri: str, credential: str, namespace: str, seed: int, barriers_file: Path,
-                 follow: bool) -> list[str]:
+def exec_command(
+    job: str, *, uri: str, credential: str, namespace: str, seed: int, barriers_file: Path, follow: bool
+) -> list[str]:
     kind = EXEC_JOBS[job]
     options = ["--no-skip"] if kind == "root" else []  # a root's input changes with every barrier
-    return [*_CLI, "--output", "json", "job", "exec", job, "--follow" if follow else "--once", "--catalog-uri",
-            uri, "--credential", credential, "--hold", HOLD, "--poll", "2s", *options, "--",
-            sys.executable, "-m", SCRIPT, kind, namespace, str(seed), str(barriers_file)]
+    return [
+        *_CLI,
+        "--output",
+        "json",
+        "job",
+        "exec",
+        job,
+        "--follow" if follow else "--once",
+        "--catalog-uri",
+        uri,
+        "--credential",
+        credential,
+        "--hold",
+        HOLD,
+        "--poll",
+        "2s",
+        *options,
+        "--",
+        sys.executable,
+        "-m",
+        SCRIPT,
+        kind,
+        namespace,
+        str(seed),
+        str(barriers_file),
+    ]
 
 
 def children(pid: int) -> list[int]:

@@ -45,15 +45,22 @@ def events(seed: int, table: str, t_from: int, t_to: int) -> pa.Table:
         return pa.table({"order_id": pa.array(range(t_from + 1, t_to + 1), pa.int64())}, schema=SCHEMAS["orders"])
     if table == "payments":
         ids = [o for o in range(max(1, t_from - 3 * WINDOW), t_to + 1) if t_from < payment_time(seed, o) <= t_to]
-        return pa.table({"order_id": pa.array(ids, pa.int64()),
-                         "t": pa.array([payment_time(seed, o) for o in ids], pa.int64())}, schema=SCHEMAS["payments"])
+        return pa.table(
+            {"order_id": pa.array(ids, pa.int64()), "t": pa.array([payment_time(seed, o) for o in ids], pa.int64())},
+            schema=SCHEMAS["payments"],
+        )
     rows = []
     for tid in range(t_from + 1, t_to + 1):
         a, b, amount = transfer(seed, tid)
         rows += [(tid, a, -amount), (tid, b, amount)]
-    return pa.table({"transfer_id": pa.array([r[0] for r in rows], pa.int64()),
-                     "account": pa.array([r[1] for r in rows], pa.int64()),
-                     "delta": pa.array([r[2] for r in rows], pa.int64())}, schema=SCHEMAS["ledger"])
+    return pa.table(
+        {
+            "transfer_id": pa.array([r[0] for r in rows], pa.int64()),
+            "account": pa.array([r[1] for r in rows], pa.int64()),
+            "delta": pa.array([r[2] for r in rows], pa.int64()),
+        },
+        schema=SCHEMAS["ledger"],
+    )
 
 
 def derive(sink: str, data: dict[str, pa.Table]) -> pa.Table:
@@ -62,12 +69,22 @@ def derive(sink: str, data: dict[str, pa.Table]) -> pa.Table:
         totals = Counter({a: OPENING for a in range(ACCOUNTS)})
         for account, delta in zip(data["ledger"]["account"].to_pylist(), data["ledger"]["delta"].to_pylist()):
             totals[account] += delta
-        return pa.table({"account": pa.array(sorted(totals), pa.int64()),
-                         "balance": pa.array([totals[a] for a in sorted(totals)], pa.int64())}, schema=SCHEMAS[sink])
+        return pa.table(
+            {
+                "account": pa.array(sorted(totals), pa.int64()),
+                "balance": pa.array([totals[a] for a in sorted(totals)], pa.int64()),
+            },
+            schema=SCHEMAS[sink],
+        )
     orders = set(data["orders"]["order_id"].to_pylist())
     pays = data["payments"]["order_id"].to_pylist()
-    return pa.table({"payments": pa.array([len(pays)], pa.int64()),
-                     "with_order": pa.array([sum(1 for p in pays if p in orders)], pa.int64())}, schema=SCHEMAS[sink])
+    return pa.table(
+        {
+            "payments": pa.array([len(pays)], pa.int64()),
+            "with_order": pa.array([sum(1 for p in pays if p in orders)], pa.int64()),
+        },
+        schema=SCHEMAS[sink],
+    )
 
 
 def expected(seed: int, barrier_no: int) -> dict[str, pa.Table]:
@@ -88,8 +105,7 @@ def compare(seed: int, barrier_no: int, data: dict[str, pa.Table]) -> str | None
         got, exp = rows(data[table]), rows(want)
         if got != exp:
             duplicated = len(got) - len(set(got))
-            return (f"{table} at barrier #{barrier_no}: {len(got)} rows ({duplicated} duplicated), "
-                    f"model has {len(exp)}")
+            return f"{table} at barrier #{barrier_no}: {len(got)} rows ({duplicated} duplicated), model has {len(exp)}"
     return None
 
 

@@ -33,14 +33,19 @@ from icebarrier.iceberg_ext.catalog import load_catalog
 from icebarrier.iceberg_ext.commits import BarrierCommit
 from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.maintenance import expire
-from icebarrier.iceberg_ext.storage import Storage
 from icebarrier.iceberg_ext.runtime import inputs_at, record_plan
+from icebarrier.iceberg_ext.storage import Storage
 
 T = TypeVar("T")
 # What a restart of the control-plane Postgres looks like from a client.
-CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, ControlPlaneUnavailableError,
-                     sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
-                     sqlalchemy.exc.PendingRollbackError)
+CONNECTION_ERRORS = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    ControlPlaneUnavailableError,
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.PendingRollbackError,
+)
 RECONNECT_LIMIT_S = 60.0
 
 
@@ -56,8 +61,9 @@ class Env:
 
     @property
     def settings(self) -> Settings:
-        return Settings(dsn=self.dsn, schema=self.schema, warehouse=self.warehouse,
-                        storage=Storage(properties=self.storage)).validated()
+        return Settings(
+            dsn=self.dsn, schema=self.schema, warehouse=self.warehouse, storage=Storage(properties=self.storage)
+        ).validated()
 
     def t(self, name: str) -> TableName:
         return TableName.parse(f"lake.{self.ns}.{name}")
@@ -115,8 +121,13 @@ def barrier_number(conn: psycopg.Connection, barrier: int) -> int:
 
 
 def _commit(conn, catalog, job: str, plan: NextBarrier) -> BarrierCommit:
-    return BarrierCommit(conn, catalog, job=job, barrier=plan.barrier,
-                         coalesce_after=plan.from_barrier if plan.plan is Plan.COALESCE else None)
+    return BarrierCommit(
+        conn,
+        catalog,
+        job=job,
+        barrier=plan.barrier,
+        coalesce_after=plan.from_barrier if plan.plan is Plan.COALESCE else None,
+    )
 
 
 def root_step(env: Env, conn, catalog, job: str, plan: NextBarrier) -> None:
@@ -125,8 +136,9 @@ def root_step(env: Env, conn, catalog, job: str, plan: NextBarrier) -> None:
     spec = runs.recorded_range(conn, job, plan.barrier)
     if spec is None:
         t_from = barrier_number(conn, previous) * WINDOW if previous is not None else 0
-        spec = runs.record_range(conn, job, plan.barrier,
-                                 {"t_from": t_from, "t_to": barrier_number(conn, plan.barrier) * WINDOW})
+        spec = runs.record_range(
+            conn, job, plan.barrier, {"t_from": t_from, "t_to": barrier_number(conn, plan.barrier) * WINDOW}
+        )
     faults.point(faults.AFTER_INPUT_RANGE)
     rows = events(env.seed, table, spec["t_from"], spec["t_to"])
     if rows.num_rows == 0:
@@ -144,8 +156,9 @@ def derived_step(env: Env, conn, catalog, job: str, plan: NextBarrier) -> None:
     sources, sink = DERIVED[job]
     if plan.from_barrier is not None:
         record_plan(conn, plan)
-    with inputs_at(conn, catalog, job, [env.t(s) for s in sources], plan.barrier,
-                   bootstrap=plan.from_barrier is None) as r:
+    with inputs_at(
+        conn, catalog, job, [env.t(s) for s in sources], plan.barrier, bootstrap=plan.from_barrier is None
+    ) as r:
         _, data = r.read()
     out = derive(sink, {t.name: d for t, d in data.items()})
     with _commit(conn, catalog, job, plan) as tx:
@@ -210,4 +223,3 @@ def main(argv: list[str]) -> None:
         job_process(env, argv[2], int(argv[3]), int(argv[4]))
     else:
         expiry_process(env, int(argv[2]))
-

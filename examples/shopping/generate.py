@@ -25,8 +25,15 @@ def write_batch(input_dir: str, batch_no: int, orders: int = 100, seed: int = 0)
     rows = []
     for i in range(orders):
         item = rng.randrange(10)
-        rows.append({"order_id": batch_no * 1_000_000 + i, "user_id": rng.randrange(20), "item_id": item,
-                     "amount": rng.randrange(1, 5), "price": price(item)})
+        rows.append(
+            {
+                "order_id": batch_no * 1_000_000 + i,
+                "user_id": rng.randrange(20),
+                "item_id": item,
+                "amount": rng.randrange(1, 5),
+                "price": price(item),
+            }
+        )
     ships = [{"order_id": r["order_id"], "carrier": rng.choice(["ups", "dhl"])} for r in rows if rng.random() < 0.7]
     for kind, data in (("shopping", rows), ("shipments", ships)):
         folder = os.path.join(input_dir, kind)

@@ -26,8 +26,10 @@ SHIPMENT_SCHEMA = "order_id bigint, carrier string"
 
 
 def tables(ns: str, catalog: str = "lake") -> dict[str, str]:
-    return {t: f"{catalog}.{ns}.{t}" for t in
-            ("shopping", "shipments", "user_item_amount", "user_item_price", "shipped_orders")}
+    return {
+        t: f"{catalog}.{ns}.{t}"
+        for t in ("shopping", "shipments", "user_item_amount", "user_item_price", "shipped_orders")
+    }
 
 
 DDL = {
@@ -52,20 +54,33 @@ def build(ns: str | None = None, input_dir: str | None = None, catalog: str | No
     t = tables(ns, catalog)
     return {
         "ingest_shopping": RootJob(
-            name=f"{ns}_ingest_shopping", sinks=[t["shopping"]],
-            source=FileSource(os.path.join(input_dir, "shopping"), SHOPPING_SCHEMA, fmt="json", pattern="*.json")),
+            name=f"{ns}_ingest_shopping",
+            sinks=[t["shopping"]],
+            source=FileSource(os.path.join(input_dir, "shopping"), SHOPPING_SCHEMA, fmt="json", pattern="*.json"),
+        ),
         "ingest_shipments": RootJob(
-            name=f"{ns}_ingest_shipments", sinks=[t["shipments"]],
-            source=FileSource(os.path.join(input_dir, "shipments"), SHIPMENT_SCHEMA, fmt="json", pattern="*.json")),
-        "user_item_amount": SqlJob(f"{ns}_user_item_amount", f"""
-            INSERT INTO {t['user_item_amount']}
-            SELECT user_id, item_id, sum(amount) AS amount FROM {t['shopping']} GROUP BY user_id, item_id"""),
-        "user_item_price": SqlJob(f"{ns}_user_item_price", f"""
-            INSERT INTO {t['user_item_price']}
-            SELECT user_id, item_id, sum(amount * price) AS price FROM {t['shopping']} GROUP BY user_id, item_id"""),
+            name=f"{ns}_ingest_shipments",
+            sinks=[t["shipments"]],
+            source=FileSource(os.path.join(input_dir, "shipments"), SHIPMENT_SCHEMA, fmt="json", pattern="*.json"),
+        ),
+        "user_item_amount": SqlJob(
+            f"{ns}_user_item_amount",
+            f"""
+            INSERT INTO {t["user_item_amount"]}
+            SELECT user_id, item_id, sum(amount) AS amount FROM {t["shopping"]} GROUP BY user_id, item_id""",
+        ),
+        "user_item_price": SqlJob(
+            f"{ns}_user_item_price",
+            f"""
+            INSERT INTO {t["user_item_price"]}
+            SELECT user_id, item_id, sum(amount * price) AS price FROM {t["shopping"]} GROUP BY user_id, item_id""",
+        ),
         "shipped_orders": TransformJob(
-            name=f"{ns}_shipped_orders", sources=[t["shopping"], t["shipments"]], sinks=[t["shipped_orders"]],
-            transform=lambda ctx: append(delta_join(ctx, t["shopping"], t["shipments"], ["order_id"]))),
+            name=f"{ns}_shipped_orders",
+            sources=[t["shopping"], t["shipments"]],
+            sinks=[t["shipped_orders"]],
+            transform=lambda ctx: append(delta_join(ctx, t["shopping"], t["shipments"], ["order_id"])),
+        ),
     }
 
 

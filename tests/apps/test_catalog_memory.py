@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from icebarrier.apps.catalog.lake.core import NeedsStorage, _LRU, memory_only
+from icebarrier.apps.catalog.lake.core import _LRU, NeedsStorage, memory_only
 
 
 def test_a_cache_miss_under_memory_only_reads_nothing_and_says_so():

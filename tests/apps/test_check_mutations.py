@@ -13,8 +13,15 @@ import pyarrow as pa
 import pytest
 
 from icebarrier.apps.check import CheckReport, events, private_env, run_check
-from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER, SUMMARY_JOB, SUMMARY_RUN, load_catalog, load_table, \
-    retry_commit, upgrade
+from icebarrier.iceberg_ext.catalog import (
+    SUMMARY_BARRIER,
+    SUMMARY_JOB,
+    SUMMARY_RUN,
+    load_catalog,
+    load_table,
+    retry_commit,
+    upgrade,
+)
 from tests.helpers import new_database
 
 pytestmark = pytest.mark.slow
@@ -29,8 +36,11 @@ def live_run(pg_server, tmp_path):
         upgrade(env.settings)
         report = CheckReport(seed=SEED)
         done: list = []
-        thread = threading.Thread(target=lambda: done.append(run_check(env, duration_s=10, fault_rate=0.0,
-                                                                        progress=lambda _: None, report=report)))
+        thread = threading.Thread(
+            target=lambda: done.append(
+                run_check(env, duration_s=10, fault_rate=0.0, progress=lambda _: None, report=report)
+            )
+        )
         thread.start()
 
         def wait_for_barriers(n: int) -> None:
@@ -54,8 +64,9 @@ def _cp(env):
 
 def _problems(report: CheckReport) -> list[str]:
     """What fails a run: violations, and anomalies at the levels that promise consistency."""
-    return report.violations + [report.examples[lvl] for lvl in ("read-committed", "repeatable-read")
-                                if report.anomalies[lvl]]
+    return report.violations + [
+        report.examples[lvl] for lvl in ("read-committed", "repeatable-read") if report.anomalies[lvl]
+    ]
 
 
 def test_a_clean_run_passes(live_run):
@@ -74,7 +85,8 @@ def test_a_deleted_barrier_record_is_reported(live_run):
         deleted = c.execute(
             "DELETE FROM table_commit WHERE commit_id = (SELECT max(commit_id) FROM table_commit "
             "JOIN managed_table USING (table_id) WHERE name = %s) RETURNING barrier, snapshot_id",
-            (str(env.t("orders")),)).fetchone()
+            (str(env.t("orders")),),
+        ).fetchone()
     assert deleted is not None
     report = finish()
     assert not report.ok, report.to_json()
@@ -90,16 +102,26 @@ def test_a_pinned_snapshot_expired_behind_the_control_planes_back_is_reported(li
     victim = None
     while victim is None and time.monotonic() < deadline:
         with _cp(env) as c:
-            pinned = c.execute("SELECT table_name, snapshot_id FROM active_leases WHERE holder = 'check-session' "
-                               "AND snapshot_id IS NOT NULL").fetchall()
+            pinned = c.execute(
+                "SELECT table_name, snapshot_id FROM active_leases WHERE holder = 'check-session' "
+                "AND snapshot_id IS NOT NULL"
+            ).fetchall()
         for table_name, snapshot_id in pinned:
             tbl = load_table(catalog, env.t(table_name.rsplit(".", 1)[1]))
             if tbl.current_snapshot().snapshot_id != snapshot_id:
-                retry_commit(lambda: load_table(catalog, env.t(table_name.rsplit(".", 1)[1]))
-                             .maintenance.expire_snapshots().by_ids([snapshot_id]).commit())
+                retry_commit(
+                    lambda: (
+                        load_table(catalog, env.t(table_name.rsplit(".", 1)[1]))
+                        .maintenance.expire_snapshots()
+                        .by_ids([snapshot_id])
+                        .commit()
+                    )
+                )
                 with _cp(env) as c:  # still pinned after the expiry: a real corruption, not a late one
-                    still = c.execute("SELECT 1 FROM active_leases WHERE holder = 'check-session' "
-                                      "AND snapshot_id = %s", (snapshot_id,)).fetchone()
+                    still = c.execute(
+                        "SELECT 1 FROM active_leases WHERE holder = 'check-session' AND snapshot_id = %s",
+                        (snapshot_id,),
+                    ).fetchone()
                 if still:
                     victim = (table_name, snapshot_id)
                     break
@@ -115,14 +137,18 @@ def test_a_second_commit_for_a_table_and_barrier_is_reported(live_run):
     env, wait_for_barriers, finish = live_run
     wait_for_barriers(4)
     with _cp(env) as c:
-        barrier = c.execute("SELECT max(c.barrier) FROM table_commit c JOIN managed_table m USING (table_id) "
-                            "WHERE m.name = %s", (str(env.t("orders")),)).fetchone()[0]
+        barrier = c.execute(
+            "SELECT max(c.barrier) FROM table_commit c JOIN managed_table m USING (table_id) WHERE m.name = %s",
+            (str(env.t("orders")),),
+        ).fetchone()[0]
     catalog = load_catalog(env.settings)
     extra = events(SEED, "orders", 0, 4)
     props = {SUMMARY_BARRIER: str(barrier), SUMMARY_JOB: "orders_in", SUMMARY_RUN: "mutant"}
-    retry_commit(lambda: load_table(catalog, env.t("orders")).append(pa.Table.from_batches(extra.to_batches(),
-                                                                                          extra.schema),
-                                                                      snapshot_properties=props))
+    retry_commit(
+        lambda: load_table(catalog, env.t("orders")).append(
+            pa.Table.from_batches(extra.to_batches(), extra.schema), snapshot_properties=props
+        )
+    )
     report = finish()
     assert not report.ok, report.to_json()
     assert any("orders" in p for p in _problems(report)), report.to_json()

@@ -5,8 +5,8 @@ import socket
 import psycopg
 import pytest
 
-from icebarrier.control_plane import schema
 from icebarrier.apps.embedded import EmbeddedPostgres
+from icebarrier.control_plane import schema
 
 # embedded servers one at a time (tests/conftest.py, pytest_collection_modifyitems)
 pytestmark = pytest.mark.xdist_group("embedded-postgres")

@@ -34,11 +34,15 @@ def test_admin_actions_are_in_the_trail_with_who_did_them(cli, conn):
     events = _events(cli)[earlier:]
     actions = [(e["action"], e["job"], e["object"]) for e in events]
     assert actions == [
-        ("job register", "ingest", None), ("job register", "agg", None),
-        ("token create", "ingest", made["client_id"]), ("token revoke", "ingest", made["client_id"]),
+        ("job register", "ingest", None),
+        ("job register", "agg", None),
+        ("token create", "ingest", made["client_id"]),
+        ("token revoke", "ingest", made["client_id"]),
         ("setting", None, "barrier_interval_ms"),
-        ("lease acquire", None, f"lease {lease}"), ("lease release", None, f"lease {lease}"),
-        ("job unregister", "agg", None)], actions
+        ("lease acquire", None, f"lease {lease}"),
+        ("lease release", None, f"lease {lease}"),
+        ("job unregister", "agg", None),
+    ], actions
     assert {e["actor"] for e in events} == {f"cli:{getpass.getuser()}"}
     assert all(e["result"] == "done" and e["role"] for e in events)
 
@@ -62,5 +66,6 @@ def test_an_action_that_fails_leaves_no_row_and_a_bad_filter_is_one_line(cli, co
     done = cli("audit", "--since", "yesterday")
     assert done.exit_code == 1 and done.stderr.strip().splitlines() == [
         "error: --since 'yesterday' is neither a duration (e.g. 1h, 2d) nor an ISO 8601 time "
-        "(e.g. 2026-11-25T08:00:00Z)"]
+        "(e.g. 2026-11-25T08:00:00Z)"
+    ]
     assert cli("audit", "--table", "not a table").exit_code == 1

@@ -19,29 +19,62 @@ from tests.helpers import new_database
 
 ORDERS, REPORT = "lake.db.orders", "lake.db.report"
 
-BAD_TABLES = ["lake.db", "lake..orders", "lake.db.orders;drop", "lake.db.ord-ers", "lake.db.\x1b[31mred",
-              "lake.db.a\nb", "'lake.db.x'", "lake.db.ghost"]
+BAD_TABLES = [
+    "lake.db",
+    "lake..orders",
+    "lake.db.orders;drop",
+    "lake.db.ord-ers",
+    "lake.db.\x1b[31mred",
+    "lake.db.a\nb",
+    "'lake.db.x'",
+    "lake.db.ghost",
+]
 TABLE_COMMANDS = [
-    ("cut", "{t}"), ("cut", "{t}", "--level", "repeatable-read"), ("lease", "acquire", "{t}"), ("protected", "{t}"),
-    ("lineage", "{t}"), ("tag", "eod", "{t}"), ("revise", "{t}", "--to-barrier", "{B}"), ("expire", "--table", "{t}"),
-    ("reconcile", "{t}"), ("delay", "--table", "{t}"), ("compact", "{t}"),
+    ("cut", "{t}"),
+    ("cut", "{t}", "--level", "repeatable-read"),
+    ("lease", "acquire", "{t}"),
+    ("protected", "{t}"),
+    ("lineage", "{t}"),
+    ("tag", "eod", "{t}"),
+    ("revise", "{t}", "--to-barrier", "{B}"),
+    ("expire", "--table", "{t}"),
+    ("reconcile", "{t}"),
+    ("delay", "--table", "{t}"),
+    ("compact", "{t}"),
 ]
 # Registering may name a table nobody writes yet (it becomes managed): only malformed names are bad.
-REGISTER_COMMANDS = [("job", "register", "newjob", "--source", "{t}", "--sink", "lake.db.z"),
-                     ("job", "register", "newjob", "--external", "ext:x", "--sink", "{t}")]
+REGISTER_COMMANDS = [
+    ("job", "register", "newjob", "--source", "{t}", "--sink", "lake.db.z"),
+    ("job", "register", "newjob", "--external", "ext:x", "--sink", "{t}"),
+]
 BAD_JOBS = ["1job", "job name", "job;drop", "j\x1b[2J", "ghost", "a" * 200]
-JOB_COMMANDS = [("job", "show", "{j}"), ("job", "unregister", "{j}"), ("job", "next-barrier", "{j}"),
-                ("job", "complete", "{j}", "--barrier", "1"), ("delay", "--job", "{j}")]
+JOB_COMMANDS = [
+    ("job", "show", "{j}"),
+    ("job", "unregister", "{j}"),
+    ("job", "next-barrier", "{j}"),
+    ("job", "complete", "{j}", "--barrier", "1"),
+    ("delay", "--job", "{j}"),
+]
 BAD_DURATIONS = ["abc", "-5s", "10 parsecs", "1e9999s", "5 h m", "∞"]
-DURATION_COMMANDS = [("barrier", "interval", "{d}"), ("barrier", "anchor-interval", "{d}"),
-                     ("lease", "acquire", ORDERS, "--ttl", "{d}"),
-                     ("lease", "renew", "00000000-0000-0000-0000-000000000001", "--ttl", "{d}"),
-                     ("cut", ORDERS, "--level", "repeatable-read", "--ttl", "{d}"), ("expire", "--older-than", "{d}"),
-                     ("tag", "eod", ORDERS, "--max-age", "{d}"), ("cut", ORDERS, "--wait", "{d}")]
+DURATION_COMMANDS = [
+    ("barrier", "interval", "{d}"),
+    ("barrier", "anchor-interval", "{d}"),
+    ("lease", "acquire", ORDERS, "--ttl", "{d}"),
+    ("lease", "renew", "00000000-0000-0000-0000-000000000001", "--ttl", "{d}"),
+    ("cut", ORDERS, "--level", "repeatable-read", "--ttl", "{d}"),
+    ("expire", "--older-than", "{d}"),
+    ("tag", "eod", ORDERS, "--max-age", "{d}"),
+    ("cut", ORDERS, "--wait", "{d}"),
+]
 BAD_BARRIERS = ["-1", "0", "abc", str(2**63), "1.5"]
-BARRIER_COMMANDS = [("cut", ORDERS, "--barrier", "{b}"), ("lease", "acquire", ORDERS, "--barrier", "{b}"),
-                    ("job", "complete", "ingest", "--barrier", "{b}"), ("revise", ORDERS, "--to-barrier", "{b}"),
-                    ("tag", "eod", ORDERS, "--barrier", "{b}"), ("query", "SELECT 1", "--barrier", "{b}")]
+BARRIER_COMMANDS = [
+    ("cut", ORDERS, "--barrier", "{b}"),
+    ("lease", "acquire", ORDERS, "--barrier", "{b}"),
+    ("job", "complete", "ingest", "--barrier", "{b}"),
+    ("revise", ORDERS, "--to-barrier", "{b}"),
+    ("tag", "eod", ORDERS, "--barrier", "{b}"),
+    ("query", "SELECT 1", "--barrier", "{b}"),
+]
 
 
 def _cases():
@@ -64,8 +97,13 @@ def _cases():
     yield ["lease", "acquire", ORDERS, "--ttl", "1ms"], "0.001s"
     yield ["lease", "acquire", ORDERS, "--ttl", "0s"], "0s"
     yield ["lease", "acquire", ORDERS, "--ttl", "8d"], "691200s"
-    for d, named in [("0s", "0s"), ("500ms", "500 ms for setting lease_max_ttl_ms is out of range"), ("8d", "691200000 ms for setting"),
-                     ("-5s", "-5s"), ("abc", "abc")]:
+    for d, named in [
+        ("0s", "0s"),
+        ("500ms", "500 ms for setting lease_max_ttl_ms is out of range"),
+        ("8d", "691200000 ms for setting"),
+        ("-5s", "-5s"),
+        ("abc", "abc"),
+    ]:
         yield ["lease", "max-ttl", d], named
     for cmd in BARRIER_COMMANDS:
         for b in BAD_BARRIERS:
@@ -73,10 +111,20 @@ def _cases():
     for lease_id in ["nope", "0000", "00000000-0000-0000-0000-000000000000"]:
         yield ["lease", "renew", lease_id], lease_id
         yield ["lease", "release", lease_id], lease_id
-    for commit in ["lake.db.orders", "lake.db.orders=abc", "lake.db.orders=-5", "lake.db.orders=0", "=5",
-                   "lake.db.orders=99999999999999999999", "lake.db.report=5"]:
+    for commit in [
+        "lake.db.orders",
+        "lake.db.orders=abc",
+        "lake.db.orders=-5",
+        "lake.db.orders=0",
+        "=5",
+        "lake.db.orders=99999999999999999999",
+        "lake.db.report=5",
+    ]:
         yield ["job", "complete", "ingest", "--barrier", "{B}", "--commit", commit], commit.split("=")[0] or "''"
-    yield ["job", "complete", "ingest", "--barrier", "{B}", "--commit", f"{ORDERS}=1", "--commit", f"{ORDERS}=2"], ORDERS
+    yield (
+        ["job", "complete", "ingest", "--barrier", "{B}", "--commit", f"{ORDERS}=1", "--commit", f"{ORDERS}=2"],
+        ORDERS,
+    )
     for name in ["Mixed", "pg_x", "information_schema", "a-b", "x" * 70]:
         yield ["--schema", name, "job", "list"], name
     yield ["--schema", "", "job", "list"], "''"
@@ -99,10 +147,22 @@ def _cases():
     yield ["job", "exec", "ingest", "--credential", "no-colon", "--", "true"], "CLIENT_ID:SECRET"
     yield ["job", "exec", "ingest", "--credential", "a:b"], "COMMAND"
     yield ["job", "exec", "ingest", "--credential", "a:b", "--hold", "soon", "--", "true"], "soon"
-    yield ["job", "exec", "ingest", "--credential", "a:b", "--catalog-uri", "http://127.0.0.1:1", "--", "true"], \
-        "http://127.0.0.1:1"
-    for warehouse in ["nightly", "barrier-0", "barrier-x", "lease-123", "read-committed:Bad-NS", "", "job:", "job:1x",
-                      "job:ingest@", "job:ingest@a b"]:
+    yield (
+        ["job", "exec", "ingest", "--credential", "a:b", "--catalog-uri", "http://127.0.0.1:1", "--", "true"],
+        "http://127.0.0.1:1",
+    )
+    for warehouse in [
+        "nightly",
+        "barrier-0",
+        "barrier-x",
+        "lease-123",
+        "read-committed:Bad-NS",
+        "",
+        "job:",
+        "job:1x",
+        "job:ingest@",
+        "job:ingest@a b",
+    ]:
         yield ["connect", "--engine", "spark", "--warehouse", warehouse], warehouse or "''"
     yield ["connect", "--engine", "presto"], "presto"
     yield ["serve", "--port", "0"], "0"
@@ -134,10 +194,20 @@ def populated(pg_server):
     with new_database(pg_server, "icebarrier_bad") as dsn:
         upgrade(Settings(dsn=dsn, warehouse=f"file:///tmp/{uuid.uuid4().hex}").validated())  # what `db upgrade` does
         with db.connect(dsn) as conn:
-            jobs.register(conn, JobDefinition(name="ingest", sinks=frozenset([TableName.parse(ORDERS)]),
-                                              external_inputs=frozenset(["ext:orders"])))
-            jobs.register(conn, JobDefinition(name="report", sources=frozenset([TableName.parse(ORDERS)]),
-                                              sinks=frozenset([TableName.parse(REPORT)])))
+            jobs.register(
+                conn,
+                JobDefinition(
+                    name="ingest", sinks=frozenset([TableName.parse(ORDERS)]), external_inputs=frozenset(["ext:orders"])
+                ),
+            )
+            jobs.register(
+                conn,
+                JobDefinition(
+                    name="report",
+                    sources=frozenset([TableName.parse(ORDERS)]),
+                    sinks=frozenset([TableName.parse(REPORT)]),
+                ),
+            )
             b1 = barriers.issue(conn).barrier
             jobs.complete(conn, "ingest", b1, {TableName.parse(ORDERS): 11})
             b2 = barriers.issue(conn).barrier
@@ -150,11 +220,15 @@ def _dump(dsn: str) -> dict:
         relations = c.execute(
             "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') "
-            "ORDER BY 1, 2").fetchall()
+            "ORDER BY 1, 2"
+        ).fetchall()
         dump = {"schemas": c.execute("SELECT nspname FROM pg_namespace ORDER BY 1").fetchall()}
         for nsp, rel in relations:
-            dump[f"{nsp}.{rel}"] = c.execute(sql.SQL("SELECT coalesce(json_agg(t ORDER BY t::text), '[]') FROM {} t")
-                                             .format(sql.Identifier(nsp, rel))).fetchone()[0]
+            dump[f"{nsp}.{rel}"] = c.execute(
+                sql.SQL("SELECT coalesce(json_agg(t ORDER BY t::text), '[]') FROM {} t").format(
+                    sql.Identifier(nsp, rel)
+                )
+            ).fetchone()[0]
         return dump
 
 
@@ -162,8 +236,24 @@ def test_the_suite_is_large_enough():
     """At least 150 bad inputs, across every command group."""
     assert len(CASES) >= 150
     groups = {args[0] if not args[0].startswith("--") else args[2] for args, _ in CASES}
-    assert groups >= {"cut", "lease", "protected", "lineage", "tag", "revise", "expire", "reconcile", "job", "delay",
-                      "compact", "barrier", "query", "db", "topology", "run"}
+    assert groups >= {
+        "cut",
+        "lease",
+        "protected",
+        "lineage",
+        "tag",
+        "revise",
+        "expire",
+        "reconcile",
+        "job",
+        "delay",
+        "compact",
+        "barrier",
+        "query",
+        "db",
+        "topology",
+        "run",
+    }
 
 
 @pytest.mark.parametrize("args, needle", CASES, ids=[f"{i}-{' '.join(a)[:50]!r}" for i, (a, _) in enumerate(CASES)])

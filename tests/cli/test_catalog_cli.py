@@ -27,8 +27,17 @@ def test_a_token_is_printed_once_and_stored_hashed(cli, conn):
 def test_connect_prints_a_configuration_for_each_engine(cli, engine):
     """Each engine's configuration names the warehouse, the URI and the credential; Spark's
     turns its table cache off (a query's tables load in one session moment)."""
-    out = cli("connect", "--engine", engine, "--warehouse", "read-committed:shop", "--uri", "http://cat:8181",
-              "--credential", "ib-1:s3cret").stdout
+    out = cli(
+        "connect",
+        "--engine",
+        engine,
+        "--warehouse",
+        "read-committed:shop",
+        "--uri",
+        "http://cat:8181",
+        "--credential",
+        "ib-1:s3cret",
+    ).stdout
     assert "read-committed:shop" in out and "http://cat:8181" in out and "s3cret" in out
     if engine == "spark":
         assert "spark.sql.catalog.lake.cache-enabled false" in out and "spark.sql.catalog.lake.type rest" in out
@@ -37,8 +46,20 @@ def test_connect_prints_a_configuration_for_each_engine(cli, engine):
 def test_spark_conf_via_rest_writes_through_the_catalog(cli):
     """`spark-conf --via rest` points the job's catalog at the server's latest warehouse with the
     job token (kept out of sight unless --show-secrets), table cache off."""
-    conf = json.loads(cli("spark-conf", "--via", "rest", "--uri", "http://cat:8181", "--credential", "ib-1:s3cret",
-                          "--format", "json", "--show-secrets").stdout)
+    conf = json.loads(
+        cli(
+            "spark-conf",
+            "--via",
+            "rest",
+            "--uri",
+            "http://cat:8181",
+            "--credential",
+            "ib-1:s3cret",
+            "--format",
+            "json",
+            "--show-secrets",
+        ).stdout
+    )
     assert conf["spark.sql.catalog.lake.type"] == "rest" and conf["spark.sql.catalog.lake.uri"] == "http://cat:8181"
     assert conf["spark.sql.catalog.lake.warehouse"] == "latest"
     assert conf["spark.sql.catalog.lake.credential"] == "ib-1:s3cret"

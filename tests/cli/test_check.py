@@ -20,15 +20,26 @@ pytestmark = pytest.mark.xdist_group("embedded-postgres")
 def _cut(orders, payments, ledger_rows, balances, paid):
     return {
         "orders": pa.table({"order_id": pa.array(orders, pa.int64())}, schema=SCHEMAS["orders"]),
-        "payments": pa.table({"order_id": pa.array(payments, pa.int64()), "t": pa.array(payments, pa.int64())},
-                             schema=SCHEMAS["payments"]),
-        "ledger": pa.table({"transfer_id": pa.array([r[0] for r in ledger_rows], pa.int64()),
-                            "account": pa.array([r[1] for r in ledger_rows], pa.int64()),
-                            "delta": pa.array([r[2] for r in ledger_rows], pa.int64())}, schema=SCHEMAS["ledger"]),
-        "balances": pa.table({"account": pa.array(list(balances), pa.int64()),
-                              "balance": pa.array(list(balances.values()), pa.int64())}, schema=SCHEMAS["balances"]),
-        "paid": pa.table({"payments": pa.array([paid[0]], pa.int64()), "with_order": pa.array([paid[1]], pa.int64())},
-                         schema=SCHEMAS["paid"]),
+        "payments": pa.table(
+            {"order_id": pa.array(payments, pa.int64()), "t": pa.array(payments, pa.int64())},
+            schema=SCHEMAS["payments"],
+        ),
+        "ledger": pa.table(
+            {
+                "transfer_id": pa.array([r[0] for r in ledger_rows], pa.int64()),
+                "account": pa.array([r[1] for r in ledger_rows], pa.int64()),
+                "delta": pa.array([r[2] for r in ledger_rows], pa.int64()),
+            },
+            schema=SCHEMAS["ledger"],
+        ),
+        "balances": pa.table(
+            {"account": pa.array(list(balances), pa.int64()), "balance": pa.array(list(balances.values()), pa.int64())},
+            schema=SCHEMAS["balances"],
+        ),
+        "paid": pa.table(
+            {"payments": pa.array([paid[0]], pa.int64()), "with_order": pa.array([paid[1]], pa.int64())},
+            schema=SCHEMAS["paid"],
+        ),
     }
 
 
@@ -59,8 +70,21 @@ def test_short_seeded_check_run_passes():
     random fault points: no anomaly at read-committed or repeatable-read, nothing lost or
     duplicated, no pinned snapshot expired, coverage above the floor, renewals exercised."""
     code, stdout, terminal = _with_terminal_stderr(
-        [sys.executable, "-m", "icebarrier.cli.main", "--output", "json", "check", "--seed", "11",
-         "--duration", "12", "--fault-rate", "0.6"])
+        [
+            sys.executable,
+            "-m",
+            "icebarrier.cli.main",
+            "--output",
+            "json",
+            "check",
+            "--seed",
+            "11",
+            "--duration",
+            "12",
+            "--fault-rate",
+            "0.6",
+        ]
+    )
     assert code == 0, terminal[-3000:] + stdout[-3000:]
     # on a terminal, a live line shows the run as it goes; the messages stay above it
     live = r"\d+ barriers issued, \d+ validated, \d+ reads \(0 anomalies at consistent levels"
@@ -83,9 +107,25 @@ def test_short_seeded_check_run_passes():
 def test_a_server_that_publishes_non_atomically_fails_the_check():
     """The checker's mutation test: a catalog server publishing a session's staged commits one
     transaction at a time (ICEBARRIER_MUTATION=nonatomic-publish) must fail the run."""
-    done = subprocess.run([sys.executable, "-m", "icebarrier.cli.main", "--output", "json", "check", "--seed", "11",
-                           "--duration", "12", "--mutation", "nonatomic-publish"],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "icebarrier.cli.main",
+            "--output",
+            "json",
+            "check",
+            "--seed",
+            "11",
+            "--duration",
+            "12",
+            "--mutation",
+            "nonatomic-publish",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert not report["ok"] and report["mutation"] == "nonatomic-publish"
@@ -101,9 +141,28 @@ def test_short_check_run_on_s3_passes(s3, tmp_path):
 
     config = tmp_path / "icebarrier.toml"
     config.write_text(s3.storage_toml())
-    done = subprocess.run([sys.executable, "-m", "icebarrier.cli.main", "--config", str(config), "--output", "json",
-                           "check", "--seed", "12", "--duration", "10", "--warehouse", f"s3://{s3.bucket}/checks",
-                           "--keep"], capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "icebarrier.cli.main",
+            "--config",
+            str(config),
+            "--output",
+            "json",
+            "check",
+            "--seed",
+            "12",
+            "--duration",
+            "10",
+            "--warehouse",
+            f"s3://{s3.bucket}/checks",
+            "--keep",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert report["ok"] and report["validated"] > 0 and report["reads"]["read-committed"] > 0
@@ -121,8 +180,9 @@ def test_fault_schedule_is_a_function_of_the_seed():
 
     assert fault_schedule(7, 20, 0.3, restarts=True) == fault_schedule(7, 20, 0.3, restarts=True)
     assert fault_schedule(7, 20, 0.3, restarts=True) != fault_schedule(8, 20, 0.3, restarts=True)
-    assert [launch_fault(7, "orders_in", n, 0.5) for n in range(10)] == \
-        [launch_fault(7, "orders_in", n, 0.5) for n in range(10)]
+    assert [launch_fault(7, "orders_in", n, 0.5) for n in range(10)] == [
+        launch_fault(7, "orders_in", n, 0.5) for n in range(10)
+    ]
     assert not [f for f in fault_schedule(7, 20, 0.3, restarts=False) if f.kind == "restart"]
     with_exec = fault_schedule(7, 60, 0.3, restarts=True, exec_jobs=True)
     assert {"kill", "script", "server", "restart"} <= {f.kind for f in with_exec}
@@ -133,8 +193,13 @@ def _with_terminal_stderr(args: list[str]) -> tuple[int, str, str]:
     """Run with stderr on a pseudo-terminal (what a person at a shell has) and stdout on a pipe:
     (exit code, stdout, everything the terminal showed)."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=slave, text=True,
-                            env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "200"})
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        text=True,
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "200"},
+    )
     os.close(slave)
     shown: list[bytes] = []
 

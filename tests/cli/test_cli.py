@@ -46,16 +46,25 @@ def test_pipeline_end_to_end(cli):
     """Register a chain, drive a barrier through it, then read it back every way."""
     assert cli("job", "register", "ingest", "--external", "kafka:orders", "--sink", "lake.db.orders").exit_code == 0
     cli("job", "register", "agg", "--source", "lake.db.orders", "--sink", "lake.db.daily")
-    assert _json(cli("job", "register", "agg", "--source", "lake.db.orders", "--sink", "lake.db.daily",
-                     output="json"))["status"] == "unchanged"
+    assert (
+        _json(cli("job", "register", "agg", "--source", "lake.db.orders", "--sink", "lake.db.daily", output="json"))[
+            "status"
+        ]
+        == "unchanged"
+    )
 
     nb = _json(cli("job", "next-barrier", "ingest", output="json"))
     assert nb["ready"] and nb["issued"]
     b = nb["barrier"]
-    done = _json(cli("job", "complete", "ingest", "--barrier", str(b), "--commit", "lake.db.orders=42",
-                     output="json"))
-    assert done == {"job": "ingest", "barrier": b, "commits": {"lake.db.orders": 42},
-                    "sinks": ["lake.db.orders"], "noop": False, "coalesced": False}
+    done = _json(cli("job", "complete", "ingest", "--barrier", str(b), "--commit", "lake.db.orders=42", output="json"))
+    assert done == {
+        "job": "ingest",
+        "barrier": b,
+        "commits": {"lake.db.orders": 42},
+        "sinks": ["lake.db.orders"],
+        "noop": False,
+        "coalesced": False,
+    }
     cli("job", "complete", "agg", "--barrier", str(b), "--commit", "lake.db.daily=7")
 
     cut = _json(cli("cut", "lake.db.orders", "lake.db.daily", output="json"))
@@ -69,7 +78,9 @@ def test_pipeline_end_to_end(cli):
 
     tables = _json(cli("table", "list", output="json"))
     assert [(t["table"], t["kind"], t["watermark"]) for t in tables] == [
-        ("lake.db.daily", "intermediate", b), ("lake.db.orders", "root", b)]
+        ("lake.db.daily", "intermediate", b),
+        ("lake.db.orders", "root", b),
+    ]
     jobs = _json(cli("job", "list", output="json"))
     assert {j["job"]: j["progress"] for j in jobs} == {"agg": b, "ingest": b}
     lineage = _json(cli("lineage", "lake.db.orders", output="json"))
@@ -155,11 +166,15 @@ def test_console_script_runs_as_a_process(dsn):
     import subprocess
     import sys
 
-    ok = subprocess.run([sys.executable, "-m", "icebarrier.cli.main", "--dsn", dsn, "barrier", "issue"],
-                        capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "icebarrier.cli.main", "--dsn", dsn, "barrier", "issue"], capture_output=True, text=True
+    )
     assert ok.returncode == 0 and "issued barrier" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "icebarrier.cli.main", "--dsn", dsn, "job", "show", "ghost"],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "icebarrier.cli.main", "--dsn", dsn, "job", "show", "ghost"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
 
 
@@ -176,8 +191,12 @@ def test_a_read_waits_for_the_first_cut_and_names_the_job(cli, dsn):
         jobs.register(c, job("ingest", sinks=["orders"]))
         b = barriers.issue(c).barrier
     assert cli("cut", str(T("orders")), "--wait", "0s").exit_code == 1
-    proc = subprocess.Popen([sys.executable, "-m", "icebarrier.cli.main", "--output", "json", "cut", str(T("orders")),
-                             "--wait", "60s"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "icebarrier.cli.main", "--output", "json", "cut", str(T("orders")), "--wait", "60s"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     said = proc.stderr.readline()  # once it waits (however long the machine takes to start it)
     assert "waiting for a first consistent cut: job ingest (lake.db.orders has completed no barrier yet)" in said
     assert proc.poll() is None, proc.communicate()  # still waiting
@@ -201,13 +220,21 @@ def test_plans_coalescing_and_anchors_from_the_cli(cli):
     cli("job", "complete", "ingest", "--barrier", str(b1), "--commit", "lake.db.orders=2")
     cli("job", "complete", "ingest", "--barrier", str(b2), "--commit", "lake.db.orders=3")
     nb = _json(cli("job", "next-barrier", "agg", output="json"))
-    assert {k: nb[k] for k in ("barrier", "plan", "from_barrier", "anchors_in_range", "ready")} == \
-        {"barrier": b2, "plan": "coalesce", "from_barrier": first, "anchors_in_range": 0, "ready": True}
-    assert f"next barrier {barrier_label(b2)}, coalesce from {barrier_label(first)}" in \
-        cli("job", "next-barrier", "agg").stdout
+    assert {k: nb[k] for k in ("barrier", "plan", "from_barrier", "anchors_in_range", "ready")} == {
+        "barrier": b2,
+        "plan": "coalesce",
+        "from_barrier": first,
+        "anchors_in_range": 0,
+        "ready": True,
+    }
+    assert (
+        f"next barrier {barrier_label(b2)}, coalesce from {barrier_label(first)}"
+        in cli("job", "next-barrier", "agg").stdout
+    )
     assert "must complete barrier" in _error(cli("job", "complete", "agg", "--barrier", str(b2)))
-    done = _json(cli("job", "complete", "agg", "--barrier", str(b2), "--commit", "lake.db.daily=9", "--coalesce",
-                     output="json"))
+    done = _json(
+        cli("job", "complete", "agg", "--barrier", str(b2), "--commit", "lake.db.daily=9", "--coalesce", output="json")
+    )
     assert done["coalesced"] is True
     line = _error(cli("cut", "lake.db.orders", "lake.db.daily", "--barrier", str(b1)))
     assert f"lake.db.daily coalesced it into barrier {b2}" in line and f"{first} (before)" in line

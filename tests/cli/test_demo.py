@@ -12,9 +12,24 @@ def test_demo_shows_anomalies_only_at_read_uncommitted(pg_server):
     """The transfers demo: read-uncommitted sees anomalies, read-committed and repeatable-read
     none; the lease keeps its snapshot through expiry; the demo database is dropped after."""
     result = subprocess.run(
-        [sys.executable, "-m", "icebarrier.cli.main", "--dsn", pg_server, "--output", "json", "demo",
-         "--scenario", "transfers", "--rounds", "4"],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "icebarrier.cli.main",
+            "--dsn",
+            pg_server,
+            "--output",
+            "json",
+            "demo",
+            "--scenario",
+            "transfers",
+            "--rounds",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout)
     levels = out["results"][0]["levels"]

@@ -8,7 +8,10 @@ import pytest
 
 from icebarrier.control_plane import barriers, jobs, reads, revisions, tables
 from icebarrier.control_plane.errors import (
-    BarrierNotValidError, BarrierOutOfOrderError, CoalesceAcrossAnchorError, SourcesNotReadyError,
+    BarrierNotValidError,
+    BarrierOutOfOrderError,
+    CoalesceAcrossAnchorError,
+    SourcesNotReadyError,
 )
 from icebarrier.control_plane.jobs import Plan
 from tests.helpers import WEEK_S, T, anchor, job, new_barrier
@@ -46,8 +49,10 @@ def test_unchanged_sources_skip_in_one_statement(conn, chain):
     plan = jobs.next_barrier(conn, "derive")
     assert (plan.plan, plan.barrier, plan.from_barrier, plan.ready) == (Plan.SKIP, marks[-1], chain, True)
     jobs.complete(conn, "derive", plan.barrier)
-    completions = conn.execute("SELECT count(*) AS n FROM table_completion WHERE table_id = "
-                               "(SELECT table_id FROM managed_table WHERE name = 'lake.db.b')").fetchone()["n"]
+    completions = conn.execute(
+        "SELECT count(*) AS n FROM table_completion WHERE table_id = "
+        "(SELECT table_id FROM managed_table WHERE name = 'lake.db.b')"
+    ).fetchone()["n"]
     assert completions == 2  # b0, and one row for the skipped run
     for b in marks:
         cut = reads.resolve(conn, [T("a"), T("b")], barrier=b)
@@ -145,16 +150,23 @@ def test_read_committed_falls_back_below_a_coalesced_watermark(conn, chain):
 
 def test_views_show_coalesced_ranges(conn, chain):
     """table_versions shows a table's newest coalesced range; barrier_delay each completion's range."""
-    b1, b2 = new_barrier(conn), new_barrier(conn)
+    new_barrier(conn)
+    b2 = new_barrier(conn)
     jobs.complete(conn, "ingest", b2, {T("a"): 11}, coalesce=True)
-    row = conn.execute("SELECT coalesced_after, coalesced_into, current_snapshot_id FROM table_versions "
-                       "WHERE table_name = 'lake.db.a'").fetchone()
+    row = conn.execute(
+        "SELECT coalesced_after, coalesced_into, current_snapshot_id FROM table_versions WHERE table_name = 'lake.db.a'"
+    ).fetchone()
     assert (row["coalesced_after"], row["coalesced_into"], row["current_snapshot_id"]) == (chain, b2, 11)
-    rows = conn.execute("SELECT barrier, from_barrier, coalesced FROM barrier_delay WHERE table_name = 'lake.db.a' "
-                        "ORDER BY barrier").fetchall()
-    assert [(r["barrier"], r["from_barrier"], r["coalesced"]) for r in rows] == [(chain, None, False), (b2, chain, True)]
-    assert conn.execute("SELECT after_barrier, into_barrier FROM coalesced_ranges").fetchall() == \
-        [{"after_barrier": chain, "into_barrier": b2}]
+    rows = conn.execute(
+        "SELECT barrier, from_barrier, coalesced FROM barrier_delay WHERE table_name = 'lake.db.a' ORDER BY barrier"
+    ).fetchall()
+    assert [(r["barrier"], r["from_barrier"], r["coalesced"]) for r in rows] == [
+        (chain, None, False),
+        (b2, chain, True),
+    ]
+    assert conn.execute("SELECT after_barrier, into_barrier FROM coalesced_ranges").fetchall() == [
+        {"after_barrier": chain, "into_barrier": b2}
+    ]
 
 
 def test_revision_rewinds_coalesced_history(conn, chain):

@@ -34,8 +34,9 @@ def histories(draw):
             last = start + draw(st.integers(1, k - start)) - 1
             points = sorted({start, last, *(i for i in range(start + 1, last) if draw(st.booleans()))})
             commits = [p for p in points if draw(st.booleans())]
-            coalesced = {p for prev, p in zip(points, points[1:])
-                         if p - prev > 1 and (p in commits or draw(st.booleans()))}
+            coalesced = {
+                p for prev, p in zip(points, points[1:]) if p - prev > 1 and (p in commits or draw(st.booleans()))
+            }
             tables.append((start, last, commits, points, coalesced))
         else:
             tables.append((None, None, [], [], set()))
@@ -55,8 +56,10 @@ def _replay(conn, k: int, spec, *, downstream=None):
     tag = uuid.uuid4().hex[:8]
     names = [TableName.parse(f"lake.h_{tag}.t{i}") for i in range(len(spec))]
     for i, name in enumerate(names):
-        jobs.register(conn, JobDefinition(name=f"j{tag}_{i}", sinks=frozenset([name]),
-                                          external_inputs=frozenset([f"ext:{tag}{i}"])))
+        jobs.register(
+            conn,
+            JobDefinition(name=f"j{tag}_{i}", sinks=frozenset([name]), external_inputs=frozenset([f"ext:{tag}{i}"])),
+        )
     derived = None
     if downstream is not None:
         derived = f"d{tag}"
@@ -84,11 +87,17 @@ def _states(names, marks, spec, downstream):
     rows = [(s, last, points, coalesced) for s, last, _, points, coalesced in spec]
     if downstream is not None:
         rows.append((downstream[2][0], downstream[2][-1], downstream[2], set(downstream[2][1:])))
-    return [TableState(name=name, start_barrier=None if s is None else marks[s],
-                       watermark=None if last is None else marks[last],
-                       coalesced=tuple((marks[prev], marks[p]) for prev, p in zip(points, points[1:])
-                                       if p in coalesced and p - prev > 1))
-            for name, (s, last, points, coalesced) in zip(names, rows)]
+    return [
+        TableState(
+            name=name,
+            start_barrier=None if s is None else marks[s],
+            watermark=None if last is None else marks[last],
+            coalesced=tuple(
+                (marks[prev], marks[p]) for prev, p in zip(points, points[1:]) if p in coalesced and p - prev > 1
+            ),
+        )
+        for name, (s, last, points, coalesced) in zip(names, rows)
+    ]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -133,8 +142,11 @@ def test_sql_protected_sets_agree_with_the_pure_definition(make_db, template_db,
     k, spec = history
     downstream = None
     if spec[0][0] is not None:  # a job reading table 0, at some of the barriers table 0 completed
-        completed = [i for i in range(spec[0][0], spec[0][1] + 1)
-                     if not any(p in spec[0][4] and prev < i < p for prev, p in zip(spec[0][3], spec[0][3][1:]))]
+        completed = [
+            i
+            for i in range(spec[0][0], spec[0][1] + 1)
+            if not any(p in spec[0][4] and prev < i < p for prev, p in zip(spec[0][3], spec[0][3][1:]))
+        ]
         steps = sorted(set(data.draw(st.lists(st.sampled_from(completed), min_size=1, max_size=4))))
         downstream = (steps[0], steps[-1], steps)
     with db.connect(make_db(template_db)) as conn:  # lo spans every table: one database per history
@@ -153,16 +165,26 @@ def test_sql_protected_sets_agree_with_the_pure_definition(make_db, template_db,
         lo = latest_valid_barrier(started, check_starts=False) if started else None
         for state in states:
             name, own = state.name, commits[state.name]
-            window = [None] if lo is None else [_snapshot_at(own, lo)] + [
-                sid for b, sid in sorted(own.items()) if lo < b <= state.watermark]
-            progress = [(derived, _snapshot_at(own, marks[downstream[2][-1]]))] \
-                if derived is not None and name == names[0] else []
-            expected = protected_set(current=own[max(own)] if own else None,
-                                     leases=[(lid, snaps[name]) for lid, snaps in held],
-                                     job_progress=progress, read_window=window)
+            window = (
+                [None]
+                if lo is None
+                else [_snapshot_at(own, lo)] + [sid for b, sid in sorted(own.items()) if lo < b <= state.watermark]
+            )
+            progress = (
+                [(derived, _snapshot_at(own, marks[downstream[2][-1]]))]
+                if derived is not None and name == names[0]
+                else []
+            )
+            expected = protected_set(
+                current=own[max(own)] if own else None,
+                leases=[(lid, snaps[name]) for lid, snaps in held],
+                job_progress=progress,
+                read_window=window,
+            )
             got = leases.protected(conn, name)
-            assert {s: sorted(p.reasons) for s, p in got.items()} == \
-                {s: sorted(p.reasons) for s, p in expected.items()}, name
+            assert {s: sorted(p.reasons) for s, p in got.items()} == {
+                s: sorted(p.reasons) for s, p in expected.items()
+            }, name
             # Expiry's claim (decided in SQL under the table lock) removes exactly the rest.
             candidates = sorted({*own.values(), 4242})
             claim = leases.claim_expiry(conn, name, candidates, dry_run=True)
@@ -193,8 +215,9 @@ def test_expiry_claims_exactly_what_no_reason_keeps(conn):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(history=histories(), namespace_of_one=st.booleans())
-def test_the_whole_lake_and_namespace_cuts_agree_with_the_pure_definition(make_db, template_db, history,
-                                                                         namespace_of_one):
+def test_the_whole_lake_and_namespace_cuts_agree_with_the_pure_definition(
+    make_db, template_db, history, namespace_of_one
+):
     """latest_cut(NULL) (the read-committed warehouse, one pass over the rows and the coalesced
     ranges around the candidate) and latest_cut(namespace) are the newest barrier every tracked
     table of the lake / the namespace has completed, as defined; a namespace's name is not a
@@ -204,8 +227,10 @@ def test_the_whole_lake_and_namespace_cuts_agree_with_the_pure_definition(make_d
         names, marks, _, _ = _replay(conn, k, spec)
         if namespace_of_one:  # a look-alike namespace (`_` matching any character) must not count
             odd = TableName.parse(f"lake.{names[0].namespace[0].replace('_', 'x')}.t")
-            jobs.register(conn, JobDefinition(name="lookalike", sinks=frozenset([odd]),
-                                              external_inputs=frozenset(["ext:lookalike"])))
+            jobs.register(
+                conn,
+                JobDefinition(name="lookalike", sinks=frozenset([odd]), external_inputs=frozenset(["ext:lookalike"])),
+            )
         states = _states(names, marks, spec, None)
         try:
             expected = latest_valid_barrier(states)

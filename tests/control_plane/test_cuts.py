@@ -47,8 +47,7 @@ def test_check_valid_at_names_each_failing_table():
     check_valid_at(states[:2], 4)
     with pytest.raises(BarrierNotValidError) as info:
         check_valid_at(states, 2)
-    assert info.value.reasons == {
-        "lake.db.b": "started at barrier 3", "lake.db.c": "has completed no barrier yet"}
+    assert info.value.reasons == {"lake.db.b": "started at barrier 3", "lake.db.c": "has completed no barrier yet"}
     with pytest.raises(BarrierNotValidError, match="lake.db.a has only completed up to 5"):
         check_valid_at(states[:2], 7)
 
@@ -73,12 +72,19 @@ def test_latest_valid_barrier_matches_brute_force(ranges):
 def test_protected_set_collects_reasons():
     """Each snapshot lists every reason it is kept; None (empty table) is ignored."""
     got = protected_set(
-        current=10, leases=[("L1", 7), ("L2", None)], job_progress=[("agg", 7)],
-        read_window=[9, 10], retained=[8], tagged=[("nightly", 3)],
+        current=10,
+        leases=[("L1", 7), ("L2", None)],
+        job_progress=[("agg", 7)],
+        read_window=[9, 10],
+        retained=[8],
+        tagged=[("nightly", 3)],
     )
     assert {s: p.reasons for s, p in got.items()} == {
-        3: ("ref:nightly",), 7: ("lease:L1", "job:agg"), 8: ("retention",),
-        9: ("read-committed",), 10: ("current", "read-committed"),
+        3: ("ref:nightly",),
+        7: ("lease:L1", "job:agg"),
+        8: ("retention",),
+        9: ("read-committed",),
+        10: ("current", "read-committed"),
     }
 
 

@@ -24,15 +24,14 @@ def test_table_and_job_delays_and_bottleneck(conn):
         b = new_barrier(conn)
         _complete_at(conn, "ingest_orders", b, "orders", 1)
         _complete_at(conn, "ingest_payments", b, "payments", 2)
-        _complete_at(conn, "agg", b, "revenue", 7)      # own delay 5 (after payments at 2)
-        _complete_at(conn, "report", b, "report", 8)    # own delay 1
+        _complete_at(conn, "agg", b, "revenue", 7)  # own delay 5 (after payments at 2)
+        _complete_at(conn, "report", b, "report", 8)  # own delay 1
     new_barrier(conn)  # issued, completed by nobody: everyone is one behind
     tables = {d.name: d for d in delays.table_delays(conn)}
     assert tables["lake.db.report"].p50_s == 8 and tables["lake.db.orders"].max_s == 1
     assert all(d.barriers_behind == 1 and d.barriers == 3 for d in tables.values())
     by_job = {d.name: d for d in delays.job_delays(conn)}
-    assert {n: d.p50_s for n, d in by_job.items()} == {
-        "agg": 5, "report": 1, "ingest_orders": 1, "ingest_payments": 2}
+    assert {n: d.p50_s for n, d in by_job.items()} == {"agg": 5, "report": 1, "ingest_orders": 1, "ingest_payments": 2}
     assert [n for n, d in by_job.items() if d.bottleneck] == ["agg"]
     assert [d.name for d in delays.job_delays(conn, job="report")] == ["report"]
 
@@ -42,12 +41,12 @@ def test_views_answer_plain_sql(conn):
     register_chain(conn)
     b = new_barrier(conn)
     _complete_at(conn, "ingest_orders", b, "orders", 1)
-    row = conn.execute(
-        "SELECT barrier, table_name, issued_at, completed_at, delay FROM barrier_delay").fetchone()
+    row = conn.execute("SELECT barrier, table_name, issued_at, completed_at, delay FROM barrier_delay").fetchone()
     assert row["delay"] == timedelta(seconds=1) and row["table_name"] == "lake.db.orders"
     row = conn.execute(
         "SELECT table_name, table_kind, watermark_barrier, current_snapshot_id, last_commit_at "
-        "FROM table_versions WHERE table_name = 'lake.db.revenue'").fetchone()
+        "FROM table_versions WHERE table_name = 'lake.db.revenue'"
+    ).fetchone()
     assert row["table_kind"] == "intermediate" and row["watermark_barrier"] is None
     assert conn.execute("SELECT barrier, issued_at FROM consistent_barrier").fetchone()["barrier"] is None
     edges = conn.execute("SELECT from_node, to_node, edge_kind FROM topology_edges").fetchall()
@@ -55,5 +54,9 @@ def test_views_answer_plain_sql(conn):
     assert conn.execute("SELECT job_name, barrier, delay FROM job_delay").fetchall()[0]["job_name"] == "ingest_orders"
     assert conn.execute("SELECT job_name, table_name FROM job_sources WHERE job_name = 'agg'").fetchall()
     assert conn.execute("SELECT job_name, table_name FROM job_sinks").fetchall()
-    assert conn.execute(
-        "SELECT lease_id, holder, table_name, snapshot_id, barrier, expires_at FROM active_leases").fetchall() == []
+    assert (
+        conn.execute(
+            "SELECT lease_id, holder, table_name, snapshot_id, barrier, expires_at FROM active_leases"
+        ).fetchall()
+        == []
+    )

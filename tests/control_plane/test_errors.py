@@ -10,8 +10,9 @@ from icebarrier.control_plane import errors
 from icebarrier.iceberg_ext.errors import LeaseLostError, StatementNotPinnableError
 
 SAMPLES = [
-    errors.LockTimeoutError("expiry of t", "1s", [{"pid": 7, "usename": "u", "application_name": "a",
-                                                    "state": "idle in transaction"}]),
+    errors.LockTimeoutError(
+        "expiry of t", "1s", [{"pid": 7, "usename": "u", "application_name": "a", "state": "idle in transaction"}]
+    ),
     errors.NoValidCutError(["lake.db.t"], "t completed no barrier yet", holding={"lake.db.t": "no barrier"}),
     errors.SinkAlreadyOwnedError("lake.db.t", "owner", "other"),
     errors.PermissionDeniedError("r", "complete", "j", "role r may not complete job j"),
@@ -33,11 +34,31 @@ def test_an_error_pickles_as_its_constructor_call(error):
 
 def test_every_sqlstate_builds_an_icebarrier_error():
     """Each registered SQLSTATE turns a function's DETAIL into the error it names."""
-    detail = {"job": "j", "barrier": 5, "table": "lake.db.t", "revision_id": 1, "tables": ["lake.db.t"],
-              "watermarks": {"lake.db.t": 1}, "recorded": {}, "given": {}, "expected": 6, "watermark": 4,
-              "waiting": {"lake.db.t": None}, "states": [{"name": "lake.db.t", "start": None, "watermark": None}],
-              "snapshot_id": "9", "lease_id": "l", "state": "expired", "owner": "o", "path": ["a", "j", "a"],
-              "role": "r", "action": "act", "what": "w", "timeout": "1s", "holders": [], "anchor": 5}
+    detail = {
+        "job": "j",
+        "barrier": 5,
+        "table": "lake.db.t",
+        "revision_id": 1,
+        "tables": ["lake.db.t"],
+        "watermarks": {"lake.db.t": 1},
+        "recorded": {},
+        "given": {},
+        "expected": 6,
+        "watermark": 4,
+        "waiting": {"lake.db.t": None},
+        "states": [{"name": "lake.db.t", "start": None, "watermark": None}],
+        "snapshot_id": "9",
+        "lease_id": "l",
+        "state": "expired",
+        "owner": "o",
+        "path": ["a", "j", "a"],
+        "role": "r",
+        "action": "act",
+        "what": "w",
+        "timeout": "1s",
+        "holders": [],
+        "anchor": 5,
+    }
     for code in errors.SQLSTATES:
         error = errors.from_sqlstate(code, "message from SQL", json.dumps(detail))
         assert isinstance(error, errors.IcebarrierError), code

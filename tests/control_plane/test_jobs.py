@@ -4,8 +4,15 @@ import pytest
 
 from icebarrier.control_plane import barriers, jobs, tables
 from icebarrier.control_plane.errors import (
-    BarrierNotIssuedError, BarrierOutOfOrderError, CompletionConflictError, JobDefinitionChangedError,
-    JobNotFoundError, NotASinkError, SinkAlreadyOwnedError, SinkHistoryMismatchError, SourcesNotReadyError,
+    BarrierNotIssuedError,
+    BarrierOutOfOrderError,
+    CompletionConflictError,
+    JobDefinitionChangedError,
+    JobNotFoundError,
+    NotASinkError,
+    SinkAlreadyOwnedError,
+    SinkHistoryMismatchError,
+    SourcesNotReadyError,
     TopologyCycleError,
 )
 from tests.helpers import T, complete_all, job, new_barrier, register_chain
@@ -37,7 +44,14 @@ def test_cycle_through_registered_jobs_is_refused(conn):
     with pytest.raises(TopologyCycleError) as info:
         jobs.register(conn, job("agg", sources=["orders", "feedback"], sinks=["revenue"]), replace=True)
     assert info.value.path == [
-        "lake.db.feedback", "agg", "lake.db.revenue", "report", "lake.db.report", "back", "lake.db.feedback"]
+        "lake.db.feedback",
+        "agg",
+        "lake.db.revenue",
+        "report",
+        "lake.db.report",
+        "back",
+        "lake.db.feedback",
+    ]
 
 
 def test_reregistering_is_a_noop_and_changes_need_replace(conn):
@@ -211,8 +225,7 @@ def test_concurrent_completions_of_consecutive_barriers_stay_gap_free(dsn, conn)
         run_all(complete_worker, args)
         if tables.states(conn, [T("a")])[0].watermark == marks[-1]:
             break
-    recorded = [r["barrier"] for r in conn.execute(
-        "SELECT barrier FROM table_completion ORDER BY barrier").fetchall()]
+    recorded = [r["barrier"] for r in conn.execute("SELECT barrier FROM table_completion ORDER BY barrier").fetchall()]
     assert recorded == sorted(set(recorded))
     assert recorded == marks
 

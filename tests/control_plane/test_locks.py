@@ -16,8 +16,11 @@ def test_a_held_topology_lock_times_out_naming_its_holder(dsn, cli, monkeypatch)
     with db.connect(dsn) as conn, psycopg.connect(dsn) as holder:
         holder.execute("SELECT set_config('application_name', 'someone-else', false)")
         holder.execute("SELECT pg_advisory_xact_lock(icebarrier.lock_key('topology'), 0)")  # held until rollback
-        with pytest.raises(LockTimeoutError, match=f"registering job late: waited 1s for a lock held by backend "
-                                                    f"{holder.info.backend_pid} .*'someone-else'") as caught:
+        with pytest.raises(
+            LockTimeoutError,
+            match=f"registering job late: waited 1s for a lock held by backend "
+            f"{holder.info.backend_pid} .*'someone-else'",
+        ) as caught:
             jobs.register(conn, job("late", sinks=["late_t"]))
         assert caught.value.holders[0]["pid"] == holder.info.backend_pid
         result = cli("job", "register", "late", "--external", "x", "--sink", str(T("late_t")))

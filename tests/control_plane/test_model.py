@@ -4,7 +4,11 @@ import pytest
 
 from icebarrier.control_plane.errors import InvalidNameError, InvalidValueError
 from icebarrier.control_plane.model import (
-    TableName, parse_duration_s, parse_external_input, parse_job_name, parse_schema_name,
+    TableName,
+    parse_duration_s,
+    parse_external_input,
+    parse_job_name,
+    parse_schema_name,
 )
 
 
@@ -24,8 +28,19 @@ def test_table_names_parse_and_normalise(text, expected):
 
 @pytest.mark.parametrize(
     "text",
-    ["orders", "db.orders", "lake..orders", "lake.db.orders;drop table x", "lake.db.'x'", "lake.db.../etc",
-     "lake.db.1abc", "lake.db.a b", "lake.db.", "", "lake.db." + "x" * 200],
+    [
+        "orders",
+        "db.orders",
+        "lake..orders",
+        "lake.db.orders;drop table x",
+        "lake.db.'x'",
+        "lake.db.../etc",
+        "lake.db.1abc",
+        "lake.db.a b",
+        "lake.db.",
+        "",
+        "lake.db." + "x" * 200,
+    ],
 )
 def test_invalid_table_names_are_refused(text):
     """Malformed names are refused with a message that shows the expected form."""

@@ -7,7 +7,7 @@ import pytest
 from icebarrier.control_plane import barriers, jobs
 from icebarrier.control_plane.jobs import NextBarrier
 from icebarrier.control_plane.notices import RESYNC, SAFETY_POLL_S, Listener, Notice, Wait
-from tests.helpers import T, WEEK_S, complete_all, new_barrier, register_chain
+from tests.helpers import WEEK_S, T, complete_all, new_barrier, register_chain
 
 
 def drain(listener: Listener, until: float = 2.0) -> list[Notice]:
@@ -48,25 +48,28 @@ def _plan(barrier, waiting, *, progress=10, root=False):
     return NextBarrier(job="j", barrier=barrier, ready=False, waiting_for=waiting, from_barrier=progress, root=root)
 
 
-@pytest.mark.parametrize("plan, notices, wakes", [
-    # a root job wakes on any barrier, and on nothing else
-    (_plan(None, {}, root=True), [Notice("barrier", 30)], True),
-    (_plan(None, {}, root=True), [Notice("watermark", 30, "lake.db.x")], False),
-    # an intermediate job does not wake on barriers, only when every source it waits for is there
-    (_plan(20, {"a": 10, "b": 10}), [Notice("barrier", 30)], False),
-    (_plan(20, {"a": 10, "b": 10}), [Notice("watermark", 20, "a")], False),
-    (_plan(20, {"a": 10, "b": 10}), [Notice("watermark", 20, "a"), Notice("watermark", 25, "b")], True),
-    (_plan(20, {"a": 10}), [Notice("watermark", 20, "unrelated")], False),
-    # no barrier planned yet: any move of a source
-    (_plan(None, {"a": 10, "b": 10}), [Notice("watermark", 11, "b")], True),
-    # a rewind (revision) of a source, or of its own sink away from its progress
-    (_plan(20, {"a": 10}), [Notice("watermark", None, "a")], True),
-    (_plan(20, {"a": 10}), [Notice("watermark", 10, "own")], False),
-    (_plan(20, {"a": 10}), [Notice("watermark", 5, "own")], True),
-    # registrations changed, or notices were missed: look again
-    (_plan(20, {"a": 10}), [Notice("jobs")], True),
-    (_plan(20, {"a": 10}), [RESYNC], True),
-])
+@pytest.mark.parametrize(
+    "plan, notices, wakes",
+    [
+        # a root job wakes on any barrier, and on nothing else
+        (_plan(None, {}, root=True), [Notice("barrier", 30)], True),
+        (_plan(None, {}, root=True), [Notice("watermark", 30, "lake.db.x")], False),
+        # an intermediate job does not wake on barriers, only when every source it waits for is there
+        (_plan(20, {"a": 10, "b": 10}), [Notice("barrier", 30)], False),
+        (_plan(20, {"a": 10, "b": 10}), [Notice("watermark", 20, "a")], False),
+        (_plan(20, {"a": 10, "b": 10}), [Notice("watermark", 20, "a"), Notice("watermark", 25, "b")], True),
+        (_plan(20, {"a": 10}), [Notice("watermark", 20, "unrelated")], False),
+        # no barrier planned yet: any move of a source
+        (_plan(None, {"a": 10, "b": 10}), [Notice("watermark", 11, "b")], True),
+        # a rewind (revision) of a source, or of its own sink away from its progress
+        (_plan(20, {"a": 10}), [Notice("watermark", None, "a")], True),
+        (_plan(20, {"a": 10}), [Notice("watermark", 10, "own")], False),
+        (_plan(20, {"a": 10}), [Notice("watermark", 5, "own")], True),
+        # registrations changed, or notices were missed: look again
+        (_plan(20, {"a": 10}), [Notice("jobs")], True),
+        (_plan(20, {"a": 10}), [RESYNC], True),
+    ],
+)
 def test_a_wait_wakes_only_when_planning_again_can_find_work(plan, notices, wakes):
     """Which notices make planning again worth a transaction."""
     wait = Wait.of(plan, root=plan.root, sinks=["own"])
@@ -76,7 +79,9 @@ def test_a_wait_wakes_only_when_planning_again_can_find_work(plan, notices, wake
 def test_a_wait_is_due_at_the_clocks_next_barrier_or_the_safety_poll():
     """A root job's wait ends when its next barrier is due; any wait by the safety poll."""
     assert 0.9 < Wait.of(_plan(None, {}, root=True), root=True, due_in_s=1.0).remaining_s() <= 1.0
-    assert SAFETY_POLL_S - 1 < Wait.of(_plan(None, {}, root=True), root=True, due_in_s=500).remaining_s() <= SAFETY_POLL_S
+    assert (
+        SAFETY_POLL_S - 1 < Wait.of(_plan(None, {}, root=True), root=True, due_in_s=500).remaining_s() <= SAFETY_POLL_S
+    )
     assert Wait.of(_plan(None, {}, root=True), root=True, due_in_s=-3).remaining_s() <= 0
 
 
@@ -112,5 +117,6 @@ def _commits(conn) -> int:
     after a flush of this backend's statistics; the count includes this call's first
     transaction, the next call's counts this one's second."""
     conn.execute("SELECT pg_stat_force_next_flush()")
-    return conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-                        ).fetchone()["xact_commit"]
+    return conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").fetchone()[
+        "xact_commit"
+    ]

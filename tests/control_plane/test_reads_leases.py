@@ -4,8 +4,13 @@ import pytest
 
 from icebarrier.control_plane import jobs, leases, reads
 from icebarrier.control_plane.errors import (
-    BarrierNotIssuedError, BarrierNotValidError, LeaseExpiredError, LeaseNotFoundError, NoValidCutError,
-    SnapshotExpiredError, TableNotFoundError,
+    BarrierNotIssuedError,
+    BarrierNotValidError,
+    LeaseExpiredError,
+    LeaseNotFoundError,
+    NoValidCutError,
+    SnapshotExpiredError,
+    TableNotFoundError,
 )
 from icebarrier.control_plane.model import Level
 from tests.helpers import T, complete_all, job, new_barrier, register_chain
@@ -32,7 +37,11 @@ def test_read_committed_is_the_latest_valid_cut(conn, two_barriers):
     cut = reads.resolve(conn, ALL)
     assert cut.barrier == b1
     assert {str(t): s for t, s in cut.snapshots.items()} == {
-        "lake.db.orders": 11, "lake.db.payments": 12, "lake.db.revenue": 13, "lake.db.report": 14}
+        "lake.db.orders": 11,
+        "lake.db.payments": 12,
+        "lake.db.revenue": 13,
+        "lake.db.report": 14,
+    }
     assert reads.resolve(conn, ALL[:2]).barrier == b2
 
 
@@ -148,8 +157,10 @@ def test_lease_and_expiry_race_simultaneous(dsn, conn):
     tombstoned = {r["snapshot_id"] for r in conn.execute("SELECT snapshot_id FROM expired_snapshot").fetchall()}
     pinned = {s for _, snaps in granted for s in snaps.values()}
     expired_pinned = pinned & tombstoned
-    print(f"race: {len(granted)} leases granted, {refused} refused (snapshot gone), "
-          f"{len(tombstoned)} snapshots expired, {len(expired_pinned)} pinned snapshots expired")
+    print(
+        f"race: {len(granted)} leases granted, {refused} refused (snapshot gone), "
+        f"{len(tombstoned)} snapshots expired, {len(expired_pinned)} pinned snapshots expired"
+    )
     assert not expired_pinned
     assert len(granted) + refused == 160
     assert conn.execute("SELECT count(*) AS n FROM lease").fetchone()["n"] == len(granted)
@@ -230,9 +241,13 @@ def test_expiry_racing_bootstrapping_sessions_never_removes_what_they_read(dsn, 
     def expiring():
         with db.connect(dsn) as c:
             while not stop.is_set():
-                candidates = [r["snapshot_id"] for r in c.execute(
-                    "SELECT snapshot_id FROM table_commit WHERE snapshot_id NOT IN "
-                    "(SELECT snapshot_id FROM expired_snapshot)").fetchall()]
+                candidates = [
+                    r["snapshot_id"]
+                    for r in c.execute(
+                        "SELECT snapshot_id FROM table_commit WHERE snapshot_id NOT IN "
+                        "(SELECT snapshot_id FROM expired_snapshot)"
+                    ).fetchall()
+                ]
                 try:
                     leases.claim_expiry(c, T("src"), candidates)
                 except Exception as exc:  # noqa: BLE001 - reported below

@@ -3,7 +3,6 @@ do what"): the role matrix, each cell tried for real as that Postgres role."""
 
 from __future__ import annotations
 
-
 import psycopg
 import pytest
 
@@ -47,41 +46,65 @@ def _world(dsn: str, names: dict[str, str]) -> dict:
 ACTIONS = {
     "register its job (redefined)": (
         lambda c, w: jobs.register(c, job("ingest_a", sinks=["a_sink"], external=["ext:new"]), replace=True),
-        {"admin", "job_a"}),
+        {"admin", "job_a"},
+    ),
     "complete ingest_a's barrier": (
-        lambda c, w: jobs.complete(c, "ingest_a", w["b2"], {T("a_sink"): 12}), {"admin", "job_a"}),
+        lambda c, w: jobs.complete(c, "ingest_a", w["b2"], {T("a_sink"): 12}),
+        {"admin", "job_a"},
+    ),
     "complete ingest_a, committing to b_sink": (
-        lambda c, w: jobs.complete(c, "ingest_a", w["b2"], {T("b_sink"): 777}), set()),
+        lambda c, w: jobs.complete(c, "ingest_a", w["b2"], {T("b_sink"): 777}),
+        set(),
+    ),
     "unregister ingest_a": (lambda c, w: jobs.unregister(c, "ingest_a"), {"admin", "job_a"}),
     "issue a barrier by hand": (lambda c, w: barriers.issue(c), {"admin"}),
     "trigger the clock rule for ingest_a": (lambda c, w: barriers.issue_if_due(c, job="ingest_a"), {"admin", "job_a"}),
     "set the barrier interval": (lambda c, w: barriers.set_interval_s(c, 5), {"admin"}),
     "record ingest_a's input range": (
-        lambda c, w: runs.record_range(c, "ingest_a", w["b2"], {"files": ["x"]}), {"admin", "job_a"}),
+        lambda c, w: runs.record_range(c, "ingest_a", w["b2"], {"files": ["x"]}),
+        {"admin", "job_a"},
+    ),
     "report ingest_a's status": (lambda c, w: runs.set_status(c, "ingest_a", "running"), {"admin", "job_a"}),
     "record a commit of a_sink": (
-        lambda c, w: snapshots.record(c, T("a_sink"), barrier=w["b1"], snapshot_id=13, operation="compaction",
-                                      job_name="ingest_a"), {"admin", "job_a"}),
+        lambda c, w: snapshots.record(
+            c, T("a_sink"), barrier=w["b1"], snapshot_id=13, operation="compaction", job_name="ingest_a"
+        ),
+        {"admin", "job_a"},
+    ),
     "resolve a cut": (lambda c, w: reads.resolve(c, [T("a_sink"), T("b_sink")]), {"admin", "job_a", "job_b", "reader"}),
-    "read the views": (lambda c, w: c.execute("SELECT * FROM table_versions, consistent_barrier").fetchall(),
-                       {"admin", "job_a", "job_b", "reader"}),
-    "acquire a lease (1 h)": (lambda c, w: leases.acquire(c, [T("a_sink")], ttl_s=3600, holder="me"),
-                              {"admin", "job_a", "job_b", "reader"}),
+    "read the views": (
+        lambda c, w: c.execute("SELECT * FROM table_versions, consistent_barrier").fetchall(),
+        {"admin", "job_a", "job_b", "reader"},
+    ),
+    "acquire a lease (1 h)": (
+        lambda c, w: leases.acquire(c, [T("a_sink")], ttl_s=3600, holder="me"),
+        {"admin", "job_a", "job_b", "reader"},
+    ),
     "acquire a lease (2 days, over the cap)": (
-        lambda c, w: leases.acquire(c, [T("a_sink")], ttl_s=2 * 86400, holder="me"), {"admin"}),
-    "acquire a lease (100 years)": (lambda c, w: leases.acquire(c, [T("a_sink")], ttl_s=100 * 365 * 86400,
-                                                                holder="me"), set()),
+        lambda c, w: leases.acquire(c, [T("a_sink")], ttl_s=2 * 86400, holder="me"),
+        {"admin"},
+    ),
+    "acquire a lease (100 years)": (
+        lambda c, w: leases.acquire(c, [T("a_sink")], ttl_s=100 * 365 * 86400, holder="me"),
+        set(),
+    ),
     "renew job_a's lease": (lambda c, w: leases.renew(c, w["lease_a"], ttl_s=60), {"admin", "job_a"}),
     "release job_a's lease": (lambda c, w: leases.release(c, w["lease_a"]), {"admin", "job_a"}),
     "claim snapshots for expiry": (lambda c, w: leases.claim_expiry(c, T("a_sink"), [11]), {"admin"}),
     "revise a_sink": (lambda c, w: revisions.begin(c, T("a_sink"), w["b1"]), {"admin"}),
     "grant a job to a role": (lambda c, w: schema.grant_job(c, w["roles"]["reader"], "ingest_b"), {"admin"}),
     "insert table_commit directly": (
-        lambda c, w: c.execute("INSERT INTO table_commit (table_id, barrier, snapshot_id, job_name) "
-                               "SELECT table_id, %s, 777, 'x' FROM managed_table WHERE name = 'lake.db.b_sink'",
-                               (w["b2"],)), {"admin"}),
+        lambda c, w: c.execute(
+            "INSERT INTO table_commit (table_id, barrier, snapshot_id, job_name) "
+            "SELECT table_id, %s, 777, 'x' FROM managed_table WHERE name = 'lake.db.b_sink'",
+            (w["b2"],),
+        ),
+        {"admin"},
+    ),
     "extend a lease directly": (
-        lambda c, w: c.execute("UPDATE lease SET expires_at = now() + interval '100 years'"), {"admin"}),
+        lambda c, w: c.execute("UPDATE lease SET expires_at = now() + interval '100 years'"),
+        {"admin"},
+    ),
     "delete expiry tombstones": (lambda c, w: c.execute("DELETE FROM expired_snapshot"), {"admin"}),
     "set alembic_version": (lambda c, w: c.execute("UPDATE alembic_version SET version_num = '0001'"), {"admin"}),
     "read the audit trail": (lambda c, w: c.execute("SELECT * FROM audit").fetchall(), {"admin"}),
@@ -89,7 +112,9 @@ ACTIONS = {
     "append to the audit trail": (lambda c, w: audit.append(c, "forged"), {"admin"}),
     "erase the audit trail": (lambda c, w: c.execute("DELETE FROM audit_event"), {"admin"}),
     "store barrier_interval_ms = 'abc'": (
-        lambda c, w: c.execute("UPDATE setting SET value = 'abc' WHERE key = 'barrier_interval_ms'"), set()),
+        lambda c, w: c.execute("UPDATE setting SET value = 'abc' WHERE key = 'barrier_interval_ms'"),
+        set(),
+    ),
 }
 
 
@@ -106,8 +131,9 @@ def _try(dsn: str, action, world) -> str:
 def test_the_role_matrix_is_enforced_by_the_database(world):
     """Each role may do exactly what DESIGN.md grants it; every other action is refused by
     Postgres (through a function's check or a missing privilege), with one line that says why."""
-    matrix = {(action, role): _try(world["dsn"][role], fn, world)
-              for action, (fn, _) in ACTIONS.items() for role in ROLES}
+    matrix = {
+        (action, role): _try(world["dsn"][role], fn, world) for action, (fn, _) in ACTIONS.items() for role in ROLES
+    }
     print("\n" + f"{'action':42}" + "".join(f"{r:>9}" for r in ROLES))
     for action in ACTIONS:
         print(f"{action:42}" + "".join(f"{'yes' if matrix[action, r] == 'allowed' else 'no':>9}" for r in ROLES))
@@ -158,24 +184,42 @@ def test_the_cli_refuses_forging_another_jobs_progress_in_one_line(world):
 
     from icebarrier.cli.main import cli as command
 
-    result = CliRunner().invoke(command, ["--dsn", world["dsn"]["job_b"], "job", "complete", "ingest_a", "--barrier",
-                                          str(world["b2"]), "--commit", "lake.db.a_sink=777"])
+    result = CliRunner().invoke(
+        command,
+        [
+            "--dsn",
+            world["dsn"]["job_b"],
+            "job",
+            "complete",
+            "ingest_a",
+            "--barrier",
+            str(world["b2"]),
+            "--commit",
+            "lake.db.a_sink=777",
+        ],
+    )
     assert result.exit_code == 1
-    assert result.stderr == (f"error: role {world['roles']['job_b']} may not complete barriers of job ingest_a: it is "
-                             f"not granted that job; connect as a role granted job ingest_a (`icebarrier db grant-job "
-                             f"ROLE ingest_a`, run by the admin)\n")
+    assert result.stderr == (
+        f"error: role {world['roles']['job_b']} may not complete barriers of job ingest_a: it is "
+        f"not granted that job; connect as a role granted job ingest_a (`icebarrier db grant-job "
+        f"ROLE ingest_a`, run by the admin)\n"
+    )
     with db.connect(world["dsn"]["admin"]) as admin:
         assert jobs.show(admin, "ingest_a").progress == world["b1"]
-    denied = CliRunner().invoke(command, ["--dsn", world["dsn"]["job_a"], "db", "grant-job", world["roles"]["job_a"],
-                                          "ingest_b"])
+    denied = CliRunner().invoke(
+        command, ["--dsn", world["dsn"]["job_a"], "db", "grant-job", world["roles"]["job_a"], "ingest_b"]
+    )
     assert denied.exit_code == 1 and "may not grant roles: that is for the admin" in denied.stderr
 
 
 def _relations(dsn: str, kind: str) -> list[str]:
     """The control-plane schema's base tables ('r') or views ('v')."""
     with db.connect(dsn) as admin:
-        rows = admin.execute("SELECT c.relname FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace "
-                             "AND c.relkind = %s ORDER BY 1", (kind,)).fetchall()
+        rows = admin.execute(
+            "SELECT c.relname FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace "
+            "AND c.relkind = %s ORDER BY 1",
+            (kind,),
+        ).fetchall()
     return [r["relname"] for r in rows]
 
 
@@ -185,8 +229,15 @@ def test_readers_and_job_roles_read_views_never_base_tables(world):
     to the roles granted that job. (alembic_version: the revision every client checks.)"""
     tables = [t for t in _relations(world["dsn"]["admin"], "r") if t != "alembic_version"]
     views = _relations(world["dsn"]["admin"], "v")
-    assert {"catalog_token", "catalog_session", "catalog_pending", "job_grant", "table_commit", "audit_event",
-            "idempotency_key"} <= set(tables)
+    assert {
+        "catalog_token",
+        "catalog_session",
+        "catalog_pending",
+        "job_grant",
+        "table_commit",
+        "audit_event",
+        "idempotency_key",
+    } <= set(tables)
     assert set(views) == {*schema.VIEWS, *schema.ADMIN_VIEWS}  # every view is granted but the admin's
     with db.connect(world["dsn"]["job_a"]) as c:
         runs.record_range(c, "ingest_a", world["b2"], {"files": ["in-a"]})

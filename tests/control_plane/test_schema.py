@@ -1,6 +1,5 @@
 """Migrations, version checks and role grants against a real Postgres."""
 
-
 import psycopg
 import pytest
 
@@ -16,8 +15,9 @@ def test_upgrade_is_idempotent_and_reports_head(make_db):
     second = schema.upgrade(dsn)
     assert first.current == second.current == schema.head_revision()
     with psycopg.connect(dsn) as c:
-        views = {r[0] for r in c.execute(
-            "SELECT table_name FROM information_schema.views WHERE table_schema = 'icebarrier'")}
+        views = {
+            r[0] for r in c.execute("SELECT table_name FROM information_schema.views WHERE table_schema = 'icebarrier'")
+        }
     assert views == {*schema.VIEWS, *schema.ADMIN_VIEWS}
 
 
@@ -63,15 +63,25 @@ def test_grant_to_missing_role_is_refused(conn):
         schema.grant_reader(conn, "nobody_here")
 
 
-@pytest.mark.parametrize("key, value", [("barrier_interval_ms", "abc"), ("barrier_interval_ms", "0"),
-                                        ("barrier_interval_ms", "-5"), ("barrier_interval_ms", "99999999999"),
-                                        ("no_such_setting", "1")])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("barrier_interval_ms", "abc"),
+        ("barrier_interval_ms", "0"),
+        ("barrier_interval_ms", "-5"),
+        ("barrier_interval_ms", "99999999999"),
+        ("no_such_setting", "1"),
+    ],
+)
 def test_a_bad_stored_setting_is_refused_at_write_time(conn, key, value):
     """Even plain SQL cannot store a setting that clients could not parse."""
     import psycopg.errors
 
     with pytest.raises(psycopg.errors.CheckViolation):
         with conn.transaction():
-            conn.execute("INSERT INTO setting (key, value) VALUES (%s, %s) ON CONFLICT (key) DO UPDATE "
-                         "SET value = excluded.value", (key, value))
+            conn.execute(
+                "INSERT INTO setting (key, value) VALUES (%s, %s) ON CONFLICT (key) DO UPDATE "
+                "SET value = excluded.value",
+                (key, value),
+            )
     assert conn.execute("SELECT value FROM setting WHERE key = 'barrier_interval_ms'").fetchone()["value"] == "10000"

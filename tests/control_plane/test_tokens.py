@@ -32,13 +32,16 @@ def test_a_session_barrier_another_server_chose_resolves_in_a_snapshot_that_sees
 
     with db.connect(dsn) as server_b:
         server_b.execute("BEGIN")
-        server_b.execute("UPDATE catalog_session SET rc_barrier = %s, rc_loaded_at = clock_timestamp() "
-                         "WHERE token_hash = %s", (b2, tokens._hash(access)))
+        server_b.execute(
+            "UPDATE catalog_session SET rc_barrier = %s, rc_loaded_at = clock_timestamp() WHERE token_hash = %s",
+            (b2, tokens._hash(access)),
+        )
         a = threading.Thread(target=load_on_server_a)
         a.start()
         deadline = time.monotonic() + 10
-        while not conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
-                               "AND wait_event_type = 'Lock'").fetchone()["n"]:
+        while not conn.execute(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()["n"]:
             assert time.monotonic() < deadline, "server A's load never waited for the session's row"
             time.sleep(0.01)
         complete_all(conn, b2)
@@ -47,5 +50,9 @@ def test_a_session_barrier_another_server_chose_resolves_in_a_snapshot_that_sees
     assert "error" not in found, found.get("error")
     barrier, snapshot = found["cut"]
     assert barrier == b2
-    assert snapshot == conn.execute("SELECT snapshot_ids[1] AS s FROM resolve_cut(ARRAY[%s], %s, true)",
-                                    (str(T("orders")), b2)).fetchone()["s"]
+    assert (
+        snapshot
+        == conn.execute(
+            "SELECT snapshot_ids[1] AS s FROM resolve_cut(ARRAY[%s], %s, true)", (str(T("orders")), b2)
+        ).fetchone()["s"]
+    )

@@ -7,7 +7,10 @@ from hypothesis import strategies as st
 
 from icebarrier.control_plane import jobs as cp_jobs
 from icebarrier.control_plane.errors import (
-    JobDefinitionError, SelfReadError, SinkAlreadyOwnedError, TopologyCycleError,
+    JobDefinitionError,
+    SelfReadError,
+    SinkAlreadyOwnedError,
+    TopologyCycleError,
 )
 from icebarrier.control_plane.topology import downstream, edges_of, render_dot, render_mermaid, upstream
 from tests.helpers import T, job
@@ -24,8 +27,11 @@ BASE = {
     [
         (job("w2", sinks=["b"]), SinkAlreadyOwnedError, "table lake.db.b is written by job mid"),
         (job("loop", sources=["c"], sinks=["a"]), SinkAlreadyOwnedError, "written by job ingest"),
-        (job("mid", sources=["a", "c"], sinks=["b"]), TopologyCycleError,
-         "lake.db.c -> mid -> lake.db.b -> top -> lake.db.c"),
+        (
+            job("mid", sources=["a", "c"], sinks=["b"]),
+            TopologyCycleError,
+            "lake.db.c -> mid -> lake.db.b -> top -> lake.db.c",
+        ),
         (job("self", sources=["x"], sinks=["x"]), SelfReadError, "reads its own sink lake.db.x"),
         (job("nosink", sources=["a"]), JobDefinitionError, "has no sink"),
         (job("mixed", sources=["a"], sinks=["z"], external=["kafka:x"]), JobDefinitionError, "both"),
@@ -53,7 +59,9 @@ def test_lineage_walks_both_ways():
     """Downstream and upstream list tables nearest first with the job on each hop."""
     jobs = list(BASE.values())
     assert [(str(s.table), s.job, s.depth) for s in downstream(jobs, T("a"))] == [
-        ("lake.db.b", "mid", 1), ("lake.db.c", "top", 2)]
+        ("lake.db.b", "mid", 1),
+        ("lake.db.c", "top", 2),
+    ]
     assert [(str(s.table), s.depth) for s in upstream(jobs, T("c"))] == [("lake.db.b", 1), ("lake.db.a", 2)]
     assert downstream(jobs, T("c")) == []
 
@@ -71,7 +79,8 @@ def test_renderings_name_every_node():
 tables = st.sampled_from([f"t{i}" for i in range(6)])
 job_specs = st.lists(
     st.tuples(st.lists(tables, max_size=3, unique=True), st.lists(tables, min_size=1, max_size=2, unique=True)),
-    min_size=1, max_size=12,
+    min_size=1,
+    max_size=12,
 )
 
 

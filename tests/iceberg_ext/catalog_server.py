@@ -27,10 +27,16 @@ def free_port() -> int:
 
 def start_server(lake, *extra: str, env_extra: dict | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = {**os.environ, "ICEBARRIER_DSN": lake.settings.dsn, "ICEBARRIER_SCHEMA": lake.settings.schema,
-           "ICEBARRIER_WAREHOUSE": lake.settings.warehouse, **(env_extra or {})}
-    proc = subprocess.Popen(["icebarrier", "serve", "--port", str(port), *extra], env=env, stderr=subprocess.PIPE,
-                            text=True)
+    env = {
+        **os.environ,
+        "ICEBARRIER_DSN": lake.settings.dsn,
+        "ICEBARRIER_SCHEMA": lake.settings.schema,
+        "ICEBARRIER_WAREHOUSE": lake.settings.warehouse,
+        **(env_extra or {}),
+    }
+    proc = subprocess.Popen(
+        ["icebarrier", "serve", "--port", str(port), *extra], env=env, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -58,11 +64,19 @@ class Pipeline:
         self.lake, self.tables, self.marks = lake, {}, []
         schema = pa.schema([("id", pa.int64()), ("barrier", pa.int64())])
         for job, sinks in names.items():
-            jobs.register(lake.conn, JobDefinition(name=f"{lake.namespace}_{job}", sinks=frozenset(
-                lake.T(s) for s in sinks), external_inputs=frozenset([f"ext:{job}"])))
+            jobs.register(
+                lake.conn,
+                JobDefinition(
+                    name=f"{lake.namespace}_{job}",
+                    sinks=frozenset(lake.T(s) for s in sinks),
+                    external_inputs=frozenset([f"ext:{job}"]),
+                ),
+            )
             for s in sinks:
-                self.tables[s] = (f"{lake.namespace}_{job}",
-                                  lake.catalog.create_table(f"{lake.namespace}.{s}", schema=schema))
+                self.tables[s] = (
+                    f"{lake.namespace}_{job}",
+                    lake.catalog.create_table(f"{lake.namespace}.{s}", schema=schema),
+                )
 
     def advance(self, rows: int = 1, only: set[str] | None = None) -> int:
         b = barriers.issue(self.lake.conn).barrier
@@ -71,8 +85,10 @@ class Pipeline:
         for name, (job, _) in self.tables.items():
             if only is None or job in only:
                 table = self.lake.catalog.load_table(f"{self.lake.namespace}.{name}")
-                table.append(pa.table({"id": list(range(rows)), "barrier": [b] * rows}),
-                             snapshot_properties={SUMMARY_BARRIER: str(b)})
+                table.append(
+                    pa.table({"id": list(range(rows)), "barrier": [b] * rows}),
+                    snapshot_properties={SUMMARY_BARRIER: str(b)},
+                )
                 by_job.setdefault(job, {})[self.lake.T(name)] = table.current_snapshot().snapshot_id
         for job, commits in by_job.items():
             jobs.complete(self.lake.conn, job, b, commits)
@@ -80,13 +96,21 @@ class Pipeline:
 
 
 def rest(uri: str, warehouse: str, credential: str) -> RestCatalog:
-    return RestCatalog(f"rest_{uuid.uuid4().hex[:6]}", uri=uri, warehouse=warehouse, credential=credential,
-                       **{"oauth2-server-uri": f"{uri}/v1/oauth/tokens"})
+    return RestCatalog(
+        f"rest_{uuid.uuid4().hex[:6]}",
+        uri=uri,
+        warehouse=warehouse,
+        credential=credential,
+        **{"oauth2-server-uri": f"{uri}/v1/oauth/tokens"},
+    )
 
 
 def access_token(uri: str, client_id: str, secret: str) -> str:
-    r = requests.post(f"{uri}/v1/oauth/tokens", data={"grant_type": "client_credentials", "client_id": client_id,
-                                                      "client_secret": secret}, timeout=30)
+    r = requests.post(
+        f"{uri}/v1/oauth/tokens",
+        data={"grant_type": "client_credentials", "client_id": client_id, "client_secret": secret},
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
     return r.json()["access_token"]
 
@@ -98,8 +122,13 @@ def staged_change(catalog, name: str, barrier: int | None):
 
     table = catalog.load_table(name)
     tx = table.transaction()
-    tx.append(pa.table({"id": [1], "barrier": [barrier or 0]}),
-              snapshot_properties={SUMMARY_BARRIER: str(barrier)} if barrier is not None else {})
+    tx.append(
+        pa.table({"id": [1], "barrier": [barrier or 0]}),
+        snapshot_properties={SUMMARY_BARRIER: str(barrier)} if barrier is not None else {},
+    )
     namespace, _, table_name = name.rpartition(".")
-    return CommitTableRequest(identifier=TableIdentifier(namespace=[namespace], name=table_name),
-                              requirements=tx._requirements, updates=tx._updates)
+    return CommitTableRequest(
+        identifier=TableIdentifier(namespace=[namespace], name=table_name),
+        requirements=tx._requirements,
+        updates=tx._updates,
+    )

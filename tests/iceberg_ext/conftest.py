@@ -57,11 +57,11 @@ class Lake:
         return TableName.parse(f"lake.{self.namespace}.{name}")
 
 
-def _lake(lake_dsn, warehouse: str, monkeypatch, storage: Storage = Storage()):
+def _lake(lake_dsn, warehouse: str, monkeypatch, storage: Storage | None = None):
     """A fresh control-plane schema and Iceberg namespace (env set for the CLI too)."""
     cp_schema = f"cp_{uuid.uuid4().hex[:10]}"
     schema.upgrade(lake_dsn, cp_schema)
-    settings = Settings(dsn=lake_dsn, schema=cp_schema, warehouse=warehouse, storage=storage).validated()
+    settings = Settings(dsn=lake_dsn, schema=cp_schema, warehouse=warehouse, storage=storage or Storage()).validated()
     monkeypatch.setenv("ICEBARRIER_DSN", lake_dsn)
     monkeypatch.setenv("ICEBARRIER_SCHEMA", cp_schema)
     monkeypatch.setenv("ICEBARRIER_WAREHOUSE", warehouse)

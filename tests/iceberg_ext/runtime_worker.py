@@ -19,14 +19,18 @@ from tests.iceberg_ext.test_runtime import shop
 def two_sink_job(namespace: str) -> TransformJob:
     t = shop.tables(namespace)
     return TransformJob(
-        name=f"{namespace}_two_sinks", sources=[t["shopping"]],
+        name=f"{namespace}_two_sinks",
+        sources=[t["shopping"]],
         sinks=[f"lake.{namespace}.by_user", f"lake.{namespace}.by_item"],
         transform=lambda ctx: {
-            f"lake.{namespace}.by_user": overwrite(ctx.table(t["shopping"]).groupBy("user_id").sum("amount")
-                                                   .withColumnRenamed("sum(amount)", "amount")),
-            f"lake.{namespace}.by_item": overwrite(ctx.table(t["shopping"]).groupBy("item_id").sum("amount")
-                                                   .withColumnRenamed("sum(amount)", "amount")),
-        })
+            f"lake.{namespace}.by_user": overwrite(
+                ctx.table(t["shopping"]).groupBy("user_id").sum("amount").withColumnRenamed("sum(amount)", "amount")
+            ),
+            f"lake.{namespace}.by_item": overwrite(
+                ctx.table(t["shopping"]).groupBy("item_id").sum("amount").withColumnRenamed("sum(amount)", "amount")
+            ),
+        },
+    )
 
 
 def main(dsn, cp_schema, warehouse, namespace, input_dir, job_keys) -> None:

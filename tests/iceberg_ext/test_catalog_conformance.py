@@ -30,31 +30,61 @@ PYICEBERG_DIFFERENCES: dict[str, str] = {}
 # What the fuzzer may report and why: (check code, operation regex, regex over "<response message> |
 # <schemathesis' own message>", reason). Anything else fails the test.
 FUZZ_DIFFERENCES = [
-    ("ST202", r".", r"must be a non-blank string without NUL|must not contain NUL|a namespace has at least one level",
-     "names must be non-blank and free of NUL: Postgres text cannot hold NUL and an empty name names nothing"),
-    ("ST202", r"^GET /v1/config$", r"^warehouse '.*' is unknown",
-     "the warehouse selects the consistency level; an unknown one is refused, never read as latest"),
-    ("ST202", r"/register$", r"cannot be read as table metadata",
-     "registering a table needs a readable metadata file"),
-    ("ST202", r"/tables|/transactions/commit$",
-     r"^malformed (CreateTableRequest|CommitTableRequest|CommitTransactionRequest): (?!.*Field required)",
-     "table metadata PyIceberg cannot build (e.g. a default value of another type than its field) is refused"),
-    ("ST108", r"/views", r".",
-     "the spec's view operations name the bare ErrorModel as their 404 body, against its own rule (and its "
-     "examples) that every error is wrapped in IcebergErrorResponse; the server always wraps"),
-    ("ST103|ST202", r".", r"/namespaces/\['.* does not allow this method",
-     "the fuzzer's stateful links render a namespace array with Python's repr into the path, '/' included: "
-     "the path then names another route, which answers 405 with Allow"),
-    ("ST103|ST202", r".", r"^Idempotency-Key \S+ was used for another request",
-     "the fuzzer sends the spec's example key with every request; a key is one operation's (the spec: globally "
-     "unique), so another request with it is refused 422 (the IETF Idempotency-Key draft), never answered with "
-     "the first request's outcome"),
-    ("ST103", r"/sign$", r"is not served here",
-     "S3 remote signing is not served (the server vends storage credentials instead) and /v1/config does not "
-     "list it, so no client asks"),
-    ("ST201", r"/metrics$", r"Invalid component: positive test case",
-     "schemathesis flags a case it generated as valid (its stateful phase); the server validates reports "
-     "against the spec's ScanReport/CommitReport and Expression models"),
+    (
+        "ST202",
+        r".",
+        r"must be a non-blank string without NUL|must not contain NUL|a namespace has at least one level",
+        "names must be non-blank and free of NUL: Postgres text cannot hold NUL and an empty name names nothing",
+    ),
+    (
+        "ST202",
+        r"^GET /v1/config$",
+        r"^warehouse '.*' is unknown",
+        "the warehouse selects the consistency level; an unknown one is refused, never read as latest",
+    ),
+    ("ST202", r"/register$", r"cannot be read as table metadata", "registering a table needs a readable metadata file"),
+    (
+        "ST202",
+        r"/tables|/transactions/commit$",
+        r"^malformed (CreateTableRequest|CommitTableRequest|CommitTransactionRequest): (?!.*Field required)",
+        "table metadata PyIceberg cannot build (e.g. a default value of another type than its field) is refused",
+    ),
+    (
+        "ST108",
+        r"/views",
+        r".",
+        "the spec's view operations name the bare ErrorModel as their 404 body, against its own rule (and its "
+        "examples) that every error is wrapped in IcebergErrorResponse; the server always wraps",
+    ),
+    (
+        "ST103|ST202",
+        r".",
+        r"/namespaces/\['.* does not allow this method",
+        "the fuzzer's stateful links render a namespace array with Python's repr into the path, '/' included: "
+        "the path then names another route, which answers 405 with Allow",
+    ),
+    (
+        "ST103|ST202",
+        r".",
+        r"^Idempotency-Key \S+ was used for another request",
+        "the fuzzer sends the spec's example key with every request; a key is one operation's (the spec: globally "
+        "unique), so another request with it is refused 422 (the IETF Idempotency-Key draft), never answered with "
+        "the first request's outcome",
+    ),
+    (
+        "ST103",
+        r"/sign$",
+        r"is not served here",
+        "S3 remote signing is not served (the server vends storage credentials instead) and /v1/config does not "
+        "list it, so no client asks",
+    ),
+    (
+        "ST201",
+        r"/metrics$",
+        r"Invalid component: positive test case",
+        "schemathesis flags a case it generated as valid (its stateful phase); the server validates reports "
+        "against the spec's ScanReport/CommitReport and Expression models",
+    ),
 ]
 
 
@@ -68,14 +98,35 @@ def test_pyiceberg_catalog_suite_passes(lake, server, tmp_path):
     """PyIceberg's tests/integration/test_catalog.py (rest_test_catalog, as PyIceberg's own CI
     runs it against a REST server) passes against `icebarrier serve` through latest."""
     cid, _, secret = _job_token(lake).partition(":")
-    env = {**os.environ, "PYICEBERG_TEST_CATALOG": "icebarrier", "PYICEBERG_CATALOG__ICEBARRIER__TYPE": "rest",
-           "PYICEBERG_CATALOG__ICEBARRIER__URI": server, "PYICEBERG_CATALOG__ICEBARRIER__WAREHOUSE": "latest",
-           "PYICEBERG_CATALOG__ICEBARRIER__CREDENTIAL": f"{cid}:{secret}",
-           "PYICEBERG_CATALOG__ICEBARRIER__OAUTH2_SERVER_URI": f"{server}/v1/oauth/tokens"}
+    env = {
+        **os.environ,
+        "PYICEBERG_TEST_CATALOG": "icebarrier",
+        "PYICEBERG_CATALOG__ICEBARRIER__TYPE": "rest",
+        "PYICEBERG_CATALOG__ICEBARRIER__URI": server,
+        "PYICEBERG_CATALOG__ICEBARRIER__WAREHOUSE": "latest",
+        "PYICEBERG_CATALOG__ICEBARRIER__CREDENTIAL": f"{cid}:{secret}",
+        "PYICEBERG_CATALOG__ICEBARRIER__OAUTH2_SERVER_URI": f"{server}/v1/oauth/tokens",
+    }
     report = tmp_path / "pyiceberg.xml"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "rest_test_catalog",
-                          f"--junitxml={report}", "tests/integration/test_catalog.py"],
-                         cwd=PEER / "pyiceberg", env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "rest_test_catalog",
+            f"--junitxml={report}",
+            "tests/integration/test_catalog.py",
+        ],
+        cwd=PEER / "pyiceberg",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     cases = ET.parse(report).getroot().iter("testcase")
     outcome = {}
     for case in cases:
@@ -108,8 +159,14 @@ def _fuzz_failures(ndjson: Path) -> list[tuple[str, str, str, int]]:
                     message = json.loads(body)["error"]["message"]
                 except (ValueError, KeyError, TypeError):
                     message = body.decode(errors="replace")
-                found.append((failure["code"], failure["operation"], f"{message} | {failure['message']}",
-                              response.get("status_code")))
+                found.append(
+                    (
+                        failure["code"],
+                        failure["operation"],
+                        f"{message} | {failure['message']}",
+                        response.get("status_code"),
+                    )
+                )
     return found
 
 
@@ -130,12 +187,31 @@ def test_fuzzing_against_the_official_openapi_document(lake, server, tmp_path):
     examples = int(os.environ.get("ICEBARRIER_FUZZ_EXAMPLES", "5"))
     (tmp_path / "schemathesis.toml").write_text(
         f'base-url = "{server}"\nheaders = {{ Authorization = "Bearer {token}" }}\n'
-        f'[parameters]\nprefix = "latest"\n[generation]\nmax-examples = {examples}\n')
+        f'[parameters]\nprefix = "latest"\n[generation]\nmax-examples = {examples}\n'
+    )
     run = subprocess.run(
-        [sys.executable, "-m", "schemathesis.cli", "run", str(SPEC), "--checks", "all",
-         "--exclude-checks", "ensure_resource_availability",
-         "--seed", os.environ.get("ICEBARRIER_FUZZ_SEED", "1"), "--report", "ndjson", "--report-dir", "report"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "schemathesis.cli",
+            "run",
+            str(SPEC),
+            "--checks",
+            "all",
+            "--exclude-checks",
+            "ensure_resource_availability",
+            "--seed",
+            os.environ.get("ICEBARRIER_FUZZ_SEED", "1"),
+            "--report",
+            "ndjson",
+            "--report-dir",
+            "report",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     [ndjson] = (tmp_path / "report").glob("*.ndjson")
     failures = _fuzz_failures(ndjson)
     unexplained = [f for f in failures if _deliberate(*f[:3]) is None]
@@ -151,14 +227,20 @@ def test_config_lists_exactly_what_the_server_serves(lake, server):
     wrong method 405 with an Allow header naming every method of that path."""
     cid, secret = tokens.create(lake.conn)
     headers = {"Authorization": f"Bearer {access_token(server, cid, secret)}"}
-    config = requests.get(f"{server}/v1/config", params={"warehouse": "read-committed"}, headers=headers,
-                          timeout=30).json()
+    config = requests.get(
+        f"{server}/v1/config", params={"warehouse": "read-committed"}, headers=headers, timeout=30
+    ).json()
     assert config["overrides"] == {"prefix": "read-committed"}
     listed = set(config["endpoints"])
-    assert {"GET /v1/{prefix}/namespaces", "POST /v1/{prefix}/namespaces/{namespace}/properties",
-            "HEAD /v1/{prefix}/namespaces/{namespace}/tables/{table}", "POST /v1/{prefix}/tables/rename",
-            "POST /v1/{prefix}/namespaces/{namespace}/register", "POST /v1/{prefix}/transactions/commit",
-            "POST /v1/{prefix}/namespaces/{namespace}/tables/{table}/metrics"} <= listed
+    assert {
+        "GET /v1/{prefix}/namespaces",
+        "POST /v1/{prefix}/namespaces/{namespace}/properties",
+        "HEAD /v1/{prefix}/namespaces/{namespace}/tables/{table}",
+        "POST /v1/{prefix}/tables/rename",
+        "POST /v1/{prefix}/namespaces/{namespace}/register",
+        "POST /v1/{prefix}/transactions/commit",
+        "POST /v1/{prefix}/namespaces/{namespace}/tables/{table}/metrics",
+    } <= listed
     assert not [e for e in listed if "/views" in e or "/plan" in e or "/credentials" in e]
     for endpoint in listed:
         method, path = endpoint.split(" ", 1)
@@ -180,19 +262,32 @@ def test_oauth_takes_credentials_from_a_basic_header_or_the_form(lake, server):
     grant = {"grant_type": "client_credentials", "scope": "PRINCIPAL_ROLE:ALL"}
     ok = requests.post(url, data=grant, auth=(cid, secret), timeout=30)
     assert ok.status_code == 200 and ok.json()["scope"] == "PRINCIPAL_ROLE:ALL"
-    assert requests.get(f"{server}/v1/config", headers={"Authorization": f"Bearer {ok.json()['access_token']}"},
-                        timeout=30).status_code == 200
+    assert (
+        requests.get(
+            f"{server}/v1/config", headers={"Authorization": f"Bearer {ok.json()['access_token']}"}, timeout=30
+        ).status_code
+        == 200
+    )
     assert requests.post(url, data={**grant, "client_id": cid, "client_secret": secret}, timeout=30).ok
-    assert requests.post(url, data={**grant, "client_id": cid, "client_secret": secret}, auth=(cid, secret),
-                         timeout=30).ok
+    assert requests.post(
+        url, data={**grant, "client_id": cid, "client_secret": secret}, auth=(cid, secret), timeout=30
+    ).ok
     for kwargs, status, error, fragment in [
         (dict(data={"scope": "x"}, auth=(cid, secret)), 400, "invalid_request", "grant_type is missing"),
-        (dict(data={"grant_type": "password"}, auth=(cid, secret)), 400, "unsupported_grant_type",
-         "grant_type 'password' is not supported"),
+        (
+            dict(data={"grant_type": "password"}, auth=(cid, secret)),
+            400,
+            "unsupported_grant_type",
+            "grant_type 'password' is not supported",
+        ),
         (dict(data=grant), 401, "invalid_client", "no client credentials"),
         (dict(data={**grant, "client_id": cid}), 400, "invalid_request", "client_secret is missing"),
-        (dict(data={**grant, "client_id": cid, "client_secret": "x"}, auth=(cid, secret)), 400,
-         "invalid_request", "name different clients"),
+        (
+            dict(data={**grant, "client_id": cid, "client_secret": "x"}, auth=(cid, secret)),
+            400,
+            "invalid_request",
+            "name different clients",
+        ),
         (dict(data=grant, auth=(cid, "wrong")), 401, "invalid_client", "its secret is wrong"),
         (dict(data=grant, headers={"Authorization": "Basic !!!"}), 400, "invalid_request", "not base64"),
     ]:
@@ -210,12 +305,20 @@ def test_namespace_properties_register_rename_and_metrics(lake, server):
     headers = {"Authorization": f"Bearer {access_token(server, cid, secret)}"}
     base = f"{server}/v1/latest"
     ns = lake.namespace
-    r = requests.post(f"{base}/namespaces/{ns}/properties", json={"updates": {"owner": "ana"}, "removals": ["gone"]},
-                      headers=headers, timeout=30)
+    r = requests.post(
+        f"{base}/namespaces/{ns}/properties",
+        json={"updates": {"owner": "ana"}, "removals": ["gone"]},
+        headers=headers,
+        timeout=30,
+    )
     assert r.status_code == 200 and r.json()["updated"] == ["owner"] and r.json()["missing"] == ["gone"]
     assert lake.catalog.load_namespace_properties(ns)["owner"] == "ana"
-    r = requests.post(f"{base}/namespaces/{ns}/properties", json={"updates": {"a": "1"}, "removals": ["a"]},
-                      headers=headers, timeout=30)
+    r = requests.post(
+        f"{base}/namespaces/{ns}/properties",
+        json={"updates": {"a": "1"}, "removals": ["a"]},
+        headers=headers,
+        timeout=30,
+    )
     assert r.status_code == 422 and "both updated and removed" in r.json()["error"]["message"]
     assert requests.head(f"{base}/namespaces/{ns}", headers=headers, timeout=30).status_code == 204
     assert requests.head(f"{base}/namespaces/{ns}_nope", headers=headers, timeout=30).status_code == 404
@@ -224,28 +327,58 @@ def test_namespace_properties_register_rename_and_metrics(lake, server):
     import pyarrow as pa
 
     plain = lake.catalog.create_table(f"{ns}.plain", schema=pa.schema([("a", pa.int64())]))
-    r = requests.post(f"{base}/tables/rename", headers=headers, timeout=30, json={
-        "source": {"namespace": [ns], "name": "plain"}, "destination": {"namespace": [ns], "name": "plain2"}})
+    r = requests.post(
+        f"{base}/tables/rename",
+        headers=headers,
+        timeout=30,
+        json={"source": {"namespace": [ns], "name": "plain"}, "destination": {"namespace": [ns], "name": "plain2"}},
+    )
     assert r.status_code == 204 and lake.catalog.table_exists(f"{ns}.plain2")
-    r = requests.post(f"{base}/tables/rename", headers=headers, timeout=30, json={
-        "source": {"namespace": [ns], "name": "managed"}, "destination": {"namespace": [ns], "name": "moved"}})
+    r = requests.post(
+        f"{base}/tables/rename",
+        headers=headers,
+        timeout=30,
+        json={"source": {"namespace": [ns], "name": "managed"}, "destination": {"namespace": [ns], "name": "moved"}},
+    )
     assert r.status_code == 403 and f"written by job {ns}_conformance" in r.json()["error"]["message"]
     assert lake.catalog.table_exists(f"{ns}.managed") and not lake.catalog.table_exists(f"{ns}.moved")
-    r = requests.post(f"{base}/namespaces/{ns}/register", headers=headers, timeout=30,
-                      json={"name": "again", "metadata-location": plain.metadata_location})
+    r = requests.post(
+        f"{base}/namespaces/{ns}/register",
+        headers=headers,
+        timeout=30,
+        json={"name": "again", "metadata-location": plain.metadata_location},
+    )
     assert r.status_code == 403 and f"table lake.{ns}.plain2's location" in r.json()["error"]["message"]
     lake.catalog.drop_table(f"{ns}.plain2")  # its files stay: registered again, under another name
-    r = requests.post(f"{base}/namespaces/{ns}/register", headers=headers, timeout=30,
-                      json={"name": "again", "metadata-location": plain.metadata_location})
+    r = requests.post(
+        f"{base}/namespaces/{ns}/register",
+        headers=headers,
+        timeout=30,
+        json={"name": "again", "metadata-location": plain.metadata_location},
+    )
     assert r.status_code == 200 and r.json()["metadata-location"] == plain.metadata_location
     assert lake.catalog.load_table(f"{ns}.again").metadata.table_uuid == plain.metadata.table_uuid
-    r = requests.post(f"{base}/namespaces/{ns}/register", headers=headers, timeout=30,
-                      json={"name": "managed", "metadata-location": plain.metadata_location, "overwrite": True})
+    r = requests.post(
+        f"{base}/namespaces/{ns}/register",
+        headers=headers,
+        timeout=30,
+        json={"name": "managed", "metadata-location": plain.metadata_location, "overwrite": True},
+    )
     assert r.status_code == 403 and "managed by icebarrier" in r.json()["error"]["message"]
-    report = {"report-type": "commit-report", "table-name": f"lake.{ns}.again", "snapshot-id": 1,
-              "sequence-number": 1, "operation": "append", "metrics": {"added-records": {"unit": "count", "value": 3}}}
+    report = {
+        "report-type": "commit-report",
+        "table-name": f"lake.{ns}.again",
+        "snapshot-id": 1,
+        "sequence-number": 1,
+        "operation": "append",
+        "metrics": {"added-records": {"unit": "count", "value": 3}},
+    }
     r = requests.post(f"{base}/namespaces/{ns}/tables/again/metrics", json=report, headers=headers, timeout=30)
     assert r.status_code == 204
-    r = requests.post(f"{base}/namespaces/{ns}/tables/again/metrics", json={**report, "snapshot-id": True},
-                      headers=headers, timeout=30)
+    r = requests.post(
+        f"{base}/namespaces/{ns}/tables/again/metrics",
+        json={**report, "snapshot-id": True},
+        headers=headers,
+        timeout=30,
+    )
     assert r.status_code == 400 and "snapshot-id" in r.json()["error"]["message"]

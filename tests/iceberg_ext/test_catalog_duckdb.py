@@ -19,8 +19,10 @@ from tests.iceberg_ext.catalog_server import Pipeline
 
 pytestmark = pytest.mark.slow
 
-JOIN = ("SELECT (SELECT max(barrier) FROM lake.{ns}.orders) AS o, (SELECT max(barrier) FROM lake.{ns}.payments) AS p, "
-        "(SELECT count(*) FROM lake.{ns}.orders) AS n")
+JOIN = (
+    "SELECT (SELECT max(barrier) FROM lake.{ns}.orders) AS o, (SELECT max(barrier) FROM lake.{ns}.payments) AS p, "
+    "(SELECT count(*) FROM lake.{ns}.orders) AS n"
+)
 
 
 def duck(server: str, warehouse: str, credential: str) -> duckdb.DuckDBPyConnection:
@@ -45,14 +47,17 @@ def test_duckdb_reads_every_warehouse_at_its_cut(lake, server):
     lake.catalog.create_namespace(other)
     try:
         late = TableName.parse(f"lake.{other}.late")
-        jobs.register(lake.conn, JobDefinition(name=f"{other}_late", sinks=frozenset([late]),
-                                               external_inputs=frozenset(["ext:late"])))
+        jobs.register(
+            lake.conn,
+            JobDefinition(name=f"{other}_late", sinks=frozenset([late]), external_inputs=frozenset(["ext:late"])),
+        )
         lake.catalog.create_table(f"{other}.late", schema=pa.schema([("id", pa.int64())]))
         jobs.complete(lake.conn, f"{other}_late", marks[0], {})  # and no further
         # orders moves on to a barrier its job has not completed: only latest shows it
         pending = barriers.issue(lake.conn).barrier
         lake.catalog.load_table(f"{lake.namespace}.orders").append(
-            pa.table({"id": [0] * 5, "barrier": [pending] * 5}), snapshot_properties={SUMMARY_BARRIER: str(pending)})
+            pa.table({"id": [0] * 5, "barrier": [pending] * 5}), snapshot_properties={SUMMARY_BARRIER: str(pending)}
+        )
         cid, secret = tokens.create(lake.conn)
         cred = f"{cid}:{secret}"
         orders = f"lake.{lake.namespace}.orders"
@@ -61,13 +66,15 @@ def test_duckdb_reads_every_warehouse_at_its_cut(lake, server):
         assert count(duck(server, "latest", cred), orders) == 35
         assert count(duck(server, "read-committed", cred), orders) == 10  # the lake's cut: marks[0]
         assert count(duck(server, f"read-committed:{lake.namespace}", cred), orders) == 30
-        lease = leases.acquire(lake.conn, [lake.T("orders"), lake.T("payments")], ttl_s=600, holder="t",
-                               barrier=marks[1])
+        lease = leases.acquire(
+            lake.conn, [lake.T("orders"), lake.T("payments")], ttl_s=600, holder="t", barrier=marks[1]
+        )
         assert count(duck(server, f"lease-{lease.lease_id}", cred), orders) == 20
         o, q, n = duck(server, "latest", cred).execute(JOIN.format(ns=lake.namespace)).fetchone()
         assert (o, q, n) == (pending, marks[2], 35)  # read-uncommitted mixes: the check can fail
-        o, q, n = duck(server, f"read-committed:{lake.namespace}", cred).execute(
-            JOIN.format(ns=lake.namespace)).fetchone()
+        o, q, n = (
+            duck(server, f"read-committed:{lake.namespace}", cred).execute(JOIN.format(ns=lake.namespace)).fetchone()
+        )
         assert (o, q, n) == (marks[2], marks[2], 30)
         with pytest.raises(duckdb.Error, match=f"lake.{other}.late has completed no barrier|not a valid cut"):
             count(duck(server, f"barrier-{marks[2]}", cred), f"lake.{other}.late")
@@ -135,9 +142,11 @@ def test_duckdb_writes_are_refused_or_recorded_like_any_client(lake, server):
     rid, rsecret = tokens.create(lake.conn)
     orders = f"lake.{lake.namespace}.orders"
     before = lake.catalog.load_table(f"{lake.namespace}.orders").metadata_location
-    for cred, fragment in [(f"{jid}:{jsecret}", f"must carry snapshot property {SUMMARY_BARRIER}"),
-                           (f"{oid}:{osecret}", f"it is written by job {job}"),
-                           (f"{rid}:{rsecret}", "a reader token writes nothing")]:
+    for cred, fragment in [
+        (f"{jid}:{jsecret}", f"must carry snapshot property {SUMMARY_BARRIER}"),
+        (f"{oid}:{osecret}", f"it is written by job {job}"),
+        (f"{rid}:{rsecret}", "a reader token writes nothing"),
+    ]:
         with pytest.raises(duckdb.Error, match=fragment):
             duck(server, "latest", cred).execute(f"INSERT INTO {orders} VALUES (1, 1)")
     assert lake.catalog.load_table(f"{lake.namespace}.orders").metadata_location == before

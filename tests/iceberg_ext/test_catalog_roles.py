@@ -78,10 +78,14 @@ def test_a_job_role_runs_its_job_but_plain_spark_cannot_commit_to_another_jobs_t
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     (inbox / "1.json").write_text('{"id": 1, "v": "x"}\n{"id": 2, "v": "y"}\n')
-    env = {**os.environ, "ICEBARRIER_DSN": psycopg.conninfo.make_conninfo(dsn, user=roles["job_a"]),
-           "ICEBARRIER_WAREHOUSE": warehouse}
-    run = subprocess.run([sys.executable, "-c", AS_JOB_ROLE, str(inbox)], capture_output=True, text=True,
-                         timeout=600, env=env)
+    env = {
+        **os.environ,
+        "ICEBARRIER_DSN": psycopg.conninfo.make_conninfo(dsn, user=roles["job_a"]),
+        "ICEBARRIER_WAREHOUSE": warehouse,
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", AS_JOB_ROLE, str(inbox)], capture_output=True, text=True, timeout=600, env=env
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert len(out["completed"]) == 1 and out["a_rows"] == 2 and out["scratch_rows"] == 2
@@ -93,8 +97,9 @@ def test_a_job_role_runs_its_job_but_plain_spark_cannot_commit_to_another_jobs_t
     with psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=roles["reader"]), autocommit=True) as reader:
         assert reader.execute("SELECT count(*) FROM icebarrier_catalog.iceberg_tables").fetchone()[0] == 3
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            reader.execute("UPDATE icebarrier_catalog.iceberg_tables SET metadata_location = 'x' "
-                           "WHERE table_name = 'scratch'")
+            reader.execute(
+                "UPDATE icebarrier_catalog.iceberg_tables SET metadata_location = 'x' WHERE table_name = 'scratch'"
+            )
 
 
 def test_catalog_policies_guard_each_row_for_a_job_role(dsn, roles):
@@ -108,12 +113,15 @@ def test_catalog_policies_guard_each_row_for_a_job_role(dsn, roles):
         admin.execute("INSERT INTO icebarrier_catalog.iceberg_tables VALUES ('lake', 'rls', 'b', 'm1', NULL, 'TABLE')")
     table = "icebarrier_catalog.iceberg_tables"
     with psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=roles["job_a"]), autocommit=True) as a:
-        a.execute(f"INSERT INTO {table} VALUES ('lake', 'rls', 'a', 'm1', NULL, 'TABLE'), "
-                  f"('lake', 'rls', 'free', 'm1', NULL, 'TABLE')")
-        a.execute(f"UPDATE {table} SET metadata_location = 'm2', previous_metadata_location = 'm1' "
-                  f"WHERE table_name IN ('a', 'free')")
-        with pytest.raises(psycopg.DatabaseError, match="may not commit to lake.rls.b: it is written by job "
-                                                                 "ingest_b"):
+        a.execute(
+            f"INSERT INTO {table} VALUES ('lake', 'rls', 'a', 'm1', NULL, 'TABLE'), "
+            f"('lake', 'rls', 'free', 'm1', NULL, 'TABLE')"
+        )
+        a.execute(
+            f"UPDATE {table} SET metadata_location = 'm2', previous_metadata_location = 'm1' "
+            f"WHERE table_name IN ('a', 'free')"
+        )
+        with pytest.raises(psycopg.DatabaseError, match="may not commit to lake.rls.b: it is written by job ingest_b"):
             a.execute(f"UPDATE {table} SET metadata_location = 'm2' WHERE table_name = 'b'")
         with pytest.raises(psycopg.DatabaseError, match="written by job ingest_b"):
             a.execute(f"INSERT INTO {table} VALUES ('lake', 'RLS', 'B', 'm9', NULL, 'TABLE')")
@@ -125,6 +133,9 @@ def test_catalog_policies_guard_each_row_for_a_job_role(dsn, roles):
 
 def _pointer(dsn: str, name: str) -> str | None:
     with psycopg.connect(dsn, autocommit=True) as c:
-        row = c.execute("SELECT metadata_location FROM icebarrier_catalog.iceberg_tables "
-                        "WHERE table_namespace = 'rls' AND table_name = %s", (name,)).fetchone()
+        row = c.execute(
+            "SELECT metadata_location FROM icebarrier_catalog.iceberg_tables "
+            "WHERE table_namespace = 'rls' AND table_name = %s",
+            (name,),
+        ).fetchone()
     return row[0] if row else None

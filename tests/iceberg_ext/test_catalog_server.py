@@ -34,8 +34,10 @@ def test_pinned_warehouses_serve_the_cut_with_trimmed_metadata(lake, server):
         cut = reads.resolve(lake.conn, [lake.T("orders")], barrier=b)
         assert table.metadata.current_snapshot_id == cut.snapshots[lake.T("orders")]
         assert table.scan().to_arrow().num_rows == 10 * (i + 1)
-        assert len(table.metadata.snapshots) == i + 1 and table.metadata.refs["main"].snapshot_id == \
-            cut.snapshots[lake.T("orders")]
+        assert (
+            len(table.metadata.snapshots) == i + 1
+            and table.metadata.refs["main"].snapshot_id == cut.snapshots[lake.T("orders")]
+        )
         from pyiceberg.serializers import FromInputFile
 
         on_disk = FromInputFile.table_metadata(table.io.new_input(table.metadata_location))
@@ -55,17 +57,30 @@ def test_a_pinned_warehouse_at_a_coalesced_barrier_is_refused(lake, server):
     b2, b3 = barriers.issue(lake.conn).barrier, barriers.issue(lake.conn).barrier
     table = lake.catalog.load_table(f"{lake.namespace}.orders")
     table.append(pa.table({"id": [1], "barrier": [b3]}), snapshot_properties={SUMMARY_BARRIER: str(b3)})
-    jobs.complete(lake.conn, f"{lake.namespace}_ingest", b3, {lake.T("orders"): table.current_snapshot().snapshot_id},
-                  coalesce=True)
+    jobs.complete(
+        lake.conn,
+        f"{lake.namespace}_ingest",
+        b3,
+        {lake.T("orders"): table.current_snapshot().snapshot_id},
+        coalesce=True,
+    )
     cid, secret = tokens.create(lake.conn)
     headers = {"Authorization": f"Bearer {access_token(server, cid, secret)}"}
     r = requests.get(f"{server}/v1/barrier-{b2}/namespaces/{lake.namespace}/tables/orders", headers=headers, timeout=30)
     assert r.status_code == 400, r.text
-    assert (f"lake.{lake.namespace}.orders coalesced it into barrier {b3}" in r.json()["error"]["message"]
-            and f"the nearest valid cuts are {b1} (before) and {b3} (after)" in r.json()["error"]["message"])
+    assert (
+        f"lake.{lake.namespace}.orders coalesced it into barrier {b3}" in r.json()["error"]["message"]
+        and f"the nearest valid cuts are {b1} (before) and {b3} (after)" in r.json()["error"]["message"]
+    )
     for b, rows in ((b1, 1), (b3, 2)):
-        assert rest(server, f"barrier-{b}", f"{cid}:{secret}").load_table(f"{lake.namespace}.orders").scan() \
-            .to_arrow().num_rows == rows
+        assert (
+            rest(server, f"barrier-{b}", f"{cid}:{secret}")
+            .load_table(f"{lake.namespace}.orders")
+            .scan()
+            .to_arrow()
+            .num_rows
+            == rows
+        )
 
 
 def test_bad_requests_are_spec_errors_with_one_line(lake, server):
@@ -82,19 +97,32 @@ def test_bad_requests_are_spec_errors_with_one_line(lake, server):
     r = get("/v1/config?warehouse=nightly")
     assert r.status_code == 400 and "warehouse 'nightly' is unknown" in r.json()["error"]["message"]
     r = get(f"/v1/barrier-{b1}/namespaces/{lake.namespace}/tables/late")
-    assert r.status_code == 400 and f"lake.{lake.namespace}.late has completed no barrier yet" in \
-        r.json()["error"]["message"]
+    assert (
+        r.status_code == 400
+        and f"lake.{lake.namespace}.late has completed no barrier yet" in r.json()["error"]["message"]
+    )
     r = requests.get(f"{server}/v1/latest/namespaces", timeout=30)
     assert r.status_code == 401 and r.json()["error"]["type"] == "NotAuthorizedException"
-    r = requests.post(f"{server}/v1/oauth/tokens", data={"grant_type": "client_credentials", "client_id": cid,
-                                                         "client_secret": "wrong"}, timeout=30)
+    r = requests.post(
+        f"{server}/v1/oauth/tokens",
+        data={"grant_type": "client_credentials", "client_id": cid, "client_secret": "wrong"},
+        timeout=30,
+    )
     assert r.status_code == 401
-    r = requests.post(f"{server}/v1/latest/namespaces/{lake.namespace}/tables/orders", json={"updates": "x"},
-                      headers=headers, timeout=30)
+    r = requests.post(
+        f"{server}/v1/latest/namespaces/{lake.namespace}/tables/orders",
+        json={"updates": "x"},
+        headers=headers,
+        timeout=30,
+    )
     assert r.status_code == 403 and "a reader token writes nothing" in r.json()["error"]["message"]
     jid, jsecret = tokens.create(lake.conn, job=f"{lake.namespace}_ingest")
-    r = requests.post(f"{server}/v1/latest/namespaces/{lake.namespace}/tables/orders", json={"updates": "x"},
-                      headers={"Authorization": f"Bearer {access_token(server, jid, jsecret)}"}, timeout=30)
+    r = requests.post(
+        f"{server}/v1/latest/namespaces/{lake.namespace}/tables/orders",
+        json={"updates": "x"},
+        headers={"Authorization": f"Bearer {access_token(server, jid, jsecret)}"},
+        timeout=30,
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestException"
     assert r.json()["error"]["message"].startswith("malformed CommitTableRequest: requirements: Field required")
     r = get(f"/v1/latest/namespaces/{lake.namespace}/tables/nope")
@@ -132,24 +160,34 @@ def test_writes_need_the_owning_jobs_token_and_a_barrier(lake, server):
 
     from pyiceberg.exceptions import ForbiddenError
 
-    for cred, fragment in [(f"{rid}:{rsecret}", "a reader token writes nothing"),
-                           (f"{oid}:{osecret}", f"it is written by job {job}")]:
+    for cred, fragment in [
+        (f"{rid}:{rsecret}", "a reader token writes nothing"),
+        (f"{oid}:{osecret}", f"it is written by job {job}"),
+    ]:
         with pytest.raises(ForbiddenError, match=fragment):
             rest(server, "latest", cred).load_table(name).append(
-                rows, snapshot_properties={SUMMARY_BARRIER: str(barriers.issue(lake.conn).barrier)})
+                rows, snapshot_properties={SUMMARY_BARRIER: str(barriers.issue(lake.conn).barrier)}
+            )
     with pytest.raises(ForbiddenError, match=f"must carry snapshot property {SUMMARY_BARRIER}"):
         rest(server, "latest", f"{jid}:{jsecret}").load_table(name).append(rows)
     with pytest.raises(ForbiddenError, match="is read-only"):
         rest(server, f"barrier-{b}", f"{jid}:{jsecret}").load_table(name).append(
-            rows, snapshot_properties={SUMMARY_BARRIER: str(b)})
+            rows, snapshot_properties={SUMMARY_BARRIER: str(b)}
+        )
     assert lake.catalog.load_table(name).current_snapshot().snapshot_id == table.current_snapshot().snapshot_id
 
     access = access_token(server, rid, rsecret)
     tokens.revoke(lake.conn, rid)
     r = requests.get(f"{server}/v1/latest/namespaces", headers={"Authorization": f"Bearer {access}"}, timeout=30)
     assert r.status_code == 401
-    assert requests.post(f"{server}/v1/oauth/tokens", data={"grant_type": "client_credentials", "client_id": rid,
-                                                            "client_secret": rsecret}, timeout=30).status_code == 401
+    assert (
+        requests.post(
+            f"{server}/v1/oauth/tokens",
+            data={"grant_type": "client_credentials", "client_id": rid, "client_secret": rsecret},
+            timeout=30,
+        ).status_code
+        == 401
+    )
 
 
 def test_read_committed_sessions_never_mix_cuts_across_two_servers(lake):
@@ -172,8 +210,9 @@ def test_read_committed_sessions_never_mix_cuts_across_two_servers(lake):
         access = access_token(servers[0][1], cid, secret)
         headers = {"Authorization": f"Bearer {access}"}
         for _, uri in servers:  # each process's first load opens its pool: not in the measured pairs
-            requests.get(f"{uri}/v1/latest/namespaces/{lake.namespace}/tables/orders", headers=headers,
-                         timeout=30).raise_for_status()
+            requests.get(
+                f"{uri}/v1/latest/namespaces/{lake.namespace}/tables/orders", headers=headers, timeout=30
+            ).raise_for_status()
         thread = threading.Thread(target=writer)
         thread.start()
         pairs = []
@@ -181,8 +220,9 @@ def test_read_committed_sessions_never_mix_cuts_across_two_servers(lake):
             snaps, started = [], time.monotonic()
             for k, t in enumerate(("orders", "payments")):
                 uri = servers[(i + k) % 2][1]
-                r = requests.get(f"{uri}/v1/read-committed/namespaces/{lake.namespace}/tables/{t}", headers=headers,
-                                 timeout=30)
+                r = requests.get(
+                    f"{uri}/v1/read-committed/namespaces/{lake.namespace}/tables/{t}", headers=headers, timeout=30
+                )
                 assert r.status_code == 200, r.text
                 snaps.append(len(r.json()["metadata"]["snapshots"]))
             if time.monotonic() - started < quiet_s:  # else the session may rightly have moved between them
@@ -194,8 +234,9 @@ def test_read_committed_sessions_never_mix_cuts_across_two_servers(lake):
         assert not mixed, mixed[:5]
         before = pairs[-1][0]
         time.sleep(quiet_s + 0.5)  # quiet: the session moves on to the newest cut
-        r = requests.get(f"{servers[1][1]}/v1/read-committed/namespaces/{lake.namespace}/tables/orders",
-                         headers=headers, timeout=30)
+        r = requests.get(
+            f"{servers[1][1]}/v1/read-committed/namespaces/{lake.namespace}/tables/orders", headers=headers, timeout=30
+        )
         assert len(r.json()["metadata"]["snapshots"]) == len(p.marks) > before
     finally:
         stop.set()
@@ -230,8 +271,10 @@ def test_spark_reads_consistent_cuts_through_the_rest_catalog(lake, server, spar
 
     thread = threading.Thread(target=writer)
     thread.start()
-    query = (f"SELECT o.b AS o, p.b AS p FROM (SELECT max(barrier) AS b FROM {name}.{lake.namespace}.orders) o "
-             f"CROSS JOIN (SELECT max(barrier) AS b FROM {name}.{lake.namespace}.payments) p")
+    query = (
+        f"SELECT o.b AS o, p.b AS p FROM (SELECT max(barrier) AS b FROM {name}.{lake.namespace}.orders) o "
+        f"CROSS JOIN (SELECT max(barrier) AS b FROM {name}.{lake.namespace}.payments) p"
+    )
     seen = []
     try:
         for i in range(120):  # each commit of the writer makes the next query a little slower
@@ -261,8 +304,9 @@ def test_without_session_stability_the_same_reads_do_mix(lake):
             headers = {"Authorization": f"Bearer {access_token(uri, cid, secret)}"}
 
             def snapshots(t: str) -> int:
-                r = requests.get(f"{uri}/v1/read-committed/namespaces/{lake.namespace}/tables/{t}", headers=headers,
-                                 timeout=30)
+                r = requests.get(
+                    f"{uri}/v1/read-committed/namespaces/{lake.namespace}/tables/{t}", headers=headers, timeout=30
+                )
                 return len(r.json()["metadata"]["snapshots"])
 
             mixed = 0
@@ -312,8 +356,14 @@ def test_a_multi_table_commit_is_atomic_for_readers_of_latest(lake, server):
 
     def poll():
         while not stop.is_set():
-            counts = [len(requests.get(f"{server}/v1/latest/namespaces/{lake.namespace}/tables/{t}", headers=headers,
-                                       timeout=30).json()["metadata"]["snapshots"]) for t in ("left", "right")]
+            counts = [
+                len(
+                    requests.get(
+                        f"{server}/v1/latest/namespaces/{lake.namespace}/tables/{t}", headers=headers, timeout=30
+                    ).json()["metadata"]["snapshots"]
+                )
+                for t in ("left", "right")
+            ]
             seen.append(counts)
 
     thread = threading.Thread(target=poll)
@@ -323,8 +373,12 @@ def test_a_multi_table_commit_is_atomic_for_readers_of_latest(lake, server):
             b = barriers.issue(lake.conn).barrier
             changes = [staged_change(writer, f"{lake.namespace}.{t}", b) for t in ("left", "right")]
             body = '{"table-changes": [' + ", ".join(c.model_dump_json() for c in changes) + "]}"
-            r = requests.post(f"{server}/v1/latest/transactions/commit", data=body, timeout=60,
-                              headers={**access, "Content-Type": "application/json"})
+            r = requests.post(
+                f"{server}/v1/latest/transactions/commit",
+                data=body,
+                timeout=60,
+                headers={**access, "Content-Type": "application/json"},
+            )
             assert r.status_code == 204, r.text
             assert jobs.show(lake.conn, job).progress == b
     finally:
@@ -348,9 +402,10 @@ def test_a_server_killed_mid_commit_leaves_both_or_neither(lake):
     proc, uri = start_server(lake, env_extra={"ICEBARRIER_FAULT": "in-catalog-commit"})
     b = barriers.issue(lake.conn).barrier
     try:
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017 - a dropped connection: the client's error type varies
             rest(uri, "latest", f"{jid}:{jsecret}").load_table(name).append(
-                pa.table({"id": [1], "barrier": [b]}), snapshot_properties={SUMMARY_BARRIER: str(b)})
+                pa.table({"id": [1], "barrier": [b]}), snapshot_properties={SUMMARY_BARRIER: str(b)}
+            )
         assert proc.wait(timeout=30) == 137
     finally:
         stop_server(proc) if proc.poll() is None else None
@@ -363,8 +418,10 @@ def test_a_server_killed_mid_commit_leaves_both_or_neither(lake):
     finally:
         stop_server(proc)
     assert jobs.show(lake.conn, job).progress == b
-    assert reads.resolve(lake.conn, [lake.T("orders")], barrier=b).snapshots[lake.T("orders")] == \
-        lake.catalog.load_table(name).current_snapshot().snapshot_id
+    assert (
+        reads.resolve(lake.conn, [lake.T("orders")], barrier=b).snapshots[lake.T("orders")]
+        == lake.catalog.load_table(name).current_snapshot().snapshot_id
+    )
 
 
 def _job_through_catalog(lake, server: str, job: str, folder) -> dict:
@@ -372,12 +429,13 @@ def _job_through_catalog(lake, server: str, job: str, folder) -> dict:
     (an icebarrier.toml with [catalog_properties], as `spark-conf --via rest` prints)."""
     jid, jsecret = tokens.create(lake.conn, job=job)
     config = folder / "icebarrier.toml"
-    config.write_text(f'dsn = "{lake.settings.dsn}"\nschema = "{lake.settings.schema}"\n'
-                      f'warehouse = "{lake.settings.warehouse}"\n[catalog_properties]\ntype = "rest"\n'
-                      f'uri = "{server}"\nwarehouse = "latest"\ncredential = "{jid}:{jsecret}"\n'
-                      f'oauth2-server-uri = "{server}/v1/oauth/tokens"\n')
-    return {k: v for k, v in os.environ.items() if not k.startswith("ICEBARRIER_")} | {
-        "ICEBARRIER_CONFIG": str(config)}
+    config.write_text(
+        f'dsn = "{lake.settings.dsn}"\nschema = "{lake.settings.schema}"\n'
+        f'warehouse = "{lake.settings.warehouse}"\n[catalog_properties]\ntype = "rest"\n'
+        f'uri = "{server}"\nwarehouse = "latest"\ncredential = "{jid}:{jsecret}"\n'
+        f'oauth2-server-uri = "{server}/v1/oauth/tokens"\n'
+    )
+    return {k: v for k, v in os.environ.items() if not k.startswith("ICEBARRIER_")} | {"ICEBARRIER_CONFIG": str(config)}
 
 
 RUN_VIA_REST = """
@@ -403,22 +461,33 @@ def test_the_job_runtime_writes_through_the_catalog(lake, server, tmp_path):
     import sys
 
     job, sink = f"{lake.namespace}_ingest", f"lake.{lake.namespace}.orders"
-    jobs.register(lake.conn, JobDefinition(name=job, sinks=frozenset([TableName.parse(sink)]),
-                                           external_inputs=frozenset(["files"])))
-    lake.catalog.create_table(f"{lake.namespace}.orders", schema=pa.schema([("id", pa.int64()),
-                                                                          ("barrier", pa.int64())]))
+    jobs.register(
+        lake.conn,
+        JobDefinition(name=job, sinks=frozenset([TableName.parse(sink)]), external_inputs=frozenset(["files"])),
+    )
+    lake.catalog.create_table(
+        f"{lake.namespace}.orders", schema=pa.schema([("id", pa.int64()), ("barrier", pa.int64())])
+    )
     barriers.set_interval_s(lake.conn, 3600)
     b = barriers.issue(lake.conn).barrier
     env = _job_through_catalog(lake, server, job, tmp_path)
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     (inbox / "1.json").write_text('{"id": 1, "barrier": 0}\n{"id": 2, "barrier": 0}\n')
-    run = subprocess.run([sys.executable, "-c", RUN_VIA_REST, str(inbox), job, sink], capture_output=True,
-                         text=True, timeout=600, env=env)
+    run = subprocess.run(
+        [sys.executable, "-c", RUN_VIA_REST, str(inbox), job, sink],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     assert json.loads(run.stdout.strip().splitlines()[-1])["completed"] == [b]
-    row = lake.conn.execute("SELECT c.snapshot_id, c.run_id FROM table_commit c JOIN managed_table m USING (table_id) "
-                            "WHERE m.name = %s AND c.barrier = %s", (sink, b)).fetchone()
+    row = lake.conn.execute(
+        "SELECT c.snapshot_id, c.run_id FROM table_commit c JOIN managed_table m USING (table_id) "
+        "WHERE m.name = %s AND c.barrier = %s",
+        (sink, b),
+    ).fetchone()
     assert row["run_id"] == "rest-catalog"
     assert row["snapshot_id"] == lake.catalog.load_table(f"{lake.namespace}.orders").current_snapshot().snapshot_id
 
@@ -433,8 +502,11 @@ def test_anonymous_clients_read_only_when_allowed(lake):
         base = f"{uri}/v1"
         assert requests.get(f"{base}/config?warehouse=barrier-{b}", timeout=30).status_code == 200
         r = requests.get(f"{base}/barrier-{b}/namespaces/{lake.namespace}/tables/orders", timeout=30)
-        assert r.status_code == 200 and r.json()["metadata"]["current-snapshot-id"] == \
-            reads.resolve(lake.conn, [lake.T("orders")], barrier=b).snapshots[lake.T("orders")]
+        assert (
+            r.status_code == 200
+            and r.json()["metadata"]["current-snapshot-id"]
+            == reads.resolve(lake.conn, [lake.T("orders")], barrier=b).snapshots[lake.T("orders")]
+        )
         r = requests.post(f"{base}/latest/namespaces", json={"namespace": ["anon"]}, timeout=30)
         assert r.status_code == 403 and "a reader token writes nothing" in r.json()["error"]["message"]
         r = requests.get(f"{base}/read-committed/namespaces/{lake.namespace}/tables/orders", timeout=30)
@@ -472,11 +544,16 @@ def test_a_multi_sink_job_through_the_catalog_publishes_each_barrier_in_one_tran
     p = Pipeline(lake, {"ingest": ["events"]})
     job = f"{lake.namespace}_split"
     left, right = (f"lake.{lake.namespace}.{t}" for t in ("left", "right"))
-    jobs.register(lake.conn, JobDefinition(name=job, sources=frozenset([lake.T("events")]),
-                                           sinks=frozenset(map(TableName.parse, (left, right)))))
+    jobs.register(
+        lake.conn,
+        JobDefinition(
+            name=job, sources=frozenset([lake.T("events")]), sinks=frozenset(map(TableName.parse, (left, right)))
+        ),
+    )
     for t in ("left", "right"):
-        lake.catalog.create_table(f"{lake.namespace}.{t}", schema=pa.schema([("id", pa.int64()),
-                                                                            ("barrier", pa.int64())]))
+        lake.catalog.create_table(
+            f"{lake.namespace}.{t}", schema=pa.schema([("id", pa.int64()), ("barrier", pa.int64())])
+        )
     marks = [p.advance(rows=i + 1) for i in range(3)]
     env = _job_through_catalog(lake, server, job, tmp_path)
     rid, rsecret = tokens.create(lake.conn)
@@ -485,13 +562,25 @@ def test_a_multi_sink_job_through_the_catalog_publishes_each_barrier_in_one_tran
 
     def poll():
         while not stop.is_set():
-            seen.append([len(requests.get(f"{server}/v1/latest/namespaces/{lake.namespace}/tables/{t}",
-                                          headers=headers, timeout=30).json()["metadata"]["snapshots"])
-                         for t in ("left", "right")])
+            seen.append(
+                [
+                    len(
+                        requests.get(
+                            f"{server}/v1/latest/namespaces/{lake.namespace}/tables/{t}", headers=headers, timeout=30
+                        ).json()["metadata"]["snapshots"]
+                    )
+                    for t in ("left", "right")
+                ]
+            )
 
     def run_job() -> list[int]:
-        run = subprocess.run([sys.executable, "-c", SPLIT_VIA_REST, job, str(lake.T("events")), left, right],
-                             capture_output=True, text=True, timeout=600, env=env)
+        run = subprocess.run(
+            [sys.executable, "-c", SPLIT_VIA_REST, job, str(lake.T("events")), left, right],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
         assert run.returncode == 0, run.stderr[-4000:]
         return json.loads(run.stdout.strip().splitlines()[-1])["completed"]
 
@@ -506,12 +595,15 @@ def test_a_multi_sink_job_through_the_catalog_publishes_each_barrier_in_one_tran
         stop.set()
         thread.join()
     assert completed == [marks[-1], more[-1]]
-    assert [s.coalesced for s in tables.states(lake.conn, [TableName.parse(left), TableName.parse(right)])] == \
-        [((marks[-1], more[-1]),)] * 2
+    assert [s.coalesced for s in tables.states(lake.conn, [TableName.parse(left), TableName.parse(right)])] == [
+        ((marks[-1], more[-1]),)
+    ] * 2
     assert seen and [c for c in seen if c[0] > c[1]] == []
     rows = lake.conn.execute(
         "SELECT m.name, c.barrier, c.snapshot_id, c.run_id FROM table_commit c JOIN managed_table m USING (table_id) "
-        "WHERE m.name IN (%s, %s) ORDER BY c.barrier, m.name", (left, right)).fetchall()
+        "WHERE m.name IN (%s, %s) ORDER BY c.barrier, m.name",
+        (left, right),
+    ).fetchall()
     assert [(r["barrier"], r["run_id"]) for r in rows] == [(b, "rest-catalog") for b in completed for _ in (0, 1)]
     assert lake.conn.execute("SELECT count(*) AS n FROM catalog_pending").fetchone()["n"] == 0
     for t in (left, right):

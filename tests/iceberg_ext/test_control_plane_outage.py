@@ -22,11 +22,14 @@ def _drop_server_connections(lake) -> int:
     the server's pool); wait until they are gone."""
     killed = lake.conn.execute(
         "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity WHERE datname = current_database() "
-        "AND pid <> pg_backend_pid() AND backend_type = 'client backend'").fetchone()["n"]
+        "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+    ).fetchone()["n"]
     deadline = time.monotonic() + 10
-    while lake.conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
-                            "AND pid <> pg_backend_pid() AND backend_type = 'client backend' "
-                            "AND backend_start < now() - interval '0.5 s'").fetchone()["n"]:
+    while lake.conn.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND backend_type = 'client backend' "
+        "AND backend_start < now() - interval '0.5 s'"
+    ).fetchone()["n"]:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     return killed

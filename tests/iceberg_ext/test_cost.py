@@ -68,8 +68,10 @@ def test_a_job_behind_with_changes_computes_once(lake, spark, behind):
         summary = runtimes[name].run()
         assert (summary.completed, summary.computations) == ([marks[-1]], 1), name
     shopping_at = reads.resolve(lake.conn, [TableName.parse(t["shopping"])]).snapshots[TableName.parse(t["shopping"])]
-    recompute = spark.sql(f"SELECT user_id, item_id, sum(amount) AS amount FROM {t['shopping']} "
-                          f"VERSION AS OF {shopping_at} GROUP BY user_id, item_id").collect()
+    recompute = spark.sql(
+        f"SELECT user_id, item_id, sum(amount) AS amount FROM {t['shopping']} "
+        f"VERSION AS OF {shopping_at} GROUP BY user_id, item_id"
+    ).collect()
     assert sorted(map(tuple, spark.table(t["user_item_amount"]).collect())) == sorted(map(tuple, recompute))
     assert spark.table(t["shipped_orders"]).count() == spark.table(t["shipments"]).count() > 0
     table = load_table(lake.catalog, TableName.parse(t["user_item_amount"]))
@@ -90,8 +92,10 @@ def test_batch_once_computes_once_per_anchor(lake, spark, behind):
     newest = [ingest(k) for k in range(4, 6)][-1]
     summary = runtimes["user_item_price"].run()
     assert (summary.completed, summary.computations) == ([a, newest], 2)
-    names = [TableName.parse(x) for x in (shop.tables(lake.namespace)["user_item_price"],
-                                          shop.tables(lake.namespace)["shopping"])]
+    names = [
+        TableName.parse(x)
+        for x in (shop.tables(lake.namespace)["user_item_price"], shop.tables(lake.namespace)["shopping"])
+    ]
     assert reads.resolve(lake.conn, names, barrier=a).barrier == a
     assert tables.states(lake.conn, names[:1])[0].coalesced[-1][1] == newest
 
@@ -101,9 +105,13 @@ def test_a_job_that_reads_the_barrier_is_never_skipped(lake, spark, behind):
     built, runtimes, _ = behind
     t = shop.tables(lake.namespace)
     spark.sql(f"CREATE TABLE {t['shopping']}_clock (barrier bigint) USING iceberg")
-    clock = TransformJob(name=f"{lake.namespace}_clock", sources=[t["shopping"]], sinks=[t["shopping"] + "_clock"],
-                         transform=lambda ctx: overwrite(ctx.spark.range(1).selectExpr(f"{ctx.barrier} AS barrier")),
-                         reads_barrier=True)
+    clock = TransformJob(
+        name=f"{lake.namespace}_clock",
+        sources=[t["shopping"]],
+        sinks=[t["shopping"] + "_clock"],
+        transform=lambda ctx: overwrite(ctx.spark.range(1).selectExpr(f"{ctx.barrier} AS barrier")),
+        reads_barrier=True,
+    )
     rt = Runtime(clock, settings=lake.settings, spark=spark, conn=lake.conn, log=lambda _: None)
     rt.run()
     newest = [barriers.issue(lake.conn).barrier for _ in range(3)][-1]

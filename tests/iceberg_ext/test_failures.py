@@ -23,9 +23,22 @@ def _worker(lake, input_dir, job_keys, fault=None, fault_after=0, master=None):
     if master:
         env["ICEBARRIER_SPARK_MASTER"] = master
     return subprocess.run(
-        [sys.executable, "-m", "tests.iceberg_ext.runtime_worker", lake.settings.dsn, lake.settings.schema,
-         lake.settings.warehouse, lake.namespace, str(input_dir), job_keys],
-        env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "tests.iceberg_ext.runtime_worker",
+            lake.settings.dsn,
+            lake.settings.schema,
+            lake.settings.warehouse,
+            lake.namespace,
+            str(input_dir),
+            job_keys,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture
@@ -35,9 +48,16 @@ def master(request):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault, master", [
-    (AFTER_INPUT_RANGE, "local"), (AFTER_ICEBERG_COMMIT, "local"), (AFTER_CONTROL_PLANE, "local"),
-    pytest.param(AFTER_ICEBERG_COMMIT, "cluster", marks=pytest.mark.cluster)], indirect=["master"])
+@pytest.mark.parametrize(
+    "fault, master",
+    [
+        (AFTER_INPUT_RANGE, "local"),
+        (AFTER_ICEBERG_COMMIT, "local"),
+        (AFTER_CONTROL_PLANE, "local"),
+        pytest.param(AFTER_ICEBERG_COMMIT, "cluster", marks=pytest.mark.cluster),
+    ],
+    indirect=["master"],
+)
 def test_root_job_killed_at_each_fault_point_recovers_exactly_once(lake, spark, tmp_path, fault, master):
     """Kill the ingesting process at the fault point, restart it: every order lands exactly once
     and the watermark ends at the barrier; the recorded input range is the one replayed."""
@@ -88,18 +108,34 @@ def test_two_sink_job_killed_between_its_commits_is_all_or_nothing_for_readers(l
     sinks = [TableName.parse(f"lake.{lake.namespace}.by_user"), TableName.parse(f"lake.{lake.namespace}.by_item")]
     cut = reads.resolve(lake.conn, sinks)
     assert cut.barrier == b1
-    totals = [spark.read.option("snapshot-id", str(cut.snapshots[s])).table(str(s)).groupBy().sum("amount")
-              .collect()[0][0] for s in sinks]
+    totals = [
+        spark.read.option("snapshot-id", str(cut.snapshots[s])).table(str(s)).groupBy().sum("amount").collect()[0][0]
+        for s in sinks
+    ]
     assert totals[0] == totals[1]  # both at b1
     assert _worker(lake, input_dir, "two_sinks").returncode == 0
     cut = reads.resolve(lake.conn, sinks)
     assert cut.barrier == b2
-    totals = [spark.read.option("snapshot-id", str(cut.snapshots[s])).table(str(s)).groupBy().sum("amount")
-              .collect()[0][0] for s in sinks]
-    assert totals[0] == totals[1] == spark.table(shop.tables(lake.namespace)["shopping"]).groupBy().sum("amount").collect()[0][0]
+    totals = [
+        spark.read.option("snapshot-id", str(cut.snapshots[s])).table(str(s)).groupBy().sum("amount").collect()[0][0]
+        for s in sinks
+    ]
+    assert (
+        totals[0]
+        == totals[1]
+        == spark.table(shop.tables(lake.namespace)["shopping"]).groupBy().sum("amount").collect()[0][0]
+    )
     for s in sinks:
-        assert len([x for x in spark.sql(f"SELECT summary FROM {s}.snapshots").collect()
-                    if x.summary.get("icebarrier.barrier") == str(b2)]) <= 2  # overwrite: no second commit
+        assert (
+            len(
+                [
+                    x
+                    for x in spark.sql(f"SELECT summary FROM {s}.snapshots").collect()
+                    if x.summary.get("icebarrier.barrier") == str(b2)
+                ]
+            )
+            <= 2
+        )  # overwrite: no second commit
 
 
 def test_streaming_micro_batches_complete_one_barrier_each_and_replays_write_nothing(lake, spark, tmp_path):
@@ -112,9 +148,15 @@ def test_streaming_micro_batches_complete_one_barrier_each_and_replays_write_not
     input_dir = tmp_path / "input"
     generate.write_batch(str(input_dir), 1, orders=10)
     generate.write_batch(str(input_dir), 2, orders=10)
-    query = (spark.readStream.schema(shop.SHOPPING_SCHEMA).option("maxFilesPerTrigger", 1)
-             .json(str(input_dir / "shopping")).writeStream.foreachBatch(run_batch)
-             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+    query = (
+        spark.readStream.schema(shop.SHOPPING_SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .json(str(input_dir / "shopping"))
+        .writeStream.foreachBatch(run_batch)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(120)
     assert spark.table(t["shopping"]).count() == 20
     completed = [r["barrier"] for r in runs.ranges(lake.conn, job.name)]
@@ -136,10 +178,16 @@ def test_follow_mode_stops_cleanly_on_a_signal(lake, spark, tmp_path, sig):
         "import sys\n"
         f"sys.path.insert(0, {str(shop.__file__.rsplit('/', 1)[0])!r})\n"
         "from pipeline import build\n"
-        f"job = build({lake.namespace!r}, {str(tmp_path / 'input')!r})['user_item_amount']\n")
+        f"job = build({lake.namespace!r}, {str(tmp_path / 'input')!r})['user_item_amount']\n"
+    )
     env = {**os.environ}
-    proc = subprocess.Popen([sys.executable, "-m", "icebarrier.cli.main", "run", str(job_file), "--follow", "--poll", "200ms"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "icebarrier.cli.main", "run", str(job_file), "--follow", "--poll", "200ms"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     name = f"{lake.namespace}_user_item_amount"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -169,13 +217,22 @@ def test_the_pipeline_end_to_end_on_a_standalone_cluster(lake, spark, tmp_path, 
     for batch in (1, 2):
         rows += generate.write_batch(str(input_dir), batch, orders=30)
         b = barriers.issue(lake.conn).barrier
-        done = _worker(lake, input_dir, "ingest_shopping,ingest_shipments,user_item_amount,user_item_price,"
-                       "shipped_orders", master=spark_cluster)
+        done = _worker(
+            lake,
+            input_dir,
+            "ingest_shopping,ingest_shipments,user_item_amount,user_item_price,shipped_orders",
+            master=spark_cluster,
+        )
         assert done.returncode == 0 and done.stdout.split() == ["1"] * 5, done.stderr[-2000:]
     names = [TableName.parse(t) for t in shop.tables(lake.namespace).values()]
     assert {s.watermark for s in tables.states(lake.conn, names)} == {b}
     cut = reads.resolve(lake.conn, names)
     t = shop.tables(lake.namespace)
-    amount = spark.read.option("snapshot-id", str(cut.snapshots[TableName.parse(t["user_item_amount"])])) \
-        .table(t["user_item_amount"]).groupBy().sum("amount").collect()[0][0]
+    amount = (
+        spark.read.option("snapshot-id", str(cut.snapshots[TableName.parse(t["user_item_amount"])]))
+        .table(t["user_item_amount"])
+        .groupBy()
+        .sum("amount")
+        .collect()[0][0]
+    )
     assert amount == sum(r["amount"] for r in rows)

@@ -32,8 +32,9 @@ def test_a_file_source_plans_from_its_watermark_not_from_every_range(lake, tmp_p
     in after being written long ago included — however many ranges came before, and it still
     does with all but the last few ranges deleted."""
     job = f"{lake.namespace}_files"
-    jobs.register(lake.conn, JobDefinition(name=job, sinks=frozenset([lake.T("landing")]),
-                                           external_inputs=frozenset(["files"])))
+    jobs.register(
+        lake.conn, JobDefinition(name=job, sinks=frozenset([lake.T("landing")]), external_inputs=frozenset(["files"]))
+    )
     source = FileSource(str(tmp_path), "x string", pattern="*.json", margin_s=0.2)
     taken = []
     for step in range(12):
@@ -44,8 +45,10 @@ def test_a_file_source_plans_from_its_watermark_not_from_every_range(lake, tmp_p
         runs.record_range(lake.conn, job, b, spec)
         taken += spec["files"]
         if step == 8:  # the history before the last two ranges is not needed
-            lake.conn.execute("DELETE FROM input_range WHERE job_name = %s AND barrier < %s",
-                              (job, runs.ranges(lake.conn, job)[-2]["barrier"]))
+            lake.conn.execute(
+                "DELETE FROM input_range WHERE job_name = %s AND barrier < %s",
+                (job, runs.ranges(lake.conn, job)[-2]["barrier"]),
+            )
         time.sleep(0.3)  # past the margin: the next plan starts after this one's watermark
     assert sorted(taken) == sorted(str(tmp_path / f"f{i}.json") for i in range(12))
     b = barriers.issue(lake.conn).barrier
@@ -55,8 +58,9 @@ def test_a_file_source_plans_from_its_watermark_not_from_every_range(lake, tmp_p
 def test_files_arriving_within_the_margin_are_taken_once(lake, tmp_path):
     """Back-to-back plans closer than the margin: no file is taken twice or lost."""
     job = f"{lake.namespace}_fast"
-    jobs.register(lake.conn, JobDefinition(name=job, sinks=frozenset([lake.T("fast")]),
-                                           external_inputs=frozenset(["files"])))
+    jobs.register(
+        lake.conn, JobDefinition(name=job, sinks=frozenset([lake.T("fast")]), external_inputs=frozenset(["files"]))
+    )
     source = FileSource(str(tmp_path), "x string", margin_s=5.0)
     taken = []
     for step in range(20):
@@ -74,14 +78,22 @@ def test_a_following_runtime_job_wakes_on_notices_not_on_its_poll(lake, spark):
     source completes (unchanged) is skipped at once, and the job's log says so."""
     barriers.set_interval_s(lake.conn, WEEK_S)
     src = f"lake.{lake.namespace}.upstream"
-    jobs.register(lake.conn, JobDefinition(name=f"{lake.namespace}_up", sinks=frozenset([lake.T("upstream")]),
-                                           external_inputs=frozenset(["x"])))
+    jobs.register(
+        lake.conn,
+        JobDefinition(
+            name=f"{lake.namespace}_up", sinks=frozenset([lake.T("upstream")]), external_inputs=frozenset(["x"])
+        ),
+    )
     b0 = barriers.issue(lake.conn).barrier
     jobs.complete(lake.conn, f"{lake.namespace}_up", b0)
     spark.sql(f"CREATE TABLE {src} (id bigint) USING iceberg")
     spark.sql(f"CREATE TABLE lake.{lake.namespace}.copy (id bigint) USING iceberg")
-    job = TransformJob(name=f"{lake.namespace}_copy", sources=[src], sinks=[f"lake.{lake.namespace}.copy"],
-                       transform=lambda ctx: overwrite(ctx.table(src)))
+    job = TransformJob(
+        name=f"{lake.namespace}_copy",
+        sources=[src],
+        sinks=[f"lake.{lake.namespace}.copy"],
+        transform=lambda ctx: overwrite(ctx.table(src)),
+    )
     lines = []
     with Runtime(job, settings=lake.settings, spark=spark, log=lines.append) as rt:
         rt.register()

@@ -102,8 +102,9 @@ def test_a_lost_publish_answer_is_retried_by_job_exec_and_published_once(lake, s
     assert [s.headers[KEY] for s in publishes] == dropped * 2 and publishes[0].dropped
     assert jobs.show(lake.conn, "ingest").progress == b
     assert lake.catalog.load_table(f"{lake.namespace}.orders").scan().to_arrow().num_rows == 3
-    audited = lake.conn.execute("SELECT action FROM audit WHERE job_name = 'ingest' AND action LIKE 'session %%' "
-                                "ORDER BY event_id").fetchall()
+    audited = lake.conn.execute(
+        "SELECT action FROM audit WHERE job_name = 'ingest' AND action LIKE 'session %%' ORDER BY event_id"
+    ).fetchall()
     assert [r["action"] for r in audited] == ["session open", "session publish"]
 
 
@@ -121,24 +122,39 @@ def test_keys_are_checked_and_bound_to_one_request(lake, server):
         r = requests.post(path, data=json.dumps({"namespace": ["n1"]}), headers={**auth, KEY: bad}, timeout=30)
         assert r.status_code == 400 and "Idempotency-Key" in r.json()["error"]["message"], r.text
     key = str(uuid6.uuid7())
-    first = requests.post(path, data=json.dumps({"namespace": [f"{lake.namespace}_n"]}), headers={**auth, KEY: key},
-                          timeout=30)
+    first = requests.post(
+        path, data=json.dumps({"namespace": [f"{lake.namespace}_n"]}), headers={**auth, KEY: key}, timeout=30
+    )
     assert first.status_code == 200, first.text
-    assert requests.post(path, data=json.dumps({"namespace": [f"{lake.namespace}_n"]}), headers={**auth, KEY: key},
-                         timeout=30).json() == first.json()
-    other = requests.post(path, data=json.dumps({"namespace": [f"{lake.namespace}_m"]}), headers={**auth, KEY: key},
-                          timeout=30)
+    assert (
+        requests.post(
+            path, data=json.dumps({"namespace": [f"{lake.namespace}_n"]}), headers={**auth, KEY: key}, timeout=30
+        ).json()
+        == first.json()
+    )
+    other = requests.post(
+        path, data=json.dumps({"namespace": [f"{lake.namespace}_m"]}), headers={**auth, KEY: key}, timeout=30
+    )
     assert other.status_code == 422 and "another request" in other.json()["error"]["message"]
-    stolen = requests.post(path, data=json.dumps({"namespace": [f"{lake.namespace}_n"]}), timeout=30, headers={
-        KEY: key, "Authorization": f"Bearer {access_token(server, other_id, other_secret)}",
-        "Content-Type": "application/json"})
+    stolen = requests.post(
+        path,
+        data=json.dumps({"namespace": [f"{lake.namespace}_n"]}),
+        timeout=30,
+        headers={
+            KEY: key,
+            "Authorization": f"Bearer {access_token(server, other_id, other_secret)}",
+            "Content-Type": "application/json",
+        },
+    )
     assert stolen.status_code == 422 and "namespace" not in stolen.text.replace("another request", "")
     # a refusal is final too: a retry of a 409 is the same 409, not a new attempt
     key2 = str(uuid6.uuid7())
-    conflict = requests.post(path, data=json.dumps({"namespace": [f"{lake.namespace}_n"]}),
-                             headers={**auth, KEY: key2}, timeout=30)
+    conflict = requests.post(
+        path, data=json.dumps({"namespace": [f"{lake.namespace}_n"]}), headers={**auth, KEY: key2}, timeout=30
+    )
     assert conflict.status_code == 409
     requests.delete(f"{path}/{lake.namespace}_n", headers=auth, timeout=30).raise_for_status()
-    replayed = requests.post(path, data=json.dumps({"namespace": [f"{lake.namespace}_n"]}),
-                             headers={**auth, KEY: key2}, timeout=30)
+    replayed = requests.post(
+        path, data=json.dumps({"namespace": [f"{lake.namespace}_n"]}), headers={**auth, KEY: key2}, timeout=30
+    )
     assert replayed.status_code == 409 and replayed.headers.get("Idempotent-Replayed") == "true"

@@ -41,32 +41,60 @@ def setup_pipeline(lake) -> dict[str, str]:
     barriers.set_interval_s(lake.conn, WEEK_S)
     creds = {}
     for job in SINKS:
-        jobs.register(lake.conn, JobDefinition(
-            name=job, sources=frozenset(lake.T(t) for t in SOURCES[job]),
-            sinks=frozenset(lake.T(t) for t in SINKS[job]),
-            external_inputs=frozenset() if SOURCES[job] else frozenset(["ext:orders"])))
+        jobs.register(
+            lake.conn,
+            JobDefinition(
+                name=job,
+                sources=frozenset(lake.T(t) for t in SOURCES[job]),
+                sinks=frozenset(lake.T(t) for t in SINKS[job]),
+                external_inputs=frozenset() if SOURCES[job] else frozenset(["ext:orders"]),
+            ),
+        )
         creds[job] = ":".join(tokens.create(lake.conn, job=job))
     return creds
 
 
 def command(lake, job: str, *, rows: int = 10, spark: bool = False, extra: tuple[str, ...] = ()) -> list[str]:
     if job == "ingest":
-        return [sys.executable, str(ENGINES / ("spark_root.py" if spark else "pyiceberg_root.py")), lake.namespace,
-                str(rows)]
+        return [
+            sys.executable,
+            str(ENGINES / ("spark_root.py" if spark else "pyiceberg_root.py")),
+            lake.namespace,
+            str(rows),
+        ]
     script = "duckdb_by_barrier.py" if job == "count" else "pyiceberg_summary.py"
     return [sys.executable, str(ENGINES / script), lake.namespace, *extra]
 
 
 def exec_args(server: str, cred: str, job: str, cmd: list[str], *options: str) -> list[str]:
-    return ["icebarrier", "--output", "json", "job", "exec", job, "--catalog-uri", server, "--credential", cred,
-            *options, "--", *cmd]
+    return [
+        "icebarrier",
+        "--output",
+        "json",
+        "job",
+        "exec",
+        job,
+        "--catalog-uri",
+        server,
+        "--credential",
+        cred,
+        *options,
+        "--",
+        *cmd,
+    ]
 
 
-def job_exec(server: str, cred: str, job: str, cmd: list[str], *options: str, env: dict | None = None,
-             expect: int = 0) -> dict:
+def job_exec(
+    server: str, cred: str, job: str, cmd: list[str], *options: str, env: dict | None = None, expect: int = 0
+) -> dict:
     """Run `icebarrier job exec` to its end; its JSON summary (stderr kept for the assertion)."""
-    done = subprocess.run(exec_args(server, cred, job, cmd, *options), env={**os.environ, **(env or {})},
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        exec_args(server, cred, job, cmd, *options),
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == expect, done.stderr[-3000:]
     summary = json.loads(done.stdout) if done.stdout.strip() else {}
     summary["stderr"] = done.stderr
@@ -77,13 +105,19 @@ def check_cut(catalog, namespace: str) -> tuple[int, int | None]:
     """The pipeline's invariant over one view of the four tables; (rows, newest barrier)."""
     orders = catalog.load_table(f"{namespace}.orders").scan().to_arrow()
     counts = catalog.load_table(f"{namespace}.by_barrier").scan().to_arrow()
-    per_barrier = {r["barrier"]: r["count"] for r in orders.group_by("barrier").aggregate([("id", "count")])
-                   .rename_columns(["barrier", "count"]).to_pylist()}
+    per_barrier = {
+        r["barrier"]: r["count"]
+        for r in orders.group_by("barrier")
+        .aggregate([("id", "count")])
+        .rename_columns(["barrier", "count"])
+        .to_pylist()
+    }
     assert {r["barrier"]: r["n"] for r in counts.to_pylist()} == per_barrier
     newest = pc.max(orders["barrier"]).as_py()
     for sink in ("summary", "audit"):
         assert catalog.load_table(f"{namespace}.{sink}").scan().to_arrow().to_pylist() == [
-            {"n": orders.num_rows, "last": newest}], sink
+            {"n": orders.num_rows, "last": newest}
+        ], sink
     return orders.num_rows, newest
 
 
@@ -93,15 +127,18 @@ def assert_written_once(lake, table: str, barrier: int, run_id: str) -> None:
     t = lake.catalog.load_table(f"{lake.namespace}.{table}")
     carrying = [s for s in ancestors(t, t.current_snapshot()) if barrier_of(s) == barrier]
     assert carrying and {summary_properties(s)[SUMMARY_RUN] for s in carrying} == {run_id}, table
-    assert reads.resolve(lake.conn, [lake.T(table)], barrier=barrier).snapshots[lake.T(table)] == \
-        carrying[0].snapshot_id
+    assert (
+        reads.resolve(lake.conn, [lake.T(table)], barrier=barrier).snapshots[lake.T(table)] == carrying[0].snapshot_id
+    )
 
 
 def pointers(lake) -> dict[str, str | None]:
     """Every catalog pointer of the test's namespace (what readers of latest can see)."""
     rows = lake.conn.execute(
         f'SELECT table_name, metadata_location FROM "{lake.settings.catalog_schema}".iceberg_tables '
-        f"WHERE table_namespace = %s", (lake.namespace,)).fetchall()
+        f"WHERE table_namespace = %s",
+        (lake.namespace,),
+    ).fetchall()
     return {r["table_name"]: r["metadata_location"] for r in rows}
 
 
@@ -159,12 +196,17 @@ def test_the_torn_watcher_sees_two_tables_written_one_after_the_other(lake, serv
     writer = rest(server, "latest", ":".join(tokens.create(lake.conn, job="someone")))
     schema = pa.schema([pa.field("x", pa.int64())])
     a, b = (writer.create_table(f"{lake.namespace}.{n}", schema=schema) for n in ("plain_a", "plain_b"))
-    watcher = TornWatcher(rest(server, "latest", ":".join(tokens.create(lake.conn))), f"{lake.namespace}.plain_a",
-                          f"{lake.namespace}.plain_b")
+    watcher = TornWatcher(
+        rest(server, "latest", ":".join(tokens.create(lake.conn))),
+        f"{lake.namespace}.plain_a",
+        f"{lake.namespace}.plain_b",
+    )
     try:
         for barrier in range(1, 6):
             for table in (a, b):
-                table.append(pa.table({"x": [barrier]}, schema=schema), snapshot_properties={SUMMARY_BARRIER: str(barrier)})
+                table.append(
+                    pa.table({"x": [barrier]}, schema=schema), snapshot_properties={SUMMARY_BARRIER: str(barrier)}
+                )
                 time.sleep(0.5)
     finally:
         watcher.stop()
@@ -181,8 +223,15 @@ def test_a_three_engine_pipeline_reads_exact_cuts(lake, server):
     rows_at: dict[int, int] = {}
     total = 0
     try:
-        for step, jobs_now in enumerate([["ingest", "count", "summarize"], ["ingest"], ["ingest", "count"],
-                                         ["summarize", "ingest"], ["count", "summarize", "count"]]):
+        for step, jobs_now in enumerate(
+            [
+                ["ingest", "count", "summarize"],
+                ["ingest"],
+                ["ingest", "count"],
+                ["summarize", "ingest"],
+                ["count", "summarize", "count"],
+            ]
+        ):
             for job in jobs_now:
                 if job == "ingest":
                     barriers.issue(lake.conn)
@@ -204,29 +253,35 @@ def test_a_three_engine_pipeline_reads_exact_cuts(lake, server):
         valid += 1
         assert check_cut(rest(server, f"barrier-{b}", reader), lake.namespace) == (rows, b)
     assert valid >= 3
-    assert check_cut(rest(server, f"read-committed:{lake.namespace}", reader), lake.namespace) == \
-        (total, max(rows_at))
+    assert check_cut(rest(server, f"read-committed:{lake.namespace}", reader), lake.namespace) == (total, max(rows_at))
 
 
-@pytest.mark.parametrize("engine,point", [(e, p) for e in ("spark", "duckdb", "pyiceberg") for p in ("before", "after")])
-def test_a_killed_engine_publishes_nothing_and_the_next_run_writes_the_barrier_once(lake, server, tmp_path, engine,
-                                                                                   point):
+@pytest.mark.parametrize(
+    "engine,point", [(e, p) for e in ("spark", "duckdb", "pyiceberg") for p in ("before", "after")]
+)
+def test_a_killed_engine_publishes_nothing_and_the_next_run_writes_the_barrier_once(
+    lake, server, tmp_path, engine, point
+):
     """kill -9 of the engine's process mid-write (before: nothing or part of its commits staged;
     after: all staged, before it exits): job exec exits 137, nothing is visible; the next run
     computes the same barrier and each sink carries it from that run only."""
     creds = setup_pipeline(lake)
     job = {"spark": "ingest", "duckdb": "count", "pyiceberg": "summarize"}[engine]
     barriers.issue(lake.conn)
-    for upstream in list(SINKS)[:list(SINKS).index(job)]:
+    for upstream in list(SINKS)[: list(SINKS).index(job)]:
         job_exec(server, creds[upstream], upstream, command(lake, upstream))
     barriers.issue(lake.conn)
-    for upstream in list(SINKS)[:list(SINKS).index(job)]:  # a second barrier: the job has one to compute
+    for upstream in list(SINKS)[: list(SINKS).index(job)]:  # a second barrier: the job has one to compute
         job_exec(server, creds[upstream], upstream, command(lake, upstream, rows=5))
     before = pointers(lake)
     pause = tmp_path / "pause"
-    proc = subprocess.Popen(exec_args(server, creds[job], job, command(lake, job, spark=engine == "spark")),
-                            env={**os.environ, "ENGINE_PAUSE": point, "ENGINE_PAUSE_FILE": str(pause)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        exec_args(server, creds[job], job, command(lake, job, spark=engine == "spark")),
+        env={**os.environ, "ENGINE_PAUSE": point, "ENGINE_PAUSE_FILE": str(pause)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     victim = wait_pause(proc, pause)
     session = job_sessions.get(lake.conn, job)
     staged = lake.conn.execute("SELECT count(*) AS n FROM catalog_pending WHERE job_name = %s", (job,)).fetchone()["n"]
@@ -260,19 +315,25 @@ def test_refusals_name_the_table_and_the_job_and_publish_nothing(lake, server):
         job_exec(server, creds[job], job, command(lake, job))
     before, orders = pointers(lake), str(lake.T("orders"))
     ns = lake.namespace
-    for extra, fragment in [((f"write:{ns}.orders",), f"job summarize may not write {orders}: it writes only its sinks "
-                                                       f"(lake.{ns}.audit, lake.{ns}.summary) ({orders} is written by "
-                                                       f"job ingest)"),
-                            ((f"write:{ns}.scratch",), f"job summarize may not write lake.{ns}.scratch"),
-                            ((f"read:{ns}.orders",), f"job summarize may not read {orders}: it is not one of the "
-                                                      f"job's sources")]:
+    for extra, fragment in [
+        (
+            (f"write:{ns}.orders",),
+            f"job summarize may not write {orders}: it writes only its sinks "
+            f"(lake.{ns}.audit, lake.{ns}.summary) ({orders} is written by "
+            f"job ingest)",
+        ),
+        ((f"write:{ns}.scratch",), f"job summarize may not write lake.{ns}.scratch"),
+        ((f"read:{ns}.orders",), f"job summarize may not read {orders}: it is not one of the job's sources"),
+    ]:
         out = job_exec(server, creds["summarize"], "summarize", command(lake, "summarize", extra=extra), expect=1)
         assert fragment in out["stderr"] and "is not published" in out["stderr"]
         assert pointers(lake) == before
     assert jobs.show(lake.conn, "summarize").progress is None
     reader = ":".join(tokens.create(lake.conn))
-    for cred, fragment in [(reader, "(reader) may not run job summarize: a reader token writes nothing"),
-                           (creds["count"], "(job count) may not run job summarize: use a token of job summarize")]:
+    for cred, fragment in [
+        (reader, "(reader) may not run job summarize: a reader token writes nothing"),
+        (creds["count"], "(job count) may not run job summarize: use a token of job summarize"),
+    ]:
         done = subprocess.run(exec_args(server, cred, "summarize", ["true"]), capture_output=True, text=True)
         assert done.returncode == 1 and fragment in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
@@ -327,10 +388,12 @@ def test_a_dead_run_is_fenced_out_and_its_session_taken_over(lake, server, tmp_p
     b = barriers.issue(lake.conn).barrier
     pause = tmp_path / "pause"
     with open(tmp_path / "exec.err", "w") as err:  # not a pipe: the orphan would hold it open
-        proc = subprocess.Popen(exec_args(server, creds["ingest"], "ingest", command(lake, "ingest", rows=7), "--hold",
-                                          "4s"), env={**os.environ, "ENGINE_PAUSE": "before",
-                                                      "ENGINE_PAUSE_FILE": str(pause)},
-                                stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(
+            exec_args(server, creds["ingest"], "ingest", command(lake, "ingest", rows=7), "--hold", "4s"),
+            env={**os.environ, "ENGINE_PAUSE": "before", "ENGINE_PAUSE_FILE": str(pause)},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     orphan = wait_pause(proc, pause)
     old = job_sessions.get(lake.conn, "ingest")
     proc.kill()
@@ -364,10 +427,16 @@ def test_a_publish_cut_short_is_adopted_without_running_the_command_again(lake, 
     opened = SessionClient(server, creds["ingest"]).open("ingest", skip=True, coalesce=True, hold_s=0.1)
     run_id = opened["session"]["run_id"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYICEBERG_")}
-    env.update({"PYICEBERG_CATALOG__LAKE__TYPE": "rest", "PYICEBERG_CATALOG__LAKE__URI": server,
-                "PYICEBERG_CATALOG__LAKE__WAREHOUSE": f"job:ingest@{run_id}",
-                "PYICEBERG_CATALOG__LAKE__CREDENTIAL": creds["ingest"], "ICEBARRIER_CATALOG": "lake",
-                "ICEBARRIER_BARRIER": str(b)})
+    env.update(
+        {
+            "PYICEBERG_CATALOG__LAKE__TYPE": "rest",
+            "PYICEBERG_CATALOG__LAKE__URI": server,
+            "PYICEBERG_CATALOG__LAKE__WAREHOUSE": f"job:ingest@{run_id}",
+            "PYICEBERG_CATALOG__LAKE__CREDENTIAL": creds["ingest"],
+            "ICEBARRIER_CATALOG": "lake",
+            "ICEBARRIER_BARRIER": str(b),
+        }
+    )
     subprocess.run(command(lake, "ingest", rows=4), env=env, check=True)
     job_sessions.mark_succeeded(lake.conn, "ingest", run_id)
     assert str(lake.T("orders")) not in {f"lake.{lake.namespace}.{t}" for t in pointers(lake)}
@@ -404,8 +473,12 @@ def test_follow_runs_the_command_once_per_barrier_and_stops_on_sigterm(lake, ser
     and SIGTERM while idle stops it with exit 0."""
     creds = setup_pipeline(lake)
     with open(tmp_path / "follow.err", "w") as err:
-        follow = subprocess.Popen(exec_args(server, creds["count"], "count", command(lake, "count"), "--follow",
-                                            "--poll", "100ms"), stdout=subprocess.PIPE, stderr=err, text=True)
+        follow = subprocess.Popen(
+            exec_args(server, creds["count"], "count", command(lake, "count"), "--follow", "--poll", "100ms"),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
     marks = []
     for rows in (2, 3, 4):
         marks.append(barriers.issue(lake.conn).barrier)
@@ -444,7 +517,11 @@ def test_a_session_lists_the_sinks_it_created_and_only_it_sees_them(lake, server
     assert (lake.namespace, "orders") in session.list_tables(lake.namespace)
     assert (lake.namespace, "orders") not in latest.list_tables(lake.namespace)
     assert (lake.namespace, "orders") not in rest(server, "latest", creds["count"]).list_tables(lake.namespace)
-    published = requests.post(f"{server}/icebarrier/v1/jobs/ingest/session/publish",
-                              json={"run_id": opened["session"]["run_id"]}, headers=auth, timeout=30)
+    published = requests.post(
+        f"{server}/icebarrier/v1/jobs/ingest/session/publish",
+        json={"run_id": opened["session"]["run_id"]},
+        headers=auth,
+        timeout=30,
+    )
     assert published.status_code == 200, published.text
     assert (lake.namespace, "orders") in latest.list_tables(lake.namespace)

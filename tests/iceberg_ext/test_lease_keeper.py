@@ -17,8 +17,9 @@ TTL_S = 1.5
 
 def _lease_state(lake, lease_id):
     with psycopg.connect(lake.settings.dsn, autocommit=True, options=f"-c search_path={lake.settings.schema}") as c:
-        row = c.execute("SELECT released_at IS NULL AND expires_at > now() FROM lease WHERE lease_id = %s",
-                        (lease_id,)).fetchone()
+        row = c.execute(
+            "SELECT released_at IS NULL AND expires_at > now() FROM lease WHERE lease_id = %s", (lease_id,)
+        ).fetchone()
     return row[0]
 
 
@@ -38,7 +39,7 @@ def test_lease_survives_a_caller_holding_transactions_open(lake):
         with pytest.raises(ZeroDivisionError):
             with lake.conn.transaction():
                 time.sleep(TTL_S)
-                1 / 0  # the caller's transaction rolls back; the lease must not go with it
+                raise ZeroDivisionError  # the caller's transaction rolls back; the lease must not go with it
         time.sleep(TTL_S)
         assert _lease_state(lake, lease_id)
         run_barrier(lake, 2)  # new commits do not move a repeatable read

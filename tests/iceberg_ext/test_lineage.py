@@ -24,8 +24,11 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "shopping"
 
 
 def file_transport(path: Path) -> dict[str, str]:
-    return {"OPENLINEAGE__TRANSPORT__TYPE": "file", "OPENLINEAGE__TRANSPORT__LOG_FILE_PATH": str(path),
-            "OPENLINEAGE__TRANSPORT__APPEND": "true"}
+    return {
+        "OPENLINEAGE__TRANSPORT__TYPE": "file",
+        "OPENLINEAGE__TRANSPORT__LOG_FILE_PATH": str(path),
+        "OPENLINEAGE__TRANSPORT__APPEND": "true",
+    }
 
 
 def parse(line: str) -> RunEvent:
@@ -33,14 +36,22 @@ def parse(line: str) -> RunEvent:
     d = json.loads(line)
 
     def versioned(cls, x):
-        facets = {k: dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=v["datasetVersion"])
-                  for k, v in x.get("facets", {}).items() if k == "version"}
+        facets = {
+            k: dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=v["datasetVersion"])
+            for k, v in x.get("facets", {}).items()
+            if k == "version"
+        }
         return cls(namespace=x["namespace"], name=x["name"], facets=facets)
 
-    return RunEvent(eventType=RunState(d["eventType"]), eventTime=d["eventTime"], producer=d["producer"],
-                    run=Run(runId=d["run"]["runId"]), job=Job(namespace=d["job"]["namespace"], name=d["job"]["name"]),
-                    inputs=[versioned(InputDataset, x) for x in d["inputs"]],
-                    outputs=[versioned(OutputDataset, x) for x in d["outputs"]]), d
+    return RunEvent(
+        eventType=RunState(d["eventType"]),
+        eventTime=d["eventTime"],
+        producer=d["producer"],
+        run=Run(runId=d["run"]["runId"]),
+        job=Job(namespace=d["job"]["namespace"], name=d["job"]["name"]),
+        inputs=[versioned(InputDataset, x) for x in d["inputs"]],
+        outputs=[versioned(OutputDataset, x) for x in d["outputs"]],
+    ), d
 
 
 def events(path: Path) -> list[tuple[RunEvent, dict]]:
@@ -61,8 +72,13 @@ def test_job_exec_emits_a_run_per_barrier_naming_the_snapshots(lake, server, tmp
     assert "is not published" in failed["stderr"]
     seen = events(log)
     assert [(e.job.name, e.eventType.value) for e, _ in seen] == [
-        ("ingest", "START"), ("ingest", "COMPLETE"), ("count", "START"), ("count", "COMPLETE"),
-        ("summarize", "START"), ("summarize", "FAIL")]
+        ("ingest", "START"),
+        ("ingest", "COMPLETE"),
+        ("count", "START"),
+        ("count", "COMPLETE"),
+        ("summarize", "START"),
+        ("summarize", "FAIL"),
+    ]
     assert len({e.run.runId for e, _ in seen}) == 3  # START and its end share the run
     at_b = reads.resolve(lake.conn, [lake.T("orders"), lake.T("by_barrier")], barrier=b).snapshots
     (_, ingest_done), (count_done, count_raw) = (seen[1], seen[3])
@@ -97,8 +113,11 @@ def test_the_runtime_emits_a_run_per_computed_barrier(lake, spark, tmp_path, mon
     seen = events(log)
     ns = lake.namespace
     assert [(e.job.name, e.eventType.value) for e, _ in seen] == [
-        (f"{ns}_ingest_shopping", "START"), (f"{ns}_ingest_shopping", "COMPLETE"), (f"{ns}_user_item_amount", "START"),
-        (f"{ns}_user_item_amount", "COMPLETE")]
+        (f"{ns}_ingest_shopping", "START"),
+        (f"{ns}_ingest_shopping", "COMPLETE"),
+        (f"{ns}_user_item_amount", "START"),
+        (f"{ns}_user_item_amount", "COMPLETE"),
+    ]
     sql_done = seen[3][0]
     tables = {TableName.parse(d.name) for d in (*sql_done.inputs, *sql_done.outputs)}
     at_b = reads.resolve(lake.conn, sorted(tables), barrier=b).snapshots

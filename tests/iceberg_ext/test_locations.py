@@ -29,8 +29,8 @@ def placed(request):
 
 
 def _files_under(lake, location: str) -> set[str]:
-    from pyiceberg.io.pyarrow import PyArrowFileIO
     from pyarrow.fs import FileSelector
+    from pyiceberg.io.pyarrow import PyArrowFileIO
 
     scheme, netloc, path = PyArrowFileIO.parse_location(location)
     fs = PyArrowFileIO(lake.catalog.properties).fs_by_scheme(scheme, netloc)
@@ -54,17 +54,25 @@ def test_a_job_cannot_place_its_tables_in_another_tables_location_or_outside_the
     jid, secret = tokens.create(lake.conn, job=f"{ns}_a")
     a = rest(server, "latest", f"{jid}:{secret}")
     before = _files_under(lake, b.location())
-    outside = "file:///etc/icebarrier-probe" if lake.settings.warehouse.startswith("file:") \
+    outside = (
+        "file:///etc/icebarrier-probe"
+        if lake.settings.warehouse.startswith("file:")
         else lake.settings.warehouse.rsplit("/", 1)[0] + "/elsewhere/probe"
+    )
 
     # create: in B's directory, under it, above it; outside the warehouse; a path property into B's
     _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=b.location()), "overlaps", owner)
     _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=b.location() + "/data/x"), owner)
-    _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=b.location().rsplit("/", 1)[0]), "overlaps table")
+    _refused(
+        lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=b.location().rsplit("/", 1)[0]), "overlaps table"
+    )
     _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=b.location() + "/../fb"), "'..'")
     _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=outside), "outside the warehouse")
-    _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, properties={
-        "write.data.path": b.location() + "/data"}), "write.data.path", owner)
+    _refused(
+        lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, properties={"write.data.path": b.location() + "/data"}),
+        "write.data.path",
+        owner,
+    )
     _refused(lambda: a.create_table_transaction(f"{ns}.probe", schema=SCHEMA, location=b.location()), owner)
 
     # register B's current metadata file under a name of A's
@@ -76,8 +84,12 @@ def test_a_job_cannot_place_its_tables_in_another_tables_location_or_outside_the
     mine = f"{server}/v1/latest/namespaces/{ns}/tables/mine"
 
     def move(location: str) -> requests.Response:
-        return requests.post(mine, json={"requirements": [], "updates": [
-            {"action": "set-location", "location": location}]}, headers=auth, timeout=30)
+        return requests.post(
+            mine,
+            json={"requirements": [], "updates": [{"action": "set-location", "location": location}]},
+            headers=auth,
+            timeout=30,
+        )
 
     own = b.location().rsplit("/", 1)[0] + "/mine-moved"
     assert move(own).status_code == 200
@@ -100,5 +112,6 @@ def test_db_status_lists_overlaps_earlier_versions_let_in(lake):
     done = subprocess.run(["icebarrier", "--output", "json", "db", "status"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     pairs = json.loads(done.stdout)["overlapping_locations"]
-    assert {"table": f"lake.{lake.namespace}.squatter", "under": f"lake.{lake.namespace}.fb"}.items() <= \
-        next(p for p in pairs if p["under"] == f"lake.{lake.namespace}.fb").items()
+    assert {"table": f"lake.{lake.namespace}.squatter", "under": f"lake.{lake.namespace}.fb"}.items() <= next(
+        p for p in pairs if p["under"] == f"lake.{lake.namespace}.fb"
+    ).items()

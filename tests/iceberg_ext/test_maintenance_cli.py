@@ -12,14 +12,19 @@ from click.testing import CliRunner
 from icebarrier.cli.main import cli as command
 from icebarrier.control_plane import schema
 from icebarrier.iceberg_ext.catalog import load_table
-from tests.iceberg_ext import pipeline
 from tests.helpers import new_database
+from tests.iceberg_ext import pipeline
 from tests.iceberg_ext.pipeline import run_barrier
 
 
 def _expire(table):
-    return subprocess.Popen([sys.executable, "-m", "icebarrier.cli.main", "--output", "json", "expire", "--table",
-                             str(table)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
+    return subprocess.Popen(
+        [sys.executable, "-m", "icebarrier.cli.main", "--output", "json", "expire", "--table", str(table)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ,
+    )
 
 
 @pytest.mark.slow
@@ -36,7 +41,7 @@ def test_two_concurrent_expiries_of_one_table_both_succeed(lake):
         before = {s.snapshot_id for s in load_table(lake.catalog, table).metadata.snapshots}
         procs = [_expire(table), _expire(table)]
         outs = [p.communicate(timeout=120) for p in procs]
-        for p, (out, err) in zip(procs, outs):
+        for p, (_, err) in zip(procs, outs):
             assert p.returncode == 0 and "Traceback" not in err, err[-2000:]
         expired = [set(json.loads(out)[0]["expired"]) for out, _ in outs]
         after = {s.snapshot_id for s in load_table(lake.catalog, table).metadata.snapshots}
@@ -59,14 +64,19 @@ def test_db_upgrade_readies_the_catalog_and_refused_commands_write_nothing(fresh
     input change nothing in the database (compared as a dump of every schema's objects)."""
     dsn, runner = fresh_dsn, CliRunner()
     schema.upgrade(dsn)  # the control plane only: the catalog is not there yet
-    refused = [["expire", "--older-than", "abc"], ["revise", "lake.nope.nope", "--to-barrier", "1"],
-               ["tag", "bad!tag", "lake.db.t"]]
+    refused = [
+        ["expire", "--older-than", "abc"],
+        ["revise", "lake.nope.nope", "--to-barrier", "1"],
+        ["tag", "bad!tag", "lake.db.t"],
+    ]
 
     def objects():
         with psycopg.connect(dsn) as c:
-            return c.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                             "WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') "
-                             "ORDER BY 1, 2").fetchall()
+            return c.execute(
+                "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') "
+                "ORDER BY 1, 2"
+            ).fetchall()
 
     before = objects()
     for args in refused:
@@ -106,6 +116,5 @@ def test_plain_spark_works_right_after_db_upgrade(fresh_dsn):
     assert runner.invoke(command, ["db", "upgrade"]).exit_code == 0
     conf = runner.invoke(command, ["spark-conf", "--format", "json"])
     assert conf.exit_code == 0, conf.output
-    out = subprocess.run([sys.executable, "-c", PLAIN_SPARK, conf.stdout], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([sys.executable, "-c", PLAIN_SPARK, conf.stdout], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "2", out.stderr[-3000:]

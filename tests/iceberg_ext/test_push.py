@@ -30,9 +30,15 @@ CHAIN = ("root", "mid", "leaf")  # root -> t_root -> mid -> t_mid -> leaf -> t_l
 def register_chain(lake) -> dict[str, str]:
     creds, source = {}, None
     for job in CHAIN:
-        jobs.register(lake.conn, JobDefinition(
-            name=job, sources=frozenset([lake.T(f"t_{source}")]) if source else frozenset(),
-            sinks=frozenset([lake.T(f"t_{job}")]), external_inputs=frozenset() if source else frozenset(["ext:x"])))
+        jobs.register(
+            lake.conn,
+            JobDefinition(
+                name=job,
+                sources=frozenset([lake.T(f"t_{source}")]) if source else frozenset(),
+                sinks=frozenset([lake.T(f"t_{job}")]),
+                external_inputs=frozenset() if source else frozenset(["ext:x"]),
+            ),
+        )
         creds[job] = ":".join(tokens.create(lake.conn, job=job))
         source = job
     return creds
@@ -44,8 +50,12 @@ def follow(server: str, creds: dict, tmp_path: Path, *options: str) -> dict[str,
     procs = {}
     for job in CHAIN:
         with open(tmp_path / f"{job}.err", "w") as err:
-            procs[job] = subprocess.Popen(exec_args(server, creds[job], job, ["true"], "--follow", *options),
-                                          stdout=subprocess.PIPE, stderr=err, text=True)
+            procs[job] = subprocess.Popen(
+                exec_args(server, creds[job], job, ["true"], "--follow", *options),
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
     return procs
 
 
@@ -55,7 +65,8 @@ def wait_for(condition, what: str, procs: dict, tmp_path: Path, timeout_s: float
         for job, proc in procs.items():
             assert proc.poll() is None, f"job exec {job} exited: {(tmp_path / f'{job}.err').read_text()[-2000:]}"
         assert time.monotonic() < deadline, f"{what}: " + " | ".join(
-            (tmp_path / f"{j}.err").read_text()[-500:] for j in procs)
+            (tmp_path / f"{j}.err").read_text()[-500:] for j in procs
+        )
         time.sleep(0.1)
 
 
@@ -76,7 +87,8 @@ def committed(lake) -> tuple[int, object]:
     time.sleep(11)
     return lake.conn.execute(
         "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()) AS n, "
-        "(SELECT max(greatest(last_autovacuum, last_autoanalyze)) FROM pg_stat_all_tables) AS vacuumed").fetchone()
+        "(SELECT max(greatest(last_autovacuum, last_autoanalyze)) FROM pg_stat_all_tables) AS vacuumed"
+    ).fetchone()
 
 
 def idle_cost(lake, seconds: float, budget_per_s: float) -> tuple[int, float]:
@@ -118,8 +130,13 @@ def test_following_jobs_cost_nothing_while_idle_and_wake_when_their_source_moves
     marks = []
     for _ in range(3):
         marks.append(barriers.issue(lake.conn).barrier)
-        wait_for(lambda: jobs.show(lake.conn, "leaf").progress == marks[-1], f"barrier {marks[-1]} at the leaf",
-                 procs, tmp_path, timeout_s=60)  # the poll alone would take 300 s
+        wait_for(
+            lambda: jobs.show(lake.conn, "leaf").progress == marks[-1],
+            f"barrier {marks[-1]} at the leaf",
+            procs,
+            tmp_path,
+            timeout_s=60,
+        )  # the poll alone would take 300 s
     summaries = stop(procs, tmp_path)
     published = [s["barrier"] for s in summaries["root"]["steps"] if s["outcome"] == "published"]
     assert published[-3:] == marks  # after the barrier the clock issued for its first run
@@ -132,8 +149,11 @@ def test_following_jobs_cost_nothing_while_idle_and_wake_when_their_source_moves
 def worker_pids(supervisor: int) -> set[int]:
     """The worker processes of `serve --workers` (uvicorn's spawned children, not its helpers)."""
     children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
-    return {int(p) for p in children
-            if "resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")}
+    return {
+        int(p)
+        for p in children
+        if "resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+    }
 
 
 def test_serve_workers_replace_a_killed_process_and_following_jobs_keep_going(lake, tmp_path):
@@ -155,8 +175,12 @@ def test_serve_workers_replace_a_killed_process_and_following_jobs_keep_going(la
             wait_for(lambda: (jobs.show(lake.conn, "leaf").progress or 0) > reached, "progress", procs, tmp_path)
             os.kill(victim, signal.SIGKILL)
             reached = jobs.show(lake.conn, "leaf").progress or 0
-            wait_for(lambda: (jobs.show(lake.conn, "leaf").progress or 0) > reached + 2_000_000,
-                     "progress after a killed worker", procs, tmp_path)
+            wait_for(
+                lambda: (jobs.show(lake.conn, "leaf").progress or 0) > reached + 2_000_000,
+                "progress after a killed worker",
+                procs,
+                tmp_path,
+            )
             assert victim not in worker_pids(proc.pid)
         summaries = stop(procs, tmp_path)
         procs = {}

@@ -34,7 +34,8 @@ def test_commits_carry_the_barrier_and_are_recorded(lake):
     props = summary_properties(tbl.current_snapshot())
     assert props[SUMMARY_BARRIER] == str(b) and props[SUMMARY_JOB] == "ingest" and props["icebarrier.run"]
     cut = __import__("icebarrier.control_plane.reads", fromlist=["x"]).resolve(
-        lake.conn, [lake.T("orders"), lake.T("totals"), lake.T("report")])
+        lake.conn, [lake.T("orders"), lake.T("totals"), lake.T("report")]
+    )
     assert cut.barrier == b
     assert cut.snapshots[lake.T("orders")] == tbl.current_snapshot().snapshot_id
     assert rows(lake, "report")["grand_total"].to_pylist() == [50]
@@ -45,10 +46,21 @@ def test_a_crash_after_the_iceberg_commit_is_adopted_on_restart(lake):
     finds its snapshot on restart and adopts it: no duplicate rows, the barrier completes."""
     pipeline.setup(lake)
     b = barriers.issue(lake.conn).barrier
-    args = [sys.executable, "-m", "tests.iceberg_ext.worker", "ingest", lake.settings.dsn, lake.settings.schema,
-            lake.settings.warehouse, lake.namespace, str(b), "1"]
-    crashed = subprocess.run(args, env={**os.environ, "ICEBARRIER_FAULT": AFTER_ICEBERG_COMMIT},
-                             capture_output=True, text=True, timeout=120)
+    args = [
+        sys.executable,
+        "-m",
+        "tests.iceberg_ext.worker",
+        "ingest",
+        lake.settings.dsn,
+        lake.settings.schema,
+        lake.settings.warehouse,
+        lake.namespace,
+        str(b),
+        "1",
+    ]
+    crashed = subprocess.run(
+        args, env={**os.environ, "ICEBARRIER_FAULT": AFTER_ICEBERG_COMMIT}, capture_output=True, text=True, timeout=120
+    )
     assert crashed.returncode == CRASH_EXIT_CODE, crashed.stderr
     assert tables.states(lake.conn, [lake.T("orders")])[0].watermark is None  # not recorded
     assert barrier_of(load_table(lake.catalog, lake.T("orders")).current_snapshot()) == b  # but committed
@@ -145,14 +157,20 @@ def test_expiry_keeps_protected_snapshots_and_deletes_files(lake):
     for path in _data_files(lake, "orders"):
         assert os.path.exists(path.removeprefix("file://"))
     with pytest.raises(SnapshotExpiredError):
-        ConsistentRead(lake.conn, lake.catalog, [lake.T("orders")], level=Level.REPEATABLE_READ,
-                       barrier=marks[0]).__enter__()
+        ConsistentRead(
+            lake.conn, lake.catalog, [lake.T("orders")], level=Level.REPEATABLE_READ, barrier=marks[0]
+        ).__enter__()
 
 
 def _recorded(lake, name):
-    return [r["snapshot_id"] for r in lake.conn.execute(
-        "SELECT c.snapshot_id FROM table_commit c JOIN managed_table m USING (table_id) WHERE m.name = %s "
-        "ORDER BY c.barrier", (str(lake.T(name)),)).fetchall()]
+    return [
+        r["snapshot_id"]
+        for r in lake.conn.execute(
+            "SELECT c.snapshot_id FROM table_commit c JOIN managed_table m USING (table_id) WHERE m.name = %s "
+            "ORDER BY c.barrier",
+            (str(lake.T(name)),),
+        ).fetchall()
+    ]
 
 
 def _data_files(lake, name):
@@ -171,8 +189,10 @@ def test_lease_acquisition_racing_expiry_in_processes(lake, capsys):
     base = [sys.executable, "-m", "tests.iceberg_ext.worker"]
     common = [lake.settings.dsn, lake.settings.schema, lake.settings.warehouse, lake.namespace]
     env = {**os.environ, "RACE_START_AT": str(time.time() + 8)}
-    procs = [subprocess.Popen([*base, "leases", *common, "40", str(seed)], stdout=subprocess.PIPE, text=True, env=env)
-             for seed in (1, 2)]
+    procs = [
+        subprocess.Popen([*base, "leases", *common, "40", str(seed)], stdout=subprocess.PIPE, text=True, env=env)
+        for seed in (1, 2)
+    ]
     procs.append(subprocess.Popen([*base, "expire", *common, "15"], stdout=subprocess.PIPE, text=True, env=env))
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outs
@@ -183,8 +203,10 @@ def test_lease_acquisition_racing_expiry_in_processes(lake, capsys):
     pinned = {snap for _, snap in granted}
     present = {s.snapshot_id for s in load_table(lake.catalog, lake.T("orders")).metadata.snapshots}
     with capsys.disabled():
-        print(f"\n[expiry race] {len(granted)} leases granted, {refused} refused (snapshot already expired), "
-              f"{len(expired)} snapshots expired, {len(pinned & expired)} pinned snapshots expired")
+        print(
+            f"\n[expiry race] {len(granted)} leases granted, {refused} refused (snapshot already expired), "
+            f"{len(expired)} snapshots expired, {len(pinned & expired)} pinned snapshots expired"
+        )
     assert not pinned & expired
     assert pinned <= present
     assert len(granted) + refused == 80 and expired
@@ -246,8 +268,9 @@ def test_managed_tables_get_commit_retry_properties(lake):
     lake.catalog.create_table(lake.namespace + ".plain", schema=pipeline.ORDERS)  # without our properties
     from icebarrier.control_plane.model import JobDefinition
 
-    jobs.register(lake.conn, JobDefinition(name="plain", sinks=frozenset([lake.T("plain")]),
-                                           external_inputs=frozenset(["x"])))
+    jobs.register(
+        lake.conn, JobDefinition(name="plain", sinks=frozenset([lake.T("plain")]), external_inputs=frozenset(["x"]))
+    )
     b = barriers.issue(lake.conn).barrier
     with BarrierCommit(lake.conn, lake.catalog, job="plain", barrier=b) as tx:
         tx.append_arrow(lake.T("plain"), pipeline.orders_batch(1))
@@ -267,7 +290,9 @@ def test_maintenance_commands(lake):
 
     dry = run(command, ["-o", "json", "expire", "--table", str(lake.T("orders")), "--dry-run"])
     assert dry.exit_code == 0, dry.stderr
-    assert json.loads(dry.stdout)[0]["dry_run"] and len(load_table(lake.catalog, lake.T("orders")).metadata.snapshots) == 3
+    assert (
+        json.loads(dry.stdout)[0]["dry_run"] and len(load_table(lake.catalog, lake.T("orders")).metadata.snapshots) == 3
+    )
     plan = run(command, ["-o", "json", "revise", str(lake.T("orders")), "--to-barrier", str(marks[0]), "--dry-run"])
     assert plan.exit_code == 0 and json.loads(plan.stdout)["jobs_reset"] == ["ingest", "report", "totals"]
     assert tables.states(lake.conn, [lake.T("orders")])[0].watermark == marks[-1]
@@ -275,7 +300,8 @@ def test_maintenance_commands(lake):
     assert tagged.exit_code == 0 and "v1" in load_table(lake.catalog, lake.T("report")).metadata.refs
     assert run(command, ["reconcile"]).exit_code == 0
     load_table(lake.catalog, lake.T("totals")).append(
-        pa.table({"customer": pa.array([9], pa.int64()), "total": pa.array([1], pa.int64())}))
+        pa.table({"customer": pa.array([9], pa.int64()), "total": pa.array([1], pa.int64())})
+    )
     bad = run(command, ["reconcile", str(lake.T("totals"))])
     assert bad.exit_code == 1 and "VIOLATION" in bad.stdout and "single-writer" in bad.stderr
     wrong = run(command, ["revise", str(lake.T("orders")), "--to-barrier", "123"])

@@ -8,8 +8,8 @@ import pytest
 
 from icebarrier.control_plane import barriers, jobs, runs, tables
 from icebarrier.control_plane.model import Level, TableName
-from icebarrier.iceberg_ext.reads import ConsistentRead
 from icebarrier.iceberg_ext.job import IncrementUnavailableError, TransformJob, append, overwrite
+from icebarrier.iceberg_ext.reads import ConsistentRead
 from icebarrier.iceberg_ext.runtime import Runtime
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "shopping"
@@ -31,8 +31,9 @@ generate = _load("generate")
 def shopping(lake, spark, tmp_path):
     shop.create_tables(spark, lake.namespace)
     built = shop.build(lake.namespace, str(tmp_path / "input"))
-    runtimes = {k: Runtime(j, settings=lake.settings, spark=spark, conn=lake.conn, log=lambda _: None)
-                for k, j in built.items()}
+    runtimes = {
+        k: Runtime(j, settings=lake.settings, spark=spark, conn=lake.conn, log=lambda _: None) for k, j in built.items()
+    }
     return built, runtimes, tmp_path / "input"
 
 
@@ -54,7 +55,9 @@ def test_shopping_pipeline_end_to_end(lake, spark, shopping):
     t = shop.tables(lake.namespace)
     names = [TableName.parse(x) for x in t.values()]
     with ConsistentRead(lake.conn, lake.catalog, names, level=Level.READ_COMMITTED) as r:
-        amounts = {(x.user_id, x.item_id): x.amount for x in r.df(spark, TableName.parse(t["user_item_amount"])).collect()}
+        amounts = {
+            (x.user_id, x.item_id): x.amount for x in r.df(spark, TableName.parse(t["user_item_amount"])).collect()
+        }
         shipped = r.df(spark, TableName.parse(t["shipped_orders"])).count()
         ships = r.df(spark, TableName.parse(t["shipments"])).count()
     expected = {}
@@ -90,8 +93,12 @@ def test_a_job_added_later_bootstraps_then_continues(lake, spark, shopping):
         seen.append((ctx.bootstrap, ctx.increment(t["shopping"]).count()))
         return append(ctx.increment(t["shopping"]).groupBy().count().withColumnRenamed("count", "n"))
 
-    late = TransformJob(name=f"{lake.namespace}_late", sources=[t["shopping"]], sinks=[t["shopping"] + "_count"],
-                        transform=count_increment)
+    late = TransformJob(
+        name=f"{lake.namespace}_late",
+        sources=[t["shopping"]],
+        sinks=[t["shopping"] + "_count"],
+        transform=count_increment,
+    )
     rt = Runtime(late, settings=lake.settings, spark=spark, conn=lake.conn, log=lambda _: None)
     assert len(rt.run().completed) == 1
     _round(lake.conn, runtimes, input_dir, 3, rows)
@@ -108,9 +115,12 @@ def test_increment_of_a_non_append_source_asks_for_a_full_recompute(lake, spark,
     _round(lake.conn, runtimes, input_dir, 1, rows)
     t = shop.tables(lake.namespace)
     spark.sql(f"CREATE TABLE {t['user_item_amount']}_copy (n bigint) USING iceberg")
-    job = TransformJob(name=f"{lake.namespace}_bad", sources=[t["user_item_amount"]],
-                       sinks=[t["user_item_amount"] + "_copy"],
-                       transform=lambda ctx: append(ctx.increment(t["user_item_amount"]).selectExpr("amount AS n")))
+    job = TransformJob(
+        name=f"{lake.namespace}_bad",
+        sources=[t["user_item_amount"]],
+        sinks=[t["user_item_amount"] + "_copy"],
+        transform=lambda ctx: append(ctx.increment(t["user_item_amount"]).selectExpr("amount AS n")),
+    )
     rt = Runtime(job, settings=lake.settings, spark=spark, conn=lake.conn, log=lambda _: None)
     rt.run()  # bootstrap reads everything
     _round(lake.conn, runtimes, input_dir, 2, rows)

@@ -2,9 +2,8 @@
 
 import uuid
 
-import psycopg.conninfo
-
 import psycopg
+import psycopg.conninfo
 import pytest
 
 from icebarrier.control_plane import barriers, runs, tables
@@ -18,8 +17,10 @@ from icebarrier.iceberg_ext.sources import PostgresSource, SourceError
 def transfers(lake_dsn):
     name = f"transfers_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(lake_dsn, autocommit=True) as c:
-        c.execute(f"CREATE TABLE public.{name} (id bigserial, account int, delta bigint, "
-                  f"ts timestamptz NOT NULL DEFAULT now())")
+        c.execute(
+            f"CREATE TABLE public.{name} (id bigserial, account int, delta bigint, "
+            f"ts timestamptz NOT NULL DEFAULT now())"
+        )
     yield name
     with psycopg.connect(lake_dsn, autocommit=True) as c:
         c.execute(f"DROP TABLE public.{name}")
@@ -109,7 +110,7 @@ def test_event_time_watermark_is_scoped_and_job_list_says_what_holds_it(lake, sp
         ro_dsn = psycopg.conninfo.make_conninfo(lake_dsn, user=reader_role)
         with psycopg.connect(pg_server) as elsewhere, psycopg.connect(ro_dsn) as reader:
             elsewhere.execute("SELECT txid_current()")  # a writing transaction in another database
-            reader.execute("SELECT txid_current()")     # one by a role that cannot write the table
+            reader.execute("SELECT txid_current()")  # one by a role that cannot write the table
             b1 = barriers.issue(lake.conn).barrier
             assert source.waiting_for(b1) is None
             with Runtime(job, settings=lake.settings, spark=spark, log=lambda _: None) as rt:

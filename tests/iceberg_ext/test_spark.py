@@ -9,7 +9,13 @@ from click.testing import CliRunner
 from icebarrier.cli.main import cli as command
 from icebarrier.control_plane import barriers, jobs, leases, reads, tables
 from icebarrier.control_plane.model import JobDefinition, Level
-from icebarrier.iceberg_ext.catalog import OPERATION_COMPACTION, SUMMARY_BARRIER, SUMMARY_OPERATION, load_table, summary_properties
+from icebarrier.iceberg_ext.catalog import (
+    OPERATION_COMPACTION,
+    SUMMARY_BARRIER,
+    SUMMARY_OPERATION,
+    load_table,
+    summary_properties,
+)
 from icebarrier.iceberg_ext.commits import BarrierCommit
 from icebarrier.iceberg_ext.maintenance import compact, expire, tag
 from icebarrier.iceberg_ext.reads import ConsistentRead
@@ -50,10 +56,14 @@ def _setup(lake, spark):
     ns = f"lake.{lake.namespace}"
     spark.sql(f"CREATE TABLE {ns}.events (id bigint, user_id bigint, amount bigint) USING iceberg")
     spark.sql(f"CREATE TABLE {ns}.balances (user_id bigint, total bigint) USING iceberg")
-    jobs.register(lake.conn, JobDefinition(name="ingest", sinks=frozenset([lake.T("events")]),
-                                           external_inputs=frozenset(["gen:events"])))
-    jobs.register(lake.conn, JobDefinition(name="balance", sources=frozenset([lake.T("events")]),
-                                           sinks=frozenset([lake.T("balances")])))
+    jobs.register(
+        lake.conn,
+        JobDefinition(name="ingest", sinks=frozenset([lake.T("events")]), external_inputs=frozenset(["gen:events"])),
+    )
+    jobs.register(
+        lake.conn,
+        JobDefinition(name="balance", sources=frozenset([lake.T("events")]), sinks=frozenset([lake.T("balances")])),
+    )
 
 
 def _ingest(lake, spark, barrier, start, n=4):
@@ -65,7 +75,9 @@ def _ingest(lake, spark, barrier, start, n=4):
 
 def _balance(lake, spark, barrier, mode="merge"):
     with ConsistentRead(lake.conn, lake.catalog, [lake.T("events")], barrier=barrier) as r:
-        totals = r.df(spark, lake.T("events")).groupBy("user_id").sum("amount").withColumnRenamed("sum(amount)", "total")
+        totals = (
+            r.df(spark, lake.T("events")).groupBy("user_id").sum("amount").withColumnRenamed("sum(amount)", "total")
+        )
         with BarrierCommit(lake.conn, lake.catalog, job="balance", barrier=barrier) as tx:
             if mode == "merge":
                 merge_df(tx, lake.T("balances"), totals, ["user_id"])
@@ -84,7 +96,8 @@ def test_spark_writes_are_tagged_recorded_and_adopted(lake, spark):
     b2 = barriers.issue(lake.conn).barrier
     # Simulate a crash after the Iceberg commit: the tagged snapshot exists, no record.
     spark.createDataFrame([(100, 0, 10)], "id bigint, user_id bigint, amount bigint").writeTo(
-        str(lake.T("events"))).option(f"snapshot-property.{SUMMARY_BARRIER}", str(b2)).append()
+        str(lake.T("events"))
+    ).option(f"snapshot-property.{SUMMARY_BARRIER}", str(b2)).append()
     tx = _ingest(lake, spark, b2, 100)
     assert tx.adopted == {lake.T("events")}
     assert spark.table(str(lake.T("events"))).count() == 5
@@ -94,7 +107,10 @@ def test_spark_writes_are_tagged_recorded_and_adopted(lake, spark):
     with BarrierCommit(lake.conn, lake.catalog, job="balance", barrier=b3) as tx:
         sql_write(tx, lake.T("balances"), f"DELETE FROM {lake.T('balances')} WHERE user_id = 1", spark)
     snap = load_table(lake.catalog, lake.T("balances")).current_snapshot()
-    assert summary_properties(snap)[SUMMARY_BARRIER] == str(b3) and snap.summary.operation.value in ("delete", "overwrite")
+    assert summary_properties(snap)[SUMMARY_BARRIER] == str(b3) and snap.summary.operation.value in (
+        "delete",
+        "overwrite",
+    )
     cut = reads.resolve(lake.conn, [lake.T("events"), lake.T("balances")])
     assert cut.barrier == b3 and cut.snapshots[lake.T("balances")] == snap.snapshot_id
 
@@ -107,8 +123,10 @@ def test_repeatable_read_in_spark_is_stable_while_jobs_commit(lake, spark):
         b = barriers.issue(lake.conn).barrier
         _ingest(lake, spark, b, i * 100)
         _balance(lake, spark, b)
-    query = (f"SELECT (SELECT sum(amount) FROM {lake.T('events')}) AS events_total, "
-             f"(SELECT sum(total) FROM {lake.T('balances')}) AS balance_total")
+    query = (
+        f"SELECT (SELECT sum(amount) FROM {lake.T('events')}) AS events_total, "
+        f"(SELECT sum(total) FROM {lake.T('balances')}) AS balance_total"
+    )
     names = [lake.T("events"), lake.T("balances")]
     with ConsistentRead(lake.conn, lake.catalog, names, level=Level.REPEATABLE_READ) as rr:
         first = rr.sql(spark, query).collect()
@@ -181,7 +199,10 @@ def test_a_barrier_that_changes_nothing_leaves_no_snapshot(lake, spark):
     before = load_table(lake.catalog, lake.T("events")).metadata.current_snapshot_id
     b2 = barriers.issue(lake.conn).barrier
     with BarrierCommit(lake.conn, lake.catalog, job="ingest", barrier=b2) as tx:
-        assert append_df(tx, lake.T("events"), spark.createDataFrame([], "id bigint, user_id bigint, amount bigint")) is None
+        assert (
+            append_df(tx, lake.T("events"), spark.createDataFrame([], "id bigint, user_id bigint, amount bigint"))
+            is None
+        )
     assert load_table(lake.catalog, lake.T("events")).metadata.current_snapshot_id == before
     assert tables.states(lake.conn, [lake.T("events")])[0].watermark == b2
     assert reads.resolve(lake.conn, [lake.T("events")]).snapshots[lake.T("events")] == before

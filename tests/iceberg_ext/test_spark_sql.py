@@ -7,8 +7,8 @@ from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.iceberg_ext import spark_sql
 from icebarrier.iceberg_ext.commits import BarrierCommit
 from icebarrier.iceberg_ext.errors import StatementNotPinnableError
-from icebarrier.iceberg_ext.reads import ConsistentRead
 from icebarrier.iceberg_ext.job import SqlJob
+from icebarrier.iceberg_ext.reads import ConsistentRead
 from icebarrier.iceberg_ext.spark_io import append_df
 
 
@@ -21,10 +21,18 @@ def history(lake, spark):
     spark.sql(f"CREATE TABLE {ns}.orders (id bigint) USING iceberg")
     spark.sql(f"CREATE TABLE {ns}.dims (kind string, label string) USING iceberg")
     spark.sql(f"INSERT INTO {ns}.dims VALUES ('a', 'A'), ('b', 'B')")
-    jobs.register(lake.conn, JobDefinition(name="ingest_events", sinks=frozenset([lake.T("events")]),
-                                           external_inputs=frozenset(["gen:events"])))
-    jobs.register(lake.conn, JobDefinition(name="ingest_orders", sinks=frozenset([lake.T("orders")]),
-                                           external_inputs=frozenset(["gen:orders"])))
+    jobs.register(
+        lake.conn,
+        JobDefinition(
+            name="ingest_events", sinks=frozenset([lake.T("events")]), external_inputs=frozenset(["gen:events"])
+        ),
+    )
+    jobs.register(
+        lake.conn,
+        JobDefinition(
+            name="ingest_orders", sinks=frozenset([lake.T("orders")]), external_inputs=frozenset(["gen:orders"])
+        ),
+    )
     marks = []
     for i in range(3):
         b = barriers.issue(lake.conn).barrier
@@ -59,14 +67,15 @@ def test_every_spelling_of_a_table_reads_the_cut(lake, spark, history):
         f"SELECT count(*) FROM lake.{ns}.dims WHERE kind IN (SELECT kind FROM lake.{ns}.events)": [(2,)],
         f"SELECT count(*) FROM lake.{ns}.events e JOIN lake.{ns}.dims d ON e.kind = d.kind": [(4,)],
         f"SELECT 'lake.{ns}.events' AS literal, count(*) FROM lake.{ns}.events": [(f"lake.{ns}.events", 4)],
-        f"SELECT count(*) FROM lake.{ns}.orders": [(0,)],                    # no snapshot at b1
-        f"SELECT count(orders.id) FROM lake.{ns}.orders": [(0,)],            # qualifier still resolves
+        f"SELECT count(*) FROM lake.{ns}.orders": [(0,)],  # no snapshot at b1
+        f"SELECT count(orders.id) FROM lake.{ns}.orders": [(0,)],  # qualifier still resolves
         f"SELECT count(*) FROM lake.{ns}.orders o JOIN lake.{ns}.events e ON o.id = e.id": [(0,)],
     }
     for query, expected in cases.items():
         assert _at(lake, spark, b1, query) == expected, query
-    assert _at(lake, spark, b2, f"SELECT count(*) FROM lake.{ns}.orders o JOIN lake.{ns}.events e ON o.id = e.id") \
-        == [(2,)]
+    assert _at(lake, spark, b2, f"SELECT count(*) FROM lake.{ns}.orders o JOIN lake.{ns}.events e ON o.id = e.id") == [
+        (2,)
+    ]
     for view in ("events", "dims"):  # a temp view would shadow the table (Spark's rule), e.g. from create_views
         spark.catalog.dropTempView(view)
     spark.sql(f"USE lake.{ns}")
@@ -80,14 +89,17 @@ def test_every_spelling_of_a_table_reads_the_cut(lake, spark, history):
     assert spark.sql(f"SELECT count(*) FROM lake.{ns}.events").collect()[0][0] == 12  # current state untouched
 
 
-@pytest.mark.parametrize("query, refusal", [
-    ("SELECT * FROM lake.{ns}.events VERSION AS OF 1", "already has VERSION AS OF 1"),
-    ("SELECT * FROM lake.{ns}.events FOR SYSTEM_TIME AS OF '2020-01-01'", "already has TIMESTAMP AS OF"),
-    ("SELECT * FROM lake.{ns}.events.snapshots", "metadata table"),
-    ("SELECT * FROM some_tvf('lake.{ns}.events')", "table-valued function some_tvf"),
-    ("INSERT INTO lake.{ns}.dims SELECT 'x', 'y'", "only queries"),
-    ("SELEC nonsense", "cannot parse"),
-])
+@pytest.mark.parametrize(
+    "query, refusal",
+    [
+        ("SELECT * FROM lake.{ns}.events VERSION AS OF 1", "already has VERSION AS OF 1"),
+        ("SELECT * FROM lake.{ns}.events FOR SYSTEM_TIME AS OF '2020-01-01'", "already has TIMESTAMP AS OF"),
+        ("SELECT * FROM lake.{ns}.events.snapshots", "metadata table"),
+        ("SELECT * FROM some_tvf('lake.{ns}.events')", "table-valued function some_tvf"),
+        ("INSERT INTO lake.{ns}.dims SELECT 'x', 'y'", "only queries"),
+        ("SELEC nonsense", "cannot parse"),
+    ],
+)
 def test_statements_that_cannot_be_pinned_are_refused(lake, spark, history, query, refusal):
     """Time travel, metadata tables, table functions and writes are refused naming the table."""
     b1, _ = history
@@ -99,14 +111,22 @@ def test_a_managed_table_outside_the_read_is_refused(lake, spark, history):
     """A query naming a managed table the read does not include is refused, not read at its current snapshot."""
     b1, _ = history
     with pytest.raises(StatementNotPinnableError, match=f"table lake.{lake.namespace}.orders: .*add it to the read"):
-        _at(lake, spark, b1, f"SELECT * FROM lake.{lake.namespace}.events, lake.{lake.namespace}.orders",
-            tables=("events",))
+        _at(
+            lake,
+            spark,
+            b1,
+            f"SELECT * FROM lake.{lake.namespace}.events, lake.{lake.namespace}.orders",
+            tables=("events",),
+        )
 
 
 def test_sql_job_takes_sink_and_sources_from_the_parser(spark):
     """A struct path, a literal and a CTE are not sources; USE resolves unqualified names."""
-    job = SqlJob("city", "\n  INSERT INTO lake.db.out WITH c AS (SELECT * FROM lake.db.src)\n"
-                         "  SELECT s.addr.city, 'lake.db.decoy' FROM `lake`.db.src s JOIN c ON s.id = c.id GROUP BY 1")
+    job = SqlJob(
+        "city",
+        "\n  INSERT INTO lake.db.out WITH c AS (SELECT * FROM lake.db.src)\n"
+        "  SELECT s.addr.city, 'lake.db.decoy' FROM `lake`.db.src s JOIN c ON s.id = c.id GROUP BY 1",
+    )
     job.bind(spark)
     assert (job.sinks, job.sources) == (["lake.db.out"], ["lake.db.src"])
     assert job._parsed.query.strip().startswith("WITH c AS")
@@ -128,25 +148,36 @@ def test_relations_carry_exact_spans(spark):
     """The parser's spans cover the identifier as written, so pinning never touches literals."""
     text = "SELECT 'lake.db.t' FROM `lake`.db.`t` x WHERE x.a IN (SELECT a FROM lake.db.u)"
     statement = spark_sql.parse(spark, text)
-    spans = sorted(text[r.start:r.stop + 1] for r in statement.relations)
+    spans = sorted(text[r.start : r.stop + 1] for r in statement.relations)
     assert spans == ["`lake`.db.`t`", "lake.db.u"]
     assert statement.tables() == [TableName.parse("lake.db.t"), TableName.parse("lake.db.u")]
 
 
-@pytest.mark.parametrize("text", ["INSERT INTO lake.db.t SELECT 1", "CREATE TABLE lake.db.t2 AS SELECT 1",
-                                  "DELETE FROM lake.db.t WHERE true", "CACHE TABLE lake.db.t", "DROP TABLE lake.db.t",
-                                  "MERGE INTO lake.db.t USING lake.db.u ON t.a = u.a WHEN MATCHED THEN DELETE"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "INSERT INTO lake.db.t SELECT 1",
+        "CREATE TABLE lake.db.t2 AS SELECT 1",
+        "DELETE FROM lake.db.t WHERE true",
+        "CACHE TABLE lake.db.t",
+        "DROP TABLE lake.db.t",
+        "MERGE INTO lake.db.t USING lake.db.u ON t.a = u.a WHEN MATCHED THEN DELETE",
+    ],
+)
 def test_only_queries_are_read(spark, text):
     """Writes, DDL and commands are not queries; a consistent read refuses them."""
     with pytest.raises(StatementNotPinnableError, match="only queries"):
         spark_sql.parse(spark, text)
 
 
-@pytest.mark.parametrize("statement, refusal", [
-    ("INSERT INTO lake.db.o SELECT * FROM lake.db.a VERSION AS OF 3", "already has VERSION AS OF 3"),
-    ("INSERT INTO lake.db.o SELECT * FROM some_tvf('lake.db.a')", "table-valued function some_tvf"),
-    ("INSERT INTO lake.db.o SELEC nonsense", "cannot parse"),
-])
+@pytest.mark.parametrize(
+    "statement, refusal",
+    [
+        ("INSERT INTO lake.db.o SELECT * FROM lake.db.a VERSION AS OF 3", "already has VERSION AS OF 3"),
+        ("INSERT INTO lake.db.o SELECT * FROM some_tvf('lake.db.a')", "table-valued function some_tvf"),
+        ("INSERT INTO lake.db.o SELEC nonsense", "cannot parse"),
+    ],
+)
 def test_sql_job_refuses_what_a_barrier_cannot_pin(spark, statement, refusal):
     """A SQL job's query is refused for the same reasons as a consistent read's, naming the job."""
     with pytest.raises(Exception, match=f"SQL job j: .*{refusal}"):

@@ -17,15 +17,20 @@ from icebarrier.control_plane import barriers, leases, tokens
 from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, start_server, stop_server
 
 pytestmark = pytest.mark.slow
-ARTIFACTS = Path(os.environ.get("ICEBARRIER_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "build" / "test-artifacts"))
+ARTIFACTS = Path(
+    os.environ.get("ICEBARRIER_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "build" / "test-artifacts")
+)
 
 
 def scrape(server: str, headers: dict) -> dict[tuple[str, tuple], float]:
     """Every sample of /metrics: (name, sorted labels) -> value."""
     r = requests.get(f"{server}/metrics", headers=headers, timeout=30)
     assert r.status_code == 200, r.text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(r.text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
 
 
 def test_metrics_give_each_table_its_lag_and_freshness_and_time_the_loads(lake, server):
@@ -44,8 +49,10 @@ def test_metrics_give_each_table_its_lag_and_freshness_and_time_the_loads(lake, 
     assert samples[("icebarrier_table_lag_seconds", (("table", orders),))] == 0
     assert samples[("icebarrier_table_barriers_behind", (("table", late),))] == 1
     assert samples[("icebarrier_table_lag_seconds", (("table", late),))] > 0
-    assert samples[("icebarrier_table_freshness_seconds", (("table", late),))] > \
-        samples[("icebarrier_table_freshness_seconds", (("table", orders),))]
+    assert (
+        samples[("icebarrier_table_freshness_seconds", (("table", late),))]
+        > samples[("icebarrier_table_freshness_seconds", (("table", orders),))]
+    )
     assert samples[("icebarrier_barriers_issued_total", ())] == 2
     assert samples[("icebarrier_catalog_load_seconds_count", (("warehouse", "barrier"),))] == 1
     barriers.issue(lake.conn)
@@ -68,8 +75,17 @@ def test_the_status_page_renders_the_pipeline_in_a_real_browser(lake, tmp_path):
     proc, server = start_server(lake, "--allow-anonymous-read")
     try:
         assert requests.get(f"{server}/ui", timeout=30).status_code == 200
-        args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
-                "--virtual-time-budget=8000", "--window-size=1400,1500", f"--user-data-dir={tmp_path / 'profile'}"]
+        args = [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=8000",
+            "--window-size=1400,1500",
+            f"--user-data-dir={tmp_path / 'profile'}",
+        ]
         dom = subprocess.run([*args, "--dump-dom", f"{server}/ui"], capture_output=True, text=True, timeout=120)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         shot = ARTIFACTS / "status-page.png"
@@ -79,8 +95,9 @@ def test_the_status_page_renders_the_pipeline_in_a_real_browser(lake, tmp_path):
     html = dom.stdout
     assert 'data-rendered="yes"' in html, dom.stderr[-3000:]
     for chart in ("topology", "delays"):
-        block = re.search(rf'<div id="{chart}"[^>]*>(.*?)</div>\s*<div id=', html, re.S) or \
-            re.search(rf'<div id="{chart}"[^>]*>(.*)', html, re.S)
+        block = re.search(rf'<div id="{chart}"[^>]*>(.*?)</div>\s*<div id=', html, re.S) or re.search(
+            rf'<div id="{chart}"[^>]*>(.*)', html, re.S
+        )
         assert 'class="main-svg"' in block.group(1), chart
     for name in ("orders", "late", "nightly-report"):
         assert f"<td>{lake.T(name) if name != 'nightly-report' else name}</td>" in html
@@ -96,7 +113,8 @@ def test_the_status_page_state_needs_a_token_without_anonymous_reads(lake, serve
     assert requests.get(f"{server}/ui", timeout=30).status_code == 200  # the page itself holds no data
     assert requests.get(f"{server}/ui/state", timeout=30).status_code == 401
     cid, secret = tokens.create(lake.conn)
-    state = requests.get(f"{server}/ui/state", headers={"Authorization": f"Bearer {access_token(server, cid, secret)}"},
-                         timeout=30).json()
+    state = requests.get(
+        f"{server}/ui/state", headers={"Authorization": f"Bearer {access_token(server, cid, secret)}"}, timeout=30
+    ).json()
     assert [t["table"] for t in state["tables"]] == [str(lake.T("orders"))]
     assert state["cut"]["barrier"].startswith(f"{p.marks[0]} (") and state["topology"]["data"]

@@ -61,13 +61,19 @@ def test_every_engine_reads_every_warehouse_on_s3_with_only_the_catalog_uri_and_
     reader = ":".join(tokens.create(lake.conn))
     orders = f"{lake.namespace}.orders"
     lease = leases.acquire(lake.conn, [lake.T("orders"), lake.T("payments")], ttl_s=600, holder="t", barrier=marks[1])
-    expected = {**{f"barrier-{b}": 10 * (i + 1) for i, b in enumerate(marks)}, "latest": 30, "read-committed": 30,
-                f"read-committed:{lake.namespace}": 30, f"lease-{lease.lease_id}": 20}
+    expected = {
+        **{f"barrier-{b}": 10 * (i + 1) for i, b in enumerate(marks)},
+        "latest": 30,
+        "read-committed": 30,
+        f"read-committed:{lake.namespace}": 30,
+        f"lease-{lease.lease_id}": 20,
+    }
     for warehouse, rows in expected.items():
         table = rest(s3_server, warehouse, reader).load_table(orders)  # no storage settings of its own
         assert table.scan().to_arrow().num_rows == rows, warehouse
-        assert duck(s3_server, warehouse, reader).execute(f"SELECT count(*) FROM lake.{orders}").fetchone()[0] \
-            == rows, warehouse
+        assert (
+            duck(s3_server, warehouse, reader).execute(f"SELECT count(*) FROM lake.{orders}").fetchone()[0] == rows
+        ), warehouse
     # who gets which keys
     as_reader = load_config(s3_server, reader, orders, "vended-credentials")
     assert as_reader["s3.access-key-id"] == READER_KEY and SECRET_KEY not in as_reader.values()
@@ -77,13 +83,17 @@ def test_every_engine_reads_every_warehouse_on_s3_with_only_the_catalog_uri_and_
     plain = load_config(s3_server, reader, orders, None)  # asked for nothing: where, not how
     assert "s3.access-key-id" not in plain and "s3.secret-access-key" not in plain and plain["s3.endpoint"]
     token = access_token(s3_server, *reader.split(":"))
-    r = requests.get(f"{s3_server}/v1/latest/namespaces/{lake.namespace}/tables/orders", timeout=30,
-                     headers={"Authorization": f"Bearer {token}", "X-Iceberg-Access-Delegation": "keys-please"})
+    r = requests.get(
+        f"{s3_server}/v1/latest/namespaces/{lake.namespace}/tables/orders",
+        timeout=30,
+        headers={"Authorization": f"Bearer {token}", "X-Iceberg-Access-Delegation": "keys-please"},
+    )
     assert r.status_code == 400 and "X-Iceberg-Access-Delegation" in r.json()["error"]["message"]
 
 
-def test_job_exec_runs_pyiceberg_and_duckdb_jobs_whose_writes_land_on_s3_staged_until_publish(s3_lake, s3_server, s3,
-                                                                                             tmp_path):
+def test_job_exec_runs_pyiceberg_and_duckdb_jobs_whose_writes_land_on_s3_staged_until_publish(
+    s3_lake, s3_server, s3, tmp_path
+):
     """A PyIceberg root, a DuckDB transform and a PyIceberg transform with two sinks under `job
     exec`: their files land in the bucket, every cut reads exact through the catalog; a failed
     run and a killed DuckDB run publish nothing (their files stay unreferenced in the bucket)."""
@@ -102,16 +112,25 @@ def test_job_exec_runs_pyiceberg_and_duckdb_jobs_whose_writes_land_on_s3_staged_
     # a failed run publishes nothing
     barriers.issue(lake.conn)
     before, files = pointers(lake), s3.keys(f"wh/{lake.namespace}/")
-    failed = job_exec(s3_server, creds["ingest"], "ingest",
-                      ["sh", "-c", " ".join(command(lake, "ingest", rows=50)) + " && exit 3"], expect=3)
+    failed = job_exec(
+        s3_server,
+        creds["ingest"],
+        "ingest",
+        ["sh", "-c", " ".join(command(lake, "ingest", rows=50)) + " && exit 3"],
+        expect=3,
+    )
     assert "is not published" in failed["stderr"]
     assert pointers(lake) == before and len(s3.keys(f"wh/{lake.namespace}/")) > len(files)  # written, not visible
     job_exec(s3_server, creds["ingest"], "ingest", command(lake, "ingest", rows=5))
     # kill -9 of DuckDB after its commits were staged
     before, pause = pointers(lake), tmp_path / "pause"
-    proc = subprocess.Popen(exec_args(s3_server, creds["count"], "count", command(lake, "count")),
-                            env={**os.environ, "ENGINE_PAUSE": "after", "ENGINE_PAUSE_FILE": str(pause)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        exec_args(s3_server, creds["count"], "count", command(lake, "count")),
+        env={**os.environ, "ENGINE_PAUSE": "after", "ENGINE_PAUSE_FILE": str(pause)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     victim = wait_pause(proc, pause)
     session = job_sessions.get(lake.conn, "count")
     os.kill(victim, signal.SIGKILL)
@@ -124,17 +143,24 @@ def test_job_exec_runs_pyiceberg_and_duckdb_jobs_whose_writes_land_on_s3_staged_
     assert check_cut(rest(s3_server, f"read-committed:{lake.namespace}", reader), lake.namespace)[0] == 12
 
 
-@pytest.mark.parametrize("case,setting,expected", [
-    ("bucket", {"ICEBARRIER_WAREHOUSE": "s3://no-such-bucket-{u}/wh"}, "bucket 'no-such-bucket-"),
-    ("endpoint", {"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9"}, "cannot be reached"),
-    ("scheme", {"ICEBARRIER_WAREHOUSE": "gs://bucket/wh"}, "unsupported scheme"),
-    ("no bucket", {"ICEBARRIER_WAREHOUSE": "s3:///wh"}, "names no bucket"),
-])
+@pytest.mark.parametrize(
+    "case,setting,expected",
+    [
+        ("bucket", {"ICEBARRIER_WAREHOUSE": "s3://no-such-bucket-{u}/wh"}, "bucket 'no-such-bucket-"),
+        ("endpoint", {"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9"}, "cannot be reached"),
+        ("scheme", {"ICEBARRIER_WAREHOUSE": "gs://bucket/wh"}, "unsupported scheme"),
+        ("no bucket", {"ICEBARRIER_WAREHOUSE": "s3:///wh"}, "names no bucket"),
+    ],
+)
 def test_bad_storage_settings_are_one_line_at_start_up_and_nothing_is_written(s3_lake, s3, case, setting, expected):
     """`db upgrade` and `serve` with a wrong bucket, endpoint or warehouse: one line naming the
     setting and the fix, exit 1, no traceback, no schema created."""
     schema = f"cp_bad_{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "ICEBARRIER_SCHEMA": schema, **{k: v.format(u=uuid.uuid4().hex[:6]) for k, v in setting.items()}}
+    env = {
+        **os.environ,
+        "ICEBARRIER_SCHEMA": schema,
+        **{k: v.format(u=uuid.uuid4().hex[:6]) for k, v in setting.items()},
+    }
     for args in (["db", "upgrade"], ["serve", "--port", "1"]):
         done = subprocess.run(["icebarrier", *args], env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 1, (args, done.stderr)
@@ -147,8 +173,9 @@ def test_unknown_storage_keys_are_refused(tmp_path, monkeypatch):
     """A typo in [storage] is one line naming the key and the known ones."""
     config = tmp_path / "icebarrier.toml"
     config.write_text('[storage]\n"s3.endpiont" = "http://x"\n')
-    done = subprocess.run(["icebarrier", "--config", str(config), "db", "status"], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        ["icebarrier", "--config", str(config), "db", "status"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 1 and "[storage] has unknown key 's3.endpiont'" in done.stderr, done.stderr
 
 
@@ -161,8 +188,7 @@ def referenced_keys(table, s3) -> set[str]:
     return {p.removeprefix(f"s3://{s3.bucket}/") for p in _referenced(table, ()) if PINNED_PREFIX not in p}
 
 
-def test_expiry_on_s3_deletes_expired_files_and_never_what_a_lease_or_the_read_window_protects(s3_lake, s3_server,
-                                                                                            s3):
+def test_expiry_on_s3_deletes_expired_files_and_never_what_a_lease_or_the_read_window_protects(s3_lake, s3_server, s3):
     """Lease-aware expiry on S3: the expired snapshots' manifest lists are gone from the bucket,
     every file of the leased snapshot and of the current one is still there, and the lease still
     reads its rows through DuckDB."""
@@ -172,8 +198,10 @@ def test_expiry_on_s3_deletes_expired_files_and_never_what_a_lease_or_the_read_w
     p = Pipeline(lake, {"ingest": ["orders"]})
     marks = [p.advance(rows=10) for _ in range(4)]
     table = lake.catalog.load_table(f"{lake.namespace}.orders")
-    at = {b: table.snapshot_by_id(reads.resolve(lake.conn, [lake.T("orders")], barrier=b).snapshots[lake.T("orders")])
-          for b in marks}
+    at = {
+        b: table.snapshot_by_id(reads.resolve(lake.conn, [lake.T("orders")], barrier=b).snapshots[lake.T("orders")])
+        for b in marks
+    }
     lease = leases.acquire(lake.conn, [lake.T("orders")], ttl_s=600, holder="t", barrier=marks[1])
     report = expire(lake.conn, lake.catalog, lake.T("orders"))
     gone = {at[marks[0]].snapshot_id, at[marks[2]].snapshot_id}
@@ -184,19 +212,25 @@ def test_expiry_on_s3_deletes_expired_files_and_never_what_a_lease_or_the_read_w
     assert {s.snapshot_id for s in table.snapshots()} == {at[marks[1]].snapshot_id, at[marks[3]].snapshot_id}
     assert referenced_keys(table, s3) <= keys  # nothing a kept snapshot uses was deleted
     reader = ":".join(tokens.create(lake.conn))
-    assert duck(s3_server, f"lease-{lease.lease_id}", reader).execute(
-        f"SELECT count(*) FROM lake.{lake.namespace}.orders").fetchone()[0] == 20
+    assert (
+        duck(s3_server, f"lease-{lease.lease_id}", reader)
+        .execute(f"SELECT count(*) FROM lake.{lake.namespace}.orders")
+        .fetchone()[0]
+        == 20
+    )
 
 
 def orphans(args: list[str]) -> list[dict]:
-    done = subprocess.run(["icebarrier", "--output", "json", "remove-orphans", *args], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        ["icebarrier", "--output", "json", "remove-orphans", *args], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
 
-def test_orphan_removal_on_s3_deletes_what_failed_runs_left_and_never_a_live_sessions_staging(s3_lake, s3_server, s3,
-                                                                                             tmp_path):
+def test_orphan_removal_on_s3_deletes_what_failed_runs_left_and_never_a_live_sessions_staging(
+    s3_lake, s3_server, s3, tmp_path
+):
     """A failed run leaves files no snapshot references; `remove-orphans` deletes them (listing the
     bucket), keeps every referenced file and, while a run is paused with its commit staged, every
     file of that run (its staged commit references them); the tables read the same afterwards."""
@@ -207,15 +241,24 @@ def test_orphan_removal_on_s3_deletes_what_failed_runs_left_and_never_a_live_ses
     barriers.issue(lake.conn)
     prefix = f"wh/{lake.namespace}/orders/"
     clean = s3.keys(prefix)
-    job_exec(s3_server, creds["ingest"], "ingest", ["sh", "-c", " ".join(command(lake, "ingest", rows=50)) + "; exit 3"],
-             expect=3)
+    job_exec(
+        s3_server,
+        creds["ingest"],
+        "ingest",
+        ["sh", "-c", " ".join(command(lake, "ingest", rows=50)) + "; exit 3"],
+        expect=3,
+    )
     left = s3.keys(prefix) - clean
     assert left and any(k.endswith(".parquet") for k in left)
     # a run paused with its commit staged: its files are newer than its session, never removed
     pause = tmp_path / "pause"
-    proc = subprocess.Popen(exec_args(s3_server, creds["ingest"], "ingest", command(lake, "ingest", rows=5)),
-                            env={**os.environ, "ENGINE_PAUSE": "after", "ENGINE_PAUSE_FILE": str(pause)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        exec_args(s3_server, creds["ingest"], "ingest", command(lake, "ingest", rows=5)),
+        env={**os.environ, "ENGINE_PAUSE": "after", "ENGINE_PAUSE_FILE": str(pause)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_pause(proc, pause)
         live = s3.keys(prefix) - clean - left
@@ -250,13 +293,13 @@ def test_orphan_removal_on_a_local_warehouse_deletes_only_old_unreferenced_files
 
     import pyarrow as pa
 
-    from icebarrier.iceberg_ext.maintenance import remove_orphans
-
     from icebarrier.control_plane import jobs
     from icebarrier.control_plane.model import JobDefinition
+    from icebarrier.iceberg_ext.maintenance import remove_orphans
 
-    jobs.register(lake.conn, JobDefinition(name="writer", sinks=frozenset([lake.T("t")]),
-                                           external_inputs=frozenset(["ext:t"])))
+    jobs.register(
+        lake.conn, JobDefinition(name="writer", sinks=frozenset([lake.T("t")]), external_inputs=frozenset(["ext:t"]))
+    )
     table = lake.catalog.create_table(f"{lake.namespace}.t", schema=pa.schema([("id", pa.int64())]))
     for i in range(2):
         table.append(pa.table({"id": [i]}))

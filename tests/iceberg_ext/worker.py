@@ -36,8 +36,15 @@ def main(argv: list[str]) -> None:
     time.sleep(max(0.0, float(os.environ.get("RACE_START_AT", "0")) - time.time()))
     if action == "ingest":
         tx = ingest(lake, int(rest[0]), int(rest[1]))
-        print(json.dumps({"commits": {str(k): v for k, v in tx.commits.items()},
-                          "adopted": sorted(map(str, tx.adopted)), "noop": tx.completion.noop}))
+        print(
+            json.dumps(
+                {
+                    "commits": {str(k): v for k, v in tx.commits.items()},
+                    "adopted": sorted(map(str, tx.adopted)),
+                    "noop": tx.completion.noop,
+                }
+            )
+        )
     elif action == "leases":
         rounds, rng = int(rest[0]), random.Random(int(rest[1]))
         marks = [r["barrier"] for r in lake.conn.execute("SELECT barrier FROM barrier ORDER BY barrier").fetchall()]
@@ -47,8 +54,9 @@ def main(argv: list[str]) -> None:
             # What a repeatable read does on entry: write the lease, then re-check the snapshot
             # exists. The lease is kept to the end: it must protect its snapshot until then.
             try:
-                cut = leases.acquire(lake.conn, [lake.T("orders")], barrier=rng.choice(marks), ttl_s=3600,
-                                     holder=f"race{i}")
+                cut = leases.acquire(
+                    lake.conn, [lake.T("orders")], barrier=rng.choice(marks), ttl_s=3600, holder=f"race{i}"
+                )
             except SnapshotExpiredError:
                 refused += 1
                 continue

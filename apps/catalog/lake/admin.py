@@ -20,26 +20,12 @@ class Admin(Sessions):
         self.require_writer(principal, table, managed, writer)
         return managed
 
-    def create_args(self, conn, table: TableName, request) -> dict:
-        """PyIceberg's arguments for creating ``table``, its location (given or the warehouse's
-        default) confined first."""
-        from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
-        from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
-
-        location = self.catalog._resolve_table_location(request.location, ".".join(table.namespace), table.name)
-        self.confine(conn, table, location, request.properties or {})
-        return dict(schema=request.table_schema, location=location,
-                    partition_spec=request.partition_spec or UNPARTITIONED_PARTITION_SPEC,
-                    sort_order=request.write_order or UNSORTED_SORT_ORDER, properties=request.properties)
-
-    def create(self, conn, warehouse: Warehouse, principal: Principal, table: TableName, request,
-               access: Delegation):
+    def create(self, conn, warehouse: Warehouse, principal: Principal, table: TableName, request, access: Delegation):
         """Create (or stage-create) a table from a :class:`~.models.CreateTableRequest`; the
         LoadTableResult. Through a job session, a sink's creation is staged."""
 
         if warehouse.kind == "job":
-            return self.create_staged(conn, self.session(conn, warehouse, principal), table, request, principal,
-                                      access)
+            return self.create_staged(conn, self.session(conn, warehouse, principal), table, request, principal, access)
         self.may_write(conn, principal, table)
         make = self.catalog._create_staged_table if request.stage_create else self.catalog.create_table
         made = make(table.identifier, **self.create_args(conn, table, request))
@@ -51,23 +37,35 @@ class Admin(Sessions):
         if warehouse.kind == "job":
             raise ForbiddenError(f"a job session writes only data to its sinks; {what} through warehouse latest")
 
-    def register(self, conn, principal: Principal, table: TableName, metadata_location: str, *, overwrite: bool,
-                 access: Delegation):
+    def register(
+        self,
+        conn,
+        principal: Principal,
+        table: TableName,
+        metadata_location: str,
+        *,
+        overwrite: bool,
+        access: Delegation,
+    ):
         """Register an existing metadata file as ``table``; the LoadTableResult. Overwriting is
         refused for a managed table: its history is the control plane's record."""
         from pyiceberg.exceptions import NoSuchTableError
 
         managed = self.may_write(conn, principal, table)
         if overwrite and managed:
-            raise ForbiddenError(f"table {table} is managed by icebarrier; registering over it would replace its "
-                                 f"barrier history. Revise it with `icebarrier revise` instead")
+            raise ForbiddenError(
+                f"table {table} is managed by icebarrier; registering over it would replace its "
+                f"barrier history. Revise it with `icebarrier revise` instead"
+            )
         others = self.placed(conn)
         self.confinement.check_file(str(table), metadata_location, others)  # before anything is read
         try:
             metadata, _ = self.metadata(metadata_location)
         except (OSError, ValueError) as exc:
-            raise IcebarrierError(f"metadata-location {metadata_location!r} cannot be read as table metadata "
-                                  f"({type(exc).__name__}); give the location of a metadata.json file") from None
+            raise IcebarrierError(
+                f"metadata-location {metadata_location!r} cannot be read as table metadata "
+                f"({type(exc).__name__}); give the location of a metadata.json file"
+            ) from None
         self.confine(conn, table, metadata.location, metadata.properties, others=others)
         if not overwrite:
             self.catalog.register_table(table.identifier, metadata_location)
@@ -92,5 +90,6 @@ class Admin(Sessions):
                 owner = f"job {writer}" if writer else "the control plane"
                 raise ForbiddenError(
                     f"table {table} is managed by icebarrier (written by {owner}); it is not renamed through the "
-                    f"catalog. Register the job with the new sink name and let it write the new table instead")
+                    f"catalog. Register the job with the new sink name and let it write the new table instead"
+                )
         self.catalog.rename_table(source.identifier, destination.identifier)

@@ -33,8 +33,11 @@ class Commits(Sessions):
         from pyiceberg.table.update import AddSnapshotUpdate, AssertCreate, SetLocationUpdate, SetPropertiesUpdate
 
         session = self.session(conn, warehouse, principal) if warehouse.kind == "job" else None
-        definition = jobs.load_definitions(conn, only=principal.job).get(principal.job) \
-            if principal.job and not session else None
+        definition = (
+            jobs.load_definitions(conn, only=principal.job).get(principal.job)
+            if principal.job and not session
+            else None
+        )
         sinks = session.sinks if session else definition.sinks if definition else frozenset()
         names = [self.table_name(c.identifier.namespace, c.identifier.name) for c in changes]
         whole = (session is not None or len(sinks) > 1) and set(names) == set(sinks)  # all the job's sinks at once
@@ -63,8 +66,9 @@ class Commits(Sessions):
                     if not any(isinstance(r, AssertCreate) for r in change.requirements):
                         raise
                     current = None
-            new = self.catalog._update_and_stage_table(current, table.identifier, tuple(change.requirements),
-                                                       tuple(change.updates))
+            new = self.catalog._update_and_stage_table(
+                current, table.identifier, tuple(change.requirements), tuple(change.updates)
+            )
             moved = any(isinstance(u, SetLocationUpdate) for u in change.updates)
             paths = {k: v for u in change.updates if isinstance(u, SetPropertiesUpdate) for k, v in u.updates.items()}
             self.confine(conn, table, new.metadata.location if moved else None, paths)
@@ -73,9 +77,11 @@ class Commits(Sessions):
             if managed and added and session is None:
                 marks = {barrier_of(s) for s in added}
                 if None in marks or len(marks) != 1:
-                    raise ForbiddenError(f"a commit to managed table {table} must carry snapshot property "
-                                         f"{SUMMARY_BARRIER} (one barrier per commit); write through the icebarrier "
-                                         f"job runtime or set snapshot-property.{SUMMARY_BARRIER}")
+                    raise ForbiddenError(
+                        f"a commit to managed table {table} must carry snapshot property "
+                        f"{SUMMARY_BARRIER} (one barrier per commit); write through the icebarrier "
+                        f"job runtime or set snapshot-property.{SUMMARY_BARRIER}"
+                    )
                 barrier = marks.pop()
                 managed_barriers[table] = (barrier, added[-1].snapshot_id, coalesced_after(added[-1]))
             stage = session is not None or (len(sinks) > 1 and not whole and managed and barrier is not None)
@@ -95,15 +101,16 @@ class Commits(Sessions):
                     self.point(conn, table, new.metadata_location, None)
                 elif pending is not None:  # built on the job's staged commit: the pointer is at its base
                     self.point(conn, table, new.metadata_location, pending["base_location"])
-                    conn.execute("DELETE FROM catalog_pending WHERE job_name = %s AND table_name = %s",
-                                 (principal.job, str(table)))
+                    conn.execute(
+                        "DELETE FROM catalog_pending WHERE job_name = %s AND table_name = %s",
+                        (principal.job, str(table)),
+                    )
                 elif new.metadata != current.metadata:
                     self.point(conn, table, new.metadata_location, location)
             faults.point(faults.IN_CATALOG_COMMIT)
             if definition is not None:
                 self.complete_if_whole(conn, definition, managed_barriers)
         return [(t, new) for t, _, new, _, _ in staged]
-
 
     def publish(self, conn, job: str) -> None:
         """Swap the pointers of every commit the job staged through latest, and complete their
@@ -122,5 +129,11 @@ class Commits(Sessions):
         if not commits or set(commits) != set(job.sinks) or len(marks) != 1:
             return  # part of the job's sinks: the job completes B itself (adopting these commits)
         with conn.transaction():
-            jobs.complete(conn, job.name, marks.pop(), {t: s for t, (_, s, _) in commits.items()},
-                          run_id="rest-catalog", coalesce=any(c is not None for _, _, c in commits.values()))
+            jobs.complete(
+                conn,
+                job.name,
+                marks.pop(),
+                {t: s for t, (_, s, _) in commits.items()},
+                run_id="rest-catalog",
+                coalesce=any(c is not None for _, _, c in commits.values()),
+            )

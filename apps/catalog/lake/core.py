@@ -22,8 +22,8 @@ from icebarrier.control_plane import db
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.tokens import Principal
-from icebarrier.iceberg_ext.catalog import barrier_of, coalesced_after, is_compaction, load_catalog
 from icebarrier.iceberg_ext import locations
+from icebarrier.iceberg_ext.catalog import barrier_of, coalesced_after, is_compaction, load_catalog
 from icebarrier.iceberg_ext.config import Settings
 
 LATEST = Warehouse("latest")
@@ -52,7 +52,8 @@ class _LRU:
     """A small thread-safe LRU for immutable values (metadata files, pinned responses)."""
 
     def __init__(self, size: int) -> None:
-        self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
+        self.size, self.lock = size, threading.Lock()
+        self.items: OrderedDict[object, object] = OrderedDict()
 
     def get(self, key, make):
         with self.lock:
@@ -77,11 +78,14 @@ def _catalog_sql(catalog_schema: str, text: str) -> str:
 class LakeCore:
     """The server's view of the lake: the SQL catalog (PyIceberg) plus the control plane."""
 
-    def __init__(self, settings: Settings, *, quiet_ms: int, pool_size: int = 8,
-                 allowed_locations: Iterable[str] = ()) -> None:
+    def __init__(
+        self, settings: Settings, *, quiet_ms: int, pool_size: int = 8, allowed_locations: Iterable[str] = ()
+    ) -> None:
         if not settings.is_default_catalog:
-            raise IcebarrierError("icebarrier serve serves the default SQL catalog in the control-plane database; "
-                                  "remove [catalog_properties] from the configuration")
+            raise IcebarrierError(
+                "icebarrier serve serves the default SQL catalog in the control-plane database; "
+                "remove [catalog_properties] from the configuration"
+            )
         settings.check_storage()
         self.settings = settings
         self.catalog = load_catalog(settings)
@@ -93,7 +97,8 @@ class LakeCore:
         in_catalog = functools.partial(_catalog_sql, settings.catalog_schema)
         self._pointer_sql = in_catalog(
             "SELECT metadata_location FROM {cs}.iceberg_tables WHERE catalog_name = %s AND table_namespace = %s "
-            "AND table_name = %s")
+            "AND table_name = %s"
+        )
         # One statement for a load: is the table managed, its pointer, and (through barrier-<B>)
         # S(T, B), all from one snapshot of the database.
         self._load_sql = in_catalog(
@@ -101,13 +106,16 @@ class LakeCore:
             "AND table_namespace = %(namespace)s AND table_name = %(table)s) AS location, "
             "CASE WHEN m.managed AND %(barrier)s::bigint IS NOT NULL THEN (SELECT r.snapshot_ids[1] "
             "FROM resolve_cut(ARRAY[%(name)s], %(barrier)s, true) r) END AS snapshot_id "
-            "FROM (SELECT EXISTS (SELECT 1 FROM managed_table WHERE name = %(name)s) AS managed) m")
+            "FROM (SELECT EXISTS (SELECT 1 FROM managed_table WHERE name = %(name)s) AS managed) m"
+        )
         self._swap_sql = in_catalog(
             "UPDATE {cs}.iceberg_tables SET metadata_location = %s, previous_metadata_location = %s "
-            "WHERE catalog_name = %s AND table_namespace = %s AND table_name = %s AND metadata_location = %s")
+            "WHERE catalog_name = %s AND table_namespace = %s AND table_name = %s AND metadata_location = %s"
+        )
         self._insert_sql = in_catalog(
             "INSERT INTO {cs}.iceberg_tables (catalog_name, table_namespace, table_name, metadata_location, "
-            "previous_metadata_location, iceberg_type) VALUES (%s, %s, %s, %s, NULL, 'TABLE')")
+            "previous_metadata_location, iceberg_type) VALUES (%s, %s, %s, %s, NULL, 'TABLE')"
+        )
 
     def close(self) -> None:
         self.pool.close()
@@ -141,7 +149,9 @@ class LakeCore:
             return False, None
         row = conn.execute(
             "SELECT j.name FROM managed_table m LEFT JOIN job_sink k USING (table_id) "
-            "LEFT JOIN job j ON j.job_id = k.job_id AND j.active WHERE m.name = %s", (key,)).fetchone()
+            "LEFT JOIN job j ON j.job_id = k.job_id AND j.active WHERE m.name = %s",
+            (key,),
+        ).fetchone()
         return (row is not None, row["name"] if row else None)
 
     @staticmethod
@@ -150,8 +160,10 @@ class LakeCore:
         job principal: :func:`.deps.job_caller` refuses readers.)"""
         if managed and writer != principal.job:
             owner = f"job {writer}" if writer else "no job (it has no writer)"
-            raise ForbiddenError(f"{principal.describe()} may not write {table}: it is written by {owner}; "
-                                 f"commit with a token of {owner}")
+            raise ForbiddenError(
+                f"{principal.describe()} may not write {table}: it is written by {owner}; "
+                f"commit with a token of {owner}"
+            )
 
     def current(self, conn, table: TableName):
         """(metadata location, metadata, io) of the table's current version."""
@@ -169,8 +181,15 @@ class LakeCore:
         tables = locations.catalog_tables(conn, self.settings.catalog_schema, self.settings.catalog)
         return locations.placed(tables, lambda pointer: self.metadata(pointer)[0].location)
 
-    def confine(self, conn, table: TableName, location: str | None, properties: Mapping[str, str], *,
-                others: list[locations.Placed] | None = None) -> None:
+    def confine(
+        self,
+        conn,
+        table: TableName,
+        location: str | None,
+        properties: Mapping[str, str],
+        *,
+        others: list[locations.Placed] | None = None,
+    ) -> None:
         """Refuse a location (and path properties) of ``table`` outside the allowed prefixes or
         overlapping another table's (:mod:`icebarrier.iceberg_ext.locations`); ``others``: the
         tables' locations if the caller has them."""
@@ -183,6 +202,22 @@ class LakeCore:
         for key, path in paths.items():
             self.confinement.check(str(table), path, others, what=f"property {key}")
 
+    def create_args(self, conn, table: TableName, request) -> dict:
+        """PyIceberg's arguments for creating ``table``, its location (given or the warehouse's
+        default) confined first."""
+        from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+        from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
+
+        location = self.catalog._resolve_table_location(request.location, ".".join(table.namespace), table.name)
+        self.confine(conn, table, location, request.properties or {})
+        return dict(
+            schema=request.table_schema,
+            location=location,
+            partition_spec=request.partition_spec or UNPARTITIONED_PARTITION_SPEC,
+            sort_order=request.write_order or UNSORTED_SORT_ORDER,
+            properties=request.properties,
+        )
+
     def metadata(self, location: str):
         def read():
             from pyiceberg.io import load_file_io
@@ -193,8 +228,14 @@ class LakeCore:
 
         return self.metadata_cache.get(location, read)
 
-    def point(self, conn, table: TableName, location: str, expected: str | None,
-              lost: str = "was changed by another commit; retry") -> None:
+    def point(
+        self,
+        conn,
+        table: TableName,
+        location: str,
+        expected: str | None,
+        lost: str = "was changed by another commit; retry",
+    ) -> None:
         """Move ``table``'s catalog pointer from ``expected`` (None: the table has no row yet) to
         ``location``; a lost race is a :class:`CommitFailedException` (``lost`` says why)."""
         from pyiceberg.exceptions import CommitFailedException
@@ -215,17 +256,22 @@ class LakeCore:
         """The job's staged (unpublished) commit of ``table``, if any."""
         if job is None or self.managed_key(table) is None:
             return None
-        return conn.execute("SELECT barrier, base_location, metadata_location FROM catalog_pending "
-                            "WHERE job_name = %s AND table_name = %s", (job, str(table))).fetchone()
+        return conn.execute(
+            "SELECT barrier, base_location, metadata_location FROM catalog_pending "
+            "WHERE job_name = %s AND table_name = %s",
+            (job, str(table)),
+        ).fetchone()
 
     def created(self, conn, job: str) -> list[TableName]:
         """The tables the job's staged commits create (published with its barrier)."""
-        rows = conn.execute("SELECT table_name FROM catalog_pending WHERE job_name = %s AND base_location IS NULL",
-                            (job,)).fetchall()
+        rows = conn.execute(
+            "SELECT table_name FROM catalog_pending WHERE job_name = %s AND base_location IS NULL", (job,)
+        ).fetchall()
         return [TableName.parse(r["table_name"]) for r in rows]
 
-    def stage(self, conn, job: str, table: TableName, barrier: int, base: str | None, location: str,
-              expected: str | None) -> None:
+    def stage(
+        self, conn, job: str, table: TableName, barrier: int, base: str | None, location: str, expected: str | None
+    ) -> None:
         """Stage ``location`` as the job's commit of ``table`` for ``barrier``: the pointer stays at
         ``base`` until the job publishes; ``expected`` is the staged location it builds on (None:
         it stages the table's first commit of the barrier)."""
@@ -236,7 +282,8 @@ class LakeCore:
             "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (job_name, table_name) DO UPDATE "
             "SET barrier = excluded.barrier, metadata_location = excluded.metadata_location, "
             "staged_at = now() WHERE catalog_pending.metadata_location = %s",
-            (job, str(table), barrier, base, location, expected)).rowcount
+            (job, str(table), barrier, base, location, expected),
+        ).rowcount
         if moved != 1:
             raise CommitFailedException(f"table {table} was changed by another commit; retry")
 
@@ -253,13 +300,18 @@ class LakeCore:
         (was, _), (now, _), (mine, io) = self.metadata(base), self.metadata(current), self.metadata(staged)
         before, after = {s.snapshot_id for s in was.snapshots}, {s.snapshot_id for s in now.snapshots}
         if after - before or now.refs != was.refs or now.schemas != was.schemas or now.properties != was.properties:
-            raise CommitFailedException(f"table {table} was changed outside the barrier staged for it (not by "
-                                        f"expiry alone); run the job again")
+            raise CommitFailedException(
+                f"table {table} was changed outside the barrier staged for it (not by expiry alone); run the job again"
+            )
         gone = sorted((before - after) & {s.snapshot_id for s in mine.snapshots})
         if not gone:
             return staged
-        new = self.catalog._update_and_stage_table(Table(table.identifier, mine, staged, io, self.catalog),
-                                                   table.identifier, (), (RemoveSnapshotsUpdate(snapshot_ids=gone),))
+        new = self.catalog._update_and_stage_table(
+            Table(table.identifier, mine, staged, io, self.catalog),
+            table.identifier,
+            (),
+            (RemoveSnapshotsUpdate(snapshot_ids=gone),),
+        )
         self.catalog._write_metadata(new.metadata, new.io, new.metadata_location)
         self.metadata_cache.get(new.metadata_location, lambda: (new.metadata, new.io))
         return new.metadata_location
@@ -269,12 +321,17 @@ class LakeCore:
         transaction) and drop the staging. Returns the barrier (``barrier`` None: the one they
         were all staged for), the snapshot each sink committed for it, and whether a commit
         says it coalesced."""
-        rows = conn.execute("SELECT table_name, barrier, base_location, metadata_location FROM catalog_pending "
-                            "WHERE job_name = %s ORDER BY table_name FOR UPDATE", (job,)).fetchall()
+        rows = conn.execute(
+            "SELECT table_name, barrier, base_location, metadata_location FROM catalog_pending "
+            "WHERE job_name = %s ORDER BY table_name FOR UPDATE",
+            (job,),
+        ).fetchall()
         marks = {r["barrier"] for r in rows} | ({barrier} if barrier is not None else set())
         if len(marks) != 1:
-            raise IcebarrierError(f"job {job} has {'nothing' if not rows else 'several barriers'} staged to "
-                                  f"publish; write its sinks through this catalog first")
+            raise IcebarrierError(
+                f"job {job} has {'nothing' if not rows else 'several barriers'} staged to "
+                f"publish; write its sinks through this catalog first"
+            )
         barrier, commits, coalesced = marks.pop(), {}, False
         for r in rows:
             table = TableName.parse(r["table_name"])
@@ -282,10 +339,11 @@ class LakeCore:
             if base is not None:
                 now = conn.execute(self._pointer_sql, (table.catalog, ".".join(table.namespace), table.name)).fetchone()
                 if now is not None and now["metadata_location"] != base:
-                    location, base = self.rebased(table, base, now["metadata_location"], location), \
-                        now["metadata_location"]
-            self.point(conn, table, location, base,
-                       lost=f"was changed outside job {job}'s barrier; run the job again")
+                    location, base = (
+                        self.rebased(table, base, now["metadata_location"], location),
+                        now["metadata_location"],
+                    )
+            self.point(conn, table, location, base, lost=f"was changed outside job {job}'s barrier; run the job again")
             main = self.metadata(r["metadata_location"])[0].current_snapshot()
             if main is not None and barrier_of(main) == barrier and not is_compaction(main):
                 commits[table] = main.snapshot_id

@@ -18,8 +18,15 @@ LEASE_RENEW_S = 300.0
 
 
 class Loads(Sessions):
-    def load(self, conn, warehouse: Warehouse, table: TableName, principal: Principal,
-             access_token: str | None, access: Delegation) -> bytes:
+    def load(
+        self,
+        conn,
+        warehouse: Warehouse,
+        table: TableName,
+        principal: Principal,
+        access_token: str | None,
+        access: Delegation,
+    ) -> bytes:
         """The LoadTableResult for ``table`` through ``warehouse``, as JSON bytes."""
         from pyiceberg.exceptions import NoSuchTableError
 
@@ -30,9 +37,16 @@ class Loads(Sessions):
             metadata, _ = self.metadata(staged["metadata_location"])
             return self.response(staged["metadata_location"], metadata, principal, access).model_dump_json().encode()
         with db.translated(conn, "load_table"):
-            state = conn.execute(self._load_sql, {
-                "catalog": table.catalog, "namespace": ".".join(table.namespace), "table": table.name,
-                "name": self.managed_key(table), "barrier": warehouse.barrier}).fetchone()
+            state = conn.execute(
+                self._load_sql,
+                {
+                    "catalog": table.catalog,
+                    "namespace": ".".join(table.namespace),
+                    "table": table.name,
+                    "name": self.managed_key(table),
+                    "barrier": warehouse.barrier,
+                },
+            ).fetchone()
         if state["location"] is None:
             raise NoSuchTableError(f"table {table} does not exist")
         if warehouse.kind == "latest" or not state["managed"]:
@@ -50,7 +64,9 @@ class Loads(Sessions):
 
         def pin() -> bytes:
             result = pinned(io, metadata, snapshot_id)
-            return self.response(result.metadata_location, result.metadata, principal, access).model_dump_json().encode()
+            return (
+                self.response(result.metadata_location, result.metadata, principal, access).model_dump_json().encode()
+            )
 
         reader = principal.kind == "reader"  # the response's config depends on who asks for what
         return self.pinned_cache.get((str(metadata.table_uuid), snapshot_id, reader, access.modes), pin)
@@ -68,19 +84,25 @@ class Loads(Sessions):
             if lease.state != "active" or remaining_s < LEASE_RENEW_S:
                 lease = leases.renew(conn, warehouse.lease_id, ttl_s=LEASE_RENEW_S)
             if table not in lease.snapshots:
-                raise ForbiddenError(f"lease {lease.lease_id} does not pin {table} (it pins "
-                                     f"{', '.join(sorted(map(str, lease.snapshots)))}); read it through another "
-                                     f"warehouse or take a lease that covers it")
+                raise ForbiddenError(
+                    f"lease {lease.lease_id} does not pin {table} (it pins "
+                    f"{', '.join(sorted(map(str, lease.snapshots)))}); read it through another "
+                    f"warehouse or take a lease that covers it"
+                )
             return lease.snapshots[table]
         scope = None
         if warehouse.namespace is not None:
             scope = f"{self.settings.catalog}.{warehouse.namespace}"
             if ".".join(table.namespace) != warehouse.namespace:
-                raise ForbiddenError(f"warehouse {warehouse} reads only namespace {warehouse.namespace}, not {table}; "
-                                     f"use warehouse read-committed for the whole lake")
+                raise ForbiddenError(
+                    f"warehouse {warehouse} reads only namespace {warehouse.namespace}, not {table}; "
+                    f"use warehouse read-committed for the whole lake"
+                )
         if access_token is None:
-            raise AuthenticationError("read-committed is stable per client session and needs a token; create one "
-                                      "with `icebarrier token create --reader` and pass it as credential")
+            raise AuthenticationError(
+                "read-committed is stable per client session and needs a token; create one "
+                "with `icebarrier token create --reader` and pass it as credential"
+            )
         barrier, snapshot_id = tokens.session_cut(conn, access_token, str(table), scope=scope, quiet_ms=self.quiet_ms)
         if barrier is None:  # no cut over the scope yet: the table's own, or why there is none
             return reads.resolve(conn, [table]).snapshots[table]

@@ -39,24 +39,28 @@ class Sessions(LakeCore):
         if table in session.sinks:
             return LATEST
         if self.writer_of(conn, table)[0]:
-            raise ForbiddenError(f"job {session.job} may not read {table}: it is not one of the job's sources "
-                                 f"({', '.join(sorted(map(str, session.sources))) or 'none'}); declare it with "
-                                 f"`icebarrier job register {session.job} --source {table} … --replace`")
+            raise ForbiddenError(
+                f"job {session.job} may not read {table}: it is not one of the job's sources "
+                f"({', '.join(sorted(map(str, session.sources))) or 'none'}); declare it with "
+                f"`icebarrier job register {session.job} --source {table} … --replace`"
+            )
         return LATEST
 
     def require_sink(self, conn, session: JobSession, table: TableName) -> None:
         if table not in session.sinks:
             writer = self.writer_of(conn, table)[1]
             owner = f" ({table} is written by job {writer})" if writer else ""
-            raise ForbiddenError(f"job {session.job} may not write {table}: it writes only its sinks "
-                                 f"({', '.join(sorted(map(str, session.sinks))) or 'none'}){owner}; nothing of this "
-                                 f"run is published")
+            raise ForbiddenError(
+                f"job {session.job} may not write {table}: it writes only its sinks "
+                f"({', '.join(sorted(map(str, session.sinks))) or 'none'}){owner}; nothing of this "
+                f"run is published"
+            )
 
     @staticmethod
     def stamped(session: JobSession, table: TableName, change):
         """``change`` with every snapshot it adds carrying the session's barrier, job and run (and
         the coalesced range) in its summary; a snapshot naming another barrier is refused."""
-        from pyiceberg.table.snapshots import Summary
+        from pyiceberg.table.snapshots import Operation, Summary
         from pyiceberg.table.update import AddSnapshotUpdate
 
         marks = {SUMMARY_BARRIER: str(session.barrier), SUMMARY_JOB: session.job, SUMMARY_RUN: session.run_id}
@@ -68,25 +72,32 @@ class Sessions(LakeCore):
                 snapshot = update.snapshot
                 given = barrier_of(snapshot)
                 if given is not None and given != session.barrier:
-                    raise ForbiddenError(f"a commit to {table} carries barrier {given}, but job {session.job}'s "
-                                         f"session computes barrier {session.barrier}; drop snapshot property "
-                                         f"{SUMMARY_BARRIER} (the catalog sets it)")
+                    raise ForbiddenError(
+                        f"a commit to {table} carries barrier {given}, but job {session.job}'s "
+                        f"session computes barrier {session.barrier}; drop snapshot property "
+                        f"{SUMMARY_BARRIER} (the catalog sets it)"
+                    )
                 summary = snapshot.summary
-                operation = summary.operation if summary is not None else "append"
+                operation = summary.operation if summary is not None else Operation.APPEND
                 properties = {**(summary.additional_properties if summary is not None else {}), **marks}
-                update = AddSnapshotUpdate(snapshot=snapshot.model_copy(
-                    update={"summary": Summary(operation, **properties)}))
+                update = AddSnapshotUpdate(
+                    snapshot=snapshot.model_copy(update={"summary": Summary(operation, **properties)})
+                )
             updates.append(update)
         return change.model_copy(update={"updates": tuple(updates)})
 
-    def create_staged(self, conn, session: JobSession, table: TableName, request, principal: Principal,
-                      access: Delegation):
+    def create_staged(
+        self, conn, session: JobSession, table: TableName, request, principal: Principal, access: Delegation
+    ):
         """A sink the session creates: staged (nobody else sees it) until the barrier is published."""
         from pyiceberg.exceptions import TableAlreadyExistsError
 
         self.require_sink(conn, session, table)
-        if self.staged(conn, session.job, table) is not None or conn.execute(
-                self._pointer_sql, (table.catalog, ".".join(table.namespace), table.name)).fetchone() is not None:
+        if (
+            self.staged(conn, session.job, table) is not None
+            or conn.execute(self._pointer_sql, (table.catalog, ".".join(table.namespace), table.name)).fetchone()
+            is not None
+        ):
             raise TableAlreadyExistsError(f"table {table} already exists")
         made = self.catalog._create_staged_table(table.identifier, **self.create_args(conn, table, request))
         if not request.stage_create:  # a staged create is committed by the client (AssertCreate) like any change
@@ -116,15 +127,19 @@ class Sessions(LakeCore):
         that swaps a session's pointers one transaction at a time does (a bug the checker must
         catch: a crash in between leaves sinks swapped with no completion)."""
         session = job_sessions.get(conn, job, run_id=run_id)
-        rows = conn.execute("SELECT table_name, base_location, metadata_location FROM catalog_pending "
-                            "WHERE job_name = %s ORDER BY table_name", (job,)).fetchall()
+        rows = conn.execute(
+            "SELECT table_name, base_location, metadata_location FROM catalog_pending "
+            "WHERE job_name = %s ORDER BY table_name",
+            (job,),
+        ).fetchall()
         commits = {}
         for r in rows:
             table = TableName.parse(r["table_name"])
             with self.pool.connection() as own, own.transaction():
                 self.point(own, table, r["metadata_location"], r["base_location"])
-                own.execute("DELETE FROM catalog_pending WHERE job_name = %s AND table_name = %s",
-                            (job, r["table_name"]))
+                own.execute(
+                    "DELETE FROM catalog_pending WHERE job_name = %s AND table_name = %s", (job, r["table_name"])
+                )
             main = self.metadata(r["metadata_location"])[0].current_snapshot()
             if main is not None and barrier_of(main) == session.barrier:
                 commits[table] = main.snapshot_id
@@ -133,4 +148,3 @@ class Sessions(LakeCore):
             job_sessions.close(conn, job)
             coalesce = session.plan is Plan.COALESCE and (bool(commits) or not session.root)
             return jobs.complete(conn, job, session.barrier, commits, run_id=session.run_id, coalesce=coalesce)
-

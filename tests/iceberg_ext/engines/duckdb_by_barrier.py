@@ -7,7 +7,6 @@ import os
 import sys
 
 import duckdb
-
 from pause_point import pause  # a sibling file, not icebarrier
 
 namespace = sys.argv[1]
@@ -18,6 +17,8 @@ with open(os.environ["ICEBARRIER_DUCKDB_INIT"]) as init:
 con.execute(f"CREATE TABLE IF NOT EXISTS {lake}.{namespace}.by_barrier (barrier BIGINT, n BIGINT)")
 con.execute(f"DELETE FROM {lake}.{namespace}.by_barrier")
 pause("before")
-con.execute(f"INSERT INTO {lake}.{namespace}.by_barrier "
-            f"SELECT barrier, count(*) FROM {lake}.{namespace}.orders GROUP BY barrier")
+con.execute(
+    f"INSERT INTO {lake}.{namespace}.by_barrier "
+    f"SELECT barrier, count(*) FROM {lake}.{namespace}.orders GROUP BY barrier"
+)
 pause("after")

@@ -6,9 +6,8 @@ import os
 import sys
 
 import pyarrow as pa
-from pyiceberg.catalog import load_catalog
-
 from pause_point import pause  # a sibling file, not icebarrier
+from pyiceberg.catalog import load_catalog
 
 namespace, rows = sys.argv[1], int(sys.argv[2])
 barrier = int(os.environ["ICEBARRIER_BARRIER"])

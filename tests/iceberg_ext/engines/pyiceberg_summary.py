@@ -9,9 +9,8 @@ import sys
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.catalog import load_catalog
-
 from pause_point import pause  # a sibling file, not icebarrier
+from pyiceberg.catalog import load_catalog
 
 namespace = sys.argv[1]
 catalog = load_catalog(os.environ["ICEBARRIER_CATALOG"])

@@ -22,8 +22,9 @@ namespace, rows = sys.argv[1], int(sys.argv[2])
 lake, barrier = os.environ["ICEBARRIER_CATALOG"], int(os.environ["ICEBARRIER_BARRIER"])
 driver = os.getpid()
 spark = SparkSession.builder.master("local[1]").appName("spark_root").getOrCreate()
-spark.sql(f"CREATE TABLE IF NOT EXISTS {lake}.{namespace}.orders (id BIGINT NOT NULL, barrier BIGINT NOT NULL) "
-          f"USING iceberg")
+spark.sql(
+    f"CREATE TABLE IF NOT EXISTS {lake}.{namespace}.orders (id BIGINT NOT NULL, barrier BIGINT NOT NULL) USING iceberg"
+)
 
 
 @udf("bigint")
