@@ -6,9 +6,21 @@ and readers query at every level, while the driver validates every barrier, ever
 every pin against a model that is a pure function of the seed. See :mod:`.driver`.
 """
 
-from icebarrier.apps.check.driver import CheckReport, fault_schedule, private_env, run_check
 from icebarrier.apps.check.model import ACCOUNTS, OPENING, SCHEMAS, check_cut, compare, events, expected
-from icebarrier.apps.check.processes import Env
+
+
+def __getattr__(name: str):
+    # The driver on first use: the job exec scripts import only the model (a second less per step).
+    if name in ("CheckReport", "fault_schedule", "private_env", "run_check"):
+        from icebarrier.apps.check import driver
+
+        return getattr(driver, name)
+    if name == "Env":
+        from icebarrier.apps.check.processes import Env
+
+        return Env
+    raise AttributeError(name)
+
 
 __all__ = [
     "ACCOUNTS",

@@ -38,7 +38,7 @@ def live_run(pg_server, tmp_path):
         done: list = []
         thread = threading.Thread(
             target=lambda: done.append(
-                run_check(env, duration_s=10, fault_rate=0.0, progress=lambda _: None, report=report)
+                run_check(env, duration_s=10, fault_rate=0.0, progress=lambda _: None, report=report, exec_jobs=False)
             )
         )
         thread.start()
