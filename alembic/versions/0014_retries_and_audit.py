@@ -43,7 +43,7 @@ CREATE TABLE idempotency_key (
     fingerprint text        NOT NULL,
     status      integer     NOT NULL,
     media_type  text,
-    body        bytea       COMPRESSION lz4 NOT NULL,  -- answers are JSON of 10-100 KB: lz4 is fast
+    body        bytea       NOT NULL,
     created_at  timestamptz NOT NULL DEFAULT now(),
     expires_at  timestamptz NOT NULL
 );

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 
+import pyarrow as pa
 import pytest
 import requests
 import uuid6
@@ -158,3 +159,50 @@ def test_keys_are_checked_and_bound_to_one_request(lake, server):
         path, data=json.dumps({"namespace": [f"{lake.namespace}_n"]}), headers={**auth, KEY: key2}, timeout=30
     )
     assert replayed.status_code == 409 and replayed.headers.get("Idempotent-Replayed") == "true"
+
+
+def test_every_mutating_endpoint_sent_twice_with_one_key_acts_once(lake, server):
+    """Each write route the server serves, sent again with the same key: the same answer
+    (``Idempotent-Replayed``), and the action once (sent again without the key, each would be
+    refused: the namespace or table exists, or is gone). The lost-answer tests above cover
+    commit, transactions/commit and publish."""
+    Pipeline(lake, {"solo": ["facts"]}).advance()
+    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo")
+    auth = {"Authorization": f"Bearer {access_token(server, jid, secret)}"}
+    ns = f"{lake.namespace}_twice"
+    base = f"{server}/v1/latest"
+    schema = {"type": "struct", "schema-id": 0, "fields": [{"id": 1, "name": "id", "type": "long", "required": False}]}
+    made = lake.catalog.create_table(f"{lake.namespace}.to_register", schema=pa.schema([("id", pa.int64())]))
+    lake.catalog.drop_table(f"{lake.namespace}.to_register")  # its files stay: registered below
+    steps = [
+        ("POST", f"{base}/namespaces", {"namespace": [ns]}, 409),
+        ("POST", f"{base}/namespaces/{ns}/properties", {"updates": {"a": "1"}, "removals": []}, None),
+        ("POST", f"{base}/namespaces/{ns}/tables", {"name": "t", "schema": schema}, 409),
+        (
+            "POST",
+            f"{base}/namespaces/{lake.namespace}/register",
+            {"name": "registered", "metadata-location": made.metadata_location},
+            409,
+        ),
+        (
+            "POST",
+            f"{base}/tables/rename",
+            {"source": {"namespace": [ns], "name": "t"}, "destination": {"namespace": [ns], "name": "u"}},
+            404,
+        ),
+        ("DELETE", f"{base}/namespaces/{ns}/tables/u", None, 404),
+        ("DELETE", f"{base}/namespaces/{ns}", None, 404),
+    ]
+    tried = {}
+    for method, url, body, without_key in steps:
+        headers = {**auth, KEY: str(uuid6.uuid7())}
+        first = requests.request(method, url, json=body, headers=headers, timeout=60)
+        assert first.status_code in (200, 204), (method, url, first.text)
+        again = requests.request(method, url, json=body, headers=headers, timeout=60)
+        assert (again.status_code, again.content) == (first.status_code, first.content), (method, url, again.text)
+        assert again.headers.get("Idempotent-Replayed") == "true"
+        if without_key is not None:  # the action happened once: without the key it is refused now
+            assert requests.request(method, url, json=body, headers=auth, timeout=60).status_code == without_key
+        tried[f"{method} {url.removeprefix(base)}"] = first.status_code
+    assert len(tried) == len(steps)
+    assert lake.catalog.load_table(f"{lake.namespace}.registered").metadata_location == made.metadata_location
