@@ -1,6 +1,6 @@
 """Every write route runs as one :class:`Write`: the ``Idempotency-Key`` header (the REST
-spec's), the actor the audit trail names, and the one transaction in which the action, the
-key's claim and its outcome commit together (see :mod:`icebarrier.control_plane.idempotency`).
+spec's), the actor the audit trail names, and the one transaction in which the key's look-up,
+the action and its outcome commit together (see :mod:`icebarrier.control_plane.idempotency`).
 
 A retry with the key of a finalized request gets the first response and changes nothing (2xx
 and 4xx are final, as the spec says; a 5xx is not: nothing of it committed, the retry acts).
@@ -43,7 +43,7 @@ class Write:
     def run(
         self, action: Callable[[Conn], Response], *, final: Callable[[Response], bool] = lambda r: True
     ) -> Response:
-        """``action(conn)`` in one transaction with the key's claim and outcome; ``final``: whether
+        """``action(conn)`` in one transaction with the key's look-up and outcome; ``final``: whether
         an answer is final (a long poll that found nothing to do is not: the key stays free)."""
         with self.lake.pool.connection() as conn:
             return self.run_on(conn, action, final=final)
@@ -51,32 +51,40 @@ class Write:
     def run_on(
         self, conn, action: Callable[[Conn], Response], *, final: Callable[[Response], bool] = lambda r: True
     ) -> Response:
-        with conn.transaction():
-            conn.execute(
-                "SELECT set_config(%s, %s, true)",
-                (ACTOR_SETTING, f"token:{self.client_id}" if self.client_id else "anonymous"),
-            )
-            if self.key is not None:
-                outcome = idempotency.claim(conn, self.key, client_id=self.client_id, fingerprint=self.fingerprint)
-                if outcome is not None:
-                    return replay(outcome)
-            try:
-                with conn.transaction():
-                    response = action(conn)
-            except Exception as exc:
-                response = error_response(exc)
-                if self.key is None or response.status_code >= 500:
-                    raise  # not final: nothing of it commits, a retry acts
-            if self.key is not None:
-                if final(response):
-                    idempotency.record(
-                        conn,
-                        self.key,
-                        Outcome(status=response.status_code, media_type=response.media_type, body=bytes(response.body)),
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "SELECT set_config(%s, %s, true)",
+                    (ACTOR_SETTING, f"token:{self.client_id}" if self.client_id else "anonymous"),
+                )
+                if self.key is not None:
+                    outcome = idempotency.find(conn, self.key, client_id=self.client_id, fingerprint=self.fingerprint)
+                    if outcome is not None:
+                        return replay(outcome)
+                try:
+                    with conn.transaction():
+                        response = action(conn)
+                except Exception as exc:
+                    response = error_response(exc)
+                    if self.key is None or response.status_code >= 500:
+                        raise  # not final: nothing of it commits, a retry acts
+                if self.key is not None and final(response):
+                    outcome = Outcome(
+                        status=response.status_code, media_type=response.media_type, body=bytes(response.body)
                     )
-                else:
-                    conn.execute("DELETE FROM idempotency_key WHERE key = %s", (self.key,))
-            return response
+                    if not idempotency.record(
+                        conn, self.key, outcome, client_id=self.client_id, fingerprint=self.fingerprint
+                    ):
+                        raise _Overtaken  # undo all this attempt did: the first attempt's answer stands
+                return response
+        except _Overtaken:
+            outcome = idempotency.find(conn, self.key, client_id=self.client_id, fingerprint=self.fingerprint)
+            assert outcome is not None  # record() found its row committed
+            return replay(outcome)
+
+
+class _Overtaken(Exception):
+    """Another attempt with the same key committed while this one acted."""
 
 
 def replay(outcome: Outcome) -> Response:

@@ -206,3 +206,28 @@ def test_every_mutating_endpoint_sent_twice_with_one_key_acts_once(lake, server)
         tried[f"{method} {url.removeprefix(base)}"] = first.status_code
     assert len(tried) == len(steps)
     assert lake.catalog.load_table(f"{lake.namespace}.registered").metadata_location == made.metadata_location
+
+
+def test_attempts_in_flight_at_once_with_one_key_act_once(lake, server):
+    """Eight attempts with one key at the same moment (a client retrying while the first is in
+    flight): one acts, the others get its answer; the table is created once."""
+    import threading
+
+    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo")
+    auth = {"Authorization": f"Bearer {access_token(server, jid, secret)}", KEY: str(uuid6.uuid7())}
+    schema = {"type": "struct", "schema-id": 0, "fields": [{"id": 1, "name": "id", "type": "long", "required": False}]}
+    url = f"{server}/v1/latest/namespaces/{lake.namespace}/tables"
+    go, answers = threading.Barrier(8), []
+
+    def attempt() -> None:
+        go.wait()
+        answers.append(requests.post(url, json={"name": "once", "schema": schema}, headers=auth, timeout=60))
+
+    threads = [threading.Thread(target=attempt) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {(a.status_code, a.content) for a in answers} == {(200, answers[0].content)}, [a.text for a in answers]
+    assert sum(a.headers.get("Idempotent-Replayed") == "true" for a in answers) == 7
+    assert lake.catalog.load_table(f"{lake.namespace}.once").metadata_location == answers[0].json()["metadata-location"]
