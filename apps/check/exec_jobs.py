@@ -25,6 +25,7 @@ from icebarrier.iceberg_ext.faults import MUTATION_ENV
 
 EXEC_JOBS = {"orders_in": "root", "balances_job": "derived"}
 HOLD = "3s"  # a killed job exec's session is taken over this soon
+QUIET_S = 1.0  # the server's --session-quiet: a read-committed session keeps its cut while loads come faster
 _CLI = [sys.executable, "-m", "icebarrier.cli.main"]
 SCRIPT = "icebarrier.apps.check.exec_script"
 
@@ -60,7 +61,7 @@ class CatalogServer:
         if self.mutation:
             environ[MUTATION_ENV] = self.mutation
         self.proc = subprocess.Popen(
-            [*_CLI, "serve", "--port", str(self.port), "--session-quiet", "200ms"],
+            [*_CLI, "serve", "--port", str(self.port), "--session-quiet", f"{QUIET_S:g}s"],
             env=environ,
             stdout=self.log,
             stderr=self.log,
