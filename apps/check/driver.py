@@ -376,7 +376,8 @@ class _Run:
 
     def catalog_read(self, warehouse: str) -> dict | None:
         """Every table as the catalog serves it through ``warehouse`` (one session); None if the
-        server was down or answered 503 (the schedule killed it, or Postgres restarted)."""
+        server was down or answered 503 (the schedule killed it, or Postgres restarted), or a
+        read-committed session's loads came slower than its quiet window (it may have moved)."""
         import requests
         from pyiceberg.catalog.rest import RestCatalog
         from pyiceberg.exceptions import ServiceUnavailableError
