@@ -122,6 +122,8 @@ class Sessions(LakeCore):
             with conn.transaction():
                 return jobs.complete(conn, job, session.barrier, commits, run_id=session.run_id, coalesce=coalesce)
 
+    MUTATION_WINDOW_S = 2.0  # between the mutation's transactions: long enough for a checker to look
+
     def _publish_piecemeal(self, conn, job: str, run_id: str | None) -> Completion:
         """The mutation :data:`~icebarrier.iceberg_ext.faults.NONATOMIC_PUBLISH`: what a server
         that swaps a session's pointers one transaction at a time does (a bug the checker must
@@ -143,7 +145,7 @@ class Sessions(LakeCore):
             main = self.metadata(r["metadata_location"])[0].current_snapshot()
             if main is not None and barrier_of(main) == session.barrier:
                 commits[table] = main.snapshot_id
-            time.sleep(0.3)
+            time.sleep(self.MUTATION_WINDOW_S)
         with conn.transaction():
             job_sessions.close(conn, job)
             coalesce = session.plan is Plan.COALESCE and (bool(commits) or not session.root)
