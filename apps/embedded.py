@@ -79,7 +79,7 @@ class EmbeddedPostgres:
                 ],
                 user,
             )
-        port = port or _free_port()
+        port = port or free_port()
         log = self.data_dir / "server.log"
         _run(
             [
@@ -212,7 +212,8 @@ def _run(cmd: list[str], user: str | None) -> None:
         ) from exc
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from icebarrier.apps.embedded import free_port
 from icebarrier.iceberg_ext.faults import MUTATION_ENV
 
 EXEC_JOBS = {"orders_in": "root", "balances_job": "derived"}
@@ -30,17 +31,11 @@ _CLI = [sys.executable, "-m", "icebarrier.cli.main"]
 SCRIPT = "icebarrier.apps.check.exec_script"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class CatalogServer:
     """An ``icebarrier serve`` process of the run (the same port across restarts)."""
 
     def __init__(self, env, home: Path, *, mutation: str | None = None) -> None:
-        self.env, self.port, self.mutation = env, _free_port(), mutation
+        self.env, self.port, self.mutation = env, free_port(), mutation
         self.uri = f"http://127.0.0.1:{self.port}"
         self.config = home / "catalog.toml"
         storage = "".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in env.storage.items())

@@ -117,10 +117,8 @@ class Sessions(LakeCore):
             _, commits, _ = self.swap_staged(conn, job, session.barrier)
             job_sessions.close(conn, job)
             faults.point(faults.IN_CATALOG_COMMIT)
-            # a root job that committed nothing skips (its barriers stay exact); else the plan says
-            coalesce = session.plan is Plan.COALESCE and (bool(commits) or not session.root)
             with conn.transaction():
-                return jobs.complete(conn, job, session.barrier, commits, run_id=session.run_id, coalesce=coalesce)
+                return self._complete_session(conn, session, commits)
 
     MUTATION_WINDOW_S = 2.0  # between the mutation's transactions: long enough for a checker to look
 
@@ -148,5 +146,11 @@ class Sessions(LakeCore):
             time.sleep(self.MUTATION_WINDOW_S)
         with conn.transaction():
             job_sessions.close(conn, job)
-            coalesce = session.plan is Plan.COALESCE and (bool(commits) or not session.root)
-            return jobs.complete(conn, job, session.barrier, commits, run_id=session.run_id, coalesce=coalesce)
+            return self._complete_session(conn, session, commits)
+
+    @staticmethod
+    def _complete_session(conn, session: JobSession, commits: dict) -> Completion:
+        """Complete the session's barrier with its commits: a root job that committed nothing
+        skips (its barriers stay exact); else as the plan says."""
+        coalesce = session.plan is Plan.COALESCE and (bool(commits) or not session.root)
+        return jobs.complete(conn, session.job, session.barrier, commits, run_id=session.run_id, coalesce=coalesce)
