@@ -1,26 +1,31 @@
 """Idempotency keys: a mutating request's key, its fingerprint and its final outcome, kept in
 the control plane so that any server process answers a retry (DESIGN.md, "Retries are safe").
 
-The caller looks the key up (:func:`find`) in the transaction that performs the action and
-records the outcome (:func:`record`) in that same transaction: a retry either finds the
-outcome (and changes nothing) or, if the first attempt never committed, performs the action
-itself. Two attempts in flight at once both act, and the second to record waits for the
-first's transaction on the key's unique index: if the first committed, the second rolls back
-everything it did and answers the first's outcome. (One row written per request, at the end:
-claiming the key first, then updating the row with the answer, cost a commit 6 ms more.)
+The caller looks the key up (:func:`find`, in the statement that names the actor: no round
+trip of its own) in the transaction that performs the action and records the outcome
+(:func:`record`) in that same transaction: a retry either finds the outcome (and changes
+nothing) or, if the first attempt never committed, performs the action itself. Two attempts
+in flight at once both act, and the second to record waits for the first's transaction on
+the key's unique index: if the first committed, the second rolls back everything it did
+(:class:`Overtaken`) and answers the first's outcome. (One row written per request, at the
+end: claiming the key first, then updating the row with the answer, cost a commit 6 ms more.)
 """
 
 from __future__ import annotations
 
+import random
 import uuid
 from dataclasses import dataclass
 
-from icebarrier.control_plane.db import Conn
+import psycopg
+
+from icebarrier.control_plane.db import ACTOR_SETTING, Conn
 from icebarrier.control_plane.errors import IcebarrierError
 
 LIFETIME_S = 30 * 60  # advertised: a client may retry with a key for this long
 GRACE_S = 5 * 60  # kept a little longer, for clocks and slow retries
-EXPIRED_PER_RECORD = 100  # expired keys deleted by each record (their index finds them)
+PURGE_EVERY = 64  # one record in this many also deletes expired keys (their index finds them),
+EXPIRED_PER_PURGE = 100 * PURGE_EVERY  # up to this many: a commit pays nothing for it otherwise
 
 
 class IdempotencyKeyReusedError(IcebarrierError):
@@ -56,36 +61,44 @@ def parse_key(text: str) -> uuid.UUID:
         ) from None
 
 
-_RECORD = f"""
-WITH expired AS (
-    DELETE FROM idempotency_key WHERE key IN (
-        SELECT key FROM idempotency_key WHERE expires_at < now() ORDER BY expires_at
-        LIMIT {EXPIRED_PER_RECORD} FOR UPDATE SKIP LOCKED))
+_RECORD = """
 INSERT INTO idempotency_key (key, client_id, fingerprint, status, media_type, body, expires_at)
 VALUES (%(key)s, %(client)s, %(fingerprint)s, %(status)s, %(media_type)s, %(body)s,
         now() + make_interval(secs => %(keep_s)s))
-ON CONFLICT (key) DO NOTHING
-RETURNING key
+"""
+_PURGE = f"""
+DELETE FROM idempotency_key WHERE key IN (
+    SELECT key FROM idempotency_key WHERE expires_at < now() ORDER BY expires_at
+    LIMIT {EXPIRED_PER_PURGE} FOR UPDATE SKIP LOCKED)
+"""
+_FIND = """
+SELECT set_config(%(setting)s, %(actor)s, true) AS actor, k.client_id, k.fingerprint, k.status, k.media_type, k.body
+FROM (VALUES (1)) AS one LEFT JOIN idempotency_key AS k ON k.key = %(key)s
 """
 
 
-def find(conn: Conn, key: uuid.UUID, *, client_id: str | None, fingerprint: str) -> Outcome | None:
-    """The outcome the request that finalized ``key`` got (None: no such request committed).
-    Raises :class:`IdempotencyKeyReusedError` for a key first used with another request."""
-    row = conn.execute(
-        "SELECT client_id, fingerprint, status, media_type, body FROM idempotency_key WHERE key = %s", (key,)
-    ).fetchone()
-    if row is None:
+class Overtaken(Exception):
+    """Another attempt with the same key committed first: this attempt's transaction is
+    aborted (roll it back: nothing it did stands) and the first attempt's outcome is the answer."""
+
+
+def find(conn: Conn, key: uuid.UUID | None, *, actor: str, client_id: str | None, fingerprint: str) -> Outcome | None:
+    """The outcome the request that finalized ``key`` got (None: no such request committed, or
+    no key). Raises :class:`IdempotencyKeyReusedError` for a key first used with another request.
+    ``actor``: who acts in this transaction, for the audit trail, named in the same statement
+    (a write's first: a keyed write costs no round trip more for its look-up)."""
+    row = conn.execute(_FIND, {"setting": ACTOR_SETTING, "actor": actor, "key": key}).fetchone()
+    if row is None or row["fingerprint"] is None:
         return None
     if row["fingerprint"] != fingerprint or row["client_id"] != client_id:
         raise IdempotencyKeyReusedError(str(key))
     return Outcome(status=row["status"], media_type=row["media_type"], body=bytes(row["body"]))
 
 
-def record(conn: Conn, key: uuid.UUID, outcome: Outcome, *, client_id: str | None, fingerprint: str) -> bool:
-    """Keep ``outcome`` as the answer to ``key`` (in the transaction of the action); False if
-    another attempt with the key committed first (the caller rolls back and answers
-    :func:`find`'s outcome)."""
+def record(conn: Conn, key: uuid.UUID, outcome: Outcome, *, client_id: str | None, fingerprint: str) -> None:
+    """Keep ``outcome`` as the answer to ``key``, in the transaction of the action. Raises
+    :class:`Overtaken` if another attempt with the key committed first (the insert waits for
+    an attempt still in flight on the key's unique index)."""
     params = {
         "key": key,
         "client": client_id,
@@ -95,4 +108,16 @@ def record(conn: Conn, key: uuid.UUID, outcome: Outcome, *, client_id: str | Non
         "body": outcome.body,
         "keep_s": LIFETIME_S + GRACE_S,
     }
-    return conn.execute(_RECORD, params).fetchone() is not None
+    try:
+        conn.execute(_RECORD, params)
+        if random.randrange(PURGE_EVERY) == 0:
+            purge(conn)
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name != "idempotency_key_pkey":
+            raise
+        raise Overtaken(str(key)) from None
+
+
+def purge(conn: Conn) -> int:
+    """Delete keys past their lifetime (up to :data:`EXPIRED_PER_PURGE`); how many."""
+    return conn.execute(_PURGE).rowcount

@@ -20,7 +20,7 @@ from fastapi import Depends, Header, Request, Response
 from icebarrier.apps.catalog.deps import Caller
 from icebarrier.apps.catalog.errors import error_response
 from icebarrier.control_plane import idempotency
-from icebarrier.control_plane.db import ACTOR_SETTING, Conn
+from icebarrier.control_plane.db import Conn
 from icebarrier.control_plane.idempotency import Outcome
 
 if TYPE_CHECKING:
@@ -40,6 +40,11 @@ class Write:
     fingerprint: str
     client_id: str | None
 
+    @property
+    def actor(self) -> str:
+        """Who acts, as the audit trail names a catalog client."""
+        return f"token:{self.client_id}" if self.client_id else "anonymous"
+
     def run(
         self, action: Callable[[Conn], Response], *, final: Callable[[Response], bool] = lambda r: True
     ) -> Response:
@@ -53,38 +58,44 @@ class Write:
     ) -> Response:
         try:
             with conn.transaction():
-                conn.execute(
-                    "SELECT set_config(%s, %s, true)",
-                    (ACTOR_SETTING, f"token:{self.client_id}" if self.client_id else "anonymous"),
-                )
-                if self.key is not None:
-                    outcome = idempotency.find(conn, self.key, client_id=self.client_id, fingerprint=self.fingerprint)
-                    if outcome is not None:
-                        return replay(outcome)
-                try:
-                    with conn.transaction():
-                        response = action(conn)
-                except Exception as exc:
-                    response = error_response(exc)
-                    if self.key is None or response.status_code >= 500:
-                        raise  # not final: nothing of it commits, a retry acts
-                if self.key is not None and final(response):
-                    outcome = Outcome(
-                        status=response.status_code, media_type=response.media_type, body=bytes(response.body)
-                    )
-                    if not idempotency.record(
-                        conn, self.key, outcome, client_id=self.client_id, fingerprint=self.fingerprint
-                    ):
-                        raise _Overtaken  # undo all this attempt did: the first attempt's answer stands
+                outcome = self._find(conn)
+                if outcome is not None:
+                    return replay(outcome)
+                response = action(conn)
+                self._record(conn, response, final)
                 return response
-        except _Overtaken:
-            outcome = idempotency.find(conn, self.key, client_id=self.client_id, fingerprint=self.fingerprint)
-            assert outcome is not None  # record() found its row committed
-            return replay(outcome)
+        except idempotency.Overtaken:
+            return self._replay_first(conn)
+        except Exception as exc:
+            response = error_response(exc)
+            if self.key is None or response.status_code >= 500 or not final(response):
+                raise  # not final: nothing of it committed, a retry acts
+        # A final refusal (4xx): the action's writes are gone with its transaction; the answer
+        # is kept in one of its own (unless another attempt's answer was kept meanwhile).
+        try:
+            with conn.transaction():
+                outcome = self._find(conn)
+                if outcome is not None:
+                    return replay(outcome)
+                self._record(conn, response, final)
+            return response
+        except idempotency.Overtaken:
+            return self._replay_first(conn)
 
+    def _find(self, conn: Conn) -> Outcome | None:
+        return idempotency.find(
+            conn, self.key, actor=self.actor, client_id=self.client_id, fingerprint=self.fingerprint
+        )
 
-class _Overtaken(Exception):
-    """Another attempt with the same key committed while this one acted."""
+    def _record(self, conn: Conn, response: Response, final: Callable[[Response], bool]) -> None:
+        if self.key is not None and final(response):
+            outcome = Outcome(status=response.status_code, media_type=response.media_type, body=bytes(response.body))
+            idempotency.record(conn, self.key, outcome, client_id=self.client_id, fingerprint=self.fingerprint)
+
+    def _replay_first(self, conn: Conn) -> Response:
+        outcome = self._find(conn)
+        assert outcome is not None  # record() met its row committed
+        return replay(outcome)
 
 
 def replay(outcome: Outcome) -> Response:

@@ -12,7 +12,7 @@ import pytest
 import requests
 import uuid6
 
-from icebarrier.control_plane import barriers, jobs, tokens
+from icebarrier.control_plane import barriers, idempotency, jobs, tokens
 from tests.dropping_proxy import DroppingProxy
 from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, staged_change
 from tests.iceberg_ext.test_job_exec import command, job_exec, setup_pipeline
@@ -231,3 +231,23 @@ def test_attempts_in_flight_at_once_with_one_key_act_once(lake, server):
     assert {(a.status_code, a.content) for a in answers} == {(200, answers[0].content)}, [a.text for a in answers]
     assert sum(a.headers.get("Idempotent-Replayed") == "true" for a in answers) == 7
     assert lake.catalog.load_table(f"{lake.namespace}.once").metadata_location == answers[0].json()["metadata-location"]
+
+
+def test_keys_past_their_lifetime_are_purged_and_the_key_then_acts_as_new(lake, server):
+    """A key is kept for its advertised lifetime (and a grace period); past it, records delete
+    it (one in PURGE_EVERY; here purge() is called directly) and the same key acts anew."""
+    Pipeline(lake, {"solo": ["facts"]}).advance()
+    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo")
+    auth = {"Authorization": f"Bearer {access_token(server, jid, secret)}", "Content-Type": "application/json"}
+    path, key = f"{server}/v1/latest/namespaces", str(uuid6.uuid7())
+    body = json.dumps({"namespace": [f"{lake.namespace}_kept"]})
+    first = requests.post(path, data=body, headers={**auth, KEY: key}, timeout=30)
+    assert first.status_code == 200, first.text
+    requests.delete(f"{path}/{lake.namespace}_kept", headers=auth, timeout=30).raise_for_status()
+    replayed = requests.post(path, data=body, headers={**auth, KEY: key}, timeout=30)
+    assert replayed.headers.get("Idempotent-Replayed") == "true" and replayed.content == first.content
+    assert idempotency.purge(lake.conn) == 0  # within its lifetime
+    lake.conn.execute("UPDATE idempotency_key SET expires_at = now() - interval '1 second' WHERE key = %s", (key,))
+    assert idempotency.purge(lake.conn) == 1
+    again = requests.post(path, data=body, headers={**auth, KEY: key}, timeout=30)
+    assert again.status_code == 200 and "Idempotent-Replayed" not in again.headers  # it acted: created again

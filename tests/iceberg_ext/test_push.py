@@ -92,24 +92,33 @@ def committed(lake) -> tuple[int, object]:
     ).fetchone()
 
 
-def idle_cost(lake, seconds: float, budget_per_s: float) -> tuple[int, float]:
-    """Transactions committed over ``seconds`` of quiet and the window's length; measured again
-    when autovacuum worked in the database meanwhile. It starts once the count has settled: a
-    backend may defer flushing its counts (up to a minute when the statistics are contended),
-    and the start-up's transactions must not land in the window."""
+def idle_cost(lake, seconds: float, budget_per_s: float) -> tuple[int, float, list[int]]:
+    """Transactions committed over ``seconds`` of quiet and the window's length, and every
+    window's count. It starts once the count has settled, and measures again (up to three
+    consecutive windows, the cheapest counts) when a window exceeds the budget or autovacuum
+    worked in the database meanwhile: a backend may defer flushing its counts (up to a minute
+    when the statistics are contended, as on a server busy with a whole test suite), so the
+    start-up's transactions can land in a window late. A job that polls costs in every window."""
     previous = committed(lake)
     for _ in range(6):
         settled = committed(lake)
         if settled["n"] - previous["n"] <= 1 + budget_per_s * 11:
             break
         previous = settled
+    windows: list[tuple[int, float]] = []
+    before = committed(lake)
     for _ in range(3):
-        before, started = committed(lake), time.monotonic()
+        started = time.monotonic()
         time.sleep(seconds)
         after = committed(lake)
         if after["vacuumed"] == before["vacuumed"]:
-            return after["n"] - before["n"], time.monotonic() - started
-    raise AssertionError("autovacuum worked in the lake's database through three measurements")
+            windows.append((after["n"] - before["n"], time.monotonic() - started))
+            if windows[-1][0] <= 2 + budget_per_s * windows[-1][1]:
+                break
+        before = after
+    assert windows, "autovacuum worked in the lake's database through three measurements"
+    spent, length = min(windows)
+    return spent, length, [n for n, _ in windows]
 
 
 def test_following_jobs_cost_nothing_while_idle_and_wake_when_their_source_moves(own_lake, own_server, tmp_path):
@@ -130,8 +139,8 @@ def test_following_jobs_cost_nothing_while_idle_and_wake_when_their_source_moves
     # (a 61-s window could hold two: 24 > the budget, though the rate was 0.067); a renewal twice
     # as frequent, or any polling, still puts two or more in it and exceeds the budget
     assert MAX_WAIT_S >= 60
-    spent, seconds = idle_cost(lake, 38, 0.1 * len(CHAIN))
-    assert spent <= 2 + 0.1 * len(CHAIN) * seconds, f"{spent} transactions in {seconds:.0f} s of idle jobs"
+    spent, seconds, counts = idle_cost(lake, 38, 0.1 * len(CHAIN))
+    assert spent <= 2 + 0.1 * len(CHAIN) * seconds, f"{counts} transactions in windows of {seconds:.0f} s of idle jobs"
     marks = []
     for _ in range(3):
         marks.append(barriers.issue(lake.conn).barrier)
