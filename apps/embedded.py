@@ -16,6 +16,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ from pathlib import Path
 from icebarrier.control_plane.errors import IcebarrierError
 
 OS_USER = "icebarrier-pg"
+# This installation's CLI as a child process (no PATH set-up needed).
+CLI = [sys.executable, "-m", "icebarrier.cli.main"]
 DEFAULT_STATE_DIR = Path(os.environ.get("ICEBARRIER_HOME", Path.home() / ".icebarrier"))
 
 

@@ -8,7 +8,7 @@ import sys
 import click
 
 from icebarrier.cli.render import BARRIER, barrier_label, emit, table
-from icebarrier.control_plane import jobs
+from icebarrier.control_plane import jobs, targets
 from icebarrier.control_plane.errors import InvalidValueError
 from icebarrier.control_plane.model import (
     JobDefinition,
@@ -32,18 +32,61 @@ def job_group() -> None:
     "--external", "externals", multiple=True, metavar="NAME", help="External input of a root job (repeatable)."
 )
 @click.option("--replace", is_flag=True, help="Replace a registered job's definition.")
+@click.option(
+    "--command",
+    "command",
+    metavar="'CMD'",
+    help="How `icebarrier schedule` runs the job: this shell command, under `job exec --once`.",
+)
+@click.option(
+    "--file",
+    "file",
+    metavar="JOB.py",
+    type=click.Path(exists=True, dir_okay=False, resolve_path=True),
+    help="How `icebarrier schedule` runs the job: this PySpark job file, under `icebarrier run --once`.",
+)
+@click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Environment of the job's runs (repeatable).")
+@click.option("--target-lag", metavar="DURATION", help="Target lag of each of the job's sinks (e.g. 5m).")
 @click.pass_obj
-def register(obj, name: str, sources, sinks, externals, replace: bool) -> None:
+def register(obj, name: str, sources, sinks, externals, replace: bool, command, file, env, target_lag) -> None:
     """Register job NAME. Refused, writing nothing: a second writer of a table, a cycle,
-    a job reading its own sink, invalid names. The same definition again is a no-op."""
+    a job reading its own sink, invalid names. The same definition again is a no-op.
+    With --command or --file (and --env) it can run itself under `icebarrier schedule`;
+    --target-lag sets its sinks' targets (`icebarrier table target-lag`)."""
     definition = JobDefinition(
         name=parse_job_name(name),
         sources=frozenset(TableName.parse(t) for t in sources),
         sinks=frozenset(TableName.parse(t) for t in sinks),
         external_inputs=frozenset(parse_external_input(e) for e in externals),
     )
-    result = jobs.register(obj.conn(), definition, replace=replace)
-    emit(obj, result.to_json(), f"job {name}: {result.status}")
+    runner = _runner(command, file, env)
+    lag_s = parse_duration_s(target_lag) if target_lag is not None else None
+    conn = obj.conn()
+    with conn.transaction():
+        result = jobs.register(conn, definition, replace=replace)
+        if runner is not None:
+            targets.set_runner(conn, name, runner)
+        if lag_s is not None:
+            for sink in sorted(definition.sinks, key=str):
+                targets.set_target_lag(conn, sink, lag_s)
+    payload = {**result.to_json(), "runner": runner.to_json() if runner else None, "target_lag_s": lag_s}
+    emit(obj, payload, f"job {name}: {result.status}")
+
+
+def _runner(command: str | None, file: str | None, env) -> targets.Runner | None:
+    if command is not None and file is not None:
+        raise click.UsageError("give --command or --file, not both: a job runs one way")
+    pairs = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.UsageError(f"--env {item!r} is not KEY=VALUE; e.g. --env SPARK_HOME=/opt/spark")
+        pairs[key] = value
+    if command is None and file is None:
+        if pairs:
+            raise click.UsageError("--env needs --command or --file: it is the environment of the job's runs")
+        return None
+    return targets.Runner(kind="command" if command is not None else "file", spec=command or file, env=pairs)
 
 
 @job_group.command("unregister")

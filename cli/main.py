@@ -155,11 +155,28 @@ def _register_commands() -> None:
         lease,
         maintenance,
         run,
+        schedule,
         spark,
         table,
     )
 
-    for module in (db, job, barrier, table, cut, lease, delay, spark, maintenance, run, demo, check, catalog, audit):
+    for module in (
+        db,
+        job,
+        barrier,
+        table,
+        cut,
+        lease,
+        delay,
+        spark,
+        maintenance,
+        run,
+        schedule,
+        demo,
+        check,
+        catalog,
+        audit,
+    ):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -7,8 +7,8 @@ import json
 import click
 
 from icebarrier.cli.render import Seconds, barrier_label, emit, table
-from icebarrier.control_plane import jobs, tables, topology
-from icebarrier.control_plane.model import TableName
+from icebarrier.control_plane import jobs, tables, targets, topology
+from icebarrier.control_plane.model import TableName, parse_duration_s
 
 
 @click.group("table")
@@ -19,13 +19,16 @@ def table_group() -> None:
 @table_group.command("list")
 @click.pass_obj
 def list_(obj) -> None:
-    """List managed tables: kind, writer, watermark, current snapshot, freshness, lag."""
-    items = tables.list_versions(obj.conn())
+    """List managed tables: kind, writer, watermark, current snapshot, freshness, lag, and the
+    target lag (inherited: `<- TABLE`) with whether it is met."""
+    conn = obj.conn()
+    items = tables.list_versions(conn)
+    goals = {str(t.name): t for t in targets.targets(conn)}
     emit(
         obj,
-        [v.to_json() for v in items],
+        [{**v.to_json(), **_target_json(goals.get(str(v.name)))} for v in items],
         lambda: table(
-            ["table", "kind", "writer", "watermark", "snapshot", "freshness", "behind"],
+            ["table", "kind", "writer", "watermark", "snapshot", "freshness", "behind", "target"],
             [
                 (
                     str(v.name),
@@ -35,11 +38,46 @@ def list_(obj) -> None:
                     v.current_snapshot_id,
                     Seconds(v.freshness.total_seconds()) if v.freshness is not None else None,
                     v.barriers_behind,
+                    _target_text(goals.get(str(v.name))),
                 )
                 for v in items
             ],
             empty="no managed tables; register a job first",
         ),
+    )
+
+
+def _target_json(t: targets.TableTarget | None) -> dict:
+    if t is None:
+        return {}
+    return {k: v for k, v in t.to_json().items() if k not in ("table", "writer_job", "freshness_s")}
+
+
+def _target_text(t: targets.TableTarget | None) -> str | None:
+    if t is None or t.effective_s is None:
+        return None
+    inherited = "" if t.target_lag_s is not None else f" <- {t.target_from}"
+    return f"{t.effective_s:g}s{inherited} {'met' if t.met else 'MISSED'}"
+
+
+@table_group.command("target-lag")
+@click.argument("name", metavar="TABLE")
+@click.argument("duration", required=False)
+@click.option("--clear", is_flag=True, help="Remove the table's own target (it inherits again).")
+@click.pass_obj
+def target_lag(obj, name: str, duration: str | None, clear: bool) -> None:
+    """Set TABLE's target lag: at any moment its watermark was issued at most DURATION ago
+    (e.g. 5m). `icebarrier schedule` runs the pipeline to meet it. A table without its own
+    target inherits the tightest target of the tables that read it."""
+    if clear == (duration is not None):
+        raise click.UsageError("give a DURATION (e.g. 5m) or --clear")
+    seconds = None if clear else parse_duration_s(duration)
+    table_name = TableName.parse(name)
+    targets.set_target_lag(obj.conn(), table_name, seconds)
+    emit(
+        obj,
+        {"table": name, "target_lag_s": seconds},
+        f"table {name}: target lag {f'{seconds:g}s' if seconds is not None else 'cleared'}",
     )
 
 

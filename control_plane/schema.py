@@ -166,6 +166,9 @@ VIEWS = (
     "lease_snapshots",
     "input_ranges",
     "coalesced_ranges",
+    "table_targets",
+    "target_misses",
+    "schedule_plan",
 )
 ADMIN_VIEWS = ("audit",)  # the admin's only: never granted
 READABLE = (*VIEWS, "alembic_version")  # the revision: every client checks it on connect

@@ -3,7 +3,7 @@ base units).
 
 At each scrape, from the control plane (one query): per managed table its freshness (now −
 issue time of its watermark), its lag (age of the oldest barrier it has not completed; 0 when
-caught up) and the barriers it is behind; barriers issued (a counter: its rate is the barrier
+caught up), the barriers it is behind, its target lag and whether it is met; barriers issued (a counter: its rate is the barrier
 rate) and the read-committed cut's age. From this server process: catalog table loads by
 warehouse kind, as a latency histogram.
 """
@@ -19,8 +19,10 @@ from icebarrier.apps.catalog.deps import Caller
 SCRAPE = """
 SELECT v.table_name, extract(epoch FROM v.freshness) AS freshness_s, v.barriers_behind,
        coalesce(extract(epoch FROM now() - (SELECT min(b.issued_at) FROM barrier b
-                                            WHERE b.barrier > v.watermark_barrier)), 0) AS lag_s
-FROM table_versions v WHERE v.watermark_barrier IS NOT NULL ORDER BY v.table_name
+                                            WHERE b.barrier > v.watermark_barrier)), 0) AS lag_s,
+       extract(epoch FROM v.effective_target_lag) AS target_lag_s, v.target_met
+FROM table_versions v WHERE v.watermark_barrier IS NOT NULL OR v.effective_target_lag IS NOT NULL
+ORDER BY v.table_name
 """
 TOTALS = """
 SELECT (SELECT count(*) FROM barrier) AS barriers,
@@ -48,15 +50,32 @@ class LakeCollector:
         behind = GaugeMetricFamily(
             "icebarrier_table_barriers_behind", "Barriers issued after the table's watermark", labels=["table"]
         )
+        target = GaugeMetricFamily(
+            "icebarrier_table_target_lag_seconds",
+            "The table's target lag (its own, or inherited from the tables that read it)",
+            labels=["table"],
+        )
+        met = GaugeMetricFamily(
+            "icebarrier_table_target_met",
+            "1 while the table's freshness is within its target lag, else 0",
+            labels=["table"],
+        )
         with self.pool.connection() as conn:
             for r in conn.execute(SCRAPE).fetchall():
-                freshness.add_metric([r["table_name"]], float(r["freshness_s"]))
-                lag.add_metric([r["table_name"]], float(r["lag_s"]))
-                behind.add_metric([r["table_name"]], float(r["barriers_behind"]))
+                name = [r["table_name"]]
+                if r["freshness_s"] is not None:
+                    freshness.add_metric(name, float(r["freshness_s"]))
+                    lag.add_metric(name, float(r["lag_s"]))
+                    behind.add_metric(name, float(r["barriers_behind"]))
+                if r["target_lag_s"] is not None:
+                    target.add_metric(name, float(r["target_lag_s"]))
+                    met.add_metric(name, 1.0 if r["target_met"] else 0.0)
             totals = conn.execute(TOTALS).fetchone()
         yield freshness
         yield lag
         yield behind
+        yield target
+        yield met
         yield CounterMetricFamily(
             "icebarrier_barriers_issued", "Barriers issued (its rate is the barrier rate)", value=totals["barriers"]
         )

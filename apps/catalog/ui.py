@@ -3,8 +3,10 @@
 ``/ui`` is one HTML page; it polls ``/ui/state`` (every 2 s) and draws with plotly.js, served
 from the installed ``plotly`` package at ``/ui/plotly.min.js`` (no CDN). The state holds
 plotly figures built here: the topology as a layered graph (externals, jobs and tables; tables
-coloured by barriers behind), and each job's delay over its recent barriers; and tables of
-the tables (watermark, freshness, coalesced range), active leases and the read-committed cut.
+coloured by barriers behind), each job's delay over its recent barriers, and each table's
+freshness against its target lag over the last minutes; and tables of the tables (watermark,
+freshness, target lag, coalesced range), the schedule's next planned runs, active leases and
+the read-committed cut.
 
 The state needs a reader (or job) token, like any catalog read, unless the server allows
 anonymous reads; the page asks for CLIENT_ID:SECRET when it gets a 401 and keeps the access
@@ -27,6 +29,7 @@ from icebarrier.control_plane.model import barrier_label, format_duration_s
 router = APIRouter(prefix="/ui")
 PAGE = Path(__file__).with_name("ui.html")
 RECENT_BARRIERS = 60
+TARGET_WINDOW_S = 600  # the freshness chart's span
 
 
 def layers(edges: list[tuple[str, str]], nodes: list[str]) -> dict[str, tuple[int, int]]:
@@ -142,6 +145,74 @@ def delay_figure(delays: list[dict]) -> dict:
     return json.loads(fig.to_json())
 
 
+def freshness_points(completions: list[dict], now: datetime) -> tuple[list[str], list[float]]:
+    """A table's freshness over time from its completions (oldest first): it grows from one
+    completion to the next, then drops to the age of the barrier completed."""
+    xs: list[str] = []
+    ys: list[float] = []
+    for before, c in zip([None, *completions], completions):
+        if before is not None:
+            xs.append(c["completed_at"].isoformat())
+            ys.append((c["completed_at"] - before["issued_at"]).total_seconds())
+        xs.append(c["completed_at"].isoformat())
+        ys.append((c["completed_at"] - c["issued_at"]).total_seconds())
+    if completions:
+        xs.append(now.isoformat())
+        ys.append((now - completions[-1]["issued_at"]).total_seconds())
+    return xs, ys
+
+
+def targets_figure(targeted: dict[str, float], completions: list[dict], now: datetime) -> dict:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for i, (table, target_s) in enumerate(sorted(targeted.items())):
+        xs, ys = freshness_points([c for c in completions if c["table_name"] == table], now)
+        color = f"hsl({(i * 67) % 360}, 60%, 40%)"
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{table} freshness", line={"color": color}))
+        if xs:
+            fig.add_trace(
+                go.Scatter(
+                    x=[xs[0], xs[-1]],
+                    y=[target_s, target_s],
+                    mode="lines",
+                    name=f"{table} target",
+                    line={"color": color, "dash": "dash"},
+                )
+            )
+    fig.update_layout(
+        title={"text": f"Freshness against target lag, last {TARGET_WINDOW_S // 60} minutes (s)"},
+        yaxis={"title": {"text": "seconds"}, "rangemode": "tozero"},
+        margin={"l": 50, "r": 10, "t": 40, "b": 40},
+        height=300,
+    )
+    return json.loads(fig.to_json())
+
+
+def _target_text(r: dict) -> str:
+    if r["effective_s"] is None:
+        return "none"
+    inherited = "" if r["target_from"] == r["table_name"] else f" (from {r['target_from']})"
+    return f"{format_duration_s(r['effective_s'])}{inherited}, {'met' if r['target_met'] else 'MISSED'}"
+
+
+def schedule_state(row: dict | None) -> dict:
+    if row is None:
+        return {"holder": "(no schedule has run)", "plan": []}
+    return {
+        "holder": f"(schedule {row['holder']}, seen {row['seen_at']:%H:%M:%S})",
+        "plan": [
+            {
+                "table": d["table"],
+                "target": format_duration_s(d["target_lag_s"]),
+                "due_in": "now" if d["due_in_s"] is None or d["due_in_s"] <= 0 else format_duration_s(d["due_in_s"]),
+                "runs": " -> ".join(d["jobs"]),
+            }
+            for d in row["plan"]
+        ],
+    }
+
+
 def state(conn) -> dict:
     """What the page shows, read in one transaction."""
     with conn.transaction():
@@ -151,8 +222,17 @@ def state(conn) -> dict:
         rows = conn.execute(
             "SELECT table_name, table_kind, writer_job, watermark_barrier, current_snapshot_id, "
             "extract(epoch FROM freshness) AS freshness_s, barriers_behind, coalesced_after, "
-            "coalesced_into FROM table_versions ORDER BY table_name"
+            "coalesced_into, extract(epoch FROM effective_target_lag) AS effective_s, target_from, target_met "
+            "FROM table_versions ORDER BY table_name"
         ).fetchall()
+        now = conn.execute("SELECT now() AS now").fetchone()["now"]
+        targeted = {r["table_name"]: float(r["effective_s"]) for r in rows if r["effective_s"] is not None}
+        completions = conn.execute(
+            "SELECT table_name, issued_at, completed_at FROM barrier_delay WHERE table_name = ANY(%s) "
+            "AND completed_at > now() - make_interval(secs => %s) ORDER BY table_name, completed_at",
+            (list(targeted), TARGET_WINDOW_S),
+        ).fetchall()
+        schedule = conn.execute("SELECT holder, seen_at, plan FROM schedule_plan").fetchone()
         delays = conn.execute(
             "SELECT job_name, barrier, issued_at, extract(epoch FROM delay) AS delay_s FROM job_delay "
             "WHERE barrier >= coalesce((SELECT min(barrier) FROM (SELECT barrier FROM barrier ORDER BY barrier DESC "
@@ -175,6 +255,7 @@ def state(conn) -> dict:
             "barriers_behind": int(r["barriers_behind"]),
             "snapshot": str(r["current_snapshot_id"] or "empty"),
             "coalesced": (f"{r['coalesced_after']} .. {r['coalesced_into']}" if r["coalesced_into"] else "none"),
+            "target": _target_text(r),
         }
         for r in rows
     }
@@ -192,7 +273,9 @@ def state(conn) -> dict:
                 if d["delay_s"] is not None
             ]
         ),
+        "targets": targets_figure(targeted, completions, now),
         "tables": [{"table": name, **t} for name, t in tables.items()],
+        "schedule": schedule_state(schedule),
         "leases": [
             {
                 "lease": r["lease_id"],

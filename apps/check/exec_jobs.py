@@ -21,13 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-from icebarrier.apps.embedded import free_port
+from icebarrier.apps.embedded import CLI, free_port
 from icebarrier.iceberg_ext.faults import MUTATION_ENV
 
 EXEC_JOBS = {"orders_in": "root", "balances_job": "derived"}
 HOLD = "3s"  # a killed job exec's session is taken over this soon
 QUIET_S = 1.0  # the server's --session-quiet: a read-committed session keeps its cut while loads come faster
-_CLI = [sys.executable, "-m", "icebarrier.cli.main"]
 SCRIPT = "icebarrier.apps.check.exec_script"
 
 
@@ -56,7 +55,7 @@ class CatalogServer:
         if self.mutation:
             environ[MUTATION_ENV] = self.mutation
         self.proc = subprocess.Popen(
-            [*_CLI, "serve", "--port", str(self.port), "--session-quiet", f"{QUIET_S:g}s"],
+            [*CLI, "serve", "--port", str(self.port), "--session-quiet", f"{QUIET_S:g}s"],
             env=environ,
             stdout=self.log,
             stderr=self.log,
@@ -99,7 +98,7 @@ def exec_command(
     kind = EXEC_JOBS[job]
     options = ["--no-skip"] if kind == "root" else []  # a root's input changes with every barrier
     return [
-        *_CLI,
+        *CLI,
         "--output",
         "json",
         "job",

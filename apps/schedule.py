@@ -1,0 +1,400 @@
+"""``icebarrier schedule``: runs the pipeline so that every table meets its target lag
+(DESIGN.md, "Declared freshness").
+
+From the targets it derives when each table's refresh must start: a table T whose watermark
+was issued ``freshness`` ago, with target L, refreshed by its writer and every job upstream of
+it (the longest chain of their measured durations takes R), must start refreshing within
+``L - freshness - R - margin``. Then it runs each of those jobs ``--once`` (a job runs when
+none of the jobs it reads from is still to run in the refresh), and not earlier: everything
+issued meanwhile is coalesced into one run. Tables falling due within one refresh of each
+other refresh together, for one barrier. A failed run publishes nothing; it is retried with
+backoff. At most ``parallel`` runs at once; a job never runs twice at once (and job sessions
+fence any other run of it). One schedule per control plane: it holds a Postgres advisory
+lock on a connection of its own, and a second one waits for it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psycopg
+
+from icebarrier.apps.embedded import CLI
+from icebarrier.control_plane import barriers, db, jobs, targets
+from icebarrier.control_plane.db import Conn
+from icebarrier.control_plane.errors import ControlPlaneUnavailableError, JobNotFoundError
+from icebarrier.control_plane.model import JobDefinition
+from icebarrier.control_plane.targets import Runner, TableTarget
+
+DEFAULT_DURATION_S = 2.0  # a job's duration before its first measured run
+SMOOTHING = 0.3  # weight of a new run in a job's measured duration
+MARGIN_S, MARGIN_SHARE = 0.5, 0.25  # a refresh starts this much (+ share of its duration) early
+BACKOFF_S, BACKOFF_MAX_S = 1.0, 60.0
+# A `job exec` run's hold on its session: renewed every third of it while the run lives, so
+# when a run dies with its schedule, the next schedule's run takes the session over this soon.
+HOLD = "6s"
+_LOCK_KEY = "icebarrier schedule"
+
+
+# -- the plan (pure) ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Due:
+    """When a table's refresh must start, and what it runs."""
+
+    table: str
+    target_s: float
+    target_from: str
+    freshness_s: float | None
+    refresh_s: float  # the longest chain of job durations ending at its writer
+    due_in_s: float  # <= 0: due now
+    jobs: tuple[str, ...]  # its writer and the jobs upstream of it, sources before readers
+    missing: tuple[str, ...] = ()  # of those, jobs that cannot run themselves (no runner)
+
+    @property
+    def reachable(self) -> bool:
+        """Whether the target can be met at all: its refresh is shorter than the target."""
+        return self.refresh_s + MARGIN_S < self.target_s
+
+    def to_json(self) -> dict:
+        return {
+            "table": self.table,
+            "target_lag_s": self.target_s,
+            "target_from": self.target_from,
+            "freshness_s": self.freshness_s,
+            "refresh_s": round(self.refresh_s, 3),
+            "due_in_s": None if math.isinf(self.due_in_s) else round(self.due_in_s, 3),
+            "jobs": list(self.jobs),
+            "missing_runners": list(self.missing),
+            "reachable": self.reachable,
+        }
+
+
+def plan(
+    definitions: dict[str, JobDefinition],
+    tables: list[TableTarget],
+    durations: dict[str, float],
+    runnable: set[str],
+) -> list[Due]:
+    """Each table with a target and a writer: when its refresh must start, soonest first."""
+    writer = {str(t): name for name, d in definitions.items() for t in d.sinks}
+    upstream = {
+        name: sorted({writer[str(s)] for s in d.sources if str(s) in writer}) for name, d in definitions.items()
+    }
+    chain: dict[str, float] = {}
+
+    def refresh_s(job: str) -> float:  # the DAG has no cycles (the database refuses them)
+        if job not in chain:
+            chain[job] = durations.get(job, DEFAULT_DURATION_S) + max(map(refresh_s, upstream[job]), default=0.0)
+        return chain[job]
+
+    def closure(job: str, into: list[str]) -> list[str]:
+        for u in upstream[job]:
+            closure(u, into)
+        if job not in into:
+            into.append(job)
+        return into
+
+    dues = []
+    for t in tables:
+        # a table with a target of its own drives a refresh; one that inherits its target is
+        # refreshed by the refreshes of the tables it inherits from (its writer is upstream)
+        if t.target_lag_s is None or t.writer_job not in definitions:
+            continue
+        r = refresh_s(t.writer_job)
+        left = -math.inf if t.freshness_s is None else t.effective_s - t.freshness_s
+        run = tuple(closure(t.writer_job, []))
+        dues.append(
+            Due(
+                table=str(t.name),
+                target_s=t.effective_s,
+                target_from=t.target_from or str(t.name),
+                freshness_s=t.freshness_s,
+                refresh_s=r,
+                due_in_s=left - r - MARGIN_S - MARGIN_SHARE * r,
+                jobs=run,
+                missing=tuple(j for j in run if j not in runnable),
+            )
+        )
+    return sorted(dues, key=lambda d: (d.due_in_s, d.table))
+
+
+def due_now(dues: list[Due]) -> list[Due]:
+    """The refreshes to start now: those due, and those falling due within the longest of them
+    (they refresh together, for one barrier, instead of a moment later for another)."""
+    due = [d for d in dues if d.due_in_s <= 0]
+    horizon = max((d.refresh_s for d in due), default=0.0)
+    return [d for d in dues if d.due_in_s <= horizon] if due else []
+
+
+# -- the process --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Job:
+    name: str
+    duration_s: float | None = None
+    last_start: float = -math.inf  # time.monotonic() of its last successful run's start
+    proc: subprocess.Popen | None = None
+    run_id: int | None = None
+    started: float = 0.0
+    progress_from: int | None = None
+    reason: str = ""
+    failures: int = 0
+    retry_at: float = 0.0
+    wanted_since: float | None = None  # a refresh that began then needs a run of it
+
+
+@dataclass(slots=True)
+class _Refresh:
+    table: str
+    began: float  # time.monotonic()
+    jobs: tuple[str, ...]
+
+
+@dataclass
+class Schedule:
+    """The schedule's loop (``run``); ``log`` gets one line per event."""
+
+    dsn: str | None
+    schema: str | None
+    catalog_uri: str | None
+    credential: str | None
+    parallel: int = 4
+    tick_s: float = 0.2
+    issue_barriers: bool = True
+    log: Callable[[str], None] = print
+    _jobs: dict[str, _Job] = field(default_factory=dict)
+    _refreshes: dict[str, _Refresh] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _published_at: float = 0.0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # the fence
+
+    def run(self) -> None:
+        """Wait for the schedule's lock, then schedule until stopped (SIGTERM/SIGINT), waiting
+        again whenever the lock's connection is lost. Runs in flight are stopped on exit."""
+        try:
+            while not self._stop.is_set():
+                fence = self._acquire()
+                if fence is None:
+                    return
+                with fence:
+                    self._schedule(fence)
+        finally:
+            self._stop_runs()
+
+    def _acquire(self) -> psycopg.Connection | None:
+        waiting = False
+        while not self._stop.is_set():
+            try:
+                fence = db.connect(self.dsn, self.schema)
+                got = fence.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (self._lock_name(fence),))
+                if got.fetchone()["got"]:
+                    self._announce(fence)
+                    return fence
+                holder = fence.execute("SELECT holder, started_at FROM schedule_state").fetchone()
+                fence.close()
+                if not waiting:
+                    self.log(
+                        "another schedule runs this control plane"
+                        + (f" ({holder['holder']}, since {holder['started_at']:%H:%M:%S})" if holder else "")
+                        + "; waiting to take over"
+                    )
+                    waiting = True
+            except (psycopg.OperationalError, ControlPlaneUnavailableError) as exc:
+                self.log(f"control plane unreachable ({str(exc).splitlines()[0]}); trying again")
+            self._stop.wait(1.0)
+        return None
+
+    @staticmethod
+    def _lock_name(conn: Conn) -> str:
+        return f"{_LOCK_KEY} {db.schema_of(conn)}"
+
+    def _announce(self, fence: Conn) -> None:
+        holder = f"{socket.gethostname()} pid {os.getpid()}"
+        fence.execute(
+            "INSERT INTO schedule_state (holder, started_at, seen_at) VALUES (%s, now(), now()) "
+            "ON CONFLICT (singleton) DO UPDATE SET holder = EXCLUDED.holder, started_at = now(), seen_at = now(), "
+            "plan = '[]'",
+            (holder,),
+        )
+        self.log(f"schedule: running ({holder}); at most {self.parallel} runs at once")
+
+    def _schedule(self, fence: Conn) -> None:
+        with db.connect(self.dsn, self.schema) as conn:
+            self._load_durations(conn)
+            while not self._stop.is_set():
+                try:
+                    fence.execute("SELECT 1")
+                except psycopg.OperationalError:
+                    self.log("schedule: lost the schedule's lock (its connection broke); no new runs until it is back")
+                    return
+                self._tick(conn, fence)
+                self._stop.wait(self.tick_s)
+
+    # one step
+
+    def _tick(self, conn: Conn, fence: Conn) -> None:
+        self._reap(conn)
+        if self.issue_barriers and (barriers.next_due_in_s(conn) or 0.0) <= 0:
+            barriers.issue(conn, issued_by="schedule")
+        definitions = jobs.load_definitions(conn)
+        runnable = targets.runners(conn)
+        for name in definitions:
+            self._jobs.setdefault(name, _Job(name))
+        dues = plan(definitions, targets.targets(conn), self._durations(), set(runnable))
+        now = time.monotonic()
+        for d in due_now([d for d in dues if d.table not in self._refreshes]):  # a refresh under way
+            self._begin(d, now)  # pulls nothing in: its jobs may have run already
+        self._end_refreshes()
+        self._start_runs(definitions, runnable, conn)
+        if now - self._published_at >= 1.0:
+            self._published_at = now
+            fence.execute(
+                "UPDATE schedule_state SET seen_at = now(), plan = %s", (json.dumps([d.to_json() for d in dues]),)
+            )
+
+    def _begin(self, due: Due, now: float) -> None:
+        if due.missing:
+            self.log(
+                f"table {due.table}: due, but job(s) {', '.join(due.missing)} have no runner; "
+                f"register them with --command or --file"
+            )
+        self._refreshes[due.table] = _Refresh(due.table, now, due.jobs)
+        for name in due.jobs:
+            job = self._jobs[name]
+            if job.wanted_since is None:
+                job.wanted_since, job.reason = (
+                    now,
+                    f"table {due.table} (target {due.target_s:g}s from {due.target_from})",
+                )
+
+    def _end_refreshes(self) -> None:
+        """A refresh ends when each of its jobs has run since it began (the table's writer last)."""
+        for table, refresh in list(self._refreshes.items()):
+            if all(self._jobs[j].last_start >= refresh.began for j in refresh.jobs if j in self._jobs):
+                del self._refreshes[table]
+
+    def _start_runs(self, definitions: dict[str, JobDefinition], runnable: dict[str, Runner], conn: Conn) -> None:
+        writer = {str(t): name for name, d in definitions.items() for t in d.sinks}
+        now = time.monotonic()
+        running = sum(1 for j in self._jobs.values() if j.proc is not None)
+        for name, job in sorted(self._jobs.items()):
+            if running >= self.parallel:
+                return
+            if job.wanted_since is None or job.proc is not None or now < job.retry_at or name not in runnable:
+                continue
+            ups = (
+                {writer[str(s)] for s in definitions[name].sources if str(s) in writer}
+                if name in definitions
+                else set()
+            )
+            if any(
+                self._jobs[u].wanted_since is not None or self._jobs[u].proc is not None for u in ups if u in self._jobs
+            ):
+                continue  # what it reads is still to be refreshed
+            self._launch(job, runnable[name], conn)
+            running += 1
+
+    def _launch(self, job: _Job, runner: Runner, conn: Conn) -> None:
+        job.progress_from = jobs.show(conn, job.name).progress
+        job.run_id = conn.execute(
+            "INSERT INTO schedule_run (job_name, reason, progress_from) VALUES (%s, %s, %s) RETURNING run_id",
+            (job.name, job.reason, job.progress_from),
+        ).fetchone()["run_id"]
+        env = {**os.environ, **runner.env}
+        for key, value in (
+            ("ICEBARRIER_DSN", self.dsn),
+            ("ICEBARRIER_SCHEMA", self.schema),
+            ("ICEBARRIER_CATALOG_URI", self.catalog_uri),
+            ("ICEBARRIER_CATALOG_CREDENTIAL", self.credential),
+        ):
+            if value:
+                env.setdefault(key, value)
+        if runner.kind == "command":
+            args = [*CLI, "job", "exec", job.name, "--once", "--hold", HOLD, "--", "sh", "-c", runner.spec]
+        else:
+            args = [*CLI, "run", runner.spec, "--once"]
+        job.started = time.monotonic()
+        job.proc = subprocess.Popen(
+            args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        threading.Thread(target=self._relay, args=(job.name, job.proc), daemon=True).start()
+        self.log(f"job {job.name}: run started ({job.reason})")
+
+    def _relay(self, name: str, proc: subprocess.Popen) -> None:
+        for line in proc.stdout or ():
+            self.log(f"  [{name}] {line.rstrip()}")
+
+    def _reap(self, conn: Conn) -> None:
+        for job in self._jobs.values():
+            if job.proc is None or job.proc.poll() is None:
+                continue
+            code, took = job.proc.returncode, time.monotonic() - job.started
+            try:
+                progress = jobs.show(conn, job.name).progress
+            except JobNotFoundError:  # unregistered while it ran
+                progress = None
+            conn.execute(
+                "UPDATE schedule_run SET finished_at = clock_timestamp(), exit_code = %s, progress_to = %s WHERE run_id = %s",
+                (code, progress, job.run_id),
+            )
+            job.proc = None
+            if code == 0:
+                job.last_start, job.wanted_since, job.failures = job.started, None, 0
+                job.duration_s = took if job.duration_s is None else (1 - SMOOTHING) * job.duration_s + SMOOTHING * took
+                moved = "" if progress != job.progress_from else " (nothing new to publish)"
+                self.log(f"job {job.name}: run done in {took:.1f} s, progress {progress}{moved}")
+            else:
+                job.failures += 1
+                delay = min(BACKOFF_S * 2 ** (job.failures - 1), BACKOFF_MAX_S)
+                job.retry_at = time.monotonic() + delay
+                self.log(
+                    f"job {job.name}: run failed (exit {code}) after {took:.1f} s; it published nothing; "
+                    f"retry {job.failures} in {delay:g} s"
+                )
+
+    def _durations(self) -> dict[str, float]:
+        return {name: j.duration_s for name, j in self._jobs.items() if j.duration_s is not None}
+
+    def _load_durations(self, conn: Conn) -> None:
+        """Durations measured by earlier schedules (their last five successful runs per job)."""
+        rows = conn.execute(
+            "SELECT job_name, avg(extract(epoch FROM finished_at - started_at)) AS s FROM ("
+            "  SELECT job_name, finished_at, started_at, row_number() OVER (PARTITION BY job_name ORDER BY run_id DESC) AS n"
+            "  FROM schedule_run WHERE exit_code = 0) r WHERE n <= 5 GROUP BY job_name"
+        ).fetchall()
+        for r in rows:
+            self._jobs.setdefault(r["job_name"], _Job(r["job_name"])).duration_s = float(r["s"])
+
+    def _stop_runs(self) -> None:
+        for job in self._jobs.values():
+            if job.proc is not None and job.proc.poll() is None:
+                job.proc.send_signal(signal.SIGTERM)
+        for job in self._jobs.values():
+            if job.proc is not None:
+                try:
+                    job.proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    job.proc.kill()
+
+
+def dry_run(conn: Conn) -> list[Due]:
+    """The plan as the schedule would see it now (durations measured by earlier schedules)."""
+    probe = Schedule(dsn=None, schema=None, catalog_uri=None, credential=None)
+    probe._load_durations(conn)
+    return plan(jobs.load_definitions(conn), targets.targets(conn), probe._durations(), set(targets.runners(conn)))

@@ -1,0 +1,127 @@
+"""Declared freshness in the control plane (DESIGN.md, "Declared freshness"): target lags,
+their inheritance, target misses, job runners, and the schedule's plan over them."""
+
+import math
+import time
+
+import pytest
+
+from icebarrier.apps.schedule import DEFAULT_DURATION_S, due_now, plan
+from icebarrier.control_plane import audit, jobs, targets
+from icebarrier.control_plane.errors import InvalidValueError, JobNotFoundError, TableNotFoundError
+from icebarrier.control_plane.targets import Runner
+from tests.helpers import T, job, new_barrier
+
+
+@pytest.fixture
+def pipeline(conn):
+    """ingest -> a; derive: a -> b; report: b -> c; side: a -> d (c and d read a's data)."""
+    jobs.register(conn, job("ingest", sinks=["a"]))
+    jobs.register(conn, job("derive", sources=["a"], sinks=["b"]))
+    jobs.register(conn, job("report", sources=["b"], sinks=["c"]))
+    jobs.register(conn, job("side", sources=["a"], sinks=["d"]))
+    return conn
+
+
+def by_table(conn) -> dict[str, targets.TableTarget]:
+    return {t.name.name: t for t in targets.targets(conn)}
+
+
+def test_a_table_without_a_target_inherits_the_tightest_of_the_tables_that_read_it(pipeline):
+    conn = pipeline
+    assert all(t.effective_s is None and t.met is None for t in by_table(conn).values())
+    targets.set_target_lag(conn, T("c"), 10)
+    targets.set_target_lag(conn, T("d"), 30)
+    got = by_table(conn)
+    assert (got["c"].target_lag_s, got["c"].effective_s, got["c"].target_from) == (10, 10, "lake.db.c")
+    assert (got["b"].target_lag_s, got["b"].effective_s, got["b"].target_from) == (None, 10, "lake.db.c")
+    assert (got["a"].effective_s, got["a"].target_from) == (10, "lake.db.c")  # the tighter of c and d
+    assert got["d"].effective_s == 30
+    targets.set_target_lag(conn, T("b"), 60)  # its own target stops what b passes up from c
+    got = by_table(conn)
+    assert (got["b"].effective_s, got["a"].effective_s, got["a"].target_from) == (60, 30, "lake.db.d")
+    targets.set_target_lag(conn, T("d"), None)
+    assert by_table(conn)["a"].effective_s == 60 and by_table(conn)["d"].effective_s is None
+    events = [e for e in audit.events(conn) if e.action == "table target-lag"]
+    assert [(e.table, e.detail["target_lag_s"]) for e in events][-1] == ("lake.db.d", None)
+    assert len(events) == 4
+
+
+def test_a_target_is_met_while_the_watermark_is_younger_than_it_and_each_stale_stretch_is_a_miss(pipeline):
+    conn = pipeline
+    targets.set_target_lag(conn, T("a"), 0.5)
+    assert by_table(conn)["a"].met is False  # nothing completed yet: not fresh
+    first = new_barrier(conn)
+    jobs.complete(conn, "ingest", first, {T("a"): 1})
+    assert by_table(conn)["a"].met is True
+    time.sleep(0.8)
+    assert by_table(conn)["a"].met is False
+    [ongoing] = targets.misses(conn, table=T("a"))
+    assert ongoing.until is None and ongoing.overdue_s > 0.2
+    second = new_barrier(conn)
+    jobs.complete(conn, "ingest", second, {T("a"): 2})
+    [recovered] = targets.misses(conn, table=T("a"))
+    assert recovered.until is not None and recovered.recovered_by == second and recovered.overdue_s > 0.2
+    assert by_table(conn)["a"].met is True
+    assert targets.misses(conn, table=T("b")) == []  # no target: none set on it or downstream of it
+
+
+def test_bad_targets_and_runners_are_refused_writing_nothing(pipeline):
+    conn = pipeline
+    with pytest.raises(TableNotFoundError):
+        targets.set_target_lag(conn, T("nope"), 10)
+    with pytest.raises(InvalidValueError):
+        targets.set_target_lag(conn, T("a"), 0)
+    with pytest.raises(JobNotFoundError):
+        targets.set_runner(conn, "nope", Runner(kind="command", spec="true"))
+    with pytest.raises(InvalidValueError):
+        Runner(kind="cron", spec="true")
+    with pytest.raises(InvalidValueError):
+        Runner(kind="command", spec="  ")
+    assert targets.runners(conn) == {} and all(t.target_lag_s is None for t in targets.targets(conn))
+
+
+def test_runners_are_kept_per_job_and_their_environment_stays_out_of_the_audit_trail(pipeline):
+    conn = pipeline
+    targets.set_runner(conn, "ingest", Runner(kind="command", spec="python ingest.py", env={"TOKEN": "s3cr3t"}))
+    targets.set_runner(conn, "derive", Runner(kind="file", spec="/jobs/derive.py"))
+    assert targets.runners(conn) == {
+        "ingest": Runner(kind="command", spec="python ingest.py", env={"TOKEN": "s3cr3t"}),
+        "derive": Runner(kind="file", spec="/jobs/derive.py"),
+    }
+    [event] = [e for e in audit.events(conn) if e.action == "job runner" and e.job == "ingest"]
+    assert event.detail["env"] == ["TOKEN"] and "s3cr3t" not in str(event.detail)
+    targets.set_runner(conn, "derive", None)
+    jobs.unregister(conn, "ingest")
+    assert targets.runners(conn) == {}
+
+
+def test_the_plan_starts_a_refresh_its_duration_before_the_target_runs_out(pipeline):
+    """Due in = target - freshness - refresh - margin, the refresh being the longest chain of
+    job durations ending at the table's writer; its jobs, sources first. Tables with targets of
+    their own drive refreshes (those inheriting are refreshed on the way)."""
+    conn = pipeline
+    targets.set_target_lag(conn, T("c"), 20)
+    b = new_barrier(conn)
+    for name, sink in (("ingest", "a"), ("derive", "b"), ("report", "c"), ("side", "d")):
+        jobs.complete(conn, name, b, {T(sink): 1})
+    durations = {"ingest": 1.0, "derive": 2.0, "report": 3.0}
+    dues = {d.table: d for d in plan(jobs.load_definitions(conn), targets.targets(conn), durations, {"ingest"})}
+    c = dues["lake.db.c"]
+    assert c.jobs == ("ingest", "derive", "report") and c.refresh_s == 6.0
+    assert c.missing == ("derive", "report")
+    assert c.due_in_s == pytest.approx(20 - c.freshness_s - 6.0 - 0.5 - 0.25 * 6.0)
+    assert set(dues) == {"lake.db.c"}  # a and b inherit c's target: c's refresh refreshes them; d has none
+    assert not due_now(list(dues.values()))  # just refreshed
+    # a table that never completed is due at once; a job never measured counts DEFAULT_DURATION_S
+    jobs.register(conn, job("late", sources=["c"], sinks=["e"]))
+    targets.set_target_lag(conn, T("e"), 20)
+    dues = plan(jobs.load_definitions(conn), targets.targets(conn), durations, set())
+    e = next(d for d in dues if d.table == "lake.db.e")
+    assert math.isinf(e.due_in_s) and e.refresh_s == 6.0 + DEFAULT_DURATION_S
+    assert [d.table for d in due_now(dues)] == ["lake.db.e"]  # c is due in 12 s, after e's refresh (8 s)
+    # falling due together: with a target of 15 s, c falls due within e's refresh (in 7 s), so
+    # both refresh now, for one barrier, instead of c a moment later for another
+    targets.set_target_lag(conn, T("c"), 15)
+    dues = plan(jobs.load_definitions(conn), targets.targets(conn), durations, set())
+    assert [d.table for d in due_now(dues)] == ["lake.db.e", "lake.db.c"]

@@ -1,0 +1,219 @@
+"""`icebarrier schedule` (DESIGN.md, "Declared freshness") over a pipeline of five jobs that run
+themselves: four `job exec` scripts (PyIceberg, DuckDB) and a PySpark runtime job.
+
+    ingest (PyIceberg) -> orders -> count (DuckDB) -> by_barrier -> summarize (PyIceberg) -> summary, audit
+                                                                 -> mirror (PyIceberg) -> mirrored
+                          orders -> daily (PySpark SqlJob, the runtime) -> daily
+
+Targets: ``mirrored`` 25 s (its upstream inherits it), ``daily`` 60 s. Barriers come every
+second, issued by the schedule. The schedule meets the targets, runs each job far less often
+than barriers are issued, retries a run whose command was killed, and a second schedule waits
+until the first is killed, then takes over."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from icebarrier.apps.embedded import CLI
+from icebarrier.control_plane import barriers, jobs, targets, tokens
+from icebarrier.control_plane.model import JobDefinition
+from icebarrier.control_plane.targets import Runner
+from tests.iceberg_ext.test_job_exec import ENGINES
+
+pytestmark = pytest.mark.slow
+
+MIRROR = """
+import os, sys
+from pyiceberg.catalog import load_catalog
+ns = sys.argv[1]
+catalog = load_catalog(os.environ["ICEBARRIER_CATALOG"])
+rows = catalog.load_table(f"{ns}.summary").scan().to_arrow()
+catalog.create_table_if_not_exists(f"{ns}.mirrored", schema=rows.schema).overwrite(rows)
+"""
+DAILY = """
+from icebarrier import SqlJob
+job = SqlJob("daily", "INSERT OVERWRITE lake.{ns}.daily SELECT count(*) AS n, max(barrier) AS last FROM lake.{ns}.orders")
+"""
+TARGETS = {"mirrored": 25, "daily": 60}
+
+
+def register(lake, tmp_path: Path) -> None:
+    py, ns = sys.executable, lake.namespace
+    (tmp_path / "mirror.py").write_text(MIRROR)
+    (tmp_path / "daily.py").write_text(DAILY.format(ns=ns))
+    pipeline = {  # job: (sources, sinks, runner)
+        "ingest": ([], ["orders"], Runner(kind="command", spec=f"{py} {ENGINES / 'pyiceberg_root.py'} {ns} 5")),
+        "count": (
+            ["orders"],
+            ["by_barrier"],
+            Runner(kind="command", spec=f"{py} {ENGINES / 'duckdb_by_barrier.py'} {ns}"),
+        ),
+        "summarize": (
+            ["by_barrier"],
+            ["summary", "audit"],
+            Runner(kind="command", spec=f"{py} {ENGINES / 'pyiceberg_summary.py'} {ns}"),
+        ),
+        "mirror": (["summary"], ["mirrored"], Runner(kind="command", spec=f"{py} {tmp_path / 'mirror.py'} {ns}")),
+        "daily": (["orders"], ["daily"], Runner(kind="file", spec=str(tmp_path / "daily.py"))),
+    }
+    for name, (sources, sinks, runner) in pipeline.items():
+        jobs.register(
+            lake.conn,
+            JobDefinition(
+                name=name,
+                sources=frozenset(lake.T(t) for t in sources),
+                sinks=frozenset(lake.T(t) for t in sinks),
+                external_inputs=frozenset() if sources else frozenset(["ext:orders"]),
+            ),
+        )
+        targets.set_runner(lake.conn, name, runner)
+    for table, seconds in TARGETS.items():
+        targets.set_target_lag(lake.conn, lake.T(table), seconds)
+    schema = pa.schema([pa.field("n", pa.int64()), pa.field("last", pa.int64())])
+    lake.catalog.create_table(f"{ns}.daily", schema=schema)  # a SQL job's sink exists before it runs
+
+
+class Scheduler:
+    """An `icebarrier schedule` process; its log lines, as they come."""
+
+    def __init__(self, server: str, credential: str, log: Path) -> None:
+        self.proc = subprocess.Popen(
+            [*CLI, "schedule", "--parallel", "3", "--catalog-uri", server, "--credential", credential],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its runs die with it (the test kills the whole group at the end)
+        )
+        self.lines: list[str] = []
+
+        def keep() -> None:
+            with open(log, "w") as copy:
+                for line in self.proc.stdout:
+                    self.lines.append(line)
+                    copy.write(line)
+                    copy.flush()
+
+        threading.Thread(target=keep, daemon=True).start()
+
+    def wait_for(self, text: str, timeout_s: float = 120) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = [line for line in self.lines if text in line]
+            if found:
+                return found[0]
+            assert self.proc.poll() is None or found, f"schedule exited: {''.join(self.lines)[-3000:]}"
+            assert time.monotonic() < deadline, f"no {text!r} in: {''.join(self.lines)[-3000:]}"
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(30)
+
+
+def script_pids(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if marker in cmdline and "job exec" not in cmdline and "sh -c" not in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+def sample(lake, seconds: float, met: dict[str, list[bool]], *, during=None) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for t in targets.targets(lake.conn):
+            if t.name.name in TARGETS:
+                met.setdefault(t.name.name, []).append(bool(t.met))
+        if during is not None:
+            during()
+        time.sleep(0.5)
+
+
+def test_the_schedule_meets_targets_coalescing_retrying_and_handing_over(lake, server, tmp_path):
+    barriers.set_interval_s(lake.conn, 1)
+    register(lake, tmp_path)
+    admin = ":".join(tokens.create(lake.conn, admin=True))
+    first = Scheduler(server, admin, tmp_path / "first.log")
+    second = None
+    try:
+        first.wait_for("schedule: running")
+        second = Scheduler(server, admin, tmp_path / "second.log")
+        second.wait_for("waiting to take over")
+        holder = lake.conn.execute("SELECT holder FROM schedule_state").fetchone()["holder"]
+        assert holder.endswith(f"pid {first.proc.pid}")
+        # warm-up: every table refreshed once (the PySpark job's first run starts a JVM)
+        deadline = time.monotonic() + 240
+        while not all(t.met for t in targets.targets(lake.conn) if t.name.name in TARGETS):
+            assert time.monotonic() < deadline, first.log()[-4000:]
+            time.sleep(0.5)
+        started = barriers.newest(lake.conn)
+        met: dict[str, list[bool]] = {}
+        killed: list[int] = []
+
+        def kill_ingest_once() -> None:
+            if not killed:
+                pids = script_pids(f"pyiceberg_root.py {lake.namespace}")
+                for pid in pids:
+                    os.kill(pid, signal.SIGKILL)
+                killed.extend(pids)
+
+        sample(lake, 40, met, during=kill_ingest_once)
+        assert killed, "ingest never ran in 40 s"
+        first.wait_for("job ingest: run failed")
+        first.wait_for("retry 1 in")
+        # the first schedule dies: the second takes over
+        first.kill_group()
+        second.wait_for("schedule: running", timeout_s=30)
+        progress = jobs.show(lake.conn, "mirror").progress
+        sample(lake, 35, met)
+        assert jobs.show(lake.conn, "mirror").progress > progress, second.log()[-4000:]
+        holder = lake.conn.execute("SELECT holder FROM schedule_state").fetchone()["holder"]
+        assert holder.endswith(f"pid {second.proc.pid}")
+        second.proc.send_signal(signal.SIGTERM)
+        assert second.proc.wait(60) == 0, second.log()[-3000:]
+    finally:
+        first.kill_group()
+        if second is not None:
+            second.kill_group()
+    for table, seen in met.items():
+        share = sum(seen) / len(seen)
+        assert share >= 0.9, f"{table}: target met {share:.0%} of {len(seen)} samples\n{first.log()[-3000:]}"
+        assert seen[-1], f"{table} missed its target at the end"
+    # coalescing: runs far fewer than barriers; no job ran twice at once; the killed run failed
+    issued = lake.conn.execute("SELECT count(*) AS n FROM barriers WHERE barrier > %s", (started.barrier,)).fetchone()[
+        "n"
+    ]
+    runs = lake.conn.execute(
+        "SELECT job_name, started_at, finished_at, exit_code FROM schedule_run ORDER BY job_name, started_at"
+    ).fetchall()
+    window = [r for r in runs if r["started_at"] >= started.issued_at]
+    for name in ("ingest", "count", "summarize", "mirror", "daily"):
+        mine = [r for r in window if r["job_name"] == name]
+        assert 1 <= len(mine) <= issued / 5, f"{name}: {len(mine)} runs for {issued} barriers"
+        done = [r for r in runs if r["job_name"] == name and r["finished_at"] is not None]
+        for before, after in zip(done, done[1:]):
+            assert before["finished_at"] <= after["started_at"], f"two runs of {name} at once: {before} {after}"
+    assert any(r["job_name"] == "ingest" and r["exit_code"] not in (0, None) for r in runs)
+    log = json.dumps(first.log())
+    assert "published nothing" in log
