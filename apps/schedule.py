@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -34,6 +35,7 @@ from icebarrier.control_plane.db import Conn
 from icebarrier.control_plane.errors import ControlPlaneUnavailableError, JobNotFoundError
 from icebarrier.control_plane.model import JobDefinition
 from icebarrier.control_plane.targets import Runner, TableTarget
+from icebarrier.iceberg_ext.runtime import ANSWER
 
 DEFAULT_DURATION_S = 2.0  # a job's duration before its first measured run
 SMOOTHING = 0.3  # weight of a new run in a job's measured duration
@@ -140,14 +142,76 @@ def due_now(dues: list[Due]) -> list[Due]:
 # -- the process --------------------------------------------------------------------------------
 
 
+class _Warm:
+    """A PySpark job file's process (``icebarrier run FILE --on-request``): its Spark session
+    stays up between runs, so a run costs the job's work, not a JVM's start."""
+
+    def __init__(self, runner: Runner, args: list[str], env: dict[str, str], relay: Callable[[str], None]) -> None:
+        self.runner = runner
+        self.proc = subprocess.Popen(
+            args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.answers: queue.Queue[dict] = queue.Queue()
+        self.ready_at: float | None = None
+        threading.Thread(target=self._read, args=(relay,), daemon=True).start()
+
+    def _read(self, relay: Callable[[str], None]) -> None:
+        for line in self.proc.stdout or ():
+            if line.startswith(ANSWER):
+                answer = json.loads(line[len(ANSWER) :])
+                if answer.get("ready"):
+                    self.ready_at = time.monotonic()
+                else:
+                    self.answers.put(answer)
+            else:
+                relay(line)
+
+    def request(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            self.proc.stdin.close()  # end of requests: it exits
+
+
+class _Run:
+    """One run in flight: a command's `job exec` process, or a request to a warm runner."""
+
+    def __init__(self, proc: subprocess.Popen | None = None, warm: _Warm | None = None) -> None:
+        self.proc, self.warm = proc, warm
+        self.started = time.monotonic()
+
+    def exit_code(self) -> int | None:
+        """None while it runs; 0 when it completed what was due."""
+        if self.proc is not None:
+            return self.proc.poll()
+        assert self.warm is not None
+        try:
+            return 0 if self.warm.answers.get_nowait()["ok"] else 1
+        except queue.Empty:
+            code = self.warm.proc.poll()
+            return None if code is None else code or 1
+
+    def took_s(self) -> float:
+        """How long the run took (a warm runner's start is not part of it)."""
+        begun = max(self.started, self.warm.ready_at or self.started) if self.warm else self.started
+        return time.monotonic() - begun
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+
 @dataclass(slots=True)
 class _Job:
     name: str
     duration_s: float | None = None
     last_start: float = -math.inf  # time.monotonic() of its last successful run's start
-    proc: subprocess.Popen | None = None
+    run: _Run | None = None
+    warm: _Warm | None = None
     run_id: int | None = None
-    started: float = 0.0
     progress_from: int | None = None
     reason: str = ""
     failures: int = 0
@@ -292,11 +356,11 @@ class Schedule:
     def _start_runs(self, definitions: dict[str, JobDefinition], runnable: dict[str, Runner], conn: Conn) -> None:
         writer = {str(t): name for name, d in definitions.items() for t in d.sinks}
         now = time.monotonic()
-        running = sum(1 for j in self._jobs.values() if j.proc is not None)
+        running = sum(1 for j in self._jobs.values() if j.run is not None)
         for name, job in sorted(self._jobs.items()):
             if running >= self.parallel:
                 return
-            if job.wanted_since is None or job.proc is not None or now < job.retry_at or name not in runnable:
+            if job.wanted_since is None or job.run is not None or now < job.retry_at or name not in runnable:
                 continue
             ups = (
                 {writer[str(s)] for s in definitions[name].sources if str(s) in writer}
@@ -304,7 +368,7 @@ class Schedule:
                 else set()
             )
             if any(
-                self._jobs[u].wanted_since is not None or self._jobs[u].proc is not None for u in ups if u in self._jobs
+                self._jobs[u].wanted_since is not None or self._jobs[u].run is not None for u in ups if u in self._jobs
             ):
                 continue  # what it reads is still to be refreshed
             self._launch(job, runnable[name], conn)
@@ -327,24 +391,35 @@ class Schedule:
                 env.setdefault(key, value)
         if runner.kind == "command":
             args = [*CLI, "job", "exec", job.name, "--once", "--hold", HOLD, "--", "sh", "-c", runner.spec]
+            proc = subprocess.Popen(
+                args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+            threading.Thread(target=self._relay, args=(job.name, proc), daemon=True).start()
+            job.run = _Run(proc=proc)
         else:
-            args = [*CLI, "run", runner.spec, "--once"]
-        job.started = time.monotonic()
-        job.proc = subprocess.Popen(
-            args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        threading.Thread(target=self._relay, args=(job.name, job.proc), daemon=True).start()
+            if job.warm is None or job.warm.proc.poll() is not None or job.warm.runner != runner:
+                if job.warm is not None:
+                    job.warm.stop()
+                job.warm = _Warm(
+                    runner, [*CLI, "run", runner.spec, "--on-request"], env, lambda line: self._say(job.name, line)
+                )
+                self.log(f"job {job.name}: runner started (pid {job.warm.proc.pid}; its Spark session stays up)")
+            job.warm.request()
+            job.run = _Run(warm=job.warm)
         self.log(f"job {job.name}: run started ({job.reason})")
 
     def _relay(self, name: str, proc: subprocess.Popen) -> None:
         for line in proc.stdout or ():
-            self.log(f"  [{name}] {line.rstrip()}")
+            self._say(name, line)
+
+    def _say(self, name: str, line: str) -> None:
+        self.log(f"  [{name}] {line.rstrip()}")
 
     def _reap(self, conn: Conn) -> None:
         for job in self._jobs.values():
-            if job.proc is None or job.proc.poll() is None:
+            if job.run is None or (code := job.run.exit_code()) is None:
                 continue
-            code, took = job.proc.returncode, time.monotonic() - job.started
+            took, started = job.run.took_s(), job.run.started
             try:
                 progress = jobs.show(conn, job.name).progress
             except JobNotFoundError:  # unregistered while it ran
@@ -353,9 +428,9 @@ class Schedule:
                 "UPDATE schedule_run SET finished_at = clock_timestamp(), exit_code = %s, progress_to = %s WHERE run_id = %s",
                 (code, progress, job.run_id),
             )
-            job.proc = None
+            job.run = None
             if code == 0:
-                job.last_start, job.wanted_since, job.failures = job.started, None, 0
+                job.last_start, job.wanted_since, job.failures = started, None, 0
                 job.duration_s = took if job.duration_s is None else (1 - SMOOTHING) * job.duration_s + SMOOTHING * took
                 moved = "" if progress != job.progress_from else " (nothing new to publish)"
                 self.log(f"job {job.name}: run done in {took:.1f} s, progress {progress}{moved}")
@@ -383,14 +458,17 @@ class Schedule:
 
     def _stop_runs(self) -> None:
         for job in self._jobs.values():
-            if job.proc is not None and job.proc.poll() is None:
-                job.proc.send_signal(signal.SIGTERM)
+            if job.run is not None:
+                job.run.stop()
+            if job.warm is not None:
+                job.warm.stop()
         for job in self._jobs.values():
-            if job.proc is not None:
-                try:
-                    job.proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    job.proc.kill()
+            for proc in (job.run.proc if job.run else None, job.warm.proc if job.warm else None):
+                if proc is not None:
+                    try:
+                        proc.wait(30)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
 
 
 def dry_run(conn: Conn) -> list[Due]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import runpy
+import sys
 
 import click
 
@@ -38,6 +40,13 @@ def load_job(path: str):
 @click.option("--once", "mode", flag_value="once", default=True, help="Complete every ready barrier, then exit.")
 @click.option("--follow", "mode", flag_value="follow", help="Keep going until SIGINT/SIGTERM.")
 @click.option(
+    "--on-request",
+    "mode",
+    flag_value="on-request",
+    help="Stay up, Spark warm: run once per line read on stdin, answering each on stdout; exit at its end "
+    "(how `icebarrier schedule` runs job files).",
+)
+@click.option(
     "--poll",
     default="60s",
     show_default=True,
@@ -46,10 +55,13 @@ def load_job(path: str):
 @click.pass_obj
 def run(obj, path: str, mode: str, poll: str) -> None:
     """Run the job FILE.py defines (register, complete barriers in order, heartbeat, stop cleanly)."""
-    from icebarrier.iceberg_ext.runtime import Runtime
+    from icebarrier.iceberg_ext.runtime import ANSWER, Runtime
 
     job = load_job(path)
     with Runtime(job, settings=obj.settings()) as runtime:
+        if mode == "on-request":
+            runtime.on_request(sys.stdin, lambda answer: click.echo(ANSWER + json.dumps(answer)))
+            return
         summary = runtime.run(follow=mode == "follow", poll_s=parse_duration_s(poll))
     emit(
         obj,

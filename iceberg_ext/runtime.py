@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import psycopg
@@ -83,6 +83,11 @@ class RunSummary:
     completed: list[int] = field(default_factory=list)
     computations: int = 0
     stopped_by_signal: bool = False
+
+
+# How `icebarrier run FILE --on-request` answers each request: this, then a JSON object, on a
+# line of its own on stdout (everything else it prints is log).
+ANSWER = "icebarrier-run: "
 
 
 class Runtime:
@@ -196,6 +201,24 @@ class Runtime:
             f"{summary.computations} computation(s)"
         )
         return summary
+
+    def on_request(self, requests: Iterable[str], answer: Callable[[dict], None]) -> None:
+        """Complete every ready barrier once per request (a line of ``requests``), the Spark
+        session kept warm between them: what `icebarrier schedule` runs a job file with. Each
+        request is answered (``ok``, ``completed``); a refusal (an IcebarrierError) is answered
+        and the next request runs; any other failure is answered, then ends the process."""
+        _ = self.spark
+        answer({"ready": True})
+        for _request in requests:
+            try:
+                summary = self.run()
+            except IcebarrierError as exc:
+                answer({"ok": False, "error": str(exc)})
+                continue
+            except Exception as exc:
+                answer({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+                raise
+            answer({"ok": True, "completed": summary.completed, "computations": summary.computations})
 
     _signalled = False
     _said_waiting: str | None = None
