@@ -141,8 +141,8 @@ async def _waiting(
             woke = await watch.until(
                 Wait.of(opening.plan, root=opening.plan.root, due_in_s=opening.due_in_s, safety_s=left), limit_s=left
             )
-            if not woke and deadline - time.monotonic() <= 0:
-                break  # the long poll's end: the client asks again (its safety poll)
+            if not woke and (opening.due_in_s is None or opening.due_in_s >= left):
+                break  # the long poll's end, with no barrier due before it: the client asks again
             try:
                 found, answer = await run_in_threadpool(_open, once, job, body)
             except Exception as exc:  # noqa: BLE001 - the stream has begun: the error is its last line

@@ -133,11 +133,11 @@ def test_following_jobs_cost_nothing_while_idle_and_wake_when_their_source_moves
     procs = follow(server, creds, tmp_path, "--poll", "300s")
     wait_for(lambda: all("waiting for" in (tmp_path / f"{j}.err").read_text() for j in CHAIN), "idle", procs, tmp_path)
     # the goal: at most 0.1 per idle job per second (polling cost ~3 per job per second). Each
-    # job's long poll is renewed every MAX_WAIT_S (60 s) in a burst of 4 transactions (the ending
-    # and the new poll's plans, the token's look-up, the pool's ping): the window (the 11 s that
-    # `committed` settles for included) is shorter than that cycle so it holds at most one burst
-    # (a 61-s window could hold two: 24 > the budget, though the rate was 0.067); a renewal twice
-    # as frequent, or any polling, still puts two or more in it and exceeds the budget
+    # job's long poll is renewed every MAX_WAIT_S (60 s) in a burst of 3 transactions (the new
+    # poll's plan, the token's look-up, the pool's ping; 4 when the pool pings two connections):
+    # the window (the 11 s that `committed` settles for included) is shorter than that cycle so
+    # it holds at most one burst (a 61-s window could hold two); a renewal twice as frequent, or
+    # any polling, still puts two or more in it and exceeds the budget
     assert MAX_WAIT_S >= 60
     spent, seconds, counts = idle_cost(lake, 38, 0.1 * len(CHAIN))
     assert spent <= 2 + 0.1 * len(CHAIN) * seconds, f"{counts} transactions in windows of {seconds:.0f} s of idle jobs"
