@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -47,6 +48,49 @@ def pytest_collection_modifyitems(items) -> None:
     for item in items:
         if item.get_closest_marker("cluster"):
             item.add_marker(pytest.mark.xdist_group("spark-cluster"))
+
+
+def _children(pid: int) -> set[int]:
+    """The processes ``pid`` started (Linux /proc; none elsewhere)."""
+    found: set[int] = set()
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            found |= {int(c) for c in (task / "children").read_text().split()}
+        except OSError:
+            continue
+    return found
+
+
+def _is_icebarrier_command(pid: int) -> bool:
+    """An `icebarrier …` command (the CLI, as a script or ``-m icebarrier.cli.main``), not a
+    Spark JVM a test's session started (that one stays: later tests share it)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return "java" not in Path(argv[0]).name and any("icebarrier" in a for a in argv[1:3])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A test leaves no `icebarrier` command of its own running: one its body started and did
+    not stop (an assertion failed before its cleanup) is killed, with what it started, when the
+    test ends, so it cannot poll, write or load the machine under later tests. (Fixtures'
+    processes are theirs to stop.)"""
+    before = _children(os.getpid())
+    yield
+    leaked = [p for p in _children(os.getpid()) - before if _is_icebarrier_command(p)]
+    while leaked:
+        pid = leaked.pop()
+        leaked.extend(_children(pid))
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _reachable(dsn: str) -> bool:

@@ -71,6 +71,13 @@ def wait_for(condition, what: str, procs: dict, tmp_path: Path, timeout_s: float
         time.sleep(0.1)
 
 
+def kill(procs: dict) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def stop(procs: dict, tmp_path: Path) -> dict[str, dict]:
     summaries = {}
     for job, proc in procs.items():
@@ -131,27 +138,34 @@ def test_following_jobs_cost_nothing_while_idle_and_wake_when_their_source_moves
     barriers.set_interval_s(lake.conn, WEEK_S)
     creds = register_chain(lake)
     procs = follow(server, creds, tmp_path, "--poll", "300s")
-    wait_for(lambda: all("waiting for" in (tmp_path / f"{j}.err").read_text() for j in CHAIN), "idle", procs, tmp_path)
-    # the goal: at most 0.1 per idle job per second (polling cost ~3 per job per second). Each
-    # job's long poll is renewed every MAX_WAIT_S (60 s) in a burst of 3 transactions (the new
-    # poll's plan, the token's look-up, the pool's ping; 4 when the pool pings two connections):
-    # the window (the 11 s that `committed` settles for included) is shorter than that cycle so
-    # it holds at most one burst (a 61-s window could hold two); a renewal twice as frequent, or
-    # any polling, still puts two or more in it and exceeds the budget
-    assert MAX_WAIT_S >= 60
-    spent, seconds, counts = idle_cost(lake, 38, 0.1 * len(CHAIN))
-    assert spent <= 2 + 0.1 * len(CHAIN) * seconds, f"{counts} transactions in windows of {seconds:.0f} s of idle jobs"
-    marks = []
-    for _ in range(3):
-        marks.append(barriers.issue(lake.conn).barrier)
+    try:
         wait_for(
-            lambda: jobs.show(lake.conn, "leaf").progress == marks[-1],
-            f"barrier {marks[-1]} at the leaf",
-            procs,
-            tmp_path,
-            timeout_s=60,
-        )  # the poll alone would take 300 s
-    summaries = stop(procs, tmp_path)
+            lambda: all("waiting for" in (tmp_path / f"{j}.err").read_text() for j in CHAIN), "idle", procs, tmp_path
+        )
+        # the goal: at most 0.1 per idle job per second (polling cost ~3 per job per second). Each
+        # job's long poll is renewed every MAX_WAIT_S (60 s) in a burst of 3 transactions (the new
+        # poll's plan, the token's look-up, the pool's ping; 4 when the pool pings two connections):
+        # the window (the 11 s that `committed` settles for included) is shorter than that cycle so
+        # it holds at most one burst (a 61-s window could hold two); a renewal twice as frequent, or
+        # any polling, still puts two or more in it and exceeds the budget
+        assert MAX_WAIT_S >= 60
+        spent, seconds, counts = idle_cost(lake, 38, 0.1 * len(CHAIN))
+        assert spent <= 2 + 0.1 * len(CHAIN) * seconds, (
+            f"{counts} transactions in windows of {seconds:.0f} s of idle jobs"
+        )
+        marks = []
+        for _ in range(3):
+            marks.append(barriers.issue(lake.conn).barrier)
+            wait_for(
+                lambda: jobs.show(lake.conn, "leaf").progress == marks[-1],
+                f"barrier {marks[-1]} at the leaf",
+                procs,
+                tmp_path,
+                timeout_s=60,
+            )  # the poll alone would take 300 s
+        summaries = stop(procs, tmp_path)
+    finally:
+        kill(procs)  # a failed assertion leaves no job polling on
     published = [s["barrier"] for s in summaries["root"]["steps"] if s["outcome"] == "published"]
     assert published[-3:] == marks  # after the barrier the clock issued for its first run
     for job in ("mid", "leaf"):
