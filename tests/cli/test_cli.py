@@ -240,3 +240,82 @@ def test_plans_coalescing_and_anchors_from_the_cli(cli):
     assert f"lake.db.daily coalesced it into barrier {b2}" in line and f"{first} (before)" in line
     daily = next(t for t in _json(cli("table", "list", output="json")) if t["table"] == "lake.db.daily")
     assert (daily["coalesced_after"], daily["coalesced_into"]) == (first, b2)
+
+
+def test_declared_freshness_from_the_cli(cli, conn):
+    """Targets set on a table or on `job register`, inherited upstream, shown by `table list`;
+    runners registered with the job; `schedule --dry-run` prints the plan; `delay` the misses;
+    bad inputs refused in one line, writing nothing."""
+    from icebarrier.control_plane import targets
+
+    assert (
+        cli(
+            "job",
+            "register",
+            "ingest",
+            "--external",
+            "kafka:orders",
+            "--sink",
+            "lake.db.orders",
+            "--command",
+            "python ingest.py",
+            "--env",
+            "TOKEN=s3cr3t",
+        ).exit_code
+        == 0
+    )
+    registered = _json(
+        cli(
+            "job",
+            "register",
+            "agg",
+            "--source",
+            "lake.db.orders",
+            "--sink",
+            "lake.db.daily",
+            "--command",
+            "python agg.py",
+            "--target-lag",
+            "90s",
+            output="json",
+        )
+    )
+    assert registered["target_lag_s"] == 90 and registered["runner"] == {
+        "kind": "command",
+        "spec": "python agg.py",
+        "env": [],
+    }
+    listed = {t["table"]: t for t in _json(cli("table", "list", output="json"))}
+    assert listed["lake.db.daily"]["effective_target_lag_s"] == 90
+    assert listed["lake.db.orders"]["target_from"] == "lake.db.daily"  # inherited
+    text = cli("table", "list").output
+    assert "90s MISSED" in text and "<- lake.db.daily" in text  # never completed: not fresh
+    assert cli("table", "target-lag", "lake.db.orders", "30s").output == "table lake.db.orders: target lag 30s\n"
+    assert targets.runners(conn)["ingest"].env == {"TOKEN": "s3cr3t"}
+
+    plan = {d["table"]: d for d in _json(cli("schedule", "--dry-run", output="json"))}
+    assert set(plan) == {"lake.db.daily", "lake.db.orders"}  # each has a target of its own now
+    assert plan["lake.db.daily"]["jobs"] == ["ingest", "agg"] and plan["lake.db.daily"]["due_in_s"] is None
+    assert "ingest -> agg" in cli("schedule", "--dry-run").output
+
+    b = _json(cli("job", "next-barrier", "ingest", output="json"))["barrier"]
+    cli("job", "complete", "ingest", "--barrier", str(b), "--commit", "lake.db.orders=1")
+    cli("table", "target-lag", "lake.db.orders", "1ms")
+    misses = _json(cli("delay", output="json"))["target_misses"]
+    assert [m["table"] for m in misses if m["missed_until"] is None] == ["lake.db.orders"]
+    assert "target misses" in cli("delay").output
+    assert _json(cli("table", "target-lag", "lake.db.orders", "--clear", output="json"))["target_lag_s"] is None
+
+    for args, fragment in (
+        (["table", "target-lag", "lake.db.nope", "5m"], "lake.db.nope"),
+        (["table", "target-lag", "lake.db.daily", "soon"], "soon"),
+    ):
+        assert fragment in _error(cli(*args))
+    for args in (
+        ["table", "target-lag", "lake.db.daily"],
+        ["job", "register", "x", "--sink", "lake.db.x", "--command", "a", "--file", __file__],
+        ["job", "register", "x", "--sink", "lake.db.x", "--env", "A=1"],
+        ["job", "register", "x", "--sink", "lake.db.x", "--command", "a", "--env", "novalue"],
+    ):
+        assert cli(*args).exit_code == 2, args
+    assert "x" not in {j["job"] for j in _json(cli("job", "list", output="json"))}

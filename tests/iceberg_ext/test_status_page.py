@@ -3,6 +3,7 @@ metrics (`/metrics`), against a running pipeline."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -13,7 +14,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from icebarrier.control_plane import barriers, leases, tokens
+from icebarrier.control_plane import barriers, leases, targets, tokens
 from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -55,6 +56,13 @@ def test_metrics_give_each_table_its_lag_and_freshness_and_time_the_loads(lake, 
     )
     assert samples[("icebarrier_barriers_issued_total", ())] == 2
     assert samples[("icebarrier_catalog_load_seconds_count", (("warehouse", "barrier"),))] == 1
+    assert not any(name.startswith("icebarrier_table_target") for name, _ in samples)  # no targets yet
+    targets.set_target_lag(lake.conn, lake.T("orders"), 3600)
+    targets.set_target_lag(lake.conn, lake.T("late"), 0.001)
+    samples = scrape(server, headers)
+    assert samples[("icebarrier_table_target_lag_seconds", (("table", orders),))] == 3600
+    assert samples[("icebarrier_table_target_met", (("table", orders),))] == 1
+    assert samples[("icebarrier_table_target_met", (("table", late),))] == 0
     barriers.issue(lake.conn)
     assert scrape(server, headers)[("icebarrier_barriers_issued_total", ())] == 3
 
@@ -72,6 +80,11 @@ def test_the_status_page_renders_the_pipeline_in_a_real_browser(lake, tmp_path):
         p.advance()
     p.advance(only={f"{lake.namespace}_ingest"})
     leases.acquire(lake.conn, [lake.T("orders")], ttl_s=600, holder="nightly-report")
+    targets.set_target_lag(lake.conn, lake.T("orders"), 3600)
+    lake.conn.execute(  # the schedule's plan, as a schedule leaves it
+        "INSERT INTO schedule_state (holder, started_at, seen_at, plan) VALUES ('vm pid 1', now(), now(), %s)",
+        (json.dumps([{"table": str(lake.T("orders")), "target_lag_s": 3600, "due_in_s": 3000, "jobs": ["ingest"]}]),),
+    )
     proc, server = start_server(lake, "--allow-anonymous-read")
     try:
         assert requests.get(f"{server}/ui", timeout=30).status_code == 200
@@ -94,13 +107,14 @@ def test_the_status_page_renders_the_pipeline_in_a_real_browser(lake, tmp_path):
         assert "Traceback" not in stop_server(proc)
     html = dom.stdout
     assert 'data-rendered="yes"' in html, dom.stderr[-3000:]
-    for chart in ("topology", "delays"):
+    for chart in ("topology", "delays", "targets"):
         block = re.search(rf'<div id="{chart}"[^>]*>(.*?)</div>\s*<div id=', html, re.S) or re.search(
             rf'<div id="{chart}"[^>]*>(.*)', html, re.S
         )
         assert 'class="main-svg"' in block.group(1), chart
     for name in ("orders", "late", "nightly-report"):
         assert f"<td>{lake.T(name) if name != 'nightly-report' else name}</td>" in html
+    assert "60.0m, met" in html and "<td>50.0m</td><td>ingest</td>" in html  # a target; the plan
     assert '<div id="error"></div>' in html  # no refresh failed
     errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert errors == []
