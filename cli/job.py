@@ -248,24 +248,34 @@ def complete(obj, name: str, barrier: int, commits, run_id: str | None, coalesce
 COMMANDS = [job_group]
 
 
+def catalog_access(credential_help: str):
+    """The options naming the catalog a command's jobs run through: ``--catalog-uri`` and
+    ``--credential`` (or their environment variables, which `job exec` runs pass on)."""
+
+    def apply(command):
+        command = click.option(
+            "--credential",
+            envvar="ICEBARRIER_CATALOG_CREDENTIAL",
+            metavar="CLIENT_ID:SECRET",
+            help=f"{credential_help} [env ICEBARRIER_CATALOG_CREDENTIAL].",
+        )(command)
+        return click.option(
+            "--catalog-uri",
+            envvar="ICEBARRIER_CATALOG_URI",
+            default="http://127.0.0.1:8181",
+            show_default=True,
+            help="Where `icebarrier serve` listens [env ICEBARRIER_CATALOG_URI].",
+        )(command)
+
+    return apply
+
+
 @job_group.command("exec", context_settings={"ignore_unknown_options": True})
 @click.argument("name")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option("--once", "mode", flag_value="once", default=True, help="Complete every barrier due now, then exit.")
 @click.option("--follow", "mode", flag_value="follow", help="Keep going until SIGINT/SIGTERM.")
-@click.option(
-    "--catalog-uri",
-    envvar="ICEBARRIER_CATALOG_URI",
-    default="http://127.0.0.1:8181",
-    show_default=True,
-    help="Where `icebarrier serve` listens [env ICEBARRIER_CATALOG_URI].",
-)
-@click.option(
-    "--credential",
-    envvar="ICEBARRIER_CATALOG_CREDENTIAL",
-    metavar="CLIENT_ID:SECRET",
-    help="A token of job NAME, or an admin token [env ICEBARRIER_CATALOG_CREDENTIAL].",
-)
+@catalog_access("A token of job NAME, or an admin token")
 @click.option(
     "--no-skip", is_flag=True, help="The command reads the barrier itself: run it even when no source changed."
 )

@@ -6,23 +6,14 @@ import signal
 
 import click
 
+from icebarrier.cli.job import catalog_access
 from icebarrier.cli.render import Seconds, emit, table
 
 
 @click.command("schedule")
 @click.option("--parallel", type=click.IntRange(1, 256), default=4, show_default=True, help="Runs at once, at most.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (which tables fall due when, running what) and exit.")
-@click.option(
-    "--catalog-uri",
-    envvar="ICEBARRIER_CATALOG_URI",
-    help="Where `icebarrier serve` listens, for jobs registered with --command [env ICEBARRIER_CATALOG_URI].",
-)
-@click.option(
-    "--credential",
-    envvar="ICEBARRIER_CATALOG_CREDENTIAL",
-    metavar="CLIENT_ID:SECRET",
-    help="An admin token for those jobs' `job exec` runs [env ICEBARRIER_CATALOG_CREDENTIAL].",
-)
+@catalog_access("An admin token, for the runs of jobs registered with --command")
 @click.option(
     "--no-barriers",
     is_flag=True,

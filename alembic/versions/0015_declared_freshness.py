@@ -24,6 +24,10 @@ Revises: 0014
 Create Date: 2026-11-25
 """
 
+import importlib.util
+import re
+from pathlib import Path
+
 from psycopg import sql
 
 from alembic import context, op
@@ -137,34 +141,7 @@ LEFT JOIN inherited i ON i.table_id = t.table_id
 LEFT JOIN managed_table f ON f.table_id = i.from_id
 ORDER BY t.table_id, i.target_lag, f.name;
 
-CREATE OR REPLACE VIEW table_versions AS
-SELECT t.name AS table_name,
-       CASE WHEN w.job_id IS NULL THEN 'unowned'
-            WHEN EXISTS (SELECT 1 FROM job_source s WHERE s.job_id = w.job_id) THEN 'intermediate'
-            ELSE 'root' END                                    AS table_kind,
-       j.name                                                  AS writer_job,
-       t.start_barrier                                         AS start_barrier,
-       t.watermark                                             AS watermark_barrier,
-       b.issued_at                                             AS watermark_issued_at,
-       c.snapshot_id                                           AS current_snapshot_id,
-       c.recorded_at                                           AS last_commit_at,
-       now() - b.issued_at                                     AS freshness,
-       (SELECT count(*) FROM barrier x
-         WHERE x.barrier > coalesce(t.watermark,
-               (extract(epoch FROM t.created_at) * 1000000)::bigint)) AS barriers_behind,
-       t.coalesced_after                                       AS coalesced_after,
-       t.coalesced_into                                        AS coalesced_into,
-       tt.target_lag                                           AS target_lag,
-       tt.effective_target_lag                                 AS effective_target_lag,
-       tt.target_from                                          AS target_from,
-       CASE WHEN tt.effective_target_lag IS NOT NULL
-            THEN coalesce(now() - b.issued_at <= tt.effective_target_lag, false) END AS target_met
-FROM managed_table t
-LEFT JOIN job_sink w ON w.table_id = t.table_id
-LEFT JOIN job j ON j.job_id = w.job_id
-LEFT JOIN barrier b ON b.barrier = t.watermark
-LEFT JOIN table_targets tt ON tt.table_id = t.table_id
-LEFT JOIN LATERAL current_commit(t.table_id) c ON true;
+{table_versions}
 
 -- Each stretch in which a table with a target was staler than it: from the issue time of its
 -- watermark then plus the target, until the completion that moved it (NULL: still stale).
@@ -218,7 +195,7 @@ def _view_roles() -> list[str]:
 
 def upgrade() -> None:
     roles = _view_roles()
-    op.execute(UPGRADE.format(search_path=_search_path()))
+    op.execute(UPGRADE.format(search_path=_search_path(), table_versions=_table_versions()))
     for role in roles:
         op.execute(
             f"GRANT SELECT ON table_targets, target_misses, schedule_plan TO {sql.Identifier(role).as_string(None)}"
@@ -234,12 +211,33 @@ def downgrade() -> None:
 
 
 def _table_versions_0010() -> str:
-    import importlib.util
-    import re
-    from pathlib import Path
-
     path = Path(__file__).with_name("0010_cost_follows_change.py")
     spec = importlib.util.spec_from_file_location(path.stem, path)
     earlier = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(earlier)
     return re.search(r"CREATE OR REPLACE VIEW table_versions AS.*?ON true;", earlier.VIEWS, re.S).group(0)
+
+
+_TARGET_COLUMNS = (  # 0010's table_versions, and each table's target and whether it is met
+    (
+        "       t.coalesced_into                                        AS coalesced_into\n",
+        "       t.coalesced_into                                        AS coalesced_into,\n"
+        "       tt.target_lag                                           AS target_lag,\n"
+        "       tt.effective_target_lag                                 AS effective_target_lag,\n"
+        "       tt.target_from                                          AS target_from,\n"
+        "       CASE WHEN tt.effective_target_lag IS NOT NULL\n"
+        "            THEN coalesce(now() - b.issued_at <= tt.effective_target_lag, false) END AS target_met\n",
+    ),
+    (
+        "LEFT JOIN barrier b ON b.barrier = t.watermark\n",
+        "LEFT JOIN barrier b ON b.barrier = t.watermark\nLEFT JOIN table_targets tt ON tt.table_id = t.table_id\n",
+    ),
+)
+
+
+def _table_versions() -> str:
+    text = _table_versions_0010()
+    for old, new in _TARGET_COLUMNS:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    return text
