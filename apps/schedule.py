@@ -15,12 +15,14 @@ lock on a connection of its own, and a second one waits for it.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
 import queue
 import signal
 import socket
+import statistics
 import subprocess
 import threading
 import time
@@ -38,7 +40,7 @@ from icebarrier.control_plane.targets import Runner, TableTarget
 from icebarrier.iceberg_ext.runtime import ANSWER
 
 DEFAULT_DURATION_S = 2.0  # a job's duration before its first measured run
-SMOOTHING = 0.3  # weight of a new run in a job's measured duration
+MEASURED_RUNS = 5  # a job's duration: the median of its last runs (one slow run moves it little)
 MARGIN_S, MARGIN_SHARE = 0.5, 0.25  # a refresh starts this much (+ share of its duration) early
 BACKOFF_S, BACKOFF_MAX_S = 1.0, 60.0
 # A `job exec` run's hold on its session: renewed every third of it while the run lives, so
@@ -179,9 +181,10 @@ class _Warm:
 class _Run:
     """One run in flight: a command's `job exec` process, or a request to a warm runner."""
 
-    def __init__(self, proc: subprocess.Popen | None = None, warm: _Warm | None = None) -> None:
+    def __init__(self, proc: subprocess.Popen | None = None, warm: _Warm | None = None, *, counts: bool = True) -> None:
         self.proc, self.warm = proc, warm
         self.started = time.monotonic()
+        self.counts = counts  # whether its duration is the job's (a fresh runner's first run warms Spark up)
 
     def exit_code(self) -> int | None:
         """None while it runs; 0 when it completed what was due."""
@@ -207,7 +210,7 @@ class _Run:
 @dataclass(slots=True)
 class _Job:
     name: str
-    duration_s: float | None = None
+    durations: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=MEASURED_RUNS))
     last_start: float = -math.inf  # time.monotonic() of its last successful run's start
     run: _Run | None = None
     warm: _Warm | None = None
@@ -397,7 +400,8 @@ class Schedule:
             threading.Thread(target=self._relay, args=(job.name, proc), daemon=True).start()
             job.run = _Run(proc=proc)
         else:
-            if job.warm is None or job.warm.proc.poll() is not None or job.warm.runner != runner:
+            fresh = job.warm is None or job.warm.proc.poll() is not None or job.warm.runner != runner
+            if fresh:
                 if job.warm is not None:
                     job.warm.stop()
                 job.warm = _Warm(
@@ -405,7 +409,7 @@ class Schedule:
                 )
                 self.log(f"job {job.name}: runner started (pid {job.warm.proc.pid}; its Spark session stays up)")
             job.warm.request()
-            job.run = _Run(warm=job.warm)
+            job.run = _Run(warm=job.warm, counts=not fresh)
         self.log(f"job {job.name}: run started ({job.reason})")
 
     def _relay(self, name: str, proc: subprocess.Popen) -> None:
@@ -424,14 +428,17 @@ class Schedule:
                 progress = jobs.show(conn, job.name).progress
             except JobNotFoundError:  # unregistered while it ran
                 progress = None
+            counted = code == 0 and job.run.counts
             conn.execute(
-                "UPDATE schedule_run SET finished_at = clock_timestamp(), exit_code = %s, progress_to = %s WHERE run_id = %s",
-                (code, progress, job.run_id),
+                "UPDATE schedule_run SET finished_at = clock_timestamp(), exit_code = %s, progress_to = %s, seconds = %s "
+                "WHERE run_id = %s",
+                (code, progress, took if counted else None, job.run_id),
             )
             job.run = None
+            if counted:
+                job.durations.append(took)
             if code == 0:
                 job.last_start, job.wanted_since, job.failures = started, None, 0
-                job.duration_s = took if job.duration_s is None else (1 - SMOOTHING) * job.duration_s + SMOOTHING * took
                 moved = "" if progress != job.progress_from else " (nothing new to publish)"
                 self.log(f"job {job.name}: run done in {took:.1f} s, progress {progress}{moved}")
             else:
@@ -444,17 +451,18 @@ class Schedule:
                 )
 
     def _durations(self) -> dict[str, float]:
-        return {name: j.duration_s for name, j in self._jobs.items() if j.duration_s is not None}
+        return {name: statistics.median(j.durations) for name, j in self._jobs.items() if j.durations}
 
     def _load_durations(self, conn: Conn) -> None:
-        """Durations measured by earlier schedules (their last five successful runs per job)."""
+        """Durations measured by earlier schedules (each job's last runs that counted)."""
         rows = conn.execute(
-            "SELECT job_name, avg(extract(epoch FROM finished_at - started_at)) AS s FROM ("
-            "  SELECT job_name, finished_at, started_at, row_number() OVER (PARTITION BY job_name ORDER BY run_id DESC) AS n"
-            "  FROM schedule_run WHERE exit_code = 0) r WHERE n <= 5 GROUP BY job_name"
+            "SELECT job_name, array_agg(seconds ORDER BY run_id) AS seconds FROM ("
+            "  SELECT job_name, run_id, seconds, row_number() OVER (PARTITION BY job_name ORDER BY run_id DESC) AS n"
+            "  FROM schedule_run WHERE seconds IS NOT NULL) r WHERE n <= %s GROUP BY job_name",
+            (MEASURED_RUNS,),
         ).fetchall()
         for r in rows:
-            self._jobs.setdefault(r["job_name"], _Job(r["job_name"])).duration_s = float(r["s"])
+            self._jobs.setdefault(r["job_name"], _Job(r["job_name"])).durations.extend(r["seconds"])
 
     def _stop_runs(self) -> None:
         for job in self._jobs.values():

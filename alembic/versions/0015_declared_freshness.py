@@ -57,7 +57,8 @@ CREATE TABLE schedule_run (
     finished_at   timestamptz,
     exit_code     integer,
     progress_from bigint,
-    progress_to   bigint
+    progress_to   bigint,
+    seconds       double precision  -- its measured duration, if it counts as the job's (not a warm-up)
 );
 CREATE INDEX schedule_run_job ON schedule_run (job_name, started_at);
 
