@@ -155,6 +155,7 @@ class _Warm:
         )
         self.answers: queue.Queue[dict] = queue.Queue()
         self.ready_at: float | None = None
+        self.requests = 0
         threading.Thread(target=self._read, args=(relay,), daemon=True).start()
 
     def _read(self, relay: Callable[[str], None]) -> None:
@@ -170,6 +171,7 @@ class _Warm:
 
     def request(self) -> None:
         assert self.proc.stdin is not None
+        self.requests += 1
         self.proc.stdin.write("run\n")
         self.proc.stdin.flush()
 
@@ -184,7 +186,7 @@ class _Run:
     def __init__(self, proc: subprocess.Popen | None = None, warm: _Warm | None = None, *, counts: bool = True) -> None:
         self.proc, self.warm = proc, warm
         self.started = time.monotonic()
-        self.counts = counts  # whether its duration is the job's (a fresh runner's first run warms Spark up)
+        self.counts = counts  # whether its duration is the job's (a runner's first run warms Spark up)
 
     def exit_code(self) -> int | None:
         """None while it runs; 0 when it completed what was due."""
@@ -322,7 +324,9 @@ class Schedule:
         definitions = jobs.load_definitions(conn)
         runnable = targets.runners(conn)
         for name in definitions:
-            self._jobs.setdefault(name, _Job(name))
+            job = self._jobs.setdefault(name, _Job(name))
+            if name in runnable and runnable[name].kind == "file" and job.warm is None:
+                self._warm_up(job, runnable[name])  # once: a runner that died starts again with its next run
         dues = plan(definitions, targets.targets(conn), self._durations(), set(runnable))
         now = time.monotonic()
         for d in due_now([d for d in dues if d.table not in self._refreshes]):  # a refresh under way
@@ -383,6 +387,25 @@ class Schedule:
             "INSERT INTO schedule_run (job_name, reason, progress_from) VALUES (%s, %s, %s) RETURNING run_id",
             (job.name, job.reason, job.progress_from),
         ).fetchone()["run_id"]
+        if runner.kind == "command":
+            args = [*CLI, "job", "exec", job.name, "--once", "--hold", HOLD, "--", "sh", "-c", runner.spec]
+            proc = subprocess.Popen(
+                args,
+                env=self._env(runner),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            threading.Thread(target=self._relay, args=(job.name, proc), daemon=True).start()
+            job.run = _Run(proc=proc)
+        else:
+            warm = self._warm_up(job, runner)
+            warm.request()
+            job.run = _Run(warm=warm, counts=warm.requests > 1)
+        self.log(f"job {job.name}: run started ({job.reason})")
+
+    def _env(self, runner: Runner) -> dict[str, str]:
         env = {**os.environ, **runner.env}
         for key, value in (
             ("ICEBARRIER_DSN", self.dsn),
@@ -392,25 +415,23 @@ class Schedule:
         ):
             if value:
                 env.setdefault(key, value)
-        if runner.kind == "command":
-            args = [*CLI, "job", "exec", job.name, "--once", "--hold", HOLD, "--", "sh", "-c", runner.spec]
-            proc = subprocess.Popen(
-                args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        return env
+
+    def _warm_up(self, job: _Job, runner: Runner) -> _Warm:
+        """The job file's runner, started if it is not running (or its runner changed). Started
+        as soon as the schedule runs, not when the job is first due: a Spark session's start is
+        then off the refresh's path (after a takeover too)."""
+        if job.warm is None or job.warm.proc.poll() is not None or job.warm.runner != runner:
+            if job.warm is not None:
+                job.warm.stop()
+            job.warm = _Warm(
+                runner,
+                [*CLI, "run", runner.spec, "--on-request"],
+                self._env(runner),
+                lambda line: self._say(job.name, line),
             )
-            threading.Thread(target=self._relay, args=(job.name, proc), daemon=True).start()
-            job.run = _Run(proc=proc)
-        else:
-            fresh = job.warm is None or job.warm.proc.poll() is not None or job.warm.runner != runner
-            if fresh:
-                if job.warm is not None:
-                    job.warm.stop()
-                job.warm = _Warm(
-                    runner, [*CLI, "run", runner.spec, "--on-request"], env, lambda line: self._say(job.name, line)
-                )
-                self.log(f"job {job.name}: runner started (pid {job.warm.proc.pid}; its Spark session stays up)")
-            job.warm.request()
-            job.run = _Run(warm=job.warm, counts=not fresh)
-        self.log(f"job {job.name}: run started ({job.reason})")
+            self.log(f"job {job.name}: runner started (pid {job.warm.proc.pid}; its Spark session stays up)")
+        return job.warm
 
     def _relay(self, name: str, proc: subprocess.Popen) -> None:
         for line in proc.stdout or ():

@@ -182,12 +182,22 @@ def test_the_schedule_meets_targets_coalescing_retrying_and_handing_over(lake, s
         assert killed, "ingest never ran in 40 s"
         first.wait_for("job ingest: run failed")
         first.wait_for("retry 1 in")
-        # the first schedule dies: the second takes over
+        for table, seen in met.items():  # the killed run's target recovered within this window
+            share = sum(seen) / len(seen)
+            assert share >= 0.9, f"{table}: target met {share:.0%} of {len(seen)} samples\n{first.log()[-3000:]}"
+            assert seen[-1], f"{table} missed its target at the end\n{first.log()[-3000:]}"
+        # the first schedule dies with its runs: the second takes over, and the targets recover
+        # (a Spark session starts again first: a miss is allowed meanwhile)
         first.kill_group()
         second.wait_for("schedule: running", timeout_s=30)
         progress = jobs.show(lake.conn, "mirror").progress
-        sample(lake, 35, met)
-        assert jobs.show(lake.conn, "mirror").progress > progress, second.log()[-4000:]
+        deadline = time.monotonic() + 180
+        while not (
+            all(t.met for t in targets.targets(lake.conn) if t.name.name in TARGETS)
+            and jobs.show(lake.conn, "mirror").progress > progress
+        ):
+            assert time.monotonic() < deadline, second.log()[-4000:]
+            time.sleep(0.5)
         holder = lake.conn.execute("SELECT holder FROM schedule_state").fetchone()["holder"]
         assert holder.endswith(f"pid {second.proc.pid}")
         second.proc.send_signal(signal.SIGTERM)
@@ -196,10 +206,6 @@ def test_the_schedule_meets_targets_coalescing_retrying_and_handing_over(lake, s
         first.kill_group()
         if second is not None:
             second.kill_group()
-    for table, seen in met.items():
-        share = sum(seen) / len(seen)
-        assert share >= 0.9, f"{table}: target met {share:.0%} of {len(seen)} samples\n{first.log()[-3000:]}"
-        assert seen[-1], f"{table} missed its target at the end"
     # coalescing: runs far fewer than barriers; no job ran twice at once; the killed run failed
     issued = lake.conn.execute("SELECT count(*) AS n FROM barriers WHERE barrier > %s", (started.barrier,)).fetchone()[
         "n"
@@ -217,5 +223,6 @@ def test_the_schedule_meets_targets_coalescing_retrying_and_handing_over(lake, s
     assert any(r["job_name"] == "ingest" and r["exit_code"] not in (0, None) for r in runs)
     log = first.log()
     assert "published nothing" in log
-    # the PySpark job file ran more than once in one process (its Spark session kept warm)
+    # the PySpark job file ran more than once in one process, started with the schedule
     assert log.count("job daily: runner started") == 1 and log.count("job daily: run done") >= 2, log[-3000:]
+    assert log.index("job daily: runner started") < log.index("job daily: run started")
