@@ -475,15 +475,8 @@ class Schedule:
         return {name: statistics.median(j.durations) for name, j in self._jobs.items() if j.durations}
 
     def _load_durations(self, conn: Conn) -> None:
-        """Durations measured by earlier schedules (each job's last runs that counted)."""
-        rows = conn.execute(
-            "SELECT job_name, array_agg(seconds ORDER BY run_id) AS seconds FROM ("
-            "  SELECT job_name, run_id, seconds, row_number() OVER (PARTITION BY job_name ORDER BY run_id DESC) AS n"
-            "  FROM schedule_run WHERE seconds IS NOT NULL) r WHERE n <= %s GROUP BY job_name",
-            (MEASURED_RUNS,),
-        ).fetchall()
-        for r in rows:
-            self._jobs.setdefault(r["job_name"], _Job(r["job_name"])).durations.extend(r["seconds"])
+        for name, seconds in measured(conn).items():
+            self._jobs.setdefault(name, _Job(name)).durations.extend(seconds)
 
     def _stop_runs(self) -> None:
         for job in self._jobs.values():
@@ -500,8 +493,18 @@ class Schedule:
                         proc.kill()
 
 
+def measured(conn: Conn) -> dict[str, list[float]]:
+    """Each job's last measured run durations (earlier schedules' too), oldest first."""
+    rows = conn.execute(
+        "SELECT job_name, array_agg(seconds ORDER BY run_id) AS seconds FROM ("
+        "  SELECT job_name, run_id, seconds, row_number() OVER (PARTITION BY job_name ORDER BY run_id DESC) AS n"
+        "  FROM schedule_run WHERE seconds IS NOT NULL) r WHERE n <= %s GROUP BY job_name",
+        (MEASURED_RUNS,),
+    ).fetchall()
+    return {r["job_name"]: list(r["seconds"]) for r in rows}
+
+
 def dry_run(conn: Conn) -> list[Due]:
-    """The plan as the schedule would see it now (durations measured by earlier schedules)."""
-    probe = Schedule(dsn=None, schema=None, catalog_uri=None, credential=None)
-    probe._load_durations(conn)
-    return plan(jobs.load_definitions(conn), targets.targets(conn), probe._durations(), set(targets.runners(conn)))
+    """The plan as the schedule would see it now (with the durations schedules measured)."""
+    durations = {name: statistics.median(seconds) for name, seconds in measured(conn).items()}
+    return plan(jobs.load_definitions(conn), targets.targets(conn), durations, set(targets.runners(conn)))
