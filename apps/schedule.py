@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from icebarrier.apps.embedded import CLI
-from icebarrier.control_plane import barriers, db, jobs, targets
+from icebarrier.control_plane import barriers, db, jobs, targets, topology
 from icebarrier.control_plane.db import Conn
 from icebarrier.control_plane.errors import ControlPlaneUnavailableError, JobNotFoundError
 from icebarrier.control_plane.model import JobDefinition
@@ -91,10 +91,7 @@ def plan(
     runnable: set[str],
 ) -> list[Due]:
     """Each table with a target and a writer: when its refresh must start, soonest first."""
-    writer = {str(t): name for name, d in definitions.items() for t in d.sinks}
-    upstream = {
-        name: sorted({writer[str(s)] for s in d.sources if str(s) in writer}) for name, d in definitions.items()
-    }
+    upstream = topology.jobs_read_from(definitions.values())
     chain: dict[str, float] = {}
 
     def refresh_s(job: str) -> float:  # the DAG has no cycles (the database refuses them)
@@ -226,7 +223,6 @@ class _Job:
 
 @dataclass(slots=True)
 class _Refresh:
-    table: str
     began: float  # time.monotonic()
     jobs: tuple[str, ...]
 
@@ -345,7 +341,7 @@ class Schedule:
                 f"table {due.table}: due, but job(s) {', '.join(due.missing)} have no runner; "
                 f"register them with --command or --file"
             )
-        self._refreshes[due.table] = _Refresh(due.table, now, due.jobs)
+        self._refreshes[due.table] = _Refresh(now, due.jobs)
         for name in due.jobs:
             job = self._jobs[name]
             if job.wanted_since is None:
@@ -361,7 +357,7 @@ class Schedule:
                 del self._refreshes[table]
 
     def _start_runs(self, definitions: dict[str, JobDefinition], runnable: dict[str, Runner], conn: Conn) -> None:
-        writer = {str(t): name for name, d in definitions.items() for t in d.sinks}
+        upstream = topology.jobs_read_from(definitions.values())
         now = time.monotonic()
         running = sum(1 for j in self._jobs.values() if j.run is not None)
         for name, job in sorted(self._jobs.items()):
@@ -369,13 +365,10 @@ class Schedule:
                 return
             if job.wanted_since is None or job.run is not None or now < job.retry_at or name not in runnable:
                 continue
-            ups = (
-                {writer[str(s)] for s in definitions[name].sources if str(s) in writer}
-                if name in definitions
-                else set()
-            )
             if any(
-                self._jobs[u].wanted_since is not None or self._jobs[u].run is not None for u in ups if u in self._jobs
+                self._jobs[u].wanted_since is not None or self._jobs[u].run is not None
+                for u in upstream.get(name, ())
+                if u in self._jobs
             ):
                 continue  # what it reads is still to be refreshed
             self._launch(job, runnable[name], conn)

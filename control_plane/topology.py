@@ -19,6 +19,13 @@ def writer_by_table(jobs: Iterable[JobDefinition]) -> dict[TableName, str]:
     return {table: job.name for job in jobs for table in job.sinks}
 
 
+def jobs_read_from(jobs: Iterable[JobDefinition]) -> dict[str, list[str]]:
+    """Each job's upstream jobs: the writers of its sources, by name."""
+    jobs = list(jobs)
+    writer = writer_by_table(jobs)
+    return {job.name: sorted({writer[s] for s in job.sources if s in writer}) for job in jobs}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LineageStep:
     """``table`` is reached from the start table through ``job`` at ``depth`` hops."""
