@@ -180,7 +180,16 @@ class _Warm:
 class _Run:
     """One run in flight: a command's `job exec` process, or a request to a warm runner."""
 
-    def __init__(self, proc: subprocess.Popen | None = None, warm: _Warm | None = None, *, counts: bool = True) -> None:
+    def __init__(
+        self,
+        run_id: int,
+        progress_from: int | None,
+        proc: subprocess.Popen | None = None,
+        warm: _Warm | None = None,
+        *,
+        counts: bool = True,
+    ) -> None:
+        self.run_id, self.progress_from = run_id, progress_from  # its schedule_run row; the job's progress before
         self.proc, self.warm = proc, warm
         self.started = time.monotonic()
         self.counts = counts  # whether its duration is the job's (a runner's first run warms Spark up)
@@ -213,8 +222,6 @@ class _Job:
     last_start: float = -math.inf  # time.monotonic() of its last successful run's start
     run: _Run | None = None
     warm: _Warm | None = None
-    run_id: int | None = None
-    progress_from: int | None = None
     reason: str = ""
     failures: int = 0
     retry_at: float = 0.0
@@ -375,10 +382,10 @@ class Schedule:
             running += 1
 
     def _launch(self, job: _Job, runner: Runner, conn: Conn) -> None:
-        job.progress_from = jobs.show(conn, job.name).progress
-        job.run_id = conn.execute(
+        progress_from = jobs.show(conn, job.name).progress
+        run_id = conn.execute(
             "INSERT INTO schedule_run (job_name, reason, progress_from) VALUES (%s, %s, %s) RETURNING run_id",
-            (job.name, job.reason, job.progress_from),
+            (job.name, job.reason, progress_from),
         ).fetchone()["run_id"]
         if runner.kind == "command":
             args = [*CLI, "job", "exec", job.name, "--once", "--hold", HOLD, "--", "sh", "-c", runner.spec]
@@ -391,11 +398,11 @@ class Schedule:
                 text=True,
             )
             threading.Thread(target=self._relay, args=(job.name, proc), daemon=True).start()
-            job.run = _Run(proc=proc)
+            job.run = _Run(run_id, progress_from, proc=proc)
         else:
             warm = self._warm_up(job, runner)
             warm.request()
-            job.run = _Run(warm=warm, counts=warm.requests > 1)
+            job.run = _Run(run_id, progress_from, warm=warm, counts=warm.requests > 1)
         self.log(f"job {job.name}: run started ({job.reason})")
 
     def _env(self, runner: Runner) -> dict[str, str]:
@@ -435,25 +442,26 @@ class Schedule:
 
     def _reap(self, conn: Conn) -> None:
         for job in self._jobs.values():
-            if job.run is None or (code := job.run.exit_code()) is None:
+            run = job.run
+            if run is None or (code := run.exit_code()) is None:
                 continue
-            took, started = job.run.took_s(), job.run.started
+            took, started = run.took_s(), run.started
             try:
                 progress = jobs.show(conn, job.name).progress
             except JobNotFoundError:  # unregistered while it ran
                 progress = None
-            counted = code == 0 and job.run.counts
+            counted = code == 0 and run.counts
             conn.execute(
                 "UPDATE schedule_run SET finished_at = clock_timestamp(), exit_code = %s, progress_to = %s, seconds = %s "
                 "WHERE run_id = %s",
-                (code, progress, took if counted else None, job.run_id),
+                (code, progress, took if counted else None, run.run_id),
             )
             job.run = None
             if counted:
                 job.durations.append(took)
             if code == 0:
                 job.last_start, job.wanted_since, job.failures = started, None, 0
-                moved = "" if progress != job.progress_from else " (nothing new to publish)"
+                moved = "" if progress != run.progress_from else " (nothing new to publish)"
                 self.log(f"job {job.name}: run done in {took:.1f} s, progress {progress}{moved}")
             else:
                 job.failures += 1

@@ -9,6 +9,10 @@ in flight at once both act, and the second to record waits for the first's trans
 the key's unique index: if the first committed, the second rolls back everything it did
 (:class:`Overtaken`) and answers the first's outcome. (One row written per request, at the
 end: claiming the key first, then updating the row with the answer, cost a commit 6 ms more.)
+
+A commit's answer (its table's metadata) is kept by reference to the metadata file the commit
+wrote (:attr:`Outcome.metadata_location`), not as a copy: the caller reads it back to answer a
+retry. Orphan-file removal keeps the files that live keys name (:func:`referenced`).
 """
 
 from __future__ import annotations
@@ -41,11 +45,13 @@ class IdempotencyKeyReusedError(IcebarrierError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Outcome:
-    """A finalized request's response, answered again to each retry."""
+    """A finalized request's response, answered again to each retry: its body, or (a commit's
+    answer) the metadata file the body is read back from."""
 
     status: int
     media_type: str | None
-    body: bytes
+    body: bytes | None = None
+    metadata_location: str | None = None
 
 
 def parse_key(text: str) -> uuid.UUID:
@@ -62,8 +68,8 @@ def parse_key(text: str) -> uuid.UUID:
 
 
 _RECORD = """
-INSERT INTO idempotency_key (key, client_id, fingerprint, status, media_type, body, expires_at)
-VALUES (%(key)s, %(client)s, %(fingerprint)s, %(status)s, %(media_type)s, %(body)s,
+INSERT INTO idempotency_key (key, client_id, fingerprint, status, media_type, body, metadata_location, expires_at)
+VALUES (%(key)s, %(client)s, %(fingerprint)s, %(status)s, %(media_type)s, %(body)s, %(metadata_location)s,
         now() + make_interval(secs => %(keep_s)s))
 """
 _PURGE = f"""
@@ -72,7 +78,8 @@ DELETE FROM idempotency_key WHERE key IN (
     LIMIT {EXPIRED_PER_PURGE} FOR UPDATE SKIP LOCKED)
 """
 _FIND = """
-SELECT set_config(%(setting)s, %(actor)s, true) AS actor, k.client_id, k.fingerprint, k.status, k.media_type, k.body
+SELECT set_config(%(setting)s, %(actor)s, true) AS actor, k.client_id, k.fingerprint, k.status, k.media_type, k.body,
+       k.metadata_location
 FROM (VALUES (1)) AS one LEFT JOIN idempotency_key AS k ON k.key = %(key)s
 """
 
@@ -92,7 +99,13 @@ def find(conn: Conn, key: uuid.UUID | None, *, actor: str, client_id: str | None
         return None
     if row["fingerprint"] != fingerprint or row["client_id"] != client_id:
         raise IdempotencyKeyReusedError(str(key))
-    return Outcome(status=row["status"], media_type=row["media_type"], body=bytes(row["body"]))
+    body = row["body"]
+    return Outcome(
+        status=row["status"],
+        media_type=row["media_type"],
+        body=None if body is None else bytes(body),
+        metadata_location=row["metadata_location"],
+    )
 
 
 def record(conn: Conn, key: uuid.UUID, outcome: Outcome, *, client_id: str | None, fingerprint: str) -> None:
@@ -106,6 +119,7 @@ def record(conn: Conn, key: uuid.UUID, outcome: Outcome, *, client_id: str | Non
         "status": outcome.status,
         "media_type": outcome.media_type,
         "body": outcome.body,
+        "metadata_location": outcome.metadata_location,
         "keep_s": LIFETIME_S + GRACE_S,
     }
     try:
@@ -116,6 +130,15 @@ def record(conn: Conn, key: uuid.UUID, outcome: Outcome, *, client_id: str | Non
         if exc.diag.constraint_name != "idempotency_key_pkey":
             raise
         raise Overtaken(str(key)) from None
+
+
+def referenced(conn: Conn, location: str) -> set[str]:
+    """The metadata files under ``location`` (a table's) that live keys' answers name."""
+    rows = conn.execute(
+        "SELECT metadata_location FROM idempotency_key WHERE starts_with(metadata_location, %s) AND expires_at > now()",
+        (location.rstrip("/") + "/",),
+    )
+    return {r["metadata_location"] for r in rows}
 
 
 def purge(conn: Conn) -> int:

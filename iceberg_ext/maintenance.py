@@ -9,7 +9,8 @@ session's, not yet published).
 
 Orphan-file removal deletes the files under a table's location that nothing references (failed
 and killed runs leave them: commits staged and never published), older than a grace period and
-older than any session or staging of the table still open. It works the same on a local
+older than any session or staging of the table still open; a metadata file a live idempotency
+key names (a keyed commit's answer, read back for a retry) is kept. It works the same on a local
 directory and on object storage (it lists through the table's own FileIO).
 """
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from icebarrier.control_plane import job_sessions, leases, reads, revisions, snapshots, tables
+from icebarrier.control_plane import idempotency, job_sessions, leases, reads, revisions, snapshots, tables
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import Cut, Level, TableName, parse_tag_name
 from icebarrier.iceberg_ext.catalog import (
@@ -238,7 +239,7 @@ def remove_orphans(
     with leases.expiry_lock(conn, table):
         staging = job_sessions.staging(conn, table)
         tbl = load_table(catalog, table)
-        referenced = _referenced(tbl, staging.metadata_locations)
+        referenced = _referenced(tbl, staging.metadata_locations) | idempotency.referenced(conn, tbl.metadata.location)
         cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than_s)
         if staging.open_since is not None:
             cutoff = min(cutoff, staging.open_since)

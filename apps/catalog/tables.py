@@ -22,7 +22,7 @@ from icebarrier.apps.catalog.deps import (
     Writing,
     acting,
 )
-from icebarrier.apps.catalog.idempotency import Writes
+from icebarrier.apps.catalog.idempotency import Committed, Writes
 from icebarrier.apps.catalog.lake import NeedsStorage, memory_only
 from icebarrier.apps.catalog.models import (
     CommitTableRequest,
@@ -122,8 +122,6 @@ def drop_table(at: WriteTable, once: Writes, purgeRequested: bool = False):
 
 @router.post(TABLE)
 def commit_table(at: WriteTable, once: Writes, body: dict):
-    from pyiceberg.table import CommitTableResponse
-
     request = CommitTableRequest.parse(body)
     identified = request.model_copy(
         update={"identifier": TableIdentifier(namespace=at.table.namespace, name=at.table.name)}
@@ -131,9 +129,26 @@ def commit_table(at: WriteTable, once: Writes, body: dict):
 
     def commit(conn):
         [(_, new)] = at.lake.commit(conn, at.warehouse, at.principal, [identified])
-        return _json(CommitTableResponse(metadata=new.metadata, metadata_location=new.metadata_location))
+        return _committed(new.metadata_location, new.metadata)
 
-    return once.run(commit)
+    def reread(conn, location: str) -> Response:
+        """The answer again, from the metadata file the commit wrote; if that file is gone (a
+        client deleting old metadata after its commits, a dropped table's purge), the table as
+        it is now: the commit applied."""
+        try:
+            metadata, _ = at.lake.metadata(location)
+        except FileNotFoundError:
+            location, metadata, _ = at.lake.current(conn, at.table)
+        return _committed(location, metadata)
+
+    return once.run(commit, reread=reread)
+
+
+def _committed(location: str, metadata) -> Committed:
+    from pyiceberg.table import CommitTableResponse
+
+    body = CommitTableResponse(metadata=metadata, metadata_location=location).model_dump_json()
+    return Committed(body.encode(), location)
 
 
 @router.post(TABLE + "/metrics")

@@ -13,8 +13,9 @@ import requests
 import uuid6
 
 from icebarrier.control_plane import barriers, idempotency, jobs, tokens
+from icebarrier.iceberg_ext.maintenance import remove_orphans
 from tests.dropping_proxy import DroppingProxy
-from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, staged_change
+from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, staged_change, start_server, stop_server
 from tests.iceberg_ext.test_job_exec import command, job_exec, setup_pipeline
 
 pytestmark = pytest.mark.slow
@@ -59,10 +60,59 @@ def test_a_lost_commit_answer_retried_with_its_key_is_answered_and_not_applied_a
     body = change.model_dump_json(exclude={"identifier"})
     retry = _lost_then_retried(proxy, server, "POST", path, body, auth)
     assert len(retry.json()["metadata"]["snapshots"]) == 2
-    assert len(writer.load_table(f"{lake.namespace}.facts").metadata.snapshots) == 2
+    table = writer.load_table(f"{lake.namespace}.facts")
+    assert len(table.metadata.snapshots) == 2 and retry.json()["metadata-location"] == table.metadata_location
     assert jobs.show(lake.conn, job).progress == b
     again = requests.post(server + path, data=body, headers={**auth, "Content-Type": "application/json"}, timeout=60)
     assert again.status_code == 409, again.text
+
+
+def test_a_commit_answer_is_read_back_from_its_metadata_file_which_orphan_removal_keeps(lake, server):
+    """A keyed commit keeps its answer by reference (the metadata file it wrote): a retry is
+    answered byte for byte from the file, which orphan removal keeps while the key lives even
+    once it has left the table's metadata log; with the file deleted (as a PyIceberg client
+    deleting old metadata after commits does), the retry is answered with the table as it is."""
+    Pipeline(lake, {"solo": ["facts"]})
+    name = f"{lake.namespace}.facts"
+    made = lake.catalog.load_table(name)
+    with made.transaction() as tx:
+        tx.set_properties({"write.metadata.previous-versions-max": "1"})
+    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo")
+    auth = {"Authorization": f"Bearer {access_token(server, jid, secret)}"}
+    url = f"{server}/v1/latest/namespaces/{lake.namespace}/tables/facts"
+
+    def set_v(value: str, key: str | None = None, at: str = url) -> requests.Response:
+        body = {"updates": [{"action": "set-properties", "updates": {"v": value}}], "requirements": []}
+        answer = requests.post(at, json=body, headers={**auth, **({KEY: key} if key else {})}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return answer
+
+    key = str(uuid6.uuid7())
+    first = set_v("1", key)
+    kept = first.json()["metadata-location"]
+    row = lake.conn.execute("SELECT body, metadata_location FROM idempotency_key WHERE key = %s", (key,)).fetchone()
+    assert row["body"] is None and row["metadata_location"] == kept
+    set_v("2")
+    set_v("3")  # the first commit's file has left the metadata log (previous-versions-max 1)
+    now = lake.catalog.load_table(name)
+    assert kept not in {e.metadata_file for e in now.metadata.metadata_log} | {now.metadata_location}
+    assert kept not in remove_orphans(lake.conn, lake.catalog, lake.T("facts"), older_than_s=0).orphans
+    again = set_v("1", key)
+    assert again.headers.get("Idempotent-Replayed") == "true" and again.content == first.content
+    lake.conn.execute("UPDATE idempotency_key SET expires_at = now() - interval '1 second' WHERE key = %s", (key,))
+    doomed = remove_orphans(lake.conn, lake.catalog, lake.T("facts"), older_than_s=0, dry_run=True).orphans
+    assert kept in doomed  # the live key was what kept it
+    lake.conn.execute("UPDATE idempotency_key SET expires_at = now() + interval '1 hour' WHERE key = %s", (key,))
+    made.io.delete(kept)
+    other, other_uri = start_server(lake)  # another server process: the file is in no cache of its own
+    try:
+        lost = set_v("1", key, at=url.replace(server, other_uri))
+    finally:
+        assert "Traceback" not in stop_server(other)
+    assert lost.headers.get("Idempotent-Replayed") == "true"
+    assert (
+        lost.json()["metadata-location"] == now.metadata_location and lost.json()["metadata"]["properties"]["v"] == "3"
+    )
 
 
 def test_a_lost_transaction_answer_retried_with_its_key_commits_both_tables_once(lake, server, proxy):

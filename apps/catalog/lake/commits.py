@@ -69,6 +69,10 @@ class Commits(Sessions):
             new = self.catalog._update_and_stage_table(
                 current, table.identifier, tuple(change.requirements), tuple(change.updates)
             )
+            if current is not None and new.metadata == current.metadata:
+                new = (
+                    current  # nothing changed: nothing to write, and the answer is the table as it is (as PyIceberg's)
+                )
             moved = any(isinstance(u, SetLocationUpdate) for u in change.updates)
             paths = {k: v for u in change.updates if isinstance(u, SetPropertiesUpdate) for k, v in u.updates.items()}
             self.confine(conn, table, new.metadata.location if moved else None, paths)
@@ -87,7 +91,7 @@ class Commits(Sessions):
             stage = session is not None or (len(sinks) > 1 and not whole and managed and barrier is not None)
             staged.append((table, current, new, pending, barrier if stage else None))
         for _, current, new, _, _ in staged:
-            if current is None or new.metadata != current.metadata:
+            if new is not current:
                 self.catalog._write_metadata(new.metadata, new.io, new.metadata_location)
                 self.metadata_cache.get(new.metadata_location, lambda new=new: (new.metadata, new.io))
         with conn.transaction():
@@ -105,7 +109,7 @@ class Commits(Sessions):
                         "DELETE FROM catalog_pending WHERE job_name = %s AND table_name = %s",
                         (principal.job, str(table)),
                     )
-                elif new.metadata != current.metadata:
+                elif new is not current:
                     self.point(conn, table, new.metadata_location, location)
             faults.point(faults.IN_CATALOG_COMMIT)
             if definition is not None:
