@@ -5,8 +5,9 @@
 One table commit (a ``set-properties`` update: the server loads the metadata, writes a new
 metadata file and swaps the pointer, one transaction) through the REST catalog, alternately
 with a fresh key and without one, on one keep-alive connection. Prints the p50 and mean of
-each and their ratio (goal <= 1.05): the key's look-up and the row keeping the answer are two
-more statements in the commit's own transaction.
+each and their ratio (goal <= 1.05): the key's look-up rides on the transaction's first
+statement, and the row keeping the answer (by reference: the metadata file the commit wrote)
+is one more statement in the commit's own transaction.
 
 It creates a scratch database and warehouse, starts a real server process, and removes both.
 """
