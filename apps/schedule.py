@@ -7,10 +7,11 @@ it (the longest chain of their measured durations takes R), must start refreshin
 ``L - freshness - R - margin``. Then it runs each of those jobs ``--once`` (a job runs when
 none of the jobs it reads from is still to run in the refresh), and not earlier: everything
 issued meanwhile is coalesced into one run. Tables falling due within one refresh of each
-other refresh together, for one barrier. A failed run publishes nothing; it is retried with
-backoff. At most ``parallel`` runs at once; a job never runs twice at once (and job sessions
-fence any other run of it). One schedule per control plane: it holds a Postgres advisory
-lock on a connection of its own, and a second one waits for it.
+other refresh together, for one barrier, and so do refreshes sharing a job within half a
+cycle. A failed run publishes nothing; it is retried with backoff. At most ``parallel`` runs
+at once; a job never runs twice at once (and job sessions fence any other run of it). One
+schedule per control plane: it holds a Postgres advisory lock on a connection of its own, and
+a second one waits for it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from icebarrier.iceberg_ext.runtime import ANSWER
 DEFAULT_DURATION_S = 2.0  # a job's duration before its first measured run
 MEASURED_RUNS = 5  # a job's duration: the median of its last runs (one slow run moves it little)
 MARGIN_S, MARGIN_SHARE = 0.5, 0.25  # a refresh starts this much (+ share of its duration) early
+JOIN_SHARE = 0.5  # a refresh sharing a job with one due joins it within this share of its cycle
 BACKOFF_S, BACKOFF_MAX_S = 1.0, 60.0
 # A `job exec` run's hold on its session: renewed every third of it while the run lives, so
 # when a run dies with its schedule, the next schedule's run takes the session over this soon.
@@ -132,10 +134,21 @@ def plan(
 
 def due_now(dues: list[Due]) -> list[Due]:
     """The refreshes to start now: those due, and those falling due within the longest of them
-    (they refresh together, for one barrier, instead of a moment later for another)."""
+    (they refresh together, for one barrier, instead of a moment later for another). A refresh
+    that shares a job with one due joins it if it is due within half its own cycle (target less
+    refresh): its table refreshes a little early, the shared jobs run once instead of twice, and
+    tables with one target stay in step from then on (they drifted apart, each refresh
+    running the shared jobs again)."""
     due = [d for d in dues if d.due_in_s <= 0]
-    horizon = max((d.refresh_s for d in due), default=0.0)
-    return [d for d in dues if d.due_in_s <= horizon] if due else []
+    if not due:
+        return []
+    horizon = max(d.refresh_s for d in due)
+    shared = {j for d in due for j in d.jobs}
+    return [
+        d
+        for d in dues
+        if d.due_in_s <= horizon or (shared & set(d.jobs) and d.due_in_s <= JOIN_SHARE * (d.target_s - d.refresh_s))
+    ]
 
 
 # -- the process --------------------------------------------------------------------------------

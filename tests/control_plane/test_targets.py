@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from icebarrier.apps.schedule import DEFAULT_DURATION_S, due_now, plan
+from icebarrier.apps.schedule import DEFAULT_DURATION_S, Due, due_now, plan
 from icebarrier.control_plane import audit, jobs, targets
 from icebarrier.control_plane.errors import InvalidValueError, JobNotFoundError, TableNotFoundError
 from icebarrier.control_plane.targets import Runner
@@ -125,3 +125,22 @@ def test_the_plan_starts_a_refresh_its_duration_before_the_target_runs_out(pipel
     targets.set_target_lag(conn, T("c"), 15)
     dues = plan(jobs.load_definitions(conn), targets.targets(conn), durations, set())
     assert [d.table for d in due_now(dues)] == ["lake.db.e", "lake.db.c"]
+
+
+def test_a_refresh_sharing_a_job_with_one_due_joins_it_within_half_its_cycle():
+    """Two leaves read one ingest (targets 20 s, refreshes 5 s: a cycle of 15 s). The one due in
+    7 s joins a refresh due now (the ingest runs once, and they stay in step); due in 8 s (over
+    half its cycle) it waits. A leaf sharing no job joins only if due within the longest
+    refresh due (5 s)."""
+
+    def due(table: str, due_in_s: float, jobs: tuple[str, ...]) -> Due:
+        return Due(
+            table=table, target_s=20.0, target_from=table, freshness_s=1.0, refresh_s=5.0, due_in_s=due_in_s, jobs=jobs
+        )
+
+    now = due("a", 0.0, ("ingest", "left"))
+    assert due_now([now, due("b", 7.0, ("ingest", "right"))]) == [now, due("b", 7.0, ("ingest", "right"))]
+    assert due_now([now, due("b", 8.0, ("ingest", "right"))]) == [now]
+    assert due_now([now, due("c", 7.0, ("other", "far"))]) == [now]
+    assert due_now([now, due("c", 4.0, ("other", "far"))]) == [now, due("c", 4.0, ("other", "far"))]
+    assert due_now([due("b", 2.0, ("ingest", "right"))]) == []  # nothing due: nothing starts
