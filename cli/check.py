@@ -146,7 +146,8 @@ def check(
             + (f"; mutation {report.mutation}" if report.mutation else "")
             + f"): {report.catalog_reads} "
             f"read-committed read(s), {report.catalog_anomalies} anomal(ies), {report.catalog_validated} cut(s) "
-            f"validated through barrier-<B>, {report.catalog_unavailable} read(s) found it down",
+            f"validated through barrier-<B>, {report.catalog_unavailable} read(s) found it down"
+            + (f"; example: {report.examples['catalog read-committed']}" if report.catalog_anomalies else ""),
             "reconnects after restarts: "
             + (
                 ", ".join(
