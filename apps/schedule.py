@@ -243,8 +243,7 @@ class _Job:
 
 @dataclass(slots=True)
 class _Refresh:
-    began: float  # time.monotonic()
-    jobs: tuple[str, ...]
+    since: dict[str, float]  # each job's run counts if it started then or later (time.monotonic())
 
 
 @dataclass
@@ -361,7 +360,9 @@ class Schedule:
                 f"table {due.table}: due, but job(s) {', '.join(due.missing)} have no runner; "
                 f"register them with --command or --file"
             )
-        self._refreshes[due.table] = _Refresh(now, due.jobs)
+        # a job already running (for another refresh) counts with that run: it is not run again
+        since = {n: r.started if (r := self._jobs[n].run) is not None else now for n in due.jobs}
+        self._refreshes[due.table] = _Refresh(since)
         for name in due.jobs:
             job = self._jobs[name]
             if job.wanted_since is None:
@@ -371,9 +372,10 @@ class Schedule:
                 )
 
     def _end_refreshes(self) -> None:
-        """A refresh ends when each of its jobs has run since it began (the table's writer last)."""
+        """A refresh ends when each of its jobs has run since it began (the table's writer last),
+        or with the run it was in when the refresh began."""
         for table, refresh in list(self._refreshes.items()):
-            if all(self._jobs[j].last_start >= refresh.began for j in refresh.jobs if j in self._jobs):
+            if all(self._jobs[j].last_start >= since for j, since in refresh.since.items() if j in self._jobs):
                 del self._refreshes[table]
 
     def _start_runs(self, definitions: dict[str, JobDefinition], runnable: dict[str, Runner], conn: Conn) -> None:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from icebarrier.apps.schedule import DEFAULT_DURATION_S, Due, due_now, plan
+from icebarrier.apps.schedule import DEFAULT_DURATION_S, Due, Schedule, _Job, _Run, due_now, plan
 from icebarrier.control_plane import audit, jobs, targets
 from icebarrier.control_plane.errors import InvalidValueError, JobNotFoundError, TableNotFoundError
 from icebarrier.control_plane.targets import Runner
@@ -144,3 +144,26 @@ def test_a_refresh_sharing_a_job_with_one_due_joins_it_within_half_its_cycle():
     assert due_now([now, due("c", 7.0, ("other", "far"))]) == [now]
     assert due_now([now, due("c", 4.0, ("other", "far"))]) == [now, due("c", 4.0, ("other", "far"))]
     assert due_now([due("b", 2.0, ("ingest", "right"))]) == []  # nothing due: nothing starts
+
+
+def test_a_refresh_begun_while_a_job_it_needs_runs_counts_that_run():
+    """The ingest runs for one leaf's refresh when the other leaf's refresh begins: that run
+    counts for both (the ingest is not run again, and the second refresh ends once its leaf has
+    run). A job that was idle when a refresh began must run again."""
+    s = Schedule(dsn=None, schema=None, catalog_uri=None, credential=None, log=lambda line: None)
+    ingest, leaf = s._jobs.setdefault("ingest", _Job("ingest")), s._jobs.setdefault("leaf", _Job("leaf"))
+    ingest.run, ingest.wanted_since = _Run(1, None), time.monotonic()  # wanted by the first leaf's refresh
+    due = Due(
+        table="t", target_s=10.0, target_from="t", freshness_s=1.0, refresh_s=2.0, due_in_s=0.0, jobs=("ingest", "leaf")
+    )
+    now = time.monotonic() + 0.5
+    s._begin(due, now)
+    assert leaf.wanted_since == now
+    ingest.last_start, ingest.run, ingest.wanted_since = ingest.run.started, None, None  # its run ended
+    leaf.last_start, leaf.wanted_since = now + 0.1, None
+    s._end_refreshes()
+    assert s._refreshes == {}
+    s._begin(due, now + 5)  # nothing running now: both must run after it began
+    assert ingest.wanted_since == now + 5 and leaf.wanted_since == now + 5
+    s._end_refreshes()
+    assert list(s._refreshes) == ["t"]
