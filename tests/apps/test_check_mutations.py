@@ -29,8 +29,10 @@ SEED = 5
 
 
 @pytest.fixture
-def live_run(pg_server, tmp_path):
-    """Start a checker run; yields (env, wait_for_barriers, finish)."""
+def live_run(request, pg_server, tmp_path):
+    """Start a checker run (10 s, or the test's indirect parameter); yields (env,
+    wait_for_barriers, finish)."""
+    duration_s = getattr(request, "param", 10)
     with new_database(pg_server, "icebarrier_mut") as dsn:
         env = private_env(dsn, tmp_path, SEED)
         upgrade(env.settings)
@@ -38,7 +40,9 @@ def live_run(pg_server, tmp_path):
         done: list = []
         thread = threading.Thread(
             target=lambda: done.append(
-                run_check(env, duration_s=10, fault_rate=0.0, progress=lambda _: None, report=report, exec_jobs=False)
+                run_check(
+                    env, duration_s=duration_s, fault_rate=0.0, progress=lambda _: None, report=report, exec_jobs=False
+                )
             )
         )
         thread.start()
@@ -93,8 +97,11 @@ def test_a_deleted_barrier_record_is_reported(live_run):
     assert any("orders" in p or "payment" in p for p in _problems(report)), report.to_json()
 
 
+@pytest.mark.parametrize("live_run", [30], indirect=True)
 def test_a_pinned_snapshot_expired_behind_the_control_planes_back_is_reported(live_run):
-    """Expiring a lease-pinned snapshot with plain PyIceberg (no lease check) is caught."""
+    """Expiring a lease-pinned snapshot with plain PyIceberg (no lease check) is caught. The run
+    lasts 30 s: a repeatable-read session must pin a snapshot its table then moves past while
+    the run still reads (in 10 s, on a loaded 2-core machine, none had)."""
     env, wait_for_barriers, finish = live_run
     wait_for_barriers(3)
     catalog = load_catalog(env.settings)
