@@ -70,9 +70,8 @@ class Commits(Sessions):
                 current, table.identifier, tuple(change.requirements), tuple(change.updates)
             )
             if current is not None and new.metadata == current.metadata:
-                new = (
-                    current  # nothing changed: nothing to write, and the answer is the table as it is (as PyIceberg's)
-                )
+                # nothing changed: nothing to write, and the answer is the table as it is (as PyIceberg's)
+                new = current
             moved = any(isinstance(u, SetLocationUpdate) for u in change.updates)
             paths = {k: v for u in change.updates if isinstance(u, SetPropertiesUpdate) for k, v in u.updates.items()}
             self.confine(conn, table, new.metadata.location if moved else None, paths)
