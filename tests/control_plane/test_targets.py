@@ -167,3 +167,15 @@ def test_a_refresh_begun_while_a_job_it_needs_runs_counts_that_run():
     assert ingest.wanted_since == now + 5 and leaf.wanted_since == now + 5
     s._end_refreshes()
     assert list(s._refreshes) == ["t"]
+
+
+def test_a_jobs_expected_duration_is_the_slowest_of_its_recent_runs():
+    """One slow run among the last five moves the job's expected duration (and so its refresh's
+    start) to it, until five faster runs have followed: a slowing machine starts refreshes
+    early instead of ending them late."""
+    s = Schedule(dsn=None, schema=None, catalog_uri=None, credential=None, log=lambda line: None)
+    job = s._jobs.setdefault("ingest", _Job("ingest"))
+    job.durations.extend([2.0, 2.0, 6.0, 2.0, 2.0])
+    assert s._durations() == {"ingest": 6.0}
+    job.durations.extend([2.0, 2.0, 2.0])
+    assert s._durations() == {"ingest": 2.0}

@@ -92,12 +92,6 @@ def own_lake(pg_server, warehouse, monkeypatch):
 
 
 @pytest.fixture
-def own_server(own_lake):
-    """A real `icebarrier serve` process over ``own_lake``; its URI."""
-    yield from _serve(own_lake)
-
-
-@pytest.fixture
 def s3_lake(lake_dsn, s3, tmp_path, monkeypatch):
     """The same as ``lake``, with the warehouse on S3: the storage settings in an icebarrier.toml
     that ICEBARRIER_CONFIG names (for the CLI and the servers the test starts)."""

@@ -169,6 +169,10 @@ def test_the_schedule_meets_targets_coalescing_retrying_and_handing_over(lake, s
             time.sleep(0.5)
         started = barriers.newest(lake.conn)
         met: dict[str, list[bool]] = {}
+        sample(lake, 30, met)  # undisturbed, the schedule meets the targets
+        for table, seen in met.items():
+            share = sum(seen) / len(seen)
+            assert share >= 0.9, f"{table}: target met {share:.0%} of {len(seen)} samples\n{first.log()[-3000:]}"
         killed: list[int] = []
 
         def kill_ingest_once() -> None:
@@ -178,14 +182,15 @@ def test_the_schedule_meets_targets_coalescing_retrying_and_handing_over(lake, s
                     os.kill(pid, signal.SIGKILL)
                 killed.extend(pids)
 
-        sample(lake, 40, met, during=kill_ingest_once)
+        sample(lake, 40, {}, during=kill_ingest_once)
         assert killed, "ingest never ran in 40 s"
         first.wait_for("job ingest: run failed")
-        first.wait_for("retry 1 in")
-        for table, seen in met.items():  # the killed run's target recovered within this window
-            share = sum(seen) / len(seen)
-            assert share >= 0.9, f"{table}: target met {share:.0%} of {len(seen)} samples\n{first.log()[-3000:]}"
-            assert seen[-1], f"{table} missed its target at the end\n{first.log()[-3000:]}"
+        retried = first.wait_for("retry 1 in")
+        # the killed run costs the targets what it took plus its retry; then they recover
+        deadline = time.monotonic() + 60
+        while not all(t.met for t in targets.targets(lake.conn) if t.name.name in TARGETS):
+            assert time.monotonic() < deadline, f"no recovery after {retried}\n{first.log()[-3000:]}"
+            time.sleep(0.5)
         # the first schedule dies with its runs: the second takes over, and the targets recover
         # (a Spark session starts again first: a miss is allowed meanwhile)
         first.kill_group()

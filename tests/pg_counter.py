@@ -1,0 +1,99 @@
+"""A TCP proxy in front of Postgres that counts the transactions its clients complete, read off
+the wire protocol: a transaction ends where the server reports ReadyForQuery with status idle
+after at least one statement ran (CommandComplete, EmptyQueryResponse or ErrorResponse since the
+last idle report). What the proxy counts is exactly what the processes behind it asked of the
+database — unlike ``pg_stat_database.xact_commit``, which also counts autovacuum, connection
+start-ups and every other client of the database, and flushes late.
+
+Clients must connect without TLS or GSS encryption (``sslmode=disable gssencmode=disable``, as
+``dsn`` gives), or the proxy could not read the stream."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+_STATEMENT_ENDS = {b"C", b"I", b"E"}  # CommandComplete, EmptyQueryResponse, ErrorResponse
+
+
+class TransactionCounter:
+    def __init__(self, upstream_dsn: str) -> None:
+        params = conninfo_to_dict(upstream_dsn)
+        self._upstream = (params.get("host") or "127.0.0.1", int(params.get("port") or 5432))
+        self._params = params
+        self._lock = threading.Lock()
+        self._count = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def dsn(self) -> str:
+        """The upstream DSN, pointing at the proxy, unencrypted."""
+        return make_conninfo(
+            **{
+                **self._params,
+                "host": "127.0.0.1",
+                "port": str(self.port),
+                "sslmode": "disable",
+                "gssencmode": "disable",
+            }
+        )
+
+    @property
+    def transactions(self) -> int:
+        with self._lock:
+            return self._count
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._upstream)
+            threading.Thread(target=self._pipe, args=(client, server), daemon=True).start()
+            threading.Thread(target=self._watch, args=(server, client), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                s.close()
+
+    def _watch(self, server: socket.socket, client: socket.socket) -> None:
+        """Forward the server's stream to the client, parsing its messages (type byte, int32
+        length that counts itself, payload) as they pass."""
+        pending, ran = b"", False
+        try:
+            while chunk := server.recv(65536):
+                client.sendall(chunk)
+                pending += chunk
+                while len(pending) >= 5:
+                    kind, length = pending[:1], struct.unpack("!i", pending[1:5])[0]
+                    if len(pending) < 1 + length:
+                        break
+                    if kind in _STATEMENT_ENDS:
+                        ran = True
+                    elif kind == b"Z" and pending[5:6] == b"I":
+                        if ran:
+                            with self._lock:
+                                self._count += 1
+                        ran = False
+                    pending = pending[1 + length :]
+        except OSError:
+            pass
+        finally:
+            for s in (server, client):
+                s.close()
