@@ -12,7 +12,7 @@ import functools
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TypeVar
 
 import psycopg
@@ -200,6 +200,47 @@ def _call_query(function: str, n_args: int) -> str:
         .format(sql.Identifier(function), sql.SQL(", ").join(sql.Placeholder() * n_args))
         .as_string(None)
     )
+
+
+class Tail:
+    """Statements a :func:`transaction` sends with its COMMIT, in the same round trip."""
+
+    def __init__(self) -> None:
+        self.statements: list[tuple[str, dict | tuple | None]] = []
+
+    def then(self, query: str, params: dict | tuple | None = None) -> None:
+        """Run ``query`` last, with the COMMIT. Its result is not read; an error in it rolls the
+        whole transaction back and is raised at the end of the block."""
+        self.statements.append((query, params))
+
+
+@contextmanager
+def transaction(conn: Conn) -> Iterator[Tail]:
+    """``conn.transaction()`` whose last statements ride with its COMMIT: what the block adds to
+    the :class:`Tail` goes out in pipeline mode with the COMMIT and one Sync, so a write whose
+    result nobody reads (a record kept beside an action) costs no round trip of its own."""
+    tail = Tail()
+    pipeline: AbstractContextManager | None = None  # entered: the tail and COMMIT not yet sent
+    try:
+        with conn.transaction():
+            yield tail
+            if tail.statements:
+                pipeline = conn.pipeline()
+                pipeline.__enter__()  # left after the COMMIT is queued (psycopg syncs before it otherwise)
+                for query, params in tail.statements:
+                    conn.execute(query, params)
+        if pipeline is not None:
+            sending, pipeline = pipeline, None
+            sending.__exit__(None, None, None)  # sends the tail, COMMIT and Sync; raises the tail's error
+    except BaseException as exc:
+        if pipeline is not None:
+            try:
+                pipeline.__exit__(type(exc), exc, exc.__traceback__)
+            except Exception:  # noqa: BLE001 - the first error is the one to raise
+                pass
+        if conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            conn.rollback()  # the tail failed: the COMMIT was skipped, the transaction is aborted
+        raise
 
 
 def advisory_lock(

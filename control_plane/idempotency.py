@@ -8,7 +8,8 @@ nothing) or, if the first attempt never committed, performs the action itself. T
 in flight at once both act, and the second to record waits for the first's transaction on
 the key's unique index: if the first committed, the second rolls back everything it did
 (:class:`Overtaken`) and answers the first's outcome. (One row written per request, at the
-end: claiming the key first, then updating the row with the answer, cost a commit 6 ms more.)
+end: claiming the key first, then updating the row with the answer, cost a commit 6 ms more.
+The row rides with the COMMIT: no round trip of its own.)
 
 A commit's answer (its table's metadata) is kept by reference to the metadata file the commit
 wrote (:attr:`Outcome.metadata_location`), not as a copy: the caller reads it back to answer a
@@ -19,11 +20,14 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psycopg
 
-from icebarrier.control_plane.db import ACTOR_SETTING, Conn
+from icebarrier.control_plane import db
+from icebarrier.control_plane.db import ACTOR_SETTING, Conn, Tail
 from icebarrier.control_plane.errors import IcebarrierError
 
 LIFETIME_S = 30 * 60  # advertised: a client may retry with a key for this long
@@ -85,8 +89,8 @@ FROM (VALUES (1)) AS one LEFT JOIN idempotency_key AS k ON k.key = %(key)s
 
 
 class Overtaken(Exception):
-    """Another attempt with the same key committed first: this attempt's transaction is
-    aborted (roll it back: nothing it did stands) and the first attempt's outcome is the answer."""
+    """Another attempt with the same key committed first: this attempt's transaction was rolled
+    back (nothing it did stands) and the first attempt's outcome is the answer."""
 
 
 def find(conn: Conn, key: uuid.UUID | None, *, actor: str, client_id: str | None, fingerprint: str) -> Outcome | None:
@@ -108,10 +112,9 @@ def find(conn: Conn, key: uuid.UUID | None, *, actor: str, client_id: str | None
     )
 
 
-def record(conn: Conn, key: uuid.UUID, outcome: Outcome, *, client_id: str | None, fingerprint: str) -> None:
-    """Keep ``outcome`` as the answer to ``key``, in the transaction of the action. Raises
-    :class:`Overtaken` if another attempt with the key committed first (the insert waits for
-    an attempt still in flight on the key's unique index)."""
+def record(tail: Tail, key: uuid.UUID, outcome: Outcome, *, client_id: str | None, fingerprint: str) -> None:
+    """Keep ``outcome`` as the answer to ``key``, in the transaction of the action: the row goes
+    out with its COMMIT (``tail``, of :func:`transaction`), costing no round trip of its own."""
     params = {
         "key": key,
         "client": client_id,
@@ -122,14 +125,23 @@ def record(conn: Conn, key: uuid.UUID, outcome: Outcome, *, client_id: str | Non
         "metadata_location": outcome.metadata_location,
         "keep_s": LIFETIME_S + GRACE_S,
     }
+    tail.then(_RECORD, params)
+    if random.randrange(PURGE_EVERY) == 0:
+        tail.then(_PURGE)
+
+
+@contextmanager
+def transaction(conn: Conn) -> Iterator[Tail]:
+    """The transaction of an action and its :func:`record`. Raises :class:`Overtaken` at its end
+    if another attempt with the key committed first (the row's insert waits for an attempt
+    still in flight on the key's unique index)."""
     try:
-        conn.execute(_RECORD, params)
-        if random.randrange(PURGE_EVERY) == 0:
-            purge(conn)
+        with db.transaction(conn) as tail:
+            yield tail
     except psycopg.errors.UniqueViolation as exc:
         if exc.diag.constraint_name != "idempotency_key_pkey":
             raise
-        raise Overtaken(str(key)) from None
+        raise Overtaken() from None
 
 
 def referenced(conn: Conn, location: str) -> set[str]:

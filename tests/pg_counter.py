@@ -26,6 +26,7 @@ class TransactionCounter:
         self._params = params
         self._lock = threading.Lock()
         self._count = 0
+        self._ready = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -47,6 +48,13 @@ class TransactionCounter:
     def transactions(self) -> int:
         with self._lock:
             return self._count
+
+    @property
+    def round_trips(self) -> int:
+        """ReadyForQuery messages: one per exchange a client waited for (a simple query, or a
+        Sync ending a batch of extended-protocol messages)."""
+        with self._lock:
+            return self._ready
 
     def close(self) -> None:
         self._listener.close()
@@ -86,11 +94,13 @@ class TransactionCounter:
                         break
                     if kind in _STATEMENT_ENDS:
                         ran = True
-                    elif kind == b"Z" and pending[5:6] == b"I":
-                        if ran:
-                            with self._lock:
+                    elif kind == b"Z":
+                        with self._lock:
+                            self._ready += 1
+                            if pending[5:6] == b"I" and ran:
                                 self._count += 1
-                        ran = False
+                        if pending[5:6] == b"I":
+                            ran = False
                     pending = pending[1 + length :]
         except OSError:
             pass

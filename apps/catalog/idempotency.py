@@ -22,7 +22,7 @@ from fastapi import Depends, Header, Request, Response
 from icebarrier.apps.catalog.deps import Caller
 from icebarrier.apps.catalog.errors import error_response
 from icebarrier.control_plane import idempotency
-from icebarrier.control_plane.db import Conn
+from icebarrier.control_plane.db import Conn, Tail
 from icebarrier.control_plane.idempotency import Outcome
 
 if TYPE_CHECKING:
@@ -81,12 +81,12 @@ class Write:
         reread: Reread | None = None,
     ) -> Response:
         try:
-            with conn.transaction():
+            with idempotency.transaction(conn) as tail:
                 outcome = self._find(conn)
                 if outcome is not None:
                     return replay(conn, outcome, reread)
                 response = action(conn)
-                self._record(conn, response, final)
+                self._record(tail, response, final)
                 return response
         except idempotency.Overtaken:
             return self._replay_first(conn, reread)
@@ -97,11 +97,11 @@ class Write:
         # A final refusal (4xx): the action's writes are gone with its transaction; the answer
         # is kept in one of its own (unless another attempt's answer was kept meanwhile).
         try:
-            with conn.transaction():
+            with idempotency.transaction(conn) as tail:
                 outcome = self._find(conn)
                 if outcome is not None:
                     return replay(conn, outcome, reread)
-                self._record(conn, response, final)
+                self._record(tail, response, final)
             return response
         except idempotency.Overtaken:
             return self._replay_first(conn, reread)
@@ -111,14 +111,14 @@ class Write:
             conn, self.key, actor=self.actor, client_id=self.client_id, fingerprint=self.fingerprint
         )
 
-    def _record(self, conn: Conn, response: Response, final: Callable[[Response], bool]) -> None:
+    def _record(self, tail: Tail, response: Response, final: Callable[[Response], bool]) -> None:
         if self.key is not None and final(response):
             status, media_type = response.status_code, response.media_type
             if isinstance(response, Committed):
                 outcome = Outcome(status=status, media_type=media_type, metadata_location=response.metadata_location)
             else:
                 outcome = Outcome(status=status, media_type=media_type, body=bytes(response.body))
-            idempotency.record(conn, self.key, outcome, client_id=self.client_id, fingerprint=self.fingerprint)
+            idempotency.record(tail, self.key, outcome, client_id=self.client_id, fingerprint=self.fingerprint)
 
     def _replay_first(self, conn: Conn, reread: Reread | None) -> Response:
         outcome = self._find(conn)
