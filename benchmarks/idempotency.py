@@ -7,7 +7,7 @@ metadata file and swaps the pointer, one transaction) through the REST catalog, 
 with a fresh key and without one, on one keep-alive connection. Prints the p50 and mean of
 each and their ratio (goal <= 1.05): the key's look-up rides on the transaction's first
 statement, and the row keeping the answer (by reference: the metadata file the commit wrote)
-is one more statement in the commit's own transaction.
+rides with the transaction's COMMIT (``control_plane.db.transaction``).
 
 It creates a scratch database and warehouse, starts a real server process, and removes both.
 """

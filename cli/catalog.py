@@ -53,11 +53,12 @@ def serve(
     The server keeps its state in Postgres: scale out with --workers, or run several behind
     one address. Table locations are confined to the warehouse (and --allowed-location
     prefixes) and never overlap another table's."""
+    quiet_ms = max(1, round(parse_duration_s(session_quiet) * 1000))
+
     import uvicorn
 
     from icebarrier.apps.catalog import server
 
-    quiet_ms = max(1, round(parse_duration_s(session_quiet) * 1000))
     options = {
         "quiet_ms": quiet_ms,
         "allow_anonymous_read": allow_anonymous_read,

@@ -33,11 +33,9 @@ collect_ignore = ["peer"]
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """Workers for ``-n auto`` (pyproject's addopts): two per core, at most 4. Most of a test's
-    time is spent waiting on the processes it started (servers, jobs, Spark, Postgres): with one
-    worker per core the suite kept the CPU busy less than half the time (2 cores: 30 min of CPU
-    in 34 min). Each worker holds a Spark session (about 1 GB)."""
-    return max(1, min(2 * (os.cpu_count() or 1), 4))
+    """Workers for ``-n auto`` (pyproject's addopts): one per core, at most 4. Each holds a Spark
+    session and starts Spark processes of its own, so more would only trade CPU for memory."""
+    return max(1, min(os.cpu_count() or 1, 4))
 
 
 def pytest_collection_modifyitems(items) -> None:

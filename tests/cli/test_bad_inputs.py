@@ -274,7 +274,7 @@ def test_a_bad_input_is_one_clear_line_and_writes_nothing(populated, monkeypatch
     result = CliRunner().invoke(command, args)
     assert result.exit_code in (1, 2), (result.exit_code, result.output)
     err = result.stderr
-    assert err.endswith("\n") and err.count("\n") == 1 and err.startswith("error: "), repr(err)
+    assert err.endswith("\n") and err.count("\n") == 1 and err.startswith("error: "), (err, result.exception)
     assert "Traceback" not in err and "\x1b" not in err, repr(err)
     assert one_line(needle) in err, f"{needle!r} not named in {err!r}"
     assert result.stdout == "", result.stdout
