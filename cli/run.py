@@ -1,4 +1,4 @@
-"""``icebarrier run FILE.py``: run a job defined with the icebarrier runtime."""
+"""``icebarrier run FILE.py...``: run jobs defined with the icebarrier runtime."""
 
 from __future__ import annotations
 
@@ -36,8 +36,15 @@ def load_job(path: str):
 
 
 @click.command("run")
-@click.argument("path", metavar="FILE.py", type=click.Path(exists=True, dir_okay=False))
-@click.option("--once", "mode", flag_value="once", default=True, help="Complete every ready barrier, then exit.")
+@click.argument("paths", metavar="FILE.py...", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--once",
+    "mode",
+    flag_value="once",
+    default=True,
+    help="Complete every ready barrier, then exit. With several files: each in turn, in the order "
+    "given (upstream first), in one process and one Spark session.",
+)
 @click.option("--follow", "mode", flag_value="follow", help="Keep going until SIGINT/SIGTERM.")
 @click.option(
     "--on-request",
@@ -53,20 +60,26 @@ def load_job(path: str):
     help="--follow waits for notices from the control plane; this is how often it looks anyway.",
 )
 @click.pass_obj
-def run(obj, path: str, mode: str, poll: str) -> None:
-    """Run the job FILE.py defines (register, complete barriers in order, heartbeat, stop cleanly)."""
+def run(obj, paths: tuple[str, ...], mode: str, poll: str) -> None:
+    """Run the job FILE.py defines (register, complete barriers in order, heartbeat, stop cleanly).
+    Several files run --once one after the other, sharing one Spark session (one JVM start)."""
     from icebarrier.iceberg_ext.runtime import ANSWER, Runtime
 
-    job = load_job(path)
-    with Runtime(job, settings=obj.settings()) as runtime:
-        if mode == "on-request":
-            runtime.on_request(sys.stdin, lambda answer: click.echo(ANSWER + json.dumps(answer)))
-            return
-        summary = runtime.run(follow=mode == "follow", poll_s=parse_duration_s(poll))
+    if len(paths) > 1 and mode != "once":
+        raise click.UsageError(f"several job files run only with --once; run each --{mode} in a process of its own")
+    loaded = [load_job(path) for path in paths]  # a bad file fails before any job runs
+    summaries = []
+    for job in loaded:
+        with Runtime(job, settings=obj.settings()) as runtime:  # later ones reuse the Spark session
+            if mode == "on-request":
+                runtime.on_request(sys.stdin, lambda answer: click.echo(ANSWER + json.dumps(answer)))
+                return
+            summaries.append(runtime.run(follow=mode == "follow", poll_s=parse_duration_s(poll)))
+    results = [{"job": s.job, "completed": s.completed, "stopped_by_signal": s.stopped_by_signal} for s in summaries]
     emit(
         obj,
-        {"job": summary.job, "completed": summary.completed, "stopped_by_signal": summary.stopped_by_signal},
-        f"job {summary.job}: completed {len(summary.completed)} barrier(s)",
+        results[0] if len(results) == 1 else results,
+        "\n".join(f"job {s.job}: completed {len(s.completed)} barrier(s)" for s in summaries),
     )
 
 

@@ -179,6 +179,8 @@ def _cases():
     yield ["run", "missing_job.py"], "missing_job.py"
     yield ["run", "bad_syntax.py"], "bad_syntax.py, line 2"
     yield ["run", "no_job.py"], "no_job.py"
+    yield ["run", "no_job.py", "bad_syntax.py"], "no_job.py"  # every file loads before any job runs
+    yield ["run", "no_job.py", "empty.sql", "--follow"], "several job files run only with --once"
     yield ["query"], "--file"
     yield ["query", "SELECT 1", "--file", "no_job.py"], "--file"
     yield ["query", "--file", "missing.sql"], "missing.sql"
