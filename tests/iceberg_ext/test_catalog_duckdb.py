@@ -114,10 +114,10 @@ def test_duckdb_join_through_read_committed_never_mixes_cuts(lake, server):
     thread.start()
     try:
         seen, uncommitted = [], []
-        for i in range(150):
+        for i in range(90):
             seen.append(rc.execute(query).fetchone())
             uncommitted.append(ru.execute(query).fetchone())
-            if i % 50 == 49:
+            if i % 30 == 29:
                 time.sleep(1.5)  # quiet: the session moves on
     finally:
         stop.set()
