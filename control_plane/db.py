@@ -218,7 +218,10 @@ class Tail:
 def transaction(conn: Conn) -> Iterator[Tail]:
     """``conn.transaction()`` whose last statements ride with its COMMIT: what the block adds to
     the :class:`Tail` goes out in pipeline mode with the COMMIT and one Sync, so a write whose
-    result nobody reads (a record kept beside an action) costs no round trip of its own."""
+    result nobody reads (a record kept beside an action) costs no round trip of its own. It is
+    the connection's outermost transaction (a failed tail rolls it back whole)."""
+    if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise psycopg.ProgrammingError("db.transaction() opens a transaction; this connection is already in one")
     tail = Tail()
     pipeline: AbstractContextManager | None = None  # entered: the tail and COMMIT not yet sent
     try:

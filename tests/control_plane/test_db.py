@@ -66,3 +66,12 @@ def test_a_failing_tail_rolls_the_whole_block_back_and_raises(counted):
             tail.then("INSERT INTO t VALUES (3)")
             conn.execute("SELECT no_such_column")
     assert [r[0] for r in conn.execute("SELECT k FROM t")] == [1]
+
+
+def test_it_is_the_outermost_transaction(counted):
+    """Inside another transaction it is refused (its failed tail would roll back the outer one)."""
+    conn, _ = counted
+    with conn.transaction():
+        with pytest.raises(psycopg.ProgrammingError, match="already in one"):
+            with db.transaction(conn):
+                pass
