@@ -243,7 +243,18 @@ def transaction(conn: Conn) -> Iterator[Tail]:
                 pass
         if conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.INERROR:
             conn.rollback()  # the tail failed: the COMMIT was skipped, the transaction is aborted
+        failed = _first_failure(exc)
+        if failed is not exc:
+            raise failed from None
         raise
+
+
+def _first_failure(exc: BaseException) -> BaseException:
+    """The statement that failed a pipeline: psycopg may raise PipelineAborted for a statement
+    after it (the COMMIT), with the failure as its context, depending on when results arrive."""
+    while isinstance(exc, psycopg.errors.PipelineAborted) and exc.__context__ is not None:
+        exc = exc.__context__
+    return exc
 
 
 def advisory_lock(

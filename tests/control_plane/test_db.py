@@ -56,11 +56,14 @@ def test_a_failing_tail_rolls_the_whole_block_back_and_raises(counted):
     connection is ready for the next transaction; an error in the block sends no tail."""
     conn, counter = counted
     conn.execute("INSERT INTO t VALUES (1)")
-    with pytest.raises(psycopg.errors.UniqueViolation):
-        with db.transaction(conn) as tail:
-            conn.execute("INSERT INTO t VALUES (2)")
-            tail.then("INSERT INTO t VALUES (%s)", (1,))
-    assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    for after in range(3):  # the failing statement first, then statements the pipeline aborts
+        with pytest.raises(psycopg.errors.UniqueViolation):  # never PipelineAborted, whenever results arrive
+            with db.transaction(conn) as tail:
+                conn.execute("INSERT INTO t VALUES (2)")
+                tail.then("INSERT INTO t VALUES (%s)", (1,))
+                for k in range(after):
+                    tail.then("INSERT INTO t VALUES (%s)", (10 + k,))
+        assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
     with pytest.raises(psycopg.errors.UndefinedColumn):
         with db.transaction(conn) as tail:
             tail.then("INSERT INTO t VALUES (3)")
