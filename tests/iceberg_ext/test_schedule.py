@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -153,6 +154,17 @@ def sample(lake, seconds: float, met: dict[str, list[bool]], *, during=None) -> 
         time.sleep(0.5)
 
 
+def all_met(lake) -> bool:
+    return all(t.met for t in targets.targets(lake.conn) if t.name.name in TARGETS)
+
+
+def wait_until_met(lake, deadline: float, failure: Callable[[], str]) -> None:
+    """Until every target is met at once (``failure()``: the message if ``deadline`` passes)."""
+    while not all_met(lake):
+        assert time.monotonic() < deadline, failure()
+        time.sleep(0.5)
+
+
 def test_the_schedule_meets_targets_coalescing_retrying_and_handing_over(lake, server, tmp_path):
     barriers.set_interval_s(lake.conn, 1)
     register(lake, tmp_path)
@@ -167,17 +179,13 @@ def test_the_schedule_meets_targets_coalescing_retrying_and_handing_over(lake, s
         assert holder.endswith(f"pid {first.proc.pid}")
         # warm-up: every table refreshed once (the PySpark job's first run starts a JVM)
         deadline = time.monotonic() + 240
-        while not all(t.met for t in targets.targets(lake.conn) if t.name.name in TARGETS):
-            assert time.monotonic() < deadline, first.log()[-4000:]
-            time.sleep(0.5)
+        wait_until_met(lake, deadline, lambda: first.log()[-4000:])
         # targets a few times the refreshes this machine measured (a loaded machine runs the
         # chain slower than the target of a quiet one allows): reachable, and then always met
         for due in dry_run(lake.conn):
             table = TableName.parse(due.table)
             targets.set_target_lag(lake.conn, table, max(TARGETS[table.name], math.ceil(3 * due.refresh_s)))
-        while not all(t.met for t in targets.targets(lake.conn) if t.name.name in TARGETS):
-            assert time.monotonic() < deadline, first.log()[-4000:]
-            time.sleep(0.5)
+        wait_until_met(lake, deadline, lambda: first.log()[-4000:])
         started = barriers.newest(lake.conn)
         met: dict[str, list[bool]] = {}
         sample(lake, 30, met)  # undisturbed, the schedule meets the targets
@@ -198,20 +206,14 @@ def test_the_schedule_meets_targets_coalescing_retrying_and_handing_over(lake, s
         first.wait_for("job ingest: run failed")
         retried = first.wait_for("retry 1 in")
         # the killed run costs the targets what it took plus its retry; then they recover
-        deadline = time.monotonic() + 60
-        while not all(t.met for t in targets.targets(lake.conn) if t.name.name in TARGETS):
-            assert time.monotonic() < deadline, f"no recovery after {retried}\n{first.log()[-3000:]}"
-            time.sleep(0.5)
+        wait_until_met(lake, time.monotonic() + 60, lambda: f"no recovery after {retried}\n{first.log()[-3000:]}")
         # the first schedule dies with its runs: the second takes over, and the targets recover
         # (a Spark session starts again first: a miss is allowed meanwhile)
         first.kill_group()
         second.wait_for("schedule: running", timeout_s=30)
         progress = jobs.show(lake.conn, "mirror").progress
         deadline = time.monotonic() + 180
-        while not (
-            all(t.met for t in targets.targets(lake.conn) if t.name.name in TARGETS)
-            and jobs.show(lake.conn, "mirror").progress > progress
-        ):
+        while not (all_met(lake) and jobs.show(lake.conn, "mirror").progress > progress):
             assert time.monotonic() < deadline, second.log()[-4000:]
             time.sleep(0.5)
         holder = lake.conn.execute("SELECT holder FROM schedule_state").fetchone()["holder"]
