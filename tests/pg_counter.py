@@ -5,6 +5,9 @@ last idle report). What the proxy counts is exactly what the processes behind it
 database — unlike ``pg_stat_database.xact_commit``, which also counts autovacuum, connection
 start-ups and every other client of the database, and flushes late.
 
+Counts are up to date with what the clients have received: a client that has its answer can
+read the counter at once, no waiting for the proxy.
+
 Clients must connect without TLS or GSS encryption (``sslmode=disable gssencmode=disable``, as
 ``dsn`` gives), or the proxy could not read the stream."""
 
@@ -82,11 +85,11 @@ class TransactionCounter:
 
     def _watch(self, server: socket.socket, client: socket.socket) -> None:
         """Forward the server's stream to the client, parsing its messages (type byte, int32
-        length that counts itself, payload) as they pass."""
+        length that counts itself, payload) as they pass. A chunk is counted before it is
+        forwarded, so any answer a client has received is already in the counts."""
         pending, ran = b"", False
         try:
             while chunk := server.recv(65536):
-                client.sendall(chunk)
                 pending += chunk
                 while len(pending) >= 5:
                     kind, length = pending[:1], struct.unpack("!i", pending[1:5])[0]
@@ -102,6 +105,7 @@ class TransactionCounter:
                         if pending[5:6] == b"I":
                             ran = False
                     pending = pending[1 + length :]
+                client.sendall(chunk)
         except OSError:
             pass
         finally:
