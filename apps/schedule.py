@@ -26,7 +26,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import psycopg
@@ -70,6 +70,11 @@ class Due:
     def reachable(self) -> bool:
         """Whether the target can be met at all: its refresh is shorter than the target."""
         return self.refresh_s + MARGIN_S < self.target_s
+
+    @property
+    def cycle_s(self) -> float:
+        """How long the table stays within its target after a refresh: target less refresh and margin."""
+        return self.target_s - self.refresh_s - margin_s(self.refresh_s)
 
     def to_json(self) -> dict:
         return {
@@ -123,12 +128,41 @@ def plan(
                 target_from=t.target_from or str(t.name),
                 freshness_s=t.freshness_s,
                 refresh_s=r,
-                due_in_s=left - r - MARGIN_S - MARGIN_SHARE * r,
+                due_in_s=left - r - margin_s(r),
                 jobs=run,
                 missing=tuple(j for j in run if j not in runnable),
             )
         )
     return sorted(dues, key=lambda d: (d.due_in_s, d.table))
+
+
+def margin_s(refresh_s: float) -> float:
+    """How much earlier than strictly needed a refresh starts: its estimate can be short."""
+    return MARGIN_S + MARGIN_SHARE * refresh_s
+
+
+def to_run(
+    due: Due, upstream: Mapping[str, Iterable[str]], last_start: Mapping[str, float], now: float
+) -> tuple[str, ...]:
+    """The jobs a refresh runs: its writer, and each job upstream that a job it runs reads from,
+    unless that job's last run can count. It counts if the reader has not consumed it yet (it
+    started after the reader's last run) and it is young enough that the table, refreshed from
+    it, still stays within its target until the next refresh (it started within the refresh's
+    cycle). That run then feeds this table too, at the barrier it was run for.
+
+    This brings tables sharing a job back in step: when one table's refresh falls due while
+    another's is under way (after a slow run, say), it takes the shared job's run that refresh
+    made instead of running it again, and both tables then hold the same barrier, so they fall
+    due together again."""
+    run = {due.jobs[-1]}
+    for reader in reversed(due.jobs):  # readers before what they read
+        if reader not in run:
+            continue
+        for job in upstream.get(reader, ()):
+            started = last_start.get(job, -math.inf)
+            if not (started > last_start.get(reader, -math.inf) and now - started <= due.cycle_s):
+                run.add(job)
+    return tuple(j for j in due.jobs if j in run)
 
 
 def due_now(dues: list[Due]) -> list[Due]:
@@ -342,27 +376,31 @@ class Schedule:
             if name in runnable and runnable[name].kind == "file" and job.warm is None:
                 self._warm_up(job, runnable[name])  # once: a runner that died starts again with its next run
         dues = plan(definitions, targets.targets(conn), self._durations(), set(runnable))
+        upstream = topology.jobs_read_from(definitions.values())
         now = time.monotonic()
         for d in due_now([d for d in dues if d.table not in self._refreshes]):  # a refresh under way
-            self._begin(d, now)  # pulls nothing in: its jobs may have run already
+            self._begin(d, upstream, now)  # pulls nothing in: its jobs may have run already
         self._end_refreshes()
-        self._start_runs(definitions, runnable, conn)
+        self._start_runs(upstream, runnable, conn)
         if now - self._published_at >= 1.0:
             self._published_at = now
             fence.execute(
                 "UPDATE schedule_state SET seen_at = now(), plan = %s", (json.dumps([d.to_json() for d in dues]),)
             )
 
-    def _begin(self, due: Due, now: float) -> None:
+    def _begin(self, due: Due, upstream: Mapping[str, Iterable[str]], now: float) -> None:
         if due.missing:
             self.log(
                 f"table {due.table}: due, but job(s) {', '.join(due.missing)} have no runner; "
                 f"register them with --command or --file"
             )
+        run = to_run(due, upstream, {n: j.last_start for n, j in self._jobs.items()}, now)
+        if counted := [n for n in due.jobs if n not in run]:
+            self.log(f"table {due.table}: refresh counts the last run of {', '.join(counted)} (made for another table)")
         # a job already running (for another refresh) counts with that run: it is not run again
-        since = {n: r.started if (r := self._jobs[n].run) is not None else now for n in due.jobs}
+        since = {n: r.started if (r := self._jobs[n].run) is not None else now for n in run}
         self._refreshes[due.table] = _Refresh(since)
-        for name in due.jobs:
+        for name in run:
             job = self._jobs[name]
             if job.wanted_since is None:
                 job.wanted_since, job.reason = (
@@ -377,8 +415,7 @@ class Schedule:
             if all(self._jobs[j].last_start >= since for j, since in refresh.since.items() if j in self._jobs):
                 del self._refreshes[table]
 
-    def _start_runs(self, definitions: dict[str, JobDefinition], runnable: dict[str, Runner], conn: Conn) -> None:
-        upstream = topology.jobs_read_from(definitions.values())
+    def _start_runs(self, upstream: Mapping[str, Iterable[str]], runnable: dict[str, Runner], conn: Conn) -> None:
         now = time.monotonic()
         running = sum(1 for j in self._jobs.values() if j.run is not None)
         for name, job in sorted(self._jobs.items()):

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from icebarrier.apps.schedule import DEFAULT_DURATION_S, Due, Schedule, _Job, _Run, due_now, plan
+from icebarrier.apps.schedule import DEFAULT_DURATION_S, Due, Schedule, _Job, _Run, due_now, plan, to_run
 from icebarrier.control_plane import audit, jobs, targets
 from icebarrier.control_plane.errors import InvalidValueError, JobNotFoundError, TableNotFoundError
 from icebarrier.control_plane.targets import Runner
@@ -156,17 +156,43 @@ def test_a_refresh_begun_while_a_job_it_needs_runs_counts_that_run():
     due = Due(
         table="t", target_s=10.0, target_from="t", freshness_s=1.0, refresh_s=2.0, due_in_s=0.0, jobs=("ingest", "leaf")
     )
+    upstream = {"leaf": ["ingest"]}
     now = time.monotonic() + 0.5
-    s._begin(due, now)
+    s._begin(due, upstream, now)
     assert leaf.wanted_since == now
     ingest.last_start, ingest.run, ingest.wanted_since = ingest.run.started, None, None  # its run ended
     leaf.last_start, leaf.wanted_since = now + 0.1, None
     s._end_refreshes()
     assert s._refreshes == {}
-    s._begin(due, now + 5)  # nothing running now: both must run after it began
+    s._begin(due, upstream, now + 5)  # nothing running now: both must run after it began
     assert ingest.wanted_since == now + 5 and leaf.wanted_since == now + 5
     s._end_refreshes()
     assert list(s._refreshes) == ["t"]
+
+
+def test_a_refresh_counts_a_shared_jobs_run_its_table_has_not_consumed_within_its_cycle():
+    """Two leaves read one ingest; leaf b's refresh (target 10 s, refresh 2 s: a cycle of 7 s)
+    falls due 3 s after the ingest ran for leaf a. It counts that run: b has not consumed it
+    (b last ran before it) and it is young enough. Older than the cycle, or consumed already,
+    the ingest runs again; the writer always runs. Through a chain, a job runs again when any
+    job it feeds runs again and its own run cannot count."""
+    due = Due(
+        table="b", target_s=10.0, target_from="b", freshness_s=6.0, refresh_s=2.0, due_in_s=0.0, jobs=("ingest", "b")
+    )
+    assert due.cycle_s == 7.0
+    upstream = {"b": ["ingest"], "a": ["ingest"]}
+    assert to_run(due, upstream, {"ingest": 97.0, "b": 90.0}, now=100.0) == ("b",)
+    assert to_run(due, upstream, {"ingest": 92.0, "b": 90.0}, now=100.0) == ("ingest", "b")  # 8 s old
+    assert to_run(due, upstream, {"ingest": 97.0, "b": 98.0}, now=100.0) == ("ingest", "b")  # b has read it
+    assert to_run(due, upstream, {}, now=100.0) == ("ingest", "b")  # never ran (a new schedule)
+
+    chain = Due(
+        table="t", target_s=10.0, target_from="t", freshness_s=6.0, refresh_s=2.0, due_in_s=0.0, jobs=("a", "m", "t")
+    )
+    upstream = {"t": ["m"], "m": ["a"]}
+    assert to_run(chain, upstream, {"a": 95.0, "m": 97.0, "t": 90.0}, now=100.0) == ("t",)  # m counts: a too
+    assert to_run(chain, upstream, {"a": 95.0, "m": 97.0, "t": 98.0}, now=100.0) == ("a", "m", "t")
+    assert to_run(chain, upstream, {"a": 97.0, "m": 92.0, "t": 90.0}, now=100.0) == ("m", "t")  # m too old; a counts
 
 
 def test_a_jobs_expected_duration_is_the_slowest_of_its_recent_runs():
