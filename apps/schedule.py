@@ -8,7 +8,8 @@ it (the longest chain of their measured durations takes R), must start refreshin
 none of the jobs it reads from is still to run in the refresh), and not earlier: everything
 issued meanwhile is coalesced into one run. Tables falling due within one refresh of each
 other refresh together, for one barrier, and so do refreshes sharing a job within half a
-cycle. A failed run publishes nothing; it is retried with backoff. At most ``parallel`` runs
+cycle; a refresh counts a shared job's run another refresh made, when young enough, so the
+tables stay in step. A failed run publishes nothing; it is retried with backoff. At most ``parallel`` runs
 at once; a job never runs twice at once (and job sessions fence any other run of it). One
 schedule per control plane: it holds a Postgres advisory lock on a connection of its own, and
 a second one waits for it.
@@ -72,8 +73,9 @@ class Due:
         return self.refresh_s + MARGIN_S < self.target_s
 
     @property
-    def cycle_s(self) -> float:
-        """How long the table stays within its target after a refresh: target less refresh and margin."""
+    def spare_s(self) -> float:
+        """The time a table has to spare after a refresh: target less refresh and margin. A run of
+        an upstream job this young can still feed the table's refresh (:func:`to_run`)."""
         return self.target_s - self.refresh_s - margin_s(self.refresh_s)
 
     def to_json(self) -> dict:
@@ -148,7 +150,7 @@ def to_run(
     unless that job's last run can count. It counts if the reader has not consumed it yet (it
     started after the reader's last run) and it is young enough that the table, refreshed from
     it, still stays within its target until the next refresh (it started within the refresh's
-    cycle). That run then feeds this table too, at the barrier it was run for.
+    spare time, :attr:`Due.spare_s`). That run then feeds this table too, at the barrier it was run for.
 
     This brings tables sharing a job back in step: when one table's refresh falls due while
     another's is under way (after a slow run, say), it takes the shared job's run that refresh
@@ -160,7 +162,7 @@ def to_run(
             continue
         for job in upstream.get(reader, ()):
             started = last_start.get(job, -math.inf)
-            if not (started > last_start.get(reader, -math.inf) and now - started <= due.cycle_s):
+            if not (started > last_start.get(reader, -math.inf) and now - started <= due.spare_s):
                 run.add(job)
     return tuple(j for j in due.jobs if j in run)
 

@@ -170,16 +170,16 @@ def test_a_refresh_begun_while_a_job_it_needs_runs_counts_that_run():
     assert list(s._refreshes) == ["t"]
 
 
-def test_a_refresh_counts_a_shared_jobs_run_its_table_has_not_consumed_within_its_cycle():
-    """Two leaves read one ingest; leaf b's refresh (target 10 s, refresh 2 s: a cycle of 7 s)
+def test_a_refresh_counts_a_shared_jobs_run_its_table_has_not_consumed_within_its_spare_time():
+    """Two leaves read one ingest; leaf b's refresh (target 10 s, refresh 2 s: 7 s to spare)
     falls due 3 s after the ingest ran for leaf a. It counts that run: b has not consumed it
-    (b last ran before it) and it is young enough. Older than the cycle, or consumed already,
+    (b last ran before it) and it is young enough. Older than 7 s, or consumed already,
     the ingest runs again; the writer always runs. Through a chain, a job runs again when any
     job it feeds runs again and its own run cannot count."""
     due = Due(
         table="b", target_s=10.0, target_from="b", freshness_s=6.0, refresh_s=2.0, due_in_s=0.0, jobs=("ingest", "b")
     )
-    assert due.cycle_s == 7.0
+    assert due.spare_s == 7.0
     upstream = {"b": ["ingest"], "a": ["ingest"]}
     assert to_run(due, upstream, {"ingest": 97.0, "b": 90.0}, now=100.0) == ("b",)
     assert to_run(due, upstream, {"ingest": 92.0, "b": 90.0}, now=100.0) == ("ingest", "b")  # 8 s old
