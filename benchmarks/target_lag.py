@@ -1,7 +1,7 @@
 """Declared freshness: the shopping pipeline under `icebarrier schedule`, against the same
 pipeline under `--follow`, in one run.
 
-    python benchmarks/target_lag.py [--dsn DSN] [--minutes 10] [--target 10]
+    python benchmarks/target_lag.py [--dsn DSN] [--minutes 10] [--target 10] [--jvm-options '…']
 
 The shopping pipeline (examples/shopping: two file-fed roots, two SQL jobs and a delta join,
 all PySpark job files), a batch of input files every second, 1-s barriers. Targets of
@@ -18,6 +18,10 @@ Compute time: CPU seconds (user + system) over the measured minutes of every pro
 phase started (the schedule or the five jobs, and their Spark JVMs; from /proc for those alive,
 the kernel's accounting for those reaped), once the pipeline runs (the Spark sessions' start
 is not counted in either). Ratio schedule ÷ follow (goal <= 0.5).
+
+Both phases' Spark drivers get ``--jvm-options`` (Spark's own ``SPARK_SUBMIT_OPTS``; default:
+the small-job options docs/declared-freshness.md recommends for warm runners, C1 JIT only and
+the serial GC; ``--jvm-options ''`` for the JVM's defaults).
 """
 
 from __future__ import annotations
@@ -112,10 +116,14 @@ class Feed:
             self.write()
 
 
-def prepare(dsn: str, warehouse: str, input_dir: Path, log) -> dict[str, str]:
+SMALL_JOBS_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def prepare(dsn: str, warehouse: str, input_dir: Path, log, jvm_options: str) -> dict[str, str]:
     """The tables, and each job run once (registering it; its first barrier bootstraps)."""
     env = {
         **os.environ,
+        "SPARK_SUBMIT_OPTS": jvm_options,
         "ICEBARRIER_DSN": dsn,
         "ICEBARRIER_WAREHOUSE": warehouse,
         "SHOP_NS": NS,
@@ -145,7 +153,7 @@ def scheduled(args, log) -> tuple[dict[str, list[bool]], dict[str, int], int, fl
     with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory() as tmp:
         input_dir, warehouse = Path(tmp) / "input", str(Path(tmp) / "wh")
         feed = Feed(input_dir)
-        env = prepare(dsn, warehouse, input_dir, log)
+        env = prepare(dsn, warehouse, input_dir, log, args.jvm_options)
         with db.connect(dsn) as conn:
             for job in JOBS:
                 targets.set_runner(conn, f"{NS}_{job}", Runner(kind="file", spec=str(SHOP / f"{job}.py")))
@@ -185,7 +193,7 @@ def followed(args, log) -> float:
     with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory() as tmp:
         input_dir, warehouse = Path(tmp) / "input", str(Path(tmp) / "wh")
         feed = Feed(input_dir)
-        env = prepare(dsn, warehouse, input_dir, log)
+        env = prepare(dsn, warehouse, input_dir, log, args.jvm_options)
         feed.thread.start()
         procs = [
             subprocess.Popen([*CLI, "run", str(SHOP / f"{job}.py"), "--follow"], env=env, stdout=log, stderr=log)
@@ -216,6 +224,7 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--target", type=float, default=10.0, help="target lag of the leaves, seconds")
     parser.add_argument("--log", default="build/target_lag.log", help="where the processes' output goes")
+    parser.add_argument("--jvm-options", default=SMALL_JOBS_JVM, help="the Spark drivers' JVM options, both phases")
     args = parser.parse_args()
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
     become_subreaper()
@@ -230,7 +239,7 @@ def main() -> int:
         print(f"{job:18} {n:4} runs for {issued} barriers: 1/{issued / max(n, 1):.1f} (goal <= 1/5)")
     print(
         f"compute: schedule {cpu_scheduled:.0f} CPU s, --follow {cpu_followed:.0f} CPU s over {args.minutes:g} min: "
-        f"ratio {cpu_scheduled / cpu_followed:.2f} (goal <= 0.5)"
+        f"ratio {cpu_scheduled / cpu_followed:.2f} (goal <= 0.5); JVM options: {args.jvm_options or 'defaults'}"
     )
     return 0
 
