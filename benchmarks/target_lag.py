@@ -41,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
+from spark_jvm import SMALL_JOBS_JVM  # noqa: E402
 
 from icebarrier.apps.embedded import CLI  # noqa: E402
 from icebarrier.control_plane import barriers, db, targets  # noqa: E402
@@ -114,9 +115,6 @@ class Feed:
     def run(self) -> None:
         while not self.stop.wait(1.0):
             self.write()
-
-
-SMALL_JOBS_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def prepare(dsn: str, warehouse: str, input_dir: Path, log, jvm_options: str) -> dict[str, str]:
