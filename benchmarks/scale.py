@@ -29,7 +29,6 @@ against tables) as a PNG (needs matplotlib: ``pip install 'icebarrier[bench]'``)
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import subprocess
@@ -43,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from catalog import start  # noqa: E402 - benchmarks/catalog.py: a server process on a free port
+from proc import cpu_s  # noqa: E402
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
 from icebarrier.apps.job_exec import JobExec  # noqa: E402
@@ -52,7 +52,6 @@ from icebarrier.iceberg_ext.config import Settings  # noqa: E402
 
 DEPTH = 5
 NAMESPACE = "lake.scale"
-TICK_S = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -124,13 +123,12 @@ def build(conn, definitions: list[JobDefinition], n_tables: int) -> None:
     conn.execute("ANALYZE")
 
 
-def cpu_s(pid: int) -> float:
+def tree_cpu_s(pid: int) -> float:
     """User + system seconds of a process and its children (the server's workers)."""
     total = 0.0
     for p in [pid, *(int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]:
         try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / TICK_S
+            total += cpu_s(p)
         except (FileNotFoundError, IndexError):
             pass
     return total
@@ -199,14 +197,14 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
                     raise SystemExit(f"{n_jobs} jobs did not all bootstrap within 5 minutes")
                 time.sleep(0.5)
             time.sleep(20)
-            b0, tx0, cpu0, t0 = _barriers(conn), committed(conn), cpu_s(server.pid), time.monotonic()
+            b0, tx0, cpu0, t0 = _barriers(conn), committed(conn), tree_cpu_s(server.pid), time.monotonic()
             end = t0 + args.minutes * 60
             while time.monotonic() < end:
                 age = freshness_s(conn)
                 point.freshness.append(age if age is not None else float("nan"))
                 time.sleep(0.5)
             # busy backends flush their statistics at least every second: the window's count is good
-            b1, tx1, cpu1, elapsed = _barriers(conn), committed(conn), cpu_s(server.pid), time.monotonic() - t0
+            b1, tx1, cpu1, elapsed = _barriers(conn), committed(conn), tree_cpu_s(server.pid), time.monotonic() - t0
             issued = max(1, b1 - b0)
             point.tx_per_s = (tx1 - tx0) / elapsed
             point.barriers_per_s = issued / elapsed

@@ -27,6 +27,7 @@ SMALL_JOBS_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 def measure(runs: int) -> dict[str, float]:
     """In this process: a session, warm-up, then ``runs`` measured runs."""
+    from proc import cpu_s
     from pyspark.sql import SparkSession
 
     from icebarrier.iceberg_ext.spark import EXTENSIONS, iceberg_jar
@@ -47,10 +48,6 @@ def measure(runs: int) -> dict[str, float]:
     spark.sparkContext.setLogLevel("ERROR")
     pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
 
-    def cpu_s() -> float:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
     spark.sql("CREATE TABLE b.db.src (k bigint, v double) USING iceberg")
     spark.sql("CREATE TABLE b.db.agg (k bigint, v double) USING iceberg")
 
@@ -61,10 +58,10 @@ def measure(runs: int) -> dict[str, float]:
 
     for i in range(20):
         run(i)
-    cpu, wall = cpu_s(), time.perf_counter()
+    cpu, wall = cpu_s(pid), time.perf_counter()
     for i in range(20, 20 + runs):
         run(i)
-    return {"cpu_s": (cpu_s() - cpu) / runs, "wall_s": (time.perf_counter() - wall) / runs}
+    return {"cpu_s": (cpu_s(pid) - cpu) / runs, "wall_s": (time.perf_counter() - wall) / runs}
 
 
 def variant(options: str, runs: int) -> dict[str, float]:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from proc import cpu_s  # noqa: E402
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 from spark_jvm import SMALL_JOBS_JVM  # noqa: E402
 
@@ -84,14 +85,12 @@ def cpu_now() -> float:
             break
         if pid == 0:
             break
-    tick = os.sysconf("SC_CLK_TCK")
     alive = 0.0
     for pid in _tree(os.getpid()):
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            alive += cpu_s(pid)
         except OSError:
             continue
-        alive += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return alive + usage.ru_utime + usage.ru_stime
 
