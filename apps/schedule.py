@@ -369,8 +369,6 @@ class Schedule:
 
     def _tick(self, conn: Conn, fence: Conn) -> None:
         self._reap(conn)
-        if self.issue_barriers and (barriers.next_due_in_s(conn) or 0.0) <= 0:
-            barriers.issue(conn, issued_by="schedule")
         definitions = jobs.load_definitions(conn)
         runnable = targets.runners(conn)
         for name in definitions:
@@ -378,9 +376,12 @@ class Schedule:
             if name in runnable and runnable[name].kind == "file" and job.warm is None:
                 self._warm_up(job, runnable[name])  # once: a runner that died starts again with its next run
         dues = plan(definitions, targets.targets(conn), self._durations(), set(runnable))
+        starting = due_now([d for d in dues if d.table not in self._refreshes])  # not a refresh under way
+        if self.issue_barriers:
+            self._issue_barrier(conn, refresh=bool(starting))
         upstream = topology.jobs_read_from(definitions.values())
         now = time.monotonic()
-        for d in due_now([d for d in dues if d.table not in self._refreshes]):  # a refresh under way
+        for d in starting:
             self._begin(d, upstream, now)  # pulls nothing in: its jobs may have run already
         self._end_refreshes()
         self._start_runs(upstream, runnable, conn)
@@ -389,6 +390,15 @@ class Schedule:
             fence.execute(
                 "UPDATE schedule_state SET seen_at = now(), plan = %s", (json.dumps([d.to_json() for d in dues]),)
             )
+
+    def _issue_barrier(self, conn: Conn, *, refresh: bool) -> None:
+        """The barrier clock's barrier when due, and one as a refresh starts (unless the newest is
+        younger than a tick): the refresh then computes the pipeline as of its start, not as of a
+        barrier up to an interval old, and its tables stay fresh that much longer. The clock's
+        next barrier follows an interval later."""
+        due_in = barriers.next_due_in_s(conn)
+        if due_in is None or due_in <= 0 or (refresh and barriers.get_interval_s(conn) - due_in >= self.tick_s):
+            barriers.issue(conn, issued_by="schedule")
 
     def _begin(self, due: Due, upstream: Mapping[str, Iterable[str]], now: float) -> None:
         if due.missing:

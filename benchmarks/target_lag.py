@@ -10,7 +10,9 @@ all PySpark job files), a batch of input files every second, 1-s barriers. Targe
 1. `icebarrier schedule` runs the jobs (registered with ``--file``; it keeps each job file's
    Spark session warm between runs) for ``--minutes``. Sampled every 0.5 s: whether each leaf
    meets its target (goal: >= 99 % of the time, after the first refresh). Counted: each job's
-   runs ÷ barriers issued (goal <= 1/5 where the target allows).
+   runs ÷ the barriers the 1-s clock issues over the window (goal <= 1/5 where the target
+   allows); the schedule also issues one as each refresh starts, so runs ÷ all barriers issued
+   looks better and is printed beside it.
 2. The same pipeline (a fresh database and warehouse) with each job under
    `icebarrier run FILE --follow`, as long.
 
@@ -53,6 +55,7 @@ SHOP = Path(__file__).resolve().parent.parent / "examples" / "shopping"
 JOBS = ("ingest_shopping", "ingest_shipments", "user_item_amount", "user_item_price", "shipped_orders")
 LEAVES = ("user_item_amount", "user_item_price", "shipped_orders")
 NS = "shop"
+INTERVAL_S = 1  # the barrier clock
 
 
 def become_subreaper() -> None:
@@ -128,7 +131,7 @@ def prepare(dsn: str, warehouse: str, input_dir: Path, log, jvm_options: str) ->
     }
     subprocess.run([sys.executable, str(SHOP / "pipeline.py"), "create-tables"], env=env, check=True, cwd=SHOP)
     with db.connect(dsn) as conn:
-        barriers.set_interval_s(conn, 1)
+        barriers.set_interval_s(conn, INTERVAL_S)
     for job in JOBS:
         subprocess.run([*CLI, "run", str(SHOP / f"{job}.py"), "--once"], env=env, check=True, stdout=log, stderr=log)
     return env
@@ -173,9 +176,11 @@ def scheduled(args, log) -> tuple[dict[str, list[bool]], dict[str, int], int, fl
         proc.wait(120)
         feed.stop.set()
         with db.connect(dsn) as conn:
-            issued = conn.execute("SELECT count(*) AS n FROM barriers WHERE barrier > %s", (first.barrier,)).fetchone()[
-                "n"
-            ]
+            issued = conn.execute(
+                "SELECT count(*) AS n, extract(epoch FROM clock_timestamp() - %s) AS elapsed_s FROM barriers "
+                "WHERE barrier > %s",
+                (first.issued_at, first.barrier),
+            ).fetchone()
             runs = {
                 r["job_name"].removeprefix(f"{NS}_"): r["n"]
                 for r in conn.execute(
@@ -183,7 +188,9 @@ def scheduled(args, log) -> tuple[dict[str, list[bool]], dict[str, int], int, fl
                     (first.issued_at,),
                 ).fetchall()
             }
-    return met, runs, issued, cpu
+    # the clock's barriers (one a second) over the window, and all issued (with those the
+    # schedule adds as refreshes start): runs are judged against the fewer
+    return met, runs, (float(issued["elapsed_s"]) / INTERVAL_S, issued["n"]), cpu
 
 
 def followed(args, log) -> float:
@@ -226,14 +233,17 @@ def main() -> int:
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
     become_subreaper()
     with open(args.log, "w") as log:
-        met, runs, issued, cpu_scheduled = scheduled(args, log)
+        met, runs, (clock, issued), cpu_scheduled = scheduled(args, log)
         cpu_followed = followed(args, log)
     for leaf, seen in met.items():
         share = statistics.fmean(seen)
         print(f"{leaf:18} target {args.target:g} s met {share:7.2%} of {len(seen)} samples (goal >= 99 %)")
     for job in JOBS:
         n = runs.get(job, 0)
-        print(f"{job:18} {n:4} runs for {issued} barriers: 1/{issued / max(n, 1):.1f} (goal <= 1/5)")
+        print(
+            f"{job:18} {n:4} runs: 1/{clock / max(n, 1):.1f} of the clock's {clock:.0f} barriers "
+            f"(1/{issued / max(n, 1):.1f} of the {issued} issued, with those refreshes began with) (goal <= 1/5)"
+        )
     print(
         f"compute: schedule {cpu_scheduled:.0f} CPU s, --follow {cpu_followed:.0f} CPU s over {args.minutes:g} min: "
         f"ratio {cpu_scheduled / cpu_followed:.2f} (goal <= 0.5); JVM options: {args.jvm_options or 'defaults'}"
