@@ -49,6 +49,12 @@ BACKOFF_S, BACKOFF_MAX_S = 1.0, 60.0
 # when a run dies with its schedule, the next schedule's run takes the session over this soon.
 HOLD = "6s"
 _LOCK_KEY = "icebarrier schedule"
+# a run computes once per anchor between its job's progress before and after it, and once more
+# (coalescing never crosses an anchor): durations are measured and expected per computation
+_COMPUTATIONS = (
+    "(1 + (SELECT count(*) FROM barriers b"
+    " WHERE b.anchor AND b.barrier > r.progress_from AND b.barrier < r.progress_to))"
+)
 
 
 # -- the plan (pure) ----------------------------------------------------------------------------
@@ -375,7 +381,8 @@ class Schedule:
             job = self._jobs.setdefault(name, _Job(name))
             if name in runnable and runnable[name].kind == "file" and job.warm is None:
                 self._warm_up(job, runnable[name])  # once: a runner that died starts again with its next run
-        dues = plan(definitions, targets.targets(conn), self._durations(), set(runnable))
+        durations = per_run(self._durations(), jobs.anchors_ahead(conn))
+        dues = plan(definitions, targets.targets(conn), durations, set(runnable))
         starting = due_now([d for d in dues if d.table not in self._refreshes])  # not a refresh under way
         if self.issue_barriers:
             self._issue_barrier(conn, refresh=bool(starting))
@@ -514,18 +521,20 @@ class Schedule:
             except JobNotFoundError:  # unregistered while it ran
                 progress = None
             counted = code == 0 and run.counts
-            conn.execute(
-                "UPDATE schedule_run SET finished_at = clock_timestamp(), exit_code = %s, progress_to = %s, seconds = %s "
-                "WHERE run_id = %s",
+            done = conn.execute(
+                "UPDATE schedule_run r SET finished_at = clock_timestamp(), exit_code = %s, progress_to = %s, "
+                f"seconds = %s WHERE run_id = %s RETURNING {_COMPUTATIONS} AS computations",
                 (code, progress, took if counted else None, run.run_id),
-            )
+            ).fetchone()
             job.run = None
             if counted:
-                job.durations.append(took)
+                job.durations.append(took / done["computations"])
             if code == 0:
                 job.last_start, job.wanted_since, job.failures = started, None, 0
-                moved = "" if progress != run.progress_from else " (nothing new to publish)"
-                self.log(f"job {job.name}: run done in {took:.1f} s, progress {progress}{moved}")
+                n = done["computations"]
+                note = "" if progress != run.progress_from else " (nothing new to publish)"
+                note += f" ({n} computations: it passed {n - 1} anchor(s))" if n > 1 else ""
+                self.log(f"job {job.name}: run done in {took:.1f} s, progress {progress}{note}")
             else:
                 job.failures += 1
                 delay = min(BACKOFF_S * 2 ** (job.failures - 1), BACKOFF_MAX_S)
@@ -567,17 +576,26 @@ def expected_s(durations: Iterable[float]) -> float:
 
 
 def measured(conn: Conn) -> dict[str, list[float]]:
-    """Each job's last measured run durations (earlier schedules' too), oldest first."""
+    """Each job's last measured run durations per computation (earlier schedules' too), oldest first."""
     rows = conn.execute(
         "SELECT job_name, array_agg(seconds ORDER BY run_id) AS seconds FROM ("
-        "  SELECT job_name, run_id, seconds, row_number() OVER (PARTITION BY job_name ORDER BY run_id DESC) AS n"
-        "  FROM schedule_run WHERE seconds IS NOT NULL) r WHERE n <= %s GROUP BY job_name",
+        f"  SELECT job_name, run_id, seconds / {_COMPUTATIONS} AS seconds,"
+        "    row_number() OVER (PARTITION BY job_name ORDER BY run_id DESC) AS n"
+        "  FROM schedule_run r WHERE seconds IS NOT NULL) r WHERE n <= %s GROUP BY job_name",
         (MEASURED_RUNS,),
     ).fetchall()
     return {r["job_name"]: list(r["seconds"]) for r in rows}
 
 
+def per_run(per_computation: Mapping[str, float], anchors: Mapping[str, int]) -> dict[str, float]:
+    """Each job's next run's expected duration: one computation per anchor after its progress,
+    and one more (a refresh crossing an anchor takes that much longer, and starts that much earlier)."""
+    return {name: seconds * (1 + anchors.get(name, 0)) for name, seconds in per_computation.items()}
+
+
 def dry_run(conn: Conn) -> list[Due]:
     """The plan as the schedule would see it now (with the durations schedules measured)."""
-    durations = {name: expected_s(seconds) for name, seconds in measured(conn).items()}
+    durations = per_run(
+        {name: expected_s(seconds) for name, seconds in measured(conn).items()}, jobs.anchors_ahead(conn)
+    )
     return plan(jobs.load_definitions(conn), targets.targets(conn), durations, set(targets.runners(conn)))

@@ -219,6 +219,20 @@ def list_jobs(conn: Conn) -> list[JobInfo]:
     return [_job_info(r) for r in conn.execute(_JOB_STATE + " ORDER BY j.name").fetchall()]
 
 
+def anchors_ahead(conn: Conn) -> dict[str, int]:
+    """Each job's anchors issued after its progress: its next run computes once per anchor
+    (coalescing never crosses one) and once more up to the newest barrier."""
+    rows = conn.execute(
+        """
+        SELECT j.name, (SELECT count(*) FROM barriers b WHERE b.anchor AND b.barrier > p.progress) AS anchors
+        FROM jobs j, LATERAL (SELECT max(t.watermark) AS progress FROM job_sink_tables s
+                              JOIN managed_tables t USING (table_id) WHERE s.job_id = j.job_id) p
+        WHERE j.active
+        """
+    ).fetchall()
+    return {r["name"]: r["anchors"] for r in rows}
+
+
 def show(conn: Conn, name: str) -> JobInfo:
     row = conn.execute(_JOB_STATE + " AND j.name = %s", (name,)).fetchone()
     if row is None:

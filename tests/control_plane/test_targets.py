@@ -6,11 +6,22 @@ import time
 
 import pytest
 
-from icebarrier.apps.schedule import DEFAULT_DURATION_S, Due, Schedule, _Job, _Run, due_now, plan, to_run
+from icebarrier.apps.schedule import (
+    DEFAULT_DURATION_S,
+    Due,
+    Schedule,
+    _Job,
+    _Run,
+    dry_run,
+    due_now,
+    measured,
+    plan,
+    to_run,
+)
 from icebarrier.control_plane import audit, jobs, targets
 from icebarrier.control_plane.errors import InvalidValueError, JobNotFoundError, TableNotFoundError
 from icebarrier.control_plane.targets import Runner
-from tests.helpers import T, job, new_barrier
+from tests.helpers import T, anchor, job, new_barrier
 
 
 @pytest.fixture
@@ -205,3 +216,27 @@ def test_a_jobs_expected_duration_is_the_slowest_of_its_recent_runs():
     assert s._durations() == {"ingest": 6.0}
     job.durations.extend([2.0, 2.0, 2.0])
     assert s._durations() == {"ingest": 2.0}
+
+
+def test_a_run_is_measured_and_expected_per_computation_one_more_per_anchor_it_passes(pipeline):
+    """Coalescing never crosses an anchor, so a run computes once per anchor between its job's
+    progress before and after it, and once more. A 6-s run that passed one anchor measures 3 s a
+    computation; with two anchors issued since its progress, the job's next run is expected to
+    compute three times (9 s), and its table's refresh starts that much earlier."""
+    conn = pipeline
+    targets.set_target_lag(conn, T("a"), 60)
+    b1 = new_barrier(conn)
+    jobs.complete(conn, "ingest", b1, {T("a"): 1})
+    a2, b3 = anchor(conn), new_barrier(conn)
+    conn.execute(
+        "INSERT INTO schedule_run (job_name, reason, progress_from, progress_to, seconds) VALUES "
+        "('ingest', 'test', %s, %s, 6.0), ('ingest', 'test', NULL, %s, 2.5)",
+        (b1, b3, b1),
+    )
+    assert measured(conn) == {"ingest": [3.0, 2.5]}  # the first run ever: one computation
+    assert jobs.anchors_ahead(conn)["ingest"] == 1 and jobs.anchors_ahead(conn)["derive"] == 0
+    assert [d.refresh_s for d in dry_run(conn) if d.table == "lake.db.a"] == [6.0]  # 3 s x (1 + a2)
+    jobs.complete(conn, "ingest", a2, {T("a"): 2})  # at the anchor: nothing between it and the newest
+    assert jobs.anchors_ahead(conn)["ingest"] == 0
+    anchor(conn), anchor(conn)
+    assert [d.refresh_s for d in dry_run(conn) if d.table == "lake.db.a"] == [9.0]
