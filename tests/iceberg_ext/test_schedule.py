@@ -271,7 +271,7 @@ def test_a_refresh_starts_with_a_barrier_of_its_own(lake, server, tmp_path):
         targets.set_target_lag(lake.conn, lake.T("orders"), max(12, math.ceil(3 * due.refresh_s)))
         started = barriers.newest(lake.conn)
         met: list[bool] = []
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + 25
         while time.monotonic() < deadline:
             met += [bool(t.met) for t in targets.targets(lake.conn) if t.name == lake.T("orders")]
             time.sleep(0.5)
