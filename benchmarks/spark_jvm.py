@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-SMALL_JOBS_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+from icebarrier.iceberg_ext.spark import SMALL_JOBS_JVM_OPTIONS
 
 
 def measure(runs: int) -> dict[str, float]:
@@ -87,13 +87,13 @@ def main() -> int:
         return 0
     ratios = []
     for round_ in range(args.rounds):
-        order = [("defaults", ""), ("small", SMALL_JOBS_JVM)]
+        order = [("defaults", ""), ("small", SMALL_JOBS_JVM_OPTIONS)]
         got = {name: variant(options, args.runs) for name, options in (order if round_ % 2 == 0 else order[::-1])}
         d, s = got["defaults"], got["small"]
         ratios.append((s["cpu_s"] / d["cpu_s"], s["wall_s"] / d["wall_s"]))
         print(
             f"round {round_ + 1}: defaults {d['cpu_s']:.2f} CPU s, {d['wall_s']:.2f} s; "
-            f"small ({SMALL_JOBS_JVM}) {s['cpu_s']:.2f} CPU s, {s['wall_s']:.2f} s per run",
+            f"small ({SMALL_JOBS_JVM_OPTIONS}) {s['cpu_s']:.2f} CPU s, {s['wall_s']:.2f} s per run",
             flush=True,
         )
     cpu = ", ".join(f"{c:.2f}" for c, _ in sorted(ratios, reverse=True))

@@ -44,12 +44,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from proc import cpu_s  # noqa: E402
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
-from spark_jvm import SMALL_JOBS_JVM  # noqa: E402
 
 from icebarrier.apps.embedded import CLI  # noqa: E402
 from icebarrier.control_plane import barriers, db, targets  # noqa: E402
 from icebarrier.control_plane.model import TableName  # noqa: E402
 from icebarrier.control_plane.targets import Runner  # noqa: E402
+from icebarrier.iceberg_ext.spark import SMALL_JOBS_JVM_OPTIONS  # noqa: E402
 
 SHOP = Path(__file__).resolve().parent.parent / "examples" / "shopping"
 JOBS = ("ingest_shopping", "ingest_shipments", "user_item_amount", "user_item_price", "shipped_orders")
@@ -228,7 +228,9 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--target", type=float, default=10.0, help="target lag of the leaves, seconds")
     parser.add_argument("--log", default="build/target_lag.log", help="where the processes' output goes")
-    parser.add_argument("--jvm-options", default=SMALL_JOBS_JVM, help="the Spark drivers' JVM options, both phases")
+    parser.add_argument(
+        "--jvm-options", default=SMALL_JOBS_JVM_OPTIONS, help="the Spark drivers' JVM options, both phases"
+    )
     args = parser.parse_args()
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
     become_subreaper()

@@ -34,6 +34,10 @@ S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 DEBIAN_JDBC_JAR = "/usr/share/java/postgresql.jar"
 SHADED_JACKSON = "org/apache/iceberg/shaded/com/fasterxml/jackson/databind/ObjectMapper.class"
 EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+# The driver JVM's options for small runs (Spark's own SPARK_SUBMIT_OPTS; docs/declared-freshness.md,
+# "Warm runners and the JVM"): the C1 compiler only and the serial collector, for a run of seconds
+# much cheaper than the JVM's defaults (benchmarks/spark_jvm.py)
+SMALL_JOBS_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 class SparkUnavailableError(IcebarrierError):
