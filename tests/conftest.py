@@ -23,10 +23,15 @@ from psycopg import sql
 
 from icebarrier.control_plane import db
 from icebarrier.iceberg_ext.config import Settings
+from icebarrier.iceberg_ext.spark import SMALL_JOBS_JVM_OPTIONS
 from tests.helpers import calm_anchors
 from tests.s3 import moto_server
 
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+# Every Spark driver a test starts (its sessions, and the jobs' processes, which inherit the
+# environment) runs small jobs: the JVM options docs/declared-freshness.md recommends for them
+os.environ.setdefault("SPARK_SUBMIT_OPTS", SMALL_JOBS_JVM_OPTIONS)
 
 # peer/ holds other projects' suites that tests run against a live server (their own pytest)
 collect_ignore = ["peer"]
