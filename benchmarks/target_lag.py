@@ -149,7 +149,7 @@ def sample_targets(dsn: str, seconds: float) -> dict[str, list[bool]]:
     return met
 
 
-def scheduled(args, log) -> tuple[dict[str, list[bool]], dict[str, int], int, float]:
+def scheduled(args, log) -> tuple[dict[str, list[bool]], dict[str, int], tuple[float, int], float]:
     with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory() as tmp:
         input_dir, warehouse = Path(tmp) / "input", str(Path(tmp) / "wh")
         feed = Feed(input_dir)
