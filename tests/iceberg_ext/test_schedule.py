@@ -277,7 +277,7 @@ def test_a_refresh_starts_with_a_barrier_of_its_own(lake, server, tmp_path):
             time.sleep(0.5)
     finally:
         schedule.kill_group()
-    assert sum(met) / len(met) >= 0.9, f"target met in {sum(met)} of {len(met)} samples\n{schedule.log()[-3000:]}"
+    assert sum(met) / len(met) >= 0.8, f"target met in {sum(met)} of {len(met)} samples\n{schedule.log()[-3000:]}"
     issued = lake.conn.execute(
         "SELECT count(*) AS n FROM barriers WHERE barrier > %s AND issued_by = 'schedule'", (started.barrier,)
     ).fetchone()["n"]
