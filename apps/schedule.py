@@ -526,12 +526,12 @@ class Schedule:
                 f"seconds = %s WHERE run_id = %s RETURNING {_COMPUTATIONS} AS computations",
                 (code, progress, took if counted else None, run.run_id),
             ).fetchone()
+            n = done["computations"]
             job.run = None
             if counted:
-                job.durations.append(took / done["computations"])
+                job.durations.append(took / n)
             if code == 0:
                 job.last_start, job.wanted_since, job.failures = started, None, 0
-                n = done["computations"]
                 note = "" if progress != run.progress_from else " (nothing new to publish)"
                 note += f" ({n} computations: it passed {n - 1} anchor(s))" if n > 1 else ""
                 self.log(f"job {job.name}: run done in {took:.1f} s, progress {progress}{note}")
