@@ -22,3 +22,13 @@ class LeaseLostError(IcebarrierError):
             f"lease {lease_id} was not renewed ({reason}); its snapshots may be expired, so this read "
             f"stopped instead of reading unprotected. Start a new repeatable-read session"
         )
+
+
+class ArtifactUnavailableError(IcebarrierError):
+    """A pinned artifact (a jar Spark needs…) is not in the cache and could not be fetched, or a
+    copy fails its checksum."""
+
+    def __init__(self, message: str, *, coordinates: str) -> None:
+        super().__init__(message)
+        self.coordinates = coordinates
+

@@ -1,38 +1,56 @@
-"""Spark configuration for icebarrier: the Iceberg catalog, extensions and jars, offline.
+"""Spark configuration for icebarrier: the Iceberg catalog, extensions and jars.
 
-Jars are found without Maven: the Iceberg runtime from the ``snowpark-connect-deps-iceberg``
-wheel (1.0.2; 1.0.3's jar lacks shaded Jackson), the Postgres JDBC driver from Debian's
-``libpostgresql-jdbc-java`` (or the ``wbjdbc`` wheel). Override with
-``ICEBARRIER_ICEBERG_JAR`` / ``ICEBARRIER_JDBC_JAR`` (paths), or
-``ICEBARRIER_SPARK_PACKAGES`` (Maven coordinates, where Maven is reachable).
+The jars are Iceberg's own, from Maven Central at one pinned version (:data:`ICEBERG_VERSION`):
+``iceberg-spark-runtime-3.5_2.12`` always, ``iceberg-aws-bundle`` for a warehouse on S3 (Iceberg's
+``S3FileIO`` and the AWS SDK it calls). They are fetched once into the local Maven cache and
+checked against pinned SHA-256 digests (:mod:`.maven`); a Spark start never resolves from the
+network once they are there. The Postgres JDBC driver is Debian's ``libpostgresql-jdbc-java`` where
+installed, else ``org.postgresql:postgresql`` the same way. ``ICEBARRIER_ICEBERG_JAR``,
+``ICEBARRIER_ICEBERG_AWS_JAR`` and ``ICEBARRIER_JDBC_JAR`` name local copies instead;
+``ICEBARRIER_SPARK_PACKAGES`` (Maven coordinates) hands resolution to Spark's own ``--packages``.
 PySpark is imported lazily; without it, Spark features say how to install it.
-
-A warehouse on S3 needs Iceberg's ``S3FileIO`` and the AWS SDK it calls: the
-``iceberg-aws-bundle`` jar of the runtime's Iceberg version. No package on PyPI or Debian ships
-it, so it is ``ICEBARRIER_ICEBERG_AWS_JAR`` (a path) when set, else its Maven coordinates in
-``spark.jars.packages`` (Spark fetches it where Maven Central is reachable).
 """
 
 from __future__ import annotations
 
-import glob
 import os
-import zipfile
 from pathlib import Path
 
 from icebarrier.control_plane.errors import ConfigurationError, IcebarrierError
+from icebarrier.iceberg_ext import maven
 from icebarrier.iceberg_ext.config import Settings, state_dir
 
-ICEBERG_JAR_NAME = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
-ICEBERG_JAR_ENV = "ICEBARRIER_ICEBERG_JAR"
-JDBC_JAR_ENV = "ICEBARRIER_JDBC_JAR"
+ICEBERG_VERSION = "1.10.1"  # the newest 1.10 whose AWS bundle Maven Central serves (1.10.2's is missing)
+ICEBERG_RUNTIME = maven.Artifact(
+    title="Iceberg's Spark runtime jar",
+    group="org.apache.iceberg",
+    artifact="iceberg-spark-runtime-3.5_2.12",
+    version=ICEBERG_VERSION,
+    sha256="39ea09e6c03550a300b9d9ab498949836d2d434e441da4c12a943a086e396940",
+    env="ICEBARRIER_ICEBERG_JAR",
+)
+ICEBERG_AWS_BUNDLE = maven.Artifact(
+    title="Iceberg's AWS bundle jar (S3FileIO, for a warehouse on S3)",
+    group="org.apache.iceberg",
+    artifact="iceberg-aws-bundle",
+    version=ICEBERG_VERSION,
+    sha256="86bf20892ea5b4c17688f19b075399885f6aa5303f6b2dc9f491e76ceef9633b",
+    env="ICEBARRIER_ICEBERG_AWS_JAR",
+)
+POSTGRES_JDBC = maven.Artifact(
+    title="the Postgres JDBC driver",
+    group="org.postgresql",
+    artifact="postgresql",
+    version="42.7.4",
+    sha256="188976721ead8e8627eb6d8389d500dccc0c9bebd885268a3047180274a6031e",
+    env="ICEBARRIER_JDBC_JAR",
+)
+ICEBERG_JAR_ENV = ICEBERG_RUNTIME.env
+AWS_JAR_ENV = ICEBERG_AWS_BUNDLE.env
+JDBC_JAR_ENV = POSTGRES_JDBC.env
 PACKAGES_ENV = "ICEBARRIER_SPARK_PACKAGES"
-AWS_JAR_ENV = "ICEBARRIER_ICEBERG_AWS_JAR"
-ICEBERG_VERSION = "1.10.2"  # the runtime jar's (ICEBERG_JAR_NAME)
-AWS_BUNDLE = f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG_VERSION}"
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 DEBIAN_JDBC_JAR = "/usr/share/java/postgresql.jar"
-SHADED_JACKSON = "org/apache/iceberg/shaded/com/fasterxml/jackson/databind/ObjectMapper.class"
 EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 # The driver JVM's options for small runs (Spark's own SPARK_SUBMIT_OPTS; docs/declared-freshness.md,
 # "Warm runners and the JVM"): the C1 compiler only and the serial collector, for a run of seconds
@@ -55,49 +73,20 @@ def require_pyspark():
 
 
 def iceberg_jar() -> Path:
-    override = os.environ.get(ICEBERG_JAR_ENV)
-    if override:
-        path = Path(override)
-    else:
-        try:
-            import snowpark_connect_deps_iceberg as deps
-        except ImportError:
-            raise SparkUnavailableError(
-                f"no Iceberg Spark runtime jar; pip install 'icebarrier[spark]' "
-                f"(snowpark-connect-deps-iceberg==1.0.2) or set {ICEBERG_JAR_ENV} to the jar's path"
-            ) from None
-        path = Path(deps.get_jars_dir()) / ICEBERG_JAR_NAME
-    if not path.is_file():
-        raise SparkUnavailableError(f"Iceberg runtime jar {path} does not exist; fix {ICEBERG_JAR_ENV} or reinstall")
-    with zipfile.ZipFile(path) as jar:
-        if SHADED_JACKSON not in jar.namelist():
-            raise SparkUnavailableError(
-                f"Iceberg runtime jar {path} lacks shaded Jackson and fails on the first CREATE TABLE; "
-                f"pip install 'snowpark-connect-deps-iceberg==1.0.2' (not 1.0.3) or set {ICEBERG_JAR_ENV}"
-            )
-    return path
+    """Iceberg's Spark runtime jar (raises ArtifactUnavailableError)."""
+    return maven.resolve(ICEBERG_RUNTIME)
+
+
+def aws_bundle_jar() -> Path:
+    """Iceberg's AWS bundle jar (raises ArtifactUnavailableError)."""
+    return maven.resolve(ICEBERG_AWS_BUNDLE)
 
 
 def jdbc_jar() -> Path:
-    override = os.environ.get(JDBC_JAR_ENV)
-    candidates = [override] if override else [DEBIAN_JDBC_JAR, *_wheel_jdbc_jars()]
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    raise SparkUnavailableError(
-        f"no Postgres JDBC driver jar{f' at {override}' if override else ''}; "
-        f"apt-get install libpostgresql-jdbc-java, pip install wbjdbc, or set {JDBC_JAR_ENV}"
-    )
-
-
-def _wheel_jdbc_jars() -> list[str]:
-    import importlib.util
-
-    spec = importlib.util.find_spec("wbjdbc")
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    root = next(iter(spec.submodule_search_locations))
-    return sorted(glob.glob(f"{root}/**/postgresql-*.jar", recursive=True))
+    """The Postgres JDBC driver: ``ICEBARRIER_JDBC_JAR``, Debian's, else Maven Central's."""
+    if not os.environ.get(JDBC_JAR_ENV) and Path(DEBIAN_JDBC_JAR).is_file():
+        return Path(DEBIAN_JDBC_JAR)
+    return maven.resolve(POSTGRES_JDBC)
 
 
 def spark_conf(settings: Settings) -> dict[str, str]:
@@ -140,18 +129,12 @@ def s3_catalog_conf(settings: Settings, cat: str) -> dict[str, str]:
 
 
 def add_aws_bundle(conf: dict[str, str]) -> None:
-    """Add the AWS bundle S3FileIO needs to ``conf``'s jars: ``ICEBARRIER_ICEBERG_AWS_JAR``, else
-    its Maven coordinates (see the module docstring)."""
-    jar = os.environ.get(AWS_JAR_ENV)
-    if jar and not Path(jar).is_file():
-        raise SparkUnavailableError(
-            f"{AWS_JAR_ENV}={jar} does not exist; point it at "
-            f"iceberg-aws-bundle-{ICEBERG_VERSION}.jar ({AWS_BUNDLE} on Maven Central)"
-        )
-    if jar:
-        conf["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars"), jar]))
+    """Add the AWS bundle S3FileIO needs to ``conf``'s jars (or to its packages, where
+    ``ICEBARRIER_SPARK_PACKAGES`` hands resolution to Spark)."""
+    if "spark.jars.packages" in conf and not os.environ.get(AWS_JAR_ENV):
+        conf["spark.jars.packages"] += f",{ICEBERG_AWS_BUNDLE.coordinates}"
     else:
-        conf["spark.jars.packages"] = ",".join(filter(None, [conf.get("spark.jars.packages"), AWS_BUNDLE]))
+        conf["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars"), str(aws_bundle_jar())]))
 
 
 # Spark's log configuration where the user has none: errors only, on stderr (Spark's default
@@ -207,15 +190,7 @@ def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: s
         builder = builder.config("spark.driver.bindAddress", "0.0.0.0")
     builder = builder.config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
     builder = builder.config("spark.sql.session.timeZone", "UTC")
-    try:
-        spark = builder.getOrCreate()
-    except Exception as exc:  # noqa: BLE001 - Spark says why in pages of JVM output
-        if settings.on_object_storage and AWS_BUNDLE in wanted.get("spark.jars.packages", ""):
-            raise SparkUnavailableError(
-                f"Spark could not start with {AWS_BUNDLE} for the S3 warehouse (it fetches it from Maven Central); "
-                f"download iceberg-aws-bundle-{ICEBERG_VERSION}.jar and set {AWS_JAR_ENV} to its path"
-            ) from exc
-        raise
+    spark = builder.getOrCreate()
     for key in (f"spark.sql.catalog.{settings.catalog}", f"spark.sql.catalog.{settings.catalog}.uri"):
         if key in wanted and spark.conf.get(key, None) != wanted[key]:
             raise ConfigurationError(

@@ -53,15 +53,14 @@ def duckdb_install() -> str:
 
 
 def spark_conf(warehouse: str, uri: str, credential: str, catalog: str) -> dict[str, str]:
-    """Spark properties for catalog ``catalog`` through the REST catalog at ``uri`` (with the AWS
-    bundle jar where ``ICEBARRIER_ICEBERG_AWS_JAR`` names it: a lake on S3)."""
-    import os
-
-    from icebarrier.iceberg_ext.spark import AWS_JAR_ENV, add_aws_bundle, iceberg_jar
+    """Spark properties for catalog ``catalog`` through the REST catalog at ``uri``. Both of
+    Iceberg's jars: the runtime, and the AWS bundle for tables on S3 (a client does not know where
+    the lake lives; the load response says, with the storage access it needs)."""
+    from icebarrier.iceberg_ext.spark import EXTENSIONS, add_aws_bundle, iceberg_jar
 
     conf = {
         "spark.jars": str(iceberg_jar()),
-        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.sql.extensions": EXTENSIONS,
         f"spark.sql.catalog.{catalog}": "org.apache.iceberg.spark.SparkCatalog",
         f"spark.sql.catalog.{catalog}.type": "rest",
         f"spark.sql.catalog.{catalog}.uri": uri,
@@ -70,11 +69,10 @@ def spark_conf(warehouse: str, uri: str, credential: str, catalog: str) -> dict[
         f"spark.sql.catalog.{catalog}.credential": credential,
         f"spark.sql.catalog.{catalog}.oauth2-server-uri": f"{uri}/v1/oauth/tokens",
         f"spark.sql.catalog.{catalog}.cache-enabled": "false",
-        # the storage access a table needs comes with its load (S3: with ICEBARRIER_ICEBERG_AWS_JAR)
+        # the storage access a table needs comes with its load
         f"spark.sql.catalog.{catalog}.header.X-Iceberg-Access-Delegation": "vended-credentials",
     }
-    if os.environ.get(AWS_JAR_ENV):
-        add_aws_bundle(conf)
+    add_aws_bundle(conf)
     return conf
 
 

@@ -1,7 +1,6 @@
 """Spark: generated configuration, barrier-tagged writes, pinned reads, compaction, tags, query."""
 
 import json
-import zipfile
 
 import pytest
 from click.testing import CliRunner
@@ -19,12 +18,14 @@ from icebarrier.iceberg_ext.catalog import (
 from icebarrier.iceberg_ext.commits import BarrierCommit
 from icebarrier.iceberg_ext.maintenance import compact, expire, tag
 from icebarrier.iceberg_ext.reads import ConsistentRead
-from icebarrier.iceberg_ext.spark import ICEBERG_JAR_ENV, SparkUnavailableError, iceberg_jar, spark_conf
+from icebarrier.iceberg_ext import maven
+from icebarrier.iceberg_ext.spark import ICEBERG_RUNTIME, ICEBERG_VERSION, spark_conf
 from icebarrier.iceberg_ext.spark_io import append_df, merge_df, overwrite_df, sql_write
 
 
-def test_spark_conf_is_complete_and_offline(lake):
-    """The generated conf names the catalog, JDBC V1 schema, no cache, extensions and local jars."""
+def test_spark_conf_is_complete_with_iceberg_jars_from_the_maven_cache(lake):
+    """The generated conf names the catalog, JDBC V1 schema, no cache, extensions, and Iceberg's
+    own runtime jar at the pinned version, from the local Maven repository."""
     conf = spark_conf(lake.settings)
     assert conf["spark.sql.catalog.lake.type"] == "jdbc"
     assert conf["spark.sql.catalog.lake.jdbc.schema-version"] == "V1"
@@ -32,24 +33,10 @@ def test_spark_conf_is_complete_and_offline(lake):
     assert conf["spark.sql.catalog.lake.uri"].endswith("currentSchema=icebarrier_catalog")
     assert "IcebergSparkSessionExtensions" in conf["spark.sql.extensions"]
     jars = conf["spark.jars"].split(",")
-    assert jars[0].endswith("iceberg-spark-runtime-3.5_2.12-1.10.2.jar") and jars[1].endswith(".jar")
+    assert jars[0] == str(ICEBERG_RUNTIME.path_in(maven.repository())) and jars[1].endswith(".jar")
+    assert jars[0].endswith(f"iceberg-spark-runtime-3.5_2.12-{ICEBERG_VERSION}.jar")
     out = CliRunner().invoke(command, ["spark-conf"])
     assert out.exit_code == 0 and "--conf spark.sql.catalog.lake=org.apache.iceberg.spark.SparkCatalog" in out.stdout
-
-
-def test_missing_or_stripped_jars_are_clear_errors(tmp_path, monkeypatch, lake):
-    """A missing jar or one without shaded Jackson fails with the fix in one line."""
-    monkeypatch.setenv(ICEBERG_JAR_ENV, str(tmp_path / "nope.jar"))
-    with pytest.raises(SparkUnavailableError, match="does not exist"):
-        iceberg_jar()
-    stripped = tmp_path / "stripped.jar"
-    with zipfile.ZipFile(stripped, "w") as z:
-        z.writestr("org/apache/iceberg/Table.class", b"")
-    monkeypatch.setenv(ICEBERG_JAR_ENV, str(stripped))
-    with pytest.raises(SparkUnavailableError, match="lacks shaded Jackson"):
-        iceberg_jar()
-    result = CliRunner().invoke(command, ["spark-conf"])
-    assert result.exit_code == 1 and result.stderr.count("\n") == 1 and "1.0.2" in result.stderr
 
 
 def _setup(lake, spark):
