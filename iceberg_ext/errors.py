@@ -31,4 +31,3 @@ class ArtifactUnavailableError(IcebarrierError):
     def __init__(self, message: str, *, coordinates: str) -> None:
         super().__init__(message)
         self.coordinates = coordinates
-

@@ -45,8 +45,10 @@ class Artifact:
     @property
     def coordinates(self) -> str:
         """``group:artifact:version[:packaging[:classifier]]``, as ``mvn dependency:get`` takes them."""
-        tail = f":{self.packaging}:{self.classifier}" if self.classifier else (
-            f":{self.packaging}" if self.packaging != "jar" else ""
+        tail = (
+            f":{self.packaging}:{self.classifier}"
+            if self.classifier
+            else (f":{self.packaging}" if self.packaging != "jar" else "")
         )
         return f"{self.group}:{self.artifact}:{self.version}{tail}"
 
@@ -89,7 +91,8 @@ def _fetch(artifact: Artifact) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise _unavailable(
-            artifact, f"{artifact.file_name} is not in the Maven cache and `mvn` is not installed (apt-get install maven)"
+            artifact,
+            f"{artifact.file_name} is not in the Maven cache and `mvn` is not installed (apt-get install maven)",
         )
     repo = repository()
     repo.mkdir(parents=True, exist_ok=True)

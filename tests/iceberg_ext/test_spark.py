@@ -2,12 +2,12 @@
 
 import json
 
-import pytest
 from click.testing import CliRunner
 
 from icebarrier.cli.main import cli as command
 from icebarrier.control_plane import barriers, jobs, leases, reads, tables
 from icebarrier.control_plane.model import JobDefinition, Level
+from icebarrier.iceberg_ext import maven
 from icebarrier.iceberg_ext.catalog import (
     OPERATION_COMPACTION,
     SUMMARY_BARRIER,
@@ -18,7 +18,6 @@ from icebarrier.iceberg_ext.catalog import (
 from icebarrier.iceberg_ext.commits import BarrierCommit
 from icebarrier.iceberg_ext.maintenance import compact, expire, tag
 from icebarrier.iceberg_ext.reads import ConsistentRead
-from icebarrier.iceberg_ext import maven
 from icebarrier.iceberg_ext.spark import ICEBERG_RUNTIME, ICEBERG_VERSION, spark_conf
 from icebarrier.iceberg_ext.spark_io import append_df, merge_df, overwrite_df, sql_write
 
