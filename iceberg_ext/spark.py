@@ -124,7 +124,7 @@ def s3_catalog_conf(settings: Settings, cat: str) -> dict[str, str]:
 
     conf = {f"{cat}.io-impl": S3_FILE_IO}
     for key, value in settings.storage.fileio().items():
-        conf[f"{cat}.{'client.region' if key == storage.REGION else key}"] = value
+        conf[f"{cat}.{storage.JAVA_REGION if key == storage.REGION else key}"] = value
     return conf
 
 

@@ -36,6 +36,7 @@ ACCESS_KEY_ID = "s3.access-key-id"
 SECRET_ACCESS_KEY = "s3.secret-access-key"
 SESSION_TOKEN = "s3.session-token"
 PATH_STYLE = "s3.path-style-access"
+JAVA_REGION = "client.region"  # Iceberg Java's S3FileIO (Spark, Trino's REST client) reads the region here
 KEYS = (ENDPOINT, REGION, ACCESS_KEY_ID, SECRET_ACCESS_KEY, SESSION_TOKEN, PATH_STYLE)
 SECRETS = (ACCESS_KEY_ID, SECRET_ACCESS_KEY, SESSION_TOKEN)
 READERS = "readers"
@@ -85,15 +86,17 @@ class Storage:
         return dict(self.properties)
 
     def public(self) -> dict[str, str]:
-        """Where the files are, without any secret (every client may know it)."""
-        return {k: v for k, v in self.properties.items() if k not in SECRETS}
+        """Where the files are, without any secret (every client may know it); the region also
+        under Iceberg Java's name."""
+        public = {k: v for k, v in self.properties.items() if k not in SECRETS}
+        if REGION in public:
+            public[JAVA_REGION] = public[REGION]
+        return public
 
     def vended(self, *, reader: bool) -> dict[str, str]:
         """What the catalog hands a client that asked for vended credentials: the endpoint and
         the keys, a reader's read-only keys when configured (else none: see docs/storage.md)."""
-        if not reader:
-            return self.fileio()
-        return {**self.public(), **self.readers}
+        return {**self.public(), **(self.readers if reader else self.fileio())}
 
 
 def _checked(section: Mapping, where: str, known: tuple[str, ...]) -> dict[str, str]:

@@ -37,10 +37,13 @@ def warehouse(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def spark(lake_dsn, warehouse):
-    """One local[2] SparkSession for the whole run, on the shared catalog."""
-    from icebarrier.iceberg_ext.spark import spark_session
+    """One local[2] SparkSession for the whole run, on the shared catalog (with the AWS bundle, so
+    catalogs added later reach tables on S3)."""
+    from icebarrier.iceberg_ext.spark import aws_bundle_jar, spark_conf, spark_session
 
-    session = spark_session(Settings(dsn=lake_dsn, warehouse=str(warehouse)).validated(), app_name="icebarrier-tests")
+    settings = Settings(dsn=lake_dsn, warehouse=str(warehouse)).validated()
+    jars = f"{spark_conf(settings)['spark.jars']},{aws_bundle_jar()}"
+    session = spark_session(settings, app_name="icebarrier-tests", extra={"spark.jars": jars})
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -3,11 +3,14 @@ the other on one Spark session; print how many barriers each completed.
 
     python -m tests.iceberg_ext.runtime_worker DSN SCHEMA WAREHOUSE NAMESPACE INPUT_DIR JOB[,JOB…]
 
-Crash points come from ICEBARRIER_FAULT / ICEBARRIER_FAULT_AFTER (iceberg_ext.faults).
+The key ``tables`` creates the pipeline's tables instead of running a job. Crash points come from
+ICEBARRIER_FAULT / ICEBARRIER_FAULT_AFTER (iceberg_ext.faults); the storage settings of a warehouse
+on S3 from the icebarrier.toml ICEBARRIER_CONFIG names.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from icebarrier.iceberg_ext.config import Settings
@@ -34,9 +37,15 @@ def two_sink_job(namespace: str) -> TransformJob:
 
 
 def main(dsn, cp_schema, warehouse, namespace, input_dir, job_keys) -> None:
-    settings = Settings(dsn=dsn, schema=cp_schema, warehouse=warehouse).validated()
+    storage = Settings.load_storage(os.environ.get("ICEBARRIER_CONFIG"))
+    settings = Settings(dsn=dsn, schema=cp_schema, warehouse=warehouse, storage=storage).validated()
     completed = []
     for key in job_keys.split(","):
+        if key == "tables":
+            from icebarrier.iceberg_ext.spark import spark_session
+
+            shop.create_tables(spark_session(settings), namespace)
+            continue
         job = two_sink_job(namespace) if key == "two_sinks" else shop.build(namespace, input_dir)[key]
         with Runtime(job, settings=settings, log=lambda line: print(line, file=sys.stderr)) as runtime:
             completed.append(len(runtime.run().completed))
