@@ -181,7 +181,9 @@ def test_spark_reads_every_warehouse_on_s3_with_only_the_catalog_uri_and_a_token
     }
     for warehouse, count in expected.items():
         name = f"s3_{uuid.uuid4().hex[:8]}"
-        conf = dict(line.split(" ", 1) for line in configuration("spark", warehouse, s3_server, reader, name).splitlines())
+        conf = dict(
+            line.split(" ", 1) for line in configuration("spark", warehouse, s3_server, reader, name).splitlines()
+        )
         assert not any(k.startswith(f"spark.sql.catalog.{name}.s3.") for k in conf)  # storage comes from the catalog
         for key, value in conf.items():
             if key.startswith(f"spark.sql.catalog.{name}"):
