@@ -96,14 +96,29 @@ def serve(
 @click.option(
     "--credential", default="CLIENT_ID:SECRET", show_default=True, help="A token from `icebarrier token create`."
 )
+@click.option(
+    "--catalog",
+    envvar="ICEBARRIER_CATALOG",
+    default="lake",
+    show_default=True,
+    help="The catalog's name in the engine (Trino: the properties file's name).",
+)
 @click.pass_obj
-def connect(obj, engine: str, warehouse: str, uri: str, credential: str) -> None:
-    """Print a ready-to-paste configuration for ENGINE to read (or write) through the catalog."""
-    from icebarrier.apps.catalog.warehouses import Warehouse
+def connect(obj, engine: str, warehouse: str, uri: str, credential: str, catalog: str) -> None:
+    """Print a ready-to-paste configuration for ENGINE to read (or write) through the catalog.
 
-    settings = obj.settings()
-    text = configuration(engine, str(Warehouse.parse(warehouse)), uri.rstrip("/"), credential, settings.catalog)
-    emit(obj, {"engine": engine, "warehouse": warehouse, "configuration": text}, text)
+    Needs only the server's URI and a token (no DSN). For Trino it asks the server where the
+    lake's files live (S3's endpoint and region go in the catalog file), so the token must be real."""
+    from icebarrier.apps.catalog.clients import served_storage
+    from icebarrier.apps.catalog.warehouses import Warehouse
+    from icebarrier.control_plane.errors import ConfigurationError
+
+    if not catalog.isidentifier():
+        raise ConfigurationError(f"catalog name {catalog!r} is invalid; use an identifier such as lake")
+    parsed, uri = str(Warehouse.parse(warehouse)), uri.rstrip("/")
+    storage = served_storage(uri, credential, parsed) if engine == "trino" else None
+    text = configuration(engine, parsed, uri, credential, catalog, storage)
+    emit(obj, {"engine": engine, "warehouse": parsed, "configuration": text}, text)
 
 
 @click.group("token")

@@ -159,9 +159,10 @@ def session_cut(
     conn: Conn, access_token: str, table: str, *, scope: str | None, quiet_ms: int
 ) -> tuple[int | None, int | None]:
     """(barrier, ``S(table, barrier)``) for this session reading through ``read-committed``
-    (``scope``: a namespace, ``catalog.namespace``): the session's barrier while its loads keep
+    (``scope``: a namespace, ``catalog.namespace``): the client's barrier while its loads keep
     coming less than ``quiet_ms`` apart, else the newest cut over the scope's managed tables
-    (None, None: no cut yet).
+    (None, None: no cut yet). The moment is the client's (its token's), shared by every access
+    token it holds: Trino takes a new one for each table it loads.
 
     Two statements: the session's barrier may have been chosen, moments ago, by another server
     process serving the same session, from a snapshot newer than this statement's; S(table, B)

@@ -14,6 +14,9 @@ whichever catalog is configured, never in place of it::
     [storage.readers]                          # optional: read-only keys vended to reader tokens
     "s3.access-key-id" = "…"
     "s3.secret-access-key" = "…"
+    [storage.sessions]                         # optional: vend temporary credentials (STS) instead
+    "duration-s" = 3600                        #   of the keys themselves (Trino needs a session token)
+    "sts.endpoint" = "http://127.0.0.1:9000"   #   default: s3.endpoint where set, else AWS's STS
 
 Environment variables (the AWS SDK's own names) win over the file, as for every setting:
 ``AWS_ENDPOINT_URL_S3`` (or ``AWS_ENDPOINT_URL``), ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``),
@@ -40,6 +43,9 @@ JAVA_REGION = "client.region"  # Iceberg Java's S3FileIO (Spark, Trino's REST cl
 KEYS = (ENDPOINT, REGION, ACCESS_KEY_ID, SECRET_ACCESS_KEY, SESSION_TOKEN, PATH_STYLE)
 SECRETS = (ACCESS_KEY_ID, SECRET_ACCESS_KEY, SESSION_TOKEN)
 READERS = "readers"
+SESSIONS = "sessions"
+SESSION_TOKEN_EXPIRES_AT_MS = "s3.session-token-expires-at-ms"  # Iceberg's name (S3FileIOProperties)
+SESSION_DURATION_S, STS_ENDPOINT = "duration-s", "sts.endpoint"
 
 ENV = {
     ENDPOINT: ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
@@ -58,11 +64,15 @@ class Storage:
 
     properties: dict[str, str] = field(default_factory=dict)
     readers: dict[str, str] = field(default_factory=dict)
+    # ``[storage.sessions]``: vend STS session credentials of this many seconds (None: the keys)
+    session_duration_s: int | None = None
+    sts_endpoint: str | None = None
 
     @classmethod
     def from_config(cls, section: Mapping | None, environ: Mapping[str, str] = os.environ) -> Storage:
         """The ``[storage]`` table of icebarrier.toml, the environment winning over it."""
         section = dict(section or {})
+        sessions = section.pop(SESSIONS, None)
         readers = section.pop(READERS, {})
         if not isinstance(readers, Mapping):
             raise ConfigurationError(
@@ -79,7 +89,8 @@ class Storage:
             raise ConfigurationError(
                 f"[storage.{READERS}] needs both {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY}; fix icebarrier.toml"
             )
-        return cls(properties=properties, readers=readers)
+        duration_s, sts_endpoint = _sessions(sessions, properties)
+        return cls(properties=properties, readers=readers, session_duration_s=duration_s, sts_endpoint=sts_endpoint)
 
     def fileio(self) -> dict[str, str]:
         """Properties for PyIceberg's and Iceberg Java's FileIO."""
@@ -97,6 +108,26 @@ class Storage:
         """What the catalog hands a client that asked for vended credentials: the endpoint and
         the keys, a reader's read-only keys when configured (else none: see docs/storage.md)."""
         return {**self.public(), **(self.readers if reader else self.fileio())}
+
+
+def _sessions(section: Mapping | None, properties: Mapping[str, str]) -> tuple[int | None, str | None]:
+    """``[storage.sessions]``: the credentials' lifetime (STS allows 900 s to 36 hours) and STS's endpoint."""
+    if section is None:
+        return None, None
+    where = f"[storage.{SESSIONS}]"
+    if not isinstance(section, Mapping):
+        raise ConfigurationError(f"{where} must be a table ({SESSION_DURATION_S}, {STS_ENDPOINT}); fix icebarrier.toml")
+    values = _checked(section, where, (SESSION_DURATION_S, STS_ENDPOINT))
+    try:
+        duration_s = int(values.get(SESSION_DURATION_S, 3600))
+    except ValueError:
+        duration_s = 0
+    if not 900 <= duration_s <= 129_600:
+        raise ConfigurationError(
+            f"{where} {SESSION_DURATION_S} = {values.get(SESSION_DURATION_S)!r} is out of range; "
+            f"STS grants 900 to 129600 seconds"
+        )
+    return duration_s, values.get(STS_ENDPOINT) or properties.get(ENDPOINT)
 
 
 def _checked(section: Mapping, where: str, known: tuple[str, ...]) -> dict[str, str]:

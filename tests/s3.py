@@ -35,15 +35,15 @@ class S3:
             region_name=REGION,
         )
 
-    def storage_toml(self) -> str:
+    def storage_toml(self, *, sessions: bool = False) -> str:
         """The ``[storage]`` section of icebarrier.toml for this server (and read-only-by-policy
-        keys for readers)."""
+        keys for readers; ``sessions``: vend STS session credentials made from them, moto's STS)."""
         return (
             f'[storage]\n"s3.endpoint" = "{self.endpoint}"\n"s3.region" = "{REGION}"\n'
             f'"s3.access-key-id" = "{ACCESS_KEY}"\n"s3.secret-access-key" = "{SECRET_KEY}"\n'
             f'"s3.path-style-access" = "true"\n'
             f'[storage.readers]\n"s3.access-key-id" = "{READER_KEY}"\n"s3.secret-access-key" = "{READER_SECRET}"\n'
-        )
+        ) + ('[storage.sessions]\n"duration-s" = 900\n' if sessions else "")
 
     def keys(self, prefix: str = "") -> set[str]:
         """Every object key in the bucket under ``prefix`` (not the directory markers pyarrow leaves)."""

@@ -6,10 +6,14 @@ from __future__ import annotations
 ENGINES = ("spark", "pyiceberg", "duckdb", "trino")
 
 
-def configuration(engine: str, warehouse: str, uri: str, credential: str, catalog: str) -> str:
+def configuration(
+    engine: str, warehouse: str, uri: str, credential: str, catalog: str, storage: dict[str, str] | None = None
+) -> str:
     """Client configuration; Spark's table cache is off so each query loads its tables in one
     read-committed session moment (with the cache, two tables of a query could come from loads
-    made up to 30 s apart)."""
+    made up to 30 s apart). ``storage``: the catalog's ``/v1/config`` defaults (:func:`served_storage`),
+    which Trino's file system needs in its catalog file (the other engines take them from the
+    catalog at run time)."""
     client_id, _, secret = credential.partition(":")
     if engine == "spark":
         return "\n".join(f"{k} {v}" for k, v in spark_conf(warehouse, uri, credential, catalog).items())
@@ -27,13 +31,73 @@ def configuration(engine: str, warehouse: str, uri: str, credential: str, catalo
             f"ATTACH '{warehouse}' AS {catalog} (TYPE iceberg, SECRET icebarrier, ENDPOINT '{uri}', "
             f"ACCESS_DELEGATION_MODE 'vended_credentials');"
         )
-    return (
-        f"# etc/catalog/{catalog}.properties\nconnector.name=iceberg\niceberg.catalog.type=rest\n"
-        f"iceberg.rest-catalog.uri={uri}\niceberg.rest-catalog.warehouse={warehouse}\n"
-        f"iceberg.rest-catalog.security=OAUTH2\niceberg.rest-catalog.oauth2.credential={credential}\n"
-        f"iceberg.rest-catalog.oauth2.server-uri={uri}/v1/oauth/tokens\n"
-        f"iceberg.rest-catalog.vended-credentials-enabled=true\n"
-    )
+    return trino_properties(warehouse, uri, credential, catalog, storage or {})
+
+
+def trino_properties(warehouse: str, uri: str, credential: str, catalog: str, storage: dict[str, str]) -> str:
+    """A Trino catalog file: the Iceberg connector on the REST catalog (OAuth2 client credentials,
+    vended credentials), and the file system where the lake lives (Trino configures it per catalog,
+    not per table): S3's endpoint, region and path style from the catalog, else the local disk."""
+    from icebarrier.iceberg_ext import storage as s3
+
+    lines = [
+        f"# etc/catalog/{catalog}.properties",
+        "connector.name=iceberg",
+        "iceberg.catalog.type=rest",
+        f"iceberg.rest-catalog.uri={uri}",
+        f"iceberg.rest-catalog.warehouse={warehouse}",
+        "iceberg.rest-catalog.security=OAUTH2",
+        f"iceberg.rest-catalog.oauth2.credential={credential}",
+        f"iceberg.rest-catalog.oauth2.server-uri={uri}/v1/oauth/tokens",
+        "iceberg.rest-catalog.vended-credentials-enabled=true",
+    ]
+    if storage.get(s3.REGION) or storage.get(s3.ENDPOINT):
+        lines.append("fs.native-s3.enabled=true")
+        lines += [f"{key}={storage[key]}" for key in (s3.ENDPOINT, s3.REGION, s3.PATH_STYLE) if storage.get(key)]
+    else:
+        lines.append("fs.hadoop.enabled=true")  # file:// table locations
+    return "\n".join(lines) + "\n"
+
+
+def served_storage(uri: str, credential: str, warehouse: str) -> dict[str, str]:
+    """Where the catalog at ``uri`` says the lake's files live (its ``/v1/config`` defaults), asked
+    with ``credential`` as any client would. Raises IcebarrierError naming the setting to fix."""
+    import base64
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from icebarrier.control_plane.errors import IcebarrierError
+
+    basic = base64.b64encode(credential.encode()).decode()
+    try:
+        token_request = urllib.request.Request(
+            f"{uri}/v1/oauth/tokens",
+            data=b"grant_type=client_credentials&scope=catalog",
+            headers={"Authorization": f"Basic {basic}", "Content-Type": "application/x-www-form-urlencoded"},
+        )
+        with urllib.request.urlopen(token_request, timeout=30) as r:
+            token = json.load(r)["access_token"]
+        query = urllib.parse.urlencode({"warehouse": warehouse})
+        config_request = urllib.request.Request(
+            f"{uri}/v1/config?{query}", headers={"Authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(config_request, timeout=30) as r:
+            return json.load(r).get("defaults", {})
+    except urllib.error.HTTPError as exc:
+        why = exc.read().decode(errors="replace")[:200]
+        if exc.code in (400, 401):
+            raise IcebarrierError(
+                f"the catalog at {uri} refused --credential {credential.partition(':')[0]}:… ({why}); "
+                f"pass a token from `icebarrier token create --reader`"
+            ) from None
+        raise IcebarrierError(f"the catalog at {uri} answered {exc.code} ({why}); check --uri") from None
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        raise IcebarrierError(
+            f"cannot reach the catalog at --uri {uri} ({getattr(exc, 'reason', exc)}); start `icebarrier serve` "
+            f"there or pass the right --uri"
+        ) from None
 
 
 def duckdb_install() -> str:

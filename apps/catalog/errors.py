@@ -31,6 +31,10 @@ class UnprocessableError(IcebarrierError):
     """A well-formed request that contradicts itself (422)."""
 
 
+class StorageUnavailableError(IcebarrierError):
+    """The object store's credential service refused or did not answer (503)."""
+
+
 class NotServedError(IcebarrierError):
     """A route of the spec (or none) that this server does not serve (404 / 405)."""
 
@@ -58,6 +62,7 @@ _STATUS = [  # (exception class name, HTTP status, REST error type), most specif
     ("UnprocessableError", 422, "UnprocessableEntityException"),
     ("IdempotencyKeyReusedError", 422, "UnprocessableEntityException"),
     ("ControlPlaneInterruptedError", 503, "ServiceUnavailableException"),
+    ("StorageUnavailableError", 503, "ServiceUnavailableException"),
     ("ControlPlaneUnavailableError", 503, "ServiceUnavailableException"),
     ("ValidationError", 400, "BadRequestException"),
     ("IcebarrierError", 400, "BadRequestException"),

@@ -23,6 +23,7 @@ from icebarrier.apps.catalog.deps import Caller, LakeDep
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import tokens
 from icebarrier.control_plane.tokens import AuthenticationError
+from icebarrier.iceberg_ext.storage import is_object_storage
 
 router = APIRouter()
 
@@ -136,10 +137,12 @@ def _grant(lake, form, authorization: str | None) -> str:
 
 
 @router.get("/v1/config")
-def config(request: Request, who: Caller, warehouse: str = ""):
+def config(request: Request, who: Caller, lake: LakeDep, warehouse: str = ""):
+    """The prefix of ``warehouse``; as defaults, where the lake's files live (endpoint, region,
+    path style of object storage; never a key: those come with each load, as the caller may)."""
     parsed = Warehouse.parse(warehouse or "latest")  # no warehouse named: latest
     return {
-        "defaults": {},
+        "defaults": lake.settings.storage.public() if is_object_storage(lake.settings.warehouse) else {},
         "overrides": {"prefix": str(parsed)},
         "endpoints": request.app.state.endpoints,
         "idempotency-key-lifetime": idempotency.LIFETIME,

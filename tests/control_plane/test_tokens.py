@@ -33,7 +33,8 @@ def test_a_session_barrier_another_server_chose_resolves_in_a_snapshot_that_sees
     with db.connect(dsn) as server_b:
         server_b.execute("BEGIN")
         server_b.execute(
-            "UPDATE catalog_session SET rc_barrier = %s, rc_loaded_at = clock_timestamp() WHERE token_hash = %s",
+            "UPDATE catalog_token SET rc_barrier = %s, rc_loaded_at = clock_timestamp() "
+            "WHERE client_id = (SELECT client_id FROM catalog_session WHERE token_hash = %s)",
             (b2, tokens._hash(access)),
         )
         a = threading.Thread(target=load_on_server_a)
@@ -56,3 +57,20 @@ def test_a_session_barrier_another_server_chose_resolves_in_a_snapshot_that_sees
             "SELECT snapshot_ids[1] AS s FROM resolve_cut(ARRAY[%s], %s, true)", (str(T("orders")), b2)
         ).fetchone()["s"]
     )
+
+
+def test_every_access_token_of_one_client_shares_its_read_committed_moment(conn):
+    """Two access tokens of one client (Trino takes one per table it loads) see the client's
+    barrier while its loads keep coming; another client's first load takes the newest cut."""
+    register_chain(conn)
+    b1 = new_barrier(conn)
+    complete_all(conn, b1)
+    client_id, secret = tokens.create(conn)
+    first, second = (tokens.open_session(conn, client_id, secret) for _ in range(2))
+    assert tokens.session_cut(conn, first, str(T("orders")), scope=None, quiet_ms=60_000)[0] == b1
+    b2 = new_barrier(conn)
+    complete_all(conn, b2)
+    assert tokens.session_cut(conn, second, str(T("payments")), scope=None, quiet_ms=60_000)[0] == b1
+    other = tokens.open_session(conn, *tokens.create(conn))
+    assert tokens.session_cut(conn, other, str(T("orders")), scope=None, quiet_ms=60_000)[0] == b2
+    assert tokens.session_cut(conn, second, str(T("orders")), scope=None, quiet_ms=0)[0] == b2  # quiet: it moves

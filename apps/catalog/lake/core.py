@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import psycopg
 from psycopg import sql
 
-from icebarrier.apps.catalog.delegation import Delegation
+from icebarrier.apps.catalog.delegation import Delegation, SessionVendor
 from icebarrier.apps.catalog.errors import ForbiddenError
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import db
@@ -88,6 +88,7 @@ class LakeCore:
             )
         settings.check_storage()
         self.settings = settings
+        self.sessions = SessionVendor(settings.storage) if settings.storage.session_duration_s else None
         self.catalog = load_catalog(settings)
         self.pool = db.pool(settings.dsn, settings.schema, max_size=pool_size)
         self.quiet_ms = quiet_ms
@@ -125,7 +126,9 @@ class LakeCore:
         caller gets (:mod:`icebarrier.apps.catalog.delegation`)."""
         from pyiceberg.catalog.rest import TableResponse
 
-        config = access.config(self.settings.storage, metadata.location, reader=principal.kind == "reader")
+        config = access.config(
+            self.settings.storage, metadata.location, reader=principal.kind == "reader", sessions=self.sessions
+        )
         return TableResponse(metadata_location=location, metadata=metadata, config=config)
 
     def table_name(self, namespace: tuple[str, ...], name: str) -> TableName:

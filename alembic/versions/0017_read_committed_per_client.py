@@ -1,0 +1,80 @@
+"""The read-committed moment belongs to the client (its token), not to one access token.
+
+Trino's REST client (Iceberg's OAuth2 manager under Trino's ``session=NONE``) takes a new access
+token for every table it loads, so a moment kept per access token gave each table of one Trino
+query a moment of its own: a join could read two barriers. The moment now lives on the client's
+token row, shared by every access token the client holds, and still moves only after the client
+has been quiet for a moment. Independent readers get tokens of their own.
+
+Revision ID: 0017
+Revises: 0016
+Create Date: 2026-11-26
+"""
+
+from psycopg import sql
+
+from alembic import context, op
+
+revision = "0017"
+down_revision = "0016"
+branch_labels = None
+depends_on = None
+
+SESSION_CUT = """
+CREATE OR REPLACE FUNCTION session_cut(p_token_hash text, p_scope text, p_quiet_ms integer) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = {search_path} AS $$
+DECLARE
+    v_barrier bigint;
+BEGIN
+    PERFORM require_admin('serve the catalog');
+    UPDATE catalog_token t
+    SET rc_barrier = CASE WHEN t.rc_scope IS NOT DISTINCT FROM p_scope AND t.rc_barrier IS NOT NULL
+                               AND t.rc_loaded_at > clock_timestamp() - make_interval(secs => p_quiet_ms / 1000.0)
+                          THEN t.rc_barrier ELSE latest_cut(p_scope) END,
+        rc_scope = p_scope, rc_loaded_at = clock_timestamp()
+    FROM catalog_session s
+    WHERE s.token_hash = p_token_hash AND t.client_id = s.client_id
+    RETURNING t.rc_barrier INTO v_barrier;
+    RETURN v_barrier;
+END $$;
+"""
+
+SESSION_CUT_0008 = """
+CREATE OR REPLACE FUNCTION session_cut(p_token_hash text, p_scope text, p_quiet_ms integer) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = {search_path} AS $$
+DECLARE
+    v_barrier bigint;
+BEGIN
+    PERFORM require_admin('serve the catalog');
+    UPDATE catalog_session s
+    SET rc_barrier = CASE WHEN s.rc_scope IS NOT DISTINCT FROM p_scope AND s.rc_barrier IS NOT NULL
+                               AND s.rc_loaded_at > clock_timestamp() - make_interval(secs => p_quiet_ms / 1000.0)
+                          THEN s.rc_barrier ELSE latest_cut(p_scope) END,
+        rc_scope = p_scope, rc_loaded_at = clock_timestamp()
+    WHERE s.token_hash = p_token_hash
+    RETURNING s.rc_barrier INTO v_barrier;
+    RETURN v_barrier;
+END $$;
+"""
+
+
+def _search_path() -> str:
+    return f"{sql.Identifier(context.config.attributes['schema']).as_string(None)}, pg_temp"
+
+
+def upgrade() -> None:
+    op.execute(
+        "ALTER TABLE catalog_token ADD COLUMN rc_scope text, ADD COLUMN rc_barrier bigint, "
+        "ADD COLUMN rc_loaded_at timestamptz"
+    )
+    op.execute("ALTER TABLE catalog_session DROP COLUMN rc_scope, DROP COLUMN rc_barrier, DROP COLUMN rc_loaded_at")
+    op.execute(SESSION_CUT.format(search_path=_search_path()))
+
+
+def downgrade() -> None:
+    op.execute(
+        "ALTER TABLE catalog_session ADD COLUMN rc_scope text, ADD COLUMN rc_barrier bigint, "
+        "ADD COLUMN rc_loaded_at timestamptz"
+    )
+    op.execute(SESSION_CUT_0008.format(search_path=_search_path()))
+    op.execute("ALTER TABLE catalog_token DROP COLUMN rc_scope, DROP COLUMN rc_barrier, DROP COLUMN rc_loaded_at")
