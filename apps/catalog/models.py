@@ -41,12 +41,16 @@ class _Request(BaseModel):
             raise MalformedRequestError(f"malformed {cls.__name__}: {why}") from None
 
 
+FORMAT_VERSION = "format-version"
+
+
 def check_name(value: str, what: str) -> str:
-    """A namespace level or table name: not blank, no NUL (Postgres stores none); a namespace
-    level also has no 0x1F (it separates levels in paths)."""
-    if not value.strip() or "\x00" in value or (what == "namespace level" and "\x1f" in value):
-        extra = " or the unit separator (0x1F)" if what == "namespace level" else ""
-        raise ValueError(f"a {what} must be a non-blank string without NUL{extra}")
+    """A namespace level or table name: not blank, no NUL (Postgres stores none), no slash (a
+    name is a segment of the REST paths, and servers and proxies decode %2F before routing); a
+    namespace level also has no 0x1F (it separates levels in paths)."""
+    if not value.strip() or "\x00" in value or "/" in value or (what == "namespace level" and "\x1f" in value):
+        extra = ", or the unit separator (0x1F)" if what == "namespace level" else ""
+        raise ValueError(f"a {what} must be a non-blank string without NUL or '/'{extra}")
     return value
 
 
@@ -106,6 +110,16 @@ class CreateTableRequest(_Request):
 
     _table = field_validator("name")(TableIdentifier._table.__func__)  # type: ignore[attr-defined]  # the classmethod's function, reused
     _props = field_validator("properties")(_properties)
+
+    @field_validator("properties")
+    @classmethod
+    def _format_version(cls, value: dict[str, str]) -> dict[str, str]:
+        if value.get(FORMAT_VERSION, "2") not in ("1", "2"):
+            raise ValueError(
+                f"{FORMAT_VERSION} {value[FORMAT_VERSION]} is not served: the catalog writes table metadata with "
+                f"PyIceberg, which writes format versions 1 and 2; create the table with {FORMAT_VERSION} 2"
+            )
+        return value
 
 
 class RegisterTableRequest(_Request):

@@ -28,7 +28,7 @@ class Commits(Sessions):
         Through latest, a multi-sink job's commits to its sinks are staged (only its own tokens
         see them) until it publishes the barrier. Either publishes with a transaction naming all
         the job's sinks with no changes."""
-        from pyiceberg.exceptions import NoSuchTableError
+        from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
         from pyiceberg.table import Table
         from pyiceberg.table.update import AddSnapshotUpdate, AssertCreate, SetLocationUpdate, SetPropertiesUpdate
 
@@ -66,9 +66,15 @@ class Commits(Sessions):
                     if not any(isinstance(r, AssertCreate) for r in change.requirements):
                         raise
                     current = None
-            new = self.catalog._update_and_stage_table(
-                current, table.identifier, tuple(change.requirements), tuple(change.updates)
-            )
+            try:
+                new = self.catalog._update_and_stage_table(
+                    current, table.identifier, tuple(change.requirements), tuple(change.updates)
+                )
+            except ValueError as exc:  # PyIceberg: an update that does not apply to the table as it is
+                raise CommitFailedException(
+                    f"the changes to {table} do not apply to its current metadata ({' '.join(str(exc).split())}); "
+                    f"load the table again and retry"
+                ) from None
             if current is not None and new.metadata == current.metadata:
                 # nothing changed: nothing to write, and the answer is the table as it is (as PyIceberg's)
                 new = current
