@@ -1,6 +1,7 @@
 """Cost follows change: a SQL job catching up, against one up-to-date barrier in the same run.
 
     python benchmarks/catchup.py [--dsn DSN] [--behind 300] [--barrier-ms 10] [--anchor-ms 600]
+                                 [--warehouse s3://bucket/prefix | --s3]
 
 The SQL job is ``user_item_amount`` of ``examples/shopping`` (a full recompute and
 overwrite per computation). Barriers and anchors are issued on the database clock at
@@ -16,13 +17,20 @@ faster (the same 60 barriers per anchor); pass 1000 / 60000 to run in real time.
   ``--once`` run: at most one computation per anchor passed (+1 past the last), and its
   output equals a full recompute at the barrier it completed.
 
-It creates a scratch database and warehouse and removes both.
+It creates a scratch database and warehouse and removes both. ``--warehouse s3://…`` runs it on
+object storage (the ``[storage]`` settings of icebarrier.toml or the AWS variables). ``--s3`` runs it
+twice, on a local warehouse and on moto's S3 server on 127.0.0.1 (each in a process of its own,
+its own Spark), and prints S3 ÷ local for the wall time of one barrier and for the hourly batch's
+computations and time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -119,10 +127,59 @@ def main() -> int:
     parser.add_argument("--barrier-ms", type=float, default=10, help="barrier interval (1 s / 100 by default)")
     parser.add_argument("--anchor-ms", type=float, default=600, help="anchor interval (60 s / 100 by default)")
     parser.add_argument("--batch-barriers", type=int, default=600, help="barriers before the hourly batch run")
+    parser.add_argument("--warehouse", help="s3://bucket/prefix: run on object storage ([storage] settings)")
+    parser.add_argument("--s3", action="store_true", help="run locally and on moto's S3 server; print S3 / local")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a child of --s3: the figures
     args = parser.parse_args()
+    if args.s3:
+        return compare_s3(args)
+    figures = run(args)
+    if args.json:
+        print(json.dumps(figures))
+    return 0
 
+
+def compare_s3(args) -> int:
+    """The benchmark on a local warehouse and on S3 (moto's server), each in a process of its own."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.s3 import moto_server
+
+    def child(warehouse: str | None, env: dict) -> dict:
+        argv = [sys.executable, __file__, "--json", "--dsn", args.dsn, "--behind", str(args.behind)]
+        argv += ["--barrier-ms", str(args.barrier_ms), "--anchor-ms", str(args.anchor_ms)]
+        argv += ["--batch-barriers", str(args.batch_barriers)] + (["--warehouse", warehouse] if warehouse else [])
+        done = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True)
+        print(done.stdout.rsplit("\n", 2)[0], file=sys.stderr)
+        if done.returncode:
+            raise SystemExit(f"the run on {warehouse or 'a local warehouse'} failed:\n{done.stderr[-3000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    with tempfile.TemporaryDirectory() as tmp, moto_server(Path(tmp) / "moto.log") as s3:
+        config = Path(tmp) / "icebarrier.toml"
+        config.write_text(s3.storage_toml())
+        print("local warehouse:", file=sys.stderr)
+        local = child(None, {})
+        print(f"S3 (moto's server on 127.0.0.1, bucket {s3.bucket}):", file=sys.stderr)
+        remote = child(f"s3://{s3.bucket}/catchup", {"ICEBARRIER_CONFIG": str(config)})
+    print(
+        f"one barrier (one computation): local {local['baseline_s'] * 1000:.0f} ms, S3 {remote['baseline_s'] * 1000:.0f} ms, "
+        f"S3 / local {remote['baseline_s'] / local['baseline_s']:.2f}"
+    )
+    print(
+        f"hourly batch: computations local {local['batch_computations']}, S3 {remote['batch_computations']}; "
+        f"time local {local['batch_s']:.1f} s, S3 {remote['batch_s']:.1f} s, S3 / local "
+        f"{remote['batch_s'] / local['batch_s']:.2f}; output = full recompute: local {local['batch_exact']}, "
+        f"S3 {remote['batch_exact']}"
+    )
+    return 0
+
+
+def run(args) -> dict:
+    """Every phase on one warehouse; prints each line and returns the figures compare_s3 needs."""
     with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(dsn=dsn, warehouse=str(Path(tmp) / "warehouse")).validated()
+        warehouse = args.warehouse or str(Path(tmp) / "warehouse")
+        storage = Settings.load_storage(os.environ.get("ICEBARRIER_CONFIG"))
+        settings = Settings(dsn=dsn, warehouse=warehouse, storage=storage).validated()
         spark = spark_session(settings, app_name="icebarrier-bench-catchup")
         spark.sparkContext.setLogLevel("ERROR")
         with db.connect(dsn) as conn:
@@ -166,15 +223,22 @@ def main() -> int:
             marks = bench.tick(args.batch_barriers, ingest_every=10)
             seconds, summary = bench.run_job()
             anchors = bench.anchors_in(start, marks[-1])
+            exact = bench.equals_recompute()
             print(
                 f"hourly batch (--once after {args.batch_barriers} barriers, {anchors} anchor(s) passed): "
                 f"{summary.computations} computation(s) (goal <= {anchors + 1}: "
                 f"{verdict(summary.computations <= anchors + 1)}), "
                 f"{seconds:.1f} s, {seconds / baseline:.1f}x one barrier; "
-                f"output = full recompute at barrier {summary.completed[-1]}: {bench.equals_recompute()}"
+                f"output = full recompute at barrier {summary.completed[-1]}: {exact}",
+                flush=True,
             )
         spark.stop()
-    return 0
+    return {
+        "baseline_s": baseline,
+        "batch_computations": summary.computations,
+        "batch_s": seconds,
+        "batch_exact": exact,
+    }
 
 
 if __name__ == "__main__":

@@ -152,8 +152,11 @@ class Trino:
 
 
 @contextlib.contextmanager
-def trino_server(work_dir: Path, catalogs: dict[str, str], *, timeout_s: float = 180) -> Iterator[Trino]:
-    """A running Trino with ``catalogs`` (name -> properties file text) in its etc/catalog."""
+def trino_server(
+    work_dir: Path, catalogs: dict[str, str], *, dynamic: bool = False, timeout_s: float = 180
+) -> Iterator[Trino]:
+    """A running Trino with ``catalogs`` (name -> properties file text) in its etc/catalog
+    (``dynamic``: ``CREATE CATALOG`` / ``DROP CATALOG`` allowed, catalog.management=dynamic)."""
     home = install()
     port = free_port()
     etc = work_dir / "etc"
@@ -165,6 +168,7 @@ def trino_server(work_dir: Path, catalogs: dict[str, str], *, timeout_s: float =
     (etc / "config.properties").write_text(
         f"coordinator=true\nnode-scheduler.include-coordinator=true\nhttp-server.http.port={port}\n"
         f"discovery.uri=http://127.0.0.1:{port}\nquery.max-memory=1GB\n"
+        + ("catalog.management=dynamic\n" if dynamic else "")
     )
     for name, text in catalogs.items():
         (etc / "catalog" / f"{name}.properties").write_text(text)

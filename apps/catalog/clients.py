@@ -50,6 +50,9 @@ def trino_properties(warehouse: str, uri: str, credential: str, catalog: str, st
         f"iceberg.rest-catalog.oauth2.credential={credential}",
         f"iceberg.rest-catalog.oauth2.server-uri={uri}/v1/oauth/tokens",
         "iceberg.rest-catalog.vended-credentials-enabled=true",
+        # a table Trino creates gets a location of its own: a job session stages a created sink's
+        # metadata under the table's location before Trino checks that the location is empty
+        "iceberg.unique-table-location=true",
     ]
     if storage.get(s3.REGION) or storage.get(s3.ENDPOINT):
         lines.append("fs.native-s3.enabled=true")

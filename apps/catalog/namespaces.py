@@ -39,7 +39,13 @@ def create_namespace(to: Writing, lake: LakeDep, once: Writes, body: dict):
 
 @router.get("/{namespace}")
 def load_namespace(warehouse: Reading, namespace: NamespacePath, lake: LakeDep):
-    return {"namespace": list(namespace), "properties": lake.catalog.load_namespace_properties(namespace)}
+    """The namespace's properties; ``location`` always (where its tables go by default): Trino
+    places a new table itself under it (``<location>/<table>-<uuid>`` with
+    ``iceberg.unique-table-location``) and otherwise creates it eagerly and then refuses the
+    location the create just wrote to."""
+    properties = lake.catalog.load_namespace_properties(namespace)
+    properties.setdefault("location", f"{lake.settings.warehouse.rstrip('/')}/{'.'.join(namespace)}")
+    return {"namespace": list(namespace), "properties": properties}
 
 
 @router.head("/{namespace}")

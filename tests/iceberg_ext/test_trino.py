@@ -12,8 +12,10 @@ import time
 
 import pytest
 
-from icebarrier.control_plane import leases, tokens
+from icebarrier.control_plane import barriers, leases, reads, tokens
+from icebarrier.iceberg_ext.catalog import SUMMARY_RUN, summary_properties
 from tests.iceberg_ext.catalog_server import Pipeline
+from tests.iceberg_ext.test_job_exec import ENGINES, assert_written_once, command, job_exec, setup_pipeline
 from tests.trino import trino_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trino")]  # one Trino at a time on 2 cores
@@ -107,3 +109,32 @@ def test_a_trino_join_through_read_committed_never_mixes_barriers_while_the_pipe
             writer.join(timeout=60)
     assert all(r[0] == r[2] and r[1] == r[3] for r in seen), [r for r in seen if r[0] != r[2]]
     assert len({r[0] for r in seen}) >= 3  # the reads moved with the pipeline
+
+
+def test_trino_runs_as_a_job_under_job_exec(lake, server, tmp_path):
+    """A Trino SQL transform (tests/iceberg_ext/engines/trino_by_barrier.py) as the `count` job
+    of test_job_exec's pipeline, under `icebarrier job exec`, through a catalog it creates for
+    the run from `connect`'s output (Trino's dynamic catalogs): its sources read at the barrier,
+    its commits staged and published with the barrier, each barrier written by one run."""
+    creds = setup_pipeline(lake)
+    count = [sys.executable, str(ENGINES / "trino_by_barrier.py"), lake.namespace]
+    with trino_server(tmp_path, {}, dynamic=True) as trino:
+        for rows in (10, 7):
+            b = barriers.issue(lake.conn).barrier
+            job_exec(server, creds["ingest"], "ingest", command(lake, "ingest", rows=rows))
+            [done] = job_exec(server, creds["count"], "count", [*count, str(trino.port)])["steps"]
+            assert done["barrier"] == b and done["outcome"] == "published", done
+            sink = lake.catalog.load_table(f"{lake.namespace}.by_barrier")
+            assert_written_once(lake, "by_barrier", b, summary_properties(sink.current_snapshot())[SUMMARY_RUN])
+        assert trino.query("SHOW CATALOGS") == [["system"]]  # each run dropped its catalog
+    cut = reads.resolve(lake.conn, [lake.T("orders"), lake.T("by_barrier")])
+    assert cut.barrier == b
+    orders = lake.catalog.load_table(f"{lake.namespace}.orders").scan(snapshot_id=cut.snapshots[lake.T("orders")])
+    counted = lake.catalog.load_table(f"{lake.namespace}.by_barrier").scan(
+        snapshot_id=cut.snapshots[lake.T("by_barrier")]
+    )
+    per_barrier = {}
+    for r in orders.to_arrow().to_pylist():
+        per_barrier[r["barrier"]] = per_barrier.get(r["barrier"], 0) + 1
+    assert {r["barrier"]: r["n"] for r in counted.to_arrow().to_pylist()} == per_barrier
+    assert sorted(per_barrier.values()) == [7, 10]
