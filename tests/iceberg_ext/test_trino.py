@@ -28,6 +28,14 @@ def s3_sessions(s3_lake, s3):
         config.write(s3.storage_toml(sessions=True))
 
 
+def lake_and_server(request, storage: str):
+    """The test's lake and a server over it, on a local warehouse or on S3."""
+    lake = request.getfixturevalue("lake" if storage == "local" else "s3_lake")
+    if storage == "s3":  # Trino takes vended keys only with a session token: the server makes them with STS
+        request.getfixturevalue("s3_sessions")
+    return lake, request.getfixturevalue("server" if storage == "local" else "s3_server")
+
+
 def connect_trino(server: str, warehouse: str, credential: str, catalog: str) -> str:
     """`icebarrier connect --engine trino` run as an analyst would: the server's URI and a token,
     no DSN, no configuration file."""
@@ -62,10 +70,7 @@ def test_trino_reads_every_warehouse_at_exact_counts(request, storage, tmp_path)
     """Each warehouse a catalog of its own, its properties file exactly as `connect` printed it:
     latest, read-committed, read-committed:<ns>, barrier-<B> and lease-<ID> give exact row counts,
     on a local warehouse and on S3 (where Trino gets the keys with each load)."""
-    lake = request.getfixturevalue("lake" if storage == "local" else "s3_lake")
-    if storage == "s3":  # Trino takes vended keys only with a session token: the server makes them with STS
-        request.getfixturevalue("s3_sessions")
-    server = request.getfixturevalue("server" if storage == "local" else "s3_server")
+    lake, server = lake_and_server(request, storage)
     p = Pipeline(lake, {"ingest": ["orders", "payments"]})
     marks = [p.advance(rows=10) for _ in range(3)]
     reader = ":".join(tokens.create(lake.conn))
@@ -111,11 +116,14 @@ def test_a_trino_join_through_read_committed_never_mixes_barriers_while_the_pipe
     assert len({r[0] for r in seen}) >= 3  # the reads moved with the pipeline
 
 
-def test_trino_runs_as_a_job_under_job_exec(lake, server, tmp_path):
+@pytest.mark.parametrize("storage", ["local", "s3"])
+def test_trino_runs_as_a_job_under_job_exec(request, storage, tmp_path):
     """A Trino SQL transform (tests/iceberg_ext/engines/trino_by_barrier.py) as the `count` job
     of test_job_exec's pipeline, under `icebarrier job exec`, through a catalog it creates for
     the run from `connect`'s output (Trino's dynamic catalogs): its sources read at the barrier,
-    its commits staged and published with the barrier, each barrier written by one run."""
+    its commits staged and published with the barrier, each barrier written by one run; on a
+    local warehouse and on S3."""
+    lake, server = lake_and_server(request, storage)
     creds = setup_pipeline(lake)
     count = [sys.executable, str(ENGINES / "trino_by_barrier.py"), lake.namespace]
     with trino_server(tmp_path, {}, dynamic=True) as trino:
