@@ -165,6 +165,8 @@ def _cases():
     ]:
         yield ["connect", "--engine", "spark", "--warehouse", warehouse], warehouse or "''"
     yield ["connect", "--engine", "presto"], "presto"
+    yield ["connect", "--engine", "trino", "--uri", "http://127.0.0.1:1", "--credential", "a:b"], "--uri"
+    yield ["connect", "--engine", "trino", "--catalog", "my-lake"], "my-lake"
     yield ["serve", "--port", "0"], "0"
     yield ["spark-conf", "--via", "rest"], "--credential"
     yield ["spark-conf", "--via", "rest", "--credential", "no-colon"], "--credential"

@@ -16,7 +16,7 @@ import requests
 
 from icebarrier.apps.catalog.clients import configuration
 from icebarrier.control_plane import barriers, job_sessions, leases, reads, tokens
-from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest
+from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, start_server, stop_server
 from tests.iceberg_ext.test_job_exec import (
     SINKS,
     check_cut,
@@ -313,3 +313,48 @@ def test_orphan_removal_on_a_local_warehouse_deletes_only_old_unreferenced_files
     assert report.orphans == (old.as_uri(),) and report.kept_recent == 1
     assert not old.exists() and new.exists() and all(p.exists() for p in referenced)
     assert lake.catalog.load_table(f"{lake.namespace}.t").scan().to_arrow().num_rows == 2
+
+
+def test_session_credentials_are_vended_instead_of_keys_and_a_dead_sts_is_one_line(s3_lake, s3, tmp_path):
+    """[storage.sessions]: a reader and a job are handed STS session credentials (a session token
+    and its expiry, never the keys they came from), and they read the table; an STS that cannot
+    be reached makes the load a 503 naming [storage.sessions], and the server stays up."""
+    import time
+
+    config = tmp_path / "sessions.toml"
+    config.write_text(s3.storage_toml(sessions=True))
+    lake = s3_lake
+    Pipeline(lake, {"ingest": ["orders"]}).advance(rows=3)
+    proc, uri = start_server(lake, env_extra={"ICEBARRIER_CONFIG": str(config)})
+    try:
+        reader = ":".join(tokens.create(lake.conn))
+        orders = f"{lake.namespace}.orders"
+        vended = load_config(uri, reader, orders, "vended-credentials")
+        assert vended["s3.session-token"] and vended["s3.access-key-id"] not in (READER_KEY, ACCESS_KEY)
+        assert int(vended["s3.session-token-expires-at-ms"]) > time.time() * 1000 + 600_000
+        assert load_config(uri, reader, orders, "vended-credentials")["s3.session-token"] == vended["s3.session-token"]
+        assert rest(uri, "latest", reader).load_table(orders).scan().to_arrow().num_rows == 3
+    finally:
+        assert "Traceback" not in stop_server(proc)
+    config.write_text(
+        s3.storage_toml(sessions=True).replace('"duration-s" = 900', '"sts.endpoint" = "http://127.0.0.1:1"')
+    )
+    proc, uri = start_server(lake, env_extra={"ICEBARRIER_CONFIG": str(config)})
+    try:
+        token = access_token(uri, *reader.split(":"))
+        headers = {"Authorization": f"Bearer {token}", "X-Iceberg-Access-Delegation": "vended-credentials"}
+        r = requests.get(f"{uri}/v1/latest/namespaces/{lake.namespace}/tables/orders", headers=headers, timeout=60)
+        assert r.status_code == 503 and "[storage.sessions]" in r.json()["error"]["message"], r.text
+        assert requests.get(f"{uri}/v1/config", headers=headers, timeout=30).status_code == 200
+    finally:
+        assert "Traceback" not in stop_server(proc)
+
+
+@pytest.mark.parametrize("duration", ["60", "x", "200000"])
+def test_a_session_duration_sts_does_not_grant_is_refused_naming_it(duration):
+    """duration-s outside STS's 900..129600 seconds: one line naming [storage.sessions]."""
+    from icebarrier.control_plane.errors import ConfigurationError
+    from icebarrier.iceberg_ext.storage import Storage
+
+    with pytest.raises(ConfigurationError, match=r"\[storage.sessions\] duration-s"):
+        Storage.from_config({"sessions": {"duration-s": duration}}, environ={})

@@ -146,3 +146,21 @@ def test_trino_runs_as_a_job_under_job_exec(request, storage, tmp_path):
         per_barrier[r["barrier"]] = per_barrier.get(r["barrier"], 0) + 1
     assert {r["barrier"]: r["n"] for r in counted.to_arrow().to_pylist()} == per_barrier
     assert sorted(per_barrier.values()) == [7, 10]
+
+
+def test_connect_needs_only_the_uri_and_a_token_and_names_a_refused_token(lake, server):
+    """`connect --engine trino` without DSN or configuration file: a refused credential is one
+    line naming --credential, exit 1, nothing printed on stdout; a real one prints the file."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICEBARRIER_")}
+    icebarrier = f"{os.path.dirname(sys.executable)}/icebarrier"
+    refused = subprocess.run(
+        [icebarrier, "connect", "--engine", "trino", "--uri", server, "--credential", "ib-nobody:secret"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+    )
+    assert refused.returncode == 1 and not refused.stdout, refused
+    assert refused.stderr.count("\n") == 1 and "--credential ib-nobody" in refused.stderr, refused.stderr
+    printed = connect_trino(server, "read-committed", ":".join(tokens.create(lake.conn)), "lake")
+    assert "fs.hadoop.enabled=true" in printed and "s3." not in printed  # a local warehouse
