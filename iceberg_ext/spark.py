@@ -45,9 +45,6 @@ POSTGRES_JDBC = maven.Artifact(
     sha256="188976721ead8e8627eb6d8389d500dccc0c9bebd885268a3047180274a6031e",
     env="ICEBARRIER_JDBC_JAR",
 )
-ICEBERG_JAR_ENV = ICEBERG_RUNTIME.env
-AWS_JAR_ENV = ICEBERG_AWS_BUNDLE.env
-JDBC_JAR_ENV = POSTGRES_JDBC.env
 PACKAGES_ENV = "ICEBARRIER_SPARK_PACKAGES"
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 DEBIAN_JDBC_JAR = "/usr/share/java/postgresql.jar"
@@ -84,7 +81,7 @@ def aws_bundle_jar() -> Path:
 
 def jdbc_jar() -> Path:
     """The Postgres JDBC driver: ``ICEBARRIER_JDBC_JAR``, Debian's, else Maven Central's."""
-    if not os.environ.get(JDBC_JAR_ENV) and Path(DEBIAN_JDBC_JAR).is_file():
+    if not os.environ.get(POSTGRES_JDBC.env) and Path(DEBIAN_JDBC_JAR).is_file():
         return Path(DEBIAN_JDBC_JAR)
     return maven.resolve(POSTGRES_JDBC)
 
@@ -131,7 +128,7 @@ def s3_catalog_conf(settings: Settings, cat: str) -> dict[str, str]:
 def add_aws_bundle(conf: dict[str, str]) -> None:
     """Add the AWS bundle S3FileIO needs to ``conf``'s jars (or to its packages, where
     ``ICEBARRIER_SPARK_PACKAGES`` hands resolution to Spark)."""
-    if "spark.jars.packages" in conf and not os.environ.get(AWS_JAR_ENV):
+    if "spark.jars.packages" in conf and not os.environ.get(ICEBERG_AWS_BUNDLE.env):
         conf["spark.jars.packages"] += f",{ICEBERG_AWS_BUNDLE.coordinates}"
     else:
         conf["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars"), str(aws_bundle_jar())]))
