@@ -1,6 +1,6 @@
 """Trino through `icebarrier serve`: what a consistent read costs Trino, against latest in the same run.
 
-    python benchmarks/trino.py [--dsn DSN] [--queries 40] [--barriers 20]
+    python benchmarks/trino_reads.py [--dsn DSN] [--queries 40] [--barriers 20]
 
 A real Trino (tests/trino.py: Trino 476 from Maven Central, on Temurin 25) with two catalogs on one
 server, configured exactly as `icebarrier connect --engine trino` prints them: ``latest`` and
