@@ -14,7 +14,7 @@ import pyarrow as pa
 import requests
 from pyiceberg.catalog.rest import RestCatalog
 
-from icebarrier.control_plane import barriers, jobs
+from icebarrier.control_plane import barriers, jobs, leases
 from icebarrier.control_plane.model import JobDefinition
 from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER
 
@@ -93,6 +93,20 @@ class Pipeline:
         for job, commits in by_job.items():
             jobs.complete(self.lake.conn, job, b, commits)
         return b
+
+
+def every_warehouse(lake, marks: list[int], rows: int = 10) -> dict[str, int]:
+    """Each warehouse and the rows ``orders`` (of a Pipeline with orders and payments that wrote
+    ``rows`` a barrier at ``marks``) has through it; the lease pins the second barrier."""
+    lease = leases.acquire(lake.conn, [lake.T("orders"), lake.T("payments")], ttl_s=600, holder="t", barrier=marks[1])
+    every = rows * len(marks)
+    return {
+        "latest": every,
+        "read-committed": every,
+        f"read-committed:{lake.namespace}": every,
+        **{f"barrier-{b}": rows * (i + 1) for i, b in enumerate(marks)},
+        f"lease-{lease.lease_id}": rows * 2,
+    }
 
 
 def rest(uri: str, warehouse: str, credential: str) -> RestCatalog:

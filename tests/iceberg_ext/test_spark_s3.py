@@ -23,7 +23,7 @@ from icebarrier.control_plane import barriers, leases, reads, tables, tokens
 from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER, SUMMARY_RUN, lineage, load_table, summary_properties
 from icebarrier.iceberg_ext.maintenance import expire
-from tests.iceberg_ext.catalog_server import Pipeline
+from tests.iceberg_ext.catalog_server import Pipeline, every_warehouse
 from tests.iceberg_ext.test_runtime import generate, shop
 
 pytestmark = pytest.mark.slow
@@ -171,15 +171,7 @@ def test_spark_reads_every_warehouse_on_s3_with_only_the_catalog_uri_and_a_token
     p = Pipeline(lake, {"ingest": ["orders", "payments"]})
     marks = [p.advance(rows=10) for _ in range(3)]
     reader = ":".join(tokens.create(lake.conn))
-    lease = leases.acquire(lake.conn, [lake.T("orders"), lake.T("payments")], ttl_s=600, holder="t", barrier=marks[1])
-    expected = {
-        **{f"barrier-{b}": 10 * (i + 1) for i, b in enumerate(marks)},
-        "latest": 30,
-        "read-committed": 30,
-        f"read-committed:{lake.namespace}": 30,
-        f"lease-{lease.lease_id}": 20,
-    }
-    for warehouse, count in expected.items():
+    for warehouse, count in every_warehouse(lake, marks).items():
         name = f"s3_{uuid.uuid4().hex[:8]}"
         conf = dict(
             line.split(" ", 1) for line in configuration("spark", warehouse, s3_server, reader, name).splitlines()

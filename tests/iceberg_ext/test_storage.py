@@ -16,7 +16,14 @@ import requests
 
 from icebarrier.apps.catalog.clients import configuration
 from icebarrier.control_plane import barriers, job_sessions, leases, reads, tokens
-from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, start_server, stop_server
+from tests.iceberg_ext.catalog_server import (
+    Pipeline,
+    access_token,
+    every_warehouse,
+    rest,
+    start_server,
+    stop_server,
+)
 from tests.iceberg_ext.test_job_exec import (
     SINKS,
     check_cut,
@@ -60,15 +67,7 @@ def test_every_engine_reads_every_warehouse_on_s3_with_only_the_catalog_uri_and_
     assert any(k.endswith(".parquet") for k in files) and any(k.endswith(".metadata.json") for k in files)
     reader = ":".join(tokens.create(lake.conn))
     orders = f"{lake.namespace}.orders"
-    lease = leases.acquire(lake.conn, [lake.T("orders"), lake.T("payments")], ttl_s=600, holder="t", barrier=marks[1])
-    expected = {
-        **{f"barrier-{b}": 10 * (i + 1) for i, b in enumerate(marks)},
-        "latest": 30,
-        "read-committed": 30,
-        f"read-committed:{lake.namespace}": 30,
-        f"lease-{lease.lease_id}": 20,
-    }
-    for warehouse, rows in expected.items():
+    for warehouse, rows in every_warehouse(lake, marks).items():
         table = rest(s3_server, warehouse, reader).load_table(orders)  # no storage settings of its own
         assert table.scan().to_arrow().num_rows == rows, warehouse
         assert (

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from icebarrier.control_plane import barriers, leases, reads, tokens
+from icebarrier.control_plane import barriers, reads, tokens
 from icebarrier.iceberg_ext.catalog import SUMMARY_RUN, summary_properties
-from tests.iceberg_ext.catalog_server import Pipeline
+from tests.iceberg_ext.catalog_server import Pipeline, every_warehouse
 from tests.iceberg_ext.test_job_exec import ENGINES, assert_written_once, command, job_exec, setup_pipeline
 from tests.trino import trino_server
 
@@ -53,18 +53,6 @@ def connect_trino(server: str, warehouse: str, credential: str, catalog: str) ->
     return done.stdout
 
 
-def warehouses(lake, marks: list[int]) -> dict[str, int]:
-    """Each warehouse and the rows `orders` has through it (10 a barrier; the lease at the second)."""
-    lease = leases.acquire(lake.conn, [lake.T("orders"), lake.T("payments")], ttl_s=600, holder="t", barrier=marks[1])
-    return {
-        "latest": 30,
-        "read-committed": 30,
-        f"read-committed:{lake.namespace}": 30,
-        **{f"barrier-{b}": 10 * (i + 1) for i, b in enumerate(marks)},
-        f"lease-{lease.lease_id}": 20,
-    }
-
-
 @pytest.mark.parametrize("storage", ["local", "s3"])
 def test_trino_reads_every_warehouse_at_exact_counts(request, storage, tmp_path):
     """Each warehouse a catalog of its own, its properties file exactly as `connect` printed it:
@@ -74,7 +62,7 @@ def test_trino_reads_every_warehouse_at_exact_counts(request, storage, tmp_path)
     p = Pipeline(lake, {"ingest": ["orders", "payments"]})
     marks = [p.advance(rows=10) for _ in range(3)]
     reader = ":".join(tokens.create(lake.conn))
-    expected = warehouses(lake, marks)
+    expected = every_warehouse(lake, marks)
     catalogs = {f"w{i}": connect_trino(server, w, reader, f"w{i}") for i, w in enumerate(expected)}
     with trino_server(tmp_path, catalogs) as trino:
         for (name, _), (warehouse, rows) in zip(catalogs.items(), expected.items()):
