@@ -50,8 +50,8 @@ def trino_properties(warehouse: str, uri: str, credential: str, catalog: str, st
         f"iceberg.rest-catalog.oauth2.credential={credential}",
         f"iceberg.rest-catalog.oauth2.server-uri={uri}/v1/oauth/tokens",
         "iceberg.rest-catalog.vended-credentials-enabled=true",
-        # a table Trino creates gets a location of its own: a job session stages a created sink's
-        # metadata under the table's location before Trino checks that the location is empty
+        # Trino places a table it creates at <namespace location>/<table>-<uuid> (the server gives
+        # every namespace a location), never where another table's files are
         "iceberg.unique-table-location=true",
     ]
     if storage.get(s3.REGION) or storage.get(s3.ENDPOINT):
