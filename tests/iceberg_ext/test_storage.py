@@ -16,6 +16,7 @@ import requests
 
 from icebarrier.apps.catalog.clients import configuration
 from icebarrier.control_plane import barriers, job_sessions, leases, reads, tokens
+from icebarrier.iceberg_ext.catalog import summary_properties
 from tests.iceberg_ext.catalog_server import (
     Pipeline,
     access_token,
@@ -93,21 +94,27 @@ def test_every_engine_reads_every_warehouse_on_s3_with_only_the_catalog_uri_and_
 def test_job_exec_runs_pyiceberg_and_duckdb_jobs_whose_writes_land_on_s3_staged_until_publish(
     s3_lake, s3_server, s3, tmp_path
 ):
-    """A PyIceberg root, a DuckDB transform and a PyIceberg transform with two sinks under `job
-    exec`: their files land in the bucket, every cut reads exact through the catalog; a failed
-    run and a killed DuckDB run publish nothing (their files stay unreferenced in the bucket)."""
+    """A PyIceberg root (a `spark-submit`-style PySpark root in the second round: Spark writing S3
+    through the catalog with the keys it is handed), a DuckDB transform and a PyIceberg transform
+    with two sinks under `job exec`: their files land in the bucket, every cut reads exact through
+    the catalog; a failed run and a killed DuckDB run publish nothing (their files stay
+    unreferenced in the bucket)."""
     lake = s3_lake
     creds = setup_pipeline(lake)
     reader = ":".join(tokens.create(lake.conn))
     for rows in (3, 4):
         barriers.issue(lake.conn)
         for job in SINKS:
-            out = job_exec(s3_server, creds[job], job, command(lake, job, rows=rows))
+            out = job_exec(
+                s3_server, creds[job], job, command(lake, job, rows=rows, spark=job == "ingest" and rows == 4)
+            )
             assert [s["outcome"] for s in out["steps"]] == ["published"], out["stderr"][-2000:]
         b = out["steps"][0]["barrier"]
         assert check_cut(rest(s3_server, f"barrier-{b}", reader), lake.namespace) == (3 + (rows == 4) * 4, b)
     for sink in ("orders", "by_barrier", "summary", "audit"):
         assert any(k.endswith(".parquet") for k in s3.keys(f"wh/{lake.namespace}/{sink}/data/")), sink
+    spark_written = lake.catalog.load_table(f"{lake.namespace}.orders").current_snapshot()
+    assert "spark.app.id" in summary_properties(spark_written)  # the second round's root ran on Spark
     # a failed run publishes nothing
     barriers.issue(lake.conn)
     before, files = pointers(lake), s3.keys(f"wh/{lake.namespace}/")
