@@ -98,13 +98,11 @@ def serve(
 )
 @click.option(
     "--catalog",
-    envvar="ICEBARRIER_CATALOG",
-    default="lake",
-    show_default=True,
-    help="The catalog's name in the engine (Trino: the properties file's name).",
+    help="The catalog's name in the engine (Trino: the properties file's name); default: the configured "
+    "catalog (ICEBARRIER_CATALOG, icebarrier.toml), else lake.",
 )
 @click.pass_obj
-def connect(obj, engine: str, warehouse: str, uri: str, credential: str, catalog: str) -> None:
+def connect(obj, engine: str, warehouse: str, uri: str, credential: str, catalog: str | None) -> None:
     """Print a ready-to-paste configuration for ENGINE to read (or write) through the catalog.
 
     Needs only the server's URI and a token (no DSN). For Trino it asks the server where the
@@ -112,7 +110,9 @@ def connect(obj, engine: str, warehouse: str, uri: str, credential: str, catalog
     from icebarrier.apps.catalog.clients import served_storage
     from icebarrier.apps.catalog.warehouses import Warehouse
     from icebarrier.control_plane.errors import ConfigurationError
+    from icebarrier.iceberg_ext.config import Settings
 
+    catalog = catalog or Settings.load_catalog_name(obj.config)
     if not catalog.isidentifier():
         raise ConfigurationError(f"catalog name {catalog!r} is invalid; use an identifier such as lake")
     parsed, uri = str(Warehouse.parse(warehouse)), uri.rstrip("/")

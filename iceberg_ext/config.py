@@ -101,6 +101,12 @@ class Settings:
         return settings.validated()
 
     @staticmethod
+    def load_catalog_name(config_file: str | Path | None = None) -> str:
+        """The catalog's name alone (``ICEBARRIER_CATALOG``, then the file), for a client that has
+        no DSN: `icebarrier connect`."""
+        return os.environ.get(ENV["catalog"]) or _config_file(config_file).get("catalog") or "lake"
+
+    @staticmethod
     def load_storage(config_file: str | Path | None = None) -> Storage:
         """The storage settings alone (for a program that brings its own database: demo, check)."""
         return Storage.from_config(_config_file(config_file).get("storage"))
