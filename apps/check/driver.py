@@ -385,12 +385,17 @@ class _Run:
         if self.catalog_server.down_until is not None:
             self.report.catalog_unavailable += 1
             return None
+        credential = self.credentials["reader"]
+        if warehouse == "read-committed":  # an independent reader: a client (token) of its own, so a moment of its own
+            credential = ":".join(
+                self.cp.run("token", lambda conn: tokens.create(conn, name="check read-committed reader"))
+            )
         try:
             catalog = RestCatalog(
                 f"check-{warehouse}",
                 uri=self.catalog_server.uri,
                 warehouse=warehouse,
-                credential=self.credentials["reader"],
+                credential=credential,
             )
             tables, previous = {}, None
             for name in SCHEMAS:
