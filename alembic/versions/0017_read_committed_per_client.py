@@ -6,10 +6,18 @@ query a moment of its own: a join could read two barriers. The moment now lives 
 token row, shared by every access token the client holds, and still moves only after the client
 has been quiet for a moment. Independent readers get tokens of their own.
 
+A moment in use is protected from expiry: the read window (``protection()``) reaches down to the
+oldest moment of a client that loaded within the last minute. Before, it reached only the newest
+valid cut, so a session that chose barrier B and loaded its next table after B' had become valid
+could find S(table, B) expired between its own loads.
+
 Revision ID: 0017
 Revises: 0016
 Create Date: 2026-11-26
 """
+
+import importlib.util
+from pathlib import Path
 
 from psycopg import sql
 
@@ -62,6 +70,28 @@ def _search_path() -> str:
     return f"{sql.Identifier(context.config.attributes['schema']).as_string(None)}, pg_temp"
 
 
+# protection()'s lowest protected barrier: also the oldest read-committed moment in use (a client
+# that loaded within the last minute; a moment is kept only while loads come less than the
+# server's --session-quiet apart)
+_LOWEST = "SELECT least(latest_valid(array_agg(m.table_id), NULL, false), (SELECT min(progress) FROM started)) AS b"
+_LOWEST_WITH_MOMENTS = (
+    "SELECT least(latest_valid(array_agg(m.table_id), NULL, false), (SELECT min(progress) FROM started),\n"
+    "                     (SELECT min(ct.rc_barrier) FROM catalog_token ct\n"
+    "                      WHERE ct.rc_loaded_at > clock_timestamp() - interval '1 minute')) AS b"
+)
+
+
+def _protection(*, moments: bool) -> str:
+    """0014's ``protection`` (0010's, first runs counted); with ``moments``, live moments protected."""
+    path = Path(__file__).with_name("0014_retries_and_audit.py")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    earlier = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(earlier)
+    text = earlier._protection(first_runs=True)
+    assert text.count(_LOWEST) == 1
+    return text.replace(_LOWEST, _LOWEST_WITH_MOMENTS) if moments else text
+
+
 def upgrade() -> None:
     op.execute(
         "ALTER TABLE catalog_token ADD COLUMN rc_scope text, ADD COLUMN rc_barrier bigint, "
@@ -69,9 +99,11 @@ def upgrade() -> None:
     )
     op.execute("ALTER TABLE catalog_session DROP COLUMN rc_scope, DROP COLUMN rc_barrier, DROP COLUMN rc_loaded_at")
     op.execute(SESSION_CUT.format(search_path=_search_path()))
+    op.execute(_protection(moments=True))
 
 
 def downgrade() -> None:
+    op.execute(_protection(moments=False))
     op.execute(
         "ALTER TABLE catalog_session ADD COLUMN rc_scope text, ADD COLUMN rc_barrier bigint, "
         "ADD COLUMN rc_loaded_at timestamptz"

@@ -74,3 +74,28 @@ def test_every_access_token_of_one_client_shares_its_read_committed_moment(conn)
     other = tokens.open_session(conn, *tokens.create(conn))
     assert tokens.session_cut(conn, other, str(T("orders")), scope=None, quiet_ms=60_000)[0] == b2
     assert tokens.session_cut(conn, second, str(T("orders")), scope=None, quiet_ms=0)[0] == b2  # quiet: it moves
+
+
+def test_a_read_committed_moment_in_use_is_protected_from_expiry(conn):
+    """A client's moment at b1 keeps S(orders, b1) in the read window after b2 is valid (a load of
+    its next table may still resolve it); once no client holds b1, only b2's cut is kept."""
+    register_chain(conn)
+    b1 = new_barrier(conn)
+    first = complete_all(conn, b1)
+    b2 = new_barrier(conn)
+    complete_all(conn, b2, snapshot_base=10)
+
+    def window() -> list[int]:
+        table_id = conn.execute("SELECT table_id FROM managed_table WHERE name = %s", (str(T("orders")),)).fetchone()
+        return conn.execute("SELECT read_window FROM protection(%s)", (table_id["table_id"],)).fetchone()["read_window"]
+
+    assert first["orders"] not in window()  # no client reads b1
+    access = tokens.open_session(conn, *tokens.create(conn))
+    conn.execute(
+        "UPDATE catalog_token SET rc_barrier = %s, rc_loaded_at = clock_timestamp() "
+        "WHERE client_id = (SELECT client_id FROM catalog_session WHERE token_hash = %s)",
+        (b1, tokens._hash(access)),
+    )  # the client chose b1 before b2 was valid and keeps loading
+    assert first["orders"] in window()
+    conn.execute("UPDATE catalog_token SET rc_loaded_at = clock_timestamp() - interval '2 minutes'")
+    assert first["orders"] not in window()  # the client went away: its moment is not protected
