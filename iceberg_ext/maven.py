@@ -66,9 +66,9 @@ def repository() -> Path:
     return Path(os.environ.get(REPOSITORY_ENV) or Path.home() / ".m2" / "repository").expanduser()
 
 
-def resolve(artifact: Artifact, *, fetch: bool = True) -> Path:
+def resolve(artifact: Artifact) -> Path:
     """The local path of ``artifact``: the file its variable names, else the cached copy (fetched
-    with ``mvn`` on first use unless ``fetch`` is false), its SHA-256 checked.
+    with ``mvn`` on first use), its SHA-256 checked.
 
     Raises ArtifactUnavailableError."""
     override = os.environ.get(artifact.env)
@@ -79,8 +79,6 @@ def resolve(artifact: Artifact, *, fetch: bool = True) -> Path:
         return path
     path = artifact.path_in(repository())
     if not path.is_file():
-        if not fetch:
-            raise _unavailable(artifact, f"{artifact.file_name} is not in the Maven cache {repository()}")
         _fetch(artifact)
     _verify(artifact, path)
     return path

@@ -115,8 +115,8 @@ def spark_conf(settings: Settings) -> dict[str, str]:
 
 
 def s3_catalog_conf(settings: Settings, cat: str) -> dict[str, str]:
-    """Catalog properties and the jar for a warehouse on S3 (Iceberg's S3FileIO, which reads the
-    same ``s3.*`` FileIO properties as PyIceberg; the region is its ``client.region``)."""
+    """Catalog properties for a warehouse on S3 (Iceberg's S3FileIO, which reads the same ``s3.*``
+    FileIO properties as PyIceberg; the region is its ``client.region``). The jar: :func:`add_aws_bundle`."""
     from icebarrier.iceberg_ext import storage
 
     conf = {f"{cat}.io-impl": S3_FILE_IO}
