@@ -17,6 +17,7 @@ Create Date: 2026-11-26
 """
 
 import importlib.util
+import re
 from pathlib import Path
 
 from psycopg import sql
@@ -47,24 +48,6 @@ BEGIN
 END $$;
 """
 
-SESSION_CUT_0008 = """
-CREATE OR REPLACE FUNCTION session_cut(p_token_hash text, p_scope text, p_quiet_ms integer) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = {search_path} AS $$
-DECLARE
-    v_barrier bigint;
-BEGIN
-    PERFORM require_admin('serve the catalog');
-    UPDATE catalog_session s
-    SET rc_barrier = CASE WHEN s.rc_scope IS NOT DISTINCT FROM p_scope AND s.rc_barrier IS NOT NULL
-                               AND s.rc_loaded_at > clock_timestamp() - make_interval(secs => p_quiet_ms / 1000.0)
-                          THEN s.rc_barrier ELSE latest_cut(p_scope) END,
-        rc_scope = p_scope, rc_loaded_at = clock_timestamp()
-    WHERE s.token_hash = p_token_hash
-    RETURNING s.rc_barrier INTO v_barrier;
-    RETURN v_barrier;
-END $$;
-"""
-
 
 def _search_path() -> str:
     return f"{sql.Identifier(context.config.attributes['schema']).as_string(None)}, pg_temp"
@@ -81,13 +64,25 @@ _LOWEST_WITH_MOMENTS = (
 )
 
 
+def _earlier(file_name: str):
+    """An earlier revision's module (alembic/ is not a package)."""
+    path = Path(__file__).with_name(file_name)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _session_cut_0008() -> str:
+    """0008's ``session_cut`` (a moment per access token), as it created it."""
+    upgrade_0008 = _earlier("0008_catalog_tokens.py").UPGRADE
+    text = re.search(r"CREATE FUNCTION session_cut\(.*?END \$\$;", upgrade_0008, re.S).group(0)
+    return text.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION").format(search_path=_search_path())
+
+
 def _protection(*, moments: bool) -> str:
     """0014's ``protection`` (0010's, first runs counted); with ``moments``, live moments protected."""
-    path = Path(__file__).with_name("0014_retries_and_audit.py")
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    earlier = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(earlier)
-    text = earlier._protection(first_runs=True)
+    text = _earlier("0014_retries_and_audit.py")._protection(first_runs=True)
     assert text.count(_LOWEST) == 1
     return text.replace(_LOWEST, _LOWEST_WITH_MOMENTS) if moments else text
 
@@ -108,5 +103,5 @@ def downgrade() -> None:
         "ALTER TABLE catalog_session ADD COLUMN rc_scope text, ADD COLUMN rc_barrier bigint, "
         "ADD COLUMN rc_loaded_at timestamptz"
     )
-    op.execute(SESSION_CUT_0008.format(search_path=_search_path()))
+    op.execute(_session_cut_0008())
     op.execute("ALTER TABLE catalog_token DROP COLUMN rc_scope, DROP COLUMN rc_barrier, DROP COLUMN rc_loaded_at")
