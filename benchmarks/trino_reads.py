@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,17 +61,6 @@ def grow(settings: Settings, names: list[str], n: int) -> None:
             jobs.complete(conn, "bench", b, commits)
 
 
-def connect_properties(uri: str, warehouse: str, credential: str, catalog: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "icebarrier.cli.main", "connect", "--engine", "trino", "--uri", uri]
-        + ["--warehouse", warehouse, "--credential", credential, "--catalog", catalog],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout
-
-
 def seconds(text: str) -> float:
     m = _DURATION.fullmatch(text)
     return float(m["n"]) * _UNIT_S[m["unit"]]
@@ -96,7 +84,7 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=40, help="joins per warehouse (after 5 to warm up)")
     parser.add_argument("--barriers", type=int, default=20, help="barriers of history in each table")
     args = parser.parse_args()
-    from tests.trino import trino_server
+    from tests.trino import catalog_file, trino_server
 
     with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory() as tmp:
         settings = Settings(dsn=dsn, warehouse=f"{tmp}/wh").validated()
@@ -106,7 +94,7 @@ def main() -> int:
             reader = ":".join(tokens.create(conn))
         proc, uri = start(settings)
         try:
-            catalogs = {c: connect_properties(uri, w, reader, c) for c, w in WAREHOUSES.items()}
+            catalogs = {c: catalog_file(uri, w, reader, c) for c, w in WAREHOUSES.items()}
             with trino_server(Path(tmp) / "trino", catalogs) as trino:
                 wall: dict[str, list[float]] = {c: [] for c in WAREHOUSES}
                 planning: dict[str, float] = dict.fromkeys(WAREHOUSES, 0.0)

@@ -17,6 +17,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Iterator
@@ -91,6 +92,29 @@ def install() -> Path:
         partial.rename(home)
         (home / ".complete").touch()
     return home
+
+
+def connect(uri: str, credential: str, *, warehouse: str = "read-committed", catalog: str = "lake"):
+    """`icebarrier connect --engine trino` run as an analyst would: the server's URI and a token,
+    no DSN, no configuration file (no ICEBARRIER_* variable, run from /); the finished process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICEBARRIER_")}
+    return subprocess.run(
+        [f"{os.path.dirname(sys.executable)}/icebarrier", "connect", "--engine", "trino", "--uri", uri]
+        + ["--warehouse", warehouse, "--credential", credential, "--catalog", catalog],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd="/",
+    )
+
+
+def catalog_file(uri: str, warehouse: str, credential: str, catalog: str) -> str:
+    """The catalog file `connect` prints for ``warehouse`` (raises if it refused)."""
+    done = connect(uri, credential, warehouse=warehouse, catalog=catalog)
+    if done.returncode != 0:
+        raise RuntimeError(f"icebarrier connect --engine trino failed: {done.stderr}")
+    return done.stdout
 
 
 def free_port() -> int:

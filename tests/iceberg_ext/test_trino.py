@@ -5,7 +5,6 @@ credentials against our token endpoint; vended credentials on S3)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -16,7 +15,7 @@ from icebarrier.control_plane import barriers, reads, tokens
 from icebarrier.iceberg_ext.catalog import SUMMARY_RUN, summary_properties
 from tests.iceberg_ext.catalog_server import Pipeline, every_warehouse
 from tests.iceberg_ext.test_job_exec import ENGINES, assert_written_once, command, job_exec, setup_pipeline
-from tests.trino import trino_server
+from tests.trino import catalog_file, connect, trino_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trino")]  # one Trino at a time on 2 cores
 
@@ -36,23 +35,6 @@ def lake_and_server(request, storage: str):
     return lake, request.getfixturevalue("server" if storage == "local" else "s3_server")
 
 
-def connect_trino(server: str, warehouse: str, credential: str, catalog: str) -> str:
-    """`icebarrier connect --engine trino` run as an analyst would: the server's URI and a token,
-    no DSN, no configuration file."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ICEBARRIER_")}
-    done = subprocess.run(
-        [f"{os.path.dirname(sys.executable)}/icebarrier", "connect", "--engine", "trino", "--uri", server]
-        + ["--warehouse", warehouse, "--credential", credential, "--catalog", catalog],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd="/",
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 @pytest.mark.parametrize("storage", ["local", "s3"])
 def test_trino_reads_every_warehouse_at_exact_counts(request, storage, tmp_path):
     """Each warehouse a catalog of its own, its properties file exactly as `connect` printed it:
@@ -63,7 +45,7 @@ def test_trino_reads_every_warehouse_at_exact_counts(request, storage, tmp_path)
     marks = [p.advance(rows=10) for _ in range(3)]
     reader = ":".join(tokens.create(lake.conn))
     expected = every_warehouse(lake, marks)
-    catalogs = {f"w{i}": connect_trino(server, w, reader, f"w{i}") for i, w in enumerate(expected)}
+    catalogs = {f"w{i}": catalog_file(server, w, reader, f"w{i}") for i, w in enumerate(expected)}
     with trino_server(tmp_path, catalogs) as trino:
         for (name, _), (warehouse, rows) in zip(catalogs.items(), expected.items()):
             got = trino.query(f"SELECT count(*) FROM {name}.{lake.namespace}.orders")
@@ -88,7 +70,7 @@ def test_a_trino_join_through_read_committed_never_mixes_barriers_while_the_pipe
         f"SELECT o.b, o.n, p.b, p.n FROM (SELECT max(barrier) b, count(*) n FROM rc.{lake.namespace}.orders) o "
         f"JOIN (SELECT max(barrier) b, count(*) n FROM rc.{lake.namespace}.payments) p ON true"
     )
-    with trino_server(tmp_path, {"rc": connect_trino(server, "read-committed", reader, "rc")}) as trino:
+    with trino_server(tmp_path, {"rc": catalog_file(server, "read-committed", reader, "rc")}) as trino:
         writer = threading.Thread(target=commit, daemon=True)
         writer.start()
         try:
@@ -139,16 +121,8 @@ def test_trino_runs_as_a_job_under_job_exec(request, storage, tmp_path):
 def test_connect_needs_only_the_uri_and_a_token_and_names_a_refused_token(lake, server):
     """`connect --engine trino` without DSN or configuration file: a refused credential is one
     line naming --credential, exit 1, nothing printed on stdout; a real one prints the file."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ICEBARRIER_")}
-    icebarrier = f"{os.path.dirname(sys.executable)}/icebarrier"
-    refused = subprocess.run(
-        [icebarrier, "connect", "--engine", "trino", "--uri", server, "--credential", "ib-nobody:secret"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd="/",
-    )
+    refused = connect(server, "ib-nobody:secret")
     assert refused.returncode == 1 and not refused.stdout, refused
     assert refused.stderr.count("\n") == 1 and "--credential ib-nobody" in refused.stderr, refused.stderr
-    printed = connect_trino(server, "read-committed", ":".join(tokens.create(lake.conn)), "lake")
+    printed = catalog_file(server, "read-committed", ":".join(tokens.create(lake.conn)), "lake")
     assert "fs.hadoop.enabled=true" in printed and "s3." not in printed  # a local warehouse
