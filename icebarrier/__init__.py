@@ -28,6 +28,7 @@ _EXPORTS = {
     "delta_join": "icebarrier.iceberg_ext.job",
     "foreach_batch": "icebarrier.iceberg_ext.runtime",
     "Runtime": "icebarrier.iceberg_ext.runtime",
+    "main": "icebarrier.iceberg_ext.runtime",
     "FileSource": "icebarrier.iceberg_ext.sources",
     "PostgresSource": "icebarrier.iceberg_ext.sources",
     # reads and commits

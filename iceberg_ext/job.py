@@ -2,26 +2,24 @@
 ``RootJob``, what a transform returns (``Output``: ``append``, ``overwrite``, ``merge``) and what it
 sees of barrier B (``BarrierContext``, ``delta_join``).
 
-    from icebarrier.iceberg_ext.job import SqlJob
+    from icebarrier import SqlJob, main
 
     job = SqlJob("user_item_amount", '''
         INSERT INTO lake.shop.user_item_amount
         SELECT user_id, item_id, sum(amount) AS amount FROM lake.shop.shopping GROUP BY user_id, item_id''')
     if __name__ == "__main__":
-        job.main()          # python my_job.py --once | --follow   (or: icebarrier run my_job.py)
+        main(job)           # python my_job.py --once | --follow   (or: icebarrier run my_job.py)
 
 How a job is run (planning, waiting, completing barriers) is :mod:`icebarrier.iceberg_ext.runtime`.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from icebarrier.control_plane.errors import IcebarrierError
-from icebarrier.control_plane.model import JobDefinition, TableName, parse_duration_s, parse_job_name
+from icebarrier.control_plane.model import JobDefinition, TableName, parse_job_name
 from icebarrier.iceberg_ext.catalog import ancestors, is_compaction, load_table, summary_properties
 from icebarrier.iceberg_ext.reads import ConsistentRead
 from icebarrier.iceberg_ext.sources import Source
@@ -199,32 +197,6 @@ class Job:
 
     def outputs(self, ctx: BarrierContext) -> dict[TableName, Output]:
         raise NotImplementedError
-
-    def main(self, argv: list[str] | None = None) -> None:
-        """``python my_job.py [--once | --follow] [--poll 60s]``"""
-        parser = argparse.ArgumentParser(prog=f"job {self.name}")
-        mode = parser.add_mutually_exclusive_group()
-        mode.add_argument(
-            "--once",
-            action="store_true",
-            help="complete the newest barrier it can (skipping unchanged "
-            "barriers, coalescing the rest up to each anchor), then exit (default)",
-        )
-        mode.add_argument("--follow", action="store_true", help="keep going until SIGINT/SIGTERM")
-        parser.add_argument(
-            "--poll",
-            default="60s",
-            help="--follow waits for the control plane's notices; this is how often it looks anyway",
-        )
-        args = parser.parse_args(argv)
-        from icebarrier.iceberg_ext.runtime import Runtime
-
-        try:
-            with Runtime(self) as runtime:
-                runtime.run(follow=args.follow, poll_s=parse_duration_s(args.poll))
-        except IcebarrierError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            raise SystemExit(1) from None
 
 
 @dataclass

@@ -18,6 +18,7 @@ looks anyway every ``--poll`` (docs/model.md, "Waiting, and what a barrier costs
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 import threading
@@ -30,7 +31,7 @@ import psycopg
 from icebarrier.control_plane import db, jobs, reads, runs
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError
 from icebarrier.control_plane.jobs import NextBarrier, Plan
-from icebarrier.control_plane.model import Level, TableName, barrier_label, format_duration_s
+from icebarrier.control_plane.model import Level, TableName, barrier_label, format_duration_s, parse_duration_s
 from icebarrier.control_plane.notices import SAFETY_POLL_S, Listener, Wait
 from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import load_catalog
@@ -408,6 +409,35 @@ class Runtime:
                 for table in sorted(outputs):
                     self._write(tx, table, outputs[table])
         return {str(t): s for t, s in tx.commits.items()}
+
+
+def main(job: Job, argv: list[str] | None = None) -> None:
+    """A job file's entry point: ``python my_job.py [--once | --follow] [--poll 60s]``.
+
+    if __name__ == "__main__":
+        main(job)
+    """
+    parser = argparse.ArgumentParser(prog=f"job {job.name}")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--once",
+        action="store_true",
+        help="complete the newest barrier it can (skipping unchanged "
+        "barriers, coalescing the rest up to each anchor), then exit (default)",
+    )
+    mode.add_argument("--follow", action="store_true", help="keep going until SIGINT/SIGTERM")
+    parser.add_argument(
+        "--poll",
+        default="60s",
+        help="--follow waits for the control plane's notices; this is how often it looks anyway",
+    )
+    args = parser.parse_args(argv)
+    try:
+        with Runtime(job) as runtime:
+            runtime.run(follow=args.follow, poll_s=parse_duration_s(args.poll))
+    except IcebarrierError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 # -- streaming root jobs -------------------------------------------------------------------------------------

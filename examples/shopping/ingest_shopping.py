@@ -7,7 +7,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from pipeline import build  # noqa: E402
 
+from icebarrier import main  # noqa: E402
+
 job = build()["ingest_shopping"]
 
 if __name__ == "__main__":
-    job.main()
+    main(job)
