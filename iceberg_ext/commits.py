@@ -14,9 +14,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-import psycopg
-
-from icebarrier.control_plane import jobs
+from icebarrier.control_plane import db, jobs
 from icebarrier.control_plane.errors import IcebarrierError, NotASinkError
 from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext import faults
@@ -62,7 +60,7 @@ class BarrierCommit:
 
     def __init__(
         self,
-        conn: psycopg.Connection,
+        conn: db.Conn,
         catalog,
         *,
         job: str,

@@ -15,14 +15,18 @@ How a job is run (planning, waiting, completing barriers) is :mod:`icebarrier.ic
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
 
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import JobDefinition, TableName, parse_job_name
 from icebarrier.iceberg_ext.catalog import ancestors, is_compaction, load_table, summary_properties
 from icebarrier.iceberg_ext.reads import ConsistentRead
 from icebarrier.iceberg_ext.sources import Source
+
+if TYPE_CHECKING:
+    from icebarrier.iceberg_ext import spark_sql
 
 
 class IncrementUnavailableError(IcebarrierError):
@@ -178,8 +182,6 @@ class Job:
     """``reads_barrier``: the transform reads the barrier itself (e.g. a clock), so an unchanged
     barrier is never skipped; ``coalesce`` False: every barrier is computed exactly."""
 
-    needs_spark_to_define = False  # a SqlJob learns its sink and sources from Spark's parser
-
     name: str
     sinks: list[str]
     sources: list[str] = field(default_factory=list)
@@ -194,6 +196,11 @@ class Job:
             sinks=frozenset(TableName.parse(t) for t in self.sinks),
             external_inputs=frozenset(self.external_inputs),
         )
+
+    needs_spark_to_define: ClassVar[bool] = False  # a SqlJob learns its sink and sources from Spark's parser
+
+    def bind(self, spark) -> None:
+        """Learn what the definition needs from the Spark session (a SqlJob: its sink and sources)."""
 
     def outputs(self, ctx: BarrierContext) -> dict[TableName, Output]:
         raise NotImplementedError
@@ -232,13 +239,13 @@ class SqlJob(TransformJob):
         statement: str,
         *,
         mode: str = "overwrite",
-        keys: list[str] = (),
+        keys: Iterable[str] = (),
         sources: list[str] | None = None,
     ):
         super().__init__(name=name, sinks=[], sources=list(sources or []))
         self.statement, self.mode, self.keys = statement, mode, list(keys)
         self._declared_sources = sources is not None
-        self._parsed = None
+        self._parsed: spark_sql.Statement | None = None
         self.transform = self._run
 
     def bind(self, spark) -> None:

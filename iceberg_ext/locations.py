@@ -107,7 +107,8 @@ def reader(properties: dict[str, str]) -> Callable[[str], str]:
 
 def overlapping(tables: list[Placed]) -> list[tuple[Placed, Placed]]:
     """Every pair of tables whose locations overlap (what earlier versions let in)."""
-    pairs, open_ = [], []  # open_: the chain of locations containing the current one
+    pairs: list[tuple[Placed, Placed]] = []
+    open_: list[Placed] = []  # open_: the chain of locations containing the current one
     for t in sorted(tables, key=lambda p: (p.location + "/", p.table)):
         while open_ and not contains(open_[-1].location, t.location):
             open_.pop()

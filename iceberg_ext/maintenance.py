@@ -19,9 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import psycopg
-
-from icebarrier.control_plane import idempotency, job_sessions, leases, reads, revisions, snapshots, tables
+from icebarrier.control_plane import db, idempotency, job_sessions, leases, reads, revisions, snapshots, tables
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import Cut, Level, TableName, parse_tag_name
 from icebarrier.iceberg_ext.catalog import (
@@ -85,7 +83,7 @@ def plan_candidates(tbl, *, older_than_s: float | None, retain_last: int, now_ms
 
 
 def expire(
-    conn: psycopg.Connection,
+    conn: db.Conn,
     catalog,
     table: TableName,
     *,
@@ -221,7 +219,7 @@ def _listing(tbl, nested: list[str]):
 
 
 def remove_orphans(
-    conn: psycopg.Connection,
+    conn: db.Conn,
     catalog,
     table: TableName,
     *,
@@ -303,9 +301,7 @@ def data_barrier(tbl, snapshot) -> int | None:
     return None
 
 
-def compact(
-    spark, conn: psycopg.Connection, catalog, table: TableName, *, min_input_files: int = 2
-) -> CompactionReport:
+def compact(spark, conn: db.Conn, catalog, table: TableName, *, min_input_files: int = 2) -> CompactionReport:
     """Rewrite small files (Spark ``rewrite_data_files``). The new snapshot carries the barrier
     it compacted and ``icebarrier.operation=compaction`` and becomes S(T, B) for new readers;
     older snapshots stay for lease-aware expiry."""
@@ -374,7 +370,7 @@ class ReconcileReport:
         }
 
 
-def reconcile(conn: psycopg.Connection, catalog, table: TableName) -> ReconcileReport:
+def reconcile(conn: db.Conn, catalog, table: TableName) -> ReconcileReport:
     """Compare the control plane with the table's snapshot summaries; adopt missing records,
     report commits awaiting their job, and snapshots written by anyone else."""
     tbl = load_table(catalog, table)
@@ -431,7 +427,7 @@ def _tombstoned(conn, table: TableName, snapshot_id: int) -> bool:
 # -- revision ---------------------------------------------------------------------------------------------
 
 
-def revise(conn: psycopg.Connection, catalog, table: TableName, to_barrier: int, *, dry_run: bool = False):
+def revise(conn: db.Conn, catalog, table: TableName, to_barrier: int, *, dry_run: bool = False):
     """Roll ``table`` and everything downstream back to their snapshots at ``to_barrier``."""
     if dry_run:
         return revisions.plan(conn, table, to_barrier)
@@ -471,7 +467,7 @@ def _is_revision_snapshot(snapshot, plan) -> bool:
 
 
 def tag(
-    conn: psycopg.Connection,
+    conn: db.Conn,
     catalog,
     name: str,
     table_names: list[TableName],

@@ -47,7 +47,15 @@ def pin_metadata(metadata, snapshot_id: int | None):
     update = {
         "current_snapshot_id": snapshot_id,
         "snapshots": list(reversed(kept)),
-        "refs": {MAIN_BRANCH: SnapshotRef(snapshot_id=snapshot_id, snapshot_ref_type=SnapshotRefType.BRANCH)},
+        "refs": {
+            MAIN_BRANCH: SnapshotRef(
+                snapshot_id=snapshot_id,
+                snapshot_ref_type=SnapshotRefType.BRANCH,
+                min_snapshots_to_keep=None,
+                max_snapshot_age_ms=None,
+                max_ref_age_ms=None,
+            )
+        },
         "snapshot_log": [e for e in metadata.snapshot_log if e.snapshot_id in ids],
         "statistics": [s for s in metadata.statistics if s.snapshot_id in ids],
         "partition_statistics": [s for s in metadata.partition_statistics if s.snapshot_id in ids],

@@ -25,8 +25,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import psycopg
-
 from icebarrier.control_plane import db, leases, reads
 from icebarrier.control_plane.errors import IcebarrierError, LeaseExpiredError, LeaseNotFoundError
 from icebarrier.control_plane.model import Cut, Level, TableName
@@ -44,7 +42,7 @@ class _LeaseKeeper:
     and :meth:`check` raises. ``check`` also trusts only its own clock: past the last
     renewal's TTL it raises even if the thread never ran."""
 
-    def __init__(self, conn: psycopg.Connection, ttl_s: float) -> None:
+    def __init__(self, conn: db.Conn, ttl_s: float) -> None:
         self._origin = conn  # the caller's connection: where to reconnect to
         self.conn, self.ttl_s = db.reopen(conn), ttl_s
         self.lease_id: str | None = None
@@ -115,7 +113,7 @@ class _LeaseKeeper:
 class ConsistentRead:
     def __init__(
         self,
-        conn: psycopg.Connection,
+        conn: db.Conn,
         catalog,
         tables: list[TableName],
         *,

@@ -26,8 +26,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-import psycopg
-
 from icebarrier.control_plane import db, jobs, reads, runs
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError
 from icebarrier.control_plane.jobs import NextBarrier, Plan
@@ -100,7 +98,7 @@ class Runtime:
         *,
         settings: Settings | None = None,
         spark=None,
-        conn: psycopg.Connection | None = None,
+        conn: db.Conn | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.job = job
@@ -112,7 +110,7 @@ class Runtime:
         self._spark = spark
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.stop = threading.Event()
-        self._beat_conn: psycopg.Connection | None = None
+        self._beat_conn: db.Conn | None = None
         self.lineage = Lineage.for_job(job.name)
 
     def __enter__(self) -> Runtime:
@@ -328,18 +326,17 @@ class Runtime:
         compute = self._complete_root if isinstance(self.job, RootJob) else self._complete_intermediate
         if self.lineage is None:
             return compute(plan, info)
-        run = dict(plan=plan.plan.value, from_barrier=plan.from_barrier)
+        how, after = plan.plan.value, plan.from_barrier
         sources = [TableName.parse(s) for s in getattr(self.job, "sources", ())]
         inputs = reads.resolve(self.conn, sources, barrier=plan.barrier).snapshots if sources else {}
-        self.lineage.start(plan.barrier, inputs=inputs, **run)
+        self.lineage.start(plan.barrier, plan=how, from_barrier=after, inputs=inputs)
         try:
             written = compute(plan, info)
         except BaseException as exc:
-            self.lineage.fail(plan.barrier, error=exc, **run)
+            self.lineage.fail(plan.barrier, plan=how, from_barrier=after, error=exc)
             raise
-        self.lineage.complete(
-            plan.barrier, inputs=inputs, outputs={TableName.parse(t): s for t, s in (written or {}).items()}, **run
-        )
+        outputs = {TableName.parse(t): s for t, s in (written or {}).items()}
+        self.lineage.complete(plan.barrier, plan=how, from_barrier=after, inputs=inputs, outputs=outputs)
         return written
 
     def _write(self, tx: BarrierCommit, table: TableName, out: Output):
@@ -366,7 +363,8 @@ class Runtime:
 
     def _complete_root(self, plan: NextBarrier, info: jobs.JobInfo) -> dict | None:
         """Record (or re-read) the input range of the barrier; an empty range is a skip."""
-        job: RootJob = self.job
+        job = self.job
+        assert isinstance(job, RootJob)
         spec = runs.recorded_range(self.conn, job.name, plan.barrier)
         if spec is None:
             spec = job.source.plan(self.conn, job.name, plan.barrier)
@@ -444,7 +442,7 @@ def main(job: Job, argv: list[str] | None = None) -> None:
 
 
 def foreach_batch(
-    job: RootJob | Job,
+    job: Job,
     *,
     settings: Settings | None = None,
     wait_s: float = 0.2,
@@ -479,7 +477,8 @@ def foreach_batch(
             if plan.barrier != barrier:
                 plan = NextBarrier(job=job.name, barrier=barrier, ready=True)
         faults.point(faults.AFTER_INPUT_RANGE)
-        data = job.transform(df) if getattr(job, "transform", None) else df
+        transform = getattr(job, "transform", None)
+        data = transform(df) if transform is not None else df
         sink = TableName.parse(job.sinks[0])
         with rt._commit(plan, jobs.show(rt.conn, job.name)) as tx:
             rt._write(tx, sink, Output(data, getattr(job, "mode", "append"), tuple(getattr(job, "keys", ()))))

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 import psycopg
 from psycopg import sql
 
-from icebarrier.control_plane import runs
+from icebarrier.control_plane import db, runs
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import barrier_time
 
@@ -40,7 +40,7 @@ class SourceError(IcebarrierError):
 class Source:
     strategy = SYSTEM_TIME
 
-    def plan(self, conn: psycopg.Connection, job: str, barrier: int) -> dict:
+    def plan(self, conn: db.Conn, job: str, barrier: int) -> dict:
         raise NotImplementedError
 
     def waiting_for(self, barrier: int) -> str | None:
@@ -136,7 +136,7 @@ class PostgresSource(Source):
         if (self.key is None) == (self.event_time is None):
             raise SourceError(f"source {self.table}: give exactly one of key (system-time) or event_time (event-time)")
         self.strategy = EVENT_TIME if self.event_time else SYSTEM_TIME
-        self._conn: psycopg.Connection | None = None
+        self._conn: psycopg.Connection | None = None  # its own, tuple rows
         self._sees_all_sessions = False  # checked once, on first use
 
     def _db(self) -> psycopg.Connection:

@@ -15,6 +15,7 @@ function, a table outside the read) is refused with :class:`StatementNotPinnable
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext.errors import StatementNotPinnableError
@@ -85,7 +86,7 @@ class _Parser:
         self.spark, self.jvm = spark, spark._jvm
         state = spark._jsparkSession.sessionState()
         self.parser, self.catalogs, self.session_catalog = state.sqlParser(), state.catalogManager(), state.catalog()
-        self._classes: dict[str, object] = {}
+        self._classes: dict[str, Any] = {}  # java.lang.Class proxies
 
     def is_a(self, obj, class_name: str) -> bool:
         cls = self._classes.get(class_name)
@@ -109,12 +110,15 @@ class _Parser:
         parts = tuple(str(p) for p in _seq(node.multipartIdentifier()))
         origin = node.origin()
         start, stop = int(origin.startIndex().get()), int(origin.stopIndex().get())
-        common = {"parts": parts, "start": start, "stop": stop, "aliased": aliased, "time_travel": time_travel}
         if len(parts) == 1 and parts[0].lower() in ctes:
-            return Relation(kind="cte", table=None, **common)
-        if len(parts) == 1 and self.session_catalog.getTempView(parts[0]).isDefined():
-            return Relation(kind="temp_view", table=None, **common)
-        return Relation(kind="table", table=self.resolve(parts), **common)
+            kind, table = "cte", None
+        elif len(parts) == 1 and self.session_catalog.getTempView(parts[0]).isDefined():
+            kind, table = "temp_view", None
+        else:
+            kind, table = "table", self.resolve(parts)
+        return Relation(
+            kind=kind, table=table, parts=parts, start=start, stop=stop, aliased=aliased, time_travel=time_travel
+        )
 
     def walk(self, plan, ctes: frozenset[str], out: list[Relation], parent=None) -> None:
         name = plan.getClass().getName()
