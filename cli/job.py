@@ -144,6 +144,13 @@ def show(obj, name: str) -> None:
         ]
         if info.waiting_for:
             lines.append(f"waiting for: {info.waiting_for}")
+        c = info.computation
+        if c is not None:
+            how = "incremental" if c["incremental"] else f"full: {c['reason']}"
+            lines.append(
+                f"computed:   barrier {barrier_label(c['barrier'])} {how} "
+                f"({c['incremental_total']} incremental, {c['full_total']} full so far)"
+            )
         if d.external_inputs:
             lines.append(f"external:   {', '.join(sorted(d.external_inputs))}")
         lines.append("")

@@ -41,6 +41,9 @@ class JobInfo:
     waiting_for: str | None = None  # what a running job reported it waits for
     sources: tuple[TableState, ...] = ()
     sinks: tuple[TableState, ...] = ()
+    # How it computed its last barrier, for a job that says (an SqlJob): barrier, incremental,
+    # reason (why in full), at, and how many of each so far (incremental_total, full_total).
+    computation: dict | None = None
 
     @property
     def kind(self) -> str:
@@ -58,6 +61,7 @@ class JobInfo:
             "progress": self.progress,
             "barriers_behind": self.barriers_behind,
             "waiting_for": self.waiting_for,
+            "computation": self.computation,
             "table_states": {
                 str(s.name): {"start_barrier": s.start_barrier, "watermark": s.watermark}
                 for s in (*self.sources, *self.sinks)
@@ -200,6 +204,7 @@ SELECT j.job_id, j.name, j.external_inputs, j.registered_at, j.heartbeat_at, j.w
        coalesce(src.names, '{}') AS sources, coalesce(snk.names, '{}') AS sinks,
        coalesce(src.states, '[]') AS source_states, coalesce(snk.states, '[]') AS sink_states,
        snk.progress, snk.start_barrier,
+       to_jsonb(c) - 'job_name' AS computation,
        (SELECT count(*) FROM barriers b WHERE b.barrier > coalesce(snk.progress,
             (extract(epoch FROM j.registered_at) * 1000000)::bigint)) AS barriers_behind
 FROM jobs j
@@ -211,6 +216,7 @@ LEFT JOIN LATERAL (
     SELECT array_agg(t.name) AS names, max(t.watermark) AS progress, min(t.start_barrier) AS start_barrier,
            json_agg(json_build_object('name', t.name, 'start', t.start_barrier, 'watermark', t.watermark)) AS states
     FROM job_sink_tables s JOIN managed_tables t USING (table_id) WHERE s.job_id = j.job_id) snk ON true
+LEFT JOIN job_computations c ON c.job_name = j.name
 WHERE j.active
 """
 
@@ -252,6 +258,7 @@ def _job_info(r: dict) -> JobInfo:
         waiting_for=r["waiting_for"] if r["status"] == "running" else None,
         sources=tuple(_states(r["source_states"])),
         sinks=tuple(_states(r["sink_states"])),
+        computation=r["computation"],
     )
 
 

@@ -78,3 +78,10 @@ def set_waiting(conn: Conn, job: str, waiting_for: str | None) -> None:
 def heartbeat(conn: Conn, job: str) -> None:
     with conn.transaction():
         call(conn, "job_heartbeat", job)
+
+
+def record_computation(conn: Conn, job: str, barrier: int, incremental: bool, reason: str | None) -> None:
+    """Record how the job computed ``barrier``: from the changes since its previous barrier,
+    or in full and why (``job show``, /metrics)."""
+    with conn.transaction():
+        call(conn, "record_computation", job, barrier, incremental, reason)

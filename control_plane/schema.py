@@ -169,6 +169,7 @@ VIEWS = (
     "table_targets",
     "target_misses",
     "schedule_plan",
+    "job_computations",
 )
 ADMIN_VIEWS = ("audit",)  # the admin's only: never granted
 READABLE = (*VIEWS, "alembic_version")  # the revision: every client checks it on connect
@@ -185,6 +186,7 @@ JOB_FUNCTIONS = (
     "set_job_status",
     "set_job_waiting",
     "job_heartbeat",
+    "record_computation",
 )
 
 

@@ -12,7 +12,7 @@ transaction; tables that were not written keep their snapshot.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from icebarrier.control_plane import db, jobs
 from icebarrier.control_plane.errors import IcebarrierError, NotASinkError
@@ -90,8 +90,11 @@ class BarrierCommit:
         coalesced = {} if self.coalesce_after is None else {SUMMARY_COALESCED_AFTER: str(self.coalesce_after)}
         return {SUMMARY_BARRIER: str(self.barrier), SUMMARY_JOB: self.job, SUMMARY_RUN: self.run_id, **coalesced}
 
-    def write(self, table: TableName, do_write: Callable[[dict[str, str]], None]) -> int | None:
-        """Write ``table`` once for this barrier with ``do_write(properties)``; returns the snapshot id.
+    def write(
+        self, table: TableName, do_write: Callable[[dict[str, str]], None], extra: Mapping[str, str] | None = None
+    ) -> int | None:
+        """Write ``table`` once for this barrier with ``do_write(properties)`` (``extra``: more
+        summary properties for this write); returns the snapshot id.
 
         Skips the write if the barrier is already completed or if the table already holds a
         snapshot for it (adopted). Returns None when the write produced no snapshot.
@@ -109,7 +112,7 @@ class BarrierCommit:
             self.adopted.add(table)
             self.commits[table] = existing
             return existing
-        retry_commit(lambda: do_write(self.properties))
+        retry_commit(lambda: do_write({**(extra or {}), **self.properties}))
         faults.point(faults.AFTER_ICEBERG_COMMIT)
         tbl = load_table(self.catalog, table)
         written = find_barrier_commit(tbl, self.barrier)

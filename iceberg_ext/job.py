@@ -15,10 +15,11 @@ How a job is run (planning, waiting, completing barriers) is :mod:`icebarrier.ic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar
 
+from icebarrier.control_plane import reads
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import JobDefinition, TableName, parse_job_name
 from icebarrier.iceberg_ext.catalog import ancestors, is_compaction, load_table, summary_properties
@@ -26,14 +27,15 @@ from icebarrier.iceberg_ext.reads import ConsistentRead
 from icebarrier.iceberg_ext.sources import Source
 
 if TYPE_CHECKING:
+    from icebarrier.iceberg_ext import incremental as incremental_sql
     from icebarrier.iceberg_ext import spark_sql
 
 
 class IncrementUnavailableError(IcebarrierError):
-    def __init__(self, table: TableName, snapshot_id: int, operation: str, *, changelog_possible: bool = True) -> None:
+    def __init__(self, table: TableName, snapshot_id: int, what: str, *, changelog_possible: bool = True) -> None:
         way = f"read its changelog with ctx.changes({str(table)!r}) or " if changelog_possible else ""
         super().__init__(
-            f"source {table} has snapshot {snapshot_id} (operation {operation}) since the previous barrier, which "
+            f"source {table} has snapshot {snapshot_id} ({what}) since the previous barrier, which "
             f"incremental reads skip silently; {way}do a full recompute from ctx.table({str(table)!r})"
         )
 
@@ -46,6 +48,19 @@ class Output:
     df: object
     mode: str = "append"  # append, overwrite or merge
     keys: tuple[str, ...] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)  # more snapshot summary properties
+
+
+@dataclass(frozen=True)
+class Computation:
+    """How a job computed a barrier, when it says (an SqlJob): from the changes since its
+    previous barrier, or in full and why."""
+
+    incremental: bool
+    reason: str | None = None  # why in full
+
+    def describe(self) -> str:
+        return "incremental" if self.incremental else f"full ({self.reason})"
 
 
 def append(df) -> Output:
@@ -78,10 +93,11 @@ class BarrierContext:
         previous: int | None,
         previous_snapshots: dict[TableName, int | None],
     ) -> None:
-        self.spark, self.barrier, self.previous = spark, barrier, previous
-        self._reader, self._catalog = reader, catalog
+        self.spark, self.barrier, self.previous, self.catalog = spark, barrier, previous, catalog
+        self._reader = reader
         self._cut = reader.cut()
-        self._previous_snapshots = previous_snapshots
+        self._previous_snapshots = dict(previous_snapshots)
+        self.computation: Computation | None = None  # set by a job that says how it computed B
 
     @property
     def bootstrap(self) -> bool:
@@ -97,17 +113,44 @@ class BarrierContext:
 
         return table_at(self.spark, _name(table), self.snapshot(table))
 
+    def previous_snapshot(self, table: str | TableName) -> int | None:
+        """A source's or one of the job's sinks' snapshot at the previous barrier (None: none)."""
+        name = _name(table)
+        if name not in self._previous_snapshots:
+            snapshot = None
+            if self.previous is not None:
+                try:
+                    snapshot = reads.resolve(self._reader.conn, [name], barrier=self.previous).snapshots[name]
+                except IcebarrierError:  # a sink added to the job after its previous barrier
+                    pass
+            self._previous_snapshots[name] = snapshot
+        return self._previous_snapshots[name]
+
     def previous_table(self, table: str | TableName):
-        """The source as of the job's previous barrier (empty at bootstrap)."""
+        """A source (or sink of the job) as of the job's previous barrier (empty at bootstrap)."""
         from icebarrier.iceberg_ext.spark_io import table_at
 
         name = _name(table)
-        return table_at(self.spark, name, self._previous_snapshots.get(name))
+        return table_at(self.spark, name, self.previous_snapshot(name))
 
-    def _since_previous(self, name: TableName, start: int, end: int):
-        """The source's snapshots after the previous barrier's, up to B's, newest first."""
-        tbl = load_table(self._catalog, name)
-        return ancestors(tbl, tbl.snapshot_by_id(end), stop_at=start)
+    def not_appended(self, table: str | TableName) -> tuple[int, str] | None:
+        """The first snapshot of the source since the previous barrier that is not an append
+        (a compaction adds nothing and counts as one), as (snapshot id, what it is); None if
+        the source only had rows appended since then."""
+        name = _name(table)
+        start, end = self._previous_snapshots.get(name), self.snapshot(name)
+        if end is None or start is None or start == end:  # unchanged, or everything is new
+            return None
+        tbl = load_table(self.catalog, name)
+        oldest = None
+        for snapshot in ancestors(tbl, tbl.snapshot_by_id(end), stop_at=start):
+            operation = snapshot.summary.operation.value if snapshot.summary else "unknown"
+            if operation != "append" and not (operation == "replace" and is_compaction(snapshot)):
+                return snapshot.snapshot_id, f"operation {operation}"
+            oldest = snapshot
+        if oldest is None or oldest.parent_snapshot_id != start:
+            return end, f"not a descendant of snapshot {start} at the previous barrier: a rollback or revision"
+        return None
 
     def increment(self, table: str | TableName):
         """Rows appended to the source since the previous barrier (all rows at bootstrap).
@@ -122,10 +165,9 @@ class BarrierContext:
             return self.table(name).limit(0)
         if start is None:  # bootstrap, or the source was empty at the previous barrier
             return self.table(name)
-        for snapshot in self._since_previous(name, start, end):
-            operation = snapshot.summary.operation.value if snapshot.summary else "unknown"
-            if operation != "append" and not (operation == "replace" and is_compaction(snapshot)):
-                raise IncrementUnavailableError(name, snapshot.snapshot_id, operation)
+        found = self.not_appended(name)
+        if found is not None:
+            raise IncrementUnavailableError(name, *found)
         return (
             self.spark.read.format("iceberg")
             .option("start-snapshot-id", str(start))
@@ -146,10 +188,11 @@ class BarrierContext:
             return self.table(name).limit(0).withColumn("_change_type", F.lit("INSERT"))
         if start is None:
             return self.table(name).withColumn("_change_type", F.lit("INSERT"))
-        for snapshot in self._since_previous(name, start, end):
+        tbl = load_table(self.catalog, name)
+        for snapshot in ancestors(tbl, tbl.snapshot_by_id(end), stop_at=start):
             if int(summary_properties(snapshot).get("added-delete-files", "0")) > 0:
                 raise IncrementUnavailableError(
-                    name, snapshot.snapshot_id, "merge-on-read delete", changelog_possible=False
+                    name, snapshot.snapshot_id, "operation merge-on-read delete", changelog_possible=False
                 )
         view = f"__icebarrier_changes_{abs(hash((str(name), start, end)))}"
         ident = ".".join((*name.namespace, name.name))
@@ -224,11 +267,14 @@ class TransformJob(Job):
 class SqlJob(TransformJob):
     """A job defined by ``INSERT INTO|OVERWRITE <sink> <query>`` over managed tables.
 
-    At each barrier the query runs against its sources pinned at B and replaces the sink's
-    contents (a materialized view; ``mode="append"`` appends instead, ``mode="merge"`` upserts
-    by ``keys``). The sink and the sources come from Spark's parser when the job starts
-    (every table the query reads, resolved against the session's current catalog and
-    namespace), or from ``sources=``; the statement is never searched with patterns.
+    At each barrier the sink holds the query over its sources pinned at B (a materialized
+    view; ``mode="append"`` appends the query's result instead, ``mode="merge"`` upserts by
+    ``keys``). When the query is in the incremental class (docs/incremental.md) the view is
+    kept from the sources' appends since the job's previous barrier (``incremental=False``:
+    always in full); a computation that cannot be incremental is full, and says why. The
+    sink and the sources come from Spark's parser when the job starts (every table the query
+    reads, resolved against the session's current catalog and namespace), or from
+    ``sources=``; the statement is never searched with patterns.
     """
 
     needs_spark_to_define = True
@@ -241,15 +287,21 @@ class SqlJob(TransformJob):
         mode: str = "overwrite",
         keys: Iterable[str] = (),
         sources: list[str] | None = None,
+        incremental: bool = True,
     ):
         super().__init__(name=name, sinks=[], sources=list(sources or []))
         self.statement, self.mode, self.keys = statement, mode, list(keys)
+        self.incremental = incremental
         self._declared_sources = sources is not None
         self._parsed: spark_sql.Statement | None = None
+        self._query: incremental_sql.Query | None = None
+        self.not_incremental: str | None = None  # why no computation can be incremental (after bind)
         self.transform = self._run
 
     def bind(self, spark) -> None:
-        """Parse the statement with the session's parser: sink and sources."""
+        """Parse the statement with the session's parser: sink and sources; then whether the
+        query is in the incremental class (and its state table, if it needs one)."""
+        from icebarrier.iceberg_ext import incremental as incremental_sql
         from icebarrier.iceberg_ext import spark_sql
 
         try:
@@ -274,6 +326,28 @@ class SqlJob(TransformJob):
             self.sources = read
         self.sinks = [str(parsed.sink)]
         self._parsed = parsed
+        self._query, self.not_incremental = self._analyse(spark, parsed)
+        if self._query is not None and self._query.needs_state:
+            state = incremental_sql.state_table(parsed.sink)
+            incremental_sql.create_state_table(spark, self._query, state)
+            self.sinks.append(str(state))
+
+    def _analyse(self, spark, parsed: spark_sql.Statement) -> tuple[incremental_sql.Query | None, str | None]:
+        from icebarrier.iceberg_ext import incremental as incremental_sql
+
+        if not self.incremental:
+            return None, "incremental=False"
+        if self.mode != "overwrite":
+            return None, f"mode={self.mode!r} (only the default, a materialized view, is kept incrementally)"
+        written = {tuple(p.lower() for p in r.parts): r.table for r in parsed.relations if r.kind == "table"}
+        analysis = incremental_sql.analyse(
+            parsed.query, lambda parts: written.get(tuple(p.lower() for p in parts)), salt=str(parsed.sink)
+        )
+        if analysis.query is None:
+            return None, f"the query has {analysis.reason}"
+        if not spark.sql(parsed.query)._jdf.queryExecution().analyzed().deterministic():
+            return None, "the query has a nondeterministic expression (Spark's analyser says so)"
+        return analysis.query, None
 
     def definition(self) -> JobDefinition:
         if self._parsed is None:
@@ -283,9 +357,30 @@ class SqlJob(TransformJob):
             )
         return super().definition()
 
-    def _run(self, ctx):
+    def _run(self, ctx: BarrierContext) -> dict[TableName, Output]:
+        from icebarrier.iceberg_ext import incremental as incremental_sql
+
+        assert self._parsed is not None and self._parsed.sink is not None
+        sink, query = self._parsed.sink, self._query
+        reason = self.not_incremental if query is None else incremental_sql.why_full(ctx, query, sink)
+        ctx.computation = Computation(incremental=reason is None, reason=reason)
+        if query is None:
+            return {sink: self._full(ctx)}
+        properties = {incremental_sql.SUMMARY_PLAN: query.fingerprint}
+        if reason is None:
+            changes = incremental_sql.delta_outputs(ctx, query, sink)
+            return {t: Output(df, mode, keys, properties) for t, (df, mode, keys) in changes.items()}
+        outputs = {sink: replace(self._full(ctx), properties=properties)}
+        if query.needs_state:
+            view = incremental_sql.Views(ctx, query)
+            partials = ctx.spark.sql(query.full_partials(view))
+            outputs[incremental_sql.state_table(sink)] = Output(partials, "overwrite", (), properties)
+        return outputs
+
+    def _full(self, ctx: BarrierContext) -> Output:
         from icebarrier.iceberg_ext import spark_sql
 
+        assert self._parsed is not None
         pinned = spark_sql.pin(ctx.spark, self._parsed, {t: ctx.snapshot(t) for t in self._parsed.tables()})
         return Output(ctx.spark.sql(pinned), self.mode, tuple(self.keys))
 

@@ -35,7 +35,7 @@ from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import load_catalog
 from icebarrier.iceberg_ext.commits import BarrierCommit
 from icebarrier.iceberg_ext.config import Settings
-from icebarrier.iceberg_ext.job import BarrierContext, Job, Output, RootJob
+from icebarrier.iceberg_ext.job import BarrierContext, Computation, Job, Output, RootJob
 from icebarrier.iceberg_ext.lineage import Lineage
 from icebarrier.iceberg_ext.reads import ConsistentRead
 
@@ -247,6 +247,7 @@ class Runtime:
             self._beat_at = time.monotonic()
 
     _last: jobs.Advance | None = None
+    _computation: Computation | None = None  # how the barrier being completed was computed, if the job says
 
     def _next_ready(self, summary: RunSummary) -> NextBarrier | None:
         """The job's plan if it can follow it now, in one transaction that completes the barriers
@@ -303,6 +304,7 @@ class Runtime:
             self.log(
                 f"job {self.job.name}: bootstrapping at barrier {barrier_label(barrier)} (full read of its inputs)"
             )
+        self._computation = None
         if plan.plan is Plan.SKIP:
             jobs.complete(self.conn, self.job.name, barrier)
             written = None
@@ -315,6 +317,8 @@ class Runtime:
         else:
             how = f"coalesced from {barrier_label(plan.from_barrier)}" if plan.plan is Plan.COALESCE else "completed"
         rows = ", ".join(f"{t}: {'adopted' if s is None else s}" for t, s in (written or {}).items()) or "no changes"
+        if self._computation is not None:
+            how += f", {self._computation.describe()}"
         self.log(
             f"job {self.job.name}: barrier {barrier_label(barrier)} {how} in {format_duration_s(time.perf_counter() - started)} "
             f"({rows}); was {behind} behind"
@@ -343,11 +347,11 @@ class Runtime:
         from icebarrier.iceberg_ext.spark_io import append_df, merge_df, overwrite_df
 
         if out.mode == "append":
-            return append_df(tx, table, out.df)
+            return append_df(tx, table, out.df, out.properties)
         if out.mode == "overwrite":
-            return overwrite_df(tx, table, out.df)
+            return overwrite_df(tx, table, out.df, out.properties)
         if out.mode == "merge":
-            return merge_df(tx, table, out.df, list(out.keys))
+            return merge_df(tx, table, out.df, list(out.keys), out.properties)
         raise IcebarrierError(f"job {self.job.name}: unknown write mode {out.mode!r}; use append, overwrite or merge")
 
     def _commit(self, plan: NextBarrier, info: jobs.JobInfo) -> BarrierCommit:
@@ -406,6 +410,11 @@ class Runtime:
             with self._commit(plan, info) as tx:
                 for table in sorted(outputs):
                     self._write(tx, table, outputs[table])
+        self._computation = ctx.computation
+        if ctx.computation is not None:
+            runs.record_computation(
+                self.conn, self.job.name, plan.barrier, ctx.computation.incremental, ctx.computation.reason
+            )
         return {str(t): s for t, s in tx.commits.items()}
 
 

@@ -9,6 +9,7 @@ py4j, which works in PySpark's default pinned-thread mode.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext.commits import BarrierCommit
@@ -62,24 +63,29 @@ def _options(properties: dict[str, str]) -> dict[str, str]:
     return {f"snapshot-property.{k}": v for k, v in properties.items()}
 
 
-def append_df(tx: BarrierCommit, table: TableName, df) -> int | None:
+def append_df(tx: BarrierCommit, table: TableName, df, properties: Mapping[str, str] | None = None) -> int | None:
     """Append a DataFrame to ``table`` for the barrier (an empty DataFrame leaves no snapshot)."""
-    return tx.write(table, lambda props: df.writeTo(str(table)).options(**_options(props)).append())
+    return tx.write(table, lambda props: df.writeTo(str(table)).options(**_options(props)).append(), properties)
 
 
-def overwrite_df(tx: BarrierCommit, table: TableName, df) -> int | None:
+def overwrite_df(tx: BarrierCommit, table: TableName, df, properties: Mapping[str, str] | None = None) -> int | None:
     """Replace all rows of ``table`` with the DataFrame, in one snapshot."""
     from pyspark.sql import functions as F
 
-    return tx.write(table, lambda props: df.writeTo(str(table)).options(**_options(props)).overwrite(F.lit(True)))
+    return tx.write(
+        table, lambda props: df.writeTo(str(table)).options(**_options(props)).overwrite(F.lit(True)), properties
+    )
 
 
-def merge_df(tx: BarrierCommit, table: TableName, df, keys: list[str]) -> int | None:
-    """Upsert the DataFrame into ``table`` by ``keys`` with one MERGE (one snapshot)."""
+def merge_df(
+    tx: BarrierCommit, table: TableName, df, keys: list[str], properties: Mapping[str, str] | None = None
+) -> int | None:
+    """Upsert the DataFrame into ``table`` by ``keys`` with one MERGE (one snapshot). Keys
+    compare NULL-safely: a NULL key is a key like any other, as in GROUP BY."""
     if not keys or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in keys):
         raise ValueError(f"merge keys {keys!r} must be plain column names")
     view = f"__icebarrier_merge_{abs(hash((str(table), tx.barrier)))}"
-    on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
     statement = (
         f"MERGE INTO {table} t USING {view} s ON {on} WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
     )
@@ -91,7 +97,7 @@ def merge_df(tx: BarrierCommit, table: TableName, df, keys: list[str]) -> int | 
         finally:
             df.sparkSession.catalog.dropTempView(view)
 
-    return tx.write(table, write)
+    return tx.write(table, write, properties)
 
 
 def sql_write(tx: BarrierCommit, table: TableName, statement: str, spark) -> int | None:

@@ -4,7 +4,8 @@ base units).
 At each scrape, from the control plane (one query): per managed table its freshness (now −
 issue time of its watermark), its lag (age of the oldest barrier it has not completed; 0 when
 caught up), the barriers it is behind, its target lag and whether it is met; barriers issued (a counter: its rate is the barrier
-rate) and the read-committed cut's age. From this server process: catalog table loads by
+rate) and the read-committed cut's age; per job that says how it computes (an SqlJob), its
+computations, incremental and full. From this server process: catalog table loads by
 warehouse kind, as a latency histogram.
 """
 
@@ -24,6 +25,7 @@ SELECT v.table_name, extract(epoch FROM v.freshness) AS freshness_s, v.barriers_
 FROM table_versions v WHERE v.watermark_barrier IS NOT NULL OR v.effective_target_lag IS NOT NULL
 ORDER BY v.table_name
 """
+COMPUTATIONS = "SELECT job_name, incremental_total, full_total FROM job_computations ORDER BY job_name"
 TOTALS = """
 SELECT (SELECT count(*) FROM barrier) AS barriers,
        (SELECT extract(epoch FROM now() - c.issued_at) FROM consistent_barrier c) AS cut_age_s
@@ -71,6 +73,7 @@ class LakeCollector:
                     target.add_metric(name, float(r["target_lag_s"]))
                     met.add_metric(name, 1.0 if r["target_met"] else 0.0)
             totals = conn.execute(TOTALS).fetchone()
+            computations = conn.execute(COMPUTATIONS).fetchall()
         yield freshness
         yield lag
         yield behind
@@ -86,6 +89,16 @@ class LakeCollector:
         if totals["cut_age_s"] is not None:
             cut.add_metric([], float(totals["cut_age_s"]))
         yield cut
+        computed = CounterMetricFamily(
+            "icebarrier_job_computations",
+            "Barriers a job computed (an SqlJob says how): from the changes since its previous "
+            "barrier (incremental) or in full",
+            labels=["job", "kind"],
+        )
+        for r in computations:
+            computed.add_metric([r["job_name"], "incremental"], r["incremental_total"])
+            computed.add_metric([r["job_name"], "full"], r["full_total"])
+        yield computed
 
 
 class Metrics:
