@@ -412,6 +412,8 @@ def why_full(ctx: BarrierContext, query: Query, sink: TableName) -> str | None:
             return f"{table} had no snapshot at {since}"
         tbl = load_table(ctx.catalog, table)
         snapshot = tbl.snapshot_by_id(at_previous)
+        while snapshot is not None and is_compaction(snapshot) and snapshot.parent_snapshot_id is not None:
+            snapshot = tbl.snapshot_by_id(snapshot.parent_snapshot_id)  # the data it compacted
         if snapshot is None or summary_properties(snapshot).get(SUMMARY_PLAN) != query.fingerprint:
             return f"{table} at {since} holds another query's result (the statement or icebarrier's planner changed)"
         # Since P: compactions (nothing changed), or this barrier's own commit (a resumed run adopts it).

@@ -13,7 +13,7 @@ from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 
 from icebarrier.control_plane import jobs, reads
 from icebarrier.control_plane.model import JobDefinition, TableName
-from icebarrier.iceberg_ext.catalog import create_table
+from icebarrier.iceberg_ext.catalog import create_table, load_table
 from icebarrier.iceberg_ext.commits import BarrierCommit
 
 ORDERS = Schema(
@@ -32,18 +32,46 @@ ORDER_TYPES["price"] = pa.float64()
 SHIP_TYPES = {"order_id": pa.int64(), "carrier": pa.string()}
 
 
-def setup(lake) -> None:
-    create_table(lake.catalog, lake.T("orders"), ORDERS)
-    create_table(lake.catalog, lake.T("ships"), SHIPS)
-    sinks = frozenset([lake.T("orders"), lake.T("ships")])
-    jobs.register(lake.conn, JobDefinition(name="ingest", sinks=sinks, external_inputs=frozenset(["gen:orders"])))
+def setup(lake, suffix: str = "") -> dict[str, TableName]:
+    """``orders`` and ``ships`` (names ending in ``suffix``), each with a root job of its own."""
+    tables = {"orders": lake.T("orders" + suffix), "ships": lake.T("ships" + suffix)}
+    for key, schema in (("orders", ORDERS), ("ships", SHIPS)):
+        create_table(lake.catalog, tables[key], schema)
+        jobs.register(
+            lake.conn,
+            JobDefinition(
+                name=f"ingest_{tables[key].name}",
+                sinks=frozenset([tables[key]]),
+                external_inputs=frozenset([f"gen:{key}"]),
+            ),
+        )
+    return tables
 
 
-def ingest(lake, barrier: int, orders: list[dict], ships: list[dict]) -> None:
-    """One barrier of the root job: each batch appended (an empty one writes nothing)."""
-    with BarrierCommit(lake.conn, lake.catalog, job="ingest", barrier=barrier) as tx:
-        tx.append_arrow(lake.T("orders"), _arrow(orders, ORDER_TYPES))
-        tx.append_arrow(lake.T("ships"), _arrow(ships, SHIP_TYPES))
+def ingest(lake, tables: dict[str, TableName], barrier: int, orders: list[dict], ships: list[dict]) -> None:
+    """One barrier of both root jobs: each batch appended (an empty one writes nothing). A root
+    job revised to an earlier barrier first completes the barriers since then with nothing."""
+    for key, rows, types in (("orders", orders, ORDER_TYPES), ("ships", ships, SHIP_TYPES)):
+        job = f"ingest_{tables[key].name}"
+        progress = jobs.show(lake.conn, job).progress
+        missed = lake.conn.execute(
+            "SELECT barrier FROM barriers WHERE barrier > %s AND barrier < %s ORDER BY barrier", (progress, barrier)
+        ).fetchall()
+        for row in missed if progress is not None else []:
+            jobs.complete(lake.conn, job, row["barrier"])
+        with BarrierCommit(lake.conn, lake.catalog, job=job, barrier=barrier) as tx:
+            tx.append_arrow(tables[key], _arrow(rows, types))
+
+
+def delete_orders(lake, tables: dict[str, TableName], barrier: int, user_id: int) -> None:
+    """A barrier at which the orders root job deletes a user's orders (not an append)."""
+    from pyiceberg.expressions import EqualTo
+
+    table = tables["orders"]
+    with BarrierCommit(lake.conn, lake.catalog, job=f"ingest_{table.name}", barrier=barrier) as tx:
+        tx.write(table, lambda props: load_table(lake.catalog, table).delete(EqualTo("user_id", user_id), props))
+    with BarrierCommit(lake.conn, lake.catalog, job=f"ingest_{tables['ships'].name}", barrier=barrier):
+        pass
 
 
 def _arrow(rows: list[dict], types: dict) -> pa.Table:
@@ -58,13 +86,16 @@ def sink_rows(spark, lake, sink: TableName, barrier: int) -> list[tuple]:
     return [tuple(r) for r in spark.read.option("snapshot-id", str(snapshot)).table(str(sink)).collect()]
 
 
-def recomputed(spark, lake, query: str, sources: list[TableName], barrier: int) -> list[tuple]:
-    """The query over the sources at B, in full (each source read at its snapshot at B)."""
-    snapshots = reads.resolve(lake.conn, sources, barrier=barrier).snapshots
-    for t, s in snapshots.items():
+def recomputed(spark, lake, query: str, tables: dict[str, TableName], barrier: int) -> list[tuple]:
+    """The query template over the tables at B, in full (each read at its snapshot at B)."""
+    snapshots = reads.resolve(lake.conn, list(tables.values()), barrier=barrier).snapshots
+    views = {}
+    for key, t in tables.items():
+        s = snapshots[t]
         df = spark.read.option("snapshot-id", str(s)).table(str(t)) if s is not None else spark.table(str(t)).limit(0)
-        df.createOrReplaceTempView(f"full_{t.name}")
-    return [tuple(r) for r in spark.sql(query.format(orders="full_orders", ships="full_ships")).collect()]
+        views[key] = f"full_{t.name}"
+        df.createOrReplaceTempView(views[key])
+    return [tuple(r) for r in spark.sql(query.format(**views)).collect()]
 
 
 def same_rows(got: list[tuple], want: list[tuple], rel: float = 1e-9) -> bool:
