@@ -4,19 +4,29 @@ the query recomputed in full at that barrier, and each computation says how it w
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import random
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from icebarrier.control_plane import barriers, jobs
+from icebarrier.cli.main import cli as command
+from icebarrier.control_plane import barriers, jobs, tokens
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.job import SqlJob
 from icebarrier.iceberg_ext.maintenance import compact, revise
 from icebarrier.iceberg_ext.runtime import Runtime
 from tests.iceberg_ext import incremental_pipeline as pipe
+from tests.iceberg_ext.catalog_server import access_token
+from tests.iceberg_ext.test_status_page import scrape
 
 JOIN_THEN_AGGREGATE = """
 SELECT o.user_id, count(*) AS n, count(o.price) AS priced, sum(o.amount) AS amount, avg(o.price) AS avg_price,
@@ -233,3 +243,112 @@ def test_incremental_equals_full_recompute(lake, spark, query, data):
         else:
             assert t.computation() == before  # a skip computes nothing
         t.exact_at(b)
+
+
+# -- killed processes ---------------------------------------------------------------------------------------------
+
+
+def _worker(lake, t: SqlJobUnderTest, **env) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.iceberg_ext.incremental_worker",
+            lake.settings.dsn,
+            lake.settings.schema,
+            lake.settings.warehouse,
+            t.name,
+            t.job.statement,
+        ],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_job_killed_mid_run_resumes_exactly(lake, spark, seed):
+    """The join-then-aggregate job (a sink and a state table) runs in a process of its own:
+    killed by the fault point after its first table commit (the sink written, the state not),
+    then by SIGKILL at a seeded random moment of a run; each time the next run resumes the
+    barrier, incrementally, and the sink equals the full recompute."""
+    rng = random.Random(seed)
+    t = SqlJobUnderTest(lake, spark, JOIN_THEN_AGGREGATE)
+    runtime = t.runtime()
+    first = t.barrier(_orders(0, 30), [{"order_id": i, "carrier": "x"} for i in range(0, 30, 2)])
+    runtime.run()  # the bootstrap, in full
+    t.exact_at(first)
+
+    b = t.barrier(_orders(100, 30), [{"order_id": i, "carrier": "y"} for i in range(1, 130, 3)])
+    crashed = _worker(lake, t, ICEBARRIER_FAULT=faults.AFTER_ICEBERG_COMMIT, ICEBARRIER_FAULT_AFTER="0")
+    assert crashed.wait(timeout=300) == faults.CRASH_EXIT_CODE, crashed.communicate()[1][-3000:]
+    assert jobs.show(lake.conn, t.name).progress == first  # killed before completing B
+    runtime.run()
+    t.exact_at(b)
+    assert t.computation()["incremental"], t.computation()
+
+    for k in range(2):
+        b = t.barrier(
+            _orders(1000 * (k + 2), 40),
+            [{"order_id": i, "carrier": "z"} for i in range(1000 * (k + 2), 1000 * (k + 2) + 40, 2)],
+        )
+        worker = _worker(lake, t)
+        time.sleep(rng.uniform(2.0, 14.0))  # the JVM starts in ~6 s; the barrier takes a few more
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=60)
+        runtime.run()  # resumes B if the worker had not completed it
+        t.exact_at(b)
+        assert jobs.show(lake.conn, t.name).progress == b
+
+
+# -- said aloud ----------------------------------------------------------------------------------------------------
+
+
+def test_each_computation_says_how_and_why(lake, spark, server):
+    """A query outside the class, a job with incremental=False and a source that had rows
+    deleted each compute in full, naming why: in the run's log line, in `icebarrier job show`
+    and in /metrics (which counts both kinds per job)."""
+    lines: list[str] = []
+    in_class = SqlJobUnderTest(
+        lake, spark, "SELECT o.user_id, sum(o.amount) AS amount FROM {orders} o GROUP BY o.user_id"
+    )
+    outside = SqlJobUnderTest(
+        lake, spark, "SELECT o.order_id, s.carrier FROM {orders} o LEFT JOIN {ships} s ON o.order_id = s.order_id"
+    )
+    off = SqlJobUnderTest(lake, spark, "SELECT o.order_id FROM {orders} o", incremental=False)
+    for t in (in_class, outside, off):
+        runtime = Runtime(t.job, settings=lake.settings, spark=spark, conn=lake.conn, log=lines.append)
+        for k in range(3):
+            b = t.barrier(_orders(100 * k, 10), [{"order_id": 100 * k, "carrier": "x"}])
+            if k == 2 and t is in_class:  # then a user's orders deleted: B and this barrier coalesce
+                b = barriers.issue(lake.conn).barrier
+                pipe.delete_orders(lake, t.tables, b, 1)
+            runtime.run()
+            t.exact_at(b)
+
+    def said(t: SqlJobUnderTest) -> list[str]:
+        done = ("completed", "coalesced from")
+        return [x for x in lines if x.startswith(f"job {t.name}: barrier") and any(d in x for d in done)]
+
+    assert [", incremental in" in line for line in said(in_class)] == [False, True, False]
+    assert "full (source " in said(in_class)[-1] and "(operation " in said(in_class)[-1], said(in_class)[-1]
+    assert all("full (the query has LEFT JOIN (only inner joins are incremental))" in x for x in said(outside))
+    assert all("full (incremental=False)" in x for x in said(off))
+
+    shown = CliRunner().invoke(command, ["job", "show", outside.name])
+    assert shown.exit_code == 0 and "full: the query has LEFT JOIN" in shown.output, shown.output
+    assert "(0 incremental, 3 full so far)" in shown.output, shown.output
+    as_json = json.loads(CliRunner().invoke(command, ["--output", "json", "job", "show", in_class.name]).output)
+    assert as_json["computation"]["incremental"] is False and "operation" in as_json["computation"]["reason"]
+
+    cid, secret = tokens.create(lake.conn)
+    samples = scrape(server, {"Authorization": f"Bearer {access_token(server, cid, secret)}"})
+    counts = {
+        (dict(labels)["job"], dict(labels)["kind"]): value
+        for (name, labels), value in samples.items()
+        if name == "icebarrier_job_computations_total"
+    }
+    assert counts[(in_class.name, "incremental")] == 1 and counts[(in_class.name, "full")] == 2
+    assert counts[(outside.name, "incremental")] == 0 and counts[(outside.name, "full")] == 3
