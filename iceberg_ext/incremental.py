@@ -10,7 +10,7 @@ job last computed, with append-only changes ΔS since P, it is reached more chea
   ``AVG`` over such rows. Each aggregate has partials that combine (counts and sums add, with
   SQL's NULLs; minima and maxima take the least and greatest; an average is a sum and a
   count): the partials of ΔQ's groups are combined with the stored partials of the same
-  groups at P, and the touched groups are MERGEd into the sink by their keys. A sink's own
+  groups at P, and the sink is rewritten with those groups replaced. A sink's own
   columns are its partials unless an ``AVG`` needs a sum and a count: then a state table of
   the job (``<sink>__icebarrier_state``) holds every partial, written in the same barrier.
 
@@ -434,13 +434,14 @@ def _lineage_after(tbl, snapshot_id: int):
             yield None
 
 
-def delta_outputs(ctx: BarrierContext, query: Query, sink: TableName) -> dict[TableName, tuple[object, str, tuple]]:
-    """What B changes, per table, as (DataFrame, mode, merge keys): a rows query appends ΔQ; a
-    grouped one MERGEs the touched groups into the sink (and their partials into its state
-    table) by the group keys — an overwrite of the single row when there is no GROUP BY."""
+def delta_outputs(ctx: BarrierContext, query: Query, sink: TableName) -> dict[TableName, tuple[object, str]]:
+    """What B writes, per table, as (DataFrame, mode): a rows query appends ΔQ; a grouped one
+    rewrites the sink with the groups ΔQ touches replaced (their partials at P combined with
+    the new rows'), and its state table alike. The groups untouched are copied, not
+    recomputed: the sink's size, not the sources', is what a grouped barrier rewrites."""
     spark, view = ctx.spark, Views(ctx, query)
     if not query.grouped:
-        return {sink: (spark.sql(query.delta(view)), "append", ())}
+        return {sink: (spark.sql(query.delta(view)), "append")}
     schema = spark.sql(query.full(view)).schema  # analysed, not run: the result's names and types
     keys = [_q(query.key_column(j)) for j in range(len(query.keys))]
     partials = query.partials()
@@ -449,19 +450,15 @@ def delta_outputs(ctx: BarrierContext, query: Query, sink: TableName) -> dict[Ta
     if query.needs_state:
         old = view(state_table(sink), "old")
     else:  # the sink's own columns are the partials
-        names = schema.names
-        stored = [f"{_q(names[pos])} AS {keys[j]}" for j, pos in enumerate(query.keys)]
-        stored += [f"{_q(names[a.position])} AS {_q(a.partials()[0].column)}" for a in query.aggregates]
+        stored = [f"{_q(schema.names[pos])} AS {keys[j]}" for j, pos in enumerate(query.keys)]
+        stored += [f"{_q(schema.names[a.position])} AS {_q(a.partials()[0].column)}" for a in query.aggregates]
         old = view.frame(spark.sql(f"SELECT {', '.join(stored)} FROM {view(sink, 'old')}"))
-    if keys:
-        on = " AND ".join(f"o.{k} <=> d.{k}" for k in keys)
-        touched = f"SELECT {columns} FROM {old} o LEFT SEMI JOIN {delta} d ON {on}"
-    else:
-        touched = f"SELECT {columns} FROM {old}"
+    same_group = " AND ".join(f"o.{k} <=> d.{k}" for k in keys) or "true"
     combine = ", ".join(keys + [f"{p.combine}({_q(p.column)}) AS {_q(p.column)}" for p in partials])
     combined = view.frame(
         spark.sql(
-            f"SELECT {combine} FROM (SELECT {columns} FROM {delta} UNION ALL {touched})"
+            f"SELECT {combine} FROM (SELECT {columns} FROM {delta} UNION ALL "
+            f"SELECT {columns} FROM {old} o LEFT SEMI JOIN {delta} d ON {same_group})"
             + (f" GROUP BY {', '.join(keys)}" if keys else "")
         ).localCheckpoint()
     )
@@ -476,15 +473,14 @@ def delta_outputs(ctx: BarrierContext, query: Query, sink: TableName) -> dict[Ta
         else:
             value = _q(by_position[pos].partials()[0].column)
         final.append(f"CAST({value} AS {field.dataType.simpleString()}) AS {_q(field.name)}")
-    result = spark.sql(f"SELECT {', '.join(final)} FROM {combined}")
-    outputs: dict[TableName, tuple[object, str, tuple]]
-    if not keys:
-        outputs = {sink: (result, "overwrite", ())}
-    else:
-        outputs = {sink: (result, "merge", tuple(schema.names[pos] for pos in query.keys))}
+    sink_group = " AND ".join(f"o.{_q(schema.names[pos])} <=> d.{keys[j]}" for j, pos in enumerate(query.keys))
+    untouched = spark.sql(
+        f"SELECT o.* FROM {view(sink, 'old')} o LEFT ANTI JOIN {combined} d ON {sink_group or 'true'}"
+    )
+    outputs = {sink: (untouched.unionByName(spark.sql(f"SELECT {', '.join(final)} FROM {combined}")), "overwrite")}
     if query.needs_state:
-        state_keys = tuple(query.key_column(j) for j in range(len(query.keys)))
-        outputs[state_table(sink)] = (spark.table(combined), "merge" if keys else "overwrite", state_keys)
+        kept = spark.sql(f"SELECT o.* FROM {old} o LEFT ANTI JOIN {combined} d ON {same_group}")
+        outputs[state_table(sink)] = (kept.unionByName(spark.table(combined)), "overwrite")
     return outputs
 
 

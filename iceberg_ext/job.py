@@ -345,7 +345,13 @@ class SqlJob(TransformJob):
         )
         if analysis.query is None:
             return None, f"the query has {analysis.reason}"
-        if not spark.sql(parsed.query)._jdf.queryExecution().analyzed().deterministic():
+        from pyspark.errors import AnalysisException
+
+        try:
+            deterministic = spark.sql(parsed.query)._jdf.queryExecution().analyzed().deterministic()
+        except AnalysisException as exc:  # a source not created yet: the full run will say what is missing
+            return None, f"Spark cannot analyse the query yet ({str(exc).splitlines()[0]})"
+        if not deterministic:
             return None, "the query has a nondeterministic expression (Spark's analyser says so)"
         return analysis.query, None
 
@@ -369,7 +375,7 @@ class SqlJob(TransformJob):
         properties = {incremental_sql.SUMMARY_PLAN: query.fingerprint}
         if reason is None:
             changes = incremental_sql.delta_outputs(ctx, query, sink)
-            return {t: Output(df, mode, keys, properties) for t, (df, mode, keys) in changes.items()}
+            return {t: Output(df, mode, (), properties) for t, (df, mode) in changes.items()}
         outputs = {sink: replace(self._full(ctx), properties=properties)}
         if query.needs_state:
             view = incremental_sql.Views(ctx, query)

@@ -80,12 +80,11 @@ def overwrite_df(tx: BarrierCommit, table: TableName, df, properties: Mapping[st
 def merge_df(
     tx: BarrierCommit, table: TableName, df, keys: list[str], properties: Mapping[str, str] | None = None
 ) -> int | None:
-    """Upsert the DataFrame into ``table`` by ``keys`` with one MERGE (one snapshot). Keys
-    compare NULL-safely: a NULL key is a key like any other, as in GROUP BY."""
+    """Upsert the DataFrame into ``table`` by ``keys`` with one MERGE (one snapshot)."""
     if not keys or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in keys):
         raise ValueError(f"merge keys {keys!r} must be plain column names")
     view = f"__icebarrier_merge_{abs(hash((str(table), tx.barrier)))}"
-    on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
+    on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
     statement = (
         f"MERGE INTO {table} t USING {view} s ON {on} WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
     )
