@@ -140,7 +140,7 @@ def one_run(args) -> dict:
                 for name in JOBS:
                     if not lake.same_sinks(name):
                         raise SystemExit(f"{name} at {millions} M rows: the incremental sink differs from the full one")
-                    figures[f"{name}@{millions}"] = {v: statistics.median(times[(name, v)]) for v in VARIANTS}
+                    figures[f"{name}@{millions:g}"] = {v: statistics.median(times[(name, v)]) for v in VARIANTS}
                 print(f"  {millions} M rows done", file=sys.stderr, flush=True)
         spark.stop()
     return figures
@@ -151,22 +151,22 @@ def report(runs: list[dict], sizes: list[float]) -> None:
         return fig["incremental"] / fig["full"]
 
     key_size = 8 if 8 in sizes else sizes[len(sizes) // 2]
-    worst_first = sorted(runs, key=lambda r: -max(ratio(r[f"{j}@{key_size}"]) for j in JOBS))
+    worst_first = sorted(runs, key=lambda r: -max(ratio(r[f"{j}@{key_size:g}"]) for j in JOBS))
     for i, figures in enumerate(worst_first, 1):
         print(f"run {i}:")
         print(f"  {'job':18} {'rows':>6} {'full s':>8} {'incr s':>8} {'incr/full':>10}")
         for name in JOBS:
             for size in sizes:
-                fig = figures[f"{name}@{size}"]
+                fig = figures[f"{name}@{size:g}"]
                 print(f"  {name:18} {size:>5g}M {fig['full']:8.2f} {fig['incremental']:8.2f} {ratio(fig):10.3f}")
         for name in JOBS:
-            small, large = figures[f"{name}@{sizes[0]}"], figures[f"{name}@{sizes[-1]}"]
+            small, large = figures[f"{name}@{sizes[0]:g}"], figures[f"{name}@{sizes[-1]:g}"]
             grow = {v: large[v] / small[v] for v in VARIANTS}
             print(
                 f"  {name}: {sizes[-1]:g}M ÷ {sizes[0]:g}M rows: incremental {grow['incremental']:.2f} "
                 f"(goal <= 1.5), full {grow['full']:.2f}"
             )
-        worst = max(ratio(figures[f"{j}@{key_size}"]) for j in JOBS)
+        worst = max(ratio(figures[f"{j}@{key_size:g}"]) for j in JOBS)
         print(f"  worst incremental ÷ full at {key_size:g}M rows: {worst:.3f} (goal <= 0.1)")
 
 
@@ -193,6 +193,7 @@ def main() -> int:
             print(out.stderr[-3000:], file=sys.stderr)
             return out.returncode
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(f"run {i + 1}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
     report(runs, args.sizes)
     return 0
 

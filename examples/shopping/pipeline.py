@@ -7,7 +7,8 @@
 
 Tables live in namespace ``$SHOP_NS`` (default ``shop``) of catalog ``$ICEBARRIER_CATALOG``
 (default ``lake``); inputs are JSON files under ``$SHOP_INPUT`` (default: data/input beside
-this file, whatever the working directory).
+this file, whatever the working directory). The SQL jobs are incremental (docs/incremental.md);
+``SHOP_INCREMENTAL=0`` makes them recompute in full at every barrier.
 
     python3 pipeline.py create-tables      # the namespace and the five tables (idempotent)
 """
@@ -51,6 +52,7 @@ def build(ns: str | None = None, input_dir: str | None = None, catalog: str | No
     ns = ns or os.environ.get("SHOP_NS", "shop")
     catalog = catalog or os.environ.get("ICEBARRIER_CATALOG", "lake")
     input_dir = input_dir or INPUT
+    incremental = os.environ.get("SHOP_INCREMENTAL", "1") != "0"
     t = tables(ns, catalog)
     return {
         "ingest_shopping": RootJob(
@@ -68,12 +70,14 @@ def build(ns: str | None = None, input_dir: str | None = None, catalog: str | No
             f"""
             INSERT INTO {t["user_item_amount"]}
             SELECT user_id, item_id, sum(amount) AS amount FROM {t["shopping"]} GROUP BY user_id, item_id""",
+            incremental=incremental,
         ),
         "user_item_price": SqlJob(
             f"{ns}_user_item_price",
             f"""
             INSERT INTO {t["user_item_price"]}
             SELECT user_id, item_id, sum(amount * price) AS price FROM {t["shopping"]} GROUP BY user_id, item_id""",
+            incremental=incremental,
         ),
         "shipped_orders": TransformJob(
             name=f"{ns}_shipped_orders",
