@@ -3,7 +3,8 @@
     python benchmarks/catchup.py [--dsn DSN] [--behind 300] [--barrier-ms 10] [--anchor-ms 600]
                                  [--warehouse s3://bucket/prefix | --s3]
 
-The SQL job is ``user_item_amount`` of ``examples/shopping`` (a full recompute and
+The SQL job is ``user_item_amount`` of ``examples/shopping`` (incremental: each computation
+reads what arrived since the previous one; ``SHOP_INCREMENTAL=0``: a full recompute and
 overwrite per computation). Barriers and anchors are issued on the database clock at
 ``--barrier-ms`` / ``--anchor-ms``: the defaults are 1 s barriers with 60 s anchors run 100x
 faster (the same 60 barriers per anchor); pass 1000 / 60000 to run in real time. Prints:

@@ -21,6 +21,11 @@ phase started (the schedule or the five jobs, and their Spark JVMs; from /proc f
 the kernel's accounting for those reaped), once the pipeline runs (the Spark sessions' start
 is not counted in either). Ratio schedule ÷ follow (goal <= 0.5).
 
+``--seed-rows N --against full-sql`` measures incremental SQL jobs instead (docs/incremental.md):
+``shopping`` starts with N orders (and every other one shipped), and the second phase is the
+schedule again with the SQL jobs recomputing in full (``SHOP_INCREMENTAL=0``): targets met in
+each, and CPU incremental ÷ full.
+
 Both phases' Spark drivers get ``--jvm-options`` (Spark's own ``SPARK_SUBMIT_OPTS``; default:
 the small-job options docs/declared-freshness.md recommends for warm runners, C1 JIT only and
 the serial GC; ``--jvm-options ''`` for the JVM's defaults).
@@ -119,22 +124,62 @@ class Feed:
             self.write()
 
 
-def prepare(dsn: str, warehouse: str, input_dir: Path, log, jvm_options: str) -> dict[str, str]:
-    """The tables, and each job run once (registering it; its first barrier bootstraps)."""
+def prepare(dsn: str, warehouse: str, input_dir: Path, log, args, *, incremental: bool = True) -> dict[str, str]:
+    """The tables, and each job run once (registering it; its first barrier bootstraps); with
+    ``--seed-rows``, the roots' history first holds that many orders."""
     env = {
         **os.environ,
-        "SPARK_SUBMIT_OPTS": jvm_options,
+        "SPARK_SUBMIT_OPTS": args.jvm_options,
         "ICEBARRIER_DSN": dsn,
         "ICEBARRIER_WAREHOUSE": warehouse,
         "SHOP_NS": NS,
         "SHOP_INPUT": str(input_dir),
+        "SHOP_INCREMENTAL": "1" if incremental else "0",
     }
     subprocess.run([sys.executable, str(SHOP / "pipeline.py"), "create-tables"], env=env, check=True, cwd=SHOP)
     with db.connect(dsn) as conn:
         barriers.set_interval_s(conn, INTERVAL_S)
     for job in JOBS:
         subprocess.run([*CLI, "run", str(SHOP / f"{job}.py"), "--once"], env=env, check=True, stdout=log, stderr=log)
+        if job == "ingest_shipments" and args.seed_rows:
+            seed = [sys.executable, __file__, "--seed", dsn, warehouse, str(args.seed_rows)]
+            subprocess.run(seed, env=env, check=True, stdout=log, stderr=log)
     return env
+
+
+def seed(dsn: str, warehouse: str, rows: int) -> None:
+    """The roots' next barrier appends ``rows`` orders (ids below the generator's) and ships
+    every other one: a history of millions of rows for the SQL jobs to bootstrap from."""
+    from icebarrier.control_plane import jobs
+    from icebarrier.iceberg_ext.catalog import load_catalog
+    from icebarrier.iceberg_ext.commits import BarrierCommit
+    from icebarrier.iceberg_ext.config import Settings
+    from icebarrier.iceberg_ext.spark import spark_session
+    from icebarrier.iceberg_ext.spark_io import append_df
+
+    settings = Settings(dsn=dsn, warehouse=warehouse).validated()
+    spark = spark_session(settings, app_name="seed", extra={"spark.driver.memory": "4g"})
+    orders = spark.range(-rows, 0).selectExpr(
+        "id AS order_id",
+        "pmod(id, 20) AS user_id",
+        "pmod(hash(id), 10) AS item_id",
+        "1 + pmod(hash(id, 1), 4) AS amount",
+        "CAST(10 * (1 + pmod(hash(id), 10)) AS DOUBLE) AS price",
+    )
+    ships = spark.range(-rows, 0, 2).selectExpr("id AS order_id", "IF(pmod(id, 4) = 0, 'ups', 'dhl') AS carrier")
+    catalog = load_catalog(settings)
+    with db.connect(dsn) as conn:
+        b = barriers.issue(conn).barrier
+        for name, df in (("shopping", orders), ("shipments", ships)):
+            job = f"{NS}_ingest_{name}"
+            progress = jobs.show(conn, job).progress
+            for r in conn.execute(
+                "SELECT barrier FROM barriers WHERE barrier > %s AND barrier < %s ORDER BY barrier", (progress, b)
+            ).fetchall():
+                jobs.complete(conn, job, r["barrier"])  # issued while the roots ran: nothing new in them
+            with BarrierCommit(conn, catalog, job=job, barrier=b) as tx:
+                append_df(tx, TableName.parse(f"lake.{NS}.{name}"), df)
+    spark.stop()
 
 
 def sample_targets(dsn: str, seconds: float) -> dict[str, list[bool]]:
@@ -149,11 +194,13 @@ def sample_targets(dsn: str, seconds: float) -> dict[str, list[bool]]:
     return met
 
 
-def scheduled(args, log) -> tuple[dict[str, list[bool]], dict[str, int], tuple[float, int], float]:
+def scheduled(
+    args, log, *, incremental: bool = True
+) -> tuple[dict[str, list[bool]], dict[str, int], tuple[float, int], float]:
     with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory() as tmp:
         input_dir, warehouse = Path(tmp) / "input", str(Path(tmp) / "wh")
         feed = Feed(input_dir)
-        env = prepare(dsn, warehouse, input_dir, log, args.jvm_options)
+        env = prepare(dsn, warehouse, input_dir, log, args, incremental=incremental)
         with db.connect(dsn) as conn:
             for job in JOBS:
                 targets.set_runner(conn, f"{NS}_{job}", Runner(kind="file", spec=str(SHOP / f"{job}.py")))
@@ -197,7 +244,7 @@ def followed(args, log) -> float:
     with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory() as tmp:
         input_dir, warehouse = Path(tmp) / "input", str(Path(tmp) / "wh")
         feed = Feed(input_dir)
-        env = prepare(dsn, warehouse, input_dir, log, args.jvm_options)
+        env = prepare(dsn, warehouse, input_dir, log, args)
         feed.thread.start()
         procs = [
             subprocess.Popen([*CLI, "run", str(SHOP / f"{job}.py"), "--follow"], env=env, stdout=log, stderr=log)
@@ -231,15 +278,23 @@ def main() -> int:
     parser.add_argument(
         "--jvm-options", default=SMALL_JOBS_JVM_OPTIONS, help="the Spark drivers' JVM options, both phases"
     )
+    parser.add_argument("--seed-rows", type=int, default=0, help="orders in the history before the run")
+    parser.add_argument(
+        "--against", choices=("follow", "full-sql"), default="follow", help="the second phase: --follow, or full SQL"
+    )
+    parser.add_argument("--seed", nargs=3, help=argparse.SUPPRESS)  # a child: DSN WAREHOUSE ROWS
     args = parser.parse_args()
+    if args.seed:
+        seed(args.seed[0], args.seed[1], int(args.seed[2]))
+        return 0
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
     become_subreaper()
+    if args.against == "full-sql":
+        return against_full_sql(args)
     with open(args.log, "w") as log:
         met, runs, (clock, issued), cpu_scheduled = scheduled(args, log)
         cpu_followed = followed(args, log)
-    for leaf, seen in met.items():
-        share = statistics.fmean(seen)
-        print(f"{leaf:18} target {args.target:g} s met {share:7.2%} of {len(seen)} samples (goal >= 99 %)")
+    print_targets(met, args.target)
     for job in JOBS:
         n = runs.get(job, 0)
         print(
@@ -249,6 +304,27 @@ def main() -> int:
     print(
         f"compute: schedule {cpu_scheduled:.0f} CPU s, --follow {cpu_followed:.0f} CPU s over {args.minutes:g} min: "
         f"ratio {cpu_scheduled / cpu_followed:.2f} (goal <= 0.5); JVM options: {args.jvm_options or 'defaults'}"
+    )
+    return 0
+
+
+def print_targets(met: dict[str, list[bool]], target: float, label: str = "") -> None:
+    for leaf, seen in met.items():
+        share = statistics.fmean(seen)
+        print(f"{label}{leaf:18} target {target:g} s met {share:7.2%} of {len(seen)} samples (goal >= 99 %)")
+
+
+def against_full_sql(args) -> int:
+    """The schedule with incremental SQL jobs, then with the same jobs recomputing in full."""
+    with open(args.log, "w") as log:
+        incremental = scheduled(args, log, incremental=True)
+        full = scheduled(args, log, incremental=False)
+    for label, (met, runs, _, cpu) in (("incremental ", incremental), ("full        ", full)):
+        print_targets(met, args.target, label)
+        print(f"{label}runs: " + ", ".join(f"{job} {runs.get(job, 0)}" for job in JOBS) + f"; {cpu:.0f} CPU s")
+    print(
+        f"compute over {args.minutes:g} min with {args.seed_rows:,} orders of history: incremental ÷ full "
+        f"{incremental[3] / full[3]:.2f}"
     )
     return 0
 
