@@ -52,26 +52,37 @@ def ingest(lake, tables: dict[str, TableName], barrier: int, orders: list[dict],
     """One barrier of both root jobs: each batch appended (an empty one writes nothing). A root
     job revised to an earlier barrier first completes the barriers since then with nothing."""
     for key, rows, types in (("orders", orders, ORDER_TYPES), ("ships", ships, SHIP_TYPES)):
-        job = f"ingest_{tables[key].name}"
-        progress = jobs.show(lake.conn, job).progress
-        missed = lake.conn.execute(
-            "SELECT barrier FROM barriers WHERE barrier > %s AND barrier < %s ORDER BY barrier", (progress, barrier)
-        ).fetchall()
-        for row in missed if progress is not None else []:
-            jobs.complete(lake.conn, job, row["barrier"])
+        job = _caught_up(lake, f"ingest_{tables[key].name}", barrier)
         with BarrierCommit(lake.conn, lake.catalog, job=job, barrier=barrier) as tx:
             tx.append_arrow(tables[key], _arrow(rows, types))
 
 
-def delete_orders(lake, tables: dict[str, TableName], barrier: int, user_id: int) -> None:
-    """A barrier at which the orders root job deletes a user's orders (not an append)."""
+def delete_orders(lake, tables: dict[str, TableName], barrier: int, user_id: int) -> bool:
+    """A barrier at which the orders root job deletes a user's orders (not an append); whether
+    any was deleted."""
     from pyiceberg.expressions import EqualTo
 
     table = tables["orders"]
-    with BarrierCommit(lake.conn, lake.catalog, job=f"ingest_{table.name}", barrier=barrier) as tx:
+    with BarrierCommit(
+        lake.conn, lake.catalog, job=_caught_up(lake, f"ingest_{table.name}", barrier), barrier=barrier
+    ) as tx:
         tx.write(table, lambda props: load_table(lake.catalog, table).delete(EqualTo("user_id", user_id), props))
-    with BarrierCommit(lake.conn, lake.catalog, job=f"ingest_{tables['ships'].name}", barrier=barrier):
+    with BarrierCommit(
+        lake.conn, lake.catalog, job=_caught_up(lake, f"ingest_{tables['ships'].name}", barrier), barrier=barrier
+    ):
         pass
+    return bool(tx.commits)
+
+
+def _caught_up(lake, job: str, barrier: int) -> str:
+    """A root job revised to an earlier barrier first completes the barriers since then with nothing."""
+    progress = jobs.show(lake.conn, job).progress
+    missed = lake.conn.execute(
+        "SELECT barrier FROM barriers WHERE barrier > %s AND barrier < %s ORDER BY barrier", (progress, barrier)
+    ).fetchall()
+    for row in missed if progress is not None else []:
+        jobs.complete(lake.conn, job, row["barrier"])
+    return job
 
 
 def _arrow(rows: list[dict], types: dict) -> pa.Table:
