@@ -133,6 +133,11 @@ class BarrierContext:
         name = _name(table)
         return table_at(self.spark, name, self.previous_snapshot(name))
 
+    def _since_previous(self, name: TableName, start: int, end: int):
+        """The source's snapshots after the previous barrier's, up to B's, newest first."""
+        tbl = load_table(self.catalog, name)
+        return ancestors(tbl, tbl.snapshot_by_id(end), stop_at=start)
+
     def not_appended(self, table: str | TableName) -> tuple[int, str] | None:
         """The first snapshot of the source since the previous barrier that is not an append
         (a compaction adds nothing and counts as one), as (snapshot id, what it is); None if
@@ -141,9 +146,8 @@ class BarrierContext:
         start, end = self._previous_snapshots.get(name), self.snapshot(name)
         if end is None or start is None or start == end:  # unchanged, or everything is new
             return None
-        tbl = load_table(self.catalog, name)
         oldest = None
-        for snapshot in ancestors(tbl, tbl.snapshot_by_id(end), stop_at=start):
+        for snapshot in self._since_previous(name, start, end):
             operation = snapshot.summary.operation.value if snapshot.summary else "unknown"
             if operation != "append" and not (operation == "replace" and is_compaction(snapshot)):
                 return snapshot.snapshot_id, f"operation {operation}"
@@ -188,8 +192,7 @@ class BarrierContext:
             return self.table(name).limit(0).withColumn("_change_type", F.lit("INSERT"))
         if start is None:
             return self.table(name).withColumn("_change_type", F.lit("INSERT"))
-        tbl = load_table(self.catalog, name)
-        for snapshot in ancestors(tbl, tbl.snapshot_by_id(end), stop_at=start):
+        for snapshot in self._since_previous(name, start, end):
             if int(summary_properties(snapshot).get("added-delete-files", "0")) > 0:
                 raise IncrementUnavailableError(
                     name, snapshot.snapshot_id, "operation merge-on-read delete", changelog_possible=False
