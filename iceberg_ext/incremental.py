@@ -32,7 +32,7 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from icebarrier.control_plane.model import TableName, barrier_label
-from icebarrier.iceberg_ext.catalog import barrier_of, is_compaction, load_table, summary_properties
+from icebarrier.iceberg_ext.catalog import ancestors, barrier_of, is_compaction, load_table, summary_properties
 
 if TYPE_CHECKING:
     from icebarrier.iceberg_ext.job import BarrierContext
@@ -417,21 +417,13 @@ def why_full(ctx: BarrierContext, query: Query, sink: TableName) -> str | None:
         if snapshot is None or summary_properties(snapshot).get(SUMMARY_PLAN) != query.fingerprint:
             return f"{table} at {since} holds another query's result (the statement or icebarrier's planner changed)"
         # Since P: compactions (nothing changed), or this barrier's own commit (a resumed run adopts it).
-        for later in _lineage_after(tbl, at_previous):
-            if later is None or not (is_compaction(later) or barrier_of(later) == ctx.barrier):
-                return f"{table} has snapshot {getattr(later, 'snapshot_id', '?')} after {since} that the job did not write"
+        later = list(ancestors(tbl, tbl.current_snapshot(), stop_at=at_previous))
+        reached = (later[-1].parent_snapshot_id if later else tbl.metadata.current_snapshot_id) == at_previous
+        foreign = [x for x in later if not (is_compaction(x) or barrier_of(x) == ctx.barrier)]
+        if foreign or not reached:
+            found = foreign[0].snapshot_id if foreign else tbl.metadata.current_snapshot_id
+            return f"{table} has snapshot {found} after {since} that the job did not write"
     return None
-
-
-def _lineage_after(tbl, snapshot_id: int):
-    """The table's current lineage down to (not including) ``snapshot_id``; a None last when
-    the lineage does not reach it."""
-    current = tbl.current_snapshot()
-    while current is not None and current.snapshot_id != snapshot_id:
-        yield current
-        current = tbl.snapshot_by_id(current.parent_snapshot_id) if current.parent_snapshot_id else None
-        if current is None:
-            yield None
 
 
 def delta_outputs(ctx: BarrierContext, query: Query, sink: TableName) -> dict[TableName, tuple[object, str]]:
