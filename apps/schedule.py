@@ -23,19 +23,17 @@ import math
 import os
 import queue
 import signal
-import socket
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-import psycopg
-
 from icebarrier.apps.embedded import CLI
 from icebarrier.control_plane import barriers, db, jobs, targets, topology
 from icebarrier.control_plane.db import Conn
-from icebarrier.control_plane.errors import ControlPlaneUnavailableError, JobNotFoundError
+from icebarrier.control_plane.errors import JobNotFoundError
+from icebarrier.control_plane.fences import Fence
 from icebarrier.control_plane.model import JobDefinition
 from icebarrier.control_plane.targets import Runner, TableTarget
 from icebarrier.iceberg_ext.runtime import ANSWER
@@ -48,7 +46,6 @@ BACKOFF_S, BACKOFF_MAX_S = 1.0, 60.0
 # A `job exec` run's hold on its session: renewed every third of it while the run lives, so
 # when a run dies with its schedule, the next schedule's run takes the session over this soon.
 HOLD = "6s"
-_LOCK_KEY = "icebarrier schedule"
 # a run computes once per anchor between its job's progress before and after it, and once more
 # (coalescing never crosses an anchor): durations are measured and expected per computation
 _COMPUTATIONS = (
@@ -312,68 +309,31 @@ class Schedule:
     def run(self) -> None:
         """Wait for the schedule's lock, then schedule until stopped (SIGTERM/SIGINT), waiting
         again whenever the lock's connection is lost. Runs in flight are stopped on exit."""
+        fence = Fence("schedule", "schedule_state", dsn=self.dsn, schema=self.schema, log=self.log)
         try:
             while not self._stop.is_set():
-                fence = self._acquire()
-                if fence is None:
+                held = fence.acquire(self._stop)
+                if held is None:
                     return
-                with fence:
-                    self._schedule(fence)
+                self.log(f"schedule: running ({fence.holder}); at most {self.parallel} runs at once")
+                with held:
+                    self._schedule(fence, held)
         finally:
             self._stop_runs()
 
-    def _acquire(self) -> psycopg.Connection | None:
-        waiting = False
-        while not self._stop.is_set():
-            try:
-                fence = db.connect(self.dsn, self.schema)
-                got = fence.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (self._lock_name(fence),))
-                if got.fetchone()["got"]:
-                    self._announce(fence)
-                    return fence
-                holder = fence.execute("SELECT holder, started_at FROM schedule_state").fetchone()
-                fence.close()
-                if not waiting:
-                    self.log(
-                        "another schedule runs this control plane"
-                        + (f" ({holder['holder']}, since {holder['started_at']:%H:%M:%S})" if holder else "")
-                        + "; waiting to take over"
-                    )
-                    waiting = True
-            except (psycopg.OperationalError, ControlPlaneUnavailableError) as exc:
-                self.log(f"control plane unreachable ({str(exc).splitlines()[0]}); trying again")
-            self._stop.wait(1.0)
-        return None
-
-    @staticmethod
-    def _lock_name(conn: Conn) -> str:
-        return f"{_LOCK_KEY} {db.schema_of(conn)}"
-
-    def _announce(self, fence: Conn) -> None:
-        holder = f"{socket.gethostname()} pid {os.getpid()}"
-        fence.execute(
-            "INSERT INTO schedule_state (holder, started_at, seen_at) VALUES (%s, now(), now()) "
-            "ON CONFLICT (singleton) DO UPDATE SET holder = EXCLUDED.holder, started_at = now(), seen_at = now(), "
-            "plan = '[]'",
-            (holder,),
-        )
-        self.log(f"schedule: running ({holder}); at most {self.parallel} runs at once")
-
-    def _schedule(self, fence: Conn) -> None:
+    def _schedule(self, fence: Fence, held: Conn) -> None:
         with db.connect(self.dsn, self.schema) as conn:
             self._load_durations(conn)
             while not self._stop.is_set():
-                try:
-                    fence.execute("SELECT 1")
-                except psycopg.OperationalError:
+                if not fence.alive(held):
                     self.log("schedule: lost the schedule's lock (its connection broke); no new runs until it is back")
                     return
-                self._tick(conn, fence)
+                self._tick(conn, fence, held)
                 self._stop.wait(self.tick_s)
 
     # one step
 
-    def _tick(self, conn: Conn, fence: Conn) -> None:
+    def _tick(self, conn: Conn, fence: Fence, held: Conn) -> None:
         self._reap(conn)
         definitions = jobs.load_definitions(conn)
         runnable = targets.runners(conn)
@@ -394,9 +354,7 @@ class Schedule:
         self._start_runs(upstream, runnable, conn)
         if now - self._published_at >= 1.0:
             self._published_at = now
-            fence.execute(
-                "UPDATE schedule_state SET seen_at = now(), plan = %s", (json.dumps([d.to_json() for d in dues]),)
-            )
+            fence.publish(held, [d.to_json() for d in dues])
 
     def _issue_barrier(self, conn: Conn, *, refresh: bool) -> None:
         """The barrier clock's barrier when due, and one as a refresh starts (unless the newest is

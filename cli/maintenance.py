@@ -1,4 +1,4 @@
-"""``icebarrier expire``, ``compact``, ``reconcile``, ``revise`` and ``tag``."""
+"""``icebarrier maintain``, ``expire``, ``remove-orphans``, ``compact``, ``reconcile``, ``revise`` and ``tag``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,52 @@ from icebarrier.control_plane.model import TableName, barrier_label, parse_durat
 def _named_or_all(conn, table_names) -> list[TableName]:
     """The tables named with --table, else every managed table."""
     return [TableName.parse(t) for t in table_names] or [v.name for v in tables.list_versions(conn)]
+
+
+@click.command("maintain")
+@click.option(
+    "--every",
+    default="5s",
+    show_default=True,
+    help="How often it looks at the tables (a table without a commit is looked at when its time comes).",
+)
+@click.option(
+    "--once", is_flag=True, help="One pass over the tables, print what ran, exit (no lock: for cron or a test)."
+)
+@click.option("--table", "table_names", multiple=True, metavar="TABLE", help="Only these tables (default: all).")
+@click.pass_obj
+def maintain(obj, every: str, once: bool, table_names) -> None:
+    """Keep every table within its maintenance policy (`icebarrier table maintenance`): expire
+    snapshots outside the protected set, compact small files (keeping their barrier), rewrite
+    manifests, remove orphans and old metadata files. One per control plane: a second one waits
+    and takes over when the first stops. SIGINT/SIGTERM stop it after the action in flight."""
+    import signal
+
+    from icebarrier.apps.maintain import Maintainer
+
+    tick_s = parse_duration_s(every)
+    only = frozenset(TableName.parse(t) for t in table_names) or None
+    if only:
+        for name in only:
+            tables.require(obj.conn(), name)
+    service = Maintainer(
+        obj.settings(),
+        tick_s=tick_s,
+        log=lambda line: click.echo(line, err=True),
+        spark_factory=lambda: obj.spark("icebarrier-maintain"),
+        only=only,
+    )
+    if once:
+        actions = service.maintain(obj.conn(), obj.catalog())
+        emit(
+            obj,
+            [{"table": str(a.table), "action": a.action, "result": a.result, "detail": a.detail} for a in actions],
+            lambda: "\n".join(a.line() for a in actions) or "nothing was due",
+        )
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: service.stop())
+    service.run()
 
 
 @click.command("expire")
@@ -177,4 +223,4 @@ def tag(obj, name: str, table_names, barrier: int | None, max_age: str | None) -
     emit(obj, {"tag": name, **cut.to_json()}, lambda: f"tag {name}\n" + render_cut(cut))
 
 
-COMMANDS = [expire, remove_orphans, compact, reconcile, revise, tag]
+COMMANDS = [maintain, expire, remove_orphans, compact, reconcile, revise, tag]

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import click
 
-from icebarrier.cli.render import Seconds, barrier_label, emit, table
-from icebarrier.control_plane import jobs, tables, targets, topology
-from icebarrier.control_plane.model import TableName, parse_duration_s
+from icebarrier.cli.render import Seconds, ago, barrier_label, emit, table
+from icebarrier.control_plane import jobs, tables, targets, topology, upkeep
+from icebarrier.control_plane.model import (
+    TableName,
+    format_duration_s,
+    format_size_bytes,
+    parse_duration_s,
+    parse_size_bytes,
+)
 
 
 @click.group("table")
@@ -79,6 +86,134 @@ def target_lag(obj, name: str, duration: str | None, clear: bool) -> None:
         {"table": name, "target_lag_s": seconds},
         f"table {name}: target lag {f'{seconds:g}s' if seconds is not None else 'cleared'}",
     )
+
+
+def _option(setting: str) -> str:
+    """A policy setting's name on the command line: ``retain_s`` is ``retain``."""
+    return setting.removesuffix("_s").replace("_", "-")
+
+
+@table_group.command("maintenance")
+@click.argument("name", metavar="TABLE")
+@click.option("--retain", help="Snapshots older than this expire, outside the protected set (e.g. 1m, 1h, 7d).")
+@click.option("--retain-last", type=int, help="The newest N snapshots stay whatever their age.")
+@click.option("--target-file-size", help="Compaction writes files of this size (e.g. 128MB).")
+@click.option("--compact-min-files", type=int, help="Compact when the current snapshot has this many small files.")
+@click.option("--max-manifests", type=int, help="Rewrite manifests when the current snapshot has more than this.")
+@click.option("--orphan-grace", help="An unreferenced data file is removed after this long (e.g. 3d).")
+@click.option("--metadata-grace", help="An unreferenced metadata file is removed after this long (e.g. 10m).")
+@click.option("--on/--off", "enabled", default=None, help="Maintain TABLE, or leave it alone.")
+@click.option(
+    "--default",
+    "defaults",
+    multiple=True,
+    type=click.Choice([_option(k) for k in upkeep.SETTINGS]),
+    help="Return this setting to the default (repeatable).",
+)
+@click.pass_obj
+def maintenance(
+    obj,
+    name: str,
+    retain,
+    retain_last,
+    target_file_size,
+    compact_min_files,
+    max_manifests,
+    orphan_grace,
+    metadata_grace,
+    enabled,
+    defaults,
+) -> None:
+    """Set TABLE's maintenance policy (what `icebarrier maintain` keeps and when it acts);
+    settings not given stay as they are. With no settings, print the policy."""
+    table_name = TableName.parse(name)
+    settings: dict = {}
+    if retain is not None:
+        settings["retain_s"] = parse_duration_s(retain, allow_zero=True)
+    for key, value in (
+        ("retain_last", retain_last),
+        ("compact_min_files", compact_min_files),
+        ("max_manifests", max_manifests),
+        ("enabled", enabled),
+    ):
+        if value is not None:
+            settings[key] = value
+    if target_file_size is not None:
+        settings["target_file_size"] = parse_size_bytes(target_file_size)
+    for key, value in (("orphan_grace_s", orphan_grace), ("metadata_grace_s", metadata_grace)):
+        if value is not None:
+            settings[key] = parse_duration_s(value)
+    for option in defaults:
+        key = next(k for k in upkeep.SETTINGS if _option(k) == option)
+        if key in settings:
+            raise click.UsageError(f"--{option} is both set and returned to the default; give one")
+        settings[key] = None
+    conn = obj.conn()
+    if settings:
+        policy = upkeep.set_policy(conn, table_name, settings)
+    else:
+        tables.require(conn, table_name)
+        policy = upkeep.statuses(conn, [table_name])[0].policy
+    emit(obj, policy.to_json(), lambda: _policy_text(policy))
+
+
+def _policy_text(p: upkeep.Policy) -> str:
+    def mark(key: str, text: str) -> str:
+        return text if key in p.own else f"{text} (default)"
+
+    rows = [
+        ("maintained", mark("enabled", "yes" if p.enabled else "no")),
+        ("retain", mark("retain", format_duration_s(p.retain_s))),
+        ("keep the newest", mark("retain_last", f"{p.retain_last} snapshots")),
+        ("target file size", mark("target_file_size", format_size_bytes(p.target_file_size))),
+        ("compact at", mark("compact_min_files", f"{p.compact_min_files} small files")),
+        ("rewrite manifests past", mark("max_manifests", str(p.max_manifests))),
+        ("orphans after", mark("orphan_grace", format_duration_s(p.orphan_grace_s))),
+        ("old metadata files after", mark("metadata_grace", format_duration_s(p.metadata_grace_s))),
+    ]
+    return "\n".join(f"{k + ':':26} {v}" for k, v in rows)
+
+
+@table_group.command("show")
+@click.argument("name", metavar="TABLE")
+@click.pass_obj
+def show(obj, name: str) -> None:
+    """TABLE's writer, watermark, freshness and target, its maintenance policy, what the
+    maintenance service saw at its last look, what it did last and what it will do next."""
+    table_name, conn = TableName.parse(name), obj.conn()
+    tables.require(conn, table_name)
+    version = next(v for v in tables.list_versions(conn) if v.name == table_name)
+    goal = next((t for t in targets.targets(conn) if t.name == table_name), None)
+    status = upkeep.statuses(conn, [table_name])[0]
+    payload = {**version.to_json(), **_target_json(goal), "maintenance": status.to_json()}
+
+    def text() -> str:
+        lines = [
+            f"table {table_name} ({version.kind}), written by {version.writer_job or '-'}",
+            f"watermark: {barrier_label(version.watermark)}, snapshot {version.current_snapshot_id}, "
+            f"target {_target_text(goal) or '-'}",
+            "maintenance:",
+            *(f"  {line}" for line in _policy_text(status.policy).splitlines()),
+        ]
+        if status.checked_at is not None:
+            seen = status.seen
+            lines.append(
+                f"  last look: {ago(status.checked_at)}: {seen['snapshots']} snapshots, {seen['data_files']} data files "
+                f"({seen['small_files']} small), {seen['manifests']} manifests, metadata file "
+                f"{format_size_bytes(seen['metadata_bytes'])}"
+            )
+            lines.append(f"  next: {status.next}")
+        else:
+            lines.append("  not looked at yet (is `icebarrier maintain` running?)")
+        for action, last in sorted(status.actions.items()):
+            what = ", ".join(f"{k} {v}" for k, v in last["detail"].items())
+            lines.append(
+                f"  {action}: {last['result']} {ago(datetime.fromisoformat(last['at']))} ({what}); "
+                f"{last['done']} done, {last['gave_way']} gave way, {last['failed']} failed"
+            )
+        return "\n".join(lines)
+
+    emit(obj, payload, text)
 
 
 @click.command("topology")

@@ -99,6 +99,30 @@ def parse_duration_s(text: str, *, allow_zero: bool = False) -> float:
     return float(match["n"]) * _UNIT_S[match["unit"]]
 
 
+_SIZE = re.compile(r"(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT]i?B?|B)?", re.IGNORECASE)
+
+
+def parse_size_bytes(text: str) -> int:
+    """``"128MB"``, ``"1GiB"``, ``"512k"`` or plain bytes → bytes (K, M, G, T are powers of 1024,
+    as Iceberg's ``write.target-file-size-bytes`` is usually given)."""
+    match = _SIZE.fullmatch(str(text).strip())
+    if not match or float(match["n"]) <= 0:
+        raise InvalidValueError(f"size {text!r} is invalid; use a positive number with B, KB, MB, GB or TB, e.g. 128MB")
+    unit = (match["unit"] or "B")[0].upper()
+    return int(float(match["n"]) * 1024 ** "BKMGT".index(unit))
+
+
+def format_size_bytes(size: int | None) -> str:
+    if size is None:
+        return "-"
+    if size < 1024:
+        return f"{size} B"
+    shown, units = size / 1024, ["KiB", "MiB", "GiB"]
+    while shown >= 1024 and len(units) > 1:
+        shown, units = shown / 1024, units[1:]
+    return f"{shown:.1f}".removesuffix(".0") + f" {units[0]}"
+
+
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 

@@ -170,6 +170,8 @@ VIEWS = (
     "target_misses",
     "schedule_plan",
     "job_computations",
+    "maintenance_policies",
+    "table_maintenance",
 )
 ADMIN_VIEWS = ("audit",)  # the admin's only: never granted
 READABLE = (*VIEWS, "alembic_version")  # the revision: every client checks it on connect

@@ -31,3 +31,12 @@ class ArtifactUnavailableError(IcebarrierError):
     def __init__(self, message: str, *, coordinates: str) -> None:
         super().__init__(message)
         self.coordinates = coordinates
+
+
+class CompactionDeferredError(IcebarrierError):
+    """A compaction that must wait: the table's newest commit is not completed yet, or a job
+    session's commit is staged on it (a rewrite would land under the session)."""
+
+    def __init__(self, table, message: str) -> None:
+        super().__init__(message)
+        self.table = table

@@ -37,6 +37,7 @@ from icebarrier.iceberg_ext.catalog import (
     retry_commit,
     summary_properties,
 )
+from icebarrier.iceberg_ext.errors import CompactionDeferredError
 
 MAINTENANCE_JOB = "icebarrier-maintenance"
 
@@ -224,12 +225,15 @@ def remove_orphans(
     table: TableName,
     *,
     older_than_s: float = ORPHAN_GRACE_S,
+    metadata_older_than_s: float | None = None,
     dry_run: bool = False,
     locations: list[str] | None = None,
 ) -> OrphanReport:
     """Delete the files under ``table``'s location that nothing references, modified more than
-    ``older_than_s`` ago and before any session or staging of the table opened (its files may
-    not be referenced yet). Runs under the table's expiry lock (one maintenance at a time).
+    ``older_than_s`` ago (metadata files: ``metadata_older_than_s``, if given; a commit writes
+    its metadata file last, moments before it swaps the pointer) and before any session or
+    staging of the table opened (its files may not be referenced yet). Runs under the table's
+    expiry lock (one maintenance at a time).
     ``locations``: every table's location (:func:`table_locations`; read once for many tables),
     so that a table living inside this one's folder keeps its files."""
     import datetime as dt
@@ -238,9 +242,11 @@ def remove_orphans(
         staging = job_sessions.staging(conn, table)
         tbl = load_table(catalog, table)
         referenced = _referenced(tbl, staging.metadata_locations) | idempotency.referenced(conn, tbl.metadata.location)
-        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than_s)
+        now = dt.datetime.now(dt.UTC)
+        cutoff = now - dt.timedelta(seconds=older_than_s)
+        metadata_cutoff = now - dt.timedelta(seconds=metadata_older_than_s or older_than_s)
         if staging.open_since is not None:
-            cutoff = min(cutoff, staging.open_since)
+            cutoff, metadata_cutoff = min(cutoff, staging.open_since), min(metadata_cutoff, staging.open_since)
         location = tbl.metadata.location.rstrip("/")
         nested = [
             t
@@ -252,7 +258,8 @@ def remove_orphans(
             listed += 1
             if path in referenced:
                 continue
-            if modified is not None and modified.astimezone(dt.UTC) >= cutoff:
+            limit = metadata_cutoff if path.endswith(".metadata.json") else cutoff
+            if modified is not None and modified.astimezone(dt.UTC) >= limit:
                 recent += 1
                 continue
             orphans.append(path)
@@ -301,10 +308,23 @@ def data_barrier(tbl, snapshot) -> int | None:
     return None
 
 
-def compact(spark, conn: db.Conn, catalog, table: TableName, *, min_input_files: int = 2) -> CompactionReport:
-    """Rewrite small files (Spark ``rewrite_data_files``). The new snapshot carries the barrier
-    it compacted and ``icebarrier.operation=compaction`` and becomes S(T, B) for new readers;
-    older snapshots stay for lease-aware expiry."""
+def compact(
+    spark,
+    conn: db.Conn,
+    catalog,
+    table: TableName,
+    *,
+    min_input_files: int = 2,
+    target_file_size: int | None = None,
+    manifests: bool = False,
+) -> CompactionReport:
+    """Rewrite small files (Spark ``rewrite_data_files``), or with ``manifests`` the manifests
+    (``rewrite_manifests``). The new snapshot carries the barrier it compacted and
+    ``icebarrier.operation=compaction`` and becomes S(T, B) for new readers; older snapshots
+    stay for lease-aware expiry.
+
+    Raises :class:`CompactionDeferredError` while the table holds a commit its job has not
+    completed, or a job session's staged commit (it would be rebased under the session)."""
     tbl = load_table(catalog, table)
     current = tbl.current_snapshot()
     barrier = data_barrier(tbl, current) if current else None
@@ -312,22 +332,25 @@ def compact(spark, conn: db.Conn, catalog, table: TableName, *, min_input_files:
         raise IcebarrierError(f"table {table} has no barrier-tagged snapshot to compact; let its job commit first")
     state = tables.states(conn, [table])[0]
     if not state.has_completed(barrier):
-        raise IcebarrierError(
+        raise CompactionDeferredError(
+            table,
             f"table {table} holds a commit for barrier {barrier} that its job has not completed yet; "
-            f"compact after the job completes it"
+            f"compact after the job completes it",
         )
-    from icebarrier.iceberg_ext.spark_io import rewrite_data_files
+    if job_sessions.staging(conn, table).metadata_locations:
+        raise CompactionDeferredError(
+            table, f"table {table} has a job session's commit staged and not yet published; compact after it publishes"
+        )
+    from icebarrier.iceberg_ext import spark_io
 
-    rewrite_data_files(
-        spark,
-        table,
-        min_input_files=min_input_files,
-        properties={
-            SUMMARY_BARRIER: str(barrier),
-            SUMMARY_OPERATION: OPERATION_COMPACTION,
-            SUMMARY_JOB: MAINTENANCE_JOB,
-        },
-    )
+    properties = {SUMMARY_BARRIER: str(barrier), SUMMARY_OPERATION: OPERATION_COMPACTION, SUMMARY_JOB: MAINTENANCE_JOB}
+    if manifests:
+        spark_io.rewrite_manifests(spark, table, properties=properties)
+    else:
+        options = {"min-input-files": str(int(min_input_files))}
+        if target_file_size is not None:
+            options["target-file-size-bytes"] = str(int(target_file_size))
+        spark_io.rewrite_data_files(spark, table, options=options, properties=properties)
     tbl = load_table(catalog, table)
     new = next(
         (s for s in lineage(tbl) if is_compaction(s) and (s.sequence_number or 0) > (current.sequence_number or 0)),
@@ -340,7 +363,10 @@ def compact(spark, conn: db.Conn, catalog, table: TableName, *, min_input_files:
     snapshots.record(
         conn, table, barrier=holds, snapshot_id=new.snapshot_id, operation="compaction", job_name=MAINTENANCE_JOB
     )
-    rewritten = int(summary_properties(new).get("deleted-data-files", "0"))
+    summary = summary_properties(new)
+    rewritten = (
+        int(summary.get("deleted-data-files", "0")) if not manifests else int(summary.get("manifests-replaced", "0"))
+    )
     return CompactionReport(table=table, barrier=holds, snapshot_id=new.snapshot_id, rewritten_files=rewritten)
 
 

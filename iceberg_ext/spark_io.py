@@ -45,18 +45,30 @@ def run_with_commit_properties(spark, statement: str, properties: dict[str, str]
     jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(props, _SqlCallable(spark, statement), exc_class)
 
 
-def rewrite_data_files(spark, table: TableName, *, min_input_files: int, properties: dict[str, str]) -> None:
-    """Spark's rewrite-data-files action with ``properties`` in the new snapshot's summary.
+def rewrite_data_files(spark, table: TableName, *, options: Mapping[str, str], properties: dict[str, str]) -> None:
+    """Spark's rewrite-data-files action (its ``options``, e.g. ``min-input-files``,
+    ``target-file-size-bytes``) with ``properties`` in the new snapshot's summary.
 
     The action commits from its own threads, so CommitMetadata's thread-local would not reach
     it: the properties go to the action itself."""
+    _run_action(spark, table, "rewriteDataFiles", options, properties)
+
+
+def rewrite_manifests(spark, table: TableName, *, properties: dict[str, str]) -> None:
+    """Spark's rewrite-manifests action (manifests regrouped by partition, one per target
+    manifest size), with ``properties`` in the new snapshot's summary."""
+    _run_action(spark, table, "rewriteManifests", {}, properties)
+
+
+def _run_action(spark, table: TableName, action_name: str, options: Mapping[str, str], properties: dict[str, str]):
     jvm = spark.sparkContext._jvm
     jtable = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, str(table))
-    action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession).rewriteDataFiles(jtable)
-    action = action.option("min-input-files", str(int(min_input_files)))
+    action = getattr(jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession), action_name)(jtable)
+    for key, value in options.items():
+        action = action.option(key, value)
     for key, value in properties.items():
         action = action.snapshotProperty(key, value)
-    action.execute()
+    return action.execute()
 
 
 def _options(properties: dict[str, str]) -> dict[str, str]:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import psycopg.conninfo
@@ -105,3 +110,48 @@ def login_roles(server_dsn: str, dsn: str, *kinds: str) -> Iterator[dict[str, st
         with psycopg.connect(server_dsn, autocommit=True) as admin:
             for name in names.values():
                 admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+class LoggedProcess:
+    """A long-running command (a service: `icebarrier schedule`, `maintain`) in a process group
+    of its own; its output lines as they come, copied to ``log``."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,  # what it starts dies with it (the test kills the whole group at the end)
+        )
+        self.lines: list[str] = []
+
+        def keep() -> None:
+            with open(log, "w") as copy:
+                for line in self.proc.stdout:
+                    self.lines.append(line)
+                    copy.write(line)
+                    copy.flush()
+
+        threading.Thread(target=keep, daemon=True).start()
+
+    def wait_for(self, text: str, timeout_s: float = 120) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = [line for line in self.lines if text in line]
+            if found:
+                return found[0]
+            assert self.proc.poll() is None or found, f"{self.proc.args[2:4]} exited: {''.join(self.lines)[-3000:]}"
+            assert time.monotonic() < deadline, f"no {text!r} in: {''.join(self.lines)[-3000:]}"
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(30)

@@ -1,12 +1,14 @@
 """Prometheus metrics of the lake and the catalog, at ``GET /metrics`` (``icebarrier_`` prefix,
 base units).
 
-At each scrape, from the control plane (one query): per managed table its freshness (now −
+At each scrape, from the control plane (a few queries): per managed table its freshness (now −
 issue time of its watermark), its lag (age of the oldest barrier it has not completed; 0 when
-caught up), the barriers it is behind, its target lag and whether it is met; barriers issued (a counter: its rate is the barrier
-rate) and the read-committed cut's age; per job that says how it computes (an SqlJob), its
-computations, incremental and full. From this server process: catalog table loads by
-warehouse kind, as a latency histogram.
+caught up), the barriers it is behind, its target lag and whether it is met; barriers issued (a
+counter: its rate is the barrier rate) and the read-committed cut's age; per job that says how
+it computes (an SqlJob), its computations, incremental and full; per table what the maintenance
+service saw at its last look (snapshots, data files, small ones, manifests, metadata-file size)
+and its actions by result. From this server process: catalog table loads by warehouse kind, as
+a latency histogram.
 """
 
 from __future__ import annotations
@@ -26,6 +28,17 @@ FROM table_versions v WHERE v.watermark_barrier IS NOT NULL OR v.effective_targe
 ORDER BY v.table_name
 """
 COMPUTATIONS = "SELECT job_name, incremental_total, full_total FROM job_computations ORDER BY job_name"
+MAINTENANCE = """
+SELECT table_name, snapshots, data_files, small_files, manifests, metadata_bytes, actions
+FROM table_maintenance WHERE checked_at IS NOT NULL OR actions <> '{}' ORDER BY table_name
+"""
+SEEN = (  # a table_maintenance column, its metric, its help
+    ("snapshots", "icebarrier_table_snapshots", "Snapshots in the table's metadata"),
+    ("data_files", "icebarrier_table_data_files", "Data files in the table's current snapshot"),
+    ("small_files", "icebarrier_table_small_files", "Of those, files smaller than the policy's target size"),
+    ("manifests", "icebarrier_table_manifests", "Manifests in the table's current snapshot"),
+    ("metadata_bytes", "icebarrier_table_metadata_bytes", "Size of the table's current metadata file"),
+)
 TOTALS = """
 SELECT (SELECT count(*) FROM barrier) AS barriers,
        (SELECT extract(epoch FROM now() - c.issued_at) FROM consistent_barrier c) AS cut_age_s
@@ -74,6 +87,7 @@ class LakeCollector:
                     met.add_metric(name, 1.0 if r["target_met"] else 0.0)
             totals = conn.execute(TOTALS).fetchone()
             computations = conn.execute(COMPUTATIONS).fetchall()
+            maintained = conn.execute(MAINTENANCE).fetchall()
         yield freshness
         yield lag
         yield behind
@@ -99,6 +113,29 @@ class LakeCollector:
             computed.add_metric([r["job_name"], "incremental"], r["incremental_total"])
             computed.add_metric([r["job_name"], "full"], r["full_total"])
         yield computed
+        yield from _maintenance(maintained)
+
+
+def _maintenance(rows: list[dict]):
+    """What the maintenance service saw of each table (as of its last look) and did."""
+    seen = {
+        column: GaugeMetricFamily(metric, text + " (as the maintenance service last saw it)", labels=["table"])
+        for column, metric, text in SEEN
+    }
+    actions = CounterMetricFamily(
+        "icebarrier_maintenance_actions",
+        "Maintenance actions on a table (expire, compact, rewrite-manifests, remove-orphans) by result",
+        labels=["table", "action", "result"],
+    )
+    for r in rows:
+        if r["snapshots"] is not None:
+            for column, family in seen.items():
+                family.add_metric([r["table_name"]], float(r[column]))
+        for action, last in r["actions"].items():
+            for result, key in (("done", "done"), ("gave-way", "gave_way"), ("failed", "failed")):
+                actions.add_metric([r["table_name"], action, result], last[key])
+    yield from seen.values()
+    yield actions
 
 
 class Metrics:

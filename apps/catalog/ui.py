@@ -5,8 +5,8 @@ from the installed ``plotly`` package at ``/ui/plotly.min.js`` (no CDN). The sta
 plotly figures built here: the topology as a layered graph (externals, jobs and tables; tables
 coloured by barriers behind), each job's delay over its recent barriers, and each table's
 freshness against its target lag over the last minutes; and tables of the tables (watermark,
-freshness, target lag, coalesced range), the schedule's next planned runs, active leases and
-the read-committed cut.
+freshness, target lag, coalesced range, maintenance's last action and what comes next), the
+schedule's next planned runs, active leases and the read-committed cut.
 
 The state needs a reader (or job) token, like any catalog read, unless the server allows
 anonymous reads; the page asks for CLIENT_ID:SECRET when it gets a 401 and keeps the access
@@ -213,6 +213,21 @@ def schedule_state(row: dict | None) -> dict:
     }
 
 
+def maintenance_text(r: dict | None, now: datetime) -> dict[str, str]:
+    """A table's maintenance on the page: its newest action (what, result, how long ago) and
+    what comes next."""
+    if r is None or not r["enabled"]:
+        return {"maintained_last": "off", "maintained_next": "-"}
+    if r["checked_at"] is None:
+        return {"maintained_last": "not looked at yet", "maintained_next": "-"}
+    last = "none yet"
+    if r["actions"]:
+        action, newest = max(r["actions"].items(), key=lambda a: a[1]["at"])
+        age = (now - datetime.fromisoformat(newest["at"])).total_seconds()
+        last = f"{action} {newest['result']}, {format_duration_s(age)} ago"
+    return {"maintained_last": last, "maintained_next": r["next"]}
+
+
 def state(conn) -> dict:
     """What the page shows, read in one transaction."""
     with conn.transaction():
@@ -246,6 +261,10 @@ def state(conn) -> dict:
         cut = conn.execute(
             "SELECT barrier, extract(epoch FROM now() - issued_at) AS age_s FROM consistent_barrier"
         ).fetchone()
+        upkeep = {
+            r["table_name"]: r
+            for r in conn.execute("SELECT table_name, enabled, checked_at, next, actions FROM table_maintenance")
+        }
     tables = {
         r["table_name"]: {
             "kind": r["table_kind"],
@@ -256,6 +275,7 @@ def state(conn) -> dict:
             "snapshot": str(r["current_snapshot_id"] or "empty"),
             "coalesced": (f"{r['coalesced_after']} .. {r['coalesced_into']}" if r["coalesced_into"] else "none"),
             "target": _target_text(r),
+            **maintenance_text(upkeep.get(r["table_name"]), now),
         }
         for r in rows
     }

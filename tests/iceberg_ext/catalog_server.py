@@ -12,6 +12,7 @@ import uuid
 
 import pyarrow as pa
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 from pyiceberg.catalog.rest import RestCatalog
 
 from icebarrier.control_plane import barriers, jobs, leases
@@ -146,3 +147,14 @@ def staged_change(catalog, name: str, barrier: int | None):
         requirements=tx._requirements,
         updates=tx._updates,
     )
+
+
+def scrape(server: str, headers: dict) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics: (name, sorted labels) -> value."""
+    r = requests.get(f"{server}/metrics", headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }

@@ -17,9 +17,7 @@ from __future__ import annotations
 import math
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +30,7 @@ from icebarrier.apps.schedule import dry_run
 from icebarrier.control_plane import barriers, jobs, targets, tokens
 from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.control_plane.targets import Runner
+from tests.helpers import LoggedProcess
 from tests.iceberg_ext.test_job_exec import ENGINES
 
 pytestmark = pytest.mark.slow
@@ -87,47 +86,11 @@ def register(lake, tmp_path: Path) -> None:
     lake.catalog.create_table(f"{ns}.daily", schema=schema)  # a SQL job's sink exists before it runs
 
 
-class Scheduler:
+def Scheduler(server: str, credential: str, log: Path) -> LoggedProcess:
     """An `icebarrier schedule` process; its log lines, as they come."""
-
-    def __init__(self, server: str, credential: str, log: Path) -> None:
-        self.proc = subprocess.Popen(
-            [*CLI, "schedule", "--parallel", "3", "--catalog-uri", server, "--credential", credential],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # its runs die with it (the test kills the whole group at the end)
-        )
-        self.lines: list[str] = []
-
-        def keep() -> None:
-            with open(log, "w") as copy:
-                for line in self.proc.stdout:
-                    self.lines.append(line)
-                    copy.write(line)
-                    copy.flush()
-
-        threading.Thread(target=keep, daemon=True).start()
-
-    def wait_for(self, text: str, timeout_s: float = 120) -> str:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            found = [line for line in self.lines if text in line]
-            if found:
-                return found[0]
-            assert self.proc.poll() is None or found, f"schedule exited: {''.join(self.lines)[-3000:]}"
-            assert time.monotonic() < deadline, f"no {text!r} in: {''.join(self.lines)[-3000:]}"
-            time.sleep(0.1)
-
-    def log(self) -> str:
-        return "".join(self.lines)
-
-    def kill_group(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(30)
+    return LoggedProcess(
+        [*CLI, "schedule", "--parallel", "3", "--catalog-uri", server, "--credential", credential], log
+    )
 
 
 def script_pids(marker: str) -> list[int]:

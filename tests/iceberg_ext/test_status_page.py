@@ -12,26 +12,14 @@ from pathlib import Path
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from icebarrier.control_plane import barriers, leases, targets, tokens
-from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, start_server, stop_server
+from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, scrape, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 ARTIFACTS = Path(
     os.environ.get("ICEBARRIER_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "build" / "test-artifacts")
 )
-
-
-def scrape(server: str, headers: dict) -> dict[tuple[str, tuple], float]:
-    """Every sample of /metrics: (name, sorted labels) -> value."""
-    r = requests.get(f"{server}/metrics", headers=headers, timeout=30)
-    assert r.status_code == 200, r.text
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(r.text)
-        for s in family.samples
-    }
 
 
 def test_metrics_give_each_table_its_lag_and_freshness_and_time_the_loads(lake, server):

@@ -1,0 +1,259 @@
+"""``icebarrier maintain``: the maintenance service (DESIGN.md, "The lake maintains itself").
+
+One per control plane (a Postgres advisory lock on a connection of its own, like the schedule;
+a second one waits and takes over). Every few seconds it looks at each table whose snapshot
+changed, or whose time came, and runs what the table's policy says is due, in this order:
+
+- **expire**: snapshots past the retention (older than ``retain`` and not among the newest
+  ``retain_last``) and outside the protected set (leases, job progress, the read-committed
+  window, tags, staged sessions), and the files only they used (lease-aware, as ``expire``);
+- **compact**: small data files into files of the target size (Spark ``rewrite_data_files``); the
+  snapshot keeps the barrier of the snapshot it rewrote, so cuts stay valid and readers
+  downstream skip it. Not while the table holds a commit its job has not completed, nor while a
+  job session's commit is staged on it; a pipeline commit that lands first wins (Iceberg's own
+  validation fails the rewrite, which gives way and tries again at its next look);
+- **rewrite-manifests**: when the current snapshot has more manifests than the policy allows
+  (Spark ``rewrite_manifests``), kept barrier like a compaction;
+- **remove-orphans**: files nothing references, data files after ``orphan_grace``, metadata
+  files (the commit log beyond ``write.metadata.previous-versions-max``) after
+  ``metadata_grace``; every half ``metadata_grace``.
+
+Each action is recorded (``table_maintenance``, the audit trail, ``/metrics``) when it did
+something, gave way or failed; a failure is logged and the service goes on with the next table.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import psycopg
+
+from icebarrier.control_plane import db, tables, upkeep
+from icebarrier.control_plane.db import Conn
+from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.control_plane.fences import Fence
+from icebarrier.control_plane.model import TableName
+from icebarrier.control_plane.upkeep import Policy
+from icebarrier.iceberg_ext import maintenance
+from icebarrier.iceberg_ext.catalog import load_table
+from icebarrier.iceberg_ext.config import Settings
+from icebarrier.iceberg_ext.errors import CompactionDeferredError
+from icebarrier.iceberg_ext.upkeep import Looker, due
+
+MIN_ORPHAN_EVERY_S = 60.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Action:
+    """One action the service ran on a table."""
+
+    table: TableName
+    action: str
+    result: str  # done, gave-way, failed
+    detail: dict
+
+    def line(self) -> str:
+        what = ", ".join(f"{k} {v}" for k, v in self.detail.items() if not isinstance(v, list | dict))
+        return f"table {self.table}: {self.action} {self.result}" + (f" ({what})" if what else "")
+
+
+@dataclass(slots=True)
+class _Table:
+    snapshot_id: int | None = None
+    policy: Policy | None = None
+    look_at: float = 0.0  # time.time() of its next look even without a commit
+    orphans_at: float = 0.0
+    said: dict[str, str] = field(default_factory=dict)  # action -> the last give-way reason recorded
+    gave_way: bool = False  # at its last look an action gave way: look again at the next tick
+
+
+@dataclass
+class Maintainer:
+    """The service's loop (``run``) and one pass over the tables (``maintain``)."""
+
+    settings: Settings
+    tick_s: float = 5.0
+    log: Callable[[str], None] = print
+    spark_factory: Callable[[], object] | None = None  # a SparkSession, started at the first compaction
+    only: frozenset[TableName] | None = None  # these tables only (default: every managed table)
+    _tables: dict[TableName, _Table] = field(default_factory=dict)
+    _looker: Looker = field(default_factory=Looker)
+    _spark: object | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        """Wait for the service's lock, then maintain until stopped, waiting again whenever the
+        lock's connection is lost."""
+        fence = Fence(
+            "maintenance", "maintenance_state", dsn=self.settings.dsn, schema=self.settings.schema, log=self.log
+        )
+        while not self._stop.is_set():
+            held = fence.acquire(self._stop)
+            if held is None:
+                return
+            self.log(f"maintain: running ({fence.holder}); a look every {self.tick_s:g}s")
+            with held, db.connect(self.settings.dsn, self.settings.schema, actor="maintain") as conn:
+                catalog = self._catalog()
+                while not self._stop.is_set():
+                    if not fence.alive(held):
+                        self.log("maintain: lost the service's lock (its connection broke); waiting for it again")
+                        break
+                    try:
+                        for action in self.maintain(conn, catalog):
+                            self.log(action.line())
+                    except psycopg.OperationalError as exc:
+                        self.log(f"maintain: control plane unreachable ({str(exc).splitlines()[0]}); trying again")
+                        break
+                    fence.publish(held, [])
+                    self._stop.wait(self.tick_s)
+
+    def _catalog(self):
+        from icebarrier.iceberg_ext.catalog import load_catalog
+
+        return load_catalog(self.settings)
+
+    # one pass
+
+    def maintain(self, conn: Conn, catalog, *, now: float | None = None) -> list[Action]:
+        """Look at each table that changed or whose time came; run what is due. Returns what ran."""
+        now = now or time.time()
+        versions = {v.name: v for v in tables.list_versions(conn)}
+        done: list[Action] = []
+        locations: list[str] | None = None
+        for status in upkeep.statuses(conn):
+            policy, name = status.policy, status.policy.table
+            if not policy.enabled or (self.only is not None and name not in self.only):
+                continue
+            version = versions.get(name)
+            if version is None or version.current_snapshot_id is None:
+                continue  # nothing committed yet
+            state = self._tables.setdefault(name, self._first(status, now))
+            if state.snapshot_id == version.current_snapshot_id and state.policy == policy and now < state.look_at:
+                continue
+            try:
+                tbl = load_table(catalog, name)
+            except Exception as exc:  # noqa: BLE001 - a table dropped or unreadable: say so, go on
+                self.log(f"table {name}: cannot be loaded ({str(exc).splitlines()[0]}); skipped this pass")
+                continue
+            seen = self._looker.look(tbl, policy)
+            actions, _ = due(seen, policy, orphans_at=state.orphans_at, now=now)
+            if "remove-orphans" in actions and locations is None:
+                locations = maintenance.table_locations(catalog)
+            state.gave_way = False
+            for action in actions:
+                ran = self._run(conn, catalog, name, policy, action, locations)
+                if ran is not None:
+                    done.append(ran)
+            if actions:
+                tbl = load_table(catalog, name)
+                seen = self._looker.look(tbl, policy)
+            if "remove-orphans" in actions:
+                state.orphans_at = now + max(MIN_ORPHAN_EVERY_S, policy.metadata_grace_s / 2)
+            _, next_ = due(seen, policy, orphans_at=state.orphans_at, now=now)
+            upkeep.observe(conn, name, seen.to_json(), next_)
+            state.snapshot_id, state.policy = tbl.metadata.current_snapshot_id, policy
+            wake = [state.orphans_at, now + 60.0]
+            if seen.expirable_at_ms is not None:
+                wake.append(seen.expirable_at_ms / 1000)
+            if state.gave_way:
+                wake.append(now + self.tick_s)
+            state.look_at = min(wake)
+        return done
+
+    def _first(self, status: upkeep.Status, now: float) -> _Table:
+        """A table's state at the service's start: orphans are due half a grace after the last run
+        recorded (another service's too), or now."""
+        last = status.actions.get("remove-orphans")
+        every = max(MIN_ORPHAN_EVERY_S, status.policy.metadata_grace_s / 2)
+        at = datetime.fromisoformat(last["at"]).timestamp() + every if last else now
+        return _Table(orphans_at=at)
+
+    def _run(
+        self, conn: Conn, catalog, name: TableName, policy: Policy, action: str, locations: list[str] | None
+    ) -> Action | None:
+        state = self._tables[name]
+        try:
+            detail = self._act(conn, catalog, name, policy, action, locations)
+            result = "done"
+        except CompactionDeferredError as exc:
+            state.gave_way = True
+            if state.said.get(action) == str(exc):
+                return None  # said once: not again at every look while it lasts
+            result, detail = "gave-way", {"why": str(exc)}
+        except IcebarrierError as exc:
+            result, detail = "failed", {"why": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - Spark's and Iceberg's own (a lost race): a retry comes
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            result = "gave-way" if _lost_race(exc) else "failed"
+            state.gave_way = state.gave_way or result == "gave-way"
+            detail = {"why": why[:500]}
+        if detail is None:
+            return None  # nothing to do after all
+        state.said[action] = detail.get("why", "")
+        upkeep.record(conn, name, action, result, detail)
+        return Action(table=name, action=action, result=result, detail=detail)
+
+    def _act(self, conn, catalog, name, policy: Policy, action: str, locations) -> dict | None:
+        if action == "expire":
+            report = maintenance.expire(
+                conn, catalog, name, older_than_s=policy.retain_s, retain_last=policy.retain_last
+            )
+            if not report.expired:
+                return None
+            return {
+                "expired": len(report.expired),
+                "kept": len(report.protected),
+                "files_deleted": report.files_deleted,
+            }
+        if action == "remove-orphans":
+            orphans = maintenance.remove_orphans(
+                conn,
+                catalog,
+                name,
+                older_than_s=policy.orphan_grace_s,
+                metadata_older_than_s=policy.metadata_grace_s,
+                locations=locations,
+            )
+            if not orphans.orphans:
+                return None
+            return {"listed": orphans.listed, "deleted": len(orphans.orphans), "kept_recent": orphans.kept_recent}
+        manifests = action == "rewrite-manifests"
+        report = maintenance.compact(
+            self._spark_session(),
+            conn,
+            catalog,
+            name,
+            min_input_files=policy.compact_min_files,
+            target_file_size=policy.target_file_size,
+            manifests=manifests,
+        )
+        if report.snapshot_id is None:
+            return None
+        return {"barrier": report.barrier, "snapshot_id": report.snapshot_id, "rewritten": report.rewritten_files}
+
+    def _spark_session(self):
+        if self._spark is None:
+            if self.spark_factory is None:
+                from icebarrier.iceberg_ext.spark import spark_session
+
+                self.log("maintain: starting Spark for compaction (once; it stays up)")
+                self._spark = spark_session(self.settings, app_name="icebarrier-maintain", master="local[1]")
+            else:
+                self._spark = self.spark_factory()
+        return self._spark
+
+
+def _lost_race(exc: Exception) -> bool:
+    """Whether Spark's or Iceberg's exception says another commit won (the rewrite gives way)."""
+    text = str(exc)
+    return any(
+        marker in text
+        for marker in ("ValidationException", "CommitFailedException", "Cannot commit", "missing data files")
+    )

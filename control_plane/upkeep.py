@@ -1,0 +1,162 @@
+"""What the maintenance service keeps, what it did and what it saw (DESIGN.md, "The lake
+maintains itself"; migration 0019).
+
+A table's :class:`Policy` is its own settings over the defaults (the view
+``maintenance_policies`` holds the defaults, once); setting it is the admin's and audited.
+Each action the service takes is recorded per table (:func:`record`: the last run, counts per
+result, and an audit event), and after each look at a table what it saw and what it will do
+next (:func:`observe`). Readers see all three in the view ``table_maintenance``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from icebarrier.control_plane.db import Conn, call
+from icebarrier.control_plane.errors import InvalidValueError
+from icebarrier.control_plane.model import TableName
+
+ACTIONS = ("expire", "compact", "rewrite-manifests", "remove-orphans")
+RESULTS = ("done", "gave-way", "failed")
+# what `set_policy` takes: the policy's field, and its least value
+SETTINGS = {
+    "enabled": None,
+    "retain_s": 0,
+    "retain_last": 1,
+    "target_file_size": 1 << 20,
+    "compact_min_files": 2,
+    "max_manifests": 2,
+    "orphan_grace_s": 60,
+    "metadata_grace_s": 60,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    """A table's effective maintenance policy (``own``: the settings it sets itself; the rest
+    are defaults)."""
+
+    table: TableName
+    enabled: bool
+    retain_s: float  # snapshots older than this expire, outside the protected set
+    retain_last: int  # the newest this many snapshots stay whatever their age
+    target_file_size: int  # bytes: compaction writes files of this size
+    compact_min_files: int  # compact when the current snapshot has this many small data files
+    max_manifests: int  # rewrite manifests when the current snapshot has more than this many
+    orphan_grace_s: float  # an unreferenced data file is removed after this long
+    metadata_grace_s: float  # an unreferenced metadata file is removed after this long
+    own: tuple[str, ...] = ()
+
+    def small(self, size_bytes: int) -> bool:
+        """Whether a data file of ``size_bytes`` is small (compaction rewrites it)."""
+        return size_bytes < self.target_file_size * 3 // 4
+
+    def to_json(self) -> dict:
+        return {
+            "table": str(self.table),
+            "enabled": self.enabled,
+            "retain_s": self.retain_s,
+            "retain_last": self.retain_last,
+            "target_file_size": self.target_file_size,
+            "compact_min_files": self.compact_min_files,
+            "max_manifests": self.max_manifests,
+            "orphan_grace_s": self.orphan_grace_s,
+            "metadata_grace_s": self.metadata_grace_s,
+            "own": list(self.own),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Status:
+    """A table's policy, what the service saw at its last look and its actions' last runs."""
+
+    policy: Policy
+    checked_at: datetime | None = None
+    seen: dict = field(default_factory=dict)  # snapshots, data_files, small_files, manifests, metadata_bytes
+    next: str | None = None
+    actions: dict = field(default_factory=dict)  # action -> {at, result, detail, done, gave_way, failed}
+
+    def to_json(self) -> dict:
+        return {
+            "policy": self.policy.to_json(),
+            "checked_at": self.checked_at.isoformat() if self.checked_at else None,
+            "seen": self.seen,
+            "next": self.next,
+            "actions": self.actions,
+        }
+
+
+_POLICY = (
+    "SELECT table_name, enabled, retain_s, retain_last, target_file_size, compact_min_files, max_manifests, "
+    "orphan_grace_s, metadata_grace_s, own, checked_at, snapshots, data_files, small_files, manifests, "
+    "metadata_bytes, next, actions FROM table_maintenance"
+)
+_SEEN = ("snapshots", "data_files", "small_files", "manifests", "metadata_bytes")
+
+
+def _status(row: dict) -> Status:
+    policy = Policy(
+        table=TableName.parse(row["table_name"]),
+        enabled=row["enabled"],
+        retain_s=float(row["retain_s"]),
+        retain_last=row["retain_last"],
+        target_file_size=row["target_file_size"],
+        compact_min_files=row["compact_min_files"],
+        max_manifests=row["max_manifests"],
+        orphan_grace_s=float(row["orphan_grace_s"]),
+        metadata_grace_s=float(row["metadata_grace_s"]),
+        own=tuple(row["own"]),
+    )
+    seen = {k: row[k] for k in _SEEN} if row["checked_at"] is not None else {}
+    return Status(policy=policy, checked_at=row["checked_at"], seen=seen, next=row["next"], actions=row["actions"])
+
+
+def statuses(conn: Conn, names: list[TableName] | None = None) -> list[Status]:
+    """Every managed table's maintenance (or the named ones, in name order)."""
+    if names is None:
+        rows = conn.execute(f"{_POLICY} ORDER BY table_name").fetchall()
+    else:
+        rows = conn.execute(
+            f"{_POLICY} WHERE table_name = ANY(%s) ORDER BY table_name", ([str(n) for n in names],)
+        ).fetchall()
+    return [_status(r) for r in rows]
+
+
+def policies(conn: Conn) -> dict[TableName, Policy]:
+    return {s.policy.table: s.policy for s in statuses(conn)}
+
+
+def set_policy(conn: Conn, table: TableName, settings: dict) -> Policy:
+    """Set some of ``table``'s policy (keys of :data:`SETTINGS`; a value of None returns that
+    setting to the default). Audited when it changes anything. The admin's."""
+    for key, value in settings.items():
+        if key not in SETTINGS:
+            raise InvalidValueError(f"maintenance setting {key!r} is unknown; use one of {', '.join(SETTINGS)}")
+        least = SETTINGS[key]
+        if value is not None and least is not None and value < least:
+            raise InvalidValueError(f"maintenance setting {key} of {table} must be at least {least} (got {value:g})")
+    with conn.transaction():
+        call(conn, "set_maintenance_policy", str(table), json.dumps(settings))
+    return statuses(conn, [table])[0].policy
+
+
+def record(conn: Conn, table: TableName, action: str, result: str, detail: dict) -> None:
+    """One action on ``table``: its last run and counts, and an audit event (the admin's)."""
+    assert action in ACTIONS and result in RESULTS, (action, result)
+    with conn.transaction():
+        call(conn, "record_maintenance", str(table), action, result, json.dumps(detail))
+
+
+def observe(conn: Conn, table: TableName, seen: dict, next_: str) -> None:
+    """What the service saw of ``table`` at this look, and what it will do next."""
+    conn.execute(
+        "INSERT INTO maintenance_table (table_id, checked_at, snapshots, data_files, small_files, manifests, "
+        "metadata_bytes, next) SELECT table_id, now(), %(snapshots)s, %(data_files)s, %(small_files)s, "
+        "%(manifests)s, %(metadata_bytes)s, %(next)s FROM managed_table WHERE name = %(table)s "
+        "ON CONFLICT (table_id) DO UPDATE SET checked_at = EXCLUDED.checked_at, snapshots = EXCLUDED.snapshots, "
+        "data_files = EXCLUDED.data_files, small_files = EXCLUDED.small_files, manifests = EXCLUDED.manifests, "
+        "metadata_bytes = EXCLUDED.metadata_bytes, next = EXCLUDED.next",
+        {**{k: seen[k] for k in _SEEN}, "next": next_, "table": str(table)},
+    )

@@ -1,0 +1,233 @@
+"""The lake maintains itself: policies, the maintenance service's actions, what it keeps, and
+who wins a race with it (real Postgres, Iceberg and Spark)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from datetime import UTC, datetime
+
+from click.testing import CliRunner
+
+from icebarrier.apps.embedded import CLI
+from icebarrier.apps.maintain import Maintainer
+from icebarrier.cli.main import cli as command
+from icebarrier.control_plane import audit, barriers, jobs, leases, reads, tables, tokens, upkeep
+from icebarrier.control_plane.model import JobDefinition
+from icebarrier.iceberg_ext.catalog import (
+    OPERATION_COMPACTION,
+    SUMMARY_BARRIER,
+    SUMMARY_OPERATION,
+    load_table,
+    summary_properties,
+)
+from icebarrier.iceberg_ext.commits import BarrierCommit
+from icebarrier.iceberg_ext.spark_io import append_df
+from tests.helpers import LoggedProcess
+from tests.iceberg_ext.catalog_server import access_token, scrape
+
+
+def _events(lake, spark):
+    spark.sql(f"CREATE TABLE {lake.T('events')} (id bigint, amount bigint) USING iceberg")
+    jobs.register(
+        lake.conn, JobDefinition(name="ingest", sinks=frozenset([lake.T("events")]), external_inputs=frozenset(["x"]))
+    )
+
+
+def _ingest(lake, spark, start: int, n: int = 3) -> int:
+    """One barrier of ``n`` rows, one small data file."""
+    b = barriers.issue(lake.conn).barrier
+    df = spark.range(start, start + n, numPartitions=1).selectExpr("id", "id * 10 AS amount")
+    with BarrierCommit(lake.conn, lake.catalog, job="ingest", barrier=b) as tx:
+        append_df(tx, lake.T("events"), df)
+    return b
+
+
+def _invoke(*args):
+    return CliRunner().invoke(command, list(args))
+
+
+def test_a_policy_is_set_shown_and_returned_to_its_defaults(lake, spark):
+    """`table maintenance` sets some settings (the rest stay defaults, marked so), audits the
+    change, and `--default` returns a setting; `table show` shows the policy."""
+    _events(lake, spark)
+    name = str(lake.T("events"))
+    shown = _invoke("table", "maintenance", name)
+    assert shown.exit_code == 0, shown.output
+    assert "retain:                    60.0s (default)" in shown.output, shown.output
+    assert "keep the newest:           10 snapshots (default)" in shown.output
+    out = _invoke("--output", "json", "table", "maintenance", name, "--retain", "30s", "--target-file-size", "64MB")
+    assert out.exit_code == 0, out.output
+    policy = json.loads(out.stdout)
+    assert policy["retain_s"] == 30 and policy["target_file_size"] == 64 << 20 and policy["retain_last"] == 10
+    assert sorted(policy["own"]) == ["retain", "target_file_size"]
+    assert "64 MiB" in _invoke("table", "show", name).output
+    events = [e for e in audit.events(lake.conn, table=name) if e.action == "table maintenance"]
+    assert len(events) == 1 and events[0].detail["policy"]["target_file_size"] == 64 << 20
+    back = json.loads(_invoke("--output", "json", "table", "maintenance", name, "--default", "retain").stdout)
+    assert back["retain_s"] == 60 and back["own"] == ["target_file_size"]
+
+
+def test_bad_policy_input_is_one_line_and_writes_nothing(lake, spark):
+    """A setting below its least, a bad size or duration, or an unknown table: one line naming
+    it, a non-zero exit, nothing written."""
+    _events(lake, spark)
+    name = str(lake.T("events"))
+    for args, says in (
+        (["--retain-last", "0"], "retain_last of"),
+        (["--compact-min-files", "1"], "compact_min_files"),
+        (["--target-file-size", "12PB"], "size '12PB' is invalid"),
+        (["--retain", "soon"], "duration 'soon' is invalid"),
+        (["--orphan-grace", "0s"], "is invalid"),
+        (["--metadata-grace", "10s"], "metadata_grace_s"),
+    ):
+        out = _invoke("table", "maintenance", name, *args)
+        assert out.exit_code != 0 and says in out.output and "Traceback" not in out.output, (args, out.output)
+        assert len(out.output.strip().splitlines()) == 1, out.output
+    out = _invoke("table", "maintenance", "lake.nowhere.t", "--retain", "1m")
+    assert out.exit_code == 1 and "lake.nowhere.t" in out.output
+    assert upkeep.statuses(lake.conn, [lake.T("events")])[0].policy.own == ()
+    assert not [e for e in audit.events(lake.conn) if e.action == "table maintenance"]
+
+
+def test_the_service_expires_compacts_and_keeps_what_is_protected(lake, spark):
+    """One pass over a table of many small commits: snapshots past the retention expire except
+    the leased one; small files are compacted into a snapshot that keeps the last barrier (the
+    cut reads it, with the same rows); manifests are rewritten; each action is recorded and
+    audited; the job commits on top of it all."""
+    _events(lake, spark)
+    marks = [_ingest(lake, spark, i * 10) for i in range(12)]
+    table = lake.T("events")
+    upkeep.set_policy(lake.conn, table, {"retain_s": 0, "retain_last": 2, "compact_min_files": 5, "max_manifests": 4})
+    lease = leases.acquire(lake.conn, [table], ttl_s=600, holder="long-query", barrier=marks[3])
+    pinned = lease.snapshots[table]
+    rows = sorted(spark.table(str(table)).collect())
+    service = Maintainer(lake.settings, log=lambda _: None, spark_factory=lambda: spark)
+    ran = {(a.action, a.result): a.detail for a in service.maintain(lake.conn, lake.catalog)}
+    assert ran[("expire", "done")]["expired"] >= 8, ran
+    assert ran[("compact", "done")]["rewritten"] == 12, ran
+    tbl = load_table(lake.catalog, table)
+    assert tbl.snapshot_by_id(pinned) is not None  # the lease wins
+    current = tbl.current_snapshot()
+    props = summary_properties(current)
+    assert props[SUMMARY_OPERATION] == OPERATION_COMPACTION and props[SUMMARY_BARRIER] == str(marks[-1])
+    cut = reads.resolve(lake.conn, [table])
+    assert cut.barrier == marks[-1] and cut.snapshots[table] == current.snapshot_id
+    assert sorted(spark.table(str(table)).collect()) == rows
+    assert spark.read.option("snapshot-id", str(pinned)).table(str(table)).count() == 12
+    status = upkeep.statuses(lake.conn, [table])[0]
+    assert status.seen["data_files"] == 1 and status.seen["small_files"] == 1 and status.next
+    assert status.actions["compact"]["done"] == 1 and status.actions["expire"]["result"] == "done"
+    assert {e.action for e in audit.events(lake.conn, table=str(table))} >= {
+        "maintenance expire",
+        "maintenance compact",
+    }
+    assert not service.maintain(lake.conn, lake.catalog)  # nothing new: nothing to do
+    b = _ingest(lake, spark, 1000)  # the job continues on top of the compaction
+    assert tables.states(lake.conn, [table])[0].watermark == b
+    assert spark.table(str(table)).count() == 39
+
+
+def test_manifests_past_the_policy_are_rewritten_keeping_the_barrier(lake, spark, server):
+    """More manifests than the policy allows: one rewrite, a compaction snapshot at the last
+    barrier, the same rows; /metrics shows what the service saw and did."""
+    _events(lake, spark)
+    marks = [_ingest(lake, spark, i * 10) for i in range(6)]
+    table = lake.T("events")
+    upkeep.set_policy(lake.conn, table, {"max_manifests": 3, "compact_min_files": 100})
+    rows = sorted(spark.table(str(table)).collect())
+    service = Maintainer(lake.settings, log=lambda _: None, spark_factory=lambda: spark)
+    ran = {(a.action, a.result): a.detail for a in service.maintain(lake.conn, lake.catalog)}
+    assert ran[("rewrite-manifests", "done")]["rewritten"] == 6, ran
+    tbl = load_table(lake.catalog, table)
+    assert len(tbl.current_snapshot().manifests(tbl.io)) == 1
+    assert summary_properties(tbl.current_snapshot())[SUMMARY_BARRIER] == str(marks[-1])
+    assert reads.resolve(lake.conn, [table]).snapshots[table] == tbl.current_snapshot().snapshot_id
+    assert sorted(spark.table(str(table)).collect()) == rows
+    cid, secret = tokens.create(lake.conn)
+    samples = scrape(server, {"Authorization": f"Bearer {access_token(server, cid, secret)}"})
+    labels = (("table", str(table)),)
+    assert samples[("icebarrier_table_manifests", labels)] == 1
+    assert samples[("icebarrier_table_data_files", labels)] == 6
+    assert samples[("icebarrier_table_snapshots", labels)] == 7
+    done = (("action", "rewrite-manifests"), ("result", "done"), ("table", str(table)))
+    assert samples[("icebarrier_maintenance_actions_total", done)] == 1
+
+
+def test_compaction_gives_way_to_a_commit_its_job_has_not_completed(lake, spark):
+    """While the table holds a commit whose barrier the job has not completed, the compaction
+    gives way (recorded once, not at every look); after the job completes, it runs."""
+    _events(lake, spark)
+    for i in range(4):
+        _ingest(lake, spark, i * 10)
+    table = lake.T("events")
+    upkeep.set_policy(lake.conn, table, {"compact_min_files": 3})
+    service = Maintainer(lake.settings, tick_s=0, log=lambda _: None, spark_factory=lambda: spark)
+    b = barriers.issue(lake.conn).barrier
+    with BarrierCommit(lake.conn, lake.catalog, job="ingest", barrier=b) as tx:
+        append_df(tx, table, spark.range(100, 103, numPartitions=1).selectExpr("id", "id AS amount"))
+        ran = service.maintain(lake.conn, lake.catalog)
+        assert [(a.action, a.result) for a in ran] == [("compact", "gave-way")], ran
+        assert "has not completed" in ran[0].detail["why"]
+        assert not service.maintain(lake.conn, lake.catalog)  # looked again, said once
+    ran = service.maintain(lake.conn, lake.catalog)
+    assert [(a.action, a.result) for a in ran] == [("compact", "done")], ran
+    assert upkeep.statuses(lake.conn, [table])[0].actions["compact"]["gave_way"] == 1
+
+
+def test_the_pipelines_commits_win_a_race_with_compaction(lake, spark, tmp_path):
+    """`icebarrier maintain` compacts at every look (2 small files are enough) while the job
+    commits barrier after barrier: every commit of the job succeeds and completes its barrier;
+    each compaction lands keeping its barrier, or gives way; no row is lost or doubled."""
+    _events(lake, spark)
+    table = lake.T("events")
+    _ingest(lake, spark, 0)
+    upkeep.set_policy(lake.conn, table, {"compact_min_files": 2, "retain_s": 0, "retain_last": 1})
+    service = LoggedProcess([*CLI, "maintain", "--every", "0.2s"], tmp_path / "maintain.log")
+    try:
+        _ingest(lake, spark, 10)
+        service.wait_for("compact done", timeout_s=120)  # Spark is up in the service
+        marks = [_ingest(lake, spark, 10 * i) for i in range(2, 30)]
+        ingested = datetime.now(UTC)
+        deadline = time.monotonic() + 60
+        while datetime.fromisoformat(_compactions(lake, table)["at"]) < ingested:  # one more after the last commit
+            assert time.monotonic() < deadline, service.log()[-3000:]
+            time.sleep(0.2)
+    finally:
+        service.kill_group()
+    assert tables.states(lake.conn, [table])[0].watermark == marks[-1]
+    ids = sorted(r["id"] for r in spark.table(str(table)).collect())
+    assert ids == sorted(i for s in range(0, 300, 10) for i in range(s, s + 3))
+    counts = _compactions(lake, table)
+    assert counts["done"] >= 3 and counts["failed"] == 0, (counts, service.log()[-3000:])
+    tbl = load_table(lake.catalog, table)
+    for snap in tbl.metadata.snapshots:
+        assert SUMMARY_BARRIER in summary_properties(snap)
+    assert reads.resolve(lake.conn, [table]).barrier == marks[-1]
+
+
+def _compactions(lake, table) -> dict:
+    return upkeep.statuses(lake.conn, [table])[0].actions["compact"]
+
+
+def test_one_service_per_control_plane_the_second_takes_over(lake, tmp_path):
+    """A second `icebarrier maintain` waits, naming the first; when the first is killed, it
+    takes over; SIGTERM stops it cleanly."""
+    first = LoggedProcess([*CLI, "maintain", "--every", "1s"], tmp_path / "first.log")
+    second = None
+    try:
+        first.wait_for("maintain: running")
+        second = LoggedProcess([*CLI, "maintain", "--every", "1s"], tmp_path / "second.log")
+        second.wait_for("waiting to take over")
+        assert f"pid {first.proc.pid}" in second.log()
+        first.kill_group()
+        second.wait_for("maintain: running", timeout_s=30)
+        holder = lake.conn.execute("SELECT holder FROM maintenance_state").fetchone()["holder"]
+        assert holder.endswith(f"pid {second.proc.pid}")
+        second.proc.send_signal(signal.SIGTERM)
+        assert second.proc.wait(30) == 0, second.log()
+    finally:
+        first.kill_group()
+        if second is not None:
+            second.kill_group()
