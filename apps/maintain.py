@@ -190,7 +190,7 @@ class Maintainer:
         except IcebarrierError as exc:
             result, detail = "failed", {"why": str(exc)}
         except Exception as exc:  # noqa: BLE001 - Spark's and Iceberg's own (a lost race): a retry comes
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            why = _why(exc)
             result = "gave-way" if _lost_race(exc) else "failed"
             state.gave_way = state.gave_way or result == "gave-way"
             detail = {"why": why[:500]}
@@ -248,6 +248,13 @@ class Maintainer:
             else:
                 self._spark = self.spark_factory()
         return self._spark
+
+
+def _why(exc: Exception) -> str:
+    """An exception in one line: a Java one's own message (py4j's first line names only the call)."""
+    java = getattr(exc, "java_exception", None)
+    text = str(java.toString()) if java is not None else str(exc)
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
 
 
 def _lost_race(exc: Exception) -> bool:

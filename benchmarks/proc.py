@@ -12,3 +12,27 @@ def cpu_s(pid: int) -> float:
     """User + system seconds process ``pid`` has run so far (OSError once it is gone)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK_S  # utime, stime
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, theirs, ...), from /proc."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for child in children:
+            found += [child, *descendants(child)]
+    return found
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system seconds of ``pid`` and every process below it that is still alive."""
+    total = 0.0
+    for p in (pid, *descendants(pid)):
+        try:
+            total += cpu_s(p)
+        except OSError:
+            continue
+    return total

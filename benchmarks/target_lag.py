@@ -47,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from proc import cpu_s  # noqa: E402
+from proc import cpu_s, tree_cpu_s  # noqa: E402
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
 from icebarrier.apps.embedded import CLI  # noqa: E402
@@ -71,18 +71,6 @@ def become_subreaper() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
-def _tree(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            children = [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-        for child in children:
-            found += [child, *_tree(child)]
-    return found
-
-
 def cpu_now() -> float:
     """CPU seconds (user + system) of every descendant so far: those alive (from /proc) and
     those that exited and were reaped (this process is their subreaper)."""
@@ -93,12 +81,7 @@ def cpu_now() -> float:
             break
         if pid == 0:
             break
-    alive = 0.0
-    for pid in _tree(os.getpid()):
-        try:
-            alive += cpu_s(pid)
-        except OSError:
-            continue
+    alive = tree_cpu_s(os.getpid()) - cpu_s(os.getpid())
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return alive + usage.ru_utime + usage.ru_stime
 

@@ -58,7 +58,14 @@ from icebarrier.iceberg_ext.faults import MUTATIONS
 @click.option(
     "--mutation",
     type=click.Choice(MUTATIONS),
-    help="Run the catalog server with this deliberate bug: the run must fail (a test of the checker).",
+    help="Run the catalog server and the maintenance service with this deliberate bug: the run must fail "
+    "(a test of the checker).",
+)
+@click.option(
+    "--maintain",
+    is_flag=True,
+    help="Run the maintenance service (`icebarrier maintain`, aggressive policies: it expires, compacts and "
+    "rewrites manifests as soon as it may) in place of the expiry process, killed and restarted at random.",
 )
 @click.pass_obj
 def check(
@@ -71,6 +78,7 @@ def check(
     under: str | None,
     exec_jobs: bool,
     mutation: str | None,
+    maintain: bool,
 ) -> None:
     """Run root and intermediate jobs and an expiry as real processes at random speeds, kill jobs
     at random fault points and restart the control-plane Postgres, while readers query at every
@@ -112,6 +120,7 @@ def check(
                 report=report,
                 exec_jobs=exec_jobs,
                 mutation=mutation,
+                maintain=maintain,
             )
     finally:
         server.stop()
@@ -139,8 +148,13 @@ def check(
             f"{report.anchors_validated}",
             f"repeatable-read: {report.rr_sessions} session(s), {report.leases_renewed} lease renewal(s), "
             f"{report.leases_lost} lease(s) lost (reads stopped), {report.leases_refused} refused",
-            f"expiry (own process, racing the readers): {report.expiry_runs} run(s), "
-            f"{report.snapshots_expired} snapshot(s) expired",
+            (
+                "maintenance service (killed and restarted, aggressive policies): "
+                + (", ".join(f"{k} x{v}" for k, v in sorted(report.maintenance.items())) or "nothing ran")
+                if report.maintenance is not None
+                else f"expiry (own process, racing the readers): {report.expiry_runs} run(s), "
+                f"{report.snapshots_expired} snapshot(s) expired"
+            ),
             f"faults injected: {faults}; Postgres restarts: {report.restarts}",
             f"catalog server ({', '.join(report.exec_jobs) or 'no job exec jobs'} under job exec"
             + (f"; mutation {report.mutation}" if report.mutation else "")

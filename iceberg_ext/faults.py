@@ -33,10 +33,12 @@ def point(name: str) -> None:
 
 # A deliberate bug a process is started with, for the checker's mutation tests (a checker must
 # fail a run with it): ``ICEBARRIER_MUTATION=nonatomic-publish`` makes the catalog server publish
-# a job session's staged commits one transaction at a time, the completion last.
+# a job session's staged commits one transaction at a time, the completion last;
+# ``expire-protected`` makes expiry (the maintenance service's too) ignore the protected set.
 MUTATION_ENV = "ICEBARRIER_MUTATION"
 NONATOMIC_PUBLISH = "nonatomic-publish"
-MUTATIONS = (NONATOMIC_PUBLISH,)
+EXPIRE_PROTECTED = "expire-protected"
+MUTATIONS = (NONATOMIC_PUBLISH, EXPIRE_PROTECTED)
 
 
 def mutated(name: str) -> bool:

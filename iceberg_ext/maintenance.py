@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from icebarrier.control_plane import db, idempotency, job_sessions, leases, reads, revisions, snapshots, tables
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import Cut, Level, TableName, parse_tag_name
+from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import (
     OPERATION_COMPACTION,
     OPERATION_REVISION,
@@ -105,11 +106,12 @@ def expire(
         claim = leases.claim_expiry(conn, table, candidates, retained=retained, tagged=refs, dry_run=dry_run)
         planning_s = time.perf_counter() - started
         deleted = 0
-        if claim.removable and not dry_run:
+        removable = list(claim.removable)
+        if faults.mutated(faults.EXPIRE_PROTECTED):  # the checker's test of itself: a deliberate bug
+            removable = [c for c in candidates if c not in retained]
+        if removable and not dry_run:
             staged = job_sessions.staging(conn, table).metadata_locations
-            deleted = retry_commit(
-                lambda: _expire_and_delete(load_table(catalog, table), list(claim.removable), staged)
-            )
+            deleted = retry_commit(lambda: _expire_and_delete(load_table(catalog, table), removable, staged))
     return ExpiryReport(
         table=table,
         candidates=len(candidates),

@@ -38,9 +38,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from icebarrier.apps.check.exec_jobs import EXEC_JOBS, QUIET_S, CatalogServer, children, exec_command
+from icebarrier.apps.check.exec_jobs import EXEC_JOBS, QUIET_S, children, exec_command
 from icebarrier.apps.check.model import DERIVED, JOBS, ROOTS, SCHEMAS, check_cut, compare, events
 from icebarrier.apps.check.processes import Env, Reconnecting, barrier_number
+from icebarrier.apps.check.services import CatalogServer, Maintenance
 from icebarrier.control_plane import barriers, delays, jobs, leases, reads, tokens
 from icebarrier.control_plane.errors import (
     BarrierNotValidError,
@@ -81,14 +82,14 @@ class Fault:
     at_s: float
     # kill (a job process, -9: for a job exec job, `job exec` itself), script (a job exec job's
     # script alone, -9), restart (the control-plane Postgres), server (the catalog server, -9,
-    # started again down_s later)
+    # started again down_s later), maintain (the maintenance service, -9, started again down_s later)
     kind: str
     job: str | None = None
     down_s: float = 0.0
 
 
 def fault_schedule(
-    seed: int, duration_s: float, fault_rate: float, *, restarts: bool, exec_jobs: bool = False
+    seed: int, duration_s: float, fault_rate: float, *, restarts: bool, exec_jobs: bool = False, maintain: bool = False
 ) -> list[Fault]:
     rng = random.Random(f"{seed}:schedule")
     kills = [
@@ -107,7 +108,11 @@ def fault_schedule(
         Fault(at_s=rng.uniform(1.0, duration_s), kind="server", down_s=round(rng.uniform(0.2, 1.5), 2))
         for _ in range(max(1, round(duration_s * fault_rate / 6)) if exec_jobs else 0)
     ]
-    return sorted(kills + downs + scripts + servers, key=lambda f: f.at_s)
+    maintains = [  # drawn last: the schedule without --maintain stays what it was for a seed
+        Fault(at_s=rng.uniform(1.0, duration_s), kind="maintain", down_s=round(rng.uniform(0.2, 1.5), 2))
+        for _ in range(max(1, round(duration_s * fault_rate / 6)) if maintain else 0)
+    ]
+    return sorted(kills + downs + scripts + servers + maintains, key=lambda f: f.at_s)
 
 
 def launch_fault(seed: int, job: str, launch_no: int, fault_rate: float) -> tuple[str | None, int]:
@@ -152,6 +157,7 @@ class CheckReport:
     catalog_validated: int = 0  # cuts validated through the catalog's barrier-<B> warehouse too
     catalog_unavailable: int = 0  # catalog reads that found the server down (killed by the schedule)
     catalog_anomalies: int = 0
+    maintenance: dict[str, int] | None = None  # with --maintain: "action result" -> how many
 
     @property
     def coverage(self) -> float:
@@ -211,6 +217,7 @@ class CheckReport:
             "waited": self.waited(),
             "exec_jobs": self.exec_jobs,
             "mutation": self.mutation,
+            "maintenance": self.maintenance,
             "catalog": {
                 "reads": self.catalog_reads,
                 "validated": self.catalog_validated,
@@ -321,10 +328,12 @@ class _Run:
         progress,
         exec_jobs: bool = False,
         mutation: str | None = None,
+        maintain: bool = False,
     ) -> None:
         self.env, self.report, self.fault_rate, self.server, self.progress = env, report, fault_rate, server, progress
         self.exec_jobs = set(EXEC_JOBS) if exec_jobs else set()
         self.catalog_server = CatalogServer(env, Path(env.reports), mutation=mutation) if exec_jobs else None
+        self.maintenance = Maintenance(env, Path(env.reports), mutation=mutation) if maintain else None
         self.barriers_file = Path(env.reports) / "barriers.jsonl"
         self.numbered = 0  # barriers written to barriers_file
         self.credentials: dict[str, str] = {}
@@ -721,7 +730,8 @@ class _Run:
     def audit_commits(self, *, final: bool) -> None:
         """In each table's current lineage, the snapshots carrying a barrier come from one run
         (an overwrite is a delete and an append, both tagged) and include the one recorded for
-        (table, barrier). Unrecorded barriers are checked at the end only: a crashed job adopts
+        (table, barrier) as its data (a compaction's record maps the barrier to its rewrite).
+        Unrecorded barriers are checked at the end only: a crashed job adopts
         its own snapshot on restart."""
         for table in self.names:
             tbl = load_table(self.catalog, table)
@@ -754,7 +764,7 @@ class _Run:
                           EXISTS (SELECT 1 FROM expired_snapshot e WHERE e.table_id = c.table_id
                                   AND e.snapshot_id = c.snapshot_id) AS expired
                    FROM table_commit c JOIN managed_table m USING (table_id)
-                   WHERE m.name = %s AND c.revoked_by IS NULL""",
+                   WHERE m.name = %s AND c.revoked_by IS NULL AND c.operation <> 'compaction'""",
                     (str(table),),
                 ).fetchall(),
             )
@@ -882,30 +892,46 @@ def run_check(
     report: CheckReport | None = None,
     exec_jobs: bool = True,
     mutation: str | None = None,
+    maintain: bool = False,
 ) -> CheckReport:
     """One seeded run. ``server`` (an :class:`~icebarrier.apps.embedded.EmbeddedPostgres` the run
     owns) is restarted by the fault schedule; without it the schedule has no restarts. With
     ``exec_jobs``, two jobs run under ``icebarrier job exec`` through a catalog server the run
     starts (and kills), which runs with the deliberate bug ``mutation`` if given
-    (:data:`icebarrier.iceberg_ext.faults.MUTATIONS`). Pass a ``report`` to watch a live run
-    from another thread."""
+    (:data:`icebarrier.iceberg_ext.faults.MUTATIONS`). With ``maintain``, the maintenance
+    service runs in place of the expiry process, with aggressive policies (it compacts too), and
+    the schedule kills it. Pass a ``report`` to watch a live run from another thread."""
     report = report or CheckReport(seed=env.seed)
     Path(env.reports).mkdir(parents=True, exist_ok=True)
     running = Path(env.reports) / "running"
     running.touch()
     run = _Run(
-        env, report, fault_rate=fault_rate, server=server, progress=progress, exec_jobs=exec_jobs, mutation=mutation
+        env,
+        report,
+        fault_rate=fault_rate,
+        server=server,
+        progress=progress,
+        exec_jobs=exec_jobs,
+        mutation=mutation,
+        maintain=maintain,
     )
     report.exec_jobs, report.mutation = sorted(run.exec_jobs), mutation
     anchors_s = min(EXEC_ANCHOR_INTERVAL_S, max(ANCHOR_INTERVAL_S, duration_s / 20)) if exec_jobs else ANCHOR_INTERVAL_S
     run.cp.run("setup", lambda conn: setup(env, conn, run.catalog, anchor_interval_s=anchors_s))
-    schedule = fault_schedule(env.seed, duration_s, fault_rate, restarts=server is not None, exec_jobs=exec_jobs)
+    schedule = fault_schedule(
+        env.seed, duration_s, fault_rate, restarts=server is not None, exec_jobs=exec_jobs, maintain=maintain
+    )
     run.issue()
     run.start_catalog()
     for job in JOBS:
         run.launch(job, 2**62)
     run.wait_for_start()
-    expiry = run._spawn("expiry", env.to_json(), str(env.seed))
+    if run.maintenance is not None:
+        run.cp.run("policies", lambda conn: run.maintenance.configure(conn, run.names))
+        run.maintenance.start()
+        expiry = None
+    else:
+        expiry = run._spawn("expiry", env.to_json(), str(env.seed))
     run.pinner.start()
     started, final = time.monotonic(), None
     try:
@@ -920,12 +946,16 @@ def run_check(
                 elif fault.kind == "server":
                     run.catalog_server.kill(fault.down_s)
                     report.faults["catalog server@killed"] += 1
+                elif fault.kind == "maintain":
+                    run.maintenance.kill(fault.down_s)
+                    report.faults["maintain@killed"] += 1
                 else:
                     progress(f"check: restarting the control-plane Postgres ({fault.down_s}s down)")
                     server.restart(down_s=fault.down_s)
                     report.restarts += 1
-            if run.catalog_server is not None:
-                run.catalog_server.tend()
+            for service in (run.catalog_server, run.maintenance):
+                if service is not None:
+                    service.tend()
             if final is None and elapsed > duration_s:
                 if run.catalog_server is not None and run.catalog_server.down_until is not None:
                     run.catalog_server.start()
@@ -963,15 +993,18 @@ def run_check(
         run.pinner.stop()
         run.close_rr()
         running.unlink(missing_ok=True)
+        if run.maintenance is not None:
+            run.maintenance.stop()
         try:
-            expiry.wait(timeout=60)
+            if expiry is not None:
+                expiry.wait(timeout=60)
         except subprocess.TimeoutExpired:
             expiry.kill()
         for proc in run.procs.values():
             if proc.poll() is None:
                 proc.kill()
     try:
-        if expiry.returncode not in (0, None):
+        if expiry is not None and expiry.returncode not in (0, None):
             report.violations.append(f"the expiry process failed: {expiry.stderr.read()[-1000:]}")
         run.validate_new(upto=final)
         run.audit_pins()
@@ -982,6 +1015,10 @@ def run_check(
             report.violations.append("no anchor was validated: the run proves nothing about anchors")
         if run.catalog_server is not None and report.catalog_validated == 0:
             report.violations.append("no cut was validated through the catalog: the run proves nothing about it")
+        if run.maintenance is not None:
+            report.maintenance = run.cp.run("maintenance", run.maintenance.actions)
+            if not report.maintenance.get("compact done"):
+                report.violations.append("the maintenance service compacted nothing: the run proves nothing about it")
         run.collect()
     finally:
         if run.catalog_server is not None:

@@ -103,6 +103,42 @@ def test_short_seeded_check_run_passes():
     assert report["catalog"]["anomalies"] == 0
 
 
+def _check(*options: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "icebarrier.cli.main", "--output", "json", "check", *options],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+@pytest.mark.slow
+def test_a_check_run_with_the_maintenance_service_passes():
+    """The maintenance service in place of the expiry process, with aggressive policies,
+    killed and restarted by the fault schedule while Postgres restarts and jobs die: it expires
+    and compacts, and the run has no anomaly, nothing lost or duplicated, no pinned snapshot
+    expired."""
+    done = _check("--seed", "12", "--duration", "30", "--fault-rate", "0.4", "--maintain")
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["faults"].get("maintain@killed", 0) >= 1, report["faults"]
+    assert report["maintenance"].get("compact done", 0) >= 1, report["maintenance"]
+    assert report["maintenance"].get("expire done", 0) >= 1, report["maintenance"]
+    assert report["restarts"] >= 1 and report["validated"] > 0
+
+
+@pytest.mark.slow
+def test_a_maintenance_service_that_expires_protected_snapshots_fails_the_check():
+    """The checker's test of itself with maintenance: expiry ignoring the protected set
+    (ICEBARRIER_MUTATION=expire-protected) must fail the run."""
+    done = _check(
+        "--seed", "12", "--duration", "30", "--fault-rate", "0.4", "--maintain", "--mutation", "expire-protected"
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    said = done.stdout + done.stderr
+    assert "but was expired" in said or "Snapshot not found" in said, said[-3000:]
+
+
 @pytest.mark.slow
 def test_a_server_that_publishes_non_atomically_fails_the_check():
     """The checker's mutation test: a catalog server publishing a session's staged commits one

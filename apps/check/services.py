@@ -1,0 +1,141 @@
+"""The checker's services: an ``icebarrier serve`` (for the job exec jobs) and, with
+``--maintain``, the maintenance service; each an ``icebarrier`` process of the run that the
+fault schedule kills (-9) and :meth:`Service.tend` starts again ``down_s`` later."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from icebarrier.apps.check.exec_jobs import QUIET_S
+from icebarrier.apps.embedded import CLI, free_port
+from icebarrier.control_plane import upkeep
+from icebarrier.iceberg_ext.faults import MUTATION_ENV
+
+
+class Service:
+    """An ``icebarrier`` command of the run, with the run's control plane, warehouse and
+    storage, and the run's deliberate bug (``mutation``) if it has one; its output goes to
+    ``<name>.log`` in the run's folder."""
+
+    name = "service"
+
+    def __init__(self, env, home: Path, *, mutation: str | None = None) -> None:
+        self.env, self.mutation = env, mutation
+        self.config = home / f"{self.name}.toml"
+        storage = "".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in env.storage.items())
+        self.config.write_text(f"[storage]\n{storage}" if storage else "")
+        self.log = open(home / f"{self.name}.log", "a")  # noqa: SIM115 - closed by stop()
+        self.proc: subprocess.Popen | None = None
+        self.down_until: float | None = None
+
+    def args(self) -> list[str]:
+        raise NotImplementedError
+
+    def environ(self) -> dict[str, str]:
+        return {
+            **{k: v for k, v in os.environ.items() if k != MUTATION_ENV},
+            "ICEBARRIER_DSN": self.env.dsn,
+            "ICEBARRIER_SCHEMA": self.env.schema,
+            "ICEBARRIER_WAREHOUSE": self.env.warehouse,
+            "ICEBARRIER_CONFIG": str(self.config),
+            **({MUTATION_ENV: self.mutation} if self.mutation else {}),
+        }
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [*CLI, *self.args()],
+            env=self.environ(),
+            stdout=self.log,
+            stderr=self.log,
+            start_new_session=True,  # a kill takes what it started (a Spark JVM) with it
+        )
+        self.down_until = None
+
+    def kill(self, down_s: float) -> None:
+        """SIGKILL (its process group); :meth:`tend` starts it again ``down_s`` later."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.down_until = time.monotonic() + down_s
+
+    def tend(self) -> None:
+        if self.down_until is not None and time.monotonic() >= self.down_until:
+            self.start()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+class CatalogServer(Service):
+    """An ``icebarrier serve`` process of the run (the same port across restarts)."""
+
+    name = "catalog-server"
+
+    def __init__(self, env, home: Path, *, mutation: str | None = None) -> None:
+        super().__init__(env, home, mutation=mutation)
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+
+    def args(self) -> list[str]:
+        return ["serve", "--port", str(self.port), "--session-quiet", f"{QUIET_S:g}s"]
+
+    def start(self, timeout_s: float = 60) -> None:
+        super().start()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return
+            except OSError:
+                assert self.proc is not None
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the checker's catalog server did not start; see {self.log.name}") from None
+                time.sleep(0.05)
+
+
+# The checker's policies: everything as soon as it may (the protected set decides what stays).
+AGGRESSIVE = {
+    "retain_s": 0,
+    "retain_last": 1,
+    "compact_min_files": 2,
+    "max_manifests": 2,
+    "orphan_grace_s": 60,
+    "metadata_grace_s": 60,
+}
+
+
+class Maintenance(Service):
+    """``icebarrier maintain`` looking every 0.2 s, on the run's tables with :data:`AGGRESSIVE`
+    policies."""
+
+    name = "maintain"
+
+    def args(self) -> list[str]:
+        return ["maintain", "--every", "0.2s"]
+
+    def configure(self, conn, tables) -> None:
+        for table in tables:
+            upkeep.set_policy(conn, table, AGGRESSIVE)
+
+    def actions(self, conn) -> dict[str, int]:
+        """``action result`` -> how many, over the run's tables."""
+        counts: dict[str, int] = {}
+        for status in upkeep.statuses(conn):
+            for action, last in status.actions.items():
+                for result, key in (("done", "done"), ("gave way", "gave_way"), ("failed", "failed")):
+                    if last[key]:
+                        counts[f"{action} {result}"] = counts.get(f"{action} {result}", 0) + last[key]
+        return counts
