@@ -45,6 +45,9 @@ from icebarrier.iceberg_ext.errors import CompactionDeferredError
 from icebarrier.iceberg_ext.upkeep import Looker, due
 
 MIN_ORPHAN_EVERY_S = 60.0
+# A table without commits is looked at again this long after its last look (its protected
+# snapshots may have been released meanwhile), or when a snapshot passes its retention.
+IDLE_LOOK_S = 300.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,8 +161,8 @@ class Maintainer:
                 state.orphans_at = now + max(MIN_ORPHAN_EVERY_S, policy.metadata_grace_s / 2)
             _, next_ = due(seen, policy, orphans_at=state.orphans_at, now=now)
             upkeep.observe(conn, name, seen.to_json(), next_)
-            state.snapshot_id, state.policy = tbl.metadata.current_snapshot_id, policy
-            wake = [state.orphans_at, now + 60.0]
+            state.snapshot_id, state.policy = version.current_snapshot_id, policy
+            wake = [state.orphans_at, now + IDLE_LOOK_S]
             if seen.expirable_at_ms is not None:
                 wake.append(seen.expirable_at_ms / 1000)
             if state.gave_way:
