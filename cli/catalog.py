@@ -10,7 +10,7 @@ import click
 from icebarrier.apps.catalog.clients import ENGINES, configuration
 from icebarrier.cli.render import emit, table
 from icebarrier.control_plane import tokens
-from icebarrier.control_plane.model import parse_duration_s
+from icebarrier.control_plane.model import parse_duration_s, parse_size_bytes
 
 
 @click.command("serve")
@@ -37,6 +37,13 @@ from icebarrier.control_plane.model import parse_duration_s
     metavar="PREFIX",
     help="Another prefix table locations may lie under (repeatable); the warehouse always is one.",
 )
+@click.option(
+    "--max-body",
+    default="8MB",
+    show_default=True,
+    help="The largest request body (the OAuth2 token request: 64 KB); a larger one is refused with 413 "
+    "before it is read.",
+)
 @click.pass_obj
 def serve(
     obj,
@@ -46,13 +53,15 @@ def serve(
     session_quiet: str,
     allow_anonymous_read: bool,
     allowed_locations: tuple[str, ...],
+    max_body: str,
 ) -> None:
     """Serve the lake over the Iceberg REST catalog protocol, with consistent warehouses:
     latest, read-committed, read-committed:<namespace>, barrier-<B>, lease-<ID>.
 
     The server keeps its state in Postgres: scale out with --workers, or run several behind
     one address. Table locations are confined to the warehouse (and --allowed-location
-    prefixes) and never overlap another table's."""
+    prefixes) and never overlap another table's. /healthz and /readyz answer without a token
+    (for load balancers and probes)."""
     quiet_ms = max(1, round(parse_duration_s(session_quiet) * 1000))
 
     import uvicorn
@@ -63,6 +72,7 @@ def serve(
         "quiet_ms": quiet_ms,
         "allow_anonymous_read": allow_anonymous_read,
         "allowed_locations": list(allowed_locations),
+        "max_body_bytes": parse_size_bytes(max_body),
     }
     settings = obj.settings()
     if workers == 1:

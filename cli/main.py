@@ -151,6 +151,7 @@ def _register_commands() -> None:
         db,
         delay,
         demo,
+        doctor,
         job,
         lease,
         maintenance,
@@ -176,6 +177,7 @@ def _register_commands() -> None:
         check,
         catalog,
         audit,
+        doctor,
     ):
         for command in module.COMMANDS:
             cli.add_command(command)

@@ -19,6 +19,45 @@ _EXTERNAL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/@=+-]{0,511}")
 _HOLDER = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
 
 
+# -- names: one rule for a namespace level and a table name, at every entry ----------------------
+
+NAME_MAX = 128  # characters in a namespace level or a table name
+NAMESPACE_MAX = 255  # characters in a namespace's dotted form (the SQL catalog's varchar(255))
+_NOT_IN_NAME = re.compile(r"[\x00-\x1f\x7f./]")
+
+
+def check_name(value: str, what: str = "table name") -> str:
+    """The rule for a namespace level or a table name (``what``), whoever creates it (the REST
+    catalog, the CLI, job registration): 1 to :data:`NAME_MAX` characters, not blank; no '.'
+    (the SQL catalog stores a namespace dotted, so ``["p", "q"]`` and ``["p.q"]`` would be one,
+    and ``..`` is a path), no '/' (a segment of REST paths and of the table's location), no
+    control character (NUL, the 0x1F that separates levels in paths, newlines). Raises
+    :class:`InvalidNameError` naming the rule."""
+    if not isinstance(value, str) or not value.strip() or len(value) > NAME_MAX or _NOT_IN_NAME.search(value):
+        shown = value if not isinstance(value, str) or len(value) <= 40 else f"{value[:40]}…"
+        raise InvalidNameError(
+            f"{what} {shown!r} is invalid: a name is 1 to {NAME_MAX} characters, not blank, without '.', '/' "
+            f"or control characters"
+        )
+    return value
+
+
+def check_namespace(levels) -> tuple[str, ...]:
+    """A namespace: at least one level, each by :func:`check_name`, at most
+    :data:`NAMESPACE_MAX` characters in its dotted form."""
+    levels = tuple(levels)
+    if not levels:
+        raise InvalidNameError("a namespace has at least one level")
+    for level in levels:
+        check_name(level, "namespace level")
+    if len(".".join(levels)) > NAMESPACE_MAX:
+        raise InvalidNameError(
+            f"namespace {'.'.join(levels)[:40]!r}… is invalid: at most {NAMESPACE_MAX} characters with its levels "
+            f"joined by '.'"
+        )
+    return levels
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class TableName:
     """An Iceberg table identifier ``catalog.namespace[.namespace…].table``, lower-cased."""
@@ -36,7 +75,7 @@ class TableName:
                 f"and underscores in each part, e.g. lake.db.orders"
             )
         parts = [p.lower() for p in parts]
-        return cls(catalog=parts[0], namespace=tuple(parts[1:-1]), name=parts[-1])
+        return cls(catalog=parts[0], namespace=check_namespace(parts[1:-1]), name=parts[-1])
 
     def __str__(self) -> str:
         return ".".join((self.catalog, *self.namespace, self.name))

@@ -306,3 +306,44 @@ def require_snapshots(catalog, snapshots: dict[TableName, int | None], barrier: 
     for name, snapshot_id in snapshots.items():
         if snapshot_id is not None and load_table(catalog, name).snapshot_by_id(snapshot_id) is None:
             raise SnapshotExpiredError(str(name), snapshot_id, barrier)
+
+
+def names_breaking_rule(settings) -> list[tuple[str, str, str]]:
+    """(kind, name, why) of every namespace and table in the SQL catalog whose name breaks the
+    names rule (:func:`icebarrier.control_plane.model.check_name`): earlier versions let some
+    through. A namespace is stored dotted, so one whose dotted form splits into a level the rule
+    refuses is listed (``..``, a blank level)."""
+    from psycopg import sql
+
+    from icebarrier.control_plane import db
+    from icebarrier.control_plane.errors import InvalidNameError
+    from icebarrier.control_plane.model import check_name, check_namespace
+
+    cs = sql.Identifier(settings.catalog_schema)
+    found = []
+    with db.connect(settings.dsn, settings.schema) as conn:
+        namespaces = conn.execute(
+            sql.SQL(
+                "SELECT namespace AS ns FROM {}.iceberg_namespace_properties WHERE catalog_name = %(c)s "
+                "UNION SELECT table_namespace FROM {}.iceberg_tables WHERE catalog_name = %(c)s ORDER BY 1"
+            ).format(cs, cs),
+            {"c": settings.catalog},
+        ).fetchall()
+        tables = conn.execute(
+            sql.SQL(
+                "SELECT table_namespace AS ns, table_name AS name FROM {}.iceberg_tables WHERE catalog_name = %s "
+                "ORDER BY 1, 2"
+            ).format(cs),
+            (settings.catalog,),
+        ).fetchall()
+    for row in namespaces:
+        try:
+            check_namespace(row["ns"].split("."))
+        except InvalidNameError as exc:
+            found.append(("namespace", row["ns"], str(exc)))
+    for row in tables:
+        try:
+            check_name(row["name"])
+        except InvalidNameError as exc:
+            found.append(("table", f"{row['ns']}.{row['name']}", str(exc)))
+    return found

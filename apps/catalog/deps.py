@@ -13,7 +13,7 @@ from fastapi import Depends, Header, Query, Request
 
 from icebarrier.apps.catalog.errors import ForbiddenError, MalformedRequestError
 from icebarrier.apps.catalog.lake import Lake
-from icebarrier.apps.catalog.models import check_name
+from icebarrier.apps.catalog.models import check_name, check_namespace
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import tokens
 from icebarrier.control_plane.model import TableName
@@ -137,9 +137,9 @@ Writing = Annotated[Writer, Depends(writer)]
 def parse_namespace(text: str) -> tuple[str, ...]:
     """A namespace path or query parameter: levels separated by 0x1F (``%1F``)."""
     try:
-        return tuple(check_name(level, "namespace level") for level in text.split(SEP))
+        return check_namespace(text.split(SEP))
     except ValueError as exc:
-        raise MalformedRequestError(f"namespace {text!r}: {exc}; separate levels with %1F") from None
+        raise MalformedRequestError(f"{exc} (levels are separated by %1F)") from None
 
 
 async def namespace_path(namespace: str) -> tuple[str, ...]:
@@ -150,7 +150,7 @@ def check_table(table: str) -> str:
     try:
         return check_name(table, "table name")
     except ValueError as exc:
-        raise MalformedRequestError(f"table {table!r}: {exc}") from None
+        raise MalformedRequestError(str(exc)) from None
 
 
 NamespacePath = Annotated[tuple[str, ...], Depends(namespace_path)]

@@ -61,6 +61,7 @@ _STATUS = [  # (exception class name, HTTP status, REST error type), most specif
     ("CommitFailedException", 409, "CommitFailedException"),
     ("UnprocessableError", 422, "UnprocessableEntityException"),
     ("IdempotencyKeyReusedError", 422, "UnprocessableEntityException"),
+    ("RequestTooLargeError", 413, "RequestEntityTooLargeException"),
     ("ControlPlaneInterruptedError", 503, "ServiceUnavailableException"),
     ("StorageUnavailableError", 503, "ServiceUnavailableException"),
     ("ControlPlaneUnavailableError", 503, "ServiceUnavailableException"),

@@ -18,6 +18,8 @@ from pyiceberg.table.sorting import SortOrder
 from pyiceberg.table.update import TableRequirement, TableUpdate
 
 from icebarrier.apps.catalog.errors import MalformedRequestError, describe_validation
+from icebarrier.control_plane import model
+from icebarrier.control_plane.errors import InvalidNameError
 
 
 class _Request(BaseModel):
@@ -45,13 +47,19 @@ FORMAT_VERSION = "format-version"
 
 
 def check_name(value: str, what: str) -> str:
-    """A namespace level or table name: not blank, no NUL (Postgres stores none), no slash (a
-    name is a segment of the REST paths, and servers and proxies decode %2F before routing); a
-    namespace level also has no 0x1F (it separates levels in paths)."""
-    if not value.strip() or "\x00" in value or "/" in value or (what == "namespace level" and "\x1f" in value):
-        extra = ", or the unit separator (0x1F)" if what == "namespace level" else ""
-        raise ValueError(f"a {what} must be a non-blank string without NUL or '/'{extra}")
-    return value
+    """The names rule (:func:`icebarrier.control_plane.model.check_name`) as a validator's
+    ValueError (a 400 naming the rule)."""
+    try:
+        return model.check_name(value, what)
+    except InvalidNameError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def check_namespace(levels) -> tuple[str, ...]:
+    try:
+        return model.check_namespace(levels)
+    except InvalidNameError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _properties(value: dict[str, str]) -> dict[str, str]:
@@ -67,9 +75,7 @@ class TableIdentifier(_Request):
     @field_validator("namespace")
     @classmethod
     def _levels(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value:
-            raise ValueError("a namespace has at least one level")
-        return tuple(check_name(v, "namespace level") for v in value)
+        return check_namespace(value)
 
     @field_validator("name")
     @classmethod
@@ -130,8 +136,16 @@ class RegisterTableRequest(_Request):
     _table = field_validator("name")(TableIdentifier._table.__func__)  # type: ignore[attr-defined]  # the classmethod's function, reused
 
 
+class ExistingIdentifier(_Request):
+    """A table that exists, named as it is: a rename's source may carry a name an earlier version
+    let through (``icebarrier doctor`` lists them), so that it can be renamed to one the rule allows."""
+
+    namespace: tuple[str, ...] = Field(min_length=1)
+    name: str = Field(min_length=1)
+
+
 class RenameTableRequest(_Request):
-    source: TableIdentifier
+    source: ExistingIdentifier
     destination: TableIdentifier
 
 

@@ -5,7 +5,8 @@ cuts by naming a warehouse (see :mod:`.warehouses`); what is read and written is
 (:mod:`.lake`). The routes follow the spec's resources: configuration and OAuth2
 (:mod:`.oauth`), namespaces (:mod:`.namespaces`), tables and transactions (:mod:`.tables`);
 job sessions (:mod:`.sessions`, icebarrier's own, for ``icebarrier job exec``); the status
-page (:mod:`.ui`, ``/ui``) and Prometheus metrics (:mod:`.metrics`, ``/metrics``).
+page (:mod:`.ui`, ``/ui``), Prometheus metrics (:mod:`.metrics`, ``/metrics``) and health
+(:mod:`.health`, ``/healthz`` and ``/readyz``, without a token).
 ``GET /v1/config`` lists exactly the endpoints registered here.
 """
 
@@ -18,14 +19,14 @@ import socket
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from icebarrier.apps.catalog import errors, metrics, namespaces, oauth, sessions, tables, ui
+from icebarrier.apps.catalog import errors, health, limits, metrics, namespaces, oauth, sessions, tables, ui
 from icebarrier.apps.catalog.lake import Lake
 from icebarrier.apps.catalog.notices import Hub
 from icebarrier.iceberg_ext.config import Settings
 
 WORKER_ENV = "ICEBARRIER_SERVE_WORKER"  # `serve --workers N`: what each worker process builds its app from
 
-ROUTERS = (oauth.router, namespaces.router, tables.router, sessions.router, ui.router)
+ROUTERS = (health.router, oauth.router, namespaces.router, tables.router, sessions.router, ui.router)
 
 
 def served_endpoints(routes: list[APIRoute]) -> list[str]:
@@ -40,12 +41,14 @@ def create_app(
     quiet_ms: int = 1000,
     allow_anonymous_read: bool = False,
     allowed_locations: list[str] | tuple[str, ...] = (),
+    max_body_bytes: int = limits.DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     app = FastAPI(title="icebarrier consistent catalog", docs_url=None, redoc_url=None, openapi_url=None)
     lake = Lake(settings, quiet_ms=quiet_ms, allowed_locations=allowed_locations)
     app.state.lake = lake
     app.state.hub = Hub(settings.dsn, settings.schema)
     app.state.allow_anonymous_read = allow_anonymous_read
+    app.state.storage_probe = health.StorageProbe()
     app.router.add_event_handler("startup", app.state.hub.start)
     app.router.add_event_handler("shutdown", app.state.hub.stop)
     app.router.add_event_handler("shutdown", lake.close)
@@ -54,6 +57,7 @@ def create_app(
         app.include_router(router)
     metrics.install(app, lake.pool)
     app.add_middleware(errors.ControlPlaneOutage, pool=lake.pool)
+    app.add_middleware(limits.BodyLimit, max_body_bytes=max_body_bytes)  # outermost: before a body is read
     app.state.routes = [r for router in ROUTERS for r in router.routes]
     app.state.endpoints = served_endpoints(app.state.routes)
     return app

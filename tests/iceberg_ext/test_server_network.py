@@ -1,0 +1,149 @@
+"""The catalog server on a network: one names rule at every entry, health without a token,
+bounded request bodies (a real `icebarrier serve` process and real HTTP clients)."""
+
+from __future__ import annotations
+
+import json
+
+import psutil
+import requests
+from click.testing import CliRunner
+
+from icebarrier.apps.catalog.health import StorageProbe
+from icebarrier.cli.main import cli as command
+from icebarrier.iceberg_ext.config import Settings
+from tests.iceberg_ext.catalog_server import access_token, start_server, stop_server
+from tests.iceberg_ext.test_catalog_conformance import _job_token
+
+RULE = "a name is 1 to 128 characters, not blank, without '.', '/' or control characters"
+
+
+def _writer(lake, server: str) -> dict:
+    """A job's token (a job may change the catalog: create namespaces and unmanaged tables)."""
+    cid, secret = _job_token(lake).split(":")
+    return {"Authorization": f"Bearer {access_token(server, cid, secret)}"}
+
+
+def test_one_names_rule_for_namespaces_and_tables(lake, server):
+    """Levels that are dots, hold a dot (two names would be one in the catalog's dotted form),
+    hold a control character or are too long, and such table names, are refused with a 400 naming
+    the rule; nothing is created. Unicode names within the rule are served."""
+    headers = _writer(lake, server)
+    base = f"{server}/v1/latest/namespaces"
+    for levels in ([".", "."], [".."], ["."], ["p.q"], ["a\nb"], ["x" * 129], ["y" * 100, "z" * 100, "w" * 100], []):
+        r = requests.post(base, json={"namespace": levels}, headers=headers, timeout=30)
+        assert r.status_code == 400, (levels, r.status_code, r.text)
+        message = r.json()["error"]["message"]
+        assert RULE in message or "at most 255 characters" in message or "at least one level" in message, message
+    listed = requests.get(base, headers=headers, timeout=30).json()["namespaces"]
+    assert not [n for n in listed if any("." in level or not level.strip() for level in n)], listed
+    ok = requests.post(base, json={"namespace": ["ünï_côdé"]}, headers=headers, timeout=30)
+    assert ok.status_code == 200, ok.text
+    schema = {"type": "struct", "schema-id": 0, "fields": [{"id": 1, "name": "n", "type": "long", "required": False}]}
+    for name in (".", "..", "a.b", "a/b", "tab\there"):
+        r = requests.post(f"{base}/ünï_côdé/tables", json={"name": name, "schema": schema}, headers=headers, timeout=30)
+        assert r.status_code == 400 and RULE in r.json()["error"]["message"], (name, r.text)
+    assert requests.get(f"{base}/ünï_côdé/tables", headers=headers, timeout=30).json()["identifiers"] == []
+    r = requests.get(f"{server}/v1/latest/namespaces/..%1F..", headers=headers, timeout=30)
+    assert r.status_code == 400 and RULE in r.json()["error"]["message"], r.text
+
+
+def test_doctor_lists_names_earlier_versions_let_through(lake):
+    """A namespace and a table an earlier version created against the rule are listed by
+    `icebarrier doctor`, which exits 1; a lake that keeps the rule passes."""
+    clean = CliRunner().invoke(command, ["--output", "json", "doctor"])
+    assert clean.exit_code == 0 and json.loads(clean.stdout) == [], clean.output
+    lake.catalog.create_namespace(("..",))  # PyIceberg's SQL catalog stores it, as earlier servers did
+    lake.catalog.create_table((lake.namespace, "a.b"), schema=_schema())
+    out = CliRunner().invoke(command, ["--output", "json", "doctor"])
+    assert out.exit_code == 1, out.output
+    found = {(f["kind"], f["name"]) for f in json.loads(out.stdout)}
+    assert ("namespace", "..") in found and ("table", f"{lake.namespace}.a.b") in found, found
+    lake.catalog.drop_table((lake.namespace, "a.b"))
+    lake.catalog.drop_namespace(("..",))
+
+
+def _schema():
+    import pyarrow as pa
+
+    return pa.schema([pa.field("n", pa.int64())])
+
+
+def test_health_answers_without_a_token_and_reveals_nothing(lake, server):
+    """/healthz and /readyz answer 200 without a token, with a status and nothing else."""
+    alive = requests.get(f"{server}/healthz", timeout=30)
+    assert alive.status_code == 200 and alive.json() == {"status": "alive"}
+    ready = requests.get(f"{server}/readyz", timeout=30)
+    assert ready.status_code == 200 and ready.json() == {"status": "ready"}
+    assert requests.get(f"{server}/v1/latest/namespaces", timeout=30).status_code == 401  # the rest needs one
+
+
+def test_readiness_fails_on_a_warehouse_it_cannot_write(tmp_path):
+    """The storage probe says not ready for a warehouse folder that is missing or read-only."""
+    missing = Settings(dsn="postgresql://unused", warehouse=str(tmp_path / "nowhere"))
+    assert not StorageProbe().ok(missing)
+    (tmp_path / "ro").mkdir(mode=0o500)
+    read_only = Settings(dsn="postgresql://unused", warehouse=str(tmp_path / "ro"))
+    assert StorageProbe().ok(read_only) is _root()  # root may write a read-only folder
+    assert StorageProbe().ok(Settings(dsn="postgresql://unused", warehouse=str(tmp_path)))
+
+
+def _declared_upload(server: str, megabytes: int) -> tuple[int, int]:
+    """POST a body of ``megabytes`` declared by Content-Length, a megabyte at a time, reading the
+    answer as soon as one comes: (status, megabytes sent by then)."""
+    import select
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(server)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as s:
+        s.sendall(
+            f"POST /v1/latest/namespaces HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {megabytes << 20}\r\n\r\n".encode()
+        )
+        sent = 0
+        while sent < megabytes and not select.select([s], [], [], 0)[0]:
+            try:
+                s.sendall(b"x" * (1 << 20))
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += 1
+        answer = s.recv(4096).decode(errors="replace")
+    return int(answer.split(" ", 2)[1]), sent
+
+
+def _root() -> bool:
+    import os
+
+    return os.geteuid() == 0  # root writes a read-only folder anyway
+
+
+def test_a_body_past_the_limit_is_refused_before_it_is_read(lake):
+    """With --max-body 1MB: a 200 MB body declared by Content-Length is refused with 413 at
+    once, without a token and before the server reads it (its memory does not grow); a chunked
+    body is refused as soon as it passes the limit; the token request has its own, smaller limit;
+    a body within the limit is served."""
+    proc, server = start_server(lake, "--max-body", "1MB")
+    try:
+        rss_before = psutil.Process(proc.pid).memory_info().rss
+        status, sent_mb = _declared_upload(server, 200)  # 200 MB declared, no token
+        assert status == 413, status
+        assert sent_mb < 200, "the server read the whole body before answering"
+        growth = psutil.Process(proc.pid).memory_info().rss - rss_before
+        assert growth < 50 << 20, f"the server grew by {growth >> 20} MB"
+
+        def chunked():
+            for _ in range(3):
+                yield b"y" * (600 << 10)
+
+        headers = _writer(lake, server)
+        r = requests.post(f"{server}/v1/latest/namespaces", data=chunked(), headers=headers, timeout=60)
+        assert r.status_code == 413, r.text
+        r = requests.post(f"{server}/v1/oauth/tokens", data={"client_id": "x" * (100 << 10)}, timeout=30)
+        assert r.status_code == 413, r.text
+        r = requests.post(
+            f"{server}/v1/latest/namespaces", json={"namespace": ["small_enough"]}, headers=headers, timeout=30
+        )
+        assert r.status_code == 200, r.text
+    finally:
+        stop_server(proc)
