@@ -44,6 +44,26 @@ from icebarrier.control_plane.model import parse_duration_s, parse_size_bytes
     help="The largest request body (the OAuth2 token request: 64 KB); a larger one is refused with 413 "
     "before it is read.",
 )
+@click.option(
+    "--body-timeout",
+    default="30s",
+    show_default=True,
+    help="A request body must arrive within this long (a client sending a byte a second gets 408).",
+)
+@click.option(
+    "--max-per-token",
+    type=click.IntRange(1, 100_000),
+    default=32,
+    show_default=True,
+    help="Requests in flight per token (per address without one); one more is answered 429 with Retry-After.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one line per request (request id, principal, route, status, duration; never a secret).",
+)
 @click.pass_obj
 def serve(
     obj,
@@ -54,6 +74,9 @@ def serve(
     allow_anonymous_read: bool,
     allowed_locations: tuple[str, ...],
     max_body: str,
+    body_timeout: str,
+    max_per_token: int,
+    log_format: str,
 ) -> None:
     """Serve the lake over the Iceberg REST catalog protocol, with consistent warehouses:
     latest, read-committed, read-committed:<namespace>, barrier-<B>, lease-<ID>.
@@ -73,6 +96,9 @@ def serve(
         "allow_anonymous_read": allow_anonymous_read,
         "allowed_locations": list(allowed_locations),
         "max_body_bytes": parse_size_bytes(max_body),
+        "body_timeout_s": parse_duration_s(body_timeout),
+        "max_per_token": max_per_token,
+        "log_format": log_format,
     }
     settings = obj.settings()
     if workers == 1:

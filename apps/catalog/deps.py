@@ -11,6 +11,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Query, Request
 
+from icebarrier.apps.catalog.access_log import principal_label
 from icebarrier.apps.catalog.errors import ForbiddenError, MalformedRequestError
 from icebarrier.apps.catalog.lake import Lake
 from icebarrier.apps.catalog.models import check_name, check_namespace
@@ -57,9 +58,12 @@ async def caller(request: Request, token: Bearer) -> tuple[Principal, str | None
     """Who calls, and their access token (the session). (On the event loop: one indexed lookup
     costs less than a hop to the thread pool.)"""
     if token is None:
+        request.state.principal = principal_label(ANONYMOUS)
         return ANONYMOUS, None
     with request.app.state.lake.pool.connection() as conn:
-        return principal_of(conn, token), token
+        principal = principal_of(conn, token)
+    request.state.principal = principal_label(principal)  # for the access log
+    return principal, token
 
 
 Caller = Annotated[tuple[Principal, "str | None"], Depends(caller)]

@@ -62,6 +62,8 @@ _STATUS = [  # (exception class name, HTTP status, REST error type), most specif
     ("UnprocessableError", 422, "UnprocessableEntityException"),
     ("IdempotencyKeyReusedError", 422, "UnprocessableEntityException"),
     ("RequestTooLargeError", 413, "RequestEntityTooLargeException"),
+    ("RequestTimeoutError", 408, "RequestTimeoutException"),
+    ("TooManyRequestsError", 429, "TooManyRequestsException"),
     ("ControlPlaneInterruptedError", 503, "ServiceUnavailableException"),
     ("StorageUnavailableError", 503, "ServiceUnavailableException"),
     ("ControlPlaneUnavailableError", 503, "ServiceUnavailableException"),

@@ -19,7 +19,7 @@ import socket
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from icebarrier.apps.catalog import errors, health, limits, metrics, namespaces, oauth, sessions, tables, ui
+from icebarrier.apps.catalog import access_log, errors, health, limits, metrics, namespaces, oauth, sessions, tables, ui
 from icebarrier.apps.catalog.lake import Lake
 from icebarrier.apps.catalog.notices import Hub
 from icebarrier.iceberg_ext.config import Settings
@@ -42,6 +42,9 @@ def create_app(
     allow_anonymous_read: bool = False,
     allowed_locations: list[str] | tuple[str, ...] = (),
     max_body_bytes: int = limits.DEFAULT_MAX_BODY_BYTES,
+    body_timeout_s: float = limits.DEFAULT_BODY_TIMEOUT_S,
+    max_per_token: int = limits.DEFAULT_MAX_PER_TOKEN,
+    log_format: str = "text",
 ) -> FastAPI:
     app = FastAPI(title="icebarrier consistent catalog", docs_url=None, redoc_url=None, openapi_url=None)
     lake = Lake(settings, quiet_ms=quiet_ms, allowed_locations=allowed_locations)
@@ -57,7 +60,9 @@ def create_app(
         app.include_router(router)
     metrics.install(app, lake.pool)
     app.add_middleware(errors.ControlPlaneOutage, pool=lake.pool)
-    app.add_middleware(limits.BodyLimit, max_body_bytes=max_body_bytes)  # outermost: before a body is read
+    app.add_middleware(limits.BodyLimit, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
+    app.add_middleware(limits.PerTokenLimit, max_per_token=max_per_token)  # before a body is read
+    app.add_middleware(access_log.RequestLog, log_format=log_format)  # outermost: every answer has its id
     app.state.routes = [r for router in ROUTERS for r in router.routes]
     app.state.endpoints = served_endpoints(app.state.routes)
     return app

@@ -4,6 +4,7 @@ bounded request bodies (a real `icebarrier serve` process and real HTTP clients)
 from __future__ import annotations
 
 import json
+import time
 
 import psutil
 import requests
@@ -11,6 +12,7 @@ from click.testing import CliRunner
 
 from icebarrier.apps.catalog.health import StorageProbe
 from icebarrier.cli.main import cli as command
+from icebarrier.control_plane import tokens
 from icebarrier.iceberg_ext.config import Settings
 from tests.iceberg_ext.catalog_server import access_token, start_server, stop_server
 from tests.iceberg_ext.test_catalog_conformance import _job_token
@@ -145,5 +147,86 @@ def test_a_body_past_the_limit_is_refused_before_it_is_read(lake):
             f"{server}/v1/latest/namespaces", json={"namespace": ["small_enough"]}, headers=headers, timeout=30
         )
         assert r.status_code == 200, r.text
+    finally:
+        stop_server(proc)
+
+
+def test_json_access_log_has_request_ids_and_no_secret(lake):
+    """With --log-format json: one JSON line per request with its id (the client's, or a new one
+    the answer carries back), the principal, the route's template, status and duration; neither
+    the client secret nor the access token appears anywhere in the server's output."""
+    cid, secret = _job_token(lake).split(":")
+    proc, server = start_server(lake, "--log-format", "json")
+    try:
+        token = access_token(server, cid, secret)
+        headers = {"Authorization": f"Bearer {token}"}
+        mine = requests.get(
+            f"{server}/v1/latest/namespaces", headers={**headers, "X-Request-Id": "trace-42"}, timeout=30
+        )
+        assert mine.status_code == 200 and mine.headers["X-Request-Id"] == "trace-42"
+        odd = requests.get(
+            f"{server}/v1/latest/namespaces", headers={**headers, "X-Request-Id": "bad id\t"}, timeout=30
+        )
+        assert odd.headers["X-Request-Id"] != "bad id\t" and len(odd.headers["X-Request-Id"]) == 16
+        missing = requests.get(
+            f"{server}/v1/latest/namespaces/{lake.namespace}/tables/nope", headers=headers, timeout=30
+        )
+        assert missing.status_code == 404
+        anonymous = requests.get(f"{server}/v1/latest/namespaces?token={secret}", timeout=30)
+        assert anonymous.status_code == 401
+    finally:
+        output = stop_server(proc)
+    assert secret not in output and token not in output, output[-2000:]
+    lines = [json.loads(x) for x in output.splitlines() if x.startswith("{")]
+    by_id = {x["request_id"]: x for x in lines}
+    assert by_id["trace-42"]["route"] == "/v1/{prefix}/namespaces" and by_id["trace-42"]["status"] == 200
+    assert by_id["trace-42"]["principal"] == f"job:{cid}" and by_id["trace-42"]["duration_ms"] >= 0
+    assert by_id[missing.headers["X-Request-Id"]]["route"] == "/v1/{prefix}/namespaces/{namespace}/tables/{table}"
+    assert by_id[missing.headers["X-Request-Id"]]["status"] == 404
+    assert by_id[anonymous.headers["X-Request-Id"]]["status"] == 401
+    assert any(x["route"] == "/v1/oauth/tokens" and x["status"] == 200 for x in lines), lines
+
+
+def _hanging(server: str, headers: dict[str, str]):
+    """A request whose declared body never comes: in flight until the server gives up on it."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(server)
+    s = socket.create_connection((url.hostname, url.port), timeout=30)
+    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    s.sendall(
+        f"POST /v1/latest/namespaces HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: 100\r\n{extra}\r\n{{".encode()
+    )
+    return s
+
+
+def test_per_token_requests_in_flight_and_slow_bodies_are_bounded(lake):
+    """With --max-per-token 2 --body-timeout 2s: two requests of one token whose bodies never
+    come hold its two places, a third is answered 429 with Retry-After at once (another token is
+    served meanwhile); the two slow ones are answered 408 when their time is up, and the token is
+    served again."""
+    cid, secret = _job_token(lake).split(":")
+    proc, server = start_server(lake, "--max-per-token", "2", "--body-timeout", "2s")
+    try:
+        headers = {"Authorization": f"Bearer {access_token(server, cid, secret)}"}
+        slow = [_hanging(server, headers) for _ in range(2)]
+        time.sleep(0.3)
+        third = requests.get(f"{server}/v1/latest/namespaces", headers=headers, timeout=30)
+        assert third.status_code == 429 and third.headers["Retry-After"] == "1", third.text
+        cid2, secret2 = tokens.create(lake.conn, job=f"{lake.namespace}_conformance")
+        other = requests.get(
+            f"{server}/v1/latest/namespaces",
+            headers={"Authorization": f"Bearer {access_token(server, cid2, secret2)}"},
+            timeout=30,
+        )
+        assert other.status_code == 200, other.text
+        for s in slow:
+            answer = s.recv(4096).decode(errors="replace")
+            assert answer.startswith("HTTP/1.1 408"), answer
+            s.close()
+        again = requests.get(f"{server}/v1/latest/namespaces", headers=headers, timeout=30)
+        assert again.status_code == 200, again.text
     finally:
         stop_server(proc)
