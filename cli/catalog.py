@@ -58,6 +58,12 @@ from icebarrier.control_plane.model import parse_duration_s, parse_size_bytes
     help="Requests in flight per token (per address without one); one more is answered 429 with Retry-After.",
 )
 @click.option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Serve https with this certificate chain (PEM); with --tls-key.",
+)
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="The certificate's private key (PEM).")
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",
@@ -76,6 +82,8 @@ def serve(
     max_body: str,
     body_timeout: str,
     max_per_token: int,
+    tls_cert: str | None,
+    tls_key: str | None,
     log_format: str,
 ) -> None:
     """Serve the lake over the Iceberg REST catalog protocol, with consistent warehouses:
@@ -86,6 +94,9 @@ def serve(
     prefixes) and never overlap another table's. /healthz and /readyz answer without a token
     (for load balancers and probes)."""
     quiet_ms = max(1, round(parse_duration_s(session_quiet) * 1000))
+    if bool(tls_cert) != bool(tls_key):
+        raise click.UsageError("--tls-cert and --tls-key go together: give both to serve https, or neither")
+    tls = {"ssl_certfile": tls_cert, "ssl_keyfile": tls_key} if tls_cert else {}
 
     import uvicorn
 
@@ -103,7 +114,12 @@ def serve(
     settings = obj.settings()
     if workers == 1:
         uvicorn.run(
-            server.create_app(settings, **options), host=host, port=port, log_level="warning", http=server.HTTP_PROTOCOL
+            server.create_app(settings, **options),
+            host=host,
+            port=port,
+            log_level="warning",
+            http=server.HTTP_PROTOCOL,
+            **tls,
         )
         return
     server.check_settings(settings)  # one line now, not one per worker
@@ -116,6 +132,7 @@ def serve(
         port=port,
         log_level="warning",
         http=server.HTTP_PROTOCOL,
+        **tls,
     )
 
 

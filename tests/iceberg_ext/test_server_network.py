@@ -230,3 +230,53 @@ def test_per_token_requests_in_flight_and_slow_bodies_are_bounded(lake):
         assert again.status_code == 200, again.text
     finally:
         stop_server(proc)
+
+
+def test_serve_https_with_a_certificate_clients_verify(lake, tmp_path, monkeypatch):
+    """`serve --tls-cert/--tls-key`: PyIceberg (its `ssl.cabundle`, and REQUESTS_CA_BUNDLE for its
+    OAuth2 token request) and requests load and commit over https, verifying the server against
+    the CA; plain http on the port is refused, and a client that does not trust the CA fails
+    instead of sending its credential. One of the two flags alone is a usage error."""
+    import trustme
+    from pyiceberg.catalog.rest import RestCatalog
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    pem = str(tmp_path / "server.pem")
+    half = CliRunner().invoke(command, ["serve", "--tls-cert", pem])
+    assert half.exit_code == 2 and "--tls-cert and --tls-key go together" in half.output
+    credential = _job_token(lake)
+    proc, plain = start_server(lake, "--tls-cert", pem, "--tls-key", pem)
+    server = plain.replace("http://", "https://")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "ca.pem"))
+    try:
+        catalog = RestCatalog(
+            "tls",
+            uri=server,
+            warehouse="latest",
+            credential=credential,
+            **{"oauth2-server-uri": f"{server}/v1/oauth/tokens", "ssl": {"cabundle": str(tmp_path / "ca.pem")}},
+        )
+        catalog.create_namespace(("over_tls",))
+        table = catalog.create_table(("over_tls", "t"), schema=_schema())
+        import pyarrow as pa
+
+        table.append(pa.table({"n": [1, 2, 3]}, schema=_schema()))
+        assert catalog.load_table(("over_tls", "t")).scan().to_arrow().num_rows == 3
+        assert requests.get(f"{server}/healthz", verify=str(tmp_path / "ca.pem"), timeout=30).status_code == 200
+        untrusting = requests.Session()
+        untrusting.trust_env = False  # the system's CAs, which do not know ours
+        try:
+            untrusting.get(f"{server}/healthz", timeout=30)
+            raise AssertionError("a client that does not trust the CA was served")
+        except requests.exceptions.SSLError:
+            pass
+        try:
+            answer = requests.get(f"{plain}/healthz", timeout=5)
+            raise AssertionError(f"plain http was served: {answer.status_code}")
+        except (requests.ConnectionError, requests.Timeout):
+            pass  # no TLS handshake: the server answers nothing
+    finally:
+        stop_server(proc)
