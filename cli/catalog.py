@@ -64,6 +64,12 @@ from icebarrier.control_plane.model import parse_duration_s, parse_size_bytes
 )
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="The certificate's private key (PEM).")
 @click.option(
+    "--shutdown-grace",
+    default="10s",
+    show_default=True,
+    help="On SIGTERM: stop accepting, let requests in flight finish this long, then close the rest.",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",
@@ -84,6 +90,7 @@ def serve(
     max_per_token: int,
     tls_cert: str | None,
     tls_key: str | None,
+    shutdown_grace: str,
     log_format: str,
 ) -> None:
     """Serve the lake over the Iceberg REST catalog protocol, with consistent warehouses:
@@ -96,7 +103,8 @@ def serve(
     quiet_ms = max(1, round(parse_duration_s(session_quiet) * 1000))
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together: give both to serve https, or neither")
-    tls = {"ssl_certfile": tls_cert, "ssl_keyfile": tls_key} if tls_cert else {}
+    running: dict = {"ssl_certfile": tls_cert, "ssl_keyfile": tls_key} if tls_cert else {}
+    running["timeout_graceful_shutdown"] = max(1, round(parse_duration_s(shutdown_grace)))
 
     import uvicorn
 
@@ -119,7 +127,7 @@ def serve(
             port=port,
             log_level="warning",
             http=server.HTTP_PROTOCOL,
-            **tls,
+            **running,
         )
         return
     server.check_settings(settings)  # one line now, not one per worker
@@ -132,7 +140,7 @@ def serve(
         port=port,
         log_level="warning",
         http=server.HTTP_PROTOCOL,
-        **tls,
+        **running,
     )
 
 

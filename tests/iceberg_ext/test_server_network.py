@@ -273,10 +273,12 @@ def test_serve_https_with_a_certificate_clients_verify(lake, tmp_path, monkeypat
             raise AssertionError("a client that does not trust the CA was served")
         except requests.exceptions.SSLError:
             pass
-        try:
-            answer = requests.get(f"{plain}/healthz", timeout=5)
-            raise AssertionError(f"plain http was served: {answer.status_code}")
-        except (requests.ConnectionError, requests.Timeout):
-            pass  # no TLS handshake: the server answers nothing
+        with requests.Session() as http:
+            try:
+                answer = http.get(f"{plain}/healthz", timeout=5)
+                raise AssertionError(f"plain http was served: {answer.status_code}")
+            except (requests.ConnectionError, requests.Timeout):
+                pass  # no TLS handshake: the server answers nothing
+        catalog._session.close()  # else its idle TLS connection holds the server's shutdown to the grace
     finally:
         stop_server(proc)
