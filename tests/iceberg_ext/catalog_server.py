@@ -26,7 +26,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(lake, *extra: str, env_extra: dict | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(lake, *extra: str, env_extra: dict | None = None, cwd=None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {
         **os.environ,
@@ -36,7 +36,7 @@ def start_server(lake, *extra: str, env_extra: dict | None = None) -> tuple[subp
         **(env_extra or {}),
     }
     proc = subprocess.Popen(
-        ["icebarrier", "serve", "--port", str(port), *extra], env=env, stderr=subprocess.PIPE, text=True
+        ["icebarrier", "serve", "--port", str(port), *extra], env=env, stderr=subprocess.PIPE, text=True, cwd=cwd
     )
     deadline = time.monotonic() + 60
     while True:
