@@ -140,8 +140,20 @@ class ExistingIdentifier(_Request):
     """A table that exists, named as it is: a rename's source may carry a name an earlier version
     let through (``icebarrier doctor`` lists them), so that it can be renamed to one the rule allows."""
 
-    namespace: tuple[str, ...] = Field(min_length=1)
-    name: str = Field(min_length=1)
+    namespace: tuple[str, ...]
+    name: str
+
+    @field_validator("namespace")
+    @classmethod
+    def _some(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("a namespace has at least one level")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _named(cls, value: str) -> str:
+        return value or check_name(value, "table name")  # an empty name names nothing: the rule says so
 
 
 class RenameTableRequest(_Request):

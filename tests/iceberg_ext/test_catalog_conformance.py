@@ -25,7 +25,14 @@ PEER = Path(__file__).parent.parent / "peer"
 SPEC = PEER / "iceberg" / "rest-catalog-open-api.yaml"
 
 # Every failure of PyIceberg's suite we accept, by test id, with its reason. Empty: it all passes.
-PYICEBERG_DIFFERENCES: dict[str, str] = {}
+NAMES_RULE = (
+    "a name with '.' is refused (the names rule, docs/serving.md): the SQL catalog stores a namespace dotted, "
+    "so a level holding a dot would be two levels, and a table named 'ta.ble' one more level"
+)
+PYICEBERG_DIFFERENCES: dict[str, str] = {
+    "test_namespace_with_dot[rest_test_catalog]": NAMES_RULE,
+    "test_table_name_with_dot[rest_test_catalog]": NAMES_RULE,
+}
 
 # What the fuzzer may report and why: (check code, operation regex, regex over "<response message> |
 # <schemathesis' own message>", reason). Anything else fails the test.
@@ -33,8 +40,10 @@ FUZZ_DIFFERENCES = [
     (
         "ST202",
         r".",
-        r"must be a non-blank string without NUL|must not contain NUL|a namespace has at least one level",
-        "names must be non-blank and free of NUL: Postgres text cannot hold NUL and an empty name names nothing",
+        r"a name is 1 to 128 characters, not blank, without '\.', '/' or control characters|at most 255 characters "
+        r"with its levels|must not contain NUL|a namespace has at least one level|String should have at least 1",
+        "the names rule (docs/serving.md): 1 to 128 characters, not blank, no '.', '/' or control character "
+        "(NUL, which Postgres text cannot hold, among them), a namespace at most 255 characters dotted",
     ),
     (
         "ST202",
@@ -133,9 +142,9 @@ def test_pyiceberg_catalog_suite_passes(lake, server, tmp_path):
         kind = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
         outcome[case.get("name")] = kind
     failed = {name for name, kind in outcome.items() if kind in ("failure", "error")}
-    assert failed <= set(PYICEBERG_DIFFERENCES), run.stdout[-4000:]
+    assert failed <= set(PYICEBERG_DIFFERENCES), (sorted(failed - set(PYICEBERG_DIFFERENCES)), run.stdout[-4000:])
     passed = sum(kind == "passed" for kind in outcome.values())
-    assert passed >= 38, (outcome, run.stdout[-2000:])  # the suite ran, not just collected
+    assert passed >= 36, (outcome, run.stdout[-2000:])  # the suite ran, not just collected
     skipped = {name for name, kind in outcome.items() if kind == "skipped"}
     assert all("slash" in name for name in skipped), skipped  # only what a SQL catalog cannot store
 

@@ -36,9 +36,9 @@ DELIBERATE: list[tuple[str, str, str]] = [
     ),
     (
         r"\.(testTableNameWithSlash|testNamespaceWithSlash)$",
-        r"without NUL or '/'",
-        "a name with '/' is refused: it is a segment of the REST paths, and servers and proxies decode %2F "
-        "before routing (the kit's newer versions skip these tests by default)",
+        r"without '\.', '/' or control characters",
+        "a name with '/' is refused (the names rule, docs/serving.md): it is a segment of the REST paths, and "
+        "servers and proxies decode %2F before routing (the kit's newer versions skip these tests by default)",
     ),
     (
         r"\.createTableTransaction\(int\)\[3\]$|\.testCreateTableWithDefaultColumnValue$",
