@@ -989,6 +989,10 @@ def run_check(
             ):
                 break
             time.sleep(0.05)
+    except BaseException:
+        if run.catalog_server is not None:  # the run ends here: its server must not outlive it
+            run.catalog_server.stop()
+        raise
     finally:
         run.pinner.stop()
         run.close_rr()
