@@ -150,15 +150,13 @@ class Maintainer:
             if "remove-orphans" in actions and locations is None:
                 locations = maintenance.table_locations(catalog)
             state.gave_way = False
-            for action in actions:
-                ran = self._run(conn, catalog, name, policy, action, locations)
-                if ran is not None:
-                    done.append(ran)
-            if actions:
+            ran = [a for a in (self._run(conn, catalog, name, policy, x, locations) for x in actions) if a is not None]
+            done += ran
+            if any(a.result == "done" for a in ran):  # the table changed: record it as it is now
                 tbl = load_table(catalog, name)
                 seen = self._looker.look(tbl, policy)
             if "remove-orphans" in actions:
-                state.orphans_at = now + max(MIN_ORPHAN_EVERY_S, policy.metadata_grace_s / 2)
+                state.orphans_at = now + _orphans_every_s(policy)
             _, next_ = due(seen, policy, orphans_at=state.orphans_at, now=now)
             upkeep.observe(conn, name, seen.to_json(), next_)
             state.snapshot_id, state.policy = version.current_snapshot_id, policy
@@ -174,8 +172,7 @@ class Maintainer:
         """A table's state at the service's start: orphans are due half a grace after the last run
         recorded (another service's too), or now."""
         last = status.actions.get("remove-orphans")
-        every = max(MIN_ORPHAN_EVERY_S, status.policy.metadata_grace_s / 2)
-        at = datetime.fromisoformat(last["at"]).timestamp() + every if last else now
+        at = datetime.fromisoformat(last["at"]).timestamp() + _orphans_every_s(status.policy) if last else now
         return _Table(orphans_at=at)
 
     def _run(
@@ -251,6 +248,11 @@ class Maintainer:
             else:
                 self._spark = self.spark_factory()
         return self._spark
+
+
+def _orphans_every_s(policy: Policy) -> float:
+    """How often a table's location is listed for orphans: every half its metadata grace."""
+    return max(MIN_ORPHAN_EVERY_S, policy.metadata_grace_s / 2)
 
 
 def _why(exc: Exception) -> str:

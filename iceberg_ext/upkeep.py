@@ -10,7 +10,6 @@ enough to run for every changed table every few seconds; the actions themselves 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from icebarrier.control_plane.upkeep import Policy
@@ -47,19 +46,18 @@ class Looker:
         self._sizes: dict[str, tuple[int, ...]] = {}
         self._limit = cache_limit
 
-    def look(self, tbl, policy: Policy, *, now_ms: int | None = None) -> Seen:
+    def look(self, tbl, policy: Policy) -> Seen:
         from pyiceberg.manifest import ManifestContent
 
-        now_ms = now_ms or int(time.time() * 1000)
         candidates, retained, refs = plan_candidates(tbl, older_than_s=policy.retain_s, retain_last=policy.retain_last)
         kept = set(retained) | {sid for _, sid in refs}
         expirable = [c for c in candidates if c not in kept]
+        # every other snapshot is not old enough yet: it becomes a candidate at its time plus the retention
+        accounted = kept | set(candidates) | {tbl.metadata.current_snapshot_id}
         later = [
             s.timestamp_ms + int(policy.retain_s * 1000)
             for s in tbl.metadata.snapshots
-            if s.snapshot_id != tbl.metadata.current_snapshot_id
-            and s.snapshot_id not in kept
-            and s.snapshot_id not in set(candidates)
+            if s.snapshot_id not in accounted
         ]
         current = tbl.current_snapshot()
         sizes: list[int] = []
