@@ -97,25 +97,27 @@ class Maintainer:
         fence = Fence(
             "maintenance", "maintenance_state", dsn=self.settings.dsn, schema=self.settings.schema, log=self.log
         )
-        while not self._stop.is_set():
-            held = fence.acquire(self._stop)
-            if held is None:
-                return
+        while fence.acquire(self._stop):
             self.log(f"maintain: running ({fence.holder}); a look every {self.tick_s:g}s")
-            with held, db.connect(self.settings.dsn, self.settings.schema, actor="maintain") as conn:
-                catalog = self._catalog()
-                while not self._stop.is_set():
-                    if not fence.alive(held):
-                        self.log("maintain: lost the service's lock (its connection broke); waiting for it again")
-                        break
-                    try:
-                        for action in self.maintain(conn, catalog):
-                            self.log(action.line())
-                    except psycopg.OperationalError as exc:
-                        self.log(f"maintain: control plane unreachable ({str(exc).splitlines()[0]}); trying again")
-                        break
-                    fence.publish(held, [])
-                    self._stop.wait(self.tick_s)
+            try:
+                with db.connect(self.settings.dsn, self.settings.schema, actor="maintain") as conn:
+                    self._maintain_while_held(fence, conn, self._catalog())
+            finally:
+                fence.release()
+
+    def _maintain_while_held(self, fence: Fence, conn: Conn, catalog) -> None:
+        while not self._stop.is_set():
+            if not fence.alive():
+                self.log("maintain: lost the service's lock (its connection broke); waiting for it again")
+                return
+            try:
+                for action in self.maintain(conn, catalog):
+                    self.log(action.line())
+            except psycopg.OperationalError as exc:
+                self.log(f"maintain: control plane unreachable ({str(exc).splitlines()[0]}); trying again")
+                return
+            fence.publish([])
+            self._stop.wait(self.tick_s)
 
     def _catalog(self):
         from icebarrier.iceberg_ext.catalog import load_catalog

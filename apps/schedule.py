@@ -311,29 +311,28 @@ class Schedule:
         again whenever the lock's connection is lost. Runs in flight are stopped on exit."""
         fence = Fence("schedule", "schedule_state", dsn=self.dsn, schema=self.schema, log=self.log)
         try:
-            while not self._stop.is_set():
-                held = fence.acquire(self._stop)
-                if held is None:
-                    return
+            while fence.acquire(self._stop):
                 self.log(f"schedule: running ({fence.holder}); at most {self.parallel} runs at once")
-                with held:
-                    self._schedule(fence, held)
+                try:
+                    self._schedule(fence)
+                finally:
+                    fence.release()
         finally:
             self._stop_runs()
 
-    def _schedule(self, fence: Fence, held: Conn) -> None:
+    def _schedule(self, fence: Fence) -> None:
         with db.connect(self.dsn, self.schema) as conn:
             self._load_durations(conn)
             while not self._stop.is_set():
-                if not fence.alive(held):
+                if not fence.alive():
                     self.log("schedule: lost the schedule's lock (its connection broke); no new runs until it is back")
                     return
-                self._tick(conn, fence, held)
+                self._tick(conn, fence)
                 self._stop.wait(self.tick_s)
 
     # one step
 
-    def _tick(self, conn: Conn, fence: Fence, held: Conn) -> None:
+    def _tick(self, conn: Conn, fence: Fence) -> None:
         self._reap(conn)
         definitions = jobs.load_definitions(conn)
         runnable = targets.runners(conn)
@@ -354,7 +353,7 @@ class Schedule:
         self._start_runs(upstream, runnable, conn)
         if now - self._published_at >= 1.0:
             self._published_at = now
-            fence.publish(held, [d.to_json() for d in dues])
+            fence.publish([d.to_json() for d in dues])
 
     def _issue_barrier(self, conn: Conn, *, refresh: bool) -> None:
         """The barrier clock's barrier when due, and one as a refresh starts (unless the newest is

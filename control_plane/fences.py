@@ -10,6 +10,7 @@ died, or the network dropped it): Postgres releases the lock with the session.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -30,10 +31,12 @@ class Fence:
         self.name, self.dsn, self.schema, self.log = name, dsn, schema, log
         self.state = sql.Identifier(state_table)
         self.holder = f"{socket.gethostname()} pid {os.getpid()}"
+        self.conn: Conn | None = None  # the connection holding the lock, while it is held
 
-    def acquire(self, stop: threading.Event, *, poll_s: float = 1.0) -> Conn | None:
-        """A connection holding the lock (the caller closes it to let go), or None once ``stop``
-        is set. Waits while another instance holds it; retries while Postgres is unreachable."""
+    def acquire(self, stop: threading.Event, *, poll_s: float = 1.0) -> bool:
+        """Hold the lock (on a connection of the fence's own; :meth:`release` lets go), or return
+        False once ``stop`` is set. Waits while another instance holds it; retries while Postgres
+        is unreachable."""
         waiting = False
         while not stop.is_set():
             try:
@@ -48,7 +51,8 @@ class Fence:
                         ).format(self.state),
                         (self.holder,),
                     )
-                    return fence
+                    self.conn = fence
+                    return True
                 held = fence.execute(sql.SQL("SELECT holder, started_at FROM {}").format(self.state)).fetchone()
                 fence.close()
                 if not waiting:
@@ -61,18 +65,24 @@ class Fence:
             except (psycopg.OperationalError, ControlPlaneUnavailableError) as exc:
                 self.log(f"control plane unreachable ({str(exc).splitlines()[0]}); trying again")
             stop.wait(poll_s)
-        return None
+        return False
 
-    def alive(self, fence: Conn) -> bool:
-        """Whether ``fence`` still holds the lock (its connection answers)."""
+    def alive(self) -> bool:
+        """Whether the lock is still held (its connection answers)."""
         try:
-            fence.execute("SELECT 1")
+            assert self.conn is not None
+            self.conn.execute("SELECT 1")
         except psycopg.OperationalError:
             return False
         return True
 
-    def publish(self, fence: Conn, plan: object) -> None:
+    def publish(self, plan: object) -> None:
         """Say the holder is alive, and what it plans (JSON), for the status page."""
-        import json
+        assert self.conn is not None
+        self.conn.execute(sql.SQL("UPDATE {} SET seen_at = now(), plan = %s").format(self.state), (json.dumps(plan),))
 
-        fence.execute(sql.SQL("UPDATE {} SET seen_at = now(), plan = %s").format(self.state), (json.dumps(plan),))
+    def release(self) -> None:
+        """Let go of the lock (Postgres releases it with the session)."""
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
