@@ -124,8 +124,10 @@ def statuses(conn: Conn, names: list[TableName] | None = None) -> list[Status]:
     return [_status(r) for r in rows]
 
 
-def policies(conn: Conn) -> dict[TableName, Policy]:
-    return {s.policy.table: s.policy for s in statuses(conn)}
+def counts(actions: dict) -> list[tuple[str, str, int]]:
+    """(action, result, how many so far) from a table's ``actions`` (as ``table_maintenance``
+    and :attr:`Status.actions` hold them: a result's count is under its name with ``_``)."""
+    return [(action, result, last[result.replace("-", "_")]) for action, last in actions.items() for result in RESULTS]
 
 
 def set_policy(conn: Conn, table: TableName, settings: dict) -> Policy:

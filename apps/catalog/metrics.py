@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from icebarrier.apps.catalog.deps import Caller
+from icebarrier.control_plane import upkeep
 
 SCRAPE = """
 SELECT v.table_name, extract(epoch FROM v.freshness) AS freshness_s, v.barriers_behind,
@@ -131,9 +132,8 @@ def _maintenance(rows: list[dict]):
         if r["snapshots"] is not None:
             for column, family in seen.items():
                 family.add_metric([r["table_name"]], float(r[column]))
-        for action, last in r["actions"].items():
-            for result, key in (("done", "done"), ("gave-way", "gave_way"), ("failed", "failed")):
-                actions.add_metric([r["table_name"], action, result], last[key])
+        for action, result, n in upkeep.counts(r["actions"]):
+            actions.add_metric([r["table_name"], action, result], n)
     yield from seen.values()
     yield actions
 

@@ -134,8 +134,8 @@ class Maintenance(Service):
         """``action result`` -> how many, over the run's tables."""
         counts: dict[str, int] = {}
         for status in upkeep.statuses(conn):
-            for action, last in status.actions.items():
-                for result, key in (("done", "done"), ("gave way", "gave_way"), ("failed", "failed")):
-                    if last[key]:
-                        counts[f"{action} {result}"] = counts.get(f"{action} {result}", 0) + last[key]
+            for action, result, n in upkeep.counts(status.actions):
+                if n:
+                    key = f"{action} {result.replace('-', ' ')}"
+                    counts[key] = counts.get(key, 0) + n
         return counts
