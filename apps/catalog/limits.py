@@ -69,7 +69,7 @@ class BodyLimit:
         limit = self.limit(scope["path"])
         length = dict(scope.get("headers") or ()).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            return await self._refuse(scope, send, limit)
+            return await _answer(scope, send, _too_large(limit), close=True)
         seen, started, complete = 0, False, False
         deadline = time.monotonic() + self.body_timeout_s
 
@@ -94,30 +94,25 @@ class BodyLimit:
 
         try:
             await self.app(scope, counted, tracked)
-        except _TooLarge:
+        except (_TooLarge, _TooSlow) as exc:
             if started:
                 raise
-            await self._refuse(scope, send, limit)
-        except _TooSlow:
-            if started:
-                raise
-            await _answer(
-                scope,
-                send,
-                RequestTimeoutError(
+            error = (
+                _too_large(limit)
+                if isinstance(exc, _TooLarge)
+                else RequestTimeoutError(
                     f"the request body did not arrive within {self.body_timeout_s:g} s; send it at once "
                     f"(the server's operator sets the limit: `serve --body-timeout`)"
-                ),
-                close=True,
+                )
             )
+            await _answer(scope, send, error, close=True)  # the rest of the body is not read: the connection ends
 
-    @staticmethod
-    async def _refuse(scope, send, limit: int) -> None:
-        error = RequestTooLargeError(
-            f"the request body is over {limit:,} bytes, this server's limit for this route; send less "
-            f"(the server's operator sets the limit: `serve --max-body`)"
-        )
-        await _answer(scope, send, error, close=True)  # the rest of the body is not read: the connection ends
+
+def _too_large(limit: int) -> RequestTooLargeError:
+    return RequestTooLargeError(
+        f"the request body is over {limit:,} bytes, this server's limit for this route; send less "
+        f"(the server's operator sets the limit: `serve --max-body`)"
+    )
 
 
 async def _answer(scope, send, error: IcebarrierError, *, close: bool = False, retry_after_s: int | None = None):
