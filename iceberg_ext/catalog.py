@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError
 from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext.config import Settings
+from icebarrier.iceberg_ext import pyiceberg_fixes
 
 SUMMARY_BARRIER = "icebarrier.barrier"
 SUMMARY_JOB = "icebarrier.job"
@@ -201,6 +202,7 @@ def publish_barrier(catalog, sinks) -> None:
 def load_table(catalog, table: TableName):
     from pyiceberg.exceptions import NoSuchTableError
 
+    pyiceberg_fixes.install()
     if table.catalog != catalog.name:
         raise CatalogMismatchError(table, catalog.name)
     try:

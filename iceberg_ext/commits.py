@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from icebarrier.control_plane import db, jobs
 from icebarrier.control_plane.errors import IcebarrierError, NotASinkError
@@ -31,6 +32,9 @@ from icebarrier.iceberg_ext.catalog import (
     stages_commits,
     summary_properties,
 )
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
 
 _CHANGE_COUNTERS = ("added-data-files", "deleted-data-files", "added-delete-files", "removed-delete-files")
 
@@ -74,6 +78,7 @@ class BarrierCommit:
         self.run_id = run_id or uuid.uuid4().hex
         self.commits: dict[TableName, int] = {}
         self.adopted: set[TableName] = set()
+        self._loaded: dict[TableName, Table] = {}
         info = job_info or jobs.show(conn, job)
         self.sinks = frozenset(info.definition.sinks)
         # Already completed (a replay of a finished barrier): every write is skipped.
@@ -91,10 +96,12 @@ class BarrierCommit:
         return {SUMMARY_BARRIER: str(self.barrier), SUMMARY_JOB: self.job, SUMMARY_RUN: self.run_id, **coalesced}
 
     def write(
-        self, table: TableName, do_write: Callable[[dict[str, str]], None], extra: Mapping[str, str] | None = None
+        self, table: TableName, do_write: Callable[[dict[str, str]], Table | None], extra: Mapping[str, str] | None = None
     ) -> int | None:
         """Write ``table`` once for this barrier with ``do_write(properties)`` (``extra``: more
-        summary properties for this write); returns the snapshot id.
+        summary properties for this write); returns the snapshot id. ``do_write`` returns the
+        PyIceberg table it committed through (its metadata is then the commit's), or None
+        (an engine wrote it: the table is loaded again).
 
         Skips the write if the barrier is already completed or if the table already holds a
         snapshot for it (adopted). Returns None when the write produced no snapshot.
@@ -106,15 +113,20 @@ class BarrierCommit:
         if self.already_completed:
             self.adopted.add(table)
             return None
-        existing = find_barrier_commit(ensure_managed_properties(load_table(self.catalog, table)), self.barrier)
+        tbl = ensure_managed_properties(load_table(self.catalog, table))
+        existing = find_barrier_commit(tbl, self.barrier)
         if existing is not None:
             self.staged = self.staged or self.staging
             self.adopted.add(table)
             self.commits[table] = existing
             return existing
-        retry_commit(lambda: do_write({**(extra or {}), **self.properties}))
+        self._loaded[table] = tbl  # the first attempt writes on it; a retry loads again
+        try:
+            committed = retry_commit(lambda: do_write({**(extra or {}), **self.properties}))
+        finally:
+            self._loaded.pop(table, None)
         faults.point(faults.AFTER_ICEBERG_COMMIT)
-        tbl = load_table(self.catalog, table)
+        tbl = committed if committed is not None and not self.staging else load_table(self.catalog, table)
         written = find_barrier_commit(tbl, self.barrier)
         self.staged = self.staged or (self.staging and written is not None)
         if written is not None and _changes_nothing(tbl.snapshot_by_id(written)):
@@ -130,6 +142,10 @@ class BarrierCommit:
         if written is not None:
             self.commits[table] = written
         return written
+
+    def _table(self, table: TableName) -> Table:
+        """The table for a PyIceberg write's attempt: as :meth:`write` loaded it, then reloaded."""
+        return self._loaded.pop(table, None) or load_table(self.catalog, table)
 
     def complete(self) -> jobs.Completion:
         """Record the barrier for all the job's sinks (idempotent for a replayed barrier)."""
@@ -164,15 +180,21 @@ class BarrierCommit:
         """Append a PyArrow table (an empty one writes no snapshot)."""
         if data.num_rows == 0:
             return self.write(table, lambda props: None)
-        return self.write(table, lambda props: load_table(self.catalog, table).append(data, snapshot_properties=props))
+
+        def append(props: dict[str, str]) -> Table:
+            tbl = self._table(table)
+            tbl.append(data, snapshot_properties=props)
+            return tbl
+
+        return self.write(table, append)
 
     def overwrite_arrow(self, table: TableName, data, overwrite_filter=None) -> int | None:
         """Replace the table's rows (or those matching ``overwrite_filter``) with ``data``."""
         from pyiceberg.expressions import AlwaysTrue
 
-        return self.write(
-            table,
-            lambda props: load_table(self.catalog, table).overwrite(
-                data, overwrite_filter=overwrite_filter or AlwaysTrue(), snapshot_properties=props
-            ),
-        )
+        def overwrite(props: dict[str, str]) -> Table:
+            tbl = self._table(table)
+            tbl.overwrite(data, overwrite_filter=overwrite_filter or AlwaysTrue(), snapshot_properties=props)
+            return tbl
+
+        return self.write(table, overwrite)

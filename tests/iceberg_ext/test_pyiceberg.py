@@ -306,3 +306,52 @@ def test_maintenance_commands(lake):
     assert bad.exit_code == 1 and "VIOLATION" in bad.stdout and "single-writer" in bad.stderr
     wrong = run(command, ["revise", str(lake.T("orders")), "--to-barrier", "123"])
     assert wrong.exit_code == 1 and "never issued" in wrong.stderr
+
+
+def _calls_during(fn, *functions) -> list[int]:
+    """How many times each of ``functions`` was entered while ``fn`` ran (a profile hook counts)."""
+    codes = {f.__code__: i for i, f in enumerate(functions)}
+    counts = [0] * len(functions)
+
+    def hook(frame, event, arg):
+        if event == "call" and (i := codes.get(frame.f_code)) is not None:
+            counts[i] += 1
+
+    sys.setprofile(hook)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return counts
+
+
+def test_an_append_costs_the_same_whatever_the_history(lake):
+    """One barrier's append copies the table's metadata and loads the table as often at 40
+    snapshots as at 1, and no more than its own commit needs (three copies, two loads): PyIceberg
+    0.12 deep-copied the whole metadata, every snapshot included, some twenty times per append."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.table.update import update_table_metadata
+
+    pipeline.setup(lake)
+    counted = []
+    for n in range(1, 41):
+        b = barriers.issue(lake.conn).barrier
+        counts = _calls_during(lambda: ingest(lake, b, n), update_table_metadata, SqlCatalog.load_table)  # noqa: B023
+        if n in (1, 40):
+            counted.append(counts)
+    assert counted[0] == counted[1], counted
+    copies, loads = counted[1]
+    assert copies <= 3 and loads <= 2, counted
+
+
+def test_a_transaction_reads_its_metadata_once_per_change(lake):
+    """The cache behind that: an unchanged transaction answers with the same metadata; staging
+    an update answers with new metadata that has it."""
+    pipeline.setup(lake)
+    tbl = load_table(lake.catalog, lake.T("orders"))
+    tx = tbl.transaction()
+    first = tx.table_metadata
+    assert tx.table_metadata is first
+    tx.set_properties({"icebarrier.test": "1"})
+    assert tx.table_metadata is not first and tx.table_metadata.properties["icebarrier.test"] == "1"
+    assert "icebarrier.test" not in first.properties
