@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError
 from icebarrier.control_plane.model import TableName
-from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext import pyiceberg_fixes
+from icebarrier.iceberg_ext.config import Settings
 
 SUMMARY_BARRIER = "icebarrier.barrier"
 SUMMARY_JOB = "icebarrier.job"
