@@ -96,7 +96,10 @@ class BarrierCommit:
         return {SUMMARY_BARRIER: str(self.barrier), SUMMARY_JOB: self.job, SUMMARY_RUN: self.run_id, **coalesced}
 
     def write(
-        self, table: TableName, do_write: Callable[[dict[str, str]], Table | None], extra: Mapping[str, str] | None = None
+        self,
+        table: TableName,
+        do_write: Callable[[dict[str, str]], Table | None],
+        extra: Mapping[str, str] | None = None,
     ) -> int | None:
         """Write ``table`` once for this barrier with ``do_write(properties)`` (``extra``: more
         summary properties for this write); returns the snapshot id. ``do_write`` returns the
