@@ -30,5 +30,5 @@ def install() -> None:
         self._icebarrier_metadata = (self._table.metadata, self._updates, metadata)
         return metadata
 
-    Transaction.table_metadata = property(table_metadata, doc=Transaction.table_metadata.__doc__)
+    Transaction.table_metadata = property(table_metadata)  # type: ignore[method-assign,assignment]
     _installed = True
