@@ -8,10 +8,12 @@ table per barrier), a barrier a second for ``--minutes`` minutes (if the commits
 a second, the barriers come as fast as they can: the marks count barriers, not seconds). Twice:
 with ``icebarrier maintain`` running beside it (default policies), and without (then the
 barriers come back to back: nothing in the lake depends on the clock without maintenance, so
-the same number of commits compressed gives the same curves sooner). At minute 1 and
-at the last minute, per table: the metadata file's size, the data files in the current
-snapshot, the commit p50 (one job's append and completion, over the minute before) and the
-pinned-load p50 (a load through ``icebarrier serve`` at ``read-committed``). Goal: with
+the same number of commits compressed gives the same curves sooner). Over minute 1 and over
+the last minute, per table: the largest metadata file and the most data files in the current
+snapshot after any barrier of the minute (compaction makes the file count a sawtooth: one
+moment of it says nothing), the commit p50 (one job's append and completion) and the
+pinned-load p50 (loads through ``icebarrier serve`` at ``read-committed``, at the minute's
+middle and end). Goal: with
 maintenance, last minute ÷ minute 1 <= 1.2 for each (the worst table counts). The service's CPU
 share: its process tree's CPU seconds ÷ (wall seconds × cores). ``--plot`` draws both curves.
 """
@@ -69,6 +71,7 @@ class Pipeline:
                 ),
             )
         self.commit_ms: dict[str, list[float]] = {t: [] for t in TABLES}
+        self.sizes: dict[str, list[tuple[float, int]]] = {t: [] for t in TABLES}  # after each barrier
 
     def barrier(self, n: int) -> int:
         """One barrier: each job appends one row to its table and completes it."""
@@ -80,28 +83,41 @@ class Pipeline:
             with BarrierCommit(self.conn, self.catalog, job=job, barrier=b) as tx:
                 tx.append_arrow(self.names[sink], pa.table({"n": [n], "at": [b]}, schema=self.schema))
             self.commit_ms[sink].append((time.perf_counter() - started) * 1000)
+            tbl = load_table(self.catalog, self.names[sink])
+            snap = tbl.current_snapshot()
+            self.sizes[sink].append(
+                (
+                    len(tbl.io.new_input(tbl.metadata_location)) / 1024,
+                    int(snap.summary["total-data-files"]) if snap else 0,
+                )
+            )
         return b
 
-    def sample(self, http, uri: str) -> dict[str, dict[str, float]]:
-        """Each table's measures now (the commit p50 over the last minute's commits)."""
+    def loads(self, http, uri: str) -> dict[str, list[float]]:
+        """:data:`LOADS` pinned loads of each table now, in ms."""
         out = {}
-        for t, name in self.names.items():
-            tbl = load_table(self.catalog, name)
-            snap = tbl.current_snapshot()
-            times = []
+        for t in TABLES:
+            out[t] = []
             for _ in range(LOADS):
                 started = time.perf_counter()
                 r = http.get(f"{uri}/v1/read-committed/namespaces/bench/tables/{t}")
-                times.append((time.perf_counter() - started) * 1000)
+                out[t].append((time.perf_counter() - started) * 1000)
                 if r.status_code != 200:
                     raise SystemExit(f"load of {t} failed: {r.status_code} {r.text[:300]}")
-            out[t] = {
-                "metadata_kib": len(tbl.io.new_input(tbl.metadata_location)) / 1024,
-                "data_files": int(snap.summary["total-data-files"]) if snap else 0,
-                "commit_ms": statistics.median(self.commit_ms[t][-60:]),
-                "load_ms": statistics.median(times),
-            }
         return out
+
+    def minute(self, upto: int, loads: list[dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+        """Each table's measures over the 60 barriers up to barrier ``upto`` (``loads``: the
+        load samples taken in them)."""
+        return {
+            t: {
+                "metadata_kib": max(kib for kib, _ in self.sizes[t][upto - 60 : upto]),
+                "data_files": max(files for _, files in self.sizes[t][upto - 60 : upto]),
+                "commit_ms": statistics.median(self.commit_ms[t][upto - 60 : upto]),
+                "load_ms": statistics.median(x for sample in loads for x in sample[t]),
+            }
+            for t in TABLES
+        }
 
 
 def one_variant(args, maintained: bool) -> dict:
@@ -122,18 +138,22 @@ def one_variant(args, maintained: bool) -> dict:
                         stderr=open(Path(warehouse) / "maintain.log", "w"),  # noqa: SIM115 - closed with the process
                     )
                 total = int(args.minutes * 60)
-                curve, marks = [], {}
+                curve, samples = [], {}
                 started = time.monotonic()
                 for n in range(1, total + 1):
                     due = started + n - 1
                     if maintained and (wait := due - time.monotonic()) > 0:
                         time.sleep(wait)
                     pipe.barrier(n)
-                    if n % SAMPLE_EVERY == 0 or n in (60, total):
-                        seen = pipe.sample(http, uri)
-                        curve.append({"barrier": n, **{m: max(s[m] for s in seen.values()) for m in MEASURES}})
-                        if n in (60, total):
-                            marks[n] = seen
+                    if n % SAMPLE_EVERY == 0 or n in (30, 60, total - 30, total):
+                        samples[n] = pipe.loads(http, uri)
+                        now = pipe.minute(n, [samples[n]]) if n >= 60 else None
+                        if now is not None:
+                            curve.append({"barrier": n, **{m: max(s[m] for s in now.values()) for m in MEASURES}})
+                marks = {
+                    60: pipe.minute(60, [samples[30], samples[60]]),
+                    total: pipe.minute(total, [samples[total - 30], samples[total]]),
+                }
                 wall_s = time.monotonic() - started
                 cpu = tree_cpu_s(service.pid) if service else 0.0
         finally:
@@ -147,6 +167,7 @@ def one_variant(args, maintained: bool) -> dict:
             "last": marks[total],
             "curve": curve,
             "wall_s": wall_s,
+            "minutes": args.minutes,
             "cpu_share": cpu / (wall_s * os.cpu_count()),
         }
 
@@ -160,6 +181,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dsn", default=DEFAULT_SERVER, help="a server where we may CREATE DATABASE")
     parser.add_argument("--minutes", type=float, default=60, help="how long the pipeline runs (>= 1)")
+    parser.add_argument(
+        "--without-minutes",
+        type=float,
+        default=15,
+        help="how long the variant without maintenance runs, at most --minutes (its commits grow to seconds: "
+        "60 minutes of them take hours; 15 show the slope)",
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--plot", help="draw the curves of the first run into this PNG")
     parser.add_argument("--one", choices=("with", "without"), help=argparse.SUPPRESS)  # a child: one variant
@@ -174,11 +202,13 @@ def main() -> int:
         run = {}
         for variant in ("with", "without"):
             print(
-                f"run {i + 1} of {args.runs}: {variant} maintenance, {args.minutes:g} min …",
+                f"run {i + 1} of {args.runs}: {variant} maintenance, "
+                f"{args.minutes if variant == 'with' else min(args.minutes, args.without_minutes):g} min …",
                 file=sys.stderr,
                 flush=True,
             )
-            child = [sys.executable, __file__, "--dsn", args.dsn, "--minutes", str(args.minutes), "--one", variant]
+            minutes = args.minutes if variant == "with" else min(args.minutes, args.without_minutes)
+            child = [sys.executable, __file__, "--dsn", args.dsn, "--minutes", str(minutes), "--one", variant]
             out = subprocess.run(child, capture_output=True, text=True)
             if out.returncode != 0:
                 print(out.stderr[-3000:], file=sys.stderr)
@@ -193,11 +223,12 @@ def main() -> int:
 
 def report(runs: list[dict], minutes: float) -> None:
     worst_first = sorted(runs, key=lambda r: -max(ratios(r["with"]).values()))
-    last = f"min {minutes:g}"
     for i, run in enumerate(worst_first, 1):
+        last, last_without = (f"min {run[v]['minutes']:g}" for v in ("with", "without"))
         print(f"run {i} (the worst table per measure):")
         print(
-            f"  {'measure':14} {'with: min 1':>12} {last:>9} {'ratio':>6}   {'without: min 1':>15} {last:>9} {'ratio':>6}"
+            f"  {'measure':14} {'with: min 1':>12} {last:>9} {'ratio':>6}   "
+            f"{'without: min 1':>15} {last_without:>9} {'ratio':>6}"
         )
         for m in MEASURES:
             cells = []

@@ -161,6 +161,11 @@ def check(
             + f"): {report.catalog_reads} "
             f"read-committed read(s), {report.catalog_anomalies} anomal(ies), {report.catalog_validated} cut(s) "
             f"validated through barrier-<B>, {report.catalog_unavailable} read(s) found it down"
+            + (
+                f"; SIGTERM to exit: longest {max(report.catalog_stop_s):.1f}s of {len(report.catalog_stop_s)}"
+                if report.catalog_stop_s
+                else ""
+            )
             + (f"; example: {report.examples['catalog read-committed']}" if report.catalog_anomalies else ""),
             "reconnects after restarts: "
             + (

@@ -8,8 +8,8 @@ network").
   for :data:`STORAGE_PROBE_S`, so a probe every second costs one object round trip every few.
 
 Both answer ``{"status": ...}`` and, when not ready, which of ``postgres``, ``schema`` or
-``storage`` failed: no message, version, host or path (an unauthenticated client learns nothing
-about the deployment).
+``storage`` failed, or ``stopping`` (SIGTERM came: a balancer should send it nothing more): no
+message, version, host or path (an unauthenticated client learns nothing about the deployment).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def healthz():
 @router.get("/readyz", include_in_schema=False)
 def readyz(request: Request):
     lake = request.app.state.lake
-    failing = []
+    failing = ["stopping"] if request.app.state.hub.closing else []
     try:
         with lake.pool.connection(timeout=2.0) as conn:
             if schema.current_revision(conn) != schema.head_revision():

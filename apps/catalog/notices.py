@@ -10,6 +10,7 @@ it waits for, so a notice raised meanwhile is not lost), then waits for a notice
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 from collections import defaultdict
 
@@ -27,6 +28,10 @@ class Watch:
         self._wait: Wait | None = None
         self._event = asyncio.Event()
 
+    def close(self) -> None:
+        """The server is stopping: end the wait now (the request answers; its client asks again)."""
+        self._event.set()
+
     def offer(self, notice: Notice) -> None:
         if self._wait is None:
             self._notices.append(notice)
@@ -36,6 +41,8 @@ class Watch:
     async def until(self, wait: Wait, *, limit_s: float) -> bool:
         """Wait until a notice wakes ``wait``, its due time, or ``limit_s``; whether a notice woke it."""
         pending, self._notices = self._notices, []
+        if self._hub.closing:
+            return False
         if any([wait.wakes(n) for n in pending]):  # something came while the request planned
             return True
         self._wait, self._event = wait, asyncio.Event()
@@ -61,12 +68,36 @@ class Hub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.closing = False  # SIGTERM came: no request waits any more
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._listener.open()
         self._thread = threading.Thread(target=self._listen, daemon=True, name="icebarrier-notices")
         self._thread.start()
+        self._close_on_signals()
+
+    def _close_on_signals(self) -> None:
+        """On SIGTERM or SIGINT, end every wait at once, then do what the server's own handler
+        does (stop accepting, let requests in flight finish within the grace period): a long poll
+        would otherwise hold the whole grace period and then be cut off without an answer."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(sig)
+
+            def handler(signum, frame, previous=previous):
+                self._loop.call_soon_threadsafe(self.close)
+                if callable(previous):
+                    previous(signum, frame)
+
+            signal.signal(sig, handler)
+
+    def close(self) -> None:
+        """Stop every wait of this process, now and from now on."""
+        self.closing = True
+        for watch in list(self._keys):
+            watch.close()
 
     def stop(self) -> None:
         self._stop.set()

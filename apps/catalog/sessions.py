@@ -117,7 +117,7 @@ async def open_session(job: SessionJob, once: Writes, request: Request, body: Op
     again: the same run); an answer with nothing to do is not (a retry waits again)."""
     body = body or OpenRequest()
     hub = request.app.state.hub
-    watch = hub.watch() if body.wait_s > 0 else None  # before planning: a notice meanwhile is kept
+    watch = hub.watch() if body.wait_s > 0 and not hub.closing else None  # before planning: a notice meanwhile is kept
     deadline, streaming = time.monotonic() + body.wait_s, False
     try:
         opening, answer = await run_in_threadpool(_open, once, job, body)
@@ -141,8 +141,8 @@ async def _waiting(
             woke = await watch.until(
                 Wait.of(opening.plan, root=opening.plan.root, due_in_s=opening.due_in_s, safety_s=left), limit_s=left
             )
-            if not woke and (opening.due_in_s is None or opening.due_in_s >= left):
-                break  # the long poll's end, with no barrier due before it: the client asks again
+            if hub.closing or (not woke and (opening.due_in_s is None or opening.due_in_s >= left)):
+                break  # the long poll's end (or the server's), no barrier due before it: the client asks again
             try:
                 found, answer = await run_in_threadpool(_open, once, job, body)
             except Exception as exc:  # noqa: BLE001 - the stream has begun: the error is its last line

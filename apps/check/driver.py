@@ -82,7 +82,8 @@ class Fault:
     at_s: float
     # kill (a job process, -9: for a job exec job, `job exec` itself), script (a job exec job's
     # script alone, -9), restart (the control-plane Postgres), server (the catalog server, -9,
-    # started again down_s later), maintain (the maintenance service, -9, started again down_s later)
+    # started again down_s later), server-term (the same with SIGTERM: it drains, then exits),
+    # maintain (the maintenance service, -9, started again down_s later)
     kind: str
     job: str | None = None
     down_s: float = 0.0
@@ -104,9 +105,13 @@ def fault_schedule(
         Fault(at_s=rng.uniform(0.5, duration_s), kind="script", job=rng.choice(list(EXEC_JOBS)))
         for _ in range(round(duration_s * fault_rate * 0.3) if exec_jobs else 0)
     ]
-    servers = [
-        Fault(at_s=rng.uniform(1.0, duration_s), kind="server", down_s=round(rng.uniform(0.2, 1.5), 2))
-        for _ in range(max(1, round(duration_s * fault_rate / 6)) if exec_jobs else 0)
+    servers = [  # every other one a SIGTERM (the server drains), the others -9
+        Fault(
+            at_s=rng.uniform(1.0, duration_s),
+            kind="server-term" if i % 2 else "server",
+            down_s=round(rng.uniform(0.2, 1.5), 2),
+        )
+        for i in range(max(2, round(duration_s * fault_rate / 6)) if exec_jobs else 0)
     ]
     maintains = [  # drawn last: the schedule without --maintain stays what it was for a seed
         Fault(at_s=rng.uniform(1.0, duration_s), kind="maintain", down_s=round(rng.uniform(0.2, 1.5), 2))
@@ -157,6 +162,7 @@ class CheckReport:
     catalog_validated: int = 0  # cuts validated through the catalog's barrier-<B> warehouse too
     catalog_unavailable: int = 0  # catalog reads that found the server down (killed by the schedule)
     catalog_anomalies: int = 0
+    catalog_stop_s: list[float] = field(default_factory=list)  # each SIGTERM of the server to its exit
     maintenance: dict[str, int] | None = None  # with --maintain: "action result" -> how many
 
     @property
@@ -223,6 +229,7 @@ class CheckReport:
                 "validated": self.catalog_validated,
                 "unavailable": self.catalog_unavailable,
                 "anomalies": self.catalog_anomalies,
+                "stop_s": [round(x, 3) for x in self.catalog_stop_s],
             },
             "violations": self.violations,
         }
@@ -946,6 +953,9 @@ def run_check(
                 elif fault.kind == "server":
                     run.catalog_server.kill(fault.down_s)
                     report.faults["catalog server@killed"] += 1
+                elif fault.kind == "server-term":
+                    run.catalog_server.terminate(fault.down_s)
+                    report.faults["catalog server@SIGTERM"] += 1
                 elif fault.kind == "maintain":
                     run.maintenance.kill(fault.down_s)
                     report.faults["maintain@killed"] += 1
@@ -957,8 +967,8 @@ def run_check(
                 if service is not None:
                     service.tend()
             if final is None and elapsed > duration_s:
-                if run.catalog_server is not None and run.catalog_server.down_until is not None:
-                    run.catalog_server.start()
+                if run.catalog_server is not None:
+                    run.catalog_server.restarted()
                 final = run.cp.run("barrier", lambda conn: barriers.newest(conn).barrier)
                 progress(f"check: {report.barriers} barriers issued; waiting for every job to complete the last")
                 for job in JOBS:  # a hard kill mid-work, then a run that stops at the final barrier
@@ -1027,6 +1037,11 @@ def run_check(
     finally:
         if run.catalog_server is not None:
             run.catalog_server.stop()
+            report.catalog_stop_s = run.catalog_server.stop_s
+            if cut := run.catalog_server.cut_off():
+                report.violations.append(
+                    f"the catalog server's SIGTERM cut off requests in flight {cut} time(s): its grace ran out"
+                )
         run.cp.close()
         run.pinner.cp.close()
     return report

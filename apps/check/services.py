@@ -1,6 +1,7 @@
 """The checker's services: an ``icebarrier serve`` (for the job exec jobs) and, with
 ``--maintain``, the maintenance service; each an ``icebarrier`` process of the run that the
-fault schedule kills (-9) and :meth:`Service.tend` starts again ``down_s`` later."""
+fault schedule kills (-9) or stops (SIGTERM: the server drains) and :meth:`Service.tend` starts
+again ``down_s`` after it is gone."""
 
 from __future__ import annotations
 
@@ -30,9 +31,12 @@ class Service:
         self.config = home / f"{self.name}.toml"
         storage = "".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in env.storage.items())
         self.config.write_text(f"[storage]\n{storage}" if storage else "")
-        self.log = open(home / f"{self.name}.log", "a")  # noqa: SIM115 - closed by stop()
+        self.log_path = home / f"{self.name}.log"
+        self.log = open(self.log_path, "a")  # noqa: SIM115 - closed by stop()
         self.proc: subprocess.Popen | None = None
         self.down_until: float | None = None
+        self.stopping: tuple[float, float] | None = None  # SIGTERM sent: (when, down_s after it exits)
+        self.stop_s: list[float] = []  # from each SIGTERM to the process's exit
 
     def args(self) -> list[str]:
         raise NotImplementedError
@@ -62,10 +66,29 @@ class Service:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        self.down_until = time.monotonic() + down_s
+        self.stopping, self.down_until = None, time.monotonic() + down_s
+
+    def terminate(self, down_s: float) -> None:
+        """SIGTERM (the process alone: it stops the way an operator's restart stops it);
+        :meth:`tend` starts it again ``down_s`` after it exits."""
+        if self.proc is not None and self.proc.poll() is None and self.stopping is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.stopping = (time.monotonic(), down_s)
 
     def tend(self) -> None:
+        if self.stopping is not None and self.proc is not None and self.proc.poll() is not None:
+            sent, down_s = self.stopping
+            self.stop_s.append(time.monotonic() - sent)
+            self.stopping, self.down_until = None, time.monotonic() + down_s
         if self.down_until is not None and time.monotonic() >= self.down_until:
+            self.start()
+
+    def restarted(self) -> None:
+        """Running again now if a fault has it down or stopping."""
+        if self.stopping is not None and self.proc is not None:
+            self.proc.wait()
+            self.tend()  # records how long it took to stop
+        if self.down_until is not None:
             self.start()
 
     def stop(self) -> None:
@@ -91,6 +114,11 @@ class CatalogServer(Service):
 
     def args(self) -> list[str]:
         return ["serve", "--port", str(self.port), "--session-quiet", f"{QUIET_S:g}s"]
+
+    def cut_off(self) -> int:
+        """How many times a SIGTERM's grace ran out with requests still in flight (uvicorn then
+        cancels them: their clients get no answer). A long poll must end at SIGTERM, not hold it."""
+        return self.log_path.read_text(errors="replace").count("timeout graceful shutdown exceeded")
 
     def start(self, timeout_s: float = 60) -> None:
         super().start()

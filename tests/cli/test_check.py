@@ -99,6 +99,8 @@ def test_short_seeded_check_run_passes():
     # were validated through the catalog's barrier-<B> warehouse and read through read-committed
     assert report["exec_jobs"] == ["balances_job", "orders_in"] and report["mutation"] is None
     assert report["faults"].get("catalog server@killed", 0) >= 1
+    # and stopped with SIGTERM: it drained (long polls answered at once) and exited
+    assert report["faults"].get("catalog server@SIGTERM", 0) >= 1 and report["catalog"]["stop_s"]
     assert report["catalog"]["validated"] > 0 and report["catalog"]["reads"] > 0
     assert report["catalog"]["anomalies"] == 0
 
@@ -221,7 +223,7 @@ def test_fault_schedule_is_a_function_of_the_seed():
     ]
     assert not [f for f in fault_schedule(7, 20, 0.3, restarts=False) if f.kind == "restart"]
     with_exec = fault_schedule(7, 60, 0.3, restarts=True, exec_jobs=True)
-    assert {"kill", "script", "server", "restart"} <= {f.kind for f in with_exec}
+    assert {"kill", "script", "server", "server-term", "restart"} <= {f.kind for f in with_exec}
     assert not [f for f in fault_schedule(7, 60, 0.3, restarts=True) if f.kind in ("script", "server")]
 
 

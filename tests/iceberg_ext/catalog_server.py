@@ -26,8 +26,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(lake, *extra: str, env_extra: dict | None = None, cwd=None) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+def start_server(
+    lake, *extra: str, env_extra: dict | None = None, cwd=None, port: int | None = None
+) -> tuple[subprocess.Popen, str]:
+    port = port or free_port()
     env = {
         **os.environ,
         "ICEBARRIER_DSN": lake.settings.dsn,

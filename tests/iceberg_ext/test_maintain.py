@@ -66,7 +66,7 @@ def test_a_policy_is_set_shown_and_returned_to_its_defaults(lake, spark):
     events = [e for e in audit.events(lake.conn, table=name) if e.action == "table maintenance"]
     assert len(events) == 1 and events[0].detail["policy"]["target_file_size"] == 64 << 20
     back = json.loads(_invoke("--output", "json", "table", "maintenance", name, "--default", "retain").stdout)
-    assert back["retain_s"] == 60 and back["own"] == ["target_file_size"]
+    assert back["retain_s"] == 15 and back["own"] == ["target_file_size"]
 
 
 def test_bad_policy_input_is_one_line_and_writes_nothing(lake, spark):

@@ -185,3 +185,38 @@ def test_serve_workers_replace_a_killed_process_and_following_jobs_keep_going(la
             p.kill()
         err = stop_server(proc)
     assert "Traceback" not in err, err[-3000:]
+
+
+def test_sigterm_answers_the_long_polls_and_jobs_carry_on_with_the_next_server(lake, tmp_path):
+    """SIGTERM of a server holding three jobs' long polls: it answers each at once (no request is
+    left for its grace period to cut off), says it is not ready, and exits; the jobs ask again,
+    wait for the next server on the same address, and complete every barrier issued once."""
+    barriers.set_interval_s(lake.conn, WEEK_S)
+    creds = register_chain(lake)
+    grace = "120s"  # a long poll held to the grace would show as the grace, and in uvicorn's log
+    first, uri = start_server(lake, "--shutdown-grace", grace)
+    port = int(uri.rsplit(":", 1)[1])
+    procs = follow(uri, creds, tmp_path, "--poll", "300s")
+    second = None
+    try:
+        idle = lambda: all("waiting for" in (tmp_path / f"{j}.err").read_text() for j in CHAIN)  # noqa: E731
+        wait_for(idle, "idle", procs, tmp_path)
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=60)  # well inside the grace: nothing waited for it
+        assert first.returncode == 0 and "graceful shutdown exceeded" not in err and "Traceback" not in err, err
+        second, _ = start_server(lake, port=port)
+        marks = []
+        for _ in range(2):
+            marks.append(barriers.issue(lake.conn).barrier)
+            wait_for(
+                lambda: jobs.show(lake.conn, "leaf").progress == marks[-1], "the leaf", procs, tmp_path, timeout_s=90
+            )
+        summaries = stop(procs, tmp_path)
+    finally:
+        kill(procs)
+        if second is not None:
+            stop_server(second)
+    published = [s["barrier"] for s in summaries["root"]["steps"] if s["outcome"] == "published"]
+    assert published[-2:] == marks and len(published) == len(set(published))  # each once
+    for job in ("mid", "leaf"):
+        assert summaries[job]["steps"][-1]["barrier"] == marks[-1]
