@@ -55,7 +55,7 @@ def test_a_policy_is_set_shown_and_returned_to_its_defaults(lake, spark):
     name = str(lake.T("events"))
     shown = _invoke("table", "maintenance", name)
     assert shown.exit_code == 0, shown.output
-    assert "retain:                    60.0s (default)" in shown.output, shown.output
+    assert "retain:                    15.0s (default)" in shown.output, shown.output
     assert "keep the newest:           10 snapshots (default)" in shown.output
     out = _invoke("--output", "json", "table", "maintenance", name, "--retain", "30s", "--target-file-size", "64MB")
     assert out.exit_code == 0, out.output
