@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -43,7 +44,15 @@ from pathlib import Path
 
 import uuid6
 
-from icebarrier.apps.catalog.clients import configuration, pyiceberg_environment, spark_conf
+from icebarrier.apps.catalog.clients import (
+    CA_CERT_ENV,
+    configuration,
+    pyiceberg_environment,
+    spark_conf,
+    tls_context,
+    trusted_pem,
+    write_truststore,
+)
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.job_sessions import HOLD_S
 from icebarrier.control_plane.model import TableName, barrier_label, format_duration_s
@@ -73,7 +82,7 @@ class CatalogRequestError(IcebarrierError):
 class SessionClient:
     """The job-session endpoints of ``icebarrier serve``, with OAuth2 client credentials."""
 
-    def __init__(self, uri: str, credential: str) -> None:
+    def __init__(self, uri: str, credential: str, ca_cert: str | None = None) -> None:
         client_id, colon, secret = credential.partition(":")
         if not colon or not client_id or not secret:
             raise IcebarrierError(
@@ -81,6 +90,7 @@ class SessionClient:
                 "--job JOB`); pass --credential or set ICEBARRIER_CATALOG_CREDENTIAL"
             )
         self.uri, self.client_id, self.secret = uri.rstrip("/"), client_id, secret
+        self.tls = tls_context(ca_cert)
         self._token: str | None = None
 
     def _send(
@@ -90,7 +100,7 @@ class SessionClient:
         last line is the answer (an ``error`` line is raised as the catalog's refusal)."""
         request = urllib.request.Request(self.uri + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S, context=self.tls) as response:
                 if response.headers.get_content_type() != "application/x-ndjson":
                     return json.loads(response.read() or b"{}")
                 for line in response:
@@ -124,9 +134,15 @@ class SessionClient:
                 f"the catalog at {self.uri} refused {method} {path}: {message}", exc.code
             ) from None
         except OSError as exc:
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, ssl.SSLCertVerificationError):  # not retried: it will not change
+                raise IcebarrierError(
+                    f"the catalog at {self.uri} presented a certificate this client does not trust "
+                    f"({reason.verify_message}, CERTIFICATE_VERIFY_FAILED); pass --ca-cert with the CA that "
+                    f"issued it (or set ICEBARRIER_CA_CERT)"
+                ) from None
             raise CatalogRequestError(
-                f"no catalog answers at {self.uri} ({getattr(exc, 'reason', exc)}); start one "
-                f"with `icebarrier serve` or pass --catalog-uri"
+                f"no catalog answers at {self.uri} ({reason}); start one with `icebarrier serve` or pass --catalog-uri"
             ) from None
 
     def token(self) -> str:
@@ -201,9 +217,12 @@ class SessionClient:
 # -- the command's environment ------------------------------------------------------------------------
 
 
-def command_environment(session: dict, *, catalog: str, uri: str, credential: str, workdir: Path) -> dict[str, str]:
+def command_environment(
+    session: dict, *, catalog: str, uri: str, credential: str, workdir: Path, ca_cert: str | None = None
+) -> dict[str, str]:
     """Environment variables that give COMMAND the session and every engine's configuration
-    (files written under ``workdir``)."""
+    (files written under ``workdir``); with ``ca_cert``, each engine trusts it (the Python clients
+    through ``REQUESTS_CA_BUNDLE`` and ``SSL_CERT_FILE``: it beside the public CAs)."""
     warehouse = f"job:{session['job']}@{session['run_id']}"
     env = {
         "ICEBARRIER_JOB": session["job"],
@@ -217,11 +236,17 @@ def command_environment(session: dict, *, catalog: str, uri: str, credential: st
         "ICEBARRIER_CATALOG_CREDENTIAL": credential,
         **pyiceberg_environment(warehouse, uri, credential, catalog),
     }
+    truststore = None
+    if ca_cert:
+        bundle = workdir / "ca-bundle.pem"
+        bundle.write_bytes(trusted_pem(ca_cert))
+        env.update({CA_CERT_ENV: ca_cert, "REQUESTS_CA_BUNDLE": str(bundle), "SSL_CERT_FILE": str(bundle)})
+        truststore = workdir / "truststore.p12"
     duckdb_init = workdir / "duckdb-init.sql"
-    duckdb_init.write_text(configuration("duckdb", warehouse, uri, credential, catalog) + "\n")
+    duckdb_init.write_text(configuration("duckdb", warehouse, uri, credential, catalog, ca_cert=ca_cert) + "\n")
     env["ICEBARRIER_DUCKDB_INIT"] = str(duckdb_init)
     try:
-        conf = spark_conf(warehouse, uri, credential, catalog)
+        conf = spark_conf(warehouse, uri, credential, catalog, truststore=truststore)
     except IcebarrierError:  # no Spark here: the command is not a Spark one
         return env
     conf_dir = workdir / "spark-conf"
@@ -236,6 +261,8 @@ def command_environment(session: dict, *, catalog: str, uri: str, credential: st
         (conf_dir / "log4j2.properties").write_text(SPARK_LOG4J2)
     env["SPARK_CONF_DIR"] = str(conf_dir)
     env["ICEBARRIER_SPARK_PROPERTIES"] = str(defaults)
+    if ca_cert and truststore is not None:
+        write_truststore(ca_cert, truststore)
     return env
 
 
@@ -298,6 +325,7 @@ class JobExec:
         *,
         uri: str,
         credential: str,
+        ca_cert: str | None = None,
         skip: bool = True,
         coalesce: bool = True,
         hold_s: float = HOLD_S,
@@ -305,7 +333,8 @@ class JobExec:
     ) -> None:
         self.job, self.command, self.skip, self.coalesce, self.hold_s = job, command, skip, coalesce, hold_s
         self.uri, self.credential, self.log = uri.rstrip("/"), credential, log
-        self.client = SessionClient(uri, credential)
+        self.ca_cert = ca_cert
+        self.client = SessionClient(uri, credential, ca_cert)
         self.stop = threading.Event()
         self._child: subprocess.Popen | None = None
         self.lineage = Lineage.for_job(job)
@@ -451,7 +480,12 @@ class JobExec:
             env = {
                 **os.environ,
                 **command_environment(
-                    session, catalog=session["catalog"], uri=self.uri, credential=self.credential, workdir=Path(workdir)
+                    session,
+                    catalog=session["catalog"],
+                    uri=self.uri,
+                    credential=self.credential,
+                    workdir=Path(workdir),
+                    ca_cert=self.ca_cert,
                 ),
             }
             try:

@@ -292,6 +292,7 @@ class Schedule:
     schema: str | None
     catalog_uri: str | None
     credential: str | None
+    ca_cert: str | None = None
     parallel: int = 4
     tick_s: float = 0.2
     issue_barriers: bool = True
@@ -439,6 +440,7 @@ class Schedule:
             ("ICEBARRIER_SCHEMA", self.schema),
             ("ICEBARRIER_CATALOG_URI", self.catalog_uri),
             ("ICEBARRIER_CATALOG_CREDENTIAL", self.credential),
+            ("ICEBARRIER_CA_CERT", self.ca_cert),
         ):
             if value:
                 env.setdefault(key, value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import click
 
@@ -162,13 +163,22 @@ def serve(
     help="The catalog's name in the engine (Trino: the properties file's name); default: the configured "
     "catalog (ICEBARRIER_CATALOG, icebarrier.toml), else lake.",
 )
+@click.option(
+    "--ca-cert",
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="ICEBARRIER_CA_CERT",
+    help="The CA (PEM) of the server's certificate, for https with a CA of your own; for Spark and "
+    "Trino it is written beside it as a Java truststore (.p12) [env ICEBARRIER_CA_CERT].",
+)
 @click.pass_obj
-def connect(obj, engine: str, warehouse: str, uri: str, credential: str, catalog: str | None) -> None:
+def connect(
+    obj, engine: str, warehouse: str, uri: str, credential: str, catalog: str | None, ca_cert: str | None
+) -> None:
     """Print a ready-to-paste configuration for ENGINE to read (or write) through the catalog.
 
     Needs only the server's URI and a token (no DSN). For Trino it asks the server where the
     lake's files live (S3's endpoint and region go in the catalog file), so the token must be real."""
-    from icebarrier.apps.catalog.clients import served_storage
+    from icebarrier.apps.catalog.clients import served_storage, write_truststore
     from icebarrier.apps.catalog.warehouses import Warehouse
     from icebarrier.control_plane.errors import ConfigurationError
     from icebarrier.iceberg_ext.config import Settings
@@ -177,8 +187,12 @@ def connect(obj, engine: str, warehouse: str, uri: str, credential: str, catalog
     if not catalog.isidentifier():
         raise ConfigurationError(f"catalog name {catalog!r} is invalid; use an identifier such as lake")
     parsed, uri = str(Warehouse.parse(warehouse)), uri.rstrip("/")
-    storage = served_storage(uri, credential, parsed) if engine == "trino" else None
-    text = configuration(engine, parsed, uri, credential, catalog, storage)
+    ca_cert = str(Path(ca_cert).resolve()) if ca_cert else None
+    storage = served_storage(uri, credential, parsed, ca_cert) if engine == "trino" else None
+    truststore = None
+    if ca_cert and engine in ("spark", "trino"):
+        truststore = write_truststore(ca_cert, Path(ca_cert).with_suffix(".p12"))
+    text = configuration(engine, parsed, uri, credential, catalog, storage, ca_cert=ca_cert, truststore=truststore)
     emit(obj, {"engine": engine, "warehouse": parsed, "configuration": text}, text)
 
 

@@ -261,6 +261,13 @@ def catalog_access(credential_help: str):
 
     def apply(command):
         command = click.option(
+            "--ca-cert",
+            envvar="ICEBARRIER_CA_CERT",
+            type=click.Path(exists=True, dir_okay=False),
+            help="The CA (PEM) of the server's certificate, for https with a CA of your own; the "
+            "command's engines are told to trust it too [env ICEBARRIER_CA_CERT].",
+        )(command)
+        command = click.option(
             "--credential",
             envvar="ICEBARRIER_CATALOG_CREDENTIAL",
             metavar="CLIENT_ID:SECRET",
@@ -307,6 +314,7 @@ def exec_(
     mode: str,
     catalog_uri: str,
     credential: str | None,
+    ca_cert: str | None,
     no_skip: bool,
     no_coalesce: bool,
     poll: str,
@@ -335,6 +343,7 @@ def exec_(
         list(command),
         uri=catalog_uri,
         credential=credential,
+        ca_cert=ca_cert,
         skip=not no_skip,
         coalesce=not no_coalesce,
         hold_s=parse_duration_s(hold),

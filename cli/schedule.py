@@ -20,7 +20,7 @@ from icebarrier.cli.render import Seconds, emit, table
     help="Do not issue barriers on the clock (root jobs running --follow, or an operator, issue them).",
 )
 @click.pass_obj
-def schedule(obj, parallel: int, dry_run: bool, catalog_uri, credential, no_barriers: bool) -> None:
+def schedule(obj, parallel: int, dry_run: bool, catalog_uri, credential, ca_cert, no_barriers: bool) -> None:
     """Run each job `--once` (as registered with `job register --command/--file`) when a table
     downstream of it would otherwise miss its target lag, and not earlier, so that everything
     since its last run is coalesced. One schedule per control plane: a second one waits and
@@ -57,6 +57,7 @@ def schedule(obj, parallel: int, dry_run: bool, catalog_uri, credential, no_barr
         schema=settings.schema,
         catalog_uri=catalog_uri,
         credential=credential,
+        ca_cert=ca_cert,
         parallel=parallel,
         issue_barriers=not no_barriers,
         log=lambda line: click.echo(line, err=True),

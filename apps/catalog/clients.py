@@ -1,37 +1,101 @@
 """How each engine reaches the consistent catalog: the configuration ``icebarrier connect``
-prints, and the one ``icebarrier job exec`` hands its command."""
+prints, and the one ``icebarrier job exec`` hands its command.
+
+Over https with a certificate from a CA of your own (``--ca-cert``, env ``ICEBARRIER_CA_CERT``),
+each engine is told to trust it the way it can: PyIceberg's ``ssl.cabundle``, DuckDB's
+``ca_cert_file``, the JVM's truststore (Spark, Trino: a PKCS12 file made from the PEM), and
+``REQUESTS_CA_BUNDLE`` for the Python clients of a job's command (the CA beside the system's,
+so object storage keeps its own trust). A certificate from a public CA needs none of it.
+"""
 
 from __future__ import annotations
 
+import ssl
+from pathlib import Path
+
 ENGINES = ("spark", "pyiceberg", "duckdb", "trino")
+CA_CERT_ENV = "ICEBARRIER_CA_CERT"
+TRUSTSTORE_PASSWORD = "icebarrier"  # a truststore holds no secret; Java wants a password anyway
+
+
+def tls_context(ca_cert: str | None) -> ssl.SSLContext:
+    """The context our own clients (job exec, connect) verify the server with: the system's CAs,
+    and ``ca_cert`` too when given."""
+    context = ssl.create_default_context()
+    if ca_cert:
+        context.load_verify_locations(cafile=ca_cert)
+    return context
+
+
+def jvm_trust_options(truststore: str) -> str:
+    """The JVM options that make ``truststore`` (PKCS12) the CAs a Java client trusts."""
+    return (
+        f"-Djavax.net.ssl.trustStore={truststore} -Djavax.net.ssl.trustStoreType=PKCS12 "
+        f"-Djavax.net.ssl.trustStorePassword={TRUSTSTORE_PASSWORD}"
+    )
+
+
+def trusted_pem(ca_cert: str) -> bytes:
+    """``ca_cert`` beside the public CAs (certifi's): a bundle or truststore given to a client
+    replaces its own, and object storage still needs them."""
+    import certifi
+
+    return Path(ca_cert).read_bytes() + b"\n" + Path(certifi.where()).read_bytes()
+
+
+def write_truststore(ca_cert: str, path: Path) -> Path:
+    """:func:`trusted_pem` as a PKCS12 Java truststore at ``path``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import BestAvailableEncryption, pkcs12
+
+    certs = x509.load_pem_x509_certificates(trusted_pem(ca_cert))
+    entries = [pkcs12.PKCS12Certificate(c, f"ca-{i}".encode()) for i, c in enumerate(certs)]
+    path.write_bytes(pkcs12.serialize_java_truststore(entries, BestAvailableEncryption(TRUSTSTORE_PASSWORD.encode())))
+    return path
 
 
 def configuration(
-    engine: str, warehouse: str, uri: str, credential: str, catalog: str, storage: dict[str, str] | None = None
+    engine: str,
+    warehouse: str,
+    uri: str,
+    credential: str,
+    catalog: str,
+    storage: dict[str, str] | None = None,
+    *,
+    ca_cert: str | None = None,
+    truststore: Path | None = None,
 ) -> str:
     """Client configuration; Spark's table cache is off so each query loads its tables in one
     read-committed session moment (with the cache, two tables of a query could come from loads
     made up to 30 s apart). ``storage``: the catalog's ``/v1/config`` defaults (:func:`served_storage`),
     which Trino's file system needs in its catalog file (the other engines take them from the
-    catalog at run time)."""
+    catalog at run time). ``ca_cert``: the CA the server's certificate comes from, if not a
+    public one (``truststore``: where it is as a Java truststore, for Spark and Trino)."""
     client_id, _, secret = credential.partition(":")
     if engine == "spark":
-        return "\n".join(f"{k} {v}" for k, v in spark_conf(warehouse, uri, credential, catalog).items())
+        conf = spark_conf(warehouse, uri, credential, catalog, truststore=truststore)
+        return "\n".join(f"{k} {v}" for k, v in conf.items())
     if engine == "pyiceberg":
         return (
             f"# ~/.pyiceberg.yaml\ncatalog:\n  {catalog}:\n    type: rest\n    uri: {uri}\n"
             f"    warehouse: {warehouse}\n    credential: {credential}\n"
             f"    oauth2-server-uri: {uri}/v1/oauth/tokens\n"
+            + (f"    ssl:\n      cabundle: {ca_cert}\n" if ca_cert else "")
         )
     if engine == "duckdb":
         return (
             f"{duckdb_install()}\n"
-            f"CREATE SECRET icebarrier (TYPE iceberg, CLIENT_ID '{client_id}', CLIENT_SECRET '{secret}', "
+            + (f"SET ca_cert_file = '{ca_cert}';\n" if ca_cert else "")
+            + f"CREATE SECRET icebarrier (TYPE iceberg, CLIENT_ID '{client_id}', CLIENT_SECRET '{secret}', "
             f"OAUTH2_SERVER_URI '{uri}/v1/oauth/tokens');\n"
             f"ATTACH '{warehouse}' AS {catalog} (TYPE iceberg, SECRET icebarrier, ENDPOINT '{uri}', "
             f"ACCESS_DELEGATION_MODE 'vended_credentials');"
         )
-    return trino_properties(warehouse, uri, credential, catalog, storage or {})
+    properties = trino_properties(warehouse, uri, credential, catalog, storage or {})
+    if truststore is None:
+        return properties
+    jvm = "".join(f"{option}\n" for option in jvm_trust_options(str(truststore)).split())
+    return f"{properties}\n# etc/jvm.config (added: Trino's JVM trusts the catalog's CA)\n{jvm}"
 
 
 def trino_properties(warehouse: str, uri: str, credential: str, catalog: str, storage: dict[str, str]) -> str:
@@ -62,7 +126,7 @@ def trino_properties(warehouse: str, uri: str, credential: str, catalog: str, st
     return "\n".join(lines) + "\n"
 
 
-def served_storage(uri: str, credential: str, warehouse: str) -> dict[str, str]:
+def served_storage(uri: str, credential: str, warehouse: str, ca_cert: str | None = None) -> dict[str, str]:
     """Where the catalog at ``uri`` says the lake's files live (its ``/v1/config`` defaults), asked
     with ``credential`` as any client would. Raises IcebarrierError naming the setting to fix."""
     import base64
@@ -80,13 +144,13 @@ def served_storage(uri: str, credential: str, warehouse: str) -> dict[str, str]:
             data=b"grant_type=client_credentials&scope=catalog",
             headers={"Authorization": f"Basic {basic}", "Content-Type": "application/x-www-form-urlencoded"},
         )
-        with urllib.request.urlopen(token_request, timeout=30) as r:
+        with urllib.request.urlopen(token_request, timeout=30, context=tls_context(ca_cert)) as r:
             token = json.load(r)["access_token"]
         query = urllib.parse.urlencode({"warehouse": warehouse})
         config_request = urllib.request.Request(
             f"{uri}/v1/config?{query}", headers={"Authorization": f"Bearer {token}"}
         )
-        with urllib.request.urlopen(config_request, timeout=30) as r:
+        with urllib.request.urlopen(config_request, timeout=30, context=tls_context(ca_cert)) as r:
             return json.load(r).get("defaults", {})
     except urllib.error.HTTPError as exc:
         why = exc.read().decode(errors="replace")[:200]
@@ -119,10 +183,13 @@ def duckdb_install() -> str:
     return "\n".join(lines)
 
 
-def spark_conf(warehouse: str, uri: str, credential: str, catalog: str) -> dict[str, str]:
+def spark_conf(
+    warehouse: str, uri: str, credential: str, catalog: str, *, truststore: Path | None = None
+) -> dict[str, str]:
     """Spark properties for catalog ``catalog`` through the REST catalog at ``uri``. Both of
     Iceberg's jars: the runtime, and the AWS bundle for tables on S3 (a client does not know where
-    the lake lives; the load response says, with the storage access it needs)."""
+    the lake lives; the load response says, with the storage access it needs). ``truststore``:
+    the CAs the driver and executors trust (see :func:`write_truststore`)."""
     from icebarrier.iceberg_ext.spark import EXTENSIONS, add_aws_bundle, iceberg_jar
 
     conf = {
@@ -139,6 +206,10 @@ def spark_conf(warehouse: str, uri: str, credential: str, catalog: str) -> dict[
         # the storage access a table needs comes with its load
         f"spark.sql.catalog.{catalog}.header.X-Iceberg-Access-Delegation": "vended-credentials",
     }
+    if truststore is not None:
+        conf["spark.driver.extraJavaOptions"] = conf["spark.executor.extraJavaOptions"] = jvm_trust_options(
+            str(truststore)
+        )
     add_aws_bundle(conf)
     return conf
 
