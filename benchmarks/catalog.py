@@ -88,7 +88,9 @@ def add_managed(conn, n: int, barrier: int) -> None:
     conn.execute("ANALYZE")
 
 
-def start(settings: Settings, config: str | None = None, workers: int = 1) -> tuple[subprocess.Popen, str]:
+def start(
+    settings: Settings, config: str | None = None, workers: int = 1, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, str]:
     env = {
         **os.environ,
         "ICEBARRIER_DSN": settings.dsn,
@@ -105,6 +107,7 @@ def start(settings: Settings, config: str | None = None, workers: int = 1) -> tu
             str(port),
             "--workers",
             str(workers),
+            *extra,
         ],
         env,
     )

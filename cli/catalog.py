@@ -46,6 +46,13 @@ from icebarrier.control_plane.model import parse_duration_s, parse_size_bytes
     "before it is read.",
 )
 @click.option(
+    "--max-body-memory",
+    default="64MB",
+    show_default=True,
+    help="Request bodies held in memory at once, all requests together (per server process); a body "
+    "that would pass it is answered 503 with Retry-After.",
+)
+@click.option(
     "--body-timeout",
     default="30s",
     show_default=True,
@@ -87,6 +94,7 @@ def serve(
     allow_anonymous_read: bool,
     allowed_locations: tuple[str, ...],
     max_body: str,
+    max_body_memory: str,
     body_timeout: str,
     max_per_token: int,
     tls_cert: str | None,
@@ -116,6 +124,7 @@ def serve(
         "allow_anonymous_read": allow_anonymous_read,
         "allowed_locations": list(allowed_locations),
         "max_body_bytes": parse_size_bytes(max_body),
+        "max_body_memory": parse_size_bytes(max_body_memory),
         "body_timeout_s": parse_duration_s(body_timeout),
         "max_per_token": max_per_token,
         "log_format": log_format,

@@ -31,6 +31,14 @@ class AuthenticationError(IcebarrierError):
     """Credentials or an access token that are unknown, revoked or expired."""
 
 
+def token_required() -> AuthenticationError:
+    """A request without a token where the catalog needs one."""
+    return AuthenticationError(
+        "this catalog needs a token: create one with `icebarrier token create` and pass "
+        "CLIENT_ID:SECRET as the client's credential"
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Principal:
     """Who a catalog request comes from: a reader, a job (it may commit to its sinks), or an

@@ -18,7 +18,7 @@ from icebarrier.apps.catalog.models import check_name, check_namespace
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import tokens
 from icebarrier.control_plane.model import TableName
-from icebarrier.control_plane.tokens import AuthenticationError, Principal
+from icebarrier.control_plane.tokens import Principal, token_required
 
 SEP = "\x1f"  # the REST spec's namespace level separator
 
@@ -40,10 +40,7 @@ async def bearer(request: Request, authorization: Annotated[str | None, Header()
         return authorization[7:].strip()
     if request.app.state.allow_anonymous_read:
         return None
-    raise AuthenticationError(
-        "this catalog needs a token: create one with `icebarrier token create` and pass "
-        "CLIENT_ID:SECRET as the client's credential"
-    )
+    raise token_required()
 
 
 Bearer = Annotated["str | None", Depends(bearer)]

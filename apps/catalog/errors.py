@@ -64,6 +64,7 @@ _STATUS = [  # (exception class name, HTTP status, REST error type), most specif
     ("RequestTooLargeError", 413, "RequestEntityTooLargeException"),
     ("RequestTimeoutError", 408, "RequestTimeoutException"),
     ("TooManyRequestsError", 429, "TooManyRequestsException"),
+    ("ServerBusyError", 503, "ServiceUnavailableException"),
     ("ControlPlaneInterruptedError", 503, "ServiceUnavailableException"),
     ("StorageUnavailableError", 503, "ServiceUnavailableException"),
     ("ControlPlaneUnavailableError", 503, "ServiceUnavailableException"),

@@ -3,8 +3,13 @@
 :class:`BodyLimit` (ASGI middleware, before anything reads a body): a request whose ``Content-Length`` is past
 its route's limit is answered 413 at once, before a byte of it is read and before its token is
 looked at (an unauthenticated client cannot make the server read or buffer it); a body sent
+without a token (anywhere but the token request: no write is anonymous) is answered 401 at once,
+unread, so a flood of bodies from clients without tokens costs no memory; a body sent
 without a length (chunked) is counted as it arrives and answered 413 as soon as it passes the
-limit. Nothing past the limit is ever held in memory. A body must arrive within
+limit. Nothing past the limit is ever held in memory, and all requests' bodies together hold at
+most ``max_body_memory`` (``serve --max-body-memory``, 64 MB): a body that would pass it is
+answered 503 with ``Retry-After`` (many large bodies at once wait their turn at the client,
+not in the server's memory). A body must arrive within
 ``body_timeout_s`` (``serve --body-timeout``, 30 s) of the request's start, else 408: a client
 sending a byte a second holds no more than that.
 
@@ -26,10 +31,13 @@ import time
 
 from icebarrier.apps.catalog.errors import error_response
 from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.control_plane.tokens import token_required
 
+TOKEN_PATH = "/v1/oauth/tokens"
 DEFAULT_MAX_BODY_BYTES = 8 << 20
 TOKEN_BODY_BYTES = 64 << 10
 DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_MAX_BODY_MEMORY = 64 << 20
 DEFAULT_MAX_PER_TOKEN = 32
 RETRY_AFTER_S = 1
 
@@ -46,7 +54,15 @@ class TooManyRequestsError(IcebarrierError):
     """More requests in flight for one token than the server takes (429)."""
 
 
+class ServerBusyError(IcebarrierError):
+    """The server holds as many request bodies as it may (503, Retry-After)."""
+
+
 class _TooLarge(Exception):
+    pass
+
+
+class _Busy(Exception):
     pass
 
 
@@ -56,34 +72,48 @@ class _TooSlow(Exception):
 
 class BodyLimit:
     def __init__(
-        self, app, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+        self,
+        app,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+        max_body_memory: int = DEFAULT_MAX_BODY_MEMORY,
     ) -> None:
         self.app, self.max_body_bytes, self.body_timeout_s = app, max_body_bytes, body_timeout_s
+        self.max_body_memory, self.held = max_body_memory, 0  # bytes of bodies held now (on the event loop)
 
     def limit(self, path: str) -> int:
-        return TOKEN_BODY_BYTES if path == "/v1/oauth/tokens" else self.max_body_bytes
+        return TOKEN_BODY_BYTES if path == TOKEN_PATH else self.max_body_bytes
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        limit = self.limit(scope["path"])
-        length = dict(scope.get("headers") or ()).get(b"content-length")
+        limit, headers = self.limit(scope["path"]), dict(scope.get("headers") or ())
+        length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             return await _answer(scope, send, _too_large(limit), close=True)
-        seen, started, complete = 0, False, False
+        has_body = headers.get(b"transfer-encoding", b"").lower() == b"chunked" or (
+            length is not None and length.isdigit() and int(length) > 0
+        )
+        if has_body and scope["path"] != TOKEN_PATH and not headers.get(b"authorization", b"").strip():
+            return await _answer(scope, send, token_required(), close=True)
+        seen, mine, started, complete = 0, 0, False, False
         deadline = time.monotonic() + self.body_timeout_s
 
         async def counted():
-            nonlocal seen, complete
+            nonlocal seen, mine, complete
             if complete:  # after the body: waiting for a disconnect (a long poll) has no deadline
                 return await receive()
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 raise _TooSlow from None
-            seen += len(message.get("body", b""))
+            size = len(message.get("body", b""))
+            seen += size
             if seen > limit:
                 raise _TooLarge
+            if self.held + size > self.max_body_memory:
+                raise _Busy
+            self.held, mine = self.held + size, mine + size
             complete = message["type"] != "http.request" or not message.get("more_body", False)
             return message
 
@@ -94,9 +124,15 @@ class BodyLimit:
 
         try:
             await self.app(scope, counted, tracked)
-        except (_TooLarge, _TooSlow) as exc:
+        except (_TooLarge, _TooSlow, _Busy) as exc:
             if started:
                 raise
+            if isinstance(exc, _Busy):
+                busy = ServerBusyError(
+                    f"the server holds {self.max_body_memory:,} bytes of request bodies, its limit; retry "
+                    f"(the server's operator sets the limit: `serve --max-body-memory`)"
+                )
+                return await _answer(scope, send, busy, close=True, retry_after_s=RETRY_AFTER_S)
             error = (
                 _too_large(limit)
                 if isinstance(exc, _TooLarge)
@@ -106,6 +142,8 @@ class BodyLimit:
                 )
             )
             await _answer(scope, send, error, close=True)  # the rest of the body is not read: the connection ends
+        finally:
+            self.held -= mine
 
 
 def _too_large(limit: int) -> RequestTooLargeError:

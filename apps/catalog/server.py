@@ -42,6 +42,7 @@ def create_app(
     allow_anonymous_read: bool = False,
     allowed_locations: list[str] | tuple[str, ...] = (),
     max_body_bytes: int = limits.DEFAULT_MAX_BODY_BYTES,
+    max_body_memory: int = limits.DEFAULT_MAX_BODY_MEMORY,
     body_timeout_s: float = limits.DEFAULT_BODY_TIMEOUT_S,
     max_per_token: int = limits.DEFAULT_MAX_PER_TOKEN,
     log_format: str = "text",
@@ -60,7 +61,12 @@ def create_app(
         app.include_router(router)
     metrics.install(app, lake.pool)
     app.add_middleware(errors.ControlPlaneOutage, pool=lake.pool)
-    app.add_middleware(limits.BodyLimit, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
+    app.add_middleware(
+        limits.BodyLimit,
+        max_body_bytes=max_body_bytes,
+        body_timeout_s=body_timeout_s,
+        max_body_memory=max_body_memory,
+    )
     app.add_middleware(limits.PerTokenLimit, max_per_token=max_per_token)  # before a body is read
     app.add_middleware(access_log.RequestLog, log_format=log_format)  # outermost: every answer has its id
     app.state.routes = [r for router in ROUTERS for r in router.routes]

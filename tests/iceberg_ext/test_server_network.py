@@ -187,8 +187,9 @@ def test_json_access_log_has_request_ids_and_no_secret(lake):
     assert any(x["route"] == "/v1/oauth/tokens" and x["status"] == 200 for x in lines), lines
 
 
-def _hanging(server: str, headers: dict[str, str]):
-    """A request whose declared body never comes: in flight until the server gives up on it."""
+def _hanging(server: str, headers: dict[str, str], *, sent: bytes = b"{", declared: int = 100):
+    """A request whose declared body never comes whole (``sent`` of ``declared`` bytes): in
+    flight until the server gives up on it, or the socket is closed."""
     import socket
     from urllib.parse import urlparse
 
@@ -197,9 +198,43 @@ def _hanging(server: str, headers: dict[str, str]):
     extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     s.sendall(
         f"POST /v1/latest/namespaces HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: 100\r\n{extra}\r\n{{".encode()
+        f"Content-Length: {declared}\r\n{extra}\r\n".encode()
+        + sent
     )
     return s
+
+
+def test_bodies_in_memory_are_bounded_and_a_body_without_a_token_is_not_read(lake):
+    """With --max-body-memory 1MB: a request holding 700 KB of an unfinished body leaves no room
+    for another 500 KB body, answered 503 with Retry-After; once the first ends, the second is
+    taken. A body sent without a token is answered 401 at once, unread."""
+    proc, server = start_server(lake, "--max-body-memory", "1MB")
+    try:
+        token = _writer(lake, server)
+        holding = _hanging(server, token, sent=b" " * (700 << 10), declared=900 << 10)
+        headers = {**token, "Content-Type": "application/json"}
+        time.sleep(0.5)
+        body = b" " * (500 << 10) + b'{"namespace": ["after_the_wait"]}'
+        busy = requests.post(f"{server}/v1/latest/namespaces", data=body, headers=headers, timeout=30)
+        assert busy.status_code == 503 and busy.headers["Retry-After"] == "1", busy.text
+        assert "--max-body-memory" in busy.json()["error"]["message"]
+        holding.close()
+        deadline = time.monotonic() + 30
+        while (
+            r := requests.post(f"{server}/v1/latest/namespaces", data=body, headers=headers, timeout=30)
+        ).status_code == 503:
+            assert time.monotonic() < deadline, "the first body was never let go"
+            time.sleep(0.1)
+        assert r.status_code == 200, r.text
+
+        def endless():
+            while True:
+                yield b"z" * (1 << 20)
+
+        anonymous = requests.post(f"{server}/v1/latest/namespaces", data=endless(), timeout=30)
+        assert anonymous.status_code == 401, anonymous.text
+    finally:
+        stop_server(proc)
 
 
 def test_per_token_requests_in_flight_and_slow_bodies_are_bounded(lake):
