@@ -1,9 +1,10 @@
 """The checker's driver: barriers, faults, readers, validation and audits.
 
-The driver issues barriers, launches the job and expiry processes (:mod:`.processes`),
-applies the fault schedule (a pure function of the seed: which job is killed when, which
-fault point each launch arms, when the control-plane Postgres restarts and for how long),
-reads at every level, and checks everything against the model (:mod:`.model`):
+The driver issues barriers, launches the job and expiry processes (:mod:`.processes`) and
+services (:mod:`.services`), applies the fault schedule (:mod:`.fault_plan`: a pure function of
+the seed), reads at every level and validates every barrier (:mod:`.reading`), audits what the
+processes did (:mod:`.audits`) and reports (:mod:`.report`), checking everything against the
+model (:mod:`.model`):
 
 - every barrier is pinned with a lease as soon as its cut is valid (by a thread of its own,
   while its snapshots are protected), then validated: the cut holds exactly the model's
@@ -34,205 +35,37 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from collections import Counter
 from pathlib import Path
 
-from icebarrier.apps.check.exec_jobs import EXEC_JOBS, QUIET_S, children, exec_command
-from icebarrier.apps.check.model import DERIVED, JOBS, ROOTS, SCHEMAS, check_cut, compare, events
-from icebarrier.apps.check.processes import Env, Reconnecting, barrier_number
+from icebarrier.apps.check.audits import Audits
+from icebarrier.apps.check.exec_jobs import EXEC_JOBS, children, exec_command
+from icebarrier.apps.check.fault_plan import fault_schedule, launch_fault
+from icebarrier.apps.check.model import DERIVED, JOBS, ROOTS, SCHEMAS
+from icebarrier.apps.check.processes import Env, Reconnecting
+from icebarrier.apps.check.reading import Reading
+from icebarrier.apps.check.report import CheckReport
 from icebarrier.apps.check.services import CatalogServer, Maintenance
-from icebarrier.control_plane import barriers, delays, jobs, leases, reads, tokens
+from icebarrier.control_plane import barriers, jobs, leases, reads, tokens
 from icebarrier.control_plane.errors import (
     BarrierNotValidError,
     IcebarrierError,
     NoValidCutError,
     SnapshotExpiredError,
 )
-from icebarrier.control_plane.model import JobDefinition, Level
+from icebarrier.control_plane.model import JobDefinition
 from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import (
-    SUMMARY_BARRIER,
-    SUMMARY_RUN,
-    coalesced_after,
     create_table,
-    is_compaction,
-    lineage,
     load_catalog,
-    load_table,
-    summary_properties,
 )
-from icebarrier.iceberg_ext.errors import LeaseLostError
 from icebarrier.iceberg_ext.reads import ConsistentRead
 
 _PROCESS_MAIN = "import sys; from icebarrier.apps.check.processes import main; main(sys.argv[1:])"
-COVERAGE_FLOOR = 0.6  # barriers validated / issued and not coalesced
 ANCHOR_INTERVAL_S = 3.0
 # A job exec job costs a process start and a session per step (2-6 s here): anchors (which
 # coalescing never crosses) come no faster than that in a long run, or it could never catch up.
 EXEC_ANCHOR_INTERVAL_S = 10.0
-RR_TTL_S = 2.0  # short: repeatable-read sessions outlive it, so renewal is exercised
-
-
-# -- the fault schedule: a pure function of the seed ---------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    at_s: float
-    # kill (a job process, -9: for a job exec job, `job exec` itself), script (a job exec job's
-    # script alone, -9), restart (the control-plane Postgres), server (the catalog server, -9,
-    # started again down_s later), server-term (the same with SIGTERM: it drains, then exits),
-    # maintain (the maintenance service, -9, started again down_s later)
-    kind: str
-    job: str | None = None
-    down_s: float = 0.0
-
-
-def fault_schedule(
-    seed: int, duration_s: float, fault_rate: float, *, restarts: bool, exec_jobs: bool = False, maintain: bool = False
-) -> list[Fault]:
-    rng = random.Random(f"{seed}:schedule")
-    kills = [
-        Fault(at_s=rng.uniform(0.5, duration_s), kind="kill", job=rng.choice(JOBS))
-        for _ in range(round(duration_s * fault_rate * 0.7))
-    ]
-    downs = [
-        Fault(at_s=rng.uniform(1.0, duration_s), kind="restart", down_s=round(rng.uniform(0.2, 1.5), 2))
-        for _ in range(max(1, round(duration_s / 10)) if restarts else 0)
-    ]
-    scripts = [
-        Fault(at_s=rng.uniform(0.5, duration_s), kind="script", job=rng.choice(list(EXEC_JOBS)))
-        for _ in range(round(duration_s * fault_rate * 0.3) if exec_jobs else 0)
-    ]
-    servers = [  # every other one a SIGTERM (the server drains), the others -9
-        Fault(
-            at_s=rng.uniform(1.0, duration_s),
-            kind="server-term" if i % 2 else "server",
-            down_s=round(rng.uniform(0.2, 1.5), 2),
-        )
-        for i in range(max(2, round(duration_s * fault_rate / 6)) if exec_jobs else 0)
-    ]
-    maintains = [  # drawn last: the schedule without --maintain stays what it was for a seed
-        Fault(at_s=rng.uniform(1.0, duration_s), kind="maintain", down_s=round(rng.uniform(0.2, 1.5), 2))
-        for _ in range(max(1, round(duration_s * fault_rate / 6)) if maintain else 0)
-    ]
-    return sorted(kills + downs + scripts + servers + maintains, key=lambda f: f.at_s)
-
-
-def launch_fault(seed: int, job: str, launch_no: int, fault_rate: float) -> tuple[str | None, int]:
-    """The fault point (and how many times it passes first) armed for a job's n-th launch."""
-    rng = random.Random(f"{seed}:{job}:{launch_no}")
-    if rng.random() >= fault_rate:
-        return None, 0
-    return rng.choice(faults.POINTS), rng.randrange(0, 3)
-
-
-# -- the report ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class CheckReport:
-    seed: int
-    barriers: int = 0
-    validated: int = 0
-    excused: Counter = field(default_factory=Counter)
-    reads: dict[str, int] = field(default_factory=lambda: {lvl.value: 0 for lvl in Level})
-    anomalies: dict[str, int] = field(default_factory=lambda: {lvl.value: 0 for lvl in Level})
-    examples: dict[str, str] = field(default_factory=dict)
-    no_valid_cut: int = 0
-    coalesced_refused: int = 0  # cuts refused at a barrier a table coalesced
-    anchors_validated: int = 0
-    completions: Counter = field(default_factory=Counter)  # exact / skip / coalesce, from the control plane
-    read_uncommitted_errors: int = 0
-    rr_sessions: int = 0
-    leases_renewed: int = 0
-    leases_lost: int = 0
-    leases_refused: int = 0
-    expiry_runs: int = 0
-    snapshots_expired: int = 0
-    faults: Counter = field(default_factory=Counter)
-    restarts: int = 0
-    waits: list[tuple[str, str, float]] = field(default_factory=list)
-    violations: list[str] = field(default_factory=list)
-    coverage_floor: float = COVERAGE_FLOOR
-    exec_jobs: list[str] = field(default_factory=list)  # the jobs run under `icebarrier job exec`
-    mutation: str | None = None  # the deliberate bug the catalog server ran with
-    catalog_reads: int = 0  # read-committed reads through the catalog server
-    catalog_validated: int = 0  # cuts validated through the catalog's barrier-<B> warehouse too
-    catalog_unavailable: int = 0  # catalog reads that found the server down (killed by the schedule)
-    catalog_anomalies: int = 0
-    catalog_stop_s: list[float] = field(default_factory=list)  # each SIGTERM of the server to its exit
-    maintenance: dict[str, int] | None = None  # with --maintain: "action result" -> how many
-
-    @property
-    def coverage(self) -> float:
-        validatable = self.barriers - self.coalesced_refused
-        return self.validated / validatable if validatable else 0.0
-
-    def waited(self) -> dict[str, dict]:
-        """Per process (driver, each job, expiry): how many reconnects and the longest wait."""
-        out: dict[str, dict] = {}
-        for who, _what, seconds in self.waits:
-            entry = out.setdefault(who, {"reconnects": 0, "max_wait_s": 0.0})
-            entry["reconnects"] += 1
-            entry["max_wait_s"] = round(max(entry["max_wait_s"], seconds), 3)
-        return out
-
-    def anomaly(self, level: Level, problem: str) -> None:
-        self.anomalies[level.value] += 1
-        self.examples.setdefault(level.value, problem)
-
-    @property
-    def ok(self) -> bool:
-        return (
-            not self.violations
-            and self.anomalies["read-committed"] == 0
-            and self.catalog_anomalies == 0
-            and self.anomalies["repeatable-read"] == 0
-            and self.coverage >= self.coverage_floor
-        )
-
-    def to_json(self) -> dict:
-        return {
-            "seed": self.seed,
-            "ok": self.ok,
-            "barriers": self.barriers,
-            "validated": self.validated,
-            "coverage": round(self.coverage, 3),
-            "coverage_floor": self.coverage_floor,
-            "excused": dict(self.excused),
-            "reads": self.reads,
-            "anomalies": self.anomalies,
-            "examples": self.examples,
-            "no_valid_cut": self.no_valid_cut,
-            "coalesced_refused": self.coalesced_refused,
-            "anchors_validated": self.anchors_validated,
-            "completions": dict(self.completions),
-            "read_uncommitted_errors": self.read_uncommitted_errors,
-            "rr_sessions": self.rr_sessions,
-            "leases_renewed": self.leases_renewed,
-            "leases_lost": self.leases_lost,
-            "leases_refused": self.leases_refused,
-            "expiry_runs": self.expiry_runs,
-            "snapshots_expired": self.snapshots_expired,
-            "faults": dict(self.faults),
-            "restarts": self.restarts,
-            "reconnects": len(self.waits),
-            "max_wait_s": round(max((w[2] for w in self.waits), default=0), 3),
-            "waited": self.waited(),
-            "exec_jobs": self.exec_jobs,
-            "mutation": self.mutation,
-            "maintenance": self.maintenance,
-            "catalog": {
-                "reads": self.catalog_reads,
-                "validated": self.catalog_validated,
-                "unavailable": self.catalog_unavailable,
-                "anomalies": self.catalog_anomalies,
-                "stop_s": [round(x, 3) for x in self.catalog_stop_s],
-            },
-            "violations": self.violations,
-        }
 
 
 # -- setup -----------------------------------------------------------------------------------------------------
@@ -324,7 +157,7 @@ class _Pinner:
 # -- the run -----------------------------------------------------------------------------------------------------
 
 
-class _Run:
+class _Run(Reading, Audits):
     def __init__(
         self,
         env: Env,
@@ -389,45 +222,6 @@ class _Run:
                 )
             )
         self.catalog_server.start()
-
-    def catalog_read(self, warehouse: str) -> dict | None:
-        """Every table as the catalog serves it through ``warehouse`` (one session); None if the
-        server was down or answered 503 (the schedule killed it, or Postgres restarted), or a
-        read-committed session's loads came slower than its quiet window (it may have moved)."""
-        import requests
-        from pyiceberg.catalog.rest import RestCatalog
-        from pyiceberg.exceptions import ServiceUnavailableError
-
-        if self.catalog_server.down_until is not None:
-            self.report.catalog_unavailable += 1
-            return None
-        credential = self.credentials["reader"]
-        if warehouse == "read-committed":  # an independent reader: a client (token) of its own, so a moment of its own
-            credential = ":".join(
-                self.cp.run("token", lambda conn: tokens.create(conn, name="check read-committed reader"))
-            )
-        try:
-            catalog = RestCatalog(
-                f"check-{warehouse}",
-                uri=self.catalog_server.uri,
-                warehouse=warehouse,
-                credential=credential,
-            )
-            tables, previous = {}, None
-            for name in SCHEMAS:
-                began = time.monotonic()
-                tables[name] = catalog.load_table(f"{self.env.ns}.{name}")
-                # The server takes a load's moment somewhere inside it: two loads' moments are at
-                # most (this one's end - the previous one's start) apart. Past --session-quiet, the
-                # session may have moved to a newer cut between them.
-                if warehouse == "read-committed" and previous is not None and time.monotonic() - previous >= QUIET_S:
-                    self.report.excused["catalog read-committed: loads slower than the session's quiet"] += 1
-                    return None
-                previous = began
-            return {name: table.scan().to_arrow() for name, table in tables.items()}
-        except (requests.ConnectionError, ServiceUnavailableError):
-            self.report.catalog_unavailable += 1
-            return None
 
     # -- processes
 
@@ -530,348 +324,6 @@ class _Run:
                 raise IcebarrierError(f"check: the jobs did not complete the first barrier in {timeout_s:g}s")
             self.reap(None)
             time.sleep(0.1)
-
-    # -- reads
-
-    def read_levels(self) -> None:
-        for level in (Level.READ_UNCOMMITTED, Level.READ_COMMITTED):
-            try:
-                cut, data = self.cp.run(f"read {level.value}", lambda conn: self._read(conn, level))
-            except NoValidCutError:
-                self.report.no_valid_cut += 1
-                continue
-            except Exception as exc:  # noqa: BLE001 - classified below
-                if level is Level.READ_UNCOMMITTED:
-                    self.report.read_uncommitted_errors += 1  # no protection at this level: expected
-                    continue
-                self.report.reads[level.value] += 1
-                self.report.anomaly(level, f"read failed: {type(exc).__name__}: {str(exc)[:200]}")
-                continue
-            self.report.reads[level.value] += 1
-            problem = check_cut(data)
-            if level is Level.READ_COMMITTED:  # a valid cut holds exactly the model's rows at its barrier
-                problem = problem or compare(self.env.seed, self._number(cut.barrier), data)
-            if problem:
-                self.report.anomaly(level, problem)
-        if self.catalog_server is not None and self.rng.random() < 0.3:  # a catalog read costs ~10 requests
-            self.catalog_read_committed()
-
-    def catalog_read_committed(self) -> None:
-        """A read-committed read through the catalog server: the invariants hold across its tables."""
-        try:
-            data = self.catalog_read("read-committed")
-        except FileNotFoundError:
-            self.report.excused["catalog read-committed: files expired mid-scan"] += 1
-            return
-        except Exception as exc:  # noqa: BLE001 - an error reading a valid cut is an anomaly
-            self.report.catalog_reads += 1
-            self.report.catalog_anomalies += 1
-            self.report.examples.setdefault("catalog read-committed", f"{type(exc).__name__}: {str(exc)[:200]}")
-            return
-        if data is None:
-            return
-        self.report.catalog_reads += 1
-        problem = check_cut(data)
-        if problem:
-            self.report.catalog_anomalies += 1
-            self.report.examples.setdefault("catalog read-committed", problem)
-
-    def _read(self, conn, level: Level):
-        with ConsistentRead(conn, self.catalog, self.names, level=level, holder="check") as r:
-            cut, data = r.read()
-        return cut, {t.name: d for t, d in data.items()}
-
-    def repeatable_read(self) -> None:
-        """Open a session now and then; re-read it; close it now and then."""
-        if self.rr is None:
-            if self.rng.random() >= 0.2:
-                return
-            try:
-                self.rr = self.cp.run(
-                    "rr open",
-                    lambda conn: ConsistentRead(
-                        conn,
-                        self.catalog,
-                        self.names,
-                        level=Level.REPEATABLE_READ,
-                        ttl_s=RR_TTL_S,
-                        holder="check-session",
-                    ).__enter__(),
-                )
-            except NoValidCutError:
-                self.report.no_valid_cut += 1
-                return
-            except SnapshotExpiredError:
-                self.report.leases_refused += 1
-                return
-            self.report.rr_sessions += 1
-            self.rr_first = self._rr_read()
-            return
-        if self.rr_first is not None:
-            again = self._rr_read()
-            if again is not None and again != self.rr_first:
-                self.report.anomaly(Level.REPEATABLE_READ, "a repeatable-read session saw its rows change")
-        if self.rr is not None and self.rng.random() < 0.15:
-            self.close_rr()
-
-    def _rr_read(self):
-        self.report.reads["repeatable-read"] += 1
-        try:
-            cut, data = self._with_connection_retry(self.rr.read)
-        except LeaseLostError:
-            self.report.leases_lost += 1  # the read stopped instead of reading unprotected
-            self.close_rr()
-            return None
-        except Exception as exc:  # noqa: BLE001
-            self.report.anomaly(Level.REPEATABLE_READ, f"read failed: {type(exc).__name__}: {str(exc)[:200]}")
-            self.close_rr()
-            return None
-        data = {t.name: d for t, d in data.items()}
-        problem = check_cut(data) or compare(self.env.seed, self._number(cut.barrier), data)
-        if problem:
-            self.report.anomaly(Level.REPEATABLE_READ, problem)
-        return {t: sorted(map(tuple, (tuple(r.values()) for r in d.to_pylist()))) for t, d in data.items()}
-
-    def close_rr(self) -> None:
-        if self.rr is not None:
-            self.report.leases_renewed += self.rr.lease_renewals
-            try:
-                self._with_connection_retry(lambda: self.rr.__exit__(None, None, None))
-            except Exception:  # noqa: BLE001 - an unrenewable lease lapses on its own
-                pass
-            self.rr, self.rr_first = None, None
-
-    def _with_connection_retry(self, fn):
-        return self.cp.run("read", lambda _conn: fn())
-
-    def _number(self, barrier: int) -> int:
-        return self.cp.run("barrier number", lambda conn: barrier_number(conn, barrier))
-
-    # -- history
-
-    def validate_new(self, upto: int | None = None) -> None:
-        """Validate, in order, every barrier the pinner queued (with ``upto``: after pinning, here,
-        every barrier up to it), releasing its pin."""
-        if upto is not None:
-            self.pinner.pin_new(upto)
-        self.pinner.raise_error()
-        while not self.pinner.queue.empty():
-            barrier, anchor, number, lease_id = self.pinner.queue.get()
-            try:
-                self._validate(barrier, number, anchor=anchor)
-            finally:
-                if lease_id is not None:
-                    self.cp.run("unpin", lambda conn: leases.release(conn, lease_id))
-
-    def _validate(self, barrier: int, number: int, *, anchor: bool) -> None:
-        def read(conn):
-            with ConsistentRead(
-                conn,
-                self.catalog,
-                self.names,
-                level=Level.REPEATABLE_READ,
-                barrier=barrier,
-                ttl_s=60,
-                holder="check-validator",
-            ) as r:
-                return r.read()[1]
-
-        try:
-            data = {t.name: d for t, d in self.cp.run("validate", read).items()}
-        except SnapshotExpiredError:
-            self.report.excused["expired before validation"] += 1
-            return
-        except BarrierNotValidError as exc:
-            coalesced = any("coalesced" in why for why in exc.reasons.values())
-            if coalesced and anchor:
-                self._violation(f"anchor #{number} was refused: {exc}")
-            elif coalesced:
-                self.report.coalesced_refused += 1
-                self.report.excused["coalesced"] += 1
-            else:
-                self.report.excused["before every job started"] += 1
-            return
-        except Exception as exc:  # noqa: BLE001 - a pinned cut that cannot be read is damage to report
-            self._violation(f"cut at barrier #{number} could not be read: {type(exc).__name__}: {str(exc)[:200]}")
-            return
-        self.report.validated += 1
-        self.report.anchors_validated += anchor
-        self.accepted[barrier] = number
-        problem = compare(self.env.seed, number, data) or check_cut(data)
-        if problem:
-            self.report.violations.append(f"cut at barrier #{number}: {problem}")
-        if self.catalog_server is not None:  # the same cut through the catalog's barrier-<B> warehouse
-            try:
-                served = self.catalog_read(f"barrier-{barrier}")
-            except Exception as exc:  # noqa: BLE001 - a pinned cut the catalog cannot serve is damage
-                self._violation(f"cut at barrier #{number} through the catalog: {type(exc).__name__}: {str(exc)[:200]}")
-                return
-            if served is not None:
-                self.report.catalog_validated += 1
-                problem = compare(self.env.seed, number, served) or check_cut(served)
-                if problem:
-                    self._violation(f"cut at barrier #{number} through the catalog: {problem}")
-
-    # -- audits
-
-    def audit_pins(self) -> None:
-        """No snapshot protected (by a lease, job progress, the read window or as current)
-        before and after loading a table's metadata is missing from it."""
-        for table in self.names:
-
-            def audit(conn):
-                before = leases.protected(conn, table)
-                present = {s.snapshot_id for s in load_table(self.catalog, table).metadata.snapshots}
-                after = leases.protected(conn, table)
-                return [
-                    (sid, sorted(set(before[sid].reasons) | set(after[sid].reasons)))
-                    for sid in before.keys() & after.keys()
-                    if sid not in present
-                ]
-
-            for sid, reasons in self.cp.run("audit pins", audit):
-                violation = f"snapshot {sid} of {table} is protected ({', '.join(reasons)}) but was expired"
-                if violation not in self.report.violations:
-                    self.report.violations.append(violation)
-
-    def audit_commits(self, *, final: bool) -> None:
-        """In each table's current lineage, the snapshots carrying a barrier come from one run
-        (an overwrite is a delete and an append, both tagged) and include the one recorded for
-        (table, barrier) as its data (a compaction's record maps the barrier to its rewrite).
-        Unrecorded barriers are checked at the end only: a crashed job adopts
-        its own snapshot on restart."""
-        for table in self.names:
-            tbl = load_table(self.catalog, table)
-            runs_of, ids_of = defaultdict(set), defaultdict(set)
-            for snap in lineage(tbl):
-                props = summary_properties(snap)
-                if SUMMARY_BARRIER in props and not is_compaction(snap):
-                    runs_of[int(props[SUMMARY_BARRIER])].add(props.get(SUMMARY_RUN))
-                    ids_of[int(props[SUMMARY_BARRIER])].add(snap.snapshot_id)
-                    after = coalesced_after(snap)
-                    for b, number in self.accepted.items() if after is not None else ():
-                        if after < b < int(props[SUMMARY_BARRIER]):
-                            self._violation(
-                                f"cut at barrier #{number} was accepted, but {table} coalesced it: its "
-                                f"snapshot {snap.snapshot_id} covers barriers {after}.."
-                                f"{props[SUMMARY_BARRIER]}"
-                            )
-            for barrier, runs in runs_of.items():
-                if len(runs) > 1:
-                    self._violation(
-                        f"{table} was written {len(runs)} times for barrier {barrier} "
-                        f"(snapshots {sorted(ids_of[barrier])})"
-                    )
-            if not final:
-                continue
-            records = self.cp.run(
-                "audit commits",
-                lambda conn: conn.execute(
-                    """SELECT c.barrier, c.snapshot_id,
-                          EXISTS (SELECT 1 FROM expired_snapshot e WHERE e.table_id = c.table_id
-                                  AND e.snapshot_id = c.snapshot_id) AS expired
-                   FROM table_commit c JOIN managed_table m USING (table_id)
-                   WHERE m.name = %s AND c.revoked_by IS NULL AND c.operation <> 'compaction'""",
-                    (str(table),),
-                ).fetchall(),
-            )
-            recorded = {r["barrier"]: r for r in records}
-            present = {s.snapshot_id for s in tbl.metadata.snapshots}
-            passed = self.cp.run(
-                "completions",
-                lambda conn: conn.execute(
-                    """SELECT c.from_barrier, c.barrier, c.coalesced FROM table_completion c JOIN managed_table m
-                   USING (table_id) WHERE m.name = %s AND c.from_barrier IS NOT NULL""",
-                    (str(table),),
-                ).fetchall(),
-            )
-            for barrier, ids in ids_of.items():
-                record = recorded.get(barrier)
-                inside = [p for p in passed if p["from_barrier"] < barrier < p["barrier"]]
-                if record is None and inside:
-                    how = "coalesced" if inside[0]["coalesced"] else "skipped"
-                    self._violation(
-                        f"snapshot(s) {sorted(ids)} of {table} carry barrier {barrier}, which the table "
-                        f"{how} ({inside[0]['from_barrier']}..{inside[0]['barrier']}): no computation "
-                        f"may write there"
-                    )
-                elif record is None:
-                    self._violation(
-                        f"snapshot(s) {sorted(ids)} of {table} carry barrier {barrier} but the control "
-                        f"plane has no record of that barrier"
-                    )
-                elif record["snapshot_id"] not in ids and not record["expired"]:
-                    self._violation(
-                        f"{table}: barrier {barrier} is recorded as snapshot {record['snapshot_id']}, "
-                        f"but the table's lineage has {sorted(ids)} for it"
-                    )
-            for r in records:
-                if r["snapshot_id"] not in present and not r["expired"]:
-                    self._violation(
-                        f"{table}: the record of barrier {r['barrier']} names snapshot "
-                        f"{r['snapshot_id']}, which is neither in the table nor expired"
-                    )
-
-    def audit_inputs(self) -> None:
-        """Each barrier a root job took input for (its recorded range) and completed has a commit
-        record if the model has rows in that range: no (table, barrier) lost from the map."""
-        for job, table in ROOTS.items():
-
-            def ranges(conn, job=job, table=table):
-                return conn.execute(
-                    """SELECT r.barrier, r.spec, c.snapshot_id
-                       FROM input_range r JOIN managed_table m ON m.name = %s
-                       LEFT JOIN table_commit c ON c.table_id = m.table_id AND c.barrier = r.barrier
-                                               AND c.revoked_by IS NULL
-                       WHERE r.job_name = %s AND r.barrier <= m.watermark""",
-                    (str(self.env.t(table)), job),
-                ).fetchall()
-
-            for r in self.cp.run("audit inputs", ranges):
-                if (
-                    r["snapshot_id"] is None
-                    and events(self.env.seed, table, r["spec"]["t_from"], r["spec"]["t_to"]).num_rows
-                ):
-                    self._violation(
-                        f"{self.env.t(table)} completed barrier {r['barrier']} with input "
-                        f"({r['spec']['t_from']}, {r['spec']['t_to']}] but has no commit record for it"
-                    )
-
-    def audit_publishes(self) -> None:
-        """A job exec job's sinks never show a barrier its job has not completed: the catalog
-        swaps a session's pointers and completes its barrier in one transaction. Pointer and
-        watermark are read in one statement (one snapshot of the database)."""
-        from psycopg import sql
-        from pyiceberg.io import load_file_io
-        from pyiceberg.serializers import FromInputFile
-
-        settings = self.env.settings
-        query = sql.SQL(
-            "SELECT m.name, m.watermark, t.metadata_location FROM managed_table m JOIN {}.iceberg_tables t "
-            "ON t.catalog_name = %s AND t.table_namespace = %s AND m.name = t.catalog_name || '.' || "
-            "t.table_namespace || '.' || t.table_name WHERE m.name = ANY(%s)"
-        ).format(sql.Identifier(settings.catalog_schema))
-        sinks = [str(self.env.t(DERIVED[j][1] if j in DERIVED else ROOTS[j])) for j in sorted(self.exec_jobs)]
-        for row in self.cp.run(
-            "audit publishes", lambda conn: conn.execute(query, (settings.catalog, self.env.ns, sinks)).fetchall()
-        ):
-            io = load_file_io(settings.pyiceberg_properties(), row["metadata_location"])
-            current = FromInputFile.table_metadata(io.new_input(row["metadata_location"])).current_snapshot()
-            shown = int(summary_properties(current).get(SUMMARY_BARRIER, 0)) if current is not None else 0
-            if shown > (row["watermark"] or 0):
-                self._violation(
-                    f"{row['name']} shows barrier {shown} while its job has completed only "
-                    f"{row['watermark']}: a session's commits were visible before its barrier completed"
-                )
-
-    def count_completions(self) -> None:
-        """How the jobs completed barriers: one exact barrier, a skipped run, a coalesced range."""
-        for kinds in self.cp.run("completions", delays.completion_kinds).values():
-            self.report.completions.update(kinds)
-
-    def _violation(self, text: str) -> None:
-        if text not in self.report.violations:
-            self.report.violations.append(text)
 
     # -- reports of the processes
 

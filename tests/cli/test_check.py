@@ -214,7 +214,7 @@ def test_short_check_run_on_s3_passes(s3, tmp_path):
 def test_fault_schedule_is_a_function_of_the_seed():
     """The same seed gives the same kills, restarts and armed fault points; another seed differs."""
     from icebarrier.apps.check import fault_schedule
-    from icebarrier.apps.check.driver import launch_fault
+    from icebarrier.apps.check.fault_plan import launch_fault
 
     assert fault_schedule(7, 20, 0.3, restarts=True) == fault_schedule(7, 20, 0.3, restarts=True)
     assert fault_schedule(7, 20, 0.3, restarts=True) != fault_schedule(8, 20, 0.3, restarts=True)
