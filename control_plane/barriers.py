@@ -9,7 +9,7 @@ steps back, and concurrent issuers are serialised by that row's lock.
 from __future__ import annotations
 
 from icebarrier.control_plane import settings
-from icebarrier.control_plane.db import Conn, call
+from icebarrier.control_plane.db import Conn, call, one
 from icebarrier.control_plane.errors import InvalidValueError
 from icebarrier.control_plane.model import Barrier
 
@@ -42,11 +42,13 @@ def newest(conn: Conn) -> Barrier | None:
 def next_due_in_s(conn: Conn) -> float | None:
     """Seconds until the clock rule issues the next barrier (the newest plus the interval, on the
     database clock; negative: due now), None before the first barrier."""
-    row = conn.execute(
-        "SELECT ((SELECT max(barrier) FROM barriers) + 1000 * (SELECT value::bigint FROM settings WHERE key = %s)"
-        " - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1e6 AS due_in_s",
-        (BARRIER_INTERVAL_KEY,),
-    ).fetchone()
+    row = one(
+        conn.execute(
+            "SELECT ((SELECT max(barrier) FROM barriers) + 1000 * (SELECT value::bigint FROM settings WHERE key = %s)"
+            " - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1e6 AS due_in_s",
+            (BARRIER_INTERVAL_KEY,),
+        )
+    )
     return None if row["due_in_s"] is None else float(row["due_in_s"])
 
 

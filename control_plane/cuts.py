@@ -34,10 +34,11 @@ def latest_valid_barrier(states: Sequence[TableState], bound: int | None = None,
             f"{', '.join(not_started)} completed no barrier yet; wait for its job",
             holding={t: "has completed no barrier yet" for t in not_started},
         )
-    lowest = min(s.watermark for s in states)
+    spans = [(s, *s.span) for s in states]  # (state, start, watermark): each has completed a barrier
+    lowest = min(watermark for _, _, watermark in spans)
     barrier = lowest if bound is None else bound
     while True:
-        late = [s for s in states if s.start_barrier > barrier]
+        late = [s for s, start, _ in spans if start > barrier]
         if late:
             early = [str(s.name) for s in states if s.watermark == lowest]
             newest = (
@@ -52,8 +53,8 @@ def latest_valid_barrier(states: Sequence[TableState], bound: int | None = None,
                 holding={str(s.name): f"started at barrier {s.start_barrier}, after barrier {barrier}" for s in late},
             )
         lower = [
-            s.watermark if barrier > s.watermark else s.coalesced_at(barrier)[0]
-            for s in states
+            watermark if barrier > watermark else s.holding(barrier)[0]
+            for s, _, watermark in spans
             if not s.has_completed(barrier)
         ]
         if not lower:
@@ -63,14 +64,15 @@ def latest_valid_barrier(states: Sequence[TableState], bound: int | None = None,
 
 def earliest_valid_barrier(states: Sequence[TableState], bound: int) -> int | None:
     """The oldest barrier at or above ``bound`` that every table has completed (None: none yet)."""
+    if any(s.watermark is None for s in states):
+        return None
+    spans = [(s, *s.span) for s in states]  # (state, start, watermark)
     barrier = bound
     while True:
-        if any(s.watermark is None or barrier > s.watermark for s in states):
+        if any(barrier > watermark for _, _, watermark in spans):
             return None
         higher = [
-            s.start_barrier if barrier < s.start_barrier else s.coalesced_at(barrier)[1]
-            for s in states
-            if not s.has_completed(barrier)
+            start if barrier < start else s.holding(barrier)[1] for s, start, _ in spans if not s.has_completed(barrier)
         ]
         if not higher:
             return barrier

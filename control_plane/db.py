@@ -44,6 +44,15 @@ T = TypeVar("T")
 Conn = psycopg.Connection[DictRow]  # every control-plane connection: dict rows (connection_kwargs)
 
 
+def one(cursor: psycopg.Cursor[DictRow]) -> DictRow:
+    """The row of a query that always returns exactly one (an aggregate, ``RETURNING``, ``SELECT
+    … FROM function()``, a row the schema guarantees): typed as present, checked once here."""
+    row = cursor.fetchone()
+    if row is None:
+        raise IcebarrierError("the control plane answered no row where it always answers one; this is a bug")
+    return row
+
+
 def resolve_dsn(dsn: str | None) -> str:
     dsn = dsn or os.environ.get(DSN_ENV)
     if not dsn:

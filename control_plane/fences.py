@@ -42,7 +42,7 @@ class Fence:
             try:
                 fence = db.connect(self.dsn, self.schema)
                 key = f"icebarrier {self.name} {db.schema_of(fence)}"
-                if fence.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (key,)).fetchone()["got"]:
+                if db.one(fence.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (key,)))["got"]:
                     fence.execute(
                         sql.SQL(
                             "INSERT INTO {} (holder, started_at, seen_at) VALUES (%s, now(), now()) "

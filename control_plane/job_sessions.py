@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from typing import overload
 
 from icebarrier.control_plane import db, jobs
 from icebarrier.control_plane.db import Conn
@@ -137,6 +138,11 @@ def _row(conn: Conn, job: str, *, lock: bool) -> dict | None:
     return conn.execute(_SESSION + (" FOR UPDATE OF s" if lock else ""), (job,)).fetchone()
 
 
+def _existing(conn: Conn, job: str) -> dict:
+    """The job's session row, in the transaction that has just written it."""
+    return db.one(conn.execute(_SESSION, (job,)))
+
+
 def _session(row: dict) -> JobSession:
     return JobSession(
         job=row["job_name"],
@@ -162,6 +168,10 @@ def _run_id() -> str:
     return f"run-{uuid.uuid4().hex[:12]}"
 
 
+@overload
+def get(conn: Conn, job: str, *, run_id: str, lock: bool = False) -> JobSession: ...
+@overload
+def get(conn: Conn, job: str, *, run_id: None = None, lock: bool = False) -> JobSession | None: ...
 def get(conn: Conn, job: str, *, run_id: str | None = None, lock: bool = False) -> JobSession | None:
     """The job's open session, if any; ``run_id``: it must be that run's (else
     :class:`SessionGoneError`); ``lock``: held for update until the transaction ends. A session
@@ -180,6 +190,7 @@ def current(conn: Conn, job: str, *, run_id: str | None = None) -> JobSession:
         return found
     opening = open_session(conn, job)
     if opening.session is None:
+        assert opening.plan is not None  # an opening without a session says what the job waits for
         raise NoBarrierDueError(opening.plan)
     return opening.session
 
@@ -195,6 +206,20 @@ class Opening:
     plan: NextBarrier | None = None
     skipped: tuple[jobs.Completion, ...] = ()
     due_in_s: float | None = None
+
+    @property
+    def waits_for(self) -> NextBarrier:
+        """What the job waits for, when no session opened."""
+        if self.plan is None:
+            raise ValueError(f"opening {self} says nothing of what the job waits for")
+        return self.plan
+
+    @property
+    def opened(self) -> Opened:
+        """How the run came by its session, when one opened."""
+        if self.how is None:
+            raise ValueError(f"opening {self} opened no session")
+        return self.how
 
 
 def open_session(
@@ -224,7 +249,7 @@ def open_session(
                 "held_until = clock_timestamp() + make_interval(secs => %s) WHERE job_name = %s",
                 (_run_id(), hold_s or 0, job),
             )
-            return Opening(session=_fresh(_row(conn, job, lock=False)), how=how)
+            return Opening(session=_fresh(_existing(conn, job)), how=how)
         # Expiry claims a table's snapshots under its lock, exclusive; the session, once its row
         # commits, protects its sources' S(T, B) (protection(): a first run counts as at B).
         sources = [
@@ -248,7 +273,7 @@ def open_session(
         ).rowcount
         if inserted:  # commits staged outside any session (a multi-sink job through latest) are not its
             _drop_staged(conn, job)
-        row = _row(conn, job, lock=False)
+        row = _existing(conn, job)
     if not inserted and hold_s is not None:  # another run opened it meanwhile
         raise SessionHeldError(job, row["run_id"], row["held_until"])
     return Opening(session=_fresh(row), how=Opened.NEW, plan=plan, skipped=step.skipped)
@@ -265,14 +290,20 @@ def hold(conn: Conn, job: str, run_id: str, hold_s: float) -> JobSession:
     return get(conn, job, run_id=run_id)
 
 
+def require(conn: Conn, job: str, *, run_id: str | None = None, lock: bool = False) -> JobSession:
+    """As :func:`get`, where the request needs the session."""
+    session = get(conn, job, run_id=run_id, lock=lock)
+    if session is None:
+        raise BarrierError(
+            f"job {job} has no open session to publish; its first request through warehouse job opens one"
+        )
+    return session
+
+
 def mark_succeeded(conn: Conn, job: str, run_id: str | None) -> JobSession:
     """The run's command exited 0: what it staged is whole (a publish cut short is adopted)."""
     with conn.transaction():
-        session = get(conn, job, run_id=run_id, lock=True)
-        if session is None:
-            raise BarrierError(
-                f"job {job} has no open session to publish; its first request through warehouse job opens one"
-            )
+        session = require(conn, job, run_id=run_id, lock=True)
         conn.execute("UPDATE job_session SET succeeded_at = now() WHERE job_name = %s", (job,))
     return session
 
@@ -338,13 +369,15 @@ class Staging:
 
 def staging(conn: Conn, table: TableName) -> Staging:
     """The staging of ``table`` right now (see :class:`Staging`)."""
-    row = conn.execute(
-        "SELECT coalesce((SELECT array_agg(metadata_location ORDER BY metadata_location) FROM catalog_pending "
-        "WHERE table_name = %(t)s), '{}') AS locations, "
-        "(SELECT min(t) FROM (SELECT staged_at AS t FROM catalog_pending WHERE table_name = %(t)s "
-        "UNION ALL SELECT s.opened_at FROM job_session s JOIN job j ON j.name = s.job_name AND j.active "
-        "JOIN job_sink k ON k.job_id = j.job_id JOIN managed_table m ON m.table_id = k.table_id "
-        "WHERE m.name = %(t)s) o) AS since",
-        {"t": str(table)},
-    ).fetchone()
+    row = db.one(
+        conn.execute(
+            "SELECT coalesce((SELECT array_agg(metadata_location ORDER BY metadata_location) FROM catalog_pending "
+            "WHERE table_name = %(t)s), '{}') AS locations, "
+            "(SELECT min(t) FROM (SELECT staged_at AS t FROM catalog_pending WHERE table_name = %(t)s "
+            "UNION ALL SELECT s.opened_at FROM job_session s JOIN job j ON j.name = s.job_name AND j.active "
+            "JOIN job_sink k ON k.job_id = j.job_id JOIN managed_table m ON m.table_id = k.table_id "
+            "WHERE m.name = %(t)s) o) AS since",
+            {"t": str(table)},
+        )
+    )
     return Staging(tuple(row["locations"]), row["since"])

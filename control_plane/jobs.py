@@ -394,7 +394,7 @@ def advance(
         if heartbeat:
             call(conn, "job_heartbeat", name)
         plan = next_barrier(conn, name, skip=skip, coalesce=coalesce, up_to=up_to)
-        while plan.ready and plan.plan is Plan.SKIP and len(skipped) < 3:
+        while plan.ready and plan.barrier is not None and plan.plan is Plan.SKIP and len(skipped) < 3:
             try:
                 with conn.transaction():  # a savepoint: a conflict undoes this skip only
                     skipped.append(_complete(conn, name, plan.barrier, {}, None, False))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from icebarrier.control_plane import settings
 from icebarrier.control_plane.cuts import protected_set
-from icebarrier.control_plane.db import Conn, advisory_lock, advisory_unlock, call
+from icebarrier.control_plane.db import Conn, advisory_lock, advisory_unlock, call, one
 from icebarrier.control_plane.errors import LeaseNotFoundError
 from icebarrier.control_plane.model import Cut, Lease, Level, ProtectedSnapshot, TableName, parse_holder
 from icebarrier.control_plane.tables import require
@@ -135,7 +135,7 @@ def protected(
     tagged: tuple[tuple[str, int], ...] = (),
 ) -> dict[int, ProtectedSnapshot]:
     """Snapshot ids of ``table`` that must not be expired, each with its reasons."""
-    row = conn.execute("SELECT * FROM protection(%s)", (require(conn, table),)).fetchone()
+    row = one(conn.execute("SELECT * FROM protection(%s)", (require(conn, table),)))
     return _protected_from(row, retained=retained, tagged=tagged)
 
 

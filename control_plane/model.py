@@ -261,6 +261,21 @@ class TableState:
         """The coalesced range holding ``barrier`` strictly inside, if any."""
         return next(((a, i) for a, i in self.coalesced if a < barrier < i), None)
 
+    @property
+    def span(self) -> tuple[int, int]:
+        """(start barrier, watermark) of a table that has completed a barrier."""
+        if self.start_barrier is None or self.watermark is None:
+            raise ValueError(f"{self.name} has completed no barrier")
+        return self.start_barrier, self.watermark
+
+    def holding(self, barrier: int) -> tuple[int, int]:
+        """The coalesced range holding ``barrier``, of a table within whose span it lies and
+        that has not completed it (the one reason it can have)."""
+        found = self.coalesced_at(barrier)
+        if found is None:
+            raise ValueError(f"{self.name} has completed barrier {barrier}, or it lies outside its span")
+        return found
+
     def has_completed(self, barrier: int) -> bool:
         return (
             self.start_barrier is not None

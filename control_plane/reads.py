@@ -57,7 +57,9 @@ def wait_for_cut(
     said = None
     while True:
         try:
-            return resolve(conn, tables, level=Level.READ_COMMITTED).barrier
+            found = resolve(conn, tables, level=Level.READ_COMMITTED).barrier
+            if found is not None:  # a read-committed cut always has one
+                return found
         except NoValidCutError as exc:
             if time.monotonic() >= deadline:
                 raise

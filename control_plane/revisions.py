@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from psycopg.types.json import Jsonb
 
 from icebarrier.control_plane import jobs, tables, topology
-from icebarrier.control_plane.db import Conn, call
+from icebarrier.control_plane.db import Conn, call, one
 from icebarrier.control_plane.errors import BarrierNotIssuedError, RevisionError
 from icebarrier.control_plane.model import TableName
 
@@ -101,9 +101,11 @@ def plan(conn: Conn, table: TableName, to_barrier: int) -> RevisionPlan:
             )
         if mark is None or mark <= to_barrier:
             target, to_snapshot = mark, current["s"]
-        elif start <= to_barrier:  # back to the last barrier it completed at or before R (R, unless coalesced)
+        elif (
+            start is not None and start <= to_barrier
+        ):  # back to the last barrier it completed at or before R (R, unless coalesced)
             target = (state.coalesced_at(to_barrier) or (to_barrier,))[0]
-            to_snapshot = conn.execute(_SNAPSHOT_AT, {"name": str(name), "b": target}).fetchone()["s"]
+            to_snapshot = one(conn.execute(_SNAPSHOT_AT, {"name": str(name), "b": target}))["s"]
         else:
             target, to_snapshot = None, None
         items.append(

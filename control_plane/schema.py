@@ -17,6 +17,7 @@ from psycopg import sql
 from icebarrier.control_plane.db import Conn, resolve_dsn, resolve_schema, schema_of
 from icebarrier.control_plane.errors import (
     GrantNotPerformedError,
+    IcebarrierError,
     PermissionDeniedError,
     RoleNotFoundError,
     SchemaMigrationError,
@@ -60,7 +61,10 @@ def _alembic_config():
 def head_revision() -> str:
     from alembic.script import ScriptDirectory
 
-    return ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    if head is None:
+        raise IcebarrierError("icebarrier's migrations have no head revision; reinstall icebarrier")
+    return head
 
 
 def current_revision(conn: Conn) -> str | None:

@@ -6,12 +6,12 @@ parse; writing goes through the ``set_setting`` function (the admin only).
 
 from __future__ import annotations
 
-from icebarrier.control_plane.db import Conn, call
+from icebarrier.control_plane.db import Conn, call, one
 
 
 def get_s(conn: Conn, key: str) -> float:
     """A duration setting, in seconds."""
-    return int(conn.execute("SELECT value FROM settings WHERE key = %s", (key,)).fetchone()["value"]) / 1000
+    return int(one(conn.execute("SELECT value FROM settings WHERE key = %s", (key,)))["value"]) / 1000
 
 
 def set_s(conn: Conn, key: str, seconds: float) -> float:

@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime
 
-from icebarrier.control_plane.db import Conn, translated
+from icebarrier.control_plane.db import Conn, one, translated
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import parse_job_name
 
@@ -47,6 +47,13 @@ class Principal:
     client_id: str | None  # None: anonymous
     kind: str  # reader, job or admin
     job: str | None = None
+
+    @property
+    def acting_job(self) -> str:
+        """The job a job principal acts for (the server checked the kind before it asks)."""
+        if self.job is None:
+            raise AuthenticationError(f"{self.describe()} acts for no job; use a job's token")
+        return self.job
 
     def describe(self) -> str:
         who = f"token {self.client_id}" if self.client_id else "an anonymous client"
@@ -180,12 +187,15 @@ def session_cut(
         # cut): its update need not wait for the WAL flush, which costs more than the load.
         conn.execute("SET LOCAL synchronous_commit TO off")
         with translated(conn, "session_cut"):
-            barrier = conn.execute(
-                "SELECT session_cut(%s, %s, %s) AS b", (_hash(access_token), scope, quiet_ms)
-            ).fetchone()["b"]
+            barrier = one(conn.execute("SELECT session_cut(%s, %s, %s) AS b", (_hash(access_token), scope, quiet_ms)))[
+                "b"
+            ]
             if barrier is None:
                 return None, None
-            row = conn.execute(
-                "SELECT r.snapshot_ids[1] AS snapshot_id FROM resolve_cut(ARRAY[%s], %s, true) r", (table, barrier)
-            ).fetchone()
+            row = one(
+                conn.execute(
+                    "SELECT r.snapshot_ids[1] AS snapshot_id FROM resolve_cut(ARRAY[%s], %s, true) r",
+                    (table, barrier),
+                )
+            )
     return barrier, row["snapshot_id"]

@@ -178,7 +178,7 @@ def duckdb_install() -> str:
     lines = []
     for name in ("avro", "httpfs", "iceberg"):  # iceberg needs the other two
         spec = importlib.util.find_spec(f"duckdb_extension_{name}")
-        found = sorted(Path(spec.origin).parent.glob("extensions/*/*.duckdb_extension")) if spec else []
+        found = sorted(Path(spec.origin).parent.glob("extensions/*/*.duckdb_extension")) if spec and spec.origin else []
         lines.append(f"INSTALL '{found[-1]}'; LOAD {name};" if found else f"INSTALL {name}; LOAD {name};")
     return "\n".join(lines)
 

@@ -87,6 +87,7 @@ class SessionVendor:
         """``s3.access-key-id``, ``s3.secret-access-key``, ``s3.session-token`` and its expiry for
         ``keys``. Raises StorageUnavailableError when STS refuses or cannot be reached."""
         key_id, duration_s = keys[s3.ACCESS_KEY_ID], self.storage.session_duration_s
+        assert duration_s is not None  # a vendor is made only for [storage.sessions]
         with self._lock:
             renew_at, cached = self._cache.get(key_id, (0.0, {}))
             if time.monotonic() < renew_at:

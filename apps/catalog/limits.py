@@ -159,7 +159,12 @@ async def _answer(scope, send, error: IcebarrierError, *, close: bool = False, r
         response.headers["Connection"] = "close"
     if retry_after_s is not None:
         response.headers["Retry-After"] = str(retry_after_s)
-    await response(scope, None, send)
+    await response(scope, _no_body, send)
+
+
+async def _no_body() -> dict:
+    """The receive of an answer given without reading the request: the client is gone, for all it knows."""
+    return {"type": "http.disconnect"}
 
 
 class PerTokenLimit:

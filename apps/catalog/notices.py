@@ -86,8 +86,8 @@ class Hub:
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous = signal.getsignal(sig)
 
-            def handler(signum, frame, previous=previous):
-                self._loop.call_soon_threadsafe(self.close)
+            def handler(signum, frame, previous=previous, loop=self._loop):
+                loop.call_soon_threadsafe(self.close)
                 if callable(previous):
                     previous(signum, frame)
 
@@ -122,13 +122,15 @@ class Hub:
                 self._by_key[key].add(watch)
 
     def _listen(self) -> None:
+        loop = self._loop
+        assert loop is not None  # started by start()
         while not self._stop.is_set():
             notices = self._listener.wait(1.0)
             if notices:
-                self._loop.call_soon_threadsafe(self._deliver, notices)
+                loop.call_soon_threadsafe(self._deliver, notices)
 
     def _deliver(self, notices: list[Notice]) -> None:
         for notice in notices:
-            key = notice.table if notice.kind == "watermark" else notice.kind
+            key = notice.table if notice.kind == "watermark" and notice.table else notice.kind
             for watch in (*self._by_key.get(key, ()), *self._by_key.get(_ALL, ())):
                 watch.offer(notice)

@@ -65,11 +65,10 @@ def basic_credentials(authorization: str | None) -> tuple[str, str] | None:
 def client_credentials(form, authorization: str | None) -> tuple[str, str]:
     """The client's credentials from the Basic header or the form (both: they must agree)."""
     header = basic_credentials(authorization)
-    fields = (form.get("client_id"), form.get("client_secret"))
-    if fields == (None, None):
-        fields = None
-    elif None in fields:
-        missing = "client_secret" if fields[1] is None else "client_id"
+    client_id, secret = form.get("client_id"), form.get("client_secret")
+    fields = (client_id, secret) if client_id is not None and secret is not None else None
+    if fields is None and (client_id, secret) != (None, None):
+        missing = "client_secret" if secret is None else "client_id"
         raise OAuthError(
             "invalid_request",
             f"{missing} is missing; send both client_id and client_secret, or "

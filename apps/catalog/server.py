@@ -31,7 +31,7 @@ ROUTERS = (health.router, oauth.router, namespaces.router, tables.router, sessio
 
 def served_endpoints(routes: list[APIRoute]) -> list[str]:
     """``"<VERB> <path>"`` of every catalog route under ``/v1/{prefix}`` (the spec's format)."""
-    found = {f"{method} {r.path}" for r in routes if r.path.startswith("/v1/{prefix}/") for method in r.methods}
+    found = {f"{method} {r.path}" for r in routes if r.path.startswith("/v1/{prefix}/") for method in r.methods or ()}
     return sorted(found, key=lambda e: (e.split(" ", 1)[1], e))
 
 

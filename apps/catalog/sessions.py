@@ -30,7 +30,7 @@ NDJSON = "application/x-ndjson"
 
 async def session_job(who: Caller, job: str) -> str:
     """The job named in the path, which the caller must act for."""
-    return acting(who[0], Warehouse("job", job=parse_job_name(job))).job
+    return acting(who[0], Warehouse("job", job=parse_job_name(job))).acting_job
 
 
 SessionJob = Annotated[str, Depends(session_job)]
@@ -69,8 +69,8 @@ def _open(once: Write, job: str, body: OpenRequest) -> tuple[job_sessions.Openin
             return JSONResponse(
                 {
                     "ready": False,
-                    "waiting": opening.plan.describe_wait(),
-                    "plan": opening.plan.to_json(),
+                    "waiting": opening.waits_for.describe_wait(),
+                    "plan": opening.waits_for.to_json(),
                     "skipped": skipped,
                 }
             )
@@ -82,7 +82,7 @@ def _open(once: Write, job: str, body: OpenRequest) -> tuple[job_sessions.Openin
         return JSONResponse(
             {
                 "ready": True,
-                "opened": opening.how.value,
+                "opened": opening.opened.value,
                 "newest_barrier": newest,
                 "skipped": skipped,
                 "session": {
@@ -139,7 +139,8 @@ async def _waiting(
             yield _line({"skipped": [c.barrier for c in opening.skipped]})
         while (left := deadline - time.monotonic()) > 0:
             woke = await watch.until(
-                Wait.of(opening.plan, root=opening.plan.root, due_in_s=opening.due_in_s, safety_s=left), limit_s=left
+                Wait.of(opening.waits_for, root=opening.waits_for.root, due_in_s=opening.due_in_s, safety_s=left),
+                limit_s=left,
             )
             if hub.closing or (not woke and (opening.due_in_s is None or opening.due_in_s >= left)):
                 break  # the long poll's end (or the server's), no barrier due before it: the client asks again

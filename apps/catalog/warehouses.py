@@ -36,6 +36,13 @@ class Warehouse:
     run_id: str | None = None  # job:<JOB>@<RUN>: the run of `icebarrier job exec` that holds the session
 
     @property
+    def lease(self) -> str:
+        """The lease of a ``lease-<ID>`` warehouse."""
+        if self.lease_id is None:
+            raise ValueError(f"warehouse {self} names no lease")
+        return self.lease_id
+
+    @property
     def writable(self) -> bool:
         return self.kind in ("latest", "job")
 

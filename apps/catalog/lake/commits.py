@@ -45,7 +45,7 @@ class Commits(Sessions):
             if session is not None:
                 self.publish_session(conn, session.job, warehouse.run_id)
             else:
-                self.publish(conn, principal.job)
+                self.publish(conn, principal.acting_job)
             return []
         staged, managed_barriers = [], {}
         for table, change in zip(names, changes):
@@ -84,8 +84,8 @@ class Commits(Sessions):
             added = [u.snapshot for u in change.updates if isinstance(u, AddSnapshotUpdate)]
             barrier = session.barrier if session else pending["barrier"] if pending else None
             if managed and added and session is None:
-                marks = {barrier_of(s) for s in added}
-                if None in marks or len(marks) != 1:
+                marks = {b for s in added if (b := barrier_of(s)) is not None}
+                if len(marks) != 1 or any(barrier_of(s) is None for s in added):
                     raise ForbiddenError(
                         f"a commit to managed table {table} must carry snapshot property "
                         f"{SUMMARY_BARRIER} (one barrier per commit); write through the icebarrier "
@@ -105,7 +105,7 @@ class Commits(Sessions):
                 if barrier is not None:  # staged until the job publishes the barrier
                     managed_barriers.pop(table, None)
                     base = pending["base_location"] if pending else location
-                    self.stage(conn, principal.job, table, barrier, base, new.metadata_location, location)
+                    self.stage(conn, principal.acting_job, table, barrier, base, new.metadata_location, location)
                 elif current is None:
                     self.point(conn, table, new.metadata_location, None)
                 elif pending is not None:  # built on the job's staged commit: the pointer is at its base

@@ -79,10 +79,10 @@ class Loads(Sessions):
 
     def pinned_snapshot(self, conn, warehouse: Warehouse, table: TableName, access_token: str | None) -> int | None:
         if warehouse.kind == "lease":  # each load renews it (never shortening it)
-            lease = leases.get(conn, warehouse.lease_id)
+            lease = leases.get(conn, warehouse.lease)
             remaining_s = (lease.expires_at - conn.execute("SELECT now() AS t").fetchone()["t"]).total_seconds()
             if lease.state != "active" or remaining_s < LEASE_RENEW_S:
-                lease = leases.renew(conn, warehouse.lease_id, ttl_s=LEASE_RENEW_S)
+                lease = leases.renew(conn, warehouse.lease, ttl_s=LEASE_RENEW_S)
             if table not in lease.snapshots:
                 raise ForbiddenError(
                     f"lease {lease.lease_id} does not pin {table} (it pins "

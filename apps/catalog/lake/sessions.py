@@ -29,7 +29,7 @@ class Sessions(LakeCore):
     @staticmethod
     def session(conn, warehouse: Warehouse, principal: Principal) -> JobSession:
         """The session a request through warehouse ``job`` works in (opened by the job's first request)."""
-        return job_sessions.current(conn, principal.job, run_id=warehouse.run_id)
+        return job_sessions.current(conn, principal.acting_job, run_id=warehouse.run_id)
 
     def session_view(self, conn, session: JobSession, table: TableName) -> Warehouse:
         """Where a job session reads ``table``: a source at ``S(T, B)``, a sink (with what the
@@ -113,7 +113,7 @@ class Sessions(LakeCore):
         if faults.mutated(faults.NONATOMIC_PUBLISH):
             return self._publish_piecemeal(conn, job, run_id)
         with conn.transaction():
-            session = job_sessions.get(conn, job, run_id=run_id, lock=True)
+            session = job_sessions.require(conn, job, run_id=run_id, lock=True)
             _, commits, _ = self.swap_staged(conn, job, session.barrier)
             job_sessions.close(conn, job)
             faults.point(faults.IN_CATALOG_COMMIT)
@@ -126,7 +126,7 @@ class Sessions(LakeCore):
         """The mutation :data:`~icebarrier.iceberg_ext.faults.NONATOMIC_PUBLISH`: what a server
         that swaps a session's pointers one transaction at a time does (a bug the checker must
         catch: a crash in between leaves sinks swapped with no completion)."""
-        session = job_sessions.get(conn, job, run_id=run_id)
+        session = job_sessions.require(conn, job, run_id=run_id)
         rows = conn.execute(
             "SELECT table_name, base_location, metadata_location FROM catalog_pending "
             "WHERE job_name = %s ORDER BY table_name",
