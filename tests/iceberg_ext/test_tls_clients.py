@@ -1,12 +1,14 @@
 """Every client we support, over https with a certificate from a CA of the operator's own
 (`serve --tls-cert/--tls-key`, the clients given `--ca-cert`): `job exec` running a Spark, a
 DuckDB and a PyIceberg job (each engine told to trust the CA by the environment job exec gives
-it), and `icebarrier connect`'s printed configuration for DuckDB, PyIceberg and Spark."""
+it), `schedule` starting a job's run, and `icebarrier connect`'s printed configuration for
+DuckDB, PyIceberg and Spark."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import duckdb
 import pytest
@@ -14,10 +16,14 @@ import yaml
 from click.testing import CliRunner
 
 from icebarrier.apps.catalog.clients import TRUSTSTORE_PASSWORD
+from icebarrier.apps.embedded import CLI
 from icebarrier.cli.main import cli as command
-from icebarrier.control_plane import barriers, tokens
+from icebarrier.control_plane import barriers, jobs, targets, tokens
+from icebarrier.control_plane.model import JobDefinition
+from icebarrier.control_plane.targets import Runner
+from tests.helpers import LoggedProcess
 from tests.iceberg_ext.catalog_server import start_server, stop_server
-from tests.iceberg_ext.test_job_exec import SINKS, check_cut, job_exec, setup_pipeline
+from tests.iceberg_ext.test_job_exec import ENGINES, SINKS, check_cut, job_exec, setup_pipeline
 from tests.iceberg_ext.test_job_exec import command as job_command
 
 pytestmark = pytest.mark.slow
@@ -97,3 +103,31 @@ def test_connect_prints_what_each_engine_needs_to_trust_the_ca(lake, tls_server,
         text=True,
     )
     assert listed.returncode == 0 and "trustedCertEntry" in listed.stdout, listed.stdout + listed.stderr
+
+
+def test_schedule_runs_its_jobs_over_https(lake, tls_server, tmp_path):
+    """`schedule --ca-cert`: the run it starts of a root job (`job exec` of a PyIceberg command)
+    publishes through the https catalog; the same schedule without the CA gets no run done."""
+    uri, ca = tls_server
+    barriers.set_interval_s(lake.conn, 3600)
+    jobs.register(
+        lake.conn,
+        JobDefinition(name="ingest", sinks=frozenset([lake.T("orders")]), external_inputs=frozenset(["ext:orders"])),
+    )
+    spec = f"{sys.executable} {ENGINES / 'pyiceberg_root.py'} {lake.namespace} 5"
+    targets.set_runner(lake.conn, "ingest", Runner(kind="command", spec=spec))
+    targets.set_target_lag(lake.conn, lake.T("orders"), 12)
+    admin = ":".join(tokens.create(lake.conn, admin=True))
+    args = [*CLI, "schedule", "--catalog-uri", uri, "--credential", admin]
+    untrusting = LoggedProcess(args, tmp_path / "untrusting.log")
+    try:
+        untrusting.wait_for("job ingest: run failed")
+    finally:
+        untrusting.kill_group()
+    assert "does not trust" in untrusting.log(), untrusting.log()[-3000:]
+    schedule = LoggedProcess([*args, "--ca-cert", ca], tmp_path / "schedule.log")
+    try:
+        schedule.wait_for("job ingest: run done")
+    finally:
+        schedule.kill_group()
+    assert jobs.show(lake.conn, "ingest").progress is not None
