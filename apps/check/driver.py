@@ -406,8 +406,8 @@ def run_check(
                     run.catalog_server.kill(fault.down_s)
                     report.faults["catalog server@killed"] += 1
                 elif fault.kind == "server-term":
-                    run.catalog_server.terminate(fault.down_s)
-                    report.faults["catalog server@SIGTERM"] += 1
+                    if run.catalog_server.terminate(fault.down_s):  # else it was down already
+                        report.faults["catalog server@SIGTERM"] += 1
                 elif fault.kind == "maintain":
                     run.maintenance.kill(fault.down_s)
                     report.faults["maintain@killed"] += 1

@@ -68,12 +68,15 @@ class Service:
             self.proc.wait()
         self.stopping, self.down_until = None, time.monotonic() + down_s
 
-    def terminate(self, down_s: float) -> None:
+    def terminate(self, down_s: float) -> bool:
         """SIGTERM (the process alone: it stops the way an operator's restart stops it);
-        :meth:`tend` starts it again ``down_s`` after it exits."""
-        if self.proc is not None and self.proc.poll() is None and self.stopping is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.stopping = (time.monotonic(), down_s)
+        :meth:`tend` starts it again ``down_s`` after it exits. False: it was not running (a
+        fault before this one has it down), nothing sent."""
+        if self.proc is None or self.proc.poll() is not None or self.stopping is not None:
+            return False
+        self.proc.send_signal(signal.SIGTERM)
+        self.stopping = (time.monotonic(), down_s)
+        return True
 
     def tend(self) -> None:
         if self.stopping is not None and self.proc is not None and self.proc.poll() is not None:
