@@ -185,6 +185,8 @@ def test_incremental_equals_full_recompute(lake, spark, query, data):
     assert t.job.not_incremental is None, t.job.not_incremental
     computed: list[int] = []  # barriers the job completed by a computation
     clean = False  # only appends since the job's previous computation
+    orders_written = False  # orders has a snapshot (rows were appended, or deleted)
+    orders_at_previous: bool | None = False  # ... at the job's previous computation (None: unknown)
     for step in ["append"] + data.draw(st.lists(STEPS, min_size=2, max_size=5), label="steps"):
         if step == "revise":
             if len(computed) < 2:
@@ -192,7 +194,7 @@ def test_incremental_equals_full_recompute(lake, spark, query, data):
             to = data.draw(st.sampled_from(computed[:-1]), label="revise to")
             revise(lake.conn, lake.catalog, t.tables["orders"], to)
             computed = [b for b in computed if b <= to]
-            clean = False
+            clean, orders_at_previous = False, None
             continue
         if step == "compact":  # of a source or of the job's sink: nothing changes, the job stays incremental
             table = data.draw(st.sampled_from([t.tables["orders"], t.sink]), label="compact")
@@ -204,15 +206,19 @@ def test_incremental_equals_full_recompute(lake, spark, query, data):
         if step == "delete":  # a user's orders deleted: the job's next computation is in full
             b = barriers.issue(lake.conn).barrier
             deleted = pipe.delete_orders(lake, t.tables, b, data.draw(st.sampled_from([0, 1, 2]), label="delete user"))
+            orders_written = orders_written or deleted
             if t.runtime().run().computations:
                 computed.append(b)
-                if deleted:  # else only appends (held barriers) came since: incremental is right
+                # else only appends (held barriers) came since, or orders was empty at the previous
+                # computation (every row in it now is new): incremental is right
+                if deleted and orders_at_previous:
                     assert not t.computation()["incremental"] and "operation" in t.computation()["reason"]
-                clean = True
+                clean, orders_at_previous = True, orders_written
             t.exact_at(b)
             continue
         orders = data.draw(order_rows(t.orders), label="orders")
         t.orders += len(orders)
+        orders_written = orders_written or bool(orders)
         known = list(range(t.orders))
         ships = data.draw(
             st.lists(
@@ -239,7 +245,7 @@ def test_incremental_equals_full_recompute(lake, spark, query, data):
             computed.append(b)
             if clean:
                 assert t.computation()["incremental"], t.computation()
-            clean = True
+            clean, orders_at_previous = True, orders_written
         else:
             assert t.computation() == before  # a skip computes nothing
         t.exact_at(b)
