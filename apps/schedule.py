@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from icebarrier.apps.catalog.clients import CA_CERT_ENV
 from icebarrier.apps.embedded import CLI
 from icebarrier.control_plane import barriers, db, jobs, targets, topology
 from icebarrier.control_plane.db import Conn
@@ -440,7 +441,7 @@ class Schedule:
             ("ICEBARRIER_SCHEMA", self.schema),
             ("ICEBARRIER_CATALOG_URI", self.catalog_uri),
             ("ICEBARRIER_CATALOG_CREDENTIAL", self.credential),
-            ("ICEBARRIER_CA_CERT", self.ca_cert),
+            (CA_CERT_ENV, self.ca_cert),
         ):
             if value:
                 env.setdefault(key, value)

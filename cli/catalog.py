@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from icebarrier.apps.catalog.clients import ENGINES, configuration
+from icebarrier.apps.catalog.clients import CA_CERT_ENV, ENGINES, configuration
 from icebarrier.cli.render import emit, table
 from icebarrier.control_plane import tokens
 from icebarrier.control_plane.model import parse_duration_s, parse_size_bytes
@@ -175,7 +175,7 @@ def serve(
 @click.option(
     "--ca-cert",
     type=click.Path(exists=True, dir_okay=False),
-    envvar="ICEBARRIER_CA_CERT",
+    envvar=CA_CERT_ENV,
     help="The CA (PEM) of the server's certificate, for https with a CA of your own; for Spark and "
     "Trino it is written beside it as a Java truststore (.p12) [env ICEBARRIER_CA_CERT].",
 )

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from icebarrier.apps.catalog.clients import CA_CERT_ENV
 from icebarrier.cli.render import BARRIER, barrier_label, emit, table
 from icebarrier.control_plane import jobs, targets
 from icebarrier.control_plane.errors import InvalidValueError
@@ -262,7 +263,7 @@ def catalog_access(credential_help: str):
     def apply(command):
         command = click.option(
             "--ca-cert",
-            envvar="ICEBARRIER_CA_CERT",
+            envvar=CA_CERT_ENV,
             type=click.Path(exists=True, dir_okay=False),
             help="The CA (PEM) of the server's certificate, for https with a CA of your own; the "
             "command's engines are told to trust it too [env ICEBARRIER_CA_CERT].",

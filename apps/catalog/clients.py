@@ -138,19 +138,20 @@ def served_storage(uri: str, credential: str, warehouse: str, ca_cert: str | Non
     from icebarrier.control_plane.errors import IcebarrierError
 
     basic = base64.b64encode(credential.encode()).decode()
+    tls = tls_context(ca_cert)
     try:
         token_request = urllib.request.Request(
             f"{uri}/v1/oauth/tokens",
             data=b"grant_type=client_credentials&scope=catalog",
             headers={"Authorization": f"Basic {basic}", "Content-Type": "application/x-www-form-urlencoded"},
         )
-        with urllib.request.urlopen(token_request, timeout=30, context=tls_context(ca_cert)) as r:
+        with urllib.request.urlopen(token_request, timeout=30, context=tls) as r:
             token = json.load(r)["access_token"]
         query = urllib.parse.urlencode({"warehouse": warehouse})
         config_request = urllib.request.Request(
             f"{uri}/v1/config?{query}", headers={"Authorization": f"Bearer {token}"}
         )
-        with urllib.request.urlopen(config_request, timeout=30, context=tls_context(ca_cert)) as r:
+        with urllib.request.urlopen(config_request, timeout=30, context=tls) as r:
             return json.load(r).get("defaults", {})
     except urllib.error.HTTPError as exc:
         why = exc.read().decode(errors="replace")[:200]
