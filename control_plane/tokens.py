@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime
 
-from icebarrier.control_plane.db import Conn, one, translated
+from icebarrier.control_plane.db import Conn
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import parse_job_name
 
@@ -29,6 +29,10 @@ class TokenNotFoundError(IcebarrierError):
 
 class AuthenticationError(IcebarrierError):
     """Credentials or an access token that are unknown, revoked or expired."""
+
+
+def unknown_token() -> AuthenticationError:
+    return AuthenticationError("the access token is unknown, expired or revoked; authenticate again")
 
 
 def token_required() -> AuthenticationError:
@@ -60,6 +64,9 @@ class Principal:
         return f"{who} (job {self.job})" if self.job else f"{who} ({self.kind})"
 
 
+ANONYMOUS = Principal(client_id=None, kind="reader")  # no token, where the catalog allows that
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Token:
     client_id: str
@@ -80,7 +87,8 @@ class Token:
         }
 
 
-def _hash(secret: str) -> str:
+def token_hash(secret: str) -> str:
+    """What the database keeps of a secret or an access token."""
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
@@ -97,7 +105,7 @@ def create(conn: Conn, *, job: str | None = None, name: str | None = None, admin
     with conn.transaction():
         conn.execute(
             "INSERT INTO catalog_token (client_id, secret_hash, kind, job_name, name) VALUES (%s, %s, %s, %s, %s)",
-            (client_id, _hash(secret), kind, job, name),
+            (client_id, token_hash(secret), kind, job, name),
         )
     return client_id, secret
 
@@ -130,7 +138,11 @@ def open_session(conn: Conn, client_id: str, secret: str, *, ttl_s: int = SESSIO
     row = conn.execute(
         "SELECT secret_hash, revoked_at FROM catalog_token WHERE client_id = %s", (client_id,)
     ).fetchone()
-    if row is None or row["revoked_at"] is not None or not secrets.compare_digest(row["secret_hash"], _hash(secret)):
+    if (
+        row is None
+        or row["revoked_at"] is not None
+        or not secrets.compare_digest(row["secret_hash"], token_hash(secret))
+    ):
         raise AuthenticationError(
             f"client {client_id!r} is unknown, revoked, or its secret is wrong; "
             f"create a token with `icebarrier token create`"
@@ -153,7 +165,7 @@ def _new_session(conn: Conn, client_id: str, ttl_s: int) -> str:
         conn.execute(
             "INSERT INTO catalog_session (token_hash, client_id, expires_at) "
             "VALUES (%s, %s, now() + make_interval(secs => %s))",
-            (_hash(access_token), client_id, ttl_s),
+            (token_hash(access_token), client_id, ttl_s),
         )
     return access_token
 
@@ -163,39 +175,8 @@ def session(conn: Conn, access_token: str) -> Principal:
     row = conn.execute(
         """SELECT t.client_id, t.kind, t.job_name FROM catalog_session s JOIN catalog_token t USING (client_id)
            WHERE s.token_hash = %s AND s.expires_at > now() AND t.revoked_at IS NULL""",
-        (_hash(access_token),),
+        (token_hash(access_token),),
     ).fetchone()
     if row is None:
-        raise AuthenticationError("the access token is unknown, expired or revoked; authenticate again")
+        raise unknown_token()
     return Principal(client_id=row["client_id"], kind=row["kind"], job=row["job_name"])
-
-
-def session_cut(
-    conn: Conn, access_token: str, table: str, *, scope: str | None, quiet_ms: int
-) -> tuple[int | None, int | None]:
-    """(barrier, ``S(table, barrier)``) for this session reading through ``read-committed``
-    (``scope``: a namespace, ``catalog.namespace``): the client's barrier while its loads keep
-    coming less than ``quiet_ms`` apart, else the newest cut over the scope's managed tables
-    (None, None: no cut yet). The moment is the client's (its token's), shared by every access
-    token it holds: Trino takes a new one for each table it loads.
-
-    Two statements: the session's barrier may have been chosen, moments ago, by another server
-    process serving the same session, from a snapshot newer than this statement's; S(table, B)
-    is resolved in a statement that starts after, so it sees every completion the choice saw."""
-    with conn.transaction():
-        # The session's moment is soft state (lost in a crash, the session just takes the newest
-        # cut): its update need not wait for the WAL flush, which costs more than the load.
-        conn.execute("SET LOCAL synchronous_commit TO off")
-        with translated(conn, "session_cut"):
-            barrier = one(conn.execute("SELECT session_cut(%s, %s, %s) AS b", (_hash(access_token), scope, quiet_ms)))[
-                "b"
-            ]
-            if barrier is None:
-                return None, None
-            row = one(
-                conn.execute(
-                    "SELECT r.snapshot_ids[1] AS snapshot_id FROM resolve_cut(ARRAY[%s], %s, true) r",
-                    (table, barrier),
-                )
-            )
-    return barrier, row["snapshot_id"]

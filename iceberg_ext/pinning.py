@@ -9,7 +9,11 @@ reads "the newest snapshot listed" then reads the pin). The metadata file is wri
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 PINNED_PREFIX = "icebarrier-pinned-"
 
@@ -75,7 +79,30 @@ def pinned(io, metadata, snapshot_id: int | None) -> PinnedMetadata:
         return PinnedMetadata(location, FromInputFile.table_metadata(existing))
     result = pin_metadata(metadata, snapshot_id)
     try:
-        ToOutputFile.table_metadata(result, io.new_output(location), overwrite=False)
+        local = _local_path(location)
+        if local is None:  # object storage: a PUT is seen whole or not at all
+            ToOutputFile.table_metadata(result, io.new_output(location), overwrite=False)
+        else:
+            _create_whole(local, result.model_dump_json().encode())
     except FileExistsError:  # another server wrote it first: use theirs
         return PinnedMetadata(location, FromInputFile.table_metadata(io.new_input(location)))
     return PinnedMetadata(location, result)
+
+
+def _local_path(location: str) -> Path | None:
+    parsed = urlparse(location)
+    return Path(unquote(parsed.path)) if parsed.scheme in ("", "file") else None
+
+
+def _create_whole(path: Path, content: bytes) -> None:
+    """Create ``path`` with ``content`` so that nobody sees it before it is whole (another server
+    process may read it the moment it exists): written aside, then linked into place, which fails
+    with FileExistsError if the file is there already."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
+        f.write(content)
+    os.chmod(f.name, 0o644)  # as a metadata file PyIceberg writes (a temporary file is private)
+    try:
+        os.link(f.name, path)
+    finally:
+        os.unlink(f.name)

@@ -18,7 +18,7 @@ from icebarrier.apps.catalog.models import check_name, check_namespace
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import tokens
 from icebarrier.control_plane.model import TableName
-from icebarrier.control_plane.tokens import Principal, token_required
+from icebarrier.control_plane.tokens import ANONYMOUS, Principal, token_required
 
 SEP = "\x1f"  # the REST spec's namespace level separator
 
@@ -28,9 +28,6 @@ async def get_lake(request: Request) -> Lake:
 
 
 LakeDep = Annotated[Lake, Depends(get_lake)]
-
-
-ANONYMOUS = Principal(client_id=None, kind="reader")
 
 
 async def bearer(request: Request, authorization: Annotated[str | None, Header()] = None) -> str | None:
@@ -207,10 +204,13 @@ class Loading:
         )
 
     def load(self, access) -> bytes:
-        """The LoadTableResult, on one pooled connection (the token checked on it)."""
+        """The LoadTableResult, on one pooled connection (the token checked in the load's own
+        statement; in a job's session first, to know the job acting)."""
         with self.lake.pool.connection() as conn:
-            at = self.at(conn)
-            return self.lake.load(conn, at.warehouse, at.table, at.principal, at.access_token, access)
+            acting = self.at(conn).principal if self.warehouse.kind == "job" else None
+            return self.lake.load(
+                conn, self.warehouse, self.table, access, access_token=self.access_token, acting=acting
+            )
 
 
 async def loading_table(request: Request, token: Bearer, prefix: str, namespace: str, table: str) -> Loading:

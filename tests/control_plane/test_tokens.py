@@ -5,28 +5,43 @@ from __future__ import annotations
 import threading
 import time
 
-from icebarrier.control_plane import db, tokens
+from icebarrier.control_plane import catalog_loads, db, tokens
 from tests.helpers import T, complete_all, new_barrier, register_chain
+
+
+def moment(conn, access: str, table: str, quiet_ms: int = 60_000) -> tuple[int | None, int | None]:
+    """(the session's barrier, S(table, it)) of a read-committed load by ``access``."""
+    state = catalog_loads.load_state(
+        conn,
+        catalog_schema=None,
+        table=T(table),
+        managed_key=str(T(table)),
+        mode="read-committed",
+        access_token=access,
+        quiet_ms=quiet_ms,
+    )
+    return state.cut, state.snapshot_id
 
 
 def test_a_session_barrier_another_server_chose_resolves_in_a_snapshot_that_sees_it(conn, dsn):
     """Two server processes serve one read-committed session. While one (B) holds the session's
     row and moves it to barrier b2, the other (A) starts its load; b2 completes, B commits, A takes
-    b2 — and resolves S(orders, b2) in a statement that sees b2's completion (one statement would
-    resolve it in the snapshot taken before, where b2 is not valid: a 400 for the client)."""
+    b2 — and resolves S(orders, b2) in a statement that sees b2's completion (``catalog_load`` is
+    one call, but each statement inside it takes a snapshot of its own; S(orders, b2) resolved in
+    the snapshot the load started with would find b2 not valid: a 400 for the client)."""
     register_chain(conn)
     b1 = new_barrier(conn)
     complete_all(conn, b1)
     client_id, secret = tokens.create(conn)
     access = tokens.open_session(conn, client_id, secret)
-    assert tokens.session_cut(conn, access, str(T("orders")), scope=None, quiet_ms=60_000)[0] == b1
+    assert moment(conn, access, "orders")[0] == b1
     b2 = new_barrier(conn)
     found: dict = {}
 
     def load_on_server_a() -> None:
         with db.connect(dsn) as a:
             try:
-                found["cut"] = tokens.session_cut(a, access, str(T("orders")), scope=None, quiet_ms=60_000)
+                found["cut"] = moment(a, access, "orders")
             except Exception as exc:  # noqa: BLE001 - the assertion below shows it
                 found["error"] = exc
 
@@ -35,7 +50,7 @@ def test_a_session_barrier_another_server_chose_resolves_in_a_snapshot_that_sees
         server_b.execute(
             "UPDATE catalog_token SET rc_barrier = %s, rc_loaded_at = clock_timestamp() "
             "WHERE client_id = (SELECT client_id FROM catalog_session WHERE token_hash = %s)",
-            (b2, tokens._hash(access)),
+            (b2, tokens.token_hash(access)),
         )
         a = threading.Thread(target=load_on_server_a)
         a.start()
@@ -67,13 +82,13 @@ def test_every_access_token_of_one_client_shares_its_read_committed_moment(conn)
     complete_all(conn, b1)
     client_id, secret = tokens.create(conn)
     first, second = (tokens.open_session(conn, client_id, secret) for _ in range(2))
-    assert tokens.session_cut(conn, first, str(T("orders")), scope=None, quiet_ms=60_000)[0] == b1
+    assert moment(conn, first, "orders")[0] == b1
     b2 = new_barrier(conn)
     complete_all(conn, b2)
-    assert tokens.session_cut(conn, second, str(T("payments")), scope=None, quiet_ms=60_000)[0] == b1
+    assert moment(conn, second, "payments")[0] == b1
     other = tokens.open_session(conn, *tokens.create(conn))
-    assert tokens.session_cut(conn, other, str(T("orders")), scope=None, quiet_ms=60_000)[0] == b2
-    assert tokens.session_cut(conn, second, str(T("orders")), scope=None, quiet_ms=0)[0] == b2  # quiet: it moves
+    assert moment(conn, other, "orders")[0] == b2
+    assert moment(conn, second, "orders", quiet_ms=0)[0] == b2  # quiet: it moves
 
 
 def test_a_read_committed_moment_in_use_is_protected_from_expiry(conn):
@@ -94,7 +109,7 @@ def test_a_read_committed_moment_in_use_is_protected_from_expiry(conn):
     conn.execute(
         "UPDATE catalog_token SET rc_barrier = %s, rc_loaded_at = clock_timestamp() "
         "WHERE client_id = (SELECT client_id FROM catalog_session WHERE token_hash = %s)",
-        (b1, tokens._hash(access)),
+        (b1, tokens.token_hash(access)),
     )  # the client chose b1 before b2 was valid and keeps loading
     assert first["orders"] in window()
     conn.execute("UPDATE catalog_token SET rc_loaded_at = clock_timestamp() - interval '2 minutes'")

@@ -49,18 +49,20 @@ def memory_only() -> Iterator[None]:
 
 
 class _LRU:
-    """A small thread-safe LRU for immutable values (metadata files, pinned responses)."""
+    """A small thread-safe LRU for immutable values (metadata files, their JSON, pinned files)."""
 
     def __init__(self, size: int) -> None:
         self.size, self.lock = size, threading.Lock()
         self.items: OrderedDict[object, object] = OrderedDict()
 
-    def get(self, key, make):
+    def get(self, key, make, *, storage: bool = True):
+        """The value of ``key``, made by ``make`` if it is not here (``storage``: making it reads
+        or writes a file, which :func:`memory_only` refuses)."""
         with self.lock:
             if key in self.items:
                 self.items.move_to_end(key)
                 return self.items[key]
-        if _MEMORY_ONLY.get():
+        if storage and _MEMORY_ONLY.get():
             raise NeedsStorage(key)
         value = make()
         with self.lock:
@@ -93,21 +95,13 @@ class LakeCore:
         self.pool = db.pool(settings.dsn, settings.schema, max_size=pool_size)
         self.quiet_ms = quiet_ms
         self.confinement = locations.Confinement.of(settings.warehouse, allowed_locations)
-        self.metadata_cache = _LRU(4096)
-        self.pinned_cache = _LRU(8192)
+        self.metadata_cache = _LRU(4096)  # location: (metadata, io)
+        self.metadata_json_cache = _LRU(4096)  # location: (its JSON, the table's location)
+        self.pinned_cache = _LRU(8192)  # (table uuid, snapshot): (pinned location, its JSON, the table's location)
         in_catalog = functools.partial(_catalog_sql, settings.catalog_schema)
         self._pointer_sql = in_catalog(
             "SELECT metadata_location FROM {cs}.iceberg_tables WHERE catalog_name = %s AND table_namespace = %s "
             "AND table_name = %s"
-        )
-        # One statement for a load: is the table managed, its pointer, and (through barrier-<B>)
-        # S(T, B), all from one snapshot of the database.
-        self._load_sql = in_catalog(
-            "SELECT m.managed, (SELECT metadata_location FROM {cs}.iceberg_tables WHERE catalog_name = %(catalog)s "
-            "AND table_namespace = %(namespace)s AND table_name = %(table)s) AS location, "
-            "CASE WHEN m.managed AND %(barrier)s::bigint IS NOT NULL THEN (SELECT r.snapshot_ids[1] "
-            "FROM resolve_cut(ARRAY[%(name)s], %(barrier)s, true) r) END AS snapshot_id "
-            "FROM (SELECT EXISTS (SELECT 1 FROM managed_table WHERE name = %(name)s) AS managed) m"
         )
         self._swap_sql = in_catalog(
             "UPDATE {cs}.iceberg_tables SET metadata_location = %s, previous_metadata_location = %s "
@@ -126,10 +120,17 @@ class LakeCore:
         caller gets (:mod:`icebarrier.apps.catalog.delegation`)."""
         from pyiceberg.catalog.rest import TableResponse
 
-        config = access.config(
-            self.settings.storage, metadata.location, reader=principal.kind == "reader", sessions=self.sessions
+        return TableResponse(
+            metadata_location=location,
+            metadata=metadata,
+            config=self.storage_config(metadata.location, principal, access),
         )
-        return TableResponse(metadata_location=location, metadata=metadata, config=config)
+
+    def storage_config(self, table_location: str, principal: Principal, access: Delegation) -> dict[str, str]:
+        """A LoadTableResult's ``config``: the storage access the caller gets for a table there."""
+        return access.config(
+            self.settings.storage, table_location, reader=principal.kind == "reader", sessions=self.sessions
+        )
 
     def table_name(self, namespace: tuple[str, ...], name: str) -> TableName:
         """The identifier as the client spelled it (the catalog is case-sensitive and allows

@@ -1,14 +1,20 @@
 """Loads: a table's metadata through a warehouse (latest, pinned at a barrier, a
 read-committed session's cut, a lease's), as the LoadTableResult a client gets.
+
+A load is one statement (:func:`~icebarrier.control_plane.catalog_loads.load_state`: the token,
+the cut, the pointer) and a response put together from cached bytes: a metadata file's JSON is
+serialized once, and only the ``config`` (the caller's storage access) is made per request.
 """
 
 from __future__ import annotations
+
+import json
 
 from icebarrier.apps.catalog.delegation import Delegation
 from icebarrier.apps.catalog.errors import ForbiddenError
 from icebarrier.apps.catalog.lake.sessions import Sessions
 from icebarrier.apps.catalog.warehouses import Warehouse
-from icebarrier.control_plane import db, leases, reads, tokens
+from icebarrier.control_plane import catalog_loads, leases
 from icebarrier.control_plane.errors import SnapshotExpiredError
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.tokens import AuthenticationError, Principal
@@ -23,53 +29,85 @@ class Loads(Sessions):
         conn,
         warehouse: Warehouse,
         table: TableName,
-        principal: Principal,
-        access_token: str | None,
         access: Delegation,
+        *,
+        access_token: str | None,
+        acting: Principal | None = None,
     ) -> bytes:
-        """The LoadTableResult for ``table`` through ``warehouse``, as JSON bytes."""
+        """The LoadTableResult for ``table`` through ``warehouse``, as JSON bytes. The token is
+        checked in the load's own statement; ``acting``: who acts, where the caller knows it
+        already (a job's session: the job, which may be an admin's choice)."""
         from pyiceberg.exceptions import NoSuchTableError
 
         if warehouse.kind == "job":
-            warehouse = self.session_view(conn, self.session(conn, warehouse, principal), table)
-        staged = self.staged(conn, principal.job, table) if warehouse.kind == "latest" else None
-        if staged is not None:  # the job's own commits of a barrier it has not published yet
-            metadata, _ = self.metadata(staged["metadata_location"])
-            return self.response(staged["metadata_location"], metadata, principal, access).model_dump_json().encode()
-        with db.translated(conn, "load_table"):
-            state = conn.execute(
-                self._load_sql,
-                {
-                    "catalog": table.catalog,
-                    "namespace": ".".join(table.namespace),
-                    "table": table.name,
-                    "name": self.managed_key(table),
-                    "barrier": warehouse.barrier,
-                },
-            ).fetchone()
-        if state["location"] is None:
+            if acting is None:
+                raise ValueError("a load in a job's session needs the job acting")
+            warehouse = self.session_view(conn, self.session(conn, warehouse, acting), table)
+        refusal = self._read_committed_refusal(warehouse, table, access_token)
+        state = catalog_loads.load_state(
+            conn,
+            catalog_schema=self.settings.catalog_schema,
+            table=table,
+            managed_key=self.managed_key(table),
+            mode="refused" if refusal else warehouse.kind,
+            access_token=access_token,
+            job=acting.job if acting is not None and acting.kind == "job" else None,
+            barrier=warehouse.barrier,
+            scope=f"{self.settings.catalog}.{warehouse.namespace}" if warehouse.namespace else None,
+            quiet_ms=self.quiet_ms,
+        )
+        principal = acting or state.principal
+        if state.staged_location is not None:  # the job's own commits of a barrier it has not published yet
+            return self.answer(state.staged_location, principal, access)
+        if state.location is None:
             raise NoSuchTableError(f"table {table} does not exist")
-        if warehouse.kind == "latest" or not state["managed"]:
-            metadata, _ = self.metadata(state["location"])
-            return self.response(state["location"], metadata, principal, access).model_dump_json().encode()
-        if warehouse.kind == "barrier":
-            snapshot_id, (metadata, io) = state["snapshot_id"], self.metadata(state["location"])
-        else:
-            # The cut first, then the pointer: a commit's metadata lands before its record, so
-            # the current metadata holds S(T, B) unless it was expired.
-            snapshot_id = self.pinned_snapshot(conn, warehouse, table, access_token)
-            _, metadata, io = self.current(conn, table)
+        if warehouse.kind == "latest" or not state.managed:
+            return self.answer(state.location, principal, access)
+        if refusal is not None:
+            raise refusal
+        # The cut first, then the pointer (in load_state, or a lease's fixed snapshot): a commit's
+        # metadata lands before its record, so the current metadata holds S(T, B) unless it was
+        # expired.
+        snapshot_id = self._leased(conn, warehouse, table) if warehouse.kind == "lease" else state.snapshot_id
+        metadata, io = self.metadata(state.location)
         if snapshot_id is not None and metadata.snapshot_by_id(snapshot_id) is None:
             raise SnapshotExpiredError(str(table), snapshot_id)
 
-        def pin() -> bytes:
+        def pin() -> tuple[str, bytes, str]:
             result = pinned(io, metadata, snapshot_id)
-            return (
-                self.response(result.metadata_location, result.metadata, principal, access).model_dump_json().encode()
-            )
+            return result.metadata_location, result.metadata.model_dump_json().encode(), metadata.location
 
-        reader = principal.kind == "reader"  # the response's config depends on who asks for what
-        return self.pinned_cache.get((str(metadata.table_uuid), snapshot_id, reader, access.modes), pin)
+        location, metadata_json, table_location = self.pinned_cache.get((str(metadata.table_uuid), snapshot_id), pin)
+        return self._spliced(location, metadata_json, table_location, principal, access)
+
+    def answer(self, location: str, principal: Principal, access: Delegation) -> bytes:
+        """The LoadTableResult of the metadata file at ``location``."""
+
+        def serialized() -> tuple[bytes, str]:
+            metadata, _ = self.metadata(location)
+            return metadata.model_dump_json().encode(), metadata.location
+
+        metadata_json, table_location = self.metadata_json_cache.get(location, serialized, storage=False)
+        return self._spliced(location, metadata_json, table_location, principal, access)
+
+    def _spliced(
+        self, location: str, metadata_json: bytes, table_location: str, principal: Principal, access: Delegation
+    ) -> bytes:
+        """A TableResponse's JSON (``pyiceberg.catalog.rest.TableResponse``, as ``response``
+        makes it) around the metadata's cached bytes: only the config is made per request (it
+        depends on who asks, and session credentials are renewed)."""
+        config = self.storage_config(table_location, principal, access)
+        return b"".join(
+            (
+                b'{"metadata-location":',
+                json.dumps(location).encode(),
+                b',"metadata":',
+                metadata_json,
+                b',"config":',
+                json.dumps(config, separators=(",", ":")).encode(),
+                b',"storage-credentials":[]}',
+            )
+        )
 
     def exists(self, conn, warehouse: Warehouse, table: TableName, principal: Principal) -> None:
         """Does ``table`` exist for the caller (a job session sees the sinks it created)? Else
@@ -77,33 +115,36 @@ class Loads(Sessions):
         if warehouse.kind != "job" or self.staged(conn, principal.job, table) is None:
             self.current(conn, table)
 
-    def pinned_snapshot(self, conn, warehouse: Warehouse, table: TableName, access_token: str | None) -> int | None:
-        if warehouse.kind == "lease":  # each load renews it (never shortening it)
-            lease = leases.get(conn, warehouse.lease)
-            remaining_s = (lease.expires_at - conn.execute("SELECT now() AS t").fetchone()["t"]).total_seconds()
-            if lease.state != "active" or remaining_s < LEASE_RENEW_S:
-                lease = leases.renew(conn, warehouse.lease, ttl_s=LEASE_RENEW_S)
-            if table not in lease.snapshots:
-                raise ForbiddenError(
-                    f"lease {lease.lease_id} does not pin {table} (it pins "
-                    f"{', '.join(sorted(map(str, lease.snapshots)))}); read it through another "
-                    f"warehouse or take a lease that covers it"
-                )
-            return lease.snapshots[table]
-        scope = None
-        if warehouse.namespace is not None:
-            scope = f"{self.settings.catalog}.{warehouse.namespace}"
-            if ".".join(table.namespace) != warehouse.namespace:
-                raise ForbiddenError(
-                    f"warehouse {warehouse} reads only namespace {warehouse.namespace}, not {table}; "
-                    f"use warehouse read-committed for the whole lake"
-                )
+    def _read_committed_refusal(
+        self, warehouse: Warehouse, table: TableName, access_token: str | None
+    ) -> Exception | None:
+        """Why a managed table may not be read through this read-committed warehouse (None: it may,
+        or the warehouse is another). Raised only if the table turns out to be managed."""
+        if warehouse.kind != "read-committed":
+            return None
+        if warehouse.namespace is not None and ".".join(table.namespace) != warehouse.namespace:
+            return ForbiddenError(
+                f"warehouse {warehouse} reads only namespace {warehouse.namespace}, not {table}; "
+                f"use warehouse read-committed for the whole lake"
+            )
         if access_token is None:
-            raise AuthenticationError(
+            return AuthenticationError(
                 "read-committed is stable per client session and needs a token; create one "
                 "with `icebarrier token create --reader` and pass it as credential"
             )
-        barrier, snapshot_id = tokens.session_cut(conn, access_token, str(table), scope=scope, quiet_ms=self.quiet_ms)
-        if barrier is None:  # no cut over the scope yet: the table's own, or why there is none
-            return reads.resolve(conn, [table]).snapshots[table]
-        return snapshot_id
+        return None
+
+    @staticmethod
+    def _leased(conn, warehouse: Warehouse, table: TableName) -> int:
+        """The snapshot of ``table`` the lease pins; each load renews the lease (never shortening it)."""
+        lease = leases.get(conn, warehouse.lease)
+        remaining_s = (lease.expires_at - conn.execute("SELECT now() AS t").fetchone()["t"]).total_seconds()
+        if lease.state != "active" or remaining_s < LEASE_RENEW_S:
+            lease = leases.renew(conn, warehouse.lease, ttl_s=LEASE_RENEW_S)
+        if table not in lease.snapshots:
+            raise ForbiddenError(
+                f"lease {lease.lease_id} does not pin {table} (it pins "
+                f"{', '.join(sorted(map(str, lease.snapshots)))}); read it through another "
+                f"warehouse or take a lease that covers it"
+            )
+        return lease.snapshots[table]

@@ -1,0 +1,86 @@
+"""A catalog load's state in one statement: ``catalog_load`` (migration 0021).
+
+Who asks (the access token checked), the job's staged commit of the table, whether the table is
+managed, the snapshot the warehouse pins (S(T, B) through ``barrier-<B>``, the session's moment
+through ``read-committed``) and then the table's pointer: one round trip, where it was eight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from icebarrier.control_plane.db import Conn, one, translated
+from icebarrier.control_plane.model import TableName
+from icebarrier.control_plane.tokens import ANONYMOUS, Principal, token_hash, unknown_token
+
+# psycopg prepares it on the server after a few uses (one parse and plan per connection).
+_SQL = (
+    "SELECT * FROM catalog_load(%(token)s, %(job)s, %(catalog_schema)s, %(catalog)s, %(namespace)s, "
+    "%(table)s, %(name)s, %(mode)s, %(barrier)s, %(scope)s, %(quiet_ms)s)"
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadState:
+    principal: Principal  # who holds the token (ANONYMOUS without one)
+    staged_location: str | None  # the acting job's unpublished commit of the table
+    managed: bool
+    location: str | None  # the table's pointer (None: no such table)
+    snapshot_id: int | None  # the snapshot the warehouse pins (barrier, read-committed)
+    cut: int | None  # the barrier of that snapshot
+
+
+def load_state(
+    conn: Conn,
+    *,
+    catalog_schema: str | None,
+    table: TableName,
+    managed_key: str | None,
+    mode: str,
+    access_token: str | None,
+    job: str | None = None,
+    barrier: int | None = None,
+    scope: str | None = None,
+    quiet_ms: int = 0,
+) -> LoadState:
+    """The state a load through ``mode`` needs (``latest``, ``barrier``: S(T, ``barrier``),
+    ``read-committed``: the session's moment over ``scope``, kept while its loads come less than
+    ``quiet_ms`` apart; any other mode pins nothing). ``job``: the job acting, if the caller knows
+    it (an admin in a job's session); else the token's job. ``managed_key``: the table's name if
+    it could be managed (None: never managed). ``catalog_schema``: the SQL catalog's schema, where
+    the pointer is read (None: the state without it).
+
+    Raises AuthenticationError (:func:`unknown_token`) when the token is unknown, expired or revoked."""
+    with translated(conn, "load_table"):
+        row = one(
+            conn.execute(
+                _SQL,
+                {
+                    "token": None if access_token is None else token_hash(access_token),
+                    "job": job,
+                    "catalog_schema": catalog_schema,
+                    "catalog": table.catalog,
+                    "namespace": ".".join(table.namespace),
+                    "table": table.name,
+                    "name": managed_key,
+                    "mode": mode,
+                    "barrier": barrier,
+                    "scope": scope,
+                    "quiet_ms": quiet_ms,
+                },
+            )
+        )
+    if access_token is None:
+        principal = ANONYMOUS
+    elif row["who_client"] is None:
+        raise unknown_token()
+    else:
+        principal = Principal(client_id=row["who_client"], kind=row["who_kind"], job=row["who_job"])
+    return LoadState(
+        principal=principal,
+        staged_location=row["staged_location"],
+        managed=bool(row["managed"]),
+        location=row["location"],
+        snapshot_id=row["snapshot_id"],
+        cut=row["cut"],
+    )
