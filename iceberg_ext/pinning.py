@@ -13,6 +13,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 PINNED_PREFIX = "icebarrier-pinned-"
@@ -21,7 +22,7 @@ PINNED_PREFIX = "icebarrier-pinned-"
 @dataclass(frozen=True, slots=True)
 class PinnedMetadata:
     metadata_location: str
-    metadata: object  # pyiceberg TableMetadata
+    metadata: Any  # pyiceberg TableMetadata
 
 
 def pin_metadata(metadata, snapshot_id: int | None):

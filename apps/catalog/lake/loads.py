@@ -135,7 +135,7 @@ class Loads(Sessions):
         return None
 
     @staticmethod
-    def _leased(conn, warehouse: Warehouse, table: TableName) -> int:
+    def _leased(conn, warehouse: Warehouse, table: TableName) -> int | None:
         """The snapshot of ``table`` the lease pins; each load renews the lease (never shortening it)."""
         lease = leases.get(conn, warehouse.lease)
         remaining_s = (lease.expires_at - conn.execute("SELECT now() AS t").fetchone()["t"]).total_seconds()
