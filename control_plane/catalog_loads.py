@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from icebarrier.control_plane.db import Conn, one, translated
+from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.tokens import ANONYMOUS, Principal, token_hash, unknown_token
 
@@ -51,25 +52,51 @@ def load_state(
     the pointer is read (None: the state without it).
 
     Raises AuthenticationError (:func:`unknown_token`) when the token is unknown, expired or revoked."""
+    params = _params(catalog_schema, table, managed_key, mode, access_token, job, barrier, scope, quiet_ms)
     with translated(conn, "load_table"):
-        row = one(
-            conn.execute(
-                _SQL,
-                {
-                    "token": None if access_token is None else token_hash(access_token),
-                    "job": job,
-                    "catalog_schema": catalog_schema,
-                    "catalog": table.catalog,
-                    "namespace": ".".join(table.namespace),
-                    "table": table.name,
-                    "name": managed_key,
-                    "mode": mode,
-                    "barrier": barrier,
-                    "scope": scope,
-                    "quiet_ms": quiet_ms,
-                },
-            )
-        )
+        row = one(conn.execute(_SQL, params))
+    return _state(row, access_token)
+
+
+async def load_state_async(
+    conn,
+    *,
+    catalog_schema: str | None,
+    table: TableName,
+    managed_key: str | None,
+    mode: str,
+    access_token: str | None,
+    job: str | None = None,
+    barrier: int | None = None,
+    scope: str | None = None,
+    quiet_ms: int = 0,
+) -> LoadState:
+    """:func:`load_state` on an ``AsyncConnection`` (the server's event loop)."""
+    params = _params(catalog_schema, table, managed_key, mode, access_token, job, barrier, scope, quiet_ms)
+    with translated(conn, "load_table"):
+        row = await (await conn.execute(_SQL, params)).fetchone()
+    return _state(row, access_token)
+
+
+def _params(catalog_schema, table, managed_key, mode, access_token, job, barrier, scope, quiet_ms) -> dict:
+    return {
+        "token": None if access_token is None else token_hash(access_token),
+        "job": job,
+        "catalog_schema": catalog_schema,
+        "catalog": table.catalog,
+        "namespace": ".".join(table.namespace),
+        "table": table.name,
+        "name": managed_key,
+        "mode": mode,
+        "barrier": barrier,
+        "scope": scope,
+        "quiet_ms": quiet_ms,
+    }
+
+
+def _state(row: dict | None, access_token: str | None) -> LoadState:
+    if row is None:  # catalog_load returns a row every time
+        raise IcebarrierError("catalog_load answered no row; this is a bug")
     if access_token is None:
         principal = ANONYMOUS
     elif row["who_client"] is None:

@@ -135,14 +135,13 @@ def pool(dsn: str | None, schema: str | None, *, max_size: int = 8):
 
     dsn, schema = resolve_dsn(dsn), resolve_schema(schema)
     connect(dsn, schema).close()  # refuse an unreachable server or an old schema now, with our message
+    ping_after_s = _timeout_ms(POOL_CHECK_ENV, DEFAULT_POOL_CHECK) / 1000
 
     def configure(conn: Conn) -> None:
         conn.info_schema = schema  # type: ignore[attr-defined]
 
     def returned(conn: Conn) -> None:
         conn.idle_since = time.monotonic()  # type: ignore[attr-defined]
-
-    ping_after_s = _timeout_ms(POOL_CHECK_ENV, DEFAULT_POOL_CHECK) / 1000
 
     def check(conn: Conn) -> None:
         # A connection that sat idle may have been killed (a Postgres restart, a proxy's idle
@@ -161,6 +160,39 @@ def pool(dsn: str | None, schema: str | None, *, max_size: int = 8):
         max_size=max_size,
         open=True,
         name="icebarrier",
+    )
+
+
+def async_pool(dsn: str | None, schema: str | None, *, max_size: int = 4):
+    """The same pool for asyncio (psycopg's AsyncConnection), not open yet: open it on the event
+    loop that uses it (``await p.open()``). A server's loads wait for Postgres here without
+    holding the loop."""
+    from psycopg_pool import AsyncConnectionPool
+
+    dsn, schema = resolve_dsn(dsn), resolve_schema(schema)
+    ping_after_s = _timeout_ms(POOL_CHECK_ENV, DEFAULT_POOL_CHECK) / 1000
+
+    async def configure(conn) -> None:
+        conn.info_schema = schema
+
+    async def returned(conn) -> None:
+        conn.idle_since = time.monotonic()
+
+    async def check(conn) -> None:  # as pool()'s
+        if time.monotonic() - getattr(conn, "idle_since", 0.0) >= ping_after_s:
+            await AsyncConnectionPool.check_connection(conn)
+
+    return AsyncConnectionPool(
+        dsn,
+        connection_class=psycopg.AsyncConnection,
+        kwargs=connection_kwargs(schema),
+        configure=configure,
+        reset=returned,
+        check=check,
+        min_size=1,
+        max_size=max_size,
+        open=False,
+        name="icebarrier-async",
     )
 
 

@@ -16,12 +16,19 @@ that keeps a load correct:
    after the cut holds S(T, B)).
 
 The moment is soft state (lost in a crash, the session takes the newest cut): its write commits
-without waiting for the WAL flush (``synchronous_commit`` off for this transaction only).
+without waiting for the WAL flush (``synchronous_commit`` off for this transaction only), and
+``session_cut`` writes it only when it changes or its time is older than a tenth of the quiet
+interval (a load moments after the last one only reads it: no write, no transaction id, no row
+lock for a client's parallel loads to queue on). Loads less than the quiet interval apart keep
+the moment, as before; loads more than 1.1 times it apart move it (between: either).
 
 Revision ID: 0021
 Revises: 0020
 Create Date: 2026-11-26
 """
+
+import importlib.util
+from pathlib import Path
 
 from psycopg import sql
 
@@ -31,6 +38,35 @@ revision = "0021"
 down_revision = "0020"
 branch_labels = None
 depends_on = None
+
+SESSION_CUT = """
+CREATE OR REPLACE FUNCTION session_cut(p_token_hash text, p_scope text, p_quiet_ms integer) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = {search_path} AS $$
+DECLARE
+    v_client text;
+    v_barrier bigint;
+    v_scope text;
+    v_loaded timestamptz;
+    v_quiet interval := make_interval(secs => p_quiet_ms / 1000.0);
+BEGIN
+    PERFORM require_admin('serve the catalog');
+    SELECT t.client_id, t.rc_barrier, t.rc_scope, t.rc_loaded_at INTO v_client, v_barrier, v_scope, v_loaded
+    FROM catalog_session s JOIN catalog_token t ON t.client_id = s.client_id
+    WHERE s.token_hash = p_token_hash;
+    IF v_barrier IS NOT NULL AND v_scope IS NOT DISTINCT FROM p_scope
+       AND v_loaded > clock_timestamp() - v_quiet / 10 THEN
+        RETURN v_barrier;  -- the client loaded moments ago: its moment holds, its time is fresh
+    END IF;
+    UPDATE catalog_token t
+    SET rc_barrier = CASE WHEN t.rc_scope IS NOT DISTINCT FROM p_scope AND t.rc_barrier IS NOT NULL
+                               AND t.rc_loaded_at > clock_timestamp() - v_quiet * 1.1
+                          THEN t.rc_barrier ELSE latest_cut(p_scope) END,
+        rc_scope = p_scope, rc_loaded_at = clock_timestamp()
+    WHERE t.client_id = v_client
+    RETURNING t.rc_barrier INTO v_barrier;
+    RETURN v_barrier;
+END $$;
+"""
 
 UPGRADE = """
 CREATE FUNCTION catalog_load(
@@ -92,10 +128,24 @@ REVOKE EXECUTE ON FUNCTION catalog_load(text, text, text, text, text, text, text
 """
 
 
+def _search_path() -> str:
+    return f"{sql.Identifier(context.config.attributes['schema']).as_string(None)}, pg_temp"
+
+
+def _earlier(file_name: str):
+    """An earlier revision's module (alembic/ is not a package)."""
+    path = Path(__file__).with_name(file_name)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def upgrade() -> None:
-    schema = context.config.attributes["schema"]
-    op.execute(UPGRADE.format(search_path=f"{sql.Identifier(schema).as_string(None)}, pg_temp"))
+    op.execute(SESSION_CUT.format(search_path=_search_path()))
+    op.execute(UPGRADE.format(search_path=_search_path()))
 
 
 def downgrade() -> None:
     op.execute("DROP FUNCTION catalog_load(text, text, text, text, text, text, text, text, bigint, text, integer)")
+    op.execute(_earlier("0017_read_committed_per_client.py").SESSION_CUT.format(search_path=_search_path()))

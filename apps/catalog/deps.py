@@ -13,10 +13,10 @@ from fastapi import Depends, Header, Query, Request
 
 from icebarrier.apps.catalog.access_log import principal_label
 from icebarrier.apps.catalog.errors import ForbiddenError, MalformedRequestError
-from icebarrier.apps.catalog.lake import Lake
+from icebarrier.apps.catalog.lake import Lake, NeedsStorage, memory_only
 from icebarrier.apps.catalog.models import check_name, check_namespace
 from icebarrier.apps.catalog.warehouses import Warehouse
-from icebarrier.control_plane import tokens
+from icebarrier.control_plane import catalog_loads, tokens
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.tokens import ANONYMOUS, Principal, token_required
 
@@ -202,6 +202,21 @@ class Loading:
             principal=principal,
             access_token=self.access_token,
         )
+
+    async def load_on_loop(self, access) -> bytes:
+        """The LoadTableResult of a load through latest, barrier-<B> or read-committed, on the event
+        loop: its one statement on the async pool (the loop serves other requests meanwhile),
+        the response from memory; in the thread pool only where a file must be read or written."""
+        from starlette.concurrency import run_in_threadpool
+
+        plan = self.lake.plan(self.warehouse, self.table, self.access_token)
+        async with self.lake.async_pool.connection() as conn:
+            state = await catalog_loads.load_state_async(conn, **plan.query)
+        try:
+            with memory_only():
+                return self.lake.respond(None, plan, state, access)
+        except NeedsStorage:
+            return await run_in_threadpool(self.lake.respond, None, plan, state, access)
 
     def load(self, access) -> bytes:
         """The LoadTableResult, on one pooled connection (the token checked in the load's own

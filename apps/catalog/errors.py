@@ -162,18 +162,16 @@ class ControlPlaneOutage:
     ``Retry-After`` in the error model. Never a 500. The pool pings idle connections before use
     (:func:`icebarrier.control_plane.db.pool`); this covers the ones killed mid-request."""
 
-    def __init__(self, app, pool) -> None:
+    def __init__(self, app, lake) -> None:
         import psycopg
         import sqlalchemy.exc
 
-        self.app, self.pool = app, pool
+        self.app, self.lake = app, lake
         self.outages = (psycopg.OperationalError, sqlalchemy.exc.OperationalError)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        from starlette.concurrency import run_in_threadpool
-
         body = await _read_body(receive)
         headers = dict(scope.get("headers") or ())
         safe = (
@@ -202,7 +200,7 @@ class ControlPlaneOutage:
             except self.outages as exc:
                 if started:
                     raise
-                await run_in_threadpool(self.pool.check)  # drop every connection the outage killed
+                await self.lake.check_connections()
                 if attempt == 1 and safe:
                     continue
                 response = error_response(

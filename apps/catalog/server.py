@@ -53,14 +53,16 @@ def create_app(
     app.state.hub = Hub(settings.dsn, settings.schema)
     app.state.allow_anonymous_read = allow_anonymous_read
     app.state.storage_probe = health.StorageProbe()
+    app.router.add_event_handler("startup", lake.open)
     app.router.add_event_handler("startup", app.state.hub.start)
     app.router.add_event_handler("shutdown", app.state.hub.stop)
+    app.router.add_event_handler("shutdown", lake.aclose)
     app.router.add_event_handler("shutdown", lake.close)
     errors.install(app)
     for router in ROUTERS:
         app.include_router(router)
     metrics.install(app, lake.pool)
-    app.add_middleware(errors.ControlPlaneOutage, pool=lake.pool)
+    app.add_middleware(errors.ControlPlaneOutage, lake=lake)
     app.add_middleware(
         limits.BodyLimit,
         max_body_bytes=max_body_bytes,

@@ -24,8 +24,8 @@ def moment(conn, access: str, table: str, quiet_ms: int = 60_000) -> tuple[int |
 
 
 def test_a_session_barrier_another_server_chose_resolves_in_a_snapshot_that_sees_it(conn, dsn):
-    """Two server processes serve one read-committed session. While one (B) holds the session's
-    row and moves it to barrier b2, the other (A) starts its load; b2 completes, B commits, A takes
+    """Two server processes serve one read-committed session, quiet for a while. While one (B)
+    holds the session's row and moves it to barrier b2, the other (A) starts its load; b2 completes, B commits, A takes
     b2 — and resolves S(orders, b2) in a statement that sees b2's completion (``catalog_load`` is
     one call, but each statement inside it takes a snapshot of its own; S(orders, b2) resolved in
     the snapshot the load started with would find b2 not valid: a 400 for the client)."""
@@ -45,6 +45,7 @@ def test_a_session_barrier_another_server_chose_resolves_in_a_snapshot_that_sees
             except Exception as exc:  # noqa: BLE001 - the assertion below shows it
                 found["error"] = exc
 
+    conn.execute("UPDATE catalog_token SET rc_loaded_at = clock_timestamp() - interval '2 minutes'")  # quiet since
     with db.connect(dsn) as server_b:
         server_b.execute("BEGIN")
         server_b.execute(

@@ -93,6 +93,7 @@ class LakeCore:
         self.sessions = SessionVendor(settings.storage) if settings.storage.session_duration_s else None
         self.catalog = load_catalog(settings)
         self.pool = db.pool(settings.dsn, settings.schema, max_size=pool_size)
+        self.async_pool = db.async_pool(settings.dsn, settings.schema)  # loads; opened on the server's loop
         self.quiet_ms = quiet_ms
         self.confinement = locations.Confinement.of(settings.warehouse, allowed_locations)
         self.metadata_cache = _LRU(4096)  # location: (metadata, io)
@@ -112,8 +113,21 @@ class LakeCore:
             "previous_metadata_location, iceberg_type) VALUES (%s, %s, %s, %s, NULL, 'TABLE')"
         )
 
+    async def open(self) -> None:
+        await self.async_pool.open()
+
+    async def aclose(self) -> None:
+        await self.async_pool.close()
+
     def close(self) -> None:
         self.pool.close()
+
+    async def check_connections(self) -> None:
+        """Drop every pooled connection an outage killed (both pools)."""
+        from starlette.concurrency import run_in_threadpool
+
+        await run_in_threadpool(self.pool.check)
+        await self.async_pool.check()
 
     def response(self, location: str, metadata, principal: Principal, access: Delegation):
         """The LoadTableResult of ``metadata`` at ``location``, with the storage access the

@@ -9,6 +9,7 @@ serialized once, and only the ``config`` (the caller's storage access) is made p
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from icebarrier.apps.catalog.delegation import Delegation
 from icebarrier.apps.catalog.errors import ForbiddenError
@@ -21,6 +22,19 @@ from icebarrier.control_plane.tokens import AuthenticationError, Principal
 from icebarrier.iceberg_ext.pinning import pinned
 
 LEASE_RENEW_S = 300.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadPlan:
+    """A load, planned before the database: the warehouse it reads through (a job session's view
+    resolved), what :func:`~icebarrier.control_plane.catalog_loads.load_state` is asked, and why
+    a managed table would be refused."""
+
+    warehouse: Warehouse
+    table: TableName
+    query: dict
+    acting: Principal | None
+    refusal: Exception | None
 
 
 class Loads(Sessions):
@@ -37,34 +51,45 @@ class Loads(Sessions):
         """The LoadTableResult for ``table`` through ``warehouse``, as JSON bytes. The token is
         checked in the load's own statement; ``acting``: who acts, where the caller knows it
         already (a job's session: the job, which may be an admin's choice)."""
-        from pyiceberg.exceptions import NoSuchTableError
-
         if warehouse.kind == "job":
             if acting is None:
                 raise ValueError("a load in a job's session needs the job acting")
             warehouse = self.session_view(conn, self.session(conn, warehouse, acting), table)
+        plan = self.plan(warehouse, table, access_token, acting)
+        return self.respond(conn, plan, catalog_loads.load_state(conn, **plan.query), access)
+
+    def plan(
+        self, warehouse: Warehouse, table: TableName, access_token: str | None, acting: Principal | None = None
+    ) -> LoadPlan:
         refusal = self._read_committed_refusal(warehouse, table, access_token)
-        state = catalog_loads.load_state(
-            conn,
-            catalog_schema=self.settings.catalog_schema,
-            table=table,
-            managed_key=self.managed_key(table),
-            mode="refused" if refusal else warehouse.kind,
-            access_token=access_token,
-            job=acting.job if acting is not None and acting.kind == "job" else None,
-            barrier=warehouse.barrier,
-            scope=f"{self.settings.catalog}.{warehouse.namespace}" if warehouse.namespace else None,
-            quiet_ms=self.quiet_ms,
-        )
-        principal = acting or state.principal
+        query = {
+            "catalog_schema": self.settings.catalog_schema,
+            "table": table,
+            "managed_key": self.managed_key(table),
+            "mode": "refused" if refusal else warehouse.kind,
+            "access_token": access_token,
+            "job": acting.job if acting is not None and acting.kind == "job" else None,
+            "barrier": warehouse.barrier,
+            "scope": f"{self.settings.catalog}.{warehouse.namespace}" if warehouse.namespace else None,
+            "quiet_ms": self.quiet_ms,
+        }
+        return LoadPlan(warehouse=warehouse, table=table, query=query, acting=acting, refusal=refusal)
+
+    def respond(self, conn, plan: LoadPlan, state: catalog_loads.LoadState, access: Delegation) -> bytes:
+        """The LoadTableResult of a load whose state the database gave (``conn``: only a lease's
+        load uses it, to renew the lease)."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        warehouse, table = plan.warehouse, plan.table
+        principal = plan.acting or state.principal
         if state.staged_location is not None:  # the job's own commits of a barrier it has not published yet
             return self.answer(state.staged_location, principal, access)
         if state.location is None:
             raise NoSuchTableError(f"table {table} does not exist")
         if warehouse.kind == "latest" or not state.managed:
             return self.answer(state.location, principal, access)
-        if refusal is not None:
-            raise refusal
+        if plan.refusal is not None:
+            raise plan.refusal
         # The cut first, then the pointer (in load_state, or a lease's fixed snapshot): a commit's
         # metadata lands before its record, so the current metadata holds S(T, B) unless it was
         # expired.
