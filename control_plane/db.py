@@ -12,7 +12,7 @@ import functools
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TypeVar
 
 import psycopg
@@ -253,6 +253,15 @@ class Tail:
         """Run ``query`` last, with the COMMIT. Its result is not read; an error in it rolls the
         whole transaction back and is raised at the end of the block."""
         self.statements.append((query, params))
+
+
+def atomic(conn: Conn) -> AbstractContextManager:
+    """A transaction around a block, or nothing more where the connection is in one already: the
+    block is then part of that transaction, and a savepoint (two round trips) would buy only a
+    partial rollback nobody here uses (an error in the block rolls the whole transaction back)."""
+    if conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+        return nullcontext()
+    return conn.transaction()
 
 
 @contextmanager

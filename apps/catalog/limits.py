@@ -99,9 +99,11 @@ class BodyLimit:
         seen, mine, started, complete = 0, 0, False, False
         deadline = time.monotonic() + self.body_timeout_s
 
+        bodiless = b"transfer-encoding" not in headers and length in (None, b"0")  # by HTTP framing
+
         async def counted():
             nonlocal seen, mine, complete
-            if complete:  # after the body: waiting for a disconnect (a long poll) has no deadline
+            if complete or bodiless:  # after the body (or none): waiting for a disconnect has no deadline
                 return await receive()
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))

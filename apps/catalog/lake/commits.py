@@ -7,7 +7,7 @@ from __future__ import annotations
 from icebarrier.apps.catalog.errors import ForbiddenError
 from icebarrier.apps.catalog.lake.sessions import Sessions
 from icebarrier.apps.catalog.warehouses import Warehouse
-from icebarrier.control_plane import jobs
+from icebarrier.control_plane import db, jobs
 from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.control_plane.tokens import Principal
 from icebarrier.iceberg_ext import faults
@@ -33,13 +33,16 @@ class Commits(Sessions):
         from pyiceberg.table.update import AddSnapshotUpdate, AssertCreate, SetLocationUpdate, SetPropertiesUpdate
 
         session = self.session(conn, warehouse, principal) if warehouse.kind == "job" else None
+        names = [self.table_name(c.identifier.namespace, c.identifier.name) for c in changes]
+        states = {table: self.table_state(conn, table) for table in names}
+        # the job's definition (its sinks) matters only where a managed table is written: a
+        # job's sinks are managed tables
         definition = (
             jobs.load_definitions(conn, only=principal.job).get(principal.job)
-            if principal.job and not session
+            if principal.job and not session and any(s.managed for s in states.values())
             else None
         )
         sinks = session.sinks if session else definition.sinks if definition else frozenset()
-        names = [self.table_name(c.identifier.namespace, c.identifier.name) for c in changes]
         whole = (session is not None or len(sinks) > 1) and set(names) == set(sinks)  # all the job's sinks at once
         if whole and not any(c.updates or c.requirements for c in changes):
             if session is not None:
@@ -52,20 +55,20 @@ class Commits(Sessions):
             if session is not None:
                 self.require_sink(conn, session, table)
                 change = self.stamped(session, table, change)
-            managed, writer = self.writer_of(conn, table)
-            self.require_writer(principal, table, managed, writer)
+            state = states[table]
+            managed = state.managed
+            self.require_writer(principal, table, managed, state.writer)
             pending = self.staged(conn, principal.job, table) if managed else None
             if pending is not None:
                 metadata, io = self.metadata(pending["metadata_location"])
                 current = Table(table.identifier, metadata, pending["metadata_location"], io, self.catalog)
+            elif state.location is not None:  # the pointer on this connection, the metadata from the cache
+                metadata, io = self.metadata(state.location)
+                current = Table(table.identifier, metadata, state.location, io, self.catalog)
+            elif any(isinstance(r, AssertCreate) for r in change.requirements):
+                current = None
             else:
-                try:  # the pointer on this connection, the metadata from the cache (the server wrote it)
-                    location, metadata, io = self.current(conn, table)
-                    current = Table(table.identifier, metadata, location, io, self.catalog)
-                except NoSuchTableError:
-                    if not any(isinstance(r, AssertCreate) for r in change.requirements):
-                        raise
-                    current = None
+                raise NoSuchTableError(f"table {table} does not exist")
             try:
                 new = self.catalog._update_and_stage_table(
                     current, table.identifier, tuple(change.requirements), tuple(change.updates)
@@ -99,7 +102,7 @@ class Commits(Sessions):
             if new is not current:
                 self.catalog._write_metadata(new.metadata, new.io, new.metadata_location)
                 self.metadata_cache.get(new.metadata_location, lambda new=new: (new.metadata, new.io))
-        with conn.transaction():
+        with db.atomic(conn):
             for table, current, new, pending, barrier in staged:
                 location = current.metadata_location if current is not None else None
                 if barrier is not None:  # staged until the job publishes the barrier

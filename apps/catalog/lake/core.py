@@ -11,6 +11,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
@@ -77,6 +78,13 @@ def _catalog_sql(catalog_schema: str, text: str) -> str:
     return sql.SQL(text).format(cs=sql.Identifier(catalog_schema)).as_string(None)
 
 
+@dataclass(frozen=True, slots=True)
+class TableState:
+    managed: bool
+    writer: str | None  # the job writing it (a managed table may have none)
+    location: str | None  # its metadata's (None: no such table, or not asked)
+
+
 class LakeCore:
     """The server's view of the lake: the SQL catalog (PyIceberg) plus the control plane."""
 
@@ -103,6 +111,13 @@ class LakeCore:
         self._pointer_sql = in_catalog(
             "SELECT metadata_location FROM {cs}.iceberg_tables WHERE catalog_name = %s AND table_namespace = %s "
             "AND table_name = %s"
+        )
+        self._state_sql = in_catalog(
+            "SELECT m.table_id IS NOT NULL AS managed, j.name AS writer, CASE WHEN %(pointer)s THEN "
+            "(SELECT metadata_location FROM {cs}.iceberg_tables WHERE catalog_name = %(catalog)s "
+            "AND table_namespace = %(namespace)s AND table_name = %(table)s) END AS location "
+            "FROM (SELECT 1) x LEFT JOIN managed_table m ON m.name = %(name)s "
+            "LEFT JOIN job_sink k ON k.table_id = m.table_id LEFT JOIN job j ON j.job_id = k.job_id AND j.active"
         )
         self._swap_sql = in_catalog(
             "UPDATE {cs}.iceberg_tables SET metadata_location = %s, previous_metadata_location = %s "
@@ -162,15 +177,25 @@ class LakeCore:
 
     def writer_of(self, conn, table: TableName) -> tuple[bool, str | None]:
         """(is the table managed, its writer job)."""
-        key = self.managed_key(table)
-        if key is None:
-            return False, None
-        row = conn.execute(
-            "SELECT j.name FROM managed_table m LEFT JOIN job_sink k USING (table_id) "
-            "LEFT JOIN job j ON j.job_id = k.job_id AND j.active WHERE m.name = %s",
-            (key,),
-        ).fetchone()
-        return (row is not None, row["name"] if row else None)
+        state = self.table_state(conn, table, pointer=False)
+        return state.managed, state.writer
+
+    def table_state(self, conn, table: TableName, *, pointer: bool = True) -> TableState:
+        """Is the table managed, its writer job and (``pointer``) its metadata location, in one
+        statement."""
+        row = db.one(
+            conn.execute(
+                self._state_sql,
+                {
+                    "name": self.managed_key(table),
+                    "pointer": pointer,
+                    "catalog": table.catalog,
+                    "namespace": ".".join(table.namespace),
+                    "table": table.name,
+                },
+            )
+        )
+        return TableState(managed=row["managed"], writer=row["writer"], location=row["location"])
 
     @staticmethod
     def require_writer(principal: Principal, table: TableName, managed: bool, writer: str | None) -> None:
