@@ -4,6 +4,7 @@ table only with its writer job's token (see :class:`.lake.Lake`)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from fastapi import APIRouter, Request, Response
@@ -54,13 +55,16 @@ def list_tables(
     pageSize: PageSize = None,
 ):
     """The catalog's tables; through a job's session also the sinks it created and has not
-    published (nobody else sees them yet)."""
-    found = set(lake.catalog.list_tables(namespace))
-    if warehouse.kind == "job":
-        with lake.pool.connection() as conn:
+    published (nobody else sees them yet). One statement, the answer's JSON made directly (a
+    thousand identifiers through FastAPI's encoder took 13 ms)."""
+    with lake.pool.connection() as conn:
+        found = set(lake.table_names(conn, namespace))
+        if warehouse.kind == "job":
             session = lake.session(conn, warehouse, acting(who[0], warehouse))
-            found.update(t.identifier for t in lake.created(conn, session.job) if t.namespace == namespace)
-    return {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in sorted(found)]}
+            found.update(t.identifier[-1] for t in lake.created(conn, session.job) if t.namespace == namespace)
+    listed = list(namespace)
+    body = {"identifiers": [{"namespace": listed, "name": name} for name in sorted(found)]}
+    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
 
 @router.post("/namespaces/{namespace}/tables")

@@ -119,6 +119,10 @@ class LakeCore:
             "FROM (SELECT 1) x LEFT JOIN managed_table m ON m.name = %(name)s "
             "LEFT JOIN job_sink k ON k.table_id = m.table_id LEFT JOIN job j ON j.job_id = k.job_id AND j.active"
         )
+        self._list_sql = in_catalog(
+            "SELECT table_name FROM {cs}.iceberg_tables WHERE catalog_name = %s AND table_namespace = %s "
+            "AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) ORDER BY table_name"
+        )
         self._swap_sql = in_catalog(
             "UPDATE {cs}.iceberg_tables SET metadata_location = %s, previous_metadata_location = %s "
             "WHERE catalog_name = %s AND table_namespace = %s AND table_name = %s AND metadata_location = %s"
@@ -207,6 +211,16 @@ class LakeCore:
                 f"{principal.describe()} may not write {table}: it is written by {owner}; "
                 f"commit with a token of {owner}"
             )
+
+    def table_names(self, conn, namespace: tuple[str, ...]) -> list[str]:
+        """The names of the namespace's tables (as PyIceberg's SQL catalog lists them, in one
+        statement); NoSuchNamespaceError if the namespace does not exist."""
+        names = [r["table_name"] for r in conn.execute(self._list_sql, (self.settings.catalog, ".".join(namespace)))]
+        if not names and not self.catalog.namespace_exists(namespace):
+            from pyiceberg.exceptions import NoSuchNamespaceError
+
+            raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(namespace)}")
+        return names
 
     def current(self, conn, table: TableName):
         """(metadata location, metadata, io) of the table's current version."""
