@@ -119,10 +119,10 @@ def append_one_row(catalog, n: int) -> None:
         catalog.load_table(f"bench.t{i}").append(ROW)
 
 
-def commit_p50(catalog, n: int) -> float:
-    """p50 ms of a PyIceberg append of one row to one table through ``catalog``."""
-    catalog.create_namespace_if_not_exists("free")
-    table = catalog.create_table("free.commits", schema=SCHEMA)
+def commit_p50(catalog, n: int, namespace: str = "free") -> float:
+    """p50 ms of a PyIceberg append of one row to a new table through ``catalog``."""
+    catalog.create_namespace_if_not_exists(namespace)
+    table = catalog.create_table(f"{namespace}.commits", schema=SCHEMA)
     table.append(ROW)  # warm
     times = []
     for _ in range(n):
@@ -393,7 +393,8 @@ def icebarrier(args, dsn: str, work: Path) -> tuple[dict[str, float], dict[str, 
                 commits[name] = table.current_snapshot().snapshot_id
             jobs.complete(conn, "bench", b, commits)
         measures = measure_catalog(served, args, created_s=created_s)
-        measures["append p50 ms, PyIceberg's SQL catalog"] = commit_p50_sql(settings, args.commits)
+        # the same append through PyIceberg's SQL catalog on the control-plane database, directly
+        measures["append p50 ms, PyIceberg's SQL catalog"] = commit_p50(direct, args.commits, "direct")
         access = [access_token(uri, reader) for reader in readers]
         loads = {}
         for warehouse in ("latest", "read-committed"):
@@ -403,20 +404,6 @@ def icebarrier(args, dsn: str, work: Path) -> tuple[dict[str, float], dict[str, 
     finally:
         proc.terminate()
         proc.wait(30)
-
-
-def commit_p50_sql(settings: Settings, n: int) -> float:
-    """The same append through PyIceberg's SQL catalog on the control-plane database, directly."""
-    direct = ib_catalog.load_catalog(settings)
-    direct.create_namespace_if_not_exists("direct")
-    table = direct.create_table("direct.commits", schema=SCHEMA)
-    table.append(ROW)
-    times = []
-    for _ in range(n):
-        started = time.perf_counter()
-        table.append(ROW)
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
 
 
 def access_token(uri: str, credential: tuple[str, str]) -> str:
@@ -486,7 +473,7 @@ def main() -> int:
             with scratch_database(args.dsn) as dsn, peers[name](dsn, work) as target:
                 print(f"{name}: measuring", file=sys.stderr)
                 columns[name] = {
-                    **measure_loads_after(target, args, work),
+                    **measure_peer(target, args, work),
                     "storage": target.storage,
                 }
     print(table(columns))
@@ -497,7 +484,7 @@ def main() -> int:
     return 0
 
 
-def measure_loads_after(target: Target, args, work: Path) -> dict:
+def measure_peer(target: Target, args, work: Path) -> dict:
     """A peer: its tables first (created, timed; one row each), then its loads and the rest."""
     catalog_measures = measure_catalog(target, args)
     return {**measure_loads(target, args, work), **catalog_measures}

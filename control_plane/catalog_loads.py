@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from icebarrier.control_plane.db import Conn, one, translated
+from icebarrier.control_plane.db import Conn, translated
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.tokens import ANONYMOUS, Principal, token_hash, unknown_token
@@ -31,83 +31,70 @@ class LoadState:
     cut: int | None  # the barrier of that snapshot
 
 
-def load_state(
-    conn: Conn,
-    *,
-    catalog_schema: str | None,
-    table: TableName,
-    managed_key: str | None,
-    mode: str,
-    access_token: str | None,
-    job: str | None = None,
-    barrier: int | None = None,
-    scope: str | None = None,
-    quiet_ms: int = 0,
-) -> LoadState:
-    """The state a load through ``mode`` needs (``latest``, ``barrier``: S(T, ``barrier``),
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadQuery:
+    """What a load through ``mode`` asks: ``latest``; ``barrier``: S(T, ``barrier``);
     ``read-committed``: the session's moment over ``scope``, kept while its loads come less than
-    ``quiet_ms`` apart; any other mode pins nothing). ``job``: the job acting, if the caller knows
+    ``quiet_ms`` apart; any other mode pins nothing. ``job``: the job acting, if the caller knows
     it (an admin in a job's session); else the token's job. ``managed_key``: the table's name if
-    it could be managed (None: never managed). ``catalog_schema``: the SQL catalog's schema, where
-    the pointer is read (None: the state without it).
+    it could be managed (None: never managed). ``catalog_schema``: the SQL catalog's schema,
+    where the pointer is read (None: the state without it)."""
 
-    Raises AuthenticationError (:func:`unknown_token`) when the token is unknown, expired or revoked."""
-    params = _params(catalog_schema, table, managed_key, mode, access_token, job, barrier, scope, quiet_ms)
+    catalog_schema: str | None
+    table: TableName
+    managed_key: str | None
+    mode: str
+    access_token: str | None
+    job: str | None = None
+    barrier: int | None = None
+    scope: str | None = None
+    quiet_ms: int = 0
+
+    def params(self) -> dict:
+        return {
+            "token": None if self.access_token is None else token_hash(self.access_token),
+            "job": self.job,
+            "catalog_schema": self.catalog_schema,
+            "catalog": self.table.catalog,
+            "namespace": ".".join(self.table.namespace),
+            "table": self.table.name,
+            "name": self.managed_key,
+            "mode": self.mode,
+            "barrier": self.barrier,
+            "scope": self.scope,
+            "quiet_ms": self.quiet_ms,
+        }
+
+    def state(self, row: dict | None) -> LoadState:
+        """The state in ``catalog_load``'s row. Raises AuthenticationError (:func:`unknown_token`)
+        when the token is unknown, expired or revoked."""
+        if row is None:  # catalog_load returns a row every time
+            raise IcebarrierError("catalog_load answered no row; this is a bug")
+        if self.access_token is None:
+            principal = ANONYMOUS
+        elif row["who_client"] is None:
+            raise unknown_token()
+        else:
+            principal = Principal(client_id=row["who_client"], kind=row["who_kind"], job=row["who_job"])
+        return LoadState(
+            principal=principal,
+            staged_location=row["staged_location"],
+            managed=bool(row["managed"]),
+            location=row["location"],
+            snapshot_id=row["snapshot_id"],
+            cut=row["cut"],
+        )
+
+
+def load_state(conn: Conn, query: LoadQuery) -> LoadState:
+    """The state a load needs, in one statement."""
     with translated(conn, "load_table"):
-        row = one(conn.execute(_SQL, params))
-    return _state(row, access_token)
+        row = conn.execute(_SQL, query.params()).fetchone()
+    return query.state(row)
 
 
-async def load_state_async(
-    conn,
-    *,
-    catalog_schema: str | None,
-    table: TableName,
-    managed_key: str | None,
-    mode: str,
-    access_token: str | None,
-    job: str | None = None,
-    barrier: int | None = None,
-    scope: str | None = None,
-    quiet_ms: int = 0,
-) -> LoadState:
+async def load_state_async(conn, query: LoadQuery) -> LoadState:
     """:func:`load_state` on an ``AsyncConnection`` (the server's event loop)."""
-    params = _params(catalog_schema, table, managed_key, mode, access_token, job, barrier, scope, quiet_ms)
     with translated(conn, "load_table"):
-        row = await (await conn.execute(_SQL, params)).fetchone()
-    return _state(row, access_token)
-
-
-def _params(catalog_schema, table, managed_key, mode, access_token, job, barrier, scope, quiet_ms) -> dict:
-    return {
-        "token": None if access_token is None else token_hash(access_token),
-        "job": job,
-        "catalog_schema": catalog_schema,
-        "catalog": table.catalog,
-        "namespace": ".".join(table.namespace),
-        "table": table.name,
-        "name": managed_key,
-        "mode": mode,
-        "barrier": barrier,
-        "scope": scope,
-        "quiet_ms": quiet_ms,
-    }
-
-
-def _state(row: dict | None, access_token: str | None) -> LoadState:
-    if row is None:  # catalog_load returns a row every time
-        raise IcebarrierError("catalog_load answered no row; this is a bug")
-    if access_token is None:
-        principal = ANONYMOUS
-    elif row["who_client"] is None:
-        raise unknown_token()
-    else:
-        principal = Principal(client_id=row["who_client"], kind=row["who_kind"], job=row["who_job"])
-    return LoadState(
-        principal=principal,
-        staged_location=row["staged_location"],
-        managed=bool(row["managed"]),
-        location=row["location"],
-        snapshot_id=row["snapshot_id"],
-        cut=row["cut"],
-    )
+        row = await (await conn.execute(_SQL, query.params())).fetchone()
+    return query.state(row)

@@ -144,10 +144,7 @@ def pool(dsn: str | None, schema: str | None, *, max_size: int = 8):
         conn.idle_since = time.monotonic()  # type: ignore[attr-defined]
 
     def check(conn: Conn) -> None:
-        # A connection that sat idle may have been killed (a Postgres restart, a proxy's idle
-        # timeout): ping it before handing it out (the pool replaces one that fails). One in
-        # steady use is not pinged: that would add a round trip to every request.
-        if time.monotonic() - getattr(conn, "idle_since", 0.0) >= ping_after_s:
+        if _ping_due(conn, ping_after_s):
             ConnectionPool.check_connection(conn)
 
     return ConnectionPool(
@@ -178,8 +175,8 @@ def async_pool(dsn: str | None, schema: str | None, *, max_size: int = 4):
     async def returned(conn) -> None:
         conn.idle_since = time.monotonic()
 
-    async def check(conn) -> None:  # as pool()'s
-        if time.monotonic() - getattr(conn, "idle_since", 0.0) >= ping_after_s:
+    async def check(conn) -> None:
+        if _ping_due(conn, ping_after_s):
             await AsyncConnectionPool.check_connection(conn)
 
     return AsyncConnectionPool(
@@ -194,6 +191,13 @@ def async_pool(dsn: str | None, schema: str | None, *, max_size: int = 4):
         open=False,
         name="icebarrier-async",
     )
+
+
+def _ping_due(conn, ping_after_s: float) -> bool:
+    """A connection that sat idle may have been killed (a Postgres restart, a proxy's idle
+    timeout): a pool pings it before handing it out (and replaces one that fails). One in steady
+    use is not pinged: that would add a round trip to every request."""
+    return time.monotonic() - getattr(conn, "idle_since", 0.0) >= ping_after_s
 
 
 def _timeout_ms(env: str, default: str) -> int:

@@ -26,6 +26,7 @@ Environment variables (the AWS SDK's own names) win over the file, as for every 
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -218,10 +219,9 @@ def explain(warehouse: str, properties: Mapping[str, str], exc: BaseException) -
             "ACCESS_DENIED",
             "AccessDenied",
             "INVALID_ACCESS_KEY",
-            "403",
             "Forbidden",
         )
-    ):
+    ) or re.search(r"\b403\b", text):  # a status, not "403" inside the probe's random name
         return (
             f"the storage keys were refused writing to {warehouse} at {endpoint}; fix {ACCESS_KEY_ID} / "
             f"{SECRET_ACCESS_KEY} in [storage] (or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)"

@@ -211,7 +211,7 @@ class Loading:
 
         plan = self.lake.plan(self.warehouse, self.table, self.access_token)
         async with self.lake.async_pool.connection() as conn:
-            state = await catalog_loads.load_state_async(conn, **plan.query)
+            state = await catalog_loads.load_state_async(conn, plan.query)
         try:
             with memory_only():
                 return self.lake.respond(None, plan, state, access)

@@ -11,8 +11,7 @@ from tests.helpers import T, complete_all, new_barrier, register_chain
 
 def moment(conn, access: str, table: str, quiet_ms: int = 60_000) -> tuple[int | None, int | None]:
     """(the session's barrier, S(table, it)) of a read-committed load by ``access``."""
-    state = catalog_loads.load_state(
-        conn,
+    query = catalog_loads.LoadQuery(
         catalog_schema=None,
         table=T(table),
         managed_key=str(T(table)),
@@ -20,6 +19,7 @@ def moment(conn, access: str, table: str, quiet_ms: int = 60_000) -> tuple[int |
         access_token=access,
         quiet_ms=quiet_ms,
     )
+    state = catalog_loads.load_state(conn, query)
     return state.cut, state.snapshot_id
 
 

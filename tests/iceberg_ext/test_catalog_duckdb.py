@@ -163,16 +163,17 @@ def test_a_duckdb_join_through_read_committed_costs_what_it_costs_through_latest
     loads through read-committed as through latest, and each load is one round trip to Postgres
     (the token, the session's moment, S(T, B) and the pointer in one statement: ``catalog_load``).
     Before, a read-committed load made eight and a latest one two, and the join took 1.6-1.8x as
-    long. The server talks to Postgres through a proxy that counts round trips (tests/pg_proxy.py)."""
+    long. The server talks to Postgres through a proxy that counts round trips (tests/pg_counter.py)."""
     from tests.iceberg_ext.catalog_server import start_server, stop_server
-    from tests.pg_proxy import CountingProxy
+    from tests.pg_counter import TransactionCounter
 
     p = Pipeline(lake, {"ingest": ["orders", "payments"]})
     p.advance(rows=10)
     p.advance(rows=10)
     cid, secret = tokens.create(lake.conn)
     join = f"SELECT count(*) FROM lake.{lake.namespace}.orders o JOIN lake.{lake.namespace}.payments p USING (id)"
-    with CountingProxy(lake.settings.dsn) as proxy:
+    proxy = TransactionCounter(lake.settings.dsn)
+    try:
         proc, server = start_server(lake, "--session-quiet", "60s", env_extra={"ICEBARRIER_DSN": proxy.dsn})
         try:
             costs = {}
@@ -186,6 +187,8 @@ def test_a_duckdb_join_through_read_committed_costs_what_it_costs_through_latest
                 costs[warehouse] = (_loads(server, cid, secret, warehouse) - loads_before, trips)
         finally:
             err = stop_server(proc)
+    finally:
+        proxy.close()
     assert "Traceback" not in err, err[-3000:]
     (latest_loads, latest_trips), (rc_loads, rc_trips) = costs["latest"], costs["read-committed"]
     assert latest_loads == rc_loads == 20, costs  # two tables a query, ten queries

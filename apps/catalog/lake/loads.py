@@ -32,7 +32,7 @@ class LoadPlan:
 
     warehouse: Warehouse
     table: TableName
-    query: dict
+    query: catalog_loads.LoadQuery
     acting: Principal | None
     refusal: Exception | None
 
@@ -56,23 +56,23 @@ class Loads(Sessions):
                 raise ValueError("a load in a job's session needs the job acting")
             warehouse = self.session_view(conn, self.session(conn, warehouse, acting), table)
         plan = self.plan(warehouse, table, access_token, acting)
-        return self.respond(conn, plan, catalog_loads.load_state(conn, **plan.query), access)
+        return self.respond(conn, plan, catalog_loads.load_state(conn, plan.query), access)
 
     def plan(
         self, warehouse: Warehouse, table: TableName, access_token: str | None, acting: Principal | None = None
     ) -> LoadPlan:
         refusal = self._read_committed_refusal(warehouse, table, access_token)
-        query = {
-            "catalog_schema": self.settings.catalog_schema,
-            "table": table,
-            "managed_key": self.managed_key(table),
-            "mode": "refused" if refusal else warehouse.kind,
-            "access_token": access_token,
-            "job": acting.job if acting is not None and acting.kind == "job" else None,
-            "barrier": warehouse.barrier,
-            "scope": f"{self.settings.catalog}.{warehouse.namespace}" if warehouse.namespace else None,
-            "quiet_ms": self.quiet_ms,
-        }
+        query = catalog_loads.LoadQuery(
+            catalog_schema=self.settings.catalog_schema,
+            table=table,
+            managed_key=self.managed_key(table),
+            mode="refused" if refusal else warehouse.kind,
+            access_token=access_token,
+            job=acting.job if acting is not None and acting.kind == "job" else None,
+            barrier=warehouse.barrier,
+            scope=f"{self.settings.catalog}.{warehouse.namespace}" if warehouse.namespace else None,
+            quiet_ms=self.quiet_ms,
+        )
         return LoadPlan(warehouse=warehouse, table=table, query=query, acting=acting, refusal=refusal)
 
     def respond(self, conn, plan: LoadPlan, state: catalog_loads.LoadState, access: Delegation) -> bytes:
