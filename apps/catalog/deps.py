@@ -243,5 +243,4 @@ async def writing_table(request: Request, who: Caller, to: Writing, namespace: s
 
 
 ReadTable = Annotated[TableAt, Depends(reading_table)]
-LoadTable = Annotated[Loading, Depends(loading_table)]
 WriteTable = Annotated[TableAt, Depends(writing_table)]
