@@ -87,7 +87,7 @@ class Target:
     name: str
     uri: str  # the catalog URI a client is given
     properties: dict[str, str]  # PyIceberg's RestCatalog properties beside uri
-    load_path: str  # a load's path, "{table}" for the table's name
+    load_path: str  # a load's path on the server, "{table}" for the table's name
     tokens: list[str] = field(default_factory=list)  # bearer tokens, rotated by the load generator
     storage: str = "local files"
 
@@ -169,12 +169,11 @@ def wrk(target: Target, n_tables: int, *, clients: int, seconds: float, work: Pa
     exe = shutil.which("wrk")
     if exe is None:
         raise SystemExit("wrk is not installed: apt-get install wrk")
-    base = target.load_path[len(target.origin) :] if target.load_path.startswith("http") else target.load_path
     script = work / f"load-{target.name.replace(' ', '_')}.lua"
     script.write_text(
         WRK_SCRIPT
         % {
-            "paths": ",".join(json.dumps(base.format(table=f"t{i}")) for i in range(n_tables)),
+            "paths": ",".join(json.dumps(target.load_path.format(table=f"t{i}")) for i in range(n_tables)),
             "auths": ",".join(json.dumps(t) for t in target.tokens),
         }
     )
@@ -310,7 +309,7 @@ def iceberg_rest(dsn: str, work: Path) -> Iterator[Target]:
     with running(command, env, work / "iceberg-rest.log") as proc:
         uri = f"http://127.0.0.1:{port}"
         wait_http(f"{uri}/v1/config", proc, "the reference REST server")
-        yield Target("iceberg-rest", uri, {}, f"{uri}/v1/namespaces/bench/tables/{{table}}")
+        yield Target("iceberg-rest", uri, {}, "/v1/namespaces/bench/tables/{table}")
 
 
 def java_21() -> str:
@@ -360,7 +359,7 @@ def nessie(dsn: str, work: Path) -> Iterator[Target]:
                 "nessie",
                 uri,
                 client,
-                f"{uri}/v1/{prefix}/namespaces/bench/tables/{{table}}",
+                f"/iceberg/v1/{prefix}/namespaces/bench/tables/{{table}}",
                 storage="S3 (moto)",
             )
 
@@ -398,7 +397,7 @@ def icebarrier(args, dsn: str, work: Path) -> tuple[dict[str, float], dict[str, 
         access = [access_token(uri, reader) for reader in readers]
         loads = {}
         for warehouse in ("latest", "read-committed"):
-            target = Target("icebarrier", uri, {}, f"{uri}/v1/{warehouse}/namespaces/bench/tables/{{table}}", access)
+            target = Target("icebarrier", uri, {}, f"/v1/{warehouse}/namespaces/bench/tables/{{table}}", access)
             loads[warehouse] = measure_loads(target, args, work)
         return measures, loads["latest"], loads["read-committed"]
     finally:

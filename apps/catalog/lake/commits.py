@@ -34,17 +34,19 @@ class Commits(Sessions):
 
         session = self.session(conn, warehouse, principal) if warehouse.kind == "job" else None
         names = [self.table_name(c.identifier.namespace, c.identifier.name) for c in changes]
-        states = {table: self.table_state(conn, table) for table in names}
-        # the job's definition (its sinks) matters only where a managed table is written: a
-        # job's sinks are managed tables
+        empty = not any(c.updates or c.requirements for c in changes)  # a publish, if it names all the sinks
+        # Each changed table's state (managed, writer, pointer) first: the job's definition (its
+        # sinks) matters only where a managed table is written (a job's sinks are managed tables)
+        # or for a publish, which reads no table's state.
+        states = {} if empty else {table: self.table_state(conn, table) for table in names}
         definition = (
             jobs.load_definitions(conn, only=principal.job).get(principal.job)
-            if principal.job and not session and any(s.managed for s in states.values())
+            if principal.job and not session and (empty or any(s.managed for s in states.values()))
             else None
         )
         sinks = session.sinks if session else definition.sinks if definition else frozenset()
         whole = (session is not None or len(sinks) > 1) and set(names) == set(sinks)  # all the job's sinks at once
-        if whole and not any(c.updates or c.requirements for c in changes):
+        if whole and empty:
             if session is not None:
                 self.publish_session(conn, session.job, warehouse.run_id)
             else:
@@ -55,7 +57,7 @@ class Commits(Sessions):
             if session is not None:
                 self.require_sink(conn, session, table)
                 change = self.stamped(session, table, change)
-            state = states[table]
+            state = states.get(table) or self.table_state(conn, table)  # empty changes: not read yet
             managed = state.managed
             self.require_writer(principal, table, managed, state.writer)
             pending = self.staged(conn, principal.job, table) if managed else None
