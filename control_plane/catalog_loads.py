@@ -1,4 +1,4 @@
-"""A catalog load's state in one statement: ``catalog_load`` (migration 0021).
+"""A catalog load's state in one statement: ``catalog_load`` (migrations 0021, 0022).
 
 Who asks (the access token checked), the job's staged commit of the table, whether the table is
 managed, the snapshot the warehouse pins (S(T, B) through ``barrier-<B>``, the session's moment
@@ -29,6 +29,11 @@ class LoadState:
     location: str | None  # the table's pointer (None: no such table)
     snapshot_id: int | None  # the snapshot the warehouse pins (barrier, read-committed)
     cut: int | None  # the barrier of that snapshot
+    # What a server needs to keep the answer (``apps/catalog/load_cache.py``):
+    token_ttl_s: float | None = None  # how long the token is valid from now (None: no token)
+    moment: int | None = None  # the barrier asked: the read-committed session's moment, or B
+    moment_age_s: float | None = None  # since the session's moment was last confirmed
+    plain: bool = False  # the cut is S(T, moment) of a valid, unexpired barrier
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +88,10 @@ class LoadQuery:
             location=row["location"],
             snapshot_id=row["snapshot_id"],
             cut=row["cut"],
+            token_ttl_s=row["token_ttl_s"],
+            moment=row["moment"],
+            moment_age_s=row["moment_age_s"],
+            plain=bool(row["plain"]),
         )
 
 

@@ -29,6 +29,18 @@ def channel(schema: str) -> str:
     return f"icebarrier.{schema}"
 
 
+def loads_channel(schema: str) -> str:
+    """Where what a load reads announces its changes (migration 0022): ``tokens`` or ``cuts``.
+    Its own channel: waiting jobs do not wake for them."""
+    return f"icebarrier_loads.{schema}"
+
+
+def pointers_channel(catalog_schema: str) -> str:
+    """Where the SQL catalog in ``catalog_schema`` announces a changed pointer row, its key as
+    the JSON array ``[catalog, namespace, table]`` (``iceberg_ext.catalog.announce_pointers``)."""
+    return f"icebarrier_pointers.{catalog_schema}"
+
+
 @dataclass(frozen=True, slots=True)
 class Notice:
     """``barrier`` (B issued), ``watermark`` (``table`` moved to B; B None: rewound to nothing),

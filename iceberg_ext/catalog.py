@@ -90,6 +90,7 @@ def upgrade(settings: Settings):
     # Constructing the SQL catalog creates its tables; not the cached one: leave no session open.
     _catalog_of(settings, cached=False).engine.dispose()
     secure_catalog(settings)
+    announce_pointers(settings)
     return status
 
 
@@ -111,6 +112,41 @@ CREATE POLICY icebarrier_update ON {cs}.iceberg_tables FOR UPDATE USING (true)
 CREATE POLICY icebarrier_delete ON {cs}.iceberg_tables FOR DELETE
     USING ({s}.may_write_catalog_table(catalog_name, table_namespace, table_name));
 """
+
+
+# Every change of a pointer row is announced when its transaction commits, on channel
+# icebarrier_pointers.<catalog schema> (notices.pointers_channel): a catalog server keeps pointers
+# in memory (apps/catalog/load_cache.py). The function lives with the table, not in a control
+# plane's schema: control planes may share a catalog, and dropping one must not silence it.
+_ANNOUNCE = """
+CREATE OR REPLACE FUNCTION {cs}.icebarrier_pointer_moved() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        PERFORM pg_notify('icebarrier_pointers.' || TG_TABLE_SCHEMA,
+                          json_build_array(OLD.catalog_name, OLD.table_namespace, OLD.table_name)::text);
+    END IF;
+    IF TG_OP <> 'DELETE' THEN
+        PERFORM pg_notify('icebarrier_pointers.' || TG_TABLE_SCHEMA,
+                          json_build_array(NEW.catalog_name, NEW.table_namespace, NEW.table_name)::text);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER icebarrier_pointer_moved AFTER INSERT OR UPDATE OR DELETE ON {cs}.iceberg_tables
+    FOR EACH ROW EXECUTE FUNCTION {cs}.icebarrier_pointer_moved();
+"""
+
+
+def announce_pointers(settings: Settings) -> None:
+    """Make the default SQL catalog's pointer table announce its changes (idempotent; its tables
+    exist)."""
+    import psycopg
+    from psycopg import sql
+
+    if not settings.is_default_catalog:
+        return
+    ddl = sql.SQL(_ANNOUNCE).format(cs=sql.Identifier(settings.catalog_schema))
+    with psycopg.connect(settings.dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute(ddl)
 
 
 def secure_catalog(settings: Settings) -> None:

@@ -6,6 +6,7 @@ pool, one hop each."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -17,6 +18,7 @@ from icebarrier.apps.catalog.lake import Lake, NeedsStorage, memory_only
 from icebarrier.apps.catalog.models import check_name, check_namespace
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import catalog_loads, tokens
+from icebarrier.control_plane.errors import SnapshotExpiredError
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.tokens import ANONYMOUS, Principal, token_required
 
@@ -205,13 +207,26 @@ class Loading:
 
     async def load_on_loop(self, access) -> bytes:
         """The LoadTableResult of a load through latest, barrier-<B> or read-committed, on the event
-        loop: its one statement on the async pool (the loop serves other requests meanwhile),
-        the response from memory; in the thread pool only where a file must be read or written."""
-        from starlette.concurrency import run_in_threadpool
-
+        loop: from the process's memory of loads where it has what the load reads, else its one
+        statement on the async pool (the loop serves other requests meanwhile); the response
+        from memory, in the thread pool only where a file must be read or written."""
         plan = self.lake.plan(self.warehouse, self.table, self.access_token)
+        cache = self.lake.load_cache
+        state = cache.remembered(plan.query)
+        if state is not None:
+            try:
+                return await self._respond(plan, state, access)
+            except SnapshotExpiredError:
+                pass  # memory's pointer predates the cut's commit (its notice not read yet), or an expiry: ask
+        generation, asked_at = cache.generation, time.monotonic()
         async with self.lake.async_pool.connection() as conn:
             state = await catalog_loads.load_state_async(conn, plan.query)
+        cache.keep(generation, plan.query, state, asked_at=asked_at)
+        return await self._respond(plan, state, access)
+
+    async def _respond(self, plan, state: catalog_loads.LoadState, access) -> bytes:
+        from starlette.concurrency import run_in_threadpool
+
         try:
             with memory_only():
                 return self.lake.respond(None, plan, state, access)

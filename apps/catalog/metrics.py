@@ -8,7 +8,8 @@ counter: its rate is the barrier rate) and the read-committed cut's age; per job
 it computes (an SqlJob), its computations, incremental and full; per table what the maintenance
 service saw at its last look (snapshots, data files, small ones, manifests, metadata-file size)
 and its actions by result. From this server process: catalog table loads by warehouse kind, as
-a latency histogram.
+a latency histogram; loads answered from memory or the database, and whether the memory is live
+(:mod:`.load_cache`).
 """
 
 from __future__ import annotations
@@ -138,12 +139,36 @@ def _maintenance(rows: list[dict]):
     yield actions
 
 
-class Metrics:
-    """A server's registry: the lake's metrics and its own load latency."""
+class LoadCacheCollector:
+    """This process's memory of what loads read (:mod:`.load_cache`)."""
 
-    def __init__(self, pool) -> None:
+    def __init__(self, cache) -> None:
+        self.cache = cache
+
+    def collect(self):
+        answered = CounterMetricFamily(
+            "icebarrier_catalog_loads_answered",
+            "Loads through latest, read-committed and barrier-<B> by where what they read came from: "
+            "this process's memory or the database",
+            labels=["from"],
+        )
+        answered.add_metric(["memory"], self.cache.hits)
+        answered.add_metric(["database"], self.cache.misses)
+        yield answered
+        yield GaugeMetricFamily(
+            "icebarrier_catalog_load_cache_live",
+            "1 while this process listens for the notices that keep its memory of loads current, else 0",
+            value=1.0 if self.cache.live else 0.0,
+        )
+
+
+class Metrics:
+    """A server's registry: the lake's metrics and this process's loads (latency, memory)."""
+
+    def __init__(self, lake) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(LakeCollector(pool))
+        self.registry.register(LakeCollector(lake.pool))
+        self.registry.register(LoadCacheCollector(lake.load_cache))
         self.load_seconds = Histogram(
             "icebarrier_catalog_load_seconds",
             "Latency of a table load through the catalog, by warehouse kind",
@@ -153,10 +178,10 @@ class Metrics:
         )
 
 
-def install(app, pool) -> None:
+def install(app, lake) -> None:
     """Serve ``GET /metrics`` (a reader's token, like any read); the load route times each load
     into ``app.state.metrics.load_seconds``."""
-    app.state.metrics = metrics = Metrics(pool)
+    app.state.metrics = metrics = Metrics(lake)
 
     @app.get("/metrics")
     def scrape(who: Caller):

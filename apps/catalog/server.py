@@ -61,7 +61,7 @@ def create_app(
     errors.install(app)
     for router in ROUTERS:
         app.include_router(router)
-    metrics.install(app, lake.pool)
+    metrics.install(app, lake)
     app.add_middleware(errors.ControlPlaneOutage, lake=lake)
     app.add_middleware(
         limits.BodyLimit,

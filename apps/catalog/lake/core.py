@@ -18,6 +18,7 @@ from psycopg import sql
 
 from icebarrier.apps.catalog.delegation import Delegation, SessionVendor
 from icebarrier.apps.catalog.errors import ForbiddenError
+from icebarrier.apps.catalog.load_cache import LoadCache
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import db
 from icebarrier.control_plane.errors import IcebarrierError
@@ -102,6 +103,7 @@ class LakeCore:
         self.catalog = load_catalog(settings)
         self.pool = db.pool(settings.dsn, settings.schema, max_size=pool_size)
         self.async_pool = db.async_pool(settings.dsn, settings.schema)  # loads; opened on the server's loop
+        self.load_cache = LoadCache(settings.dsn, settings.schema, settings.catalog_schema)  # started there too
         self.quiet_ms = quiet_ms
         self.confinement = locations.Confinement.of(settings.warehouse, allowed_locations)
         self.metadata_cache = _LRU(4096)  # location: (metadata, io)
@@ -134,8 +136,10 @@ class LakeCore:
 
     async def open(self) -> None:
         await self.async_pool.open()
+        await self.load_cache.start()
 
     async def aclose(self) -> None:
+        await self.load_cache.stop()
         await self.async_pool.close()
 
     def close(self) -> None:

@@ -1,0 +1,192 @@
+"""A server process's memory of loads (apps/catalog/load_cache.py): loads answered without a
+round trip are the database's answers. Real servers, real Postgres notices, real writers (the
+SQL catalog written directly, as Spark's JDBC catalog does, and the server itself)."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pyarrow as pa
+import pytest
+import requests
+
+from icebarrier.control_plane import barriers, revisions, tokens
+from icebarrier.iceberg_ext.catalog import announce_pointers
+from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, scrape, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+ROW = pa.schema([("id", pa.int64())])
+
+
+def _snapshots(server: str, path: str, headers: dict) -> int:
+    r = requests.get(f"{server}/v1/{path}", headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    return len(r.json()["metadata"]["snapshots"])
+
+
+def _answered(server: str, headers: dict) -> dict[str, float]:
+    samples = scrape(server, headers)
+    return {
+        "memory": samples[("icebarrier_catalog_loads_answered_total", (("from", "memory"),))],
+        "database": samples[("icebarrier_catalog_loads_answered_total", (("from", "database"),))],
+        "live": samples[("icebarrier_catalog_load_cache_live", ())],
+    }
+
+
+def _wait_live(server: str, headers: dict, live: float) -> None:
+    deadline = time.monotonic() + 30
+    while _answered(server, headers)["live"] != live:
+        assert time.monotonic() < deadline, f"the load cache did not become live={live}"
+        time.sleep(0.05)
+
+
+def test_every_commit_is_seen_by_the_next_load_whoever_wrote_it(lake):
+    """Two server processes; a table appended to directly in the SQL catalog (as Spark's JDBC
+    catalog does) and through the server, each write followed at once by loads on new
+    connections (either process): every load sees the write. Most loads came from memory."""
+    Pipeline(lake, {"ingest": ["orders"]})  # a job, whose token writes the unmanaged table too
+    lake.catalog.create_table(f"{lake.namespace}.events", schema=ROW)
+    rid, rsecret = tokens.create(lake.conn)
+    jid, jsecret = tokens.create(lake.conn, job=f"{lake.namespace}_ingest")
+    proc, server = start_server(lake, "--workers", "2")
+    try:
+        headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
+        through_server = rest(server, "latest", f"{jid}:{jsecret}").load_table(f"{lake.namespace}.events")
+        directly = lake.catalog.load_table(f"{lake.namespace}.events")
+        path = f"latest/namespaces/{lake.namespace}/tables/events"
+        for _ in range(10):  # warm both processes' memory of the token and the pointer
+            _snapshots(server, path, headers)
+        written = 0
+        for i in range(30):
+            table = directly if i % 2 else through_server
+            table.refresh().append(pa.table({"id": [i]}, schema=ROW))
+            written += 1
+            for _ in range(4):  # new connections: either process
+                assert _snapshots(server, path, headers) == written
+        served = max(_answered(server, headers)["memory"] for _ in range(4))  # a scrape reaches either
+    finally:
+        err = stop_server(proc)
+    assert "Traceback" not in err, err[-3000:]
+    assert served > 0
+
+
+def test_a_revoked_token_is_refused_at_the_next_load(lake, server):
+    """A token whose loads the server remembers is refused as soon as it is revoked."""
+    lake.catalog.create_table(f"{lake.namespace}.events", schema=ROW)
+    rid, rsecret = tokens.create(lake.conn)
+    headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
+    path = f"latest/namespaces/{lake.namespace}/tables/events"
+    for _ in range(3):
+        _snapshots(server, path, headers)
+    assert _answered(server, headers)["memory"] >= 2
+    tokens.revoke(lake.conn, rid)
+    r = requests.get(f"{server}/v1/{path}", headers=headers, timeout=30)
+    assert r.status_code == 401, r.text
+
+
+def test_a_revision_drops_the_cuts_memory_gave(lake, server):
+    """S(T, B) given from memory is not given again once a revision rewinds T below B: the
+    load says B is no longer valid, as without memory."""
+    p = Pipeline(lake, {"ingest": ["orders"]})
+    b1, b2 = p.advance(), p.advance()
+    rid, rsecret = tokens.create(lake.conn)
+    headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
+    path = f"barrier-{b2}/namespaces/{lake.namespace}/tables/orders"
+    before = _answered(server, headers)["memory"]
+    assert [_snapshots(server, path, headers) for _ in range(3)] == [2, 2, 2]
+    assert _answered(server, headers)["memory"] >= before + 2
+    revisions.begin(lake.conn, lake.T("orders"), b1)
+    r = requests.get(f"{server}/v1/{path}", headers=headers, timeout=30)
+    assert r.status_code >= 400 and str(b2) in r.text, r.text
+
+
+def test_read_committed_moves_on_after_a_quiet_moment_with_memory(lake):
+    """A read-committed session's moment comes from memory while its loads come quickly, and
+    moves to the newest cut after a quiet moment, as without memory."""
+    p = Pipeline(lake, {"ingest": ["orders"]})
+    p.advance()
+    rid, rsecret = tokens.create(lake.conn)
+    proc, server = start_server(lake, "--session-quiet", "5s")  # memory gives the moment for 0.5 s
+    try:
+        headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
+        path = f"read-committed/namespaces/{lake.namespace}/tables/orders"
+        assert [_snapshots(server, path, headers) for _ in range(2)] == [1, 1]
+        assert _answered(server, headers)["memory"] == 1  # the second load
+        p.advance()
+        assert _snapshots(server, path, headers) == 1  # moments later: the session's moment holds
+        time.sleep(5.5)
+        assert _snapshots(server, path, headers) == 2  # quiet: the newest cut
+    finally:
+        err = stop_server(proc)
+    assert "Traceback" not in err, err[-3000:]
+
+
+def test_memory_is_dropped_while_its_listener_is_cut_off(lake, server):
+    """The listening connection killed: memory is off at once (a write meanwhile is seen), then
+    on again, empty, once it listens again."""
+    lake.catalog.create_table(f"{lake.namespace}.events", schema=ROW)
+    rid, rsecret = tokens.create(lake.conn)
+    headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
+    path = f"latest/namespaces/{lake.namespace}/tables/events"
+    _wait_live(server, headers, 1.0)
+    for _ in range(3):
+        assert _snapshots(server, path, headers) == 0
+    with psycopg.connect(lake.settings.dsn, autocommit=True) as admin:
+        killed = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = 'icebarrier-load-cache' AND datname = current_database()"
+        ).fetchone()[0]
+    assert killed >= 1
+    # Notices raised now reach nobody in this server; its memory must not answer from before.
+    lake.catalog.load_table(f"{lake.namespace}.events").append(pa.table({"id": [1]}, schema=ROW))
+    assert _snapshots(server, path, headers) == 1
+    _wait_live(server, headers, 1.0)
+    assert _snapshots(server, path, headers) == 1
+
+
+def test_without_the_announcing_trigger_every_load_asks_the_database(lake):
+    """A catalog whose pointer table does not announce its changes (a database not upgraded): the
+    server says so in one line and answers every load from the database."""
+    lake.catalog.create_table(f"{lake.namespace}.events", schema=ROW)
+    rid, rsecret = tokens.create(lake.conn)
+    with psycopg.connect(lake.settings.dsn, autocommit=True) as admin:
+        admin.execute(f'DROP TRIGGER icebarrier_pointer_moved ON "{lake.settings.catalog_schema}".iceberg_tables')
+    try:
+        proc, server = start_server(lake)
+        try:
+            headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
+            path = f"latest/namespaces/{lake.namespace}/tables/events"
+            for _ in range(3):
+                _snapshots(server, path, headers)
+            lake.catalog.load_table(f"{lake.namespace}.events").append(pa.table({"id": [1]}, schema=ROW))
+            assert _snapshots(server, path, headers) == 1
+            answered = _answered(server, headers)
+        finally:
+            err = stop_server(proc)
+    finally:
+        announce_pointers(lake.settings)  # the other tests' catalog again
+    assert answered["live"] == 0 and answered["memory"] == 0 and answered["database"] >= 4
+    assert "does not announce its changes" in err and "icebarrier db upgrade" in err, err
+    assert "Traceback" not in err, err[-3000:]
+
+
+def test_a_barrier_issued_meanwhile_does_not_disturb_memory(lake, server):
+    """Barriers issued and completed (watermarks moving on) keep what memory gave for a barrier
+    already completed: the same answer, without the database."""
+    p = Pipeline(lake, {"ingest": ["orders"]})
+    b1 = p.advance()
+    rid, rsecret = tokens.create(lake.conn)
+    headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
+    path = f"barrier-{b1}/namespaces/{lake.namespace}/tables/orders"
+    assert _snapshots(server, path, headers) == 1
+    p.advance()
+    barriers.issue(lake.conn)
+    before = _answered(server, headers)
+    assert _snapshots(server, path, headers) == 1
+    after = _answered(server, headers)
+    # the pointer moved (a commit): one load from the database; then from memory again
+    assert _snapshots(server, path, headers) == 1
+    again = _answered(server, headers)
+    assert after["database"] - before["database"] <= 1 and again["memory"] - after["memory"] == 1
