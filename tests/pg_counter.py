@@ -9,13 +9,18 @@ Counts are up to date with what the clients have received: a client that has its
 read the counter at once, no waiting for the proxy.
 
 Clients must connect without TLS or GSS encryption (``sslmode=disable gssencmode=disable``, as
-``dsn`` gives), or the proxy could not read the stream."""
+``dsn`` gives), or the proxy could not read the stream.
+
+``notices_late_s``: a connection's stream from its first notification (NotificationResponse) on
+reaches the client that much later, in order: a listener whose notices are slow."""
 
 from __future__ import annotations
 
+import queue
 import socket
 import struct
 import threading
+import time
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -23,7 +28,8 @@ _STATEMENT_ENDS = {b"C", b"I", b"E"}  # CommandComplete, EmptyQueryResponse, Err
 
 
 class TransactionCounter:
-    def __init__(self, upstream_dsn: str) -> None:
+    def __init__(self, upstream_dsn: str, *, notices_late_s: float = 0.0) -> None:
+        self._late_s = notices_late_s
         params = conninfo_to_dict(upstream_dsn)
         self._upstream = (params.get("host") or "127.0.0.1", int(params.get("port") or 5432))
         self._params = params
@@ -87,7 +93,7 @@ class TransactionCounter:
         """Forward the server's stream to the client, parsing its messages (type byte, int32
         length that counts itself, payload) as they pass. A chunk is counted before it is
         forwarded, so any answer a client has received is already in the counts."""
-        pending, ran = b"", False
+        pending, ran, late = b"", False, None
         try:
             while chunk := server.recv(65536):
                 pending += chunk
@@ -95,6 +101,8 @@ class TransactionCounter:
                     kind, length = pending[:1], struct.unpack("!i", pending[1:5])[0]
                     if len(pending) < 1 + length:
                         break
+                    if kind == b"A" and self._late_s and late is None:
+                        late = self._later(client)
                     if kind in _STATEMENT_ENDS:
                         ran = True
                     elif kind == b"Z":
@@ -105,9 +113,33 @@ class TransactionCounter:
                         if pending[5:6] == b"I":
                             ran = False
                     pending = pending[1 + length :]
-                client.sendall(chunk)
+                if late is None:
+                    client.sendall(chunk)
+                else:
+                    late.put((time.monotonic() + self._late_s, chunk))
         except OSError:
             pass
         finally:
-            for s in (server, client):
-                s.close()
+            if late is not None:
+                late.put((0.0, b""))  # the end, after what is still held
+            else:
+                client.close()
+            server.close()
+
+    @staticmethod
+    def _later(client: socket.socket) -> queue.Queue:
+        """A queue whose chunks reach ``client`` when due, in order; an empty chunk closes it."""
+        held: queue.Queue = queue.Queue()
+
+        def send() -> None:
+            try:
+                while (item := held.get())[1]:
+                    time.sleep(max(item[0] - time.monotonic(), 0.0))
+                    client.sendall(item[1])
+            except OSError:
+                pass
+            finally:
+                client.close()
+
+        threading.Thread(target=send, daemon=True).start()
+        return held

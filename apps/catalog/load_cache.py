@@ -83,9 +83,15 @@ class LoadCache:
         self._tokens: dict[str, tuple[Principal, float]] = {}  # token hash: who, valid until (monotonic)
         self._moments: dict[tuple[str, str | None], tuple[int, float]] = {}  # (token hash, scope): B, until
         self._generation = 0
+        # Catching up: the database or this process's writes told something memory may not have
+        # heard of yet (``_learned``); memory answers again once a catch-up sent after that has
+        # come back (``_caught_up``). See :meth:`_catch_up`.
+        self._learned = self._caught_up = 0
+        self._catch_up_wanted = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self.live = False  # listening: memory may be used
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.catch_ups = 0
 
     @property
     def generation(self) -> int:
@@ -97,7 +103,7 @@ class LoadCache:
         database would give it (None: ask the database)."""
         if query.mode not in MODES or query.job is not None:
             return None
-        state = self._recall(query) if self.live else None
+        state = self._recall(query) if self.live and self._caught_up >= self._learned else None
         if state is None:
             self.misses += 1
         else:
@@ -108,13 +114,13 @@ class LoadCache:
         location = self._pointers.get(_key(query.table))
         name = query.managed_key
         managed = False if name is None else self._managed.get(name)
-        if location is None or managed is None:
-            return None
-        held = None if query.access_token is None else self._tokens.get(token_hash(query.access_token))
-        if query.access_token is not None and (held is None or held[1] <= time.monotonic()):
+        hashed = None if query.access_token is None else token_hash(query.access_token)
+        held = None if hashed is None else self._tokens.get(hashed)
+        now = time.monotonic()
+        if location is None or managed is None or (hashed is not None and (held is None or held[1] <= now)):
             return None
         principal = ANONYMOUS if held is None else held[0]
-        if query.mode == "latest" or not managed:
+        if query.mode == "latest" or name is None or not managed:
             return LoadState(
                 principal=principal,
                 staged_location=None,
@@ -123,15 +129,10 @@ class LoadCache:
                 snapshot_id=None,
                 cut=None,
             )
-        if query.mode == "barrier":
-            barrier = query.barrier
-        else:
-            moment = self._moments.get((token_hash(query.access_token or ""), query.scope))
-            if moment is None or moment[1] <= time.monotonic():
-                return None
-            barrier = moment[0]
-        snapshot_id = None if barrier is None else self._cuts.get((name, barrier))  # type: ignore[arg-type]
-        if snapshot_id is None:
+        moment = self._moments.get((hashed or "", query.scope)) if query.mode == "read-committed" else None
+        barrier = query.barrier if query.mode == "barrier" else (moment[0] if moment and moment[1] > now else None)
+        snapshot_id = None if barrier is None else self._cuts.get((name, barrier))
+        if barrier is None or snapshot_id is None:
             return None
         return LoadState(
             principal=principal,
@@ -147,10 +148,16 @@ class LoadCache:
     def keep(self, generation: int, query: LoadQuery, state: LoadState, *, asked_at: float) -> None:
         """Remember what the database answered (``asked_at``: ``time.monotonic()`` before the
         statement was sent), unless a notice came since ``generation`` or the answer is one
-        memory must not give (a job's staged commit, no such table; a job's token is not kept)."""
-        if generation != self._generation or query.mode not in MODES or query.job is not None:
-            return
-        if state.staged_location is not None or state.location is None:
+        memory must not give (a job's staged commit, no such table; a job's token is not kept).
+
+        An answer memory would not have given may be a change whose notice has not come yet:
+        memory then answers nothing until it has caught up (a multi-table commit's first table
+        from the database and its second from memory would be half of it)."""
+        if query.mode not in MODES or query.job is not None or state.principal.kind == "job":
+            return  # a job's loads all ask the database: it never mixes them with memory
+        if _differs(self._recall(query), state):
+            self._learn()
+        if generation != self._generation or state.staged_location is not None or state.location is None:
             return
         hashed = None if query.access_token is None else token_hash(query.access_token)
         if hashed is not None and state.principal.kind != "job" and state.token_ttl_s is not None:
@@ -171,6 +178,16 @@ class LoadCache:
             until = asked_at - state.moment_age_s + query.quiet_ms / 10_000
             _put(self._moments, MAX_TOKENS, (hashed, query.scope), (state.moment, until))
 
+    def wrote(self) -> None:
+        """This process wrote the catalog (from any thread): memory catches up before it answers
+        again, so its clients read their writes."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._learn)  # before the write's answer is sent: FIFO
+
+    def _learn(self) -> None:
+        self._learned += 1
+        self._catch_up_wanted.set()
+
     def note(self, payload: str) -> None:
         """Drop what a notice names: a pointer's key (a JSON array), every token, or every cut
         and managed table."""
@@ -188,9 +205,11 @@ class LoadCache:
         self._generation += 1
         for kept in (self._pointers, self._managed, self._cuts, self._tokens, self._moments):
             kept.clear()
+        self._caught_up = self._learned  # nothing is remembered: nothing to catch up on
         self.live = live
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._listen(), name="icebarrier-load-cache")
 
     async def stop(self) -> None:
@@ -218,13 +237,52 @@ class LoadCache:
                         )
                         return
                     self._forget_all(live=True)  # what changed before LISTEN was not announced to us
-                    async for notice in conn.notifies():
-                        self.note(notice.payload)
+                    await self._hear(conn)
             except psycopg.Error:
                 pass  # the control plane is away: loads ask it (and are refused as it is away)
             finally:
                 self._forget_all(live=False)
             await asyncio.sleep(RECONNECT_S)
+
+    async def _hear(self, conn) -> None:
+        """Apply notices as they come; catch up when asked (until the connection fails)."""
+        while True:
+            notices = asyncio.ensure_future(self._notices(conn))
+            wanted = asyncio.ensure_future(self._catch_up_wanted.wait())
+            try:
+                await asyncio.wait({notices, wanted}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                wanted.cancel()
+                notices.cancel()  # between two batches: a batch (one transaction's notices) is applied whole
+                with suppress(asyncio.CancelledError):
+                    await notices  # the connection's failure, if that is what ended it
+            await self._catch_up(conn)
+
+    async def _notices(self, conn) -> None:
+        async for notice in conn.notifies():
+            self.note(notice.payload)
+
+    async def _catch_up(self, conn) -> None:
+        """A query on the listening connection: Postgres sends the notices of every transaction
+        that committed before the query reached it ahead of the query's answer, so once the
+        answer is here, memory has heard of everything the database told before the catch-up
+        was sent (and of every write of this process before then)."""
+        self._catch_up_wanted.clear()
+        covers = self._learned
+        await conn.execute("SELECT 1")
+        self.catch_ups += 1
+        async for notice in conn.notifies(timeout=0):  # those that came with the answer
+            self.note(notice.payload)
+        self._caught_up = max(self._caught_up, covers)
+
+
+def _differs(known: LoadState | None, told: LoadState) -> bool:
+    """Did the database tell what memory would not have answered?"""
+    return known is None or (known.location, known.snapshot_id, known.principal) != (
+        told.location,
+        told.snapshot_id,
+        told.principal,
+    )
 
 
 def _put(kept: dict, most: int, key, value) -> None:

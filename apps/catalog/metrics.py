@@ -155,6 +155,12 @@ class LoadCacheCollector:
         answered.add_metric(["memory"], self.cache.hits)
         answered.add_metric(["database"], self.cache.misses)
         yield answered
+        yield CounterMetricFamily(
+            "icebarrier_catalog_load_cache_catch_ups",
+            "Times this process's memory caught up with the database before answering again "
+            "(one query on its listening connection)",
+            value=self.cache.catch_ups,
+        )
         yield GaugeMetricFamily(
             "icebarrier_catalog_load_cache_live",
             "1 while this process listens for the notices that keep its memory of loads current, else 0",

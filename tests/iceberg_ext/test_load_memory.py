@@ -190,3 +190,85 @@ def test_a_barrier_issued_meanwhile_does_not_disturb_memory(lake, server):
     assert _snapshots(server, path, headers) == 1
     again = _answered(server, headers)
     assert after["database"] - before["database"] <= 1 and again["memory"] - after["memory"] == 1
+
+
+def test_a_two_table_commit_is_never_half_seen_while_its_notices_are_late(lake):
+    """The listening connection's notices come 300 ms late (a proxy holds them). Two pointers
+    swapped in one transaction by another writer: a load that asks the database sees the first
+    table's new state, and the next load, of the second table, which memory still remembers as
+    it was, is not answered from memory before memory has caught up: never the new first with
+    the old second."""
+    from tests.pg_counter import TransactionCounter
+
+    cs = lake.settings.catalog_schema
+    locations = {}
+    for name in ("left", "right"):
+        table = lake.catalog.create_table(f"{lake.namespace}.{name}", schema=ROW)
+        old = table.metadata_location
+        table.append(pa.table({"id": [1]}, schema=ROW))
+        locations[name] = (old, table.metadata_location)
+
+    def swap(to: int) -> None:
+        with psycopg.connect(lake.settings.dsn, autocommit=True) as conn, conn.transaction():
+            for name, both in locations.items():
+                conn.execute(
+                    f'UPDATE "{cs}".iceberg_tables SET metadata_location = %s '
+                    "WHERE catalog_name = 'lake' AND table_namespace = %s AND table_name = %s",
+                    (both[to], lake.namespace, name),
+                )
+
+    swap(0)  # both as they were before their appends
+    rid, rsecret = tokens.create(lake.conn)
+    proxy = TransactionCounter(lake.settings.dsn, notices_late_s=0.3)
+    try:
+        proc, server = start_server(lake, env_extra={"ICEBARRIER_DSN": proxy.dsn})
+        try:
+            headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
+            _wait_live(server, headers, 1.0)
+            right = f"latest/namespaces/{lake.namespace}/tables/right"
+            assert [_snapshots(server, right, headers) for _ in range(2)] == [0, 0]  # remembered
+            time.sleep(0.5)  # memory caught up with what it learned
+            assert _snapshots(server, right, headers) == 0
+            swap(1)
+            assert _snapshots(server, f"latest/namespaces/{lake.namespace}/tables/left", headers) == 1
+            assert _snapshots(server, right, headers) == 1
+            answered = _answered(server, headers)
+        finally:
+            err = stop_server(proc)
+    finally:
+        proxy.close()
+    assert answered["memory"] >= 2, answered
+    assert "Traceback" not in err, err[-3000:]
+
+
+def test_a_write_through_the_server_is_read_back_while_its_notice_is_late(lake):
+    """Notices 300 ms late: a commit through the server, then at once a load from another
+    connection to the same server sees it (memory catches up with the server's own writes before
+    it answers again)."""
+    from tests.pg_counter import TransactionCounter
+
+    Pipeline(lake, {"ingest": ["orders"]})  # a job, whose token writes the unmanaged table
+    lake.catalog.create_table(f"{lake.namespace}.events", schema=ROW)
+    rid, rsecret = tokens.create(lake.conn)
+    jid, jsecret = tokens.create(lake.conn, job=f"{lake.namespace}_ingest")
+    proxy = TransactionCounter(lake.settings.dsn, notices_late_s=0.3)
+    try:
+        proc, server = start_server(lake, env_extra={"ICEBARRIER_DSN": proxy.dsn})
+        try:
+            headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
+            _wait_live(server, headers, 1.0)
+            path = f"latest/namespaces/{lake.namespace}/tables/events"
+            table = rest(server, "latest", f"{jid}:{jsecret}").load_table(f"{lake.namespace}.events")
+            for i in range(3):
+                assert [_snapshots(server, path, headers) for _ in range(2)] == [i, i]
+                time.sleep(0.5)  # memory remembers the table again, and has caught up
+                assert _snapshots(server, path, headers) == i
+                table.append(pa.table({"id": [i]}, schema=ROW))
+            assert _snapshots(server, path, headers) == 3
+            answered = _answered(server, headers)
+        finally:
+            err = stop_server(proc)
+    finally:
+        proxy.close()
+    assert answered["memory"] >= 1, answered
+    assert "Traceback" not in err, err[-3000:]
