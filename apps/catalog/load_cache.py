@@ -20,6 +20,12 @@ Why an answer from memory is the database's answer:
   every process gives the session the same moment, as without memory.
 - A load's answer is kept only if no notice came while its statement ran: a notice that
   overtook the answer would otherwise be undone by it (one generation counter).
+- Memory catches up before it answers again when the database told a load something memory
+  would not have answered (its notice may not have come yet: a two-table commit's first table
+  from the database and its second from memory would be half of it) and after every write
+  through this process (its clients read their writes): one query on the listening connection,
+  whose answer Postgres sends after the notices of every transaction committed before it.
+  A write through another process is seen once its notice has come.
 - Without a listening connection nothing is kept or answered from memory; when one connects
   (again), memory starts empty: notices were missed. A connection cut without a word is found by
   TCP keepalives within about 15 s.
