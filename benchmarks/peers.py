@@ -423,12 +423,12 @@ LOWER_IS_BETTER = ("ms", ", s")
 def table(columns: dict[str, dict]) -> str:
     rows = list(dict.fromkeys(k for c in columns.values() for k in c))
     width = max(map(len, rows)) + 2
-    lines = ["".ljust(width) + "".join(f"{name:>22}" for name in columns)]
+    lines = ["".ljust(width) + "".join(f"{name:>27}" for name in columns)]
     for row in rows:
         cells = []
         for values in columns.values():
             v = values.get(row, "")
-            cells.append(f"{v:>22.2f}" if isinstance(v, float) else f"{v!s:>22}")
+            cells.append(f"{v:>27.2f}" if isinstance(v, float) else f"{v!s:>27}")
         lines.append(row.ljust(width) + "".join(cells))
     ours = columns["icebarrier latest"]
     lines.append("")

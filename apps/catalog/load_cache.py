@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import time
 from contextlib import suppress
@@ -109,20 +110,20 @@ class LoadCache:
         database would give it (None: ask the database)."""
         if query.mode not in MODES or query.job is not None:
             return None
-        state = self._recall(query) if self.live and self._caught_up >= self._learned else None
+        state = self._recall(query, time.monotonic()) if self.live and self._caught_up >= self._learned else None
         if state is None:
             self.misses += 1
         else:
             self.hits += 1
         return state
 
-    def _recall(self, query: LoadQuery) -> LoadState | None:
+    def _recall(self, query: LoadQuery, now: float) -> LoadState | None:
+        """What memory holds for ``query``, a token and a moment only until their time at ``now``."""
         location = self._pointers.get(_key(query.table))
         name = query.managed_key
         managed = False if name is None else self._managed.get(name)
         hashed = None if query.access_token is None else token_hash(query.access_token)
         held = None if hashed is None else self._tokens.get(hashed)
-        now = time.monotonic()
         if location is None or managed is None or (hashed is not None and (held is None or held[1] <= now)):
             return None
         principal = ANONYMOUS if held is None else held[0]
@@ -161,9 +162,11 @@ class LoadCache:
         from the database and its second from memory would be half of it)."""
         if query.mode not in MODES or query.job is not None or state.principal.kind == "job":
             return  # a job's loads all ask the database: it never mixes them with memory
-        if _differs(self._recall(query), state):
+        if state.location is None:
+            return  # no such table: nothing to keep, and nothing a commit could be half of
+        if _differs(self._recall(query, -math.inf), state):  # a moment that only aged tells nothing new
             self._learn()
-        if generation != self._generation or state.staged_location is not None or state.location is None:
+        if generation != self._generation or state.staged_location is not None:
             return
         hashed = None if query.access_token is None else token_hash(query.access_token)
         if hashed is not None and state.principal.kind != "job" and state.token_ttl_s is not None:
