@@ -61,7 +61,8 @@ class TransactionCounter:
     @property
     def round_trips(self) -> int:
         """ReadyForQuery messages: one per exchange a client waited for (a simple query, or a
-        Sync ending a batch of extended-protocol messages)."""
+        Sync ending a batch of extended-protocol messages), not counting a connection's start-up
+        (a pool opening one in the background is not a statement of anyone's)."""
         with self._lock:
             return self._ready
 
@@ -93,7 +94,7 @@ class TransactionCounter:
         """Forward the server's stream to the client, parsing its messages (type byte, int32
         length that counts itself, payload) as they pass. A chunk is counted before it is
         forwarded, so any answer a client has received is already in the counts."""
-        pending, ran, late = b"", False, None
+        pending, ran, late, started = b"", False, None, False
         try:
             while chunk := server.recv(65536):
                 pending += chunk
@@ -107,7 +108,8 @@ class TransactionCounter:
                         ran = True
                     elif kind == b"Z":
                         with self._lock:
-                            self._ready += 1
+                            self._ready += started
+                            started = True
                             if pending[5:6] == b"I" and ran:
                                 self._count += 1
                         if pending[5:6] == b"I":

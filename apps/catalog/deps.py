@@ -212,7 +212,7 @@ class Loading:
         from memory, in the thread pool only where a file must be read or written."""
         plan = self.lake.plan(self.warehouse, self.table, self.access_token)
         cache = self.lake.load_cache
-        state = cache.remembered(plan.query)
+        state = await cache.remembered(plan.query)
         if state is not None:
             try:
                 return await self._respond(plan, state, access)

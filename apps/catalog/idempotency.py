@@ -81,19 +81,6 @@ class Write:
         reread: Reread | None = None,
     ) -> Response:
         try:
-            return self._run_on(conn, action, final=final, reread=reread)
-        finally:
-            self.lake.load_cache.wrote()  # memory answers no load before it has caught up with this write
-
-    def _run_on(
-        self,
-        conn,
-        action: Callable[[Conn], Response],
-        *,
-        final: Callable[[Response], bool],
-        reread: Reread | None,
-    ) -> Response:
-        try:
             with idempotency.transaction(conn) as tail:
                 outcome = self._find(conn)
                 if outcome is not None:

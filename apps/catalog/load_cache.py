@@ -1,17 +1,21 @@
-"""A server process's memory of what loads read, so that most loads make no round trip to
-Postgres: who holds an access token, where a table's pointer is, whether the table is managed,
+"""A server process's memory of what loads read, so that most loads ask Postgres nothing
+themselves: who holds an access token, where a table's pointer is, whether the table is managed,
 S(T, B) of a plain cut, and a read-committed session's moment. It answers loads through
 ``latest``, ``read-committed`` and ``barrier-<B>``; the database announces every change that
 could make a remembered answer wrong (migration 0022).
 
-Why an answer from memory is the database's answer:
+Why an answer from memory is the database's answer at the time the load came:
 
 - A pointer row inserted, swapped, renamed or deleted (by this server, another, or an engine
   writing the SQL catalog directly), a token revoked or an access token's session ended, a
   table managed or not any more, a cut undone by a revision: each is announced when its
-  transaction commits, and Postgres signals the listening connections before the committer hears
-  back. The listening connection is on the server's event loop, which drops what a notice names
-  as soon as it reads it.
+  transaction commits. One connection a process listens, on the server's event loop.
+- Before memory answers a load it catches up: one query on the listening connection, sent after
+  the load came, whose answer Postgres sends after the notices of every transaction committed
+  before the query reached it. Every change committed before the load came is then applied, so
+  a client reads its own writes and everyone else's, through any process, and a two-table
+  commit is never seen half. One catch-up serves every load that came before it was sent; the
+  loads that come meanwhile wait for the next (it costs Postgres a ``SELECT 1``, not a load).
 - S(T, B) is kept only for a plain cut (B issued, completed by T, not expired): it stays S(T, B)
   until a revision, which is announced. An expiry changes the pointer, whose metadata then lacks
   the snapshot: that load asks the database (``Loading.load_on_loop``).
@@ -20,15 +24,10 @@ Why an answer from memory is the database's answer:
   every process gives the session the same moment, as without memory.
 - A load's answer is kept only if no notice came while its statement ran: a notice that
   overtook the answer would otherwise be undone by it (one generation counter).
-- Memory catches up before it answers again when the database told a load something memory
-  would not have answered (its notice may not have come yet: a two-table commit's first table
-  from the database and its second from memory would be half of it) and after every write
-  through this process (its clients read their writes): one query on the listening connection,
-  whose answer Postgres sends after the notices of every transaction committed before it.
-  A write through another process is seen once its notice has come.
 - Without a listening connection nothing is kept or answered from memory; when one connects
-  (again), memory starts empty: notices were missed. A connection cut without a word is found by
-  TCP keepalives within about 15 s.
+  (again), memory starts empty: notices were missed. A load waits at most ``CATCH_UP_S`` for a
+  catch-up, then asks the database; a connection cut without a word is found by TCP keepalives
+  within about 15 s.
 - A token is kept for the life its session has left, never longer. A job's token is not kept: a
   job also sees its own staged commits, which no notice announces.
 - Before ``icebarrier db upgrade`` created the trigger that announces the SQL catalog's
@@ -39,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import sys
 import time
 from contextlib import suppress
@@ -55,6 +53,7 @@ from icebarrier.control_plane.notices import loads_channel, pointers_channel
 from icebarrier.control_plane.tokens import ANONYMOUS, Principal, token_hash
 
 RECONNECT_S = 1.0
+CATCH_UP_S = 1.0  # a load waits this long at most for memory to catch up, then asks the database
 MAX_POINTERS = 100_000  # about 30 MB of keys and locations at most
 MAX_TOKENS = 10_000
 MODES = ("latest", "read-committed", "barrier")  # the loads memory answers
@@ -90,12 +89,13 @@ class LoadCache:
         self._tokens: dict[str, tuple[Principal, float]] = {}  # token hash: who, valid until (monotonic)
         self._moments: dict[tuple[str, str | None], tuple[int, float]] = {}  # (token hash, scope): B, until
         self._generation = 0
-        # Catching up: the database or this process's writes told something memory may not have
-        # heard of yet (``_learned``); memory answers again once a catch-up sent after that has
-        # come back (``_caught_up``). See :meth:`_catch_up`.
-        self._learned = self._caught_up = 0
-        self._catch_up_wanted = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # Catching up (:meth:`_readable`): the loads that wait for the catch-up out now, and those
+        # that wait for the next one; the listening connection while it listens.
+        self._in_flight: asyncio.Future | None = None
+        self._next: asyncio.Future | None = None
+        self._pgconn: psycopg.pq.abc.PGconn | None = None
+        self._fd = -1
+        self._lost: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
         self.live = False  # listening: memory may be used
         self.hits = self.misses = self.catch_ups = 0
@@ -105,12 +105,15 @@ class LoadCache:
         """Take it before a load's statement; :meth:`keep` its answer with it."""
         return self._generation
 
-    def remembered(self, query: LoadQuery) -> LoadState | None:
+    async def remembered(self, query: LoadQuery) -> LoadState | None:
         """The state of a load through latest, read-committed or barrier-<B> from memory, as the
-        database would give it (None: ask the database)."""
+        database would give it now (None: ask the database). Memory answers after it has caught
+        up with every transaction committed before the load came (:meth:`_catch_up`)."""
         if query.mode not in MODES or query.job is not None:
             return None
-        state = self._recall(query, time.monotonic()) if self.live and self._caught_up >= self._learned else None
+        state = None
+        if self.live and self._recall(query, time.monotonic()) is not None and await self._caught_up():
+            state = self._recall(query, time.monotonic())  # as it is after the catch-up
         if state is None:
             self.misses += 1
         else:
@@ -155,18 +158,10 @@ class LoadCache:
     def keep(self, generation: int, query: LoadQuery, state: LoadState, *, asked_at: float) -> None:
         """Remember what the database answered (``asked_at``: ``time.monotonic()`` before the
         statement was sent), unless a notice came since ``generation`` or the answer is one
-        memory must not give (a job's staged commit, no such table; a job's token is not kept).
-
-        An answer memory would not have given may be a change whose notice has not come yet:
-        memory then answers nothing until it has caught up (a multi-table commit's first table
-        from the database and its second from memory would be half of it)."""
-        if query.mode not in MODES or query.job is not None or state.principal.kind == "job":
-            return  # a job's loads all ask the database: it never mixes them with memory
-        if state.location is None:
-            return  # no such table: nothing to keep, and nothing a commit could be half of
-        if _differs(self._recall(query, -math.inf), state):  # a moment that only aged tells nothing new
-            self._learn()
-        if generation != self._generation or state.staged_location is not None:
+        memory must not give (a job's staged commit, no such table; a job's token is not kept)."""
+        if generation != self._generation or query.mode not in MODES or query.job is not None:
+            return
+        if state.staged_location is not None or state.location is None:
             return
         hashed = None if query.access_token is None else token_hash(query.access_token)
         if hashed is not None and state.principal.kind != "job" and state.token_ttl_s is not None:
@@ -187,15 +182,19 @@ class LoadCache:
             until = asked_at - state.moment_age_s + query.quiet_ms / 10_000
             _put(self._moments, MAX_TOKENS, (hashed, query.scope), (state.moment, until))
 
-    def wrote(self) -> None:
-        """This process wrote the catalog (from any thread): memory catches up before it answers
-        again, so its clients read their writes."""
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._learn)  # before the write's answer is sent: FIFO
-
-    def _learn(self) -> None:
-        self._learned += 1
-        self._catch_up_wanted.set()
+    async def _caught_up(self) -> bool:
+        """Wait for a catch-up that starts after now (one catch-up serves every load that came
+        before it was sent); whether memory is still live then. At most CATCH_UP_S."""
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+        waiting = self._next
+        if self._in_flight is None:
+            self._send_catch_up()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiting), CATCH_UP_S)
+        except TimeoutError:
+            return False  # the listening connection is slow or gone: the database answers
+        return self.live
 
     def note(self, payload: str) -> None:
         """Drop what a notice names: a pointer's key (a JSON array), every token, or every cut
@@ -214,11 +213,16 @@ class LoadCache:
         self._generation += 1
         for kept in (self._pointers, self._managed, self._cuts, self._tokens, self._moments):
             kept.clear()
-        self._caught_up = self._learned  # nothing is remembered: nothing to catch up on
         self.live = live
+        self._release()  # loads waiting for a catch-up: memory is empty, they ask the database
+
+    def _release(self) -> None:
+        for waiting in (self._in_flight, self._next):
+            if waiting is not None and not waiting.done():
+                waiting.set_result(None)
+        self._in_flight = self._next = None
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._listen(), name="icebarrier-load-cache")
 
     async def stop(self) -> None:
@@ -231,6 +235,7 @@ class LoadCache:
     async def _listen(self) -> None:
         """Listen, and keep listening: memory is used only while a connection listens."""
         table = sql.Identifier(self._catalog_schema, "iceberg_tables").as_string(None)
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 conninfo = make_conninfo(self._dsn, application_name="icebarrier-load-cache", **_LISTENER)
@@ -245,53 +250,73 @@ class LoadCache:
                             file=sys.stderr,
                         )
                         return
-                    self._forget_all(live=True)  # what changed before LISTEN was not announced to us
-                    await self._hear(conn)
+                    self._pgconn, self._fd, self._lost = conn.pgconn, conn.pgconn.socket, loop.create_future()
+                    loop.add_reader(self._fd, self._readable)
+                    try:
+                        self._forget_all(live=True)  # what changed before LISTEN was not announced to us
+                        await self._lost
+                    finally:
+                        self._lose(None)
             except psycopg.Error:
                 pass  # the control plane is away: loads ask it (and are refused as it is away)
             finally:
                 self._forget_all(live=False)
             await asyncio.sleep(RECONNECT_S)
 
-    async def _hear(self, conn) -> None:
-        """Apply notices as they come; catch up when asked (until the connection fails)."""
-        while True:
-            notices = asyncio.ensure_future(self._notices(conn))
-            wanted = asyncio.ensure_future(self._catch_up_wanted.wait())
-            try:
-                await asyncio.wait({notices, wanted}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                wanted.cancel()
-                notices.cancel()  # between two batches: a batch (one transaction's notices) is applied whole
-                with suppress(asyncio.CancelledError):
-                    await notices  # the connection's failure, if that is what ended it
-            await self._catch_up(conn)
+    # The listening connection is driven through psycopg's libpq layer from loop callbacks: a
+    # catch-up is one simple query and its answer, no task switch (through psycopg's async
+    # notifies and execute it took a quarter of a millisecond a load).
 
-    async def _notices(self, conn) -> None:
-        async for notice in conn.notifies():
-            self.note(notice.payload)
+    def _send_catch_up(self) -> None:
+        """Send the catch-up the waiting loads wait for (see :meth:`_readable` for its answer)."""
+        if self._pgconn is None or self._next is None:
+            return
+        try:
+            self._pgconn.send_query(b"SELECT 1")
+            self._pgconn.flush()
+        except psycopg.Error as exc:
+            self._lose(exc)
+            return
+        self._in_flight, self._next = self._next, None  # later loads wait for the next catch-up
 
-    async def _catch_up(self, conn) -> None:
-        """A query on the listening connection: Postgres sends the notices of every transaction
-        that committed before the query reached it ahead of the query's answer, so once the
-        answer is here, memory has heard of everything the database told before the catch-up
-        was sent (and of every write of this process before then)."""
-        self._catch_up_wanted.clear()
-        covers = self._learned
-        await conn.execute("SELECT 1")
+    def _readable(self) -> None:
+        """Notices, in the order they came, then a catch-up's answer: Postgres sends the notices of
+        every transaction that committed before the catch-up reached it ahead of its answer, so
+        once the answer is here, memory holds what the database held when the catch-up was sent."""
+        pgconn = self._pgconn
+        if pgconn is None:
+            return
+        try:
+            pgconn.consume_input()
+            self._apply_notices(pgconn)
+            if self._in_flight is None or pgconn.is_busy():
+                return
+            while (result := pgconn.get_result()) is not None:
+                if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+                    raise psycopg.OperationalError(f"catch-up failed: {result.error_message.decode(errors='replace')}")
+            self._apply_notices(pgconn)
+        except psycopg.Error as exc:
+            self._lose(exc)
+            return
         self.catch_ups += 1
-        async for notice in conn.notifies(timeout=0):  # those that came with the answer
-            self.note(notice.payload)
-        self._caught_up = max(self._caught_up, covers)
+        answered, self._in_flight = self._in_flight, None
+        answered.set_result(None)
+        if self._next is not None:  # loads came while it was out
+            self._send_catch_up()
 
+    def _apply_notices(self, pgconn) -> None:
+        while (notice := pgconn.notifies()) is not None:
+            self.note(notice.extra.decode())
 
-def _differs(known: LoadState | None, told: LoadState) -> bool:
-    """Did the database tell what memory would not have answered?"""
-    return known is None or (known.location, known.snapshot_id, known.principal) != (
-        told.location,
-        told.snapshot_id,
-        told.principal,
-    )
+    def _lose(self, exc: BaseException | None) -> None:
+        """The listening connection failed (or the server stops): :meth:`_listen` connects again,
+        memory empty. Its reader goes at once: libpq has closed the socket of a failed
+        connection, and the number may soon be another socket's."""
+        if self._pgconn is not None:
+            asyncio.get_running_loop().remove_reader(self._fd)
+            self._pgconn = None
+        if exc is not None and self._lost is not None and not self._lost.done():
+            self._lost.set_exception(exc)
 
 
 def _put(kept: dict, most: int, key, value) -> None:

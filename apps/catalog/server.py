@@ -59,6 +59,7 @@ def create_app(
     app.router.add_event_handler("shutdown", lake.aclose)
     app.router.add_event_handler("shutdown", lake.close)
     errors.install(app)
+    app.router.routes.insert(0, tables.LOAD_ROUTE)
     for router in ROUTERS:
         app.include_router(router)
     metrics.install(app, lake)
@@ -71,7 +72,7 @@ def create_app(
     )
     app.add_middleware(limits.PerTokenLimit, max_per_token=max_per_token)  # before a body is read
     app.add_middleware(access_log.RequestLog, log_format=log_format)  # outermost: every answer has its id
-    app.state.routes = [r for router in ROUTERS for r in router.routes]
+    app.state.routes = [tables.LOAD_ROUTE, *(r for router in ROUTERS for r in router.routes)]
     app.state.endpoints = served_endpoints(app.state.routes)
     return app
 
