@@ -130,29 +130,22 @@ class LoadCache:
         if location is None or managed is None or (hashed is not None and (held is None or held[1] <= now)):
             return None
         principal = ANONYMOUS if held is None else held[0]
-        if query.mode == "latest" or name is None or not managed:
-            return LoadState(
-                principal=principal,
-                staged_location=None,
-                managed=managed,
-                location=location,
-                snapshot_id=None,
-                cut=None,
-            )
-        moment = self._moments.get((hashed or "", query.scope)) if query.mode == "read-committed" else None
-        barrier = query.barrier if query.mode == "barrier" else (moment[0] if moment and moment[1] > now else None)
-        snapshot_id = None if barrier is None else self._cuts.get((name, barrier))
-        if barrier is None or snapshot_id is None:
-            return None
+        barrier = snapshot_id = None  # through latest, or an unmanaged table: nothing pinned
+        if query.mode != "latest" and name is not None and managed:
+            moment = self._moments.get((hashed or "", query.scope)) if query.mode == "read-committed" else None
+            barrier = query.barrier if query.mode == "barrier" else (moment[0] if moment and moment[1] > now else None)
+            snapshot_id = None if barrier is None else self._cuts.get((name, barrier))
+            if snapshot_id is None:
+                return None
         return LoadState(
             principal=principal,
             staged_location=None,
-            managed=True,
+            managed=managed,
             location=location,
             snapshot_id=snapshot_id,
             cut=barrier,
             moment=barrier,
-            plain=True,
+            plain=barrier is not None,
         )
 
     def keep(self, generation: int, query: LoadQuery, state: LoadState, *, asked_at: float) -> None:
