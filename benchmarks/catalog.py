@@ -199,7 +199,8 @@ def rate(uri: str, authorization: str, barrier: int, names: list[str], n: int, c
 
 
 def commit_ratio(settings: Settings, uri: str, client_id: str, secret: str, n: int) -> tuple[float, float]:
-    """Mean ms of an append through the SQL catalog vs through the server (unmanaged table)."""
+    """p50 ms of an append through the SQL catalog vs through the server (unmanaged table): the
+    issue's goal is on the p50 (a mean follows one slow WAL flush)."""
     from pyiceberg.catalog.rest import RestCatalog
 
     direct = ib_catalog.load_catalog(settings)
@@ -214,10 +215,12 @@ def commit_ratio(settings: Settings, uri: str, client_id: str, secret: str, n: i
     out = []
     for table in (a, served):
         table.append(rows)  # warm up
-        start = time.perf_counter()
+        times = []
         for _ in range(n):
+            start = time.perf_counter()
             table.append(rows)
-        out.append((time.perf_counter() - start) / n * 1000)
+            times.append((time.perf_counter() - start) * 1000)
+        out.append(statistics.median(times))
     return out[0], out[1]
 
 
@@ -354,7 +357,7 @@ def main() -> int:
             direct_ms, served_ms = commit_ratio(settings, uri, *writer, args.commits)
             ratio = served_ms / direct_ms
             print(
-                f"commit: SQL catalog {direct_ms:6.1f} ms, through the server {served_ms:6.1f} ms, ratio "
+                f"commit p50: SQL catalog {direct_ms:6.1f} ms, through the server {served_ms:6.1f} ms, ratio "
                 f"{ratio:4.2f} (goal <= 1.2: {'met' if ratio <= 1.2 else 'MISSED'})"
             )
             cred = ":".join(reader)
