@@ -114,49 +114,59 @@ CREATE POLICY icebarrier_delete ON {cs}.iceberg_tables FOR DELETE
 """
 
 
-# Every change of a pointer row is announced when its transaction commits, on channel
-# icebarrier_pointers.<catalog schema> (notices.pointers_channel): a catalog server keeps pointers
-# in memory (apps/catalog/load_cache.py). The function lives with the table, not in a control
-# plane's schema: control planes may share a catalog, and dropping one must not silence it.
+# Every change of a pointer row is announced when its transaction commits, on the catalog's
+# channel (notices.pointers_channel): a catalog server keeps pointers in memory
+# (apps/catalog/load_cache.py, which checks the trigger is there). The function lives with the
+# table, not in a control plane's schema: control planes may share a catalog, and dropping one
+# must not silence it.
+POINTER_TRIGGER = "icebarrier_pointer_moved"
 _ANNOUNCE = """
-CREATE OR REPLACE FUNCTION {cs}.icebarrier_pointer_moved() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION {cs}.{trigger}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP <> 'INSERT' THEN
-        PERFORM pg_notify('icebarrier_pointers.' || TG_TABLE_SCHEMA,
-                          json_build_array(OLD.catalog_name, OLD.table_namespace, OLD.table_name)::text);
+        PERFORM pg_notify({channel}, json_build_array(OLD.catalog_name, OLD.table_namespace, OLD.table_name)::text);
     END IF;
     IF TG_OP <> 'DELETE' THEN
-        PERFORM pg_notify('icebarrier_pointers.' || TG_TABLE_SCHEMA,
-                          json_build_array(NEW.catalog_name, NEW.table_namespace, NEW.table_name)::text);
+        PERFORM pg_notify({channel}, json_build_array(NEW.catalog_name, NEW.table_namespace, NEW.table_name)::text);
     END IF;
     RETURN NULL;
 END $$;
-CREATE OR REPLACE TRIGGER icebarrier_pointer_moved AFTER INSERT OR UPDATE OR DELETE ON {cs}.iceberg_tables
-    FOR EACH ROW EXECUTE FUNCTION {cs}.icebarrier_pointer_moved();
+CREATE OR REPLACE TRIGGER {trigger} AFTER INSERT OR UPDATE OR DELETE ON {cs}.iceberg_tables
+    FOR EACH ROW EXECUTE FUNCTION {cs}.{trigger}();
 """
 
 
 def announce_pointers(settings: Settings) -> None:
     """Make the default SQL catalog's pointer table announce its changes (idempotent; its tables
     exist)."""
-    import psycopg
     from psycopg import sql
 
-    if not settings.is_default_catalog:
-        return
-    ddl = sql.SQL(_ANNOUNCE).format(cs=sql.Identifier(settings.catalog_schema))
-    with psycopg.connect(settings.dsn, autocommit=True) as conn, conn.transaction():
-        conn.execute(ddl)
+    from icebarrier.control_plane.notices import pointers_channel
+
+    _catalog_ddl(
+        settings,
+        _ANNOUNCE,
+        trigger=sql.Identifier(POINTER_TRIGGER),
+        channel=sql.Literal(pointers_channel(settings.catalog_schema)),
+    )
 
 
 def secure_catalog(settings: Settings) -> None:
     """Guard the default SQL catalog's pointer table with row-level security (idempotent)."""
+    from psycopg import sql
+
+    _catalog_ddl(settings, _POLICIES, s=sql.Identifier(settings.schema))
+
+
+def _catalog_ddl(settings: Settings, template: str, **values) -> None:
+    """``template`` on the default SQL catalog's schema (``{cs}``) in one transaction; nothing
+    for another catalog."""
     import psycopg
     from psycopg import sql
 
     if not settings.is_default_catalog:
         return
-    ddl = sql.SQL(_POLICIES).format(cs=sql.Identifier(settings.catalog_schema), s=sql.Identifier(settings.schema))
+    ddl = sql.SQL(template).format(cs=sql.Identifier(settings.catalog_schema), **values)
     with psycopg.connect(settings.dsn, autocommit=True) as conn, conn.transaction():
         conn.execute(ddl)
 

@@ -51,6 +51,7 @@ from icebarrier.control_plane.catalog_loads import LoadQuery, LoadState
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.notices import loads_channel, pointers_channel
 from icebarrier.control_plane.tokens import ANONYMOUS, Principal, token_hash
+from icebarrier.iceberg_ext.catalog import POINTER_TRIGGER
 
 RECONNECT_S = 1.0
 CATCH_UP_S = 1.0  # a load waits this long at most for memory to catch up, then asks the database
@@ -65,9 +66,7 @@ _LISTENER = {
     "keepalives_count": 5,
     "connect_timeout": 10,
 }
-_ANNOUNCED = (
-    "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'icebarrier_pointer_moved' AND tgrelid = to_regclass(%s))"
-)
+_ANNOUNCED = "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = %s AND tgrelid = to_regclass(%s))"
 
 _Key = tuple[str, str, str]  # the SQL catalog's (catalog_name, table_namespace, table_name)
 
@@ -108,7 +107,7 @@ class LoadCache:
     async def remembered(self, query: LoadQuery) -> LoadState | None:
         """The state of a load through latest, read-committed or barrier-<B> from memory, as the
         database would give it now (None: ask the database). Memory answers after it has caught
-        up with every transaction committed before the load came (:meth:`_catch_up`)."""
+        up with every transaction committed before the load came (:meth:`_caught_up`)."""
         if query.mode not in MODES or query.job is not None:
             return None
         state = None
@@ -235,7 +234,7 @@ class LoadCache:
                 async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
                     for channel in (loads_channel(self._schema), pointers_channel(self._catalog_schema)):
                         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                    found = await (await conn.execute(_ANNOUNCED, (table,))).fetchone()
+                    found = await (await conn.execute(_ANNOUNCED, (POINTER_TRIGGER, table))).fetchone()
                     if not (found and found[0]):
                         print(
                             f"icebarrier serve: {table} does not announce its changes; every load asks the "

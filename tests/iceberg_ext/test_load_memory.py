@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from icebarrier.control_plane import barriers, jobs, revisions, tokens
-from icebarrier.iceberg_ext.catalog import announce_pointers
+from icebarrier.iceberg_ext.catalog import POINTER_TRIGGER, announce_pointers
 from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, scrape, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -183,7 +183,7 @@ def test_without_the_announcing_trigger_every_load_asks_the_database(lake):
     lake.catalog.create_table(f"{lake.namespace}.events", schema=ROW)
     rid, rsecret = tokens.create(lake.conn)
     with psycopg.connect(lake.settings.dsn, autocommit=True) as admin:
-        admin.execute(f'DROP TRIGGER icebarrier_pointer_moved ON "{lake.settings.catalog_schema}".iceberg_tables')
+        admin.execute(f'DROP TRIGGER {POINTER_TRIGGER} ON "{lake.settings.catalog_schema}".iceberg_tables')
     try:
         proc, server = start_server(lake)
         try:
