@@ -7,7 +7,7 @@ through ``read-committed``) and then the table's pointer: one round trip, where 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from icebarrier.control_plane.db import Conn, translated
 from icebarrier.control_plane.errors import IcebarrierError
@@ -54,10 +54,14 @@ class LoadQuery:
     barrier: int | None = None
     scope: str | None = None
     quiet_ms: int = 0
+    hashed_token: str | None = field(init=False)  # what the database keeps of the token (once a load)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hashed_token", None if self.access_token is None else token_hash(self.access_token))
 
     def params(self) -> dict:
         return {
-            "token": None if self.access_token is None else token_hash(self.access_token),
+            "token": self.hashed_token,
             "job": self.job,
             "catalog_schema": self.catalog_schema,
             "catalog": self.table.catalog,

@@ -50,7 +50,7 @@ from icebarrier.control_plane import db
 from icebarrier.control_plane.catalog_loads import LoadQuery, LoadState
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.notices import loads_channel, pointers_channel
-from icebarrier.control_plane.tokens import ANONYMOUS, Principal, token_hash
+from icebarrier.control_plane.tokens import ANONYMOUS, Principal
 from icebarrier.iceberg_ext.catalog import POINTER_TRIGGER
 
 RECONNECT_S = 1.0
@@ -124,7 +124,7 @@ class LoadCache:
         location = self._pointers.get(_key(query.table))
         name = query.managed_key
         managed = False if name is None else self._managed.get(name)
-        hashed = None if query.access_token is None else token_hash(query.access_token)
+        hashed = query.hashed_token
         held = None if hashed is None else self._tokens.get(hashed)
         if location is None or managed is None or (hashed is not None and (held is None or held[1] <= now)):
             return None
@@ -155,7 +155,7 @@ class LoadCache:
             return
         if state.staged_location is not None or state.location is None:
             return
-        hashed = None if query.access_token is None else token_hash(query.access_token)
+        hashed = query.hashed_token
         if hashed is not None and state.principal.kind != "job" and state.token_ttl_s is not None:
             _put(self._tokens, MAX_TOKENS, hashed, (state.principal, asked_at + state.token_ttl_s))
         _put(self._pointers, MAX_POINTERS, _key(query.table), state.location)

@@ -162,9 +162,9 @@ def test_a_duckdb_join_through_read_committed_costs_what_it_costs_through_latest
     """What a read costs, counted, not timed: a two-table join in DuckDB makes the same table
     loads through read-committed as through latest. A new client's first join makes one round
     trip to Postgres a load (the token, the session's moment, S(T, B) and the pointer in one
-    statement: ``catalog_load``; not counted: memory's catch-up with what it told, one query on
-    the listening connection, counted in /metrics); its later joins none (the server's memory of
-    loads, kept by notices). Before the one statement, a read-committed load made eight round trips and a latest
+    statement: ``catalog_load``); its later joins none but memory's catch-ups (the server's
+    memory of loads, kept by notices, answers after one ``SELECT 1`` on its listening connection,
+    counted in /metrics and not here). Before the one statement, a read-committed load made eight round trips and a latest
     one two, and the join took 1.6-1.8x as long. The server talks to Postgres through a proxy
     that counts round trips (tests/pg_counter.py)."""
     from tests.iceberg_ext.catalog_server import start_server, stop_server
