@@ -10,12 +10,13 @@ Why an answer from memory is the database's answer at the time the load came:
   writing the SQL catalog directly), a token revoked or an access token's session ended, a
   table managed or not any more, a cut undone by a revision: each is announced when its
   transaction commits. One connection a process listens, on the server's event loop.
-- Before memory answers a load it catches up: one query on the listening connection, sent after
-  the load came, whose answer Postgres sends after the notices of every transaction committed
-  before the query reached it. Every change committed before the load came is then applied, so
-  a client reads its own writes and everyone else's, through any process, and a two-table
-  commit is never seen half. One catch-up serves every load that came before it was sent; the
-  loads that come meanwhile wait for the next (it costs Postgres a ``SELECT 1``, not a load).
+- Before memory answers a load it catches up: a Sync on the listening connection (in pipeline
+  mode), sent after the load came, whose answer (ReadyForQuery) Postgres sends after the notices
+  of every transaction committed before the Sync reached it. Every change committed before the
+  load came is then applied, so a client reads its own writes and everyone else's, through any
+  process, and a two-table commit is never seen half. The loads that come in one turn of the
+  event loop share a catch-up, sent at the end of the turn; catch-ups are pipelined, so a load
+  never waits for one sent before it came (it costs Postgres a Sync, not a statement).
 - S(T, B) is kept only for a plain cut (B issued, completed by T, not expired): it stays S(T, B)
   until a revision, which is announced. An expiry changes the pointer, whose metadata then lacks
   the snapshot: that load asks the database (``Loading.load_on_loop``).
@@ -40,6 +41,7 @@ import asyncio
 import json
 import sys
 import time
+from collections import deque
 from contextlib import suppress
 
 import psycopg
@@ -88,9 +90,10 @@ class LoadCache:
         self._tokens: dict[str, tuple[Principal, float]] = {}  # token hash: who, valid until (monotonic)
         self._moments: dict[tuple[str, str | None], tuple[int, float]] = {}  # (token hash, scope): B, until
         self._generation = 0
-        # Catching up (:meth:`_readable`): the loads that wait for the catch-up out now, and those
-        # that wait for the next one; the listening connection while it listens.
-        self._in_flight: asyncio.Future | None = None
+        # Catching up (:meth:`_readable`): the catch-ups sent and not answered yet, oldest first,
+        # each the loads that wait for it; the loads that wait for the next one (sent at the end
+        # of this turn of the event loop); the listening connection while it listens.
+        self._in_flight: deque[asyncio.Future] = deque()
         self._next: asyncio.Future | None = None
         self._pgconn: psycopg.pq.abc.PGconn | None = None
         self._fd = -1
@@ -175,13 +178,12 @@ class LoadCache:
             _put(self._moments, MAX_TOKENS, (hashed, query.scope), (state.moment, until))
 
     async def _caught_up(self) -> bool:
-        """Wait for a catch-up that starts after now (one catch-up serves every load that came
-        before it was sent); whether memory is still live then. At most CATCH_UP_S."""
+        """Wait for a catch-up sent after now (the loads of one turn of the event loop share
+        one); whether memory is still live then. At most CATCH_UP_S."""
         if self._next is None:
             self._next = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(self._send_catch_up)
         waiting = self._next
-        if self._in_flight is None:
-            self._send_catch_up()
         try:
             await asyncio.wait_for(asyncio.shield(waiting), CATCH_UP_S)
         except TimeoutError:
@@ -209,10 +211,11 @@ class LoadCache:
         self._release()  # loads waiting for a catch-up: memory is empty, they ask the database
 
     def _release(self) -> None:
-        for waiting in (self._in_flight, self._next):
+        for waiting in (*self._in_flight, self._next):
             if waiting is not None and not waiting.done():
                 waiting.set_result(None)
-        self._in_flight = self._next = None
+        self._in_flight.clear()
+        self._next = None
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._listen(), name="icebarrier-load-cache")
@@ -242,6 +245,7 @@ class LoadCache:
                             file=sys.stderr,
                         )
                         return
+                    conn.pgconn.enter_pipeline_mode()  # catch-ups are Syncs, several out at once
                     self._pgconn, self._fd, self._lost = conn.pgconn, conn.pgconn.socket, loop.create_future()
                     loop.add_reader(self._fd, self._readable)
                     try:
@@ -256,45 +260,41 @@ class LoadCache:
             await asyncio.sleep(RECONNECT_S)
 
     # The listening connection is driven through psycopg's libpq layer from loop callbacks: a
-    # catch-up is one simple query and its answer, no task switch (through psycopg's async
-    # notifies and execute it took a quarter of a millisecond a load).
+    # catch-up is one Sync and its answer, no task switch (through psycopg's async notifies and
+    # execute it took a quarter of a millisecond a load).
 
     def _send_catch_up(self) -> None:
-        """Send the catch-up the waiting loads wait for (see :meth:`_readable` for its answer)."""
+        """Send the catch-up the waiting loads wait for (see :meth:`_readable` for its answer). A
+        Sync that cannot be sent within CATCH_UP_S leaves its loads to the database."""
         if self._pgconn is None or self._next is None:
             return
         try:
-            self._pgconn.send_query(b"SELECT 1")
-            self._pgconn.flush()
+            self._pgconn.pipeline_sync()
         except psycopg.Error as exc:
             self._lose(exc)
             return
-        self._in_flight, self._next = self._next, None  # later loads wait for the next catch-up
+        self._in_flight.append(self._next)
+        self._next = None
 
     def _readable(self) -> None:
-        """Notices, in the order they came, then a catch-up's answer: Postgres sends the notices of
-        every transaction that committed before the catch-up reached it ahead of its answer, so
-        once the answer is here, memory holds what the database held when the catch-up was sent."""
+        """Notices, in the order they came, and catch-ups' answers: Postgres sends the notices of
+        every transaction that committed before a catch-up reached it ahead of its answer, so once
+        the answer is here, memory holds what the database held when the catch-up was sent."""
         pgconn = self._pgconn
         if pgconn is None:
             return
         try:
             pgconn.consume_input()
-            self._apply_notices(pgconn)
-            if self._in_flight is None or pgconn.is_busy():
-                return
-            while (result := pgconn.get_result()) is not None:
-                if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+            while True:
+                self._apply_notices(pgconn)  # libpq parses up to the next answer
+                if not self._in_flight or pgconn.is_busy() or (result := pgconn.get_result()) is None:
+                    return
+                if result.status != psycopg.pq.ExecStatus.PIPELINE_SYNC:
                     raise psycopg.OperationalError(f"catch-up failed: {result.error_message.decode(errors='replace')}")
-            self._apply_notices(pgconn)
+                self.catch_ups += 1
+                self._in_flight.popleft().set_result(None)
         except psycopg.Error as exc:
             self._lose(exc)
-            return
-        self.catch_ups += 1
-        answered, self._in_flight = self._in_flight, None
-        answered.set_result(None)
-        if self._next is not None:  # loads came while it was out
-            self._send_catch_up()
 
     def _apply_notices(self, pgconn) -> None:
         while (notice := pgconn.notifies()) is not None:

@@ -158,7 +158,7 @@ class LoadCacheCollector:
         yield CounterMetricFamily(
             "icebarrier_catalog_load_cache_catch_ups",
             "Times this process's memory caught up with the database before answering again "
-            "(one query on its listening connection)",
+            "(one Sync on its listening connection)",
             value=self.cache.catch_ups,
         )
         yield GaugeMetricFamily(

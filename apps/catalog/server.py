@@ -12,6 +12,7 @@ page (:mod:`.ui`, ``/ui``), Prometheus metrics (:mod:`.metrics`, ``/metrics``) a
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -55,6 +56,7 @@ def create_app(
     app.state.storage_probe = health.StorageProbe()
     app.router.add_event_handler("startup", lake.open)
     app.router.add_event_handler("startup", app.state.hub.start)
+    app.router.add_event_handler("startup", _freeze_heap)
     app.router.add_event_handler("shutdown", app.state.hub.stop)
     app.router.add_event_handler("shutdown", lake.aclose)
     app.router.add_event_handler("shutdown", lake.close)
@@ -75,6 +77,15 @@ def create_app(
     app.state.routes = [tables.LOAD_ROUTE, *(r for router in ROUTERS for r in router.routes)]
     app.state.endpoints = served_endpoints(app.state.routes)
     return app
+
+
+def _freeze_heap() -> None:
+    """Leave what the server built at start (modules, the app, the lake: some 230,000 objects) out
+    of the garbage collector's full passes: each walked them all, and held the event loop for
+    135 ms about once a second under 16 clients, every answer out then waiting."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 100)
 
 
 def check_settings(settings: Settings) -> None:

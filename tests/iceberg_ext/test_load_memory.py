@@ -4,9 +4,11 @@ SQL catalog written directly, as Spark's JDBC catalog does, and the server itsel
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pyarrow as pa
@@ -220,12 +222,10 @@ def test_a_barrier_completed_meanwhile_does_not_disturb_memory(lake, server):
     assert (after["memory"] - before["memory"], after["database"] - before["database"]) == (1, 0)
 
 
-def test_a_two_table_commit_is_never_half_seen_while_its_notices_are_late(lake):
-    """The listening connection's notices come 300 ms late (a proxy holds them). Two pointers
-    swapped in one transaction by another writer: a load that asks the database sees the first
-    table's new state, and the next load, of the second table, which memory still remembers as
-    it was, is not answered from memory before memory has caught up: never the new first with
-    the old second."""
+def _two_tables(lake) -> Callable[[int], None]:
+    """Tables ``left`` and ``right`` of one snapshot each, and a function that swaps both pointers
+    in one transaction, as another writer would: to 0 (before their append) or 1 (after). Both
+    are at 0 when it returns."""
     cs = lake.settings.catalog_schema
     locations = {}
     for name in ("left", "right"):
@@ -243,13 +243,53 @@ def test_a_two_table_commit_is_never_half_seen_while_its_notices_are_late(lake):
                     (both[to], lake.namespace, name),
                 )
 
-    swap(0)  # both as they were before their appends
+    swap(0)
+    return swap
+
+
+def test_a_two_table_commit_is_never_half_seen_while_its_notices_are_late(lake):
+    """The listening connection's notices come 300 ms late (a proxy holds them). Two pointers
+    swapped in one transaction by another writer: a load that asks the database sees the first
+    table's new state, and the next load, of the second table, which memory still remembers as
+    it was, is not answered from memory before memory has caught up: never the new first with
+    the old second."""
+    swap = _two_tables(lake)
     with _late_notices(lake, tokens.create(lake.conn)) as (server, headers):
         right = f"latest/namespaces/{lake.namespace}/tables/right"
         _from_memory(server, right, headers, 0)  # memory holds the second table as it was
         swap(1)
         assert _snapshots(server, f"latest/namespaces/{lake.namespace}/tables/left", headers) == 1
         assert _snapshots(server, right, headers) == 1
+
+
+def test_a_load_does_not_share_a_catch_up_sent_before_it_came(lake):
+    """As above, while four other clients load the second table all the time, so that catch-ups
+    are always out (each 300 ms, the listening connection's stream late from a first notice on).
+    A catch-up sent before the swap committed is answered ahead of the swap's notice: the load
+    after the swap must wait for one sent after it came, not join one already out."""
+    swap = _two_tables(lake)
+    with _late_notices(lake, tokens.create(lake.conn)) as (server, headers):
+        right = f"latest/namespaces/{lake.namespace}/tables/right"
+        lake.catalog.create_table(f"{lake.namespace}.first_notice", schema=ROW)  # the stream is late from now
+        _from_memory(server, right, headers, 0)
+        stop = threading.Event()
+
+        def load_all_the_time() -> None:
+            with requests.Session() as s:
+                while not stop.is_set():
+                    assert s.get(f"{server}/v1/{right}", headers=headers, timeout=30).status_code == 200
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            loaders = [pool.submit(load_all_the_time) for _ in range(4)]
+            try:
+                time.sleep(1.0)  # catch-ups out all the time
+                swap(1)
+                assert _snapshots(server, f"latest/namespaces/{lake.namespace}/tables/left", headers) == 1
+                assert _snapshots(server, right, headers) == 1
+            finally:
+                stop.set()
+            for loader in loaders:
+                loader.result()
 
 
 def test_a_write_through_the_server_is_read_back_while_its_notice_is_late(lake):
