@@ -132,7 +132,7 @@ def serve(
     settings = obj.settings()
     if workers == 1:
         uvicorn.run(
-            server.create_app(settings, **options),
+            server.process_app(settings, **options),
             host=host,
             port=port,
             log_level="warning",

@@ -56,7 +56,6 @@ def create_app(
     app.state.storage_probe = health.StorageProbe()
     app.router.add_event_handler("startup", lake.open)
     app.router.add_event_handler("startup", app.state.hub.start)
-    app.router.add_event_handler("startup", _freeze_heap)
     app.router.add_event_handler("shutdown", app.state.hub.stop)
     app.router.add_event_handler("shutdown", lake.aclose)
     app.router.add_event_handler("shutdown", lake.close)
@@ -79,15 +78,6 @@ def create_app(
     return app
 
 
-def _freeze_heap() -> None:
-    """Leave what the server built at start (modules, the app, the lake: some 230,000 objects) out
-    of the garbage collector's full passes: each walked them all, and held the event loop for
-    135 ms about once a second under 16 clients, every answer out then waiting."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 50, 100)
-
-
 def check_settings(settings: Settings) -> None:
     """What a server refuses to start on (the database, its schema, the storage), checked once."""
     from icebarrier.control_plane import db
@@ -96,11 +86,30 @@ def check_settings(settings: Settings) -> None:
     settings.check_storage()
 
 
+def process_app(settings: Settings, **options) -> FastAPI:
+    """The app of a process that serves it and nothing else (``icebarrier serve``, each of its
+    ``--workers``): :func:`create_app`, and at start the garbage collector set for a server."""
+    app = create_app(settings, **options)
+    app.router.add_event_handler("startup", _collect_for_a_server)
+    return app
+
+
+def _collect_for_a_server() -> None:
+    """Leave what the process built at start (modules, the app, the lake: some 230,000 objects)
+    out of the garbage collector's full passes, and collect the young generation less often: each
+    full pass walked them all and held the event loop 135 ms, about once a second under 16
+    clients (every answer out then waited), as a load's short-lived objects, caught in young
+    passes every few hundred allocations, were promoted until one was due."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 100)
+
+
 def worker_app() -> FastAPI:
     """The app of one worker process of ``icebarrier serve --workers N`` (uvicorn's factory)."""
     options = json.loads(os.environ[WORKER_ENV])
     settings = Settings.load(options.pop("config"), dsn=options.pop("dsn"), schema=options.pop("schema"))
-    return create_app(settings, **options)
+    return process_app(settings, **options)
 
 
 def _http_protocol() -> type:
