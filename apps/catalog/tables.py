@@ -26,6 +26,7 @@ from icebarrier.apps.catalog.deps import (
     loading_table,
 )
 from icebarrier.apps.catalog.idempotency import Committed, Writes
+from icebarrier.apps.catalog.lake import Lake
 from icebarrier.apps.catalog.models import (
     CommitTableRequest,
     CommitTransactionRequest,
@@ -141,26 +142,25 @@ def commit_table(at: WriteTable, once: Writes, body: dict):
 
     def commit(conn):
         [(_, new)] = at.lake.commit(conn, at.warehouse, at.principal, [identified])
-        return _committed(new.metadata_location, new.metadata)
+        return _committed(at.lake, new.metadata_location)
 
     def reread(conn, location: str) -> Response:
         """The answer again, from the metadata file the commit wrote; if that file is gone (a
         client deleting old metadata after its commits, a dropped table's purge), the table as
         it is now: the commit applied."""
         try:
-            metadata, _ = at.lake.metadata(location)
+            return _committed(at.lake, location)
         except FileNotFoundError:
-            location, metadata, _ = at.lake.current(conn, at.table)
-        return _committed(location, metadata)
+            return _committed(at.lake, at.lake.current(conn, at.table)[0])
 
     return once.run(commit, reread=reread)
 
 
-def _committed(location: str, metadata) -> Committed:
-    from pyiceberg.table import CommitTableResponse
-
-    body = CommitTableResponse(metadata=metadata, metadata_location=location).model_dump_json()
-    return Committed(body.encode(), location)
+def _committed(lake: Lake, location: str) -> Committed:
+    """A CommitTableResponse around the metadata's JSON as written (serialized once)."""
+    metadata_json, _ = lake.metadata_json(location)
+    body = b"".join((b'{"metadata-location":', json.dumps(location).encode(), b',"metadata":', metadata_json, b"}"))
+    return Committed(body, location)
 
 
 @router.post(TABLE + "/metrics")

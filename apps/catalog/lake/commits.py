@@ -102,8 +102,7 @@ class Commits(Sessions):
             staged.append((table, current, new, pending, barrier if stage else None))
         for _, current, new, _, _ in staged:
             if new is not current:
-                self.catalog._write_metadata(new.metadata, new.io, new.metadata_location)
-                self.metadata_cache.get(new.metadata_location, lambda new=new: (new.metadata, new.io))
+                self.write_metadata(new)
         with db.atomic(conn):
             for table, current, new, pending, barrier in staged:
                 location = current.metadata_location if current is not None else None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
+from pyiceberg.utils.config import Config
 
 from icebarrier.apps.catalog.delegation import Delegation, SessionVendor
 from icebarrier.apps.catalog.errors import ForbiddenError
@@ -109,6 +110,7 @@ class LakeCore:
         self.metadata_cache = _LRU(4096)  # location: (metadata, io)
         self.metadata_json_cache = _LRU(4096)  # location: (its JSON, the table's location)
         self.pinned_cache = _LRU(8192)  # (table uuid, snapshot): (pinned location, its JSON, the table's location)
+        self._legacy_metadata = bool(Config().get_bool("legacy-current-snapshot-id"))
         in_catalog = functools.partial(_catalog_sql, settings.catalog_schema)
         self._pointer_sql = in_catalog(
             "SELECT metadata_location FROM {cs}.iceberg_tables WHERE catalog_name = %s AND table_namespace = %s "
@@ -289,6 +291,32 @@ class LakeCore:
 
         return self.metadata_cache.get(location, read)
 
+    def metadata_json(self, location: str) -> tuple[bytes, str]:
+        """The JSON of the metadata at ``location`` as the REST protocol carries it (serialized
+        once), and the table's location."""
+
+        def serialized() -> tuple[bytes, str]:
+            metadata, _ = self.metadata(location)
+            return metadata.model_dump_json().encode(), metadata.location
+
+        return self.metadata_json_cache.get(location, serialized, storage=False)
+
+    def write_metadata(self, new) -> None:
+        """Write a new metadata file (a staged table: its metadata, io and location), serialized
+        once: the file's bytes are what loads and the commit's answer carry. PyIceberg's writer
+        only where its ``legacy-current-snapshot-id`` asks for a file unlike the protocol's JSON."""
+        from pyiceberg.serializers import Compressor
+
+        metadata, location = new.metadata, new.metadata_location
+        if self._legacy_metadata:
+            self.catalog._write_metadata(metadata, new.io, location)
+        else:
+            serialized = metadata.model_dump_json().encode()
+            with new.io.new_output(location).create(overwrite=False) as out:
+                out.write(Compressor.get_compressor(location).bytes_compressor()(serialized))
+            self.metadata_json_cache.get(location, lambda: (serialized, metadata.location), storage=False)
+        self.metadata_cache.get(location, lambda: (metadata, new.io), storage=False)
+
     def point(
         self,
         conn,
@@ -373,8 +401,7 @@ class LakeCore:
             (),
             (RemoveSnapshotsUpdate(snapshot_ids=gone),),
         )
-        self.catalog._write_metadata(new.metadata, new.io, new.metadata_location)
-        self.metadata_cache.get(new.metadata_location, lambda: (new.metadata, new.io))
+        self.write_metadata(new)
         return new.metadata_location
 
     def swap_staged(self, conn, job: str, barrier: int | None = None) -> tuple[int, dict[TableName, int], bool]:

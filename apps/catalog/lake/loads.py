@@ -108,11 +108,7 @@ class Loads(Sessions):
     def answer(self, location: str, principal: Principal, access: Delegation) -> bytes:
         """The LoadTableResult of the metadata file at ``location``."""
 
-        def serialized() -> tuple[bytes, str]:
-            metadata, _ = self.metadata(location)
-            return metadata.model_dump_json().encode(), metadata.location
-
-        metadata_json, table_location = self.metadata_json_cache.get(location, serialized, storage=False)
+        metadata_json, table_location = self.metadata_json(location)
         return self._spliced(location, metadata_json, table_location, principal, access)
 
     def _spliced(

@@ -101,7 +101,7 @@ class Sessions(LakeCore):
             raise TableAlreadyExistsError(f"table {table} already exists")
         made = self.catalog._create_staged_table(table.identifier, **self.create_args(conn, table, request))
         if not request.stage_create:  # a staged create is committed by the client (AssertCreate) like any change
-            self.catalog._write_metadata(made.metadata, made.io, made.metadata_location)
+            self.write_metadata(made)
             self.stage(conn, session.job, table, session.barrier, None, made.metadata_location, None)
         return self.response(made.metadata_location, made.metadata, principal, access)
 
