@@ -157,10 +157,7 @@ def commit_table(at: WriteTable, once: Writes, body: dict):
 
 
 def _committed(lake: Lake, location: str) -> Committed:
-    """A CommitTableResponse around the metadata's JSON as written (serialized once)."""
-    metadata_json, _ = lake.metadata_json(location)
-    body = b"".join((b'{"metadata-location":', json.dumps(location).encode(), b',"metadata":', metadata_json, b"}"))
-    return Committed(body, location)
+    return Committed(lake.committed_json(location), location)
 
 
 @router.post(TABLE + "/metrics")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
@@ -73,6 +74,15 @@ class _LRU:
             while len(self.items) > self.size:
                 self.items.popitem(last=False)
         return value
+
+
+def around_metadata(location: str, metadata_json: bytes, *fields: bytes) -> bytes:
+    """A response's JSON that carries a table's metadata (a load's, a commit's) spliced around the
+    metadata's cached bytes: ``metadata-location``, ``metadata``, then ``fields`` (each
+    ``,"name":value``)."""
+    return b"".join(
+        (b'{"metadata-location":', json.dumps(location).encode(), b',"metadata":', metadata_json, *fields, b"}")
+    )
 
 
 def _catalog_sql(catalog_schema: str, text: str) -> str:
@@ -300,6 +310,11 @@ class LakeCore:
             return metadata.model_dump_json().encode(), metadata.location
 
         return self.metadata_json_cache.get(location, serialized, storage=False)
+
+    def committed_json(self, location: str) -> bytes:
+        """A CommitTableResponse's JSON (``pyiceberg.table.CommitTableResponse``) around the
+        metadata's JSON as written."""
+        return around_metadata(location, self.metadata_json(location)[0])
 
     def write_metadata(self, new) -> None:
         """Write a new metadata file (a staged table: its metadata, io and location), serialized

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from icebarrier.apps.catalog.delegation import Delegation
 from icebarrier.apps.catalog.errors import ForbiddenError
+from icebarrier.apps.catalog.lake.core import around_metadata
 from icebarrier.apps.catalog.lake.sessions import Sessions
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import catalog_loads, leases
@@ -118,16 +119,12 @@ class Loads(Sessions):
         makes it) around the metadata's cached bytes: only the config is made per request (it
         depends on who asks, and session credentials are renewed)."""
         config = self.storage_config(table_location, principal, access)
-        return b"".join(
-            (
-                b'{"metadata-location":',
-                json.dumps(location).encode(),
-                b',"metadata":',
-                metadata_json,
-                b',"config":',
-                json.dumps(config, separators=(",", ":")).encode(),
-                b',"storage-credentials":[]}',
-            )
+        return around_metadata(
+            location,
+            metadata_json,
+            b',"config":',
+            json.dumps(config, separators=(",", ":")).encode(),
+            b',"storage-credentials":[]',
         )
 
     def exists(self, conn, warehouse: Warehouse, table: TableName, principal: Principal) -> None:
