@@ -39,7 +39,8 @@ from icebarrier.control_plane.fences import Fence
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.upkeep import Policy
 from icebarrier.iceberg_ext import maintenance
-from icebarrier.iceberg_ext.catalog import load_table
+from icebarrier.iceberg_ext.catalog import load_table, lost_race
+from icebarrier.iceberg_ext.catalog import pointers as catalog_pointers
 from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.errors import CompactionDeferredError
 from icebarrier.iceberg_ext.upkeep import Looker, due
@@ -66,7 +67,7 @@ class Action:
 
 @dataclass(slots=True)
 class _Table:
-    snapshot_id: int | None = None
+    pointer: str | None = None  # the metadata location at its last look
     policy: Policy | None = None
     look_at: float = 0.0  # time.time() of its next look even without a commit
     orphans_at: float = 0.0
@@ -82,9 +83,10 @@ class Maintainer:
     tick_s: float = 5.0
     log: Callable[[str], None] = print
     spark_factory: Callable[[], object] | None = None  # a SparkSession, started at the first compaction
-    only: frozenset[TableName] | None = None  # these tables only (default: every managed table)
+    only: frozenset[TableName] | None = None  # these tables only (default: every table of the catalog)
     _tables: dict[TableName, _Table] = field(default_factory=dict)
     _looker: Looker = field(default_factory=Looker)
+    _unmanaged: frozenset[TableName] | None = None  # the catalog's tables no job writes, as last enrolled
     _spark: object | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -129,23 +131,30 @@ class Maintainer:
     def maintain(self, conn: Conn, catalog, *, now: float | None = None) -> list[Action]:
         """Look at each table that changed or whose time came; run what is due. Returns what ran."""
         now = now or time.time()
-        versions = {v.name: v for v in tables.list_versions(conn)}
+        pointers = catalog_pointers(conn, self.settings)  # every table of the catalog, managed or not
+        unmanaged = frozenset(pointers) - tables.managed_names(conn)
+        if unmanaged != self._unmanaged:
+            upkeep.enroll_unmanaged(conn, sorted(unmanaged))
+            self._unmanaged = unmanaged
         done: list[Action] = []
         locations: list[str] | None = None
         for status in upkeep.statuses(conn):
             policy, name = status.policy, status.policy.table
             if not policy.enabled or (self.only is not None and name not in self.only):
                 continue
-            version = versions.get(name)
-            if version is None or version.current_snapshot_id is None:
-                continue  # nothing committed yet
+            pointer = pointers.get(name)
+            if pointer is None:
+                continue  # not created yet
             state = self._tables.setdefault(name, self._first(status, now))
-            if state.snapshot_id == version.current_snapshot_id and state.policy == policy and now < state.look_at:
+            if state.pointer == pointer and state.policy == policy and now < state.look_at:
                 continue
             try:
                 tbl = load_table(catalog, name)
             except Exception as exc:  # noqa: BLE001 - a table dropped or unreadable: say so, go on
                 self.log(f"table {name}: cannot be loaded ({str(exc).splitlines()[0]}); skipped this pass")
+                continue
+            if tbl.current_snapshot() is None:  # nothing committed yet: look again when something is
+                state.pointer, state.policy, state.look_at = pointer, policy, now + IDLE_LOOK_S
                 continue
             seen = self._looker.look(tbl, policy)
             actions, _ = due(seen, policy, orphans_at=state.orphans_at, now=now)
@@ -161,7 +170,7 @@ class Maintainer:
                 state.orphans_at = now + _orphans_every_s(policy)
             _, next_ = due(seen, policy, orphans_at=state.orphans_at, now=now)
             upkeep.observe(conn, name, seen.to_json(), next_)
-            state.snapshot_id, state.policy = version.current_snapshot_id, policy
+            state.pointer, state.policy = pointer, policy
             wake = [state.orphans_at, now + IDLE_LOOK_S]
             if seen.expirable_at_ms is not None:
                 wake.append(seen.expirable_at_ms / 1000)
@@ -193,7 +202,7 @@ class Maintainer:
             result, detail = "failed", {"why": str(exc)}
         except Exception as exc:  # noqa: BLE001 - Spark's and Iceberg's own (a lost race): a retry comes
             why = _why(exc)
-            result = "gave-way" if _lost_race(exc) else "failed"
+            result = "gave-way" if lost_race(exc) else "failed"
             state.gave_way = state.gave_way or result == "gave-way"
             detail = {"why": why[:500]}
         if detail is None:
@@ -262,12 +271,3 @@ def _why(exc: Exception) -> str:
     java = getattr(exc, "java_exception", None)
     text = str(java.toString()) if java is not None else str(exc)
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-
-
-def _lost_race(exc: Exception) -> bool:
-    """Whether Spark's or Iceberg's exception says another commit won (the rewrite gives way)."""
-    text = str(exc)
-    return any(
-        marker in text
-        for marker in ("ValidationException", "CommitFailedException", "Cannot commit", "missing data files")
-    )

@@ -16,6 +16,7 @@ from icebarrier.control_plane.model import (
     parse_duration_s,
     parse_size_bytes,
 )
+from icebarrier.iceberg_ext.upkeep import enroll
 
 
 @click.group("table")
@@ -149,10 +150,10 @@ def maintenance(
             raise click.UsageError(f"--{option} is both set and returned to the default; give one")
         settings[key] = None
     conn = obj.conn()
+    enroll(conn, obj.settings(), table_name)  # a table of the catalog no job writes is maintained too
     if settings:
         policy = upkeep.set_policy(conn, table_name, settings)
     else:
-        tables.require(conn, table_name)
         policy = upkeep.statuses(conn, [table_name])[0].policy
     emit(obj, policy.to_json(), lambda: _policy_text(policy))
 

@@ -20,7 +20,7 @@ from icebarrier.control_plane.cuts import protected_set
 from icebarrier.control_plane.db import Conn, advisory_lock, advisory_unlock, call, one
 from icebarrier.control_plane.errors import LeaseNotFoundError
 from icebarrier.control_plane.model import Cut, Lease, Level, ProtectedSnapshot, TableName, parse_holder
-from icebarrier.control_plane.tables import require
+from icebarrier.control_plane.tables import maintained_id, require
 
 
 def acquire(
@@ -170,8 +170,9 @@ class ExpiryClaim:
 @contextmanager
 def expiry_lock(conn: Conn, table: TableName) -> Iterator[None]:
     """Run one expiry of ``table`` at a time, from planning to deleting files (a session-level
-    advisory lock on ``conn``; a second expiry of the same table waits here)."""
-    table_id = require(conn, table)
+    advisory lock on ``conn``; a second expiry of the same table waits here). A table of the
+    catalog no job writes is locked by the id maintenance knows it by."""
+    table_id = maintained_id(conn, table)
     advisory_lock(conn, "expiry", [table_id], what=f"expiry of {table} (another one is running)", session=True)
     try:
         yield

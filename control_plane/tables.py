@@ -80,6 +80,19 @@ def require(conn: Conn, name: TableName) -> int:
     return row["table_id"]
 
 
+def maintained_id(conn: Conn, name: TableName) -> int:
+    """The id of a managed table or of one of the catalog's unmanaged tables the maintenance
+    service knows (:func:`icebarrier.control_plane.upkeep.enroll`); others are refused."""
+    row = conn.execute("SELECT maintained_table_id(%s) AS table_id", (str(name),)).fetchone()
+    if row is None or row["table_id"] is None:
+        raise TableNotFoundError(str(name))
+    return row["table_id"]
+
+
+def is_managed(conn: Conn, name: TableName) -> bool:
+    return conn.execute("SELECT 1 FROM managed_tables WHERE name = %s", (str(name),)).fetchone() is not None
+
+
 def list_versions(conn: Conn) -> list[TableVersion]:
     rows = conn.execute(
         """

@@ -73,6 +73,7 @@ class Status:
     """A table's policy, what the service saw at its last look and its actions' last runs."""
 
     policy: Policy
+    managed: bool = True  # False: a table of the catalog no job writes (maintained all the same)
     checked_at: datetime | None = None
     seen: dict = field(default_factory=dict)  # snapshots, data_files, small_files, manifests, metadata_bytes
     next: str | None = None
@@ -81,6 +82,7 @@ class Status:
     def to_json(self) -> dict:
         return {
             "policy": self.policy.to_json(),
+            "managed": self.managed,
             "checked_at": self.checked_at.isoformat() if self.checked_at else None,
             "seen": self.seen,
             "next": self.next,
@@ -91,7 +93,7 @@ class Status:
 _POLICY = (
     "SELECT table_name, enabled, retain_s, retain_last, target_file_size, compact_min_files, max_manifests, "
     "orphan_grace_s, metadata_grace_s, own, checked_at, snapshots, data_files, small_files, manifests, "
-    "metadata_bytes, next, actions FROM table_maintenance"
+    "metadata_bytes, next, actions, managed FROM table_maintenance"
 )
 _SEEN = ("snapshots", "data_files", "small_files", "manifests", "metadata_bytes")
 
@@ -110,11 +112,32 @@ def _status(row: dict) -> Status:
         own=tuple(row["own"]),
     )
     seen = {k: row[k] for k in _SEEN} if row["checked_at"] is not None else {}
-    return Status(policy=policy, checked_at=row["checked_at"], seen=seen, next=row["next"], actions=row["actions"])
+    return Status(
+        policy=policy,
+        managed=row["managed"],
+        checked_at=row["checked_at"],
+        seen=seen,
+        next=row["next"],
+        actions=row["actions"],
+    )
+
+
+def enroll_unmanaged(conn: Conn, names: list[TableName]) -> None:
+    """The catalog's tables no job writes are exactly ``names``: each is maintained like a managed
+    one (its policy, actions and looks kept by id), those gone from the catalog are forgotten."""
+    with conn.transaction():
+        call(conn, "enroll_unmanaged_tables", [str(n) for n in names])
+
+
+def enroll(conn: Conn, name: TableName) -> None:
+    """Maintain ``name``, a table of the catalog no job writes, from now on (a managed table
+    already is)."""
+    with conn.transaction():
+        call(conn, "enroll_unmanaged_table", str(name))
 
 
 def statuses(conn: Conn, names: list[TableName] | None = None) -> list[Status]:
-    """Every managed table's maintenance (or the named ones, in name order)."""
+    """Every maintained table's maintenance, managed or not (or the named ones, in name order)."""
     if names is None:
         rows = conn.execute(f"{_POLICY} ORDER BY table_name").fetchall()
     else:
@@ -156,7 +179,8 @@ def observe(conn: Conn, table: TableName, seen: dict, next_: str) -> None:
     conn.execute(
         "INSERT INTO maintenance_table (table_id, checked_at, snapshots, data_files, small_files, manifests, "
         "metadata_bytes, next) SELECT table_id, now(), %(snapshots)s, %(data_files)s, %(small_files)s, "
-        "%(manifests)s, %(metadata_bytes)s, %(next)s FROM managed_table WHERE name = %(table)s "
+        "%(manifests)s, %(metadata_bytes)s, %(next)s FROM (SELECT maintained_table_id(%(table)s) AS table_id) t "
+        "WHERE table_id IS NOT NULL "
         "ON CONFLICT (table_id) DO UPDATE SET checked_at = EXCLUDED.checked_at, snapshots = EXCLUDED.snapshots, "
         "data_files = EXCLUDED.data_files, small_files = EXCLUDED.small_files, manifests = EXCLUDED.manifests, "
         "metadata_bytes = EXCLUDED.metadata_bytes, next = EXCLUDED.next",

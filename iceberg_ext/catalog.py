@@ -335,19 +335,35 @@ def find_barrier_commit(table, barrier: int) -> int | None:
 COMMIT_ATTEMPTS = 10
 
 
+def lost_race(exc: BaseException) -> bool:
+    """Whether a commit failed because another commit won: PyIceberg's CommitFailedException, or
+    Spark's and Iceberg's own (a rewrite or a MERGE validated against files another commit
+    replaced)."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    if isinstance(exc, CommitFailedException):
+        return True
+    text = str(exc)
+    return any(
+        marker in text
+        for marker in ("ValidationException", "CommitFailedException", "Cannot commit", "missing data files")
+    )
+
+
 def retry_commit(fn, *, attempts: int = COMMIT_ATTEMPTS):
-    """Run a PyIceberg commit, retrying (bounded, with backoff) when another writer committed
-    first; ``fn`` must reload the table itself. Spark retries on its own (commit.retry.*)."""
+    """Run a commit, retrying (bounded, with backoff) when another commit won (:func:`lost_race`:
+    the table's only other writer is maintenance, whose compaction a MERGE or an overwrite may
+    have to be planned again over); ``fn`` must reload the table itself (a Spark write plans
+    again against the table as it is). Spark retries plain conflicts on its own
+    (commit.retry.*); what reaches here is a validation its retries could not pass."""
     import random
     import time
-
-    from pyiceberg.exceptions import CommitFailedException
 
     for attempt in range(1, attempts + 1):
         try:
             return fn()
-        except CommitFailedException:
-            if attempt == attempts:
+        except Exception as exc:
+            if attempt == attempts or not lost_race(exc):
                 raise
             time.sleep(min(2.0, 0.02 * 2**attempt) * (0.5 + random.random()))
     raise AssertionError("unreachable")
@@ -398,4 +414,29 @@ def names_breaking_rule(settings) -> list[tuple[str, str, str]]:
             check_name(row["name"])
         except InvalidNameError as exc:
             found.append(("table", f"{row['ns']}.{row['name']}", str(exc)))
+    return found
+
+
+def pointers(conn, settings) -> dict:
+    """Every table of the SQL catalog (TableName -> its metadata location), managed or not; a
+    table whose name icebarrier cannot spell (outside the names rule) is left out."""
+    from psycopg import sql
+
+    from icebarrier.control_plane.errors import IcebarrierError
+    from icebarrier.control_plane.model import TableName
+
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT table_namespace AS ns, table_name AS name, metadata_location FROM {}.iceberg_tables "
+            "WHERE catalog_name = %s AND metadata_location IS NOT NULL AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL)"
+        ).format(sql.Identifier(settings.catalog_schema)),
+        (settings.catalog,),
+    ).fetchall()
+    found = {}
+    for row in rows:
+        try:
+            name = TableName.parse(f"{settings.catalog}.{row['ns']}.{row['name']}")
+        except IcebarrierError:
+            continue
+        found[name] = row["metadata_location"]
     return found

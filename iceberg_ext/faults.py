@@ -34,11 +34,14 @@ def point(name: str) -> None:
 # A deliberate bug a process is started with, for the checker's mutation tests (a checker must
 # fail a run with it): ``ICEBARRIER_MUTATION=nonatomic-publish`` makes the catalog server publish
 # a job session's staged commits one transaction at a time, the completion last;
-# ``expire-protected`` makes expiry (the maintenance service's too) ignore the protected set.
+# ``expire-protected`` makes expiry (the maintenance service's too) ignore the protected set;
+# ``no-rebase`` makes the catalog server refuse a job's commit or publish that maintenance moved
+# the table under (as before the commit was replayed over it: maintenance won the race).
 MUTATION_ENV = "ICEBARRIER_MUTATION"
 NONATOMIC_PUBLISH = "nonatomic-publish"
 EXPIRE_PROTECTED = "expire-protected"
-MUTATIONS = (NONATOMIC_PUBLISH, EXPIRE_PROTECTED)
+NO_REBASE = "no-rebase"
+MUTATIONS = (NONATOMIC_PUBLISH, EXPIRE_PROTECTED, NO_REBASE)
 
 
 def mutated(name: str) -> bool:

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from icebarrier.control_plane import db, idempotency, job_sessions, leases, reads, revisions, snapshots, tables
+from icebarrier.control_plane.cuts import protected_set
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import Cut, Level, TableName, parse_tag_name
 from icebarrier.iceberg_ext import faults
@@ -103,10 +104,23 @@ def expire(
         started = time.perf_counter()
         tbl = load_table(catalog, table)
         candidates, retained, refs = plan_candidates(tbl, older_than_s=older_than_s, retain_last=retain_last)
-        claim = leases.claim_expiry(conn, table, candidates, retained=retained, tagged=refs, dry_run=dry_run)
+        if tables.is_managed(conn, table):
+            claim = leases.claim_expiry(conn, table, candidates, retained=retained, tagged=refs, dry_run=dry_run)
+            chosen, protected = claim.removable, {s: p.reasons for s, p in claim.protected.items()}
+        else:  # no leases, job progress or read window: the retention and the refs (tags, branches) keep
+            protected = protected_set(
+                current=tbl.metadata.current_snapshot_id,
+                leases=[],
+                job_progress=[],
+                read_window=[],
+                retained=retained,
+                tagged=refs,
+            )
+            chosen = tuple(c for c in candidates if c not in protected)
+            protected = {s: p.reasons for s, p in protected.items()}
         planning_s = time.perf_counter() - started
         deleted = 0
-        removable = list(claim.removable)
+        removable = list(chosen)
         if faults.mutated(faults.EXPIRE_PROTECTED):  # the checker's test of itself: a deliberate bug
             removable = [c for c in candidates if c not in retained]
         if removable and not dry_run:
@@ -115,8 +129,8 @@ def expire(
     return ExpiryReport(
         table=table,
         candidates=len(candidates),
-        expired=claim.removable,
-        protected={s: p.reasons for s, p in claim.protected.items()},
+        expired=chosen,
+        protected=protected,
         files_deleted=deleted,
         dry_run=dry_run,
         planning_s=planning_s,
@@ -323,29 +337,39 @@ def compact(
     """Rewrite small files (Spark ``rewrite_data_files``), or with ``manifests`` the manifests
     (``rewrite_manifests``). The new snapshot carries the barrier it compacted and
     ``icebarrier.operation=compaction`` and becomes S(T, B) for new readers; older snapshots
-    stay for lease-aware expiry.
+    stay for lease-aware expiry. A table no job writes is compacted the same, with no barrier.
+    A pipeline's commit that races it wins: its append makes Iceberg validate the rewrite again
+    on top (or fail it: the service gives way), and a job's staged or in-flight commit built on
+    the table before the rewrite is replayed over it (:mod:`icebarrier.iceberg_ext.rebase`).
 
     Raises :class:`CompactionDeferredError` while the table holds a commit its job has not
     completed, or a job session's staged commit (it would be rebased under the session)."""
     tbl = load_table(catalog, table)
     current = tbl.current_snapshot()
-    barrier = data_barrier(tbl, current) if current else None
-    if barrier is None:
-        raise IcebarrierError(f"table {table} has no barrier-tagged snapshot to compact; let its job commit first")
-    state = tables.states(conn, [table])[0]
-    if not state.has_completed(barrier):
-        raise CompactionDeferredError(
-            table,
-            f"table {table} holds a commit for barrier {barrier} that its job has not completed yet; "
-            f"compact after the job completes it",
-        )
-    if job_sessions.staging(conn, table).metadata_locations:
-        raise CompactionDeferredError(
-            table, f"table {table} has a job session's commit staged and not yet published; compact after it publishes"
-        )
+    managed = tables.is_managed(conn, table)
+    properties = {SUMMARY_OPERATION: OPERATION_COMPACTION, SUMMARY_JOB: MAINTENANCE_JOB}
+    barrier = None
+    if current is None:
+        return CompactionReport(table=table, barrier=None, snapshot_id=None, rewritten_files=0)
+    if managed:  # an unmanaged table has no barrier to keep
+        barrier = data_barrier(tbl, current)
+        if barrier is None:
+            raise IcebarrierError(f"table {table} has no barrier-tagged snapshot to compact; let its job commit first")
+        state = tables.states(conn, [table])[0]
+        if not state.has_completed(barrier):
+            raise CompactionDeferredError(
+                table,
+                f"table {table} holds a commit for barrier {barrier} that its job has not completed yet; "
+                f"compact after the job completes it",
+            )
+        if job_sessions.staging(conn, table).metadata_locations:
+            raise CompactionDeferredError(
+                table,
+                f"table {table} has a job session's commit staged and not yet published; compact after it publishes",
+            )
+        properties[SUMMARY_BARRIER] = str(barrier)
     from icebarrier.iceberg_ext import spark_io
 
-    properties = {SUMMARY_BARRIER: str(barrier), SUMMARY_OPERATION: OPERATION_COMPACTION, SUMMARY_JOB: MAINTENANCE_JOB}
     if manifests:
         spark_io.rewrite_manifests(spark, table, properties=properties)
     else:
@@ -361,10 +385,11 @@ def compact(
     if new is None:
         return CompactionReport(table=table, barrier=barrier, snapshot_id=None, rewritten_files=0)
     # If the job committed meanwhile, the compaction holds the newer content: record it there.
-    holds = data_barrier(tbl, new)
-    snapshots.record(
-        conn, table, barrier=holds, snapshot_id=new.snapshot_id, operation="compaction", job_name=MAINTENANCE_JOB
-    )
+    holds = data_barrier(tbl, new) if managed else None
+    if holds is not None:
+        snapshots.record(
+            conn, table, barrier=holds, snapshot_id=new.snapshot_id, operation="compaction", job_name=MAINTENANCE_JOB
+        )
     summary = summary_properties(new)
     rewritten = (
         int(summary.get("deleted-data-files", "0")) if not manifests else int(summary.get("manifests-replaced", "0"))

@@ -63,6 +63,9 @@ def rewrite_manifests(spark, table: TableName, *, properties: dict[str, str]) ->
 def _run_action(spark, table: TableName, action_name: str, options: Mapping[str, str], properties: dict[str, str]):
     jvm = spark.sparkContext._jvm
     jtable = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, str(table))
+    # Spark's catalog caches tables: one another process changed (an expiry through PyIceberg, a
+    # job's commit) would be planned as it was, and the rewrite refused for manifests it no longer has.
+    jtable.refresh()
     action = getattr(jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession), action_name)(jtable)
     for key, value in options.items():
         action = action.option(key, value)

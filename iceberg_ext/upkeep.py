@@ -102,3 +102,18 @@ def due(seen: Seen, policy: Policy, *, orphans_at: float, now: float) -> tuple[t
     parts.append(f"rewrite manifests past {policy.max_manifests} ({seen.manifests} now)")
     parts.append(f"remove orphans in {max(0.0, orphans_at - now):.0f}s")
     return tuple(actions), "; ".join(parts)
+
+
+def enroll(conn, settings, table) -> None:
+    """Make sure ``table`` is maintained: a managed table is; one of the catalog's tables no job
+    writes is enrolled (as the maintenance service would at its next pass). Raises
+    :class:`~icebarrier.control_plane.errors.TableNotFoundError` for a table that is neither."""
+    from icebarrier.control_plane import tables, upkeep
+    from icebarrier.control_plane.errors import TableNotFoundError
+    from icebarrier.iceberg_ext.catalog import pointers
+
+    if tables.is_managed(conn, table):
+        return
+    if table not in pointers(conn, settings):
+        raise TableNotFoundError(str(table))
+    upkeep.enroll(conn, table)

@@ -72,9 +72,17 @@ class Commits(Sessions):
             else:
                 raise NoSuchTableError(f"table {table} does not exist")
             try:
-                new = self.catalog._update_and_stage_table(
-                    current, table.identifier, tuple(change.requirements), tuple(change.updates)
-                )
+                try:
+                    new = self.catalog._update_and_stage_table(
+                        current, table.identifier, tuple(change.requirements), tuple(change.updates)
+                    )
+                except CommitFailedException:  # main moved: by maintenance alone, the commit is replayed on it
+                    if (replayed := self.replayed(current, change)) is None:
+                        raise
+                    change = replayed
+                    new = self.catalog._update_and_stage_table(
+                        current, table.identifier, tuple(change.requirements), tuple(change.updates)
+                    )
             except ValueError as exc:  # PyIceberg: an update that does not apply to the table as it is
                 raise CommitFailedException(
                     f"the changes to {table} do not apply to its current metadata ({' '.join(str(exc).split())}); "

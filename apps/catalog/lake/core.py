@@ -26,7 +26,7 @@ from icebarrier.control_plane import db
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.tokens import Principal
-from icebarrier.iceberg_ext import locations
+from icebarrier.iceberg_ext import locations, rebase
 from icebarrier.iceberg_ext.catalog import barrier_of, coalesced_after, is_compaction, load_catalog
 from icebarrier.iceberg_ext.config import Settings
 
@@ -392,32 +392,72 @@ class LakeCore:
             raise CommitFailedException(f"table {table} was changed by another commit; retry")
 
     def rebased(self, table: TableName, base: str, current: str, staged: str) -> str:
-        """A staged commit built on ``base``, rebased onto ``current`` where maintenance only
-        removed snapshots meanwhile (expiry: the same refs, no snapshot added): the staged
-        metadata without those snapshots, written next to it. Found by `icebarrier check`: an
-        expiry while a session ran made its publish fail for ever. Anything else moved the
-        table: refused (:class:`CommitFailedException`), the job computes the barrier again."""
+        """A staged commit built on ``base``, rebased onto ``current`` where maintenance alone moved
+        the table meanwhile: expiry (snapshots removed; found by `icebarrier check`: an expiry while
+        a session ran made its publish fail for ever) or compaction and manifest rewrites (the
+        job's snapshots replayed on top, :mod:`icebarrier.iceberg_ext.rebase`). Anything else moved
+        the table: refused (:class:`CommitFailedException`), the job computes the barrier again."""
         from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.table import Table
         from pyiceberg.table.update import RemoveSnapshotsUpdate
 
-        (was, _), (now, _), (mine, io) = self.metadata(base), self.metadata(current), self.metadata(staged)
+        (was, _), (now, now_io), (mine, io) = self.metadata(base), self.metadata(current), self.metadata(staged)
         before, after = {s.snapshot_id for s in was.snapshots}, {s.snapshot_id for s in now.snapshots}
-        if after - before or now.refs != was.refs or now.schemas != was.schemas or now.properties != was.properties:
-            raise CommitFailedException(
-                f"table {table} was changed outside the barrier staged for it (not by expiry alone); run the job again"
-            )
-        gone = sorted((before - after) & {s.snapshot_id for s in mine.snapshots})
-        if not gone:
+        if (
+            not after - before
+            and now.refs == was.refs
+            and now.schemas == was.schemas
+            and now.properties == was.properties
+        ):
+            gone = sorted((before - after) & {s.snapshot_id for s in mine.snapshots})
+            updates: tuple = (RemoveSnapshotsUpdate(snapshot_ids=gone),) if gone else ()
+            on, requirements = Table(table.identifier, mine, staged, io, self.catalog), ()
+        else:
+            try:
+                if (mine.schemas, mine.properties, mine.partition_specs, mine.sort_orders) != (
+                    was.schemas,
+                    was.properties,
+                    was.partition_specs,
+                    was.sort_orders,
+                ):
+                    raise rebase.NotRebasableError("the job changed the table's schema, spec or properties")
+                on = Table(table.identifier, now, current, now_io, self.catalog)
+                snapshots = rebase.job_snapshots(mine, was.current_snapshot_id)
+                requirements, updates = rebase.replay(on, was.current_snapshot_id, snapshots, io)
+            except rebase.NotRebasableError as exc:
+                raise CommitFailedException(
+                    f"table {table} was changed outside the barrier staged for it (not by maintenance alone: "
+                    f"{exc.why}); run the job again"
+                ) from None
+        if not updates:
             return staged
-        new = self.catalog._update_and_stage_table(
-            Table(table.identifier, mine, staged, io, self.catalog),
-            table.identifier,
-            (),
-            (RemoveSnapshotsUpdate(snapshot_ids=gone),),
-        )
+        new = self.catalog._update_and_stage_table(on, table.identifier, requirements, updates)
         self.write_metadata(new)
         return new.metadata_location
+
+    def replayed(self, current, change):
+        """``change`` (a commit's requirements and updates, refused by ``current`` because ``main``
+        moved) with its snapshots replayed on ``current``, where maintenance alone moved ``main``
+        since the snapshot the change asserts; None where that is not so (the refusal stands)."""
+        from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
+
+        asserted = [r for r in change.requirements if isinstance(r, AssertRefSnapshotId) and r.ref == "main"]
+        added = [u.snapshot for u in change.updates if isinstance(u, AddSnapshotUpdate)]
+        moves = [u for u in change.updates if isinstance(u, SetSnapshotRefUpdate)]
+        if (
+            current is None
+            or len(asserted) != 1
+            or not added
+            or len(moves) + len(added) != len(change.updates)
+            or any(u.ref_name != "main" or u.snapshot_id != added[-1].snapshot_id for u in moves)
+        ):
+            return None
+        try:
+            requirements, updates = rebase.replay(current, asserted[0].snapshot_id, added, current.io)
+        except rebase.NotRebasableError:
+            return None
+        rest = tuple(r for r in change.requirements if r is not asserted[0])
+        return change.model_copy(update={"requirements": (*rest, *requirements), "updates": updates})
 
     def swap_staged(self, conn, job: str, barrier: int | None = None) -> tuple[int, dict[TableName, int], bool]:
         """Swap every pointer the job staged to its staged commit (inside the caller's
@@ -440,14 +480,16 @@ class LakeCore:
             table = TableName.parse(r["table_name"])
             location, base = r["metadata_location"], r["base_location"]
             if base is not None:
-                now = conn.execute(self._pointer_sql, (table.catalog, ".".join(table.namespace), table.name)).fetchone()
+                now = conn.execute(  # locked: a maintenance commit waits for this publish, then loses its swap
+                    self._pointer_sql + " FOR UPDATE", (table.catalog, ".".join(table.namespace), table.name)
+                ).fetchone()
                 if now is not None and now["metadata_location"] != base:
                     location, base = (
                         self.rebased(table, base, now["metadata_location"], location),
                         now["metadata_location"],
                     )
             self.point(conn, table, location, base, lost=f"was changed outside job {job}'s barrier; run the job again")
-            main = self.metadata(r["metadata_location"])[0].current_snapshot()
+            main = self.metadata(location)[0].current_snapshot()
             if main is not None and barrier_of(main) == barrier and not is_compaction(main):
                 commits[table] = main.snapshot_id
                 coalesced = coalesced or coalesced_after(main) is not None

@@ -1,0 +1,193 @@
+"""A pipeline's commit wins a race with maintenance, and every table of the catalog is maintained
+(real `icebarrier serve`, PyIceberg clients through it, Spark's compaction, Postgres).
+
+A job session loads its sink, maintenance compacts it, the job appends and publishes: the job's
+snapshots are replayed over the compaction (the same data files, its barrier kept), at staging
+and at publish. The server started with the ``no-rebase`` mutation refuses, as before: the tests
+fail on it."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+from icebarrier.apps.job_exec import CatalogRequestError, SessionClient
+from icebarrier.apps.maintain import Maintainer
+from icebarrier.cli.main import cli as command
+from icebarrier.control_plane import barriers, jobs, reads, tokens, upkeep
+from icebarrier.control_plane.model import JobDefinition
+from icebarrier.iceberg_ext import faults, maintenance, spark_io
+from icebarrier.iceberg_ext.catalog import (
+    SUMMARY_BARRIER,
+    SUMMARY_JOB,
+    barrier_of,
+    is_compaction,
+    load_table,
+    summary_properties,
+)
+from tests.helpers import WEEK_S
+from tests.iceberg_ext.catalog_server import rest, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("barrier", pa.int64(), nullable=False)])
+
+
+def _job(lake) -> str:
+    """Job ``w`` writes ``t`` (a root); its token (CLIENT_ID:SECRET)."""
+    barriers.set_interval_s(lake.conn, WEEK_S)
+    lake.catalog.create_table(f"{lake.namespace}.t", schema=SCHEMA)
+    jobs.register(lake.conn, JobDefinition(name="w", sinks=frozenset([lake.T("t")]), external_inputs=frozenset(["x"])))
+    return ":".join(tokens.create(lake.conn, job="w"))
+
+
+def _barrier(lake, uri: str, credential: str, *, loaded=None, staged=None) -> dict:
+    """One barrier of ``w`` through a job session: load ``t``, ``loaded()``, append a row, ``staged()``,
+    publish. Returns the completion."""
+    barriers.issue(lake.conn)
+    client = SessionClient(uri, credential)
+    session = client.open("w", skip=False, coalesce=False, hold_s=60)["session"]
+    b = session["barrier"]
+    try:
+        table = rest(uri, f"job:w@{session['run_id']}", credential).load_table(f"{lake.namespace}.t")
+        if loaded:
+            loaded()
+        tx = table.transaction()  # committed once: PyIceberg's own retry would rebase it at the client
+        tx.append(pa.table({"id": [b % 1000], "barrier": [b]}, schema=SCHEMA))
+        table._do_commit(updates=tx._updates, requirements=tx._requirements)
+        if staged:
+            staged()
+        return client.publish("w", session["run_id"])
+    except Exception:
+        client.release("w", session["run_id"])  # what job exec does when its command fails
+        raise
+
+
+def _compact(lake, spark) -> None:
+    """The maintenance service's compaction of ``t``, checks and all."""
+    report = maintenance.compact(spark, lake.conn, lake.catalog, lake.T("t"), min_input_files=2)
+    assert report.snapshot_id is not None, report
+
+
+def _rewrite(spark, lake) -> None:
+    """What :func:`maintenance.compact` does once its checks passed (its Spark run is long: a job
+    may stage meanwhile)."""
+    spark_io.rewrite_data_files(
+        spark,
+        lake.T("t"),
+        options={"min-input-files": "2"},
+        properties={"icebarrier.operation": "compaction", SUMMARY_JOB: maintenance.MAINTENANCE_JOB},
+    )
+
+
+def _rows(lake) -> list[int]:
+    return sorted(load_table(lake.catalog, lake.T("t")).scan().to_arrow()["barrier"].to_pylist())
+
+
+def _replayed_over_compaction(lake, marks: list[int]) -> None:
+    """The table holds each barrier's row once; its current snapshot is the job's, for the last
+    barrier, on top of a compaction; cuts at the last barrier read it."""
+    assert _rows(lake) == sorted(marks)
+    tbl = load_table(lake.catalog, lake.T("t"))
+    current = tbl.current_snapshot()
+    assert barrier_of(current) == marks[-1] and summary_properties(current)[SUMMARY_JOB] == "w"
+    assert is_compaction(tbl.snapshot_by_id(current.parent_snapshot_id))
+    cut = reads.resolve(lake.conn, [lake.T("t")])
+    assert cut.barrier == marks[-1] and cut.snapshots[lake.T("t")] == current.snapshot_id
+
+
+def test_a_commit_built_before_a_compaction_is_replayed_over_it(lake, spark, server):
+    """The job loads its sink, maintenance compacts it, the job appends: the append is replayed over
+    the compaction (no 409), published for its barrier."""
+    credential = _job(lake)
+    marks = [_barrier(lake, server, credential)["barrier"] for _ in range(3)]
+    completion = _barrier(lake, server, credential, loaded=lambda: _compact(lake, spark))
+    marks.append(completion["barrier"])
+    _replayed_over_compaction(lake, marks)
+
+
+def test_a_staged_commit_is_replayed_over_a_compaction_that_landed_before_the_publish(lake, spark, server):
+    """A compaction that checked before the job staged and committed after it (its Spark run is
+    long) moves the pointer under the staged commit: the publish replays it."""
+    credential = _job(lake)
+    marks = [_barrier(lake, server, credential)["barrier"] for _ in range(3)]
+
+    marks.append(_barrier(lake, server, credential, staged=lambda: _rewrite(spark, lake))["barrier"])
+    _replayed_over_compaction(lake, marks)
+
+
+def test_the_no_rebase_mutation_loses_the_race(lake, spark):
+    """The server started with the no-rebase mutation refuses the commit maintenance moved the table
+    under (what the job saw before this release): the tests above fail on it."""
+    proc, uri = start_server(lake, "--session-quiet", "1s", env_extra={faults.MUTATION_ENV: faults.NO_REBASE})
+    try:
+        credential = _job(lake)
+        for _ in range(3):
+            _barrier(lake, uri, credential)
+        with pytest.raises(Exception, match="CommitFailed|changed"):
+            _barrier(lake, uri, credential, loaded=lambda: _compact(lake, spark))
+        b = _barrier(lake, uri, credential)["barrier"]  # PyIceberg's retry loads again: staged, then
+        with pytest.raises(CatalogRequestError, match="not by maintenance alone"):  # compacted under
+            _barrier(lake, uri, credential, staged=lambda: _rewrite(spark, lake))
+        assert _rows(lake)[-1] == b
+    finally:
+        stop_server(proc)
+
+
+def test_a_real_conflict_is_still_refused(lake, spark, server):
+    """A job that overwrites the files maintenance rewrote is not replayed (its rows would be wrong):
+    its publish is refused, naming why, and nothing of it is visible."""
+    credential = _job(lake)
+    marks = [_barrier(lake, server, credential)["barrier"] for _ in range(3)]
+    b = barriers.issue(lake.conn).barrier
+    client = SessionClient(server, credential)
+    session = client.open("w", skip=False, coalesce=False, hold_s=60)["session"]
+    table = rest(server, f"job:w@{session['run_id']}", credential).load_table(f"{lake.namespace}.t")
+    table.overwrite(pa.table({"id": [1], "barrier": [b]}, schema=SCHEMA))  # staged: deletes every file
+    _rewrite(spark, lake)
+    with pytest.raises(CatalogRequestError, match="not by maintenance alone.*rewrote"):
+        client.publish("w", session["run_id"])
+    assert _rows(lake) == sorted(marks)
+
+
+def test_an_unmanaged_table_is_maintained_and_its_writers_win(lake, spark, server, tmp_path):
+    """A table created through `serve` that no job writes: `table maintenance` sets its policy, the
+    service expires and compacts it, and a PyIceberg client that loaded it before the compaction
+    appends through `latest` all the same."""
+    catalog = rest(server, "latest", _job(lake))  # any engine with a job's token: `free` is no job's sink
+    free = catalog.create_table(f"{lake.namespace}.free", schema=SCHEMA)
+    for i in range(6):
+        free.append(pa.table({"id": [i], "barrier": [0]}, schema=SCHEMA))
+    name = f"lake.{lake.namespace}.free"
+    result = CliRunner().invoke(
+        command,
+        [
+            "--dsn",
+            lake.settings.dsn,
+            "--output",
+            "json",
+            "table",
+            "maintenance",
+            name,
+            "--retain",
+            "0s",
+            "--retain-last",
+            "1",
+            "--compact-min-files",
+            "2",
+        ],
+        env={"ICEBARRIER_SCHEMA": lake.settings.schema, "ICEBARRIER_WAREHOUSE": lake.settings.warehouse},
+    )
+    assert result.exit_code == 0, result.output
+    stale = catalog.load_table(f"{lake.namespace}.free")  # loaded before the service compacts it
+    service = Maintainer(settings=lake.settings, spark_factory=lambda: spark, log=lambda line: None)
+    ran = {(a.action, a.result) for a in service.maintain(lake.conn, lake.catalog)}
+    assert {("expire", "done"), ("compact", "done")} <= ran, ran
+    stale.append(pa.table({"id": [99], "barrier": [0]}, schema=SCHEMA))
+    tbl = catalog.load_table(f"{lake.namespace}.free")
+    assert sorted(tbl.scan().to_arrow()["id"].to_pylist()) == [0, 1, 2, 3, 4, 5, 99]
+    assert is_compaction(tbl.snapshot_by_id(tbl.current_snapshot().parent_snapshot_id))
+    assert SUMMARY_BARRIER not in summary_properties(tbl.current_snapshot())
+    status = next(s for s in upkeep.statuses(lake.conn) if str(s.policy.table) == name)
+    assert not status.managed and status.actions["compact"]["done"] == 1
