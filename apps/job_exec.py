@@ -64,6 +64,7 @@ REQUEST_TIMEOUT_S = 75.0
 MAX_WAIT_S = 60.0  # one long poll's wait at the server (< REQUEST_TIMEOUT_S)
 RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # --follow: back-off while no catalog answers
 RETRY_S = (0.1, 0.3, 1.0, 2.0, 4.0)  # one request whose answer was lost: sent again (same key) after these
+REFUSED_S = (0.0, 1.0, 2.0, 5.0, 10.0)  # --follow: a barrier refused at publish (409) runs again after these
 
 
 class CatalogRequestError(IcebarrierError):
@@ -77,6 +78,12 @@ class CatalogRequestError(IcebarrierError):
     def transient(self) -> bool:
         """No answer, or one a restarting server gives: asking again may succeed."""
         return self.status is None or self.status in (502, 503, 504)
+
+    @property
+    def retriable(self) -> bool:
+        """A conflict (409: a sink moved under the run, the session taken over): the server
+        planned the barrier again, and running it again may succeed."""
+        return self.status == 409
 
 
 class SessionClient:
@@ -345,6 +352,7 @@ class JobExec:
         summary = ExecSummary(job=self.job)
         restore = self._install_signal_handlers()
         newest = None  # --once stops at the newest barrier issued when it started
+        refused = 0  # --follow: publishes of one barrier refused in a row, each run again
         try:
             while not self.stop.is_set():
                 try:
@@ -369,7 +377,21 @@ class JobExec:
                     if not follow:
                         break
                     continue  # the server waited for it (wait_s) already
-                step = self._step(opened["opened"], session)
+                try:
+                    step = self._step(opened["opened"], session)
+                except CatalogRequestError as exc:
+                    if not follow or not exc.retriable or refused >= len(REFUSED_S):
+                        raise
+                    self.log(
+                        f"job {self.job}: barrier {barrier_label(session['barrier'])} was refused at publish "
+                        f"({exc}); running it again in {REFUSED_S[refused]:g}s ({refused + 1} of {len(REFUSED_S)})"
+                    )
+                    self.client.release(self.job, session["run_id"])  # what it staged goes; the plan stays
+                    if self.stop.wait(REFUSED_S[refused]):
+                        break
+                    refused += 1
+                    continue
+                refused = 0
                 summary.steps.append(step)
                 summary.waiting = None
                 if step.outcome == "failed":

@@ -178,6 +178,7 @@ class _Run(Reading, Audits):
         self.numbered = 0  # barriers written to barriers_file
         self.credentials: dict[str, str] = {}
         self.exec_errors: dict[str, str] = {}
+        self.outages: list[tuple[float, str, str | None]] = []  # (excused until, what, for which job)
         self.moved: dict[str, tuple[int | None, float]] = {}  # job -> (progress, when it last moved)
         self.rng = random.Random(env.seed)
         self.catalog = load_catalog(env.settings)
@@ -279,8 +280,20 @@ class _Run(Reading, Audits):
             try:
                 os.kill(pid, 9)
                 self.report.faults[f"{job}@script killed"] += 1
+                self.outage("its script killed", 0.0, job=job)
             except ProcessLookupError:
                 pass
+
+    def outage(self, what: str, down_s: float, *, job: str | None = None) -> None:
+        """An injected fault that may make a job exec job exit (``job``: that one only, else any)
+        until ``down_s`` plus :data:`EXIT_EXCUSED_S` from now."""
+        now = time.monotonic()
+        self.outages.append((now + down_s + EXIT_EXCUSED_S, what, job))
+
+    def cause_of_exit(self, job: str) -> str | None:
+        """The injected fault a job exec job's exit now comes from (None: none; a violation)."""
+        now = time.monotonic()
+        return next((what for until, what, only in reversed(self.outages) if now <= until and only in (None, job)), None)
 
     def reap(self, final: int | None) -> None:
         """Restart job processes that ended before their work was done."""
@@ -289,12 +302,19 @@ class _Run(Reading, Audits):
             if code is None:
                 continue
             if job in self.exec_jobs:
-                if code not in (0, -9):  # the script killed (137), the catalog unreachable too long (1)
-                    self.report.faults[f"{job}@job exec exit {code}"] += 1
+                if code not in (0, -9):  # -9: the schedule killed job exec itself
                     with open(Path(self.env.reports) / f"{job}.log") as log:
                         log.seek(proc.log_offset)
                         lines = log.read().strip().splitlines()
                     self.exec_errors[job] = next((ln for ln in reversed(lines) if ln.startswith("error")), "")
+                    cause = self.cause_of_exit(job)
+                    if cause is not None:  # the script killed (137), the catalog unreachable too long (1)
+                        self.report.faults[f"{job}@job exec exit {code} ({cause})"] += 1
+                    else:  # restarted all the same, as a supervisor would; the run fails
+                        self.report.violations.append(
+                            f"job exec {job} exited {code} with no injected fault to cause it: "
+                            f"{self.exec_errors[job] or 'no error line'}"
+                        )
             elif code == faults.CRASH_EXIT_CODE:
                 self.report.faults[f"{job}@{proc.fault}"] += 1
             elif code not in (0, -9):
@@ -339,6 +359,10 @@ class _Run(Reading, Audits):
 
 
 STALL_S = 180.0  # after the run, a job whose progress does not move for this long fails it (slow is fine)
+# A job exec job's exit is an injected fault's for this long after the fault ends (the server or
+# Postgres back: job exec's bounded retries of one request take up to ~8 s, a script's own longer).
+EXIT_EXCUSED_S = 30.0
+DRAIN_S = 30.0  # a catalog server stopped with SIGTERM drains for up to this long first
 
 
 def run_check(
@@ -405,9 +429,11 @@ def run_check(
                 elif fault.kind == "server":
                     run.catalog_server.kill(fault.down_s)
                     report.faults["catalog server@killed"] += 1
+                    run.outage("the catalog server killed", fault.down_s)
                 elif fault.kind == "server-term":
                     if run.catalog_server.terminate(fault.down_s):  # else it was down already
                         report.faults["catalog server@SIGTERM"] += 1
+                        run.outage("the catalog server stopped", fault.down_s + DRAIN_S)
                 elif fault.kind == "maintain":
                     run.maintenance.kill(fault.down_s)
                     report.faults["maintain@killed"] += 1
@@ -415,6 +441,7 @@ def run_check(
                     progress(f"check: restarting the control-plane Postgres ({fault.down_s}s down)")
                     server.restart(down_s=fault.down_s)
                     report.restarts += 1
+                    run.outage("Postgres restarted", fault.down_s)
             for service in (run.catalog_server, run.maintenance):
                 if service is not None:
                     service.tend()

@@ -82,7 +82,11 @@ def _rewrite(spark, lake) -> None:
 
 
 def _rows(lake) -> list[int]:
-    return sorted(load_table(lake.catalog, lake.T("t")).scan().to_arrow()["barrier"].to_pylist())
+    return _rows_of(lake, "t")
+
+
+def _rows_of(lake, table: str) -> list[int]:
+    return sorted(load_table(lake.catalog, lake.T(table)).scan().to_arrow()["barrier"].to_pylist())
 
 
 def _replayed_over_compaction(lake, marks: list[int]) -> None:
@@ -191,3 +195,48 @@ def test_an_unmanaged_table_is_maintained_and_its_writers_win(lake, spark, serve
     assert SUMMARY_BARRIER not in summary_properties(tbl.current_snapshot())
     status = next(s for s in upkeep.statuses(lake.conn) if str(s.policy.table) == name)
     assert not status.managed and status.actions["compact"]["done"] == 1
+
+
+def test_a_follow_job_runs_a_refused_barrier_again(lake, server, tmp_path):
+    """`job exec --follow` whose publish is refused because its sink moved under the run (a commit
+    from outside, not maintenance) runs the barrier again, says so, and goes on: the barrier is
+    published once, by the second run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.iceberg_ext.test_job_exec import ENGINES, exec_args, wait_pause
+
+    barriers.set_interval_s(lake.conn, WEEK_S)
+    orders = lake.T("orders")
+    jobs.register(lake.conn, JobDefinition(name="ingest", sinks=frozenset([orders]), external_inputs=frozenset(["x"])))
+    credential = ":".join(tokens.create(lake.conn, job="ingest"))
+    lake.catalog.create_table(f"{lake.namespace}.orders", schema=SCHEMA)
+    pause, log = tmp_path / "pause", tmp_path / "exec.log"
+    first = barriers.issue(lake.conn).barrier
+    script = [sys.executable, str(ENGINES / "pyiceberg_root.py"), lake.namespace, "1"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            exec_args(server, credential, "ingest", script, "--follow", "--poll", "1s", "--no-skip"),
+            env={**os.environ, "ENGINE_PAUSE": "after", "ENGINE_PAUSE_FILE": str(pause)},
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        wait_pause(proc, pause)  # the run's commit is staged: a commit from outside moves the table
+        lake.catalog.load_table(f"{lake.namespace}.orders").append(pa.table({"id": [-1], "barrier": [0]}, schema=SCHEMA))
+        pause.unlink()
+        wait_pause(proc, pause)  # the barrier runs again
+        assert "was refused at publish" in log.read_text() and "running it again" in log.read_text()
+        pause.unlink()
+        deadline = time.monotonic() + 60
+        while jobs.show(lake.conn, "ingest").progress != first:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0, log.read_text()[-3000:]
+    assert _rows_of(lake, "orders") == [0, first]  # the foreign row, and the barrier's once
