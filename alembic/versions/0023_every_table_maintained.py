@@ -8,6 +8,10 @@
   keys to ``managed_table`` become triggers that delete a table's rows with it.
 - ``maintained_table_id(name)``: the id of a managed or enrolled table (NULL: neither).
 - The views ``maintenance_policies`` and ``table_maintenance`` list both kinds, with ``managed``.
+- ``protection()``'s read window keeps every commit recorded at the barrier of S(T, floor), not
+  only the newest: a second compaction recorded at the barrier of the first (a manifest rewrite
+  after a file rewrite) made the first unprotected while a job that had resolved it read it
+  (found by `icebarrier check --maintain` once manifest rewrites stopped giving way).
 
 Revision ID: 0023
 Revises: 0022
@@ -190,7 +194,32 @@ def _grant_views(roles: list[str]) -> None:
         op.execute(f"GRANT SELECT ON maintenance_policies, table_maintenance TO {sql.Identifier(role).as_string(None)}")
 
 
+# protection()'s read window: commits above the floor barrier, then S(T, floor) alone
+_WINDOW = "AND c.barrier > (SELECT b FROM lo) AND c.barrier <= t.watermark"
+_WINDOW_WHOLE_FLOOR = (
+    "AND c.barrier >= coalesce((SELECT max(f.barrier) FROM table_commit f WHERE f.table_id = t.table_id\n"
+    "                                             AND f.revoked_by IS NULL AND f.barrier <= (SELECT b FROM lo)),\n"
+    "                                            (SELECT b FROM lo) + 1)\n"
+    "                  AND c.barrier <= t.watermark"
+)
+
+
+def _protection(*, whole_floor: bool) -> str:
+    """0017's ``protection``; with ``whole_floor``, every commit at the floor's barrier kept."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).with_name("0017_read_committed_per_client.py")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    earlier = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(earlier)
+    text = earlier._protection(moments=True)
+    assert text.count(_WINDOW) == 1
+    return text.replace(_WINDOW, _WINDOW_WHOLE_FLOOR) if whole_floor else text
+
+
 def upgrade() -> None:
+    op.execute(_protection(whole_floor=True))
     bind = op.get_bind()
     roles = [r[0] for r in bind.exec_driver_sql(_VIEW_ROLES).fetchall()]
     sequence = bind.exec_driver_sql("SELECT pg_get_serial_sequence('managed_table', 'table_id')").scalar()
@@ -201,6 +230,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     from pathlib import Path
 
+    op.execute(_protection(whole_floor=False))
     bind = op.get_bind()
     roles = [r[0] for r in bind.exec_driver_sql(_VIEW_ROLES).fetchall()]
     op.execute(DOWNGRADE)
