@@ -162,6 +162,19 @@ def _staged_files(tbl, staged: tuple[str, ...], cache: dict[str, set[str]]) -> s
     return files
 
 
+def same_file(path: str) -> tuple[str, str, str]:
+    """What names one file whatever the writer's spelling: Spark writes ``file:/tmp/t/…`` where
+    PyIceberg writes ``file:///tmp/t/…`` (and a bare path is a local file). Compared as strings,
+    a file Spark wrote for a table PyIceberg created looked unreferenced, and orphan removal
+    deleted live compactions' files (found by `icebarrier check --maintain`)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(path)
+    if not parts.scheme or len(parts.scheme) == 1:  # a bare path (a Windows drive letter too)
+        return ("file", "", path)
+    return (parts.scheme, parts.netloc, parts.path)
+
+
 def _expire_and_delete(tbl, snapshot_ids: list[int], staged: tuple[str, ...] = ()) -> int:
     present = {s.snapshot_id for s in tbl.metadata.snapshots}
     ids = [s for s in snapshot_ids if s in present]
@@ -172,8 +185,8 @@ def _expire_and_delete(tbl, snapshot_ids: list[int], staged: tuple[str, ...] = (
     before = _reachable(tbl, removed, cache)
     tbl.maintenance.expire_snapshots().by_ids(ids).commit()
     tbl.refresh()
-    after = _reachable(tbl, tbl.metadata.snapshots, cache) | _staged_files(tbl, staged, cache)
-    doomed = before - after
+    after = {same_file(p) for p in _reachable(tbl, tbl.metadata.snapshots, cache) | _staged_files(tbl, staged, cache)}
+    doomed = {p for p in before if same_file(p) not in after}
     for path in doomed:
         tbl.io.delete(path)
     return len(doomed)
@@ -231,7 +244,7 @@ def _listing(tbl, nested: list[str]):
     prefix = location[: len(location) - len(path)] if location.endswith(path) else f"{scheme}://"
     for info in fs.get_file_info(FileSelector(path, recursive=True, allow_not_found=True)):
         name = f"{prefix}{info.path}"
-        if info.type == FileType.File and not any(name.startswith(f"{n}/") for n in nested):
+        if info.type == FileType.File and not any(same_file(name)[2].startswith(f"{same_file(n)[2]}/") for n in nested):
             yield name, info.mtime
 
 
@@ -257,22 +270,25 @@ def remove_orphans(
     with leases.expiry_lock(conn, table):
         staging = job_sessions.staging(conn, table)
         tbl = load_table(catalog, table)
-        referenced = _referenced(tbl, staging.metadata_locations) | idempotency.referenced(conn, tbl.metadata.location)
+        referenced = {
+            same_file(p)
+            for p in _referenced(tbl, staging.metadata_locations) | idempotency.referenced(conn, tbl.metadata.location)
+        }
         now = dt.datetime.now(dt.UTC)
         cutoff = now - dt.timedelta(seconds=older_than_s)
         metadata_cutoff = now - dt.timedelta(seconds=metadata_older_than_s or older_than_s)
         if staging.open_since is not None:
             cutoff, metadata_cutoff = min(cutoff, staging.open_since), min(metadata_cutoff, staging.open_since)
-        location = tbl.metadata.location.rstrip("/")
+        scheme, netloc, location = same_file(tbl.metadata.location.rstrip("/"))
         nested = [
             t
             for t in (locations if locations is not None else table_locations(catalog))
-            if t.startswith(f"{location}/")
+            if same_file(t)[:2] == (scheme, netloc) and same_file(t)[2].startswith(f"{location}/")
         ]
         listed, orphans, recent = 0, [], 0
         for path, modified in _listing(tbl, nested):
             listed += 1
-            if path in referenced:
+            if same_file(path) in referenced:
                 continue
             limit = metadata_cutoff if path.endswith(".metadata.json") else cutoff
             if modified is not None and modified.astimezone(dt.UTC) >= limit:

@@ -240,3 +240,25 @@ def test_a_follow_job_runs_a_refused_barrier_again(lake, server, tmp_path):
         code = proc.wait(60)
     assert code == 0, log.read_text()[-3000:]
     assert _rows_of(lake, "orders") == [0, first]  # the foreign row, and the barrier's once
+
+
+def test_orphan_removal_keeps_the_files_spark_wrote_for_a_pyiceberg_table(lake, spark):
+    """Spark spells a local file ``file:/…`` where PyIceberg spells it ``file:///…``: a compaction's
+    files (written by Spark) of a table PyIceberg created are referenced all the same, and orphan
+    removal with no grace at all deletes only what nothing references."""
+    from icebarrier.iceberg_ext.maintenance import remove_orphans
+
+    table = lake.catalog.create_table(f"{lake.namespace}.t", schema=SCHEMA)
+    for i in range(3):
+        table.append(pa.table({"id": [i], "barrier": [i]}, schema=SCHEMA))
+    upkeep.enroll(lake.conn, lake.T("t"))
+    _compact(lake, spark)
+    tbl = load_table(lake.catalog, lake.T("t"))
+    assert tbl.current_snapshot().manifest_list.startswith("file:/") and tbl.metadata.location.startswith("file:///")
+    stray = f"{tbl.metadata.location}/data/stray.parquet".removeprefix("file://")
+    with open(stray, "wb") as f:
+        f.write(b"nothing references me")
+    report = remove_orphans(lake.conn, lake.catalog, lake.T("t"), older_than_s=0, metadata_older_than_s=0)
+    data = [o.rsplit("/", 1)[1] for o in report.orphans if "/data/" in o and not o.endswith(".crc")]
+    assert data == ["stray.parquet"]  # (Hadoop's .crc files beside Spark's are referenced by nothing)
+    assert _rows(lake) == [0, 1, 2]  # every file of the current snapshot is there
