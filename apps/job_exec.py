@@ -430,10 +430,12 @@ class JobExec:
                     on_line=on_line,
                 )
             except CatalogRequestError as exc:
-                if not follow or not exc.transient:
+                # 409: another run holds the job's session (one killed a moment ago holds it until
+                # its hold lapses, or one still running): --follow waits for it, as a standby would
+                if not follow or not (exc.transient or exc.retriable):
                     raise
                 if attempt == 0:
-                    self.log(f"job {self.job}: {exc}; asking again until it answers")
+                    self.log(f"job {self.job}: {exc}; asking again until it {'ends' if exc.retriable else 'answers'}")
                 if self.stop.wait(RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)]):
                     return None
                 attempt += 1

@@ -416,6 +416,42 @@ def test_a_dead_run_is_fenced_out_and_its_session_taken_over(lake, server, tmp_p
     assert lake.conn.execute("SELECT count(*) AS n FROM catalog_pending").fetchone()["n"] == 0
 
 
+def test_a_follow_run_started_while_a_dead_one_holds_the_session_waits_for_it(lake, server, tmp_path):
+    """A supervisor restarting `job exec --follow` at once after it was killed meets the dead run's
+    hold: the new run says so, waits for the hold to lapse, takes the session over and publishes
+    (it does not exit)."""
+    creds = setup_pipeline(lake)
+    b = barriers.issue(lake.conn).barrier
+    pause = tmp_path / "pause"
+    with open(tmp_path / "first.err", "w") as err:
+        first = subprocess.Popen(
+            exec_args(server, creds["ingest"], "ingest", command(lake, "ingest", rows=7), "--hold", "4s"),
+            env={**os.environ, "ENGINE_PAUSE": "before", "ENGINE_PAUSE_FILE": str(pause)},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    orphan = wait_pause(first, pause)
+    first.kill()
+    first.wait()
+    os.kill(orphan, signal.SIGKILL)
+    log = tmp_path / "second.log"
+    with open(log, "w") as out:
+        second = subprocess.Popen(
+            exec_args(server, creds["ingest"], "ingest", command(lake, "ingest", rows=3), "--follow", "--poll", "1s"),
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while jobs.show(lake.conn, "ingest").progress != b:
+            assert second.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(60) == 0, log.read_text()[-3000:]
+    assert "asking again until it ends" in log.read_text()
+
+
 def test_a_publish_cut_short_is_adopted_without_running_the_command_again(lake, server):
     """A run whose command succeeded but whose publish never happened (the session marked
     succeeded, the barrier not published): the next run publishes what it staged, without
