@@ -378,7 +378,7 @@ def compact(
                 f"table {table} holds a commit for barrier {barrier} that its job has not completed yet; "
                 f"compact after the job completes it",
             )
-        if job_sessions.staging(conn, table).metadata_locations:
+        if job_sessions.staging(conn, table).metadata_locations and not faults.mutated(faults.NO_REBASE):
             raise CompactionDeferredError(
                 table,
                 f"table {table} has a job session's commit staged and not yet published; compact after it publishes",

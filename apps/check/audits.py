@@ -5,6 +5,7 @@ job inputs and publishes (a part of the run, :class:`~.driver._Run`)."""
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 from icebarrier.apps.check.model import DERIVED, ROOTS, events
 from icebarrier.control_plane import delays, leases
@@ -173,6 +174,18 @@ class Audits:
                     f"{row['name']} shows barrier {shown} while its job has completed only "
                     f"{row['watermark']}: a session's commits were visible before its barrier completed"
                 )
+
+    def audit_refusals(self) -> None:
+        """No job exec job's publish was refused because its sink moved under the run: nothing but
+        maintenance writes a job's sink, and a pipeline's commit wins a race with maintenance
+        (`job exec --follow` survives such a refusal by running the barrier again, so its exits
+        alone would not show it)."""
+        for job in sorted(self.exec_jobs):
+            log = Path(self.env.reports) / f"{job}.log"
+            lines = log.read_text().splitlines() if log.exists() else []
+            lost = [ln for ln in lines if "was refused at publish" in ln and "was changed outside" in ln]
+            if lost:
+                self._violation(f"job exec {job}: {len(lost)} publish(es) refused, its sink moved under it: {lost[0]}")
 
     def count_completions(self) -> None:
         """How the jobs completed barriers: one exact barrier, a skipped run, a coalesced range."""

@@ -293,7 +293,9 @@ class _Run(Reading, Audits):
     def cause_of_exit(self, job: str) -> str | None:
         """The injected fault a job exec job's exit now comes from (None: none; a violation)."""
         now = time.monotonic()
-        return next((what for until, what, only in reversed(self.outages) if now <= until and only in (None, job)), None)
+        return next(
+            (what for until, what, only in reversed(self.outages) if now <= until and only in (None, job)), None
+        )
 
     def reap(self, final: int | None) -> None:
         """Restart job processes that ended before their work was done."""
@@ -503,6 +505,7 @@ def run_check(
         run.audit_pins()
         run.audit_commits(final=True)
         run.audit_inputs()
+        run.audit_refusals()
         run.count_completions()
         if report.anchors_validated == 0:
             report.violations.append("no anchor was validated: the run proves nothing about anchors")

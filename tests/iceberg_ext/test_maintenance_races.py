@@ -226,7 +226,9 @@ def test_a_follow_job_runs_a_refused_barrier_again(lake, server, tmp_path):
         )
     try:
         wait_pause(proc, pause)  # the run's commit is staged: a commit from outside moves the table
-        lake.catalog.load_table(f"{lake.namespace}.orders").append(pa.table({"id": [-1], "barrier": [0]}, schema=SCHEMA))
+        lake.catalog.load_table(f"{lake.namespace}.orders").append(
+            pa.table({"id": [-1], "barrier": [0]}, schema=SCHEMA)
+        )
         pause.unlink()
         wait_pause(proc, pause)  # the barrier runs again
         assert "was refused at publish" in log.read_text() and "running it again" in log.read_text()
