@@ -106,18 +106,11 @@ def expire(
         candidates, retained, refs = plan_candidates(tbl, older_than_s=older_than_s, retain_last=retain_last)
         if tables.is_managed(conn, table):
             claim = leases.claim_expiry(conn, table, candidates, retained=retained, tagged=refs, dry_run=dry_run)
-            chosen, protected = claim.removable, {s: p.reasons for s, p in claim.protected.items()}
-        else:  # no leases, job progress or read window: the retention and the refs (tags, branches) keep
-            protected = protected_set(
-                current=tbl.metadata.current_snapshot_id,
-                leases=[],
-                job_progress=[],
-                read_window=[],
-                retained=retained,
-                tagged=refs,
-            )
-            chosen = tuple(c for c in candidates if c not in protected)
-            protected = {s: p.reasons for s, p in protected.items()}
+            chosen, kept = claim.removable, claim.protected
+        else:  # no leases, job progress or read window: the current snapshot, the retention and refs keep
+            kept = protected_set(current=tbl.metadata.current_snapshot_id, retained=retained, tagged=refs)
+            chosen = tuple(c for c in candidates if c not in kept)
+        protected = {s: p.reasons for s, p in kept.items()}
         planning_s = time.perf_counter() - started
         deleted = 0
         removable = list(chosen)

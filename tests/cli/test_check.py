@@ -146,6 +146,19 @@ def test_a_maintenance_service_that_expires_protected_snapshots_fails_the_check(
 
 
 @pytest.mark.slow
+def test_maintenance_that_wins_a_race_with_a_publish_fails_the_check():
+    """The checker's test of itself with maintenance beside `job exec` jobs: a server that cannot
+    replay a job's commit over a compaction, with a service that compacts under staged sessions
+    (ICEBARRIER_MUTATION=no-rebase: the race issue 48 found), must fail the run for that reason,
+    though `job exec --follow` survives the refusals by running the barrier again."""
+    done = _check("--seed", "12", "--duration", "30", "--fault-rate", "0.4", "--maintain", "--mutation", "no-rebase")
+    assert done.returncode == 1, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert not report["ok"] and report["mutation"] == "no-rebase"
+    assert any("publish(es) refused, its sink moved under it" in v for v in report["violations"]), report["violations"]
+
+
+@pytest.mark.slow
 def test_a_server_that_publishes_non_atomically_fails_the_check():
     """The checker's mutation test: a catalog server publishing a session's staged commits one
     transaction at a time (ICEBARRIER_MUTATION=nonatomic-publish) must fail the run."""
