@@ -39,7 +39,7 @@ from collections import Counter
 from pathlib import Path
 
 from icebarrier.apps.check.audits import Audits
-from icebarrier.apps.check.exec_jobs import EXEC_JOBS, children, exec_command
+from icebarrier.apps.check.exec_jobs import EXEC_JOBS, HOLD, children, exec_command
 from icebarrier.apps.check.fault_plan import fault_schedule, launch_fault
 from icebarrier.apps.check.model import DERIVED, JOBS, ROOTS, SCHEMAS
 from icebarrier.apps.check.processes import Env, Reconnecting
@@ -53,7 +53,7 @@ from icebarrier.control_plane.errors import (
     NoValidCutError,
     SnapshotExpiredError,
 )
-from icebarrier.control_plane.model import JobDefinition
+from icebarrier.control_plane.model import JobDefinition, parse_duration_s
 from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import (
     create_table,
@@ -273,6 +273,8 @@ class _Run(Reading, Audits):
             self.procs[job].kill()
             self.procs[job].wait()
             self.report.faults[f"{job}@{'job exec ' if job in self.exec_jobs else ''}killed"] += 1
+            if job in self.exec_jobs:  # its session stays held: a run started meanwhile with --once is refused
+                self.outage("its previous job exec killed", parse_duration_s(HOLD), job=job)
 
     def kill_script(self, job: str) -> None:
         """SIGKILL of the script a job exec job runs (job exec itself lives on)."""
