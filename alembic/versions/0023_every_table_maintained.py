@@ -79,87 +79,11 @@ REVOKE EXECUTE ON FUNCTION enroll_unmanaged_table(text) FROM PUBLIC;
 
 DROP VIEW table_maintenance;
 DROP VIEW maintenance_policies;
-CREATE VIEW maintenance_policies AS
-SELECT t.table_id, t.name AS table_name, t.managed,
-       coalesce(p.enabled, true)                      AS enabled,
-       coalesce(p.retain, interval '15 seconds')      AS retain,
-       coalesce(p.retain_last, 10)                    AS retain_last,
-       coalesce(p.target_file_size, 134217728)        AS target_file_size,
-       coalesce(p.compact_min_files, 20)              AS compact_min_files,
-       coalesce(p.max_manifests, 20)                  AS max_manifests,
-       coalesce(p.orphan_grace, interval '3 days')    AS orphan_grace,
-       coalesce(p.metadata_grace, interval '10 minutes') AS metadata_grace,
-       (SELECT coalesce(jsonb_agg(k ORDER BY k), '[]') FROM jsonb_each(to_jsonb(p)) AS e(k, v)
-        WHERE v <> 'null' AND k NOT IN ('table_id', 'updated_at')) AS own
-FROM (SELECT table_id, name, true AS managed FROM managed_table
-      UNION ALL
-      SELECT u.table_id, u.name, false FROM unmanaged_table u
-      WHERE NOT EXISTS (SELECT 1 FROM managed_table m WHERE m.name = u.name)) t
-LEFT JOIN maintenance_policy p USING (table_id);
-
-CREATE VIEW table_maintenance AS
-SELECT p.table_name, p.enabled, extract(epoch FROM p.retain) AS retain_s, p.retain_last, p.target_file_size,
-       p.compact_min_files, p.max_manifests, extract(epoch FROM p.orphan_grace) AS orphan_grace_s,
-       extract(epoch FROM p.metadata_grace) AS metadata_grace_s, p.own,
-       s.checked_at, s.snapshots, s.data_files, s.small_files, s.manifests, s.metadata_bytes, s.next,
-       (SELECT coalesce(jsonb_object_agg(a.action, jsonb_build_object(
-                    'at', a.last_at, 'result', a.last_result, 'detail', a.last_detail,
-                    'done', a.done_total, 'gave_way', a.gave_way_total, 'failed', a.failed_total)), '{{}}')
-        FROM maintenance_action a WHERE a.table_id = p.table_id) AS actions,
-       p.managed
-FROM maintenance_policies p LEFT JOIN maintenance_table s USING (table_id);
-
-CREATE OR REPLACE FUNCTION set_maintenance_policy(p_table text, p_policy jsonb) RETURNS void
-LANGUAGE plpgsql SET search_path = {search_path} AS $$
-DECLARE
-    v_table bigint := maintained_table_id(p_table);
-    v_was jsonb;
-    v_now jsonb;
-BEGIN
-    IF v_table IS NULL THEN
-        PERFORM fail('IB009', format('table %s is not managed by icebarrier', p_table),
-                     jsonb_build_object('table', p_table));
-    END IF;
-    SELECT to_jsonb(p) - 'table_id' - 'updated_at' INTO v_was FROM maintenance_policy p WHERE table_id = v_table;
-    INSERT INTO maintenance_policy AS p (table_id) VALUES (v_table) ON CONFLICT (table_id) DO NOTHING;
-    UPDATE maintenance_policy AS p SET
-        enabled           = CASE WHEN p_policy ? 'enabled' THEN (p_policy->>'enabled')::boolean ELSE p.enabled END,
-        retain            = CASE WHEN p_policy ? 'retain_s' THEN make_interval(secs => (p_policy->>'retain_s')::float8) ELSE p.retain END,
-        retain_last       = CASE WHEN p_policy ? 'retain_last' THEN (p_policy->>'retain_last')::int ELSE p.retain_last END,
-        target_file_size  = CASE WHEN p_policy ? 'target_file_size' THEN (p_policy->>'target_file_size')::bigint ELSE p.target_file_size END,
-        compact_min_files = CASE WHEN p_policy ? 'compact_min_files' THEN (p_policy->>'compact_min_files')::int ELSE p.compact_min_files END,
-        max_manifests     = CASE WHEN p_policy ? 'max_manifests' THEN (p_policy->>'max_manifests')::int ELSE p.max_manifests END,
-        orphan_grace      = CASE WHEN p_policy ? 'orphan_grace_s' THEN make_interval(secs => (p_policy->>'orphan_grace_s')::float8) ELSE p.orphan_grace END,
-        metadata_grace    = CASE WHEN p_policy ? 'metadata_grace_s' THEN make_interval(secs => (p_policy->>'metadata_grace_s')::float8) ELSE p.metadata_grace END,
-        updated_at        = now()
-    WHERE p.table_id = v_table
-    RETURNING to_jsonb(p) - 'table_id' - 'updated_at' INTO v_now;
-    IF v_was IS DISTINCT FROM v_now THEN
-        PERFORM audit_append('table maintenance', NULL, p_table, NULL, 'done',
-                             jsonb_build_object('policy', jsonb_strip_nulls(v_now), 'was', jsonb_strip_nulls(v_was)));
-    END IF;
-END $$;
-
-CREATE OR REPLACE FUNCTION record_maintenance(p_table text, p_action text, p_result text, p_detail jsonb) RETURNS void
-LANGUAGE plpgsql SET search_path = {search_path} AS $$
-BEGIN
-    INSERT INTO maintenance_action AS a (table_id, action, last_at, last_result, last_detail,
-                                         done_total, gave_way_total, failed_total)
-    SELECT t.table_id, p_action, now(), p_result, coalesce(p_detail, '{{}}'),
-           (p_result = 'done')::int, (p_result = 'gave-way')::int, (p_result = 'failed')::int
-    FROM (SELECT maintained_table_id(p_table) AS table_id) t WHERE t.table_id IS NOT NULL
-    ON CONFLICT (table_id, action) DO UPDATE SET last_at = EXCLUDED.last_at, last_result = EXCLUDED.last_result,
-        last_detail = EXCLUDED.last_detail, done_total = a.done_total + EXCLUDED.done_total,
-        gave_way_total = a.gave_way_total + EXCLUDED.gave_way_total, failed_total = a.failed_total + EXCLUDED.failed_total;
-    PERFORM audit_append('maintenance ' || p_action, NULL, p_table, NULL, p_result, coalesce(p_detail, '{{}}'));
-END $$;
 """
 
 DOWNGRADE = """
 DROP VIEW table_maintenance;
 DROP VIEW maintenance_policies;
-DROP FUNCTION record_maintenance(text, text, text, jsonb);
-DROP FUNCTION set_maintenance_policy(text, jsonb);
 DROP FUNCTION maintained_table_id(text);
 DROP FUNCTION enroll_unmanaged_table(text);
 DROP FUNCTION enroll_unmanaged_tables(text[]);
@@ -218,32 +142,77 @@ def _protection(*, whole_floor: bool) -> str:
     return text.replace(_WINDOW, _WINDOW_WHOLE_FLOOR) if whole_floor else text
 
 
+# 0020's policies view and 0019's table_maintenance view and functions, over both kinds of table
+_TABLES = "FROM managed_table t LEFT JOIN maintenance_policy p USING (table_id);"
+_BOTH_KINDS = (
+    "FROM (SELECT table_id, name, true AS managed FROM managed_table\n"
+    "      UNION ALL\n"
+    "      SELECT u.table_id, u.name, false FROM unmanaged_table u\n"
+    "      WHERE NOT EXISTS (SELECT 1 FROM managed_table m WHERE m.name = u.name)) t\n"
+    "LEFT JOIN maintenance_policy p USING (table_id);"
+)
+_EDITS = (
+    ("SELECT t.table_id, t.name AS table_name,", "SELECT t.table_id, t.name AS table_name, t.managed,"),
+    (_TABLES, _BOTH_KINDS),
+    (
+        "        FROM maintenance_action a WHERE a.table_id = p.table_id) AS actions\n",
+        "        FROM maintenance_action a WHERE a.table_id = p.table_id) AS actions,\n       p.managed\n",
+    ),
+    ("    v_table bigint;\n", "    v_table bigint := maintained_table_id(p_table);\n"),
+    (
+        "    SELECT table_id INTO v_table FROM managed_table WHERE name = p_table;\n    IF NOT FOUND THEN",
+        "    IF v_table IS NULL THEN",
+    ),
+    (
+        "    FROM managed_table t WHERE t.name = p_table\n",
+        "    FROM (SELECT maintained_table_id(p_table) AS table_id) t WHERE t.table_id IS NOT NULL\n",
+    ),
+)
+
+
+def _earlier(file_name: str):
+    """An earlier revision's module (alembic/ is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).with_name(file_name)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _views_and_functions(*, both_kinds: bool) -> str:
+    """The views and the two functions as 0019 and 0020 left them; with ``both_kinds``, over managed
+    and unmanaged tables."""
+    text_0019 = _earlier("0019_lake_maintains_itself.py").UPGRADE
+    text = text_0019[text_0019.index("CREATE VIEW table_maintenance AS") :]
+    text = _earlier("0020_retain_fifteen_seconds.py").VIEW.format(retain="15 seconds").replace(
+        "CREATE OR REPLACE VIEW", "CREATE VIEW"
+    ) + text.format(search_path=_search_path())
+    text = "\n".join(ln for ln in text.splitlines() if not ln.startswith("REVOKE EXECUTE")) + "\n"
+    text = text.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")  # their grants stay
+    if both_kinds:
+        for old, new in _EDITS:
+            assert old in text, old
+            text = text.replace(old, new)
+    return text
+
+
 def upgrade() -> None:
     op.execute(_protection(whole_floor=True))
     bind = op.get_bind()
     roles = [r[0] for r in bind.exec_driver_sql(_VIEW_ROLES).fetchall()]
     sequence = bind.exec_driver_sql("SELECT pg_get_serial_sequence('managed_table', 'table_id')").scalar()
     op.execute(UPGRADE.format(search_path=_search_path(), sequence=sequence.replace("'", "''")))
+    op.execute(_views_and_functions(both_kinds=True))
     _grant_views(roles)
 
 
 def downgrade() -> None:
-    from pathlib import Path
-
     op.execute(_protection(whole_floor=False))
     bind = op.get_bind()
     roles = [r[0] for r in bind.exec_driver_sql(_VIEW_ROLES).fetchall()]
     op.execute(DOWNGRADE)
-    import importlib.util
-
-    for name, formatter in (("0019_lake_maintains_itself.py", "functions"), ("0020_retain_fifteen_seconds.py", "view")):
-        path = Path(__file__).with_name(name)
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        earlier = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(earlier)
-        if formatter == "functions":  # 0019's views and functions (the functions replaced in place)
-            text = earlier.UPGRADE[earlier.UPGRADE.index("-- Every managed table's effective policy") :]
-            op.execute(text.format(search_path=_search_path()))
-        else:
-            op.execute(earlier.VIEW.format(retain="15 seconds"))
+    op.execute(_views_and_functions(both_kinds=False))
     _grant_views(roles)
