@@ -183,7 +183,7 @@ class Audits:
         for job in sorted(self.exec_jobs):
             log = Path(self.env.reports) / f"{job}.log"
             lines = log.read_text().splitlines() if log.exists() else []
-            lost = [ln for ln in lines if "was refused at publish" in ln and "was changed outside" in ln]
+            lost = [ln for ln in lines if "was changed outside the barrier staged for it" in ln]
             if lost:
                 self._violation(f"job exec {job}: {len(lost)} publish(es) refused, its sink moved under it: {lost[0]}")
 
