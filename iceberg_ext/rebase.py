@@ -9,10 +9,12 @@ table as it is now, with the same data files and the same summary properties: ea
 becomes a new snapshot on top of the compaction that adds the files it added and removes the
 files it removed. No data file is written again; new manifests and manifest lists are.
 
-It refuses (:class:`NotRebasableError`) whatever is not that: anything but maintenance moved
-``main`` since X, the job wrote delete files, or the job removed a file the compaction rewrote
-(its rows now live in another file with other rows). Those are real conflicts: the job computes
-again.
+A job snapshot that replaced the whole table (removed every file X held: a full recompute)
+removes every file the table holds now: maintenance rewrote X's rows, and only those. It refuses
+(:class:`NotRebasableError`) whatever is not that: anything but maintenance moved ``main`` since
+X, the job wrote delete files, or the job removed some of X's files and the compaction rewrote
+one of them (its rows now live in another file with other rows). Those are real conflicts: the
+job computes again.
 """
 
 from __future__ import annotations
@@ -96,14 +98,9 @@ def replay(table, base_snapshot_id: int | None, job_snapshots: Sequence, io) -> 
     if faults.mutated(faults.NO_REBASE):  # the checker's test of itself: maintenance wins the race
         raise NotRebasableError("the server was started with the no-rebase mutation")
     maintenance_since(table.metadata, base_snapshot_id)
-    live = {}  # path -> DataFile, as the table holds them now (after each replayed snapshot)
-    current = table.metadata.snapshot_by_name(_MAIN)
-    for manifest in current.manifests(table.io) if current is not None else ():
-        if manifest.content == ManifestContent.DATA:
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-                live[entry.data_file.file_path] = entry.data_file
+    live = _live_files(table.metadata.snapshot_by_name(_MAIN), table.io)  # as the table holds them now
     tx = table.transaction()
-    for snapshot in job_snapshots:
+    for i, snapshot in enumerate(job_snapshots):
         added, removed = [], []
         for manifest in snapshot.manifests(io):
             if manifest.added_snapshot_id != snapshot.snapshot_id:
@@ -115,6 +112,8 @@ def replay(table, base_snapshot_id: int | None, job_snapshots: Sequence, io) -> 
                     added.append(entry.data_file)
                 elif entry.status == ManifestEntryStatus.DELETED:
                     removed.append(entry.data_file.file_path)
+        if i == 0 and removed and set(removed) == _base_files(table.metadata, base_snapshot_id, io):
+            removed = list(live)  # it replaced the whole table: maintenance rewrote those rows, not others
         gone = [path for path in removed if path not in live]
         if gone:
             raise NotRebasableError(
@@ -136,6 +135,26 @@ def replay(table, base_snapshot_id: int | None, job_snapshots: Sequence, io) -> 
                     append.append_data_file(data_file)
         live.update((f.file_path, f) for f in added)
     return tuple(tx._requirements), tuple(tx._updates)
+
+
+def _live_files(snapshot, io) -> dict:
+    """path -> DataFile of every data file ``snapshot`` holds (none for no snapshot)."""
+    from pyiceberg.manifest import ManifestContent
+
+    live = {}
+    for manifest in snapshot.manifests(io) if snapshot is not None else ():
+        if manifest.content == ManifestContent.DATA:
+            for entry in manifest.fetch_manifest_entry(io, discard_deleted=True):
+                live[entry.data_file.file_path] = entry.data_file
+    return live
+
+
+def _base_files(metadata, base_snapshot_id: int | None, io) -> set[str]:
+    """The data files the job's base snapshot held (empty if expiry removed it meanwhile)."""
+    try:
+        return set(_live_files(metadata.snapshot_by_id(base_snapshot_id) if base_snapshot_id else None, io))
+    except OSError:  # its files went with it
+        return set()
 
 
 def job_snapshots(metadata, base_snapshot_id: int | None) -> list:

@@ -139,16 +139,35 @@ def test_the_no_rebase_mutation_loses_the_race(lake, spark):
         stop_server(proc)
 
 
-def test_a_real_conflict_is_still_refused(lake, spark, server):
-    """A job that overwrites the files maintenance rewrote is not replayed (its rows would be wrong):
-    its publish is refused, naming why, and nothing of it is visible."""
+def test_a_whole_table_overwrite_is_replayed_over_a_compaction(lake, spark, server):
+    """A job that replaces the whole table (a full recompute) while a compaction lands under its
+    staged commit: replayed, it replaces the compacted files (the same rows), so the table holds
+    the job's rows alone."""
     credential = _job(lake)
-    marks = [_barrier(lake, server, credential)["barrier"] for _ in range(3)]
-    b = barriers.issue(lake.conn).barrier
+    for _ in range(3):
+        _barrier(lake, server, credential)
+    barriers.issue(lake.conn)
     client = SessionClient(server, credential)
     session = client.open("w", skip=False, coalesce=False, hold_s=60)["session"]
     table = rest(server, f"job:w@{session['run_id']}", credential).load_table(f"{lake.namespace}.t")
-    table.overwrite(pa.table({"id": [1], "barrier": [b]}, schema=SCHEMA))  # staged: deletes every file
+    table.overwrite(pa.table({"id": [1], "barrier": [session["barrier"]]}, schema=SCHEMA))  # staged
+    _rewrite(spark, lake)
+    client.publish("w", session["run_id"])
+    assert _rows(lake) == [session["barrier"]]
+    assert reads.resolve(lake.conn, [lake.T("t")]).barrier == session["barrier"]
+
+
+def test_a_real_conflict_is_still_refused(lake, spark, server):
+    """A job that deletes a file maintenance rewrote (its rows now share a file with others) is not
+    replayed (its rows would be wrong): its publish is refused, naming why, and nothing of it is
+    visible."""
+    credential = _job(lake)
+    marks = [_barrier(lake, server, credential)["barrier"] for _ in range(3)]
+    barriers.issue(lake.conn)
+    client = SessionClient(server, credential)
+    session = client.open("w", skip=False, coalesce=False, hold_s=60)["session"]
+    table = rest(server, f"job:w@{session['run_id']}", credential).load_table(f"{lake.namespace}.t")
+    table.delete(f"barrier = {marks[0]}")  # staged: removes the first barrier's file
     _rewrite(spark, lake)
     with pytest.raises(CatalogRequestError, match="not by maintenance alone.*rewrote"):
         client.publish("w", session["run_id"])
