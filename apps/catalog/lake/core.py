@@ -424,6 +424,8 @@ class LakeCore:
                 on = Table(table.identifier, now, current, now_io, self.catalog)
                 snapshots = rebase.job_snapshots(mine, was.current_snapshot_id)
                 requirements, updates = rebase.replay(on, was.current_snapshot_id, snapshots, io)
+                if not updates:
+                    return current  # the job added nothing on top of its base: the table as it is now
             except rebase.NotRebasableError as exc:
                 raise CommitFailedException(
                     f"table {table} was changed outside the barrier staged for it (not by maintenance alone: "
