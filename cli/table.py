@@ -126,7 +126,8 @@ def maintenance(
     defaults,
 ) -> None:
     """Set TABLE's maintenance policy (what `icebarrier maintain` keeps and when it acts);
-    settings not given stay as they are. With no settings, print the policy."""
+    settings not given stay as they are. With no settings, print the policy. TABLE may be any
+    table of the catalog, managed by a job or not."""
     table_name = TableName.parse(name)
     settings: dict = {}
     if retain is not None:
