@@ -36,8 +36,10 @@ def point(name: str) -> None:
 # a job session's staged commits one transaction at a time, the completion last;
 # ``expire-protected`` makes expiry (the maintenance service's too) ignore the protected set;
 # ``no-rebase`` makes the catalog server refuse a job's commit or publish that maintenance moved
-# the table under (as before the commit was replayed over it: maintenance wins the race), and the
-# maintenance service compact under a staged session (the race, every time it may happen).
+# the table under (as before the commit was replayed over it: maintenance wins the race), the
+# maintenance service compact under a staged session, a compaction wait a moment before it
+# rewrites, and the server wait a moment before it publishes (the race, widened so that a short
+# run meets it).
 MUTATION_ENV = "ICEBARRIER_MUTATION"
 NONATOMIC_PUBLISH = "nonatomic-publish"
 EXPIRE_PROTECTED = "expire-protected"

@@ -42,6 +42,7 @@ from icebarrier.iceberg_ext.catalog import (
 from icebarrier.iceberg_ext.errors import CompactionDeferredError
 
 MAINTENANCE_JOB = "icebarrier-maintenance"
+NO_REBASE_DELAY_S = 2.0  # the no-rebase mutation: how long a compaction waits before it rewrites
 
 
 # -- expiry ------------------------------------------------------------------------------------------
@@ -379,6 +380,8 @@ def compact(
         properties[SUMMARY_BARRIER] = str(barrier)
     from icebarrier.iceberg_ext import spark_io
 
+    if faults.mutated(faults.NO_REBASE):  # the race, widened: the rewrite commits while the job's next
+        time.sleep(NO_REBASE_DELAY_S)  # barrier is staged (a long Spark run on a big table does the same)
     if manifests:
         spark_io.rewrite_manifests(spark, table, properties=properties)
     else:
