@@ -417,9 +417,10 @@ def names_breaking_rule(settings) -> list[tuple[str, str, str]]:
     return found
 
 
-def pointers(conn, settings) -> dict:
-    """Every table of the SQL catalog (TableName -> its metadata location), managed or not; a
-    table whose name icebarrier cannot spell (outside the names rule) is left out."""
+def pointers(conn, settings, only=None) -> dict:
+    """Every table of the SQL catalog (TableName -> its metadata location), managed or not, or
+    (``only``, a TableName) that one if it exists; a table whose name icebarrier cannot spell
+    (outside the names rule) is left out."""
     from psycopg import sql
 
     from icebarrier.control_plane.errors import IcebarrierError
@@ -429,8 +430,9 @@ def pointers(conn, settings) -> dict:
         sql.SQL(
             "SELECT table_namespace AS ns, table_name AS name, metadata_location FROM {}.iceberg_tables "
             "WHERE catalog_name = %s AND metadata_location IS NOT NULL AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL)"
+            + (" AND table_namespace = %s AND table_name = %s" if only is not None else "")
         ).format(sql.Identifier(settings.catalog_schema)),
-        (settings.catalog,),
+        (settings.catalog, *((".".join(only.namespace), only.name) if only is not None else ())),
     ).fetchall()
     found = {}
     for row in rows:

@@ -226,8 +226,9 @@ def _referenced(tbl, staged: tuple[str, ...]) -> set[str]:
 
 
 def _listing(tbl, nested: list[str]):
-    """(path as the table names it, modified time) of every file under the table's location,
-    skipping other tables' locations nested inside it."""
+    """(path as the table names it, what it names (:func:`same_file`), modified time) of every file
+    under the table's location, skipping other tables' locations nested inside it (``nested``:
+    their paths, as :func:`same_file` gives them)."""
     from pyarrow.fs import FileSelector, FileType
     from pyiceberg.io.pyarrow import PyArrowFileIO
 
@@ -237,9 +238,12 @@ def _listing(tbl, nested: list[str]):
     fs = io.fs_by_scheme(scheme, netloc)
     prefix = location[: len(location) - len(path)] if location.endswith(path) else f"{scheme}://"
     for info in fs.get_file_info(FileSelector(path, recursive=True, allow_not_found=True)):
+        if info.type != FileType.File:
+            continue
         name = f"{prefix}{info.path}"
-        if info.type == FileType.File and not any(same_file(name)[2].startswith(f"{same_file(n)[2]}/") for n in nested):
-            yield name, info.mtime
+        key = same_file(name)
+        if not any(key[2].startswith(f"{n}/") for n in nested):
+            yield name, key, info.mtime
 
 
 def remove_orphans(
@@ -274,15 +278,12 @@ def remove_orphans(
         if staging.open_since is not None:
             cutoff, metadata_cutoff = min(cutoff, staging.open_since), min(metadata_cutoff, staging.open_since)
         scheme, netloc, location = same_file(tbl.metadata.location.rstrip("/"))
-        nested = [
-            t
-            for t in (locations if locations is not None else table_locations(catalog))
-            if same_file(t)[:2] == (scheme, netloc) and same_file(t)[2].startswith(f"{location}/")
-        ]
+        others = (same_file(t) for t in (locations if locations is not None else table_locations(catalog)))
+        nested = [p for s, n, p in others if (s, n) == (scheme, netloc) and p.startswith(f"{location}/")]
         listed, orphans, recent = 0, [], 0
-        for path, modified in _listing(tbl, nested):
+        for path, key, modified in _listing(tbl, nested):
             listed += 1
-            if same_file(path) in referenced:
+            if key in referenced:
                 continue
             limit = metadata_cutoff if path.endswith(".metadata.json") else cutoff
             if modified is not None and modified.astimezone(dt.UTC) >= limit:
@@ -356,11 +357,11 @@ def compact(
     completed, or a job session's staged commit (it would be rebased under the session)."""
     tbl = load_table(catalog, table)
     current = tbl.current_snapshot()
+    if current is None:
+        return CompactionReport(table=table, barrier=None, snapshot_id=None, rewritten_files=0)
     managed = tables.is_managed(conn, table)
     properties = {SUMMARY_OPERATION: OPERATION_COMPACTION, SUMMARY_JOB: MAINTENANCE_JOB}
     barrier = None
-    if current is None:
-        return CompactionReport(table=table, barrier=None, snapshot_id=None, rewritten_files=0)
     if managed:  # an unmanaged table has no barrier to keep
         barrier = data_barrier(tbl, current)
         if barrier is None:

@@ -114,6 +114,6 @@ def enroll(conn, settings, table) -> None:
 
     if tables.is_managed(conn, table):
         return
-    if table not in pointers(conn, settings):
+    if table not in pointers(conn, settings, only=table):
         raise TableNotFoundError(str(table))
     upkeep.enroll(conn, table)

@@ -128,16 +128,21 @@ _WINDOW_WHOLE_FLOOR = (
 )
 
 
-def _protection(*, whole_floor: bool) -> str:
-    """0017's ``protection``; with ``whole_floor``, every commit at the floor's barrier kept."""
+def _earlier(file_name: str):
+    """An earlier revision's module (alembic/ is not a package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).with_name("0017_read_committed_per_client.py")
+    path = Path(__file__).with_name(file_name)
     spec = importlib.util.spec_from_file_location(path.stem, path)
-    earlier = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(earlier)
-    text = earlier._protection(moments=True)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _protection(*, whole_floor: bool) -> str:
+    """0017's ``protection``; with ``whole_floor``, every commit at the floor's barrier kept."""
+    text = _earlier("0017_read_committed_per_client.py")._protection(moments=True)
     assert text.count(_WINDOW) == 1
     return text.replace(_WINDOW, _WINDOW_WHOLE_FLOOR) if whole_floor else text
 
@@ -168,18 +173,6 @@ _EDITS = (
         "    FROM (SELECT maintained_table_id(p_table) AS table_id) t WHERE t.table_id IS NOT NULL\n",
     ),
 )
-
-
-def _earlier(file_name: str):
-    """An earlier revision's module (alembic/ is not a package)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).with_name(file_name)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _views_and_functions(*, both_kinds: bool) -> str:

@@ -151,6 +151,28 @@ def wait_pause(proc: subprocess.Popen, pause: Path) -> int:
     return int(pause.read_text())
 
 
+def wait_progress(lake, job: str, barrier: int, proc: subprocess.Popen, log: Path, timeout_s: float = 120) -> None:
+    """Until ``job`` has completed ``barrier``; ``proc`` (its `job exec --follow`, logging to ``log``)
+    must live meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while jobs.show(lake.conn, job).progress != barrier:
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+
+
+def paused_run(server: str, credential: str, cmd: list[str], pause: Path, err: Path) -> tuple[subprocess.Popen, int]:
+    """`job exec ingest --hold 4s` whose command waits at its pause point ``before``: the process
+    and the command's pid."""
+    with open(err, "w") as out:  # not a pipe: the command, once orphaned, would hold it open
+        proc = subprocess.Popen(
+            exec_args(server, credential, "ingest", cmd, "--hold", "4s"),
+            env={**os.environ, "ENGINE_PAUSE": "before", "ENGINE_PAUSE_FILE": str(pause)},
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
+    return proc, wait_pause(proc, pause)
+
+
 def gone(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] in ("Z", "X")
@@ -387,14 +409,7 @@ def test_a_dead_run_is_fenced_out_and_its_session_taken_over(lake, server, tmp_p
     creds = setup_pipeline(lake)
     b = barriers.issue(lake.conn).barrier
     pause = tmp_path / "pause"
-    with open(tmp_path / "exec.err", "w") as err:  # not a pipe: the orphan would hold it open
-        proc = subprocess.Popen(
-            exec_args(server, creds["ingest"], "ingest", command(lake, "ingest", rows=7), "--hold", "4s"),
-            env={**os.environ, "ENGINE_PAUSE": "before", "ENGINE_PAUSE_FILE": str(pause)},
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
-    orphan = wait_pause(proc, pause)
+    proc, orphan = paused_run(server, creds["ingest"], command(lake, "ingest", rows=7), pause, tmp_path / "exec.err")
     old = job_sessions.get(lake.conn, "ingest")
     proc.kill()
     proc.wait()
@@ -423,14 +438,7 @@ def test_a_follow_run_started_while_a_dead_one_holds_the_session_waits_for_it(la
     creds = setup_pipeline(lake)
     b = barriers.issue(lake.conn).barrier
     pause = tmp_path / "pause"
-    with open(tmp_path / "first.err", "w") as err:
-        first = subprocess.Popen(
-            exec_args(server, creds["ingest"], "ingest", command(lake, "ingest", rows=7), "--hold", "4s"),
-            env={**os.environ, "ENGINE_PAUSE": "before", "ENGINE_PAUSE_FILE": str(pause)},
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
-    orphan = wait_pause(first, pause)
+    first, orphan = paused_run(server, creds["ingest"], command(lake, "ingest", rows=7), pause, tmp_path / "first.err")
     first.kill()
     first.wait()
     os.kill(orphan, signal.SIGKILL)
@@ -442,10 +450,7 @@ def test_a_follow_run_started_while_a_dead_one_holds_the_session_waits_for_it(la
             stderr=out,
         )
     try:
-        deadline = time.monotonic() + 120
-        while jobs.show(lake.conn, "ingest").progress != b:
-            assert second.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+        wait_progress(lake, "ingest", b, second, log)
     finally:
         second.send_signal(signal.SIGTERM)
         assert second.wait(60) == 0, log.read_text()[-3000:]
@@ -519,10 +524,7 @@ def test_follow_runs_the_command_once_per_barrier_and_stops_on_sigterm(lake, ser
     for rows in (2, 3, 4):
         marks.append(barriers.issue(lake.conn).barrier)
         job_exec(server, creds["ingest"], "ingest", command(lake, "ingest", rows=rows))
-        deadline = time.monotonic() + 120
-        while jobs.show(lake.conn, "count").progress != marks[-1]:
-            assert follow.poll() is None and time.monotonic() < deadline, (tmp_path / "follow.err").read_text()
-            time.sleep(0.1)
+        wait_progress(lake, "count", marks[-1], follow, tmp_path / "follow.err")
     while "waiting for" not in (tmp_path / "follow.err").read_text().split("published")[-1]:
         time.sleep(0.1)
     follow.send_signal(signal.SIGTERM)

@@ -224,9 +224,8 @@ def test_a_follow_job_runs_a_refused_barrier_again(lake, server, tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
-    from tests.iceberg_ext.test_job_exec import ENGINES, exec_args, wait_pause
+    from tests.iceberg_ext.test_job_exec import ENGINES, exec_args, wait_pause, wait_progress
 
     barriers.set_interval_s(lake.conn, WEEK_S)
     orders = lake.T("orders")
@@ -252,10 +251,7 @@ def test_a_follow_job_runs_a_refused_barrier_again(lake, server, tmp_path):
         wait_pause(proc, pause)  # the barrier runs again
         assert "was refused at publish" in log.read_text() and "running it again" in log.read_text()
         pause.unlink()
-        deadline = time.monotonic() + 60
-        while jobs.show(lake.conn, "ingest").progress != first:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.1)
+        wait_progress(lake, "ingest", first, proc, log, timeout_s=60)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)

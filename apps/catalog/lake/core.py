@@ -410,7 +410,9 @@ class LakeCore:
             and now.properties == was.properties
         ):
             gone = sorted((before - after) & {s.snapshot_id for s in mine.snapshots})
-            updates: tuple = (RemoveSnapshotsUpdate(snapshot_ids=gone),) if gone else ()
+            if not gone:
+                return staged
+            updates: tuple = (RemoveSnapshotsUpdate(snapshot_ids=gone),)
             on, requirements = Table(table.identifier, mine, staged, io, self.catalog), ()
         else:
             try:
@@ -431,8 +433,6 @@ class LakeCore:
                     f"table {table} was changed outside the barrier staged for it (not by maintenance alone: "
                     f"{exc.why}); run the job again"
                 ) from None
-        if not updates:
-            return staged
         new = self.catalog._update_and_stage_table(on, table.identifier, requirements, updates)
         self.write_metadata(new)
         return new.metadata_location
