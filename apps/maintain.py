@@ -132,6 +132,8 @@ class Maintainer:
         """Look at each table that changed or whose time came; run what is due. Returns what ran."""
         now = now or time.time()
         pointers = catalog_pointers(conn, self.settings)  # every table of the catalog, managed or not
+        if self.only is not None:
+            pointers = {name: p for name, p in pointers.items() if name in self.only}
         unmanaged = frozenset(pointers) - tables.managed_names(conn)
         if unmanaged != self._unmanaged:
             upkeep.enroll_unmanaged(conn, sorted(unmanaged))
@@ -140,7 +142,7 @@ class Maintainer:
         locations: list[str] | None = None
         for status in upkeep.statuses(conn):
             policy, name = status.policy, status.policy.table
-            if not policy.enabled or (self.only is not None and name not in self.only):
+            if not policy.enabled:
                 continue
             pointer = pointers.get(name)
             if pointer is None:

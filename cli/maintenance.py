@@ -25,7 +25,9 @@ def _named_or_all(conn, table_names) -> list[TableName]:
 @click.option(
     "--once", is_flag=True, help="One pass over the tables, print what ran, exit (no lock: for cron or a test)."
 )
-@click.option("--table", "table_names", multiple=True, metavar="TABLE", help="Only these tables (default: all).")
+@click.option(
+    "--table", "table_names", multiple=True, metavar="TABLE", help="Only these tables of the catalog (default: all)."
+)
 @click.pass_obj
 def maintain(obj, every: str, once: bool, table_names) -> None:
     """Keep every table within its maintenance policy (`icebarrier table maintenance`): expire
@@ -35,12 +37,14 @@ def maintain(obj, every: str, once: bool, table_names) -> None:
     import signal
 
     from icebarrier.apps.maintain import Maintainer
+    from icebarrier.control_plane.errors import InvalidValueError
+    from icebarrier.iceberg_ext.catalog import pointers as catalog_pointers
 
     tick_s = parse_duration_s(every)
     only = frozenset(TableName.parse(t) for t in table_names) or None
-    if only:
-        for name in only:
-            tables.require(obj.conn(), name)
+    for name in only or ():
+        if not catalog_pointers(obj.conn(), obj.settings(), only=name):
+            raise InvalidValueError(f"table {name} is not in the catalog; check --table (catalog.namespace.table)")
     service = Maintainer(
         obj.settings(),
         tick_s=tick_s,
@@ -62,7 +66,9 @@ def maintain(obj, every: str, once: bool, table_names) -> None:
 
 
 @click.command("expire")
-@click.option("--table", "table_names", multiple=True, metavar="TABLE", help="Only these tables (default: all).")
+@click.option(
+    "--table", "table_names", multiple=True, metavar="TABLE", help="Only these tables of the catalog (default: all)."
+)
 @click.option("--older-than", help="Only snapshots older than this (e.g. 7d); default: any age.")
 @click.option(
     "--retain-last",
@@ -93,7 +99,9 @@ def expire(obj, table_names, older_than: str | None, retain_last: int, dry_run: 
 
 
 @click.command("remove-orphans")
-@click.option("--table", "table_names", multiple=True, metavar="TABLE", help="Only these tables (default: all).")
+@click.option(
+    "--table", "table_names", multiple=True, metavar="TABLE", help="Only these tables of the catalog (default: all)."
+)
 @click.option(
     "--older-than",
     default="3d",

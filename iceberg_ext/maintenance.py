@@ -42,7 +42,7 @@ from icebarrier.iceberg_ext.catalog import (
 from icebarrier.iceberg_ext.errors import CompactionDeferredError
 
 MAINTENANCE_JOB = "icebarrier-maintenance"
-NO_REBASE_DELAY_S = 2.0  # the no-rebase mutation: how long a compaction waits before it rewrites
+NO_REBASE_WAIT_S = 10.0  # the no-rebase mutation: how long a compaction waits for a staged commit to race
 
 
 # -- expiry ------------------------------------------------------------------------------------------
@@ -381,8 +381,10 @@ def compact(
         properties[SUMMARY_BARRIER] = str(barrier)
     from icebarrier.iceberg_ext import spark_io
 
-    if faults.mutated(faults.NO_REBASE):  # the race, widened: the rewrite commits while the job's next
-        time.sleep(NO_REBASE_DELAY_S)  # barrier is staged (a long Spark run on a big table does the same)
+    if managed and faults.mutated(faults.NO_REBASE):  # the race, aimed: the rewrite starts once a job's
+        deadline = time.monotonic() + NO_REBASE_WAIT_S  # commit is staged (a long Spark run on a big
+        while not job_sessions.staging(conn, table).metadata_locations and time.monotonic() < deadline:
+            time.sleep(0.05)  # table meets one the same way)
     if manifests:
         spark_io.rewrite_manifests(spark, table, properties=properties)
     else:

@@ -10,6 +10,7 @@ import subprocess
 import time
 import uuid
 
+import psutil
 import pyarrow as pa
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,26 +30,43 @@ def free_port() -> int:
 def start_server(
     lake, *extra: str, env_extra: dict | None = None, cwd=None, port: int | None = None
 ) -> tuple[subprocess.Popen, str]:
-    port = port or free_port()
-    env = {
-        **os.environ,
-        "ICEBARRIER_DSN": lake.settings.dsn,
-        "ICEBARRIER_SCHEMA": lake.settings.schema,
-        "ICEBARRIER_WAREHOUSE": lake.settings.warehouse,
-        **(env_extra or {}),
-    }
-    proc = subprocess.Popen(
-        ["icebarrier", "serve", "--port", str(port), *extra], env=env, stderr=subprocess.PIPE, text=True, cwd=cwd
-    )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            assert proc.poll() is None, proc.stderr.read()
+    """Serve on ``port`` (else a free one) and wait until this process listens there. A free port
+    can be taken by another process (a Spark JVM, another worker's server) before the server
+    binds it: an answer on the port is not enough. Without a fixed port, such a start is tried
+    again on another one."""
+    for _ in range(5):
+        chosen = port or free_port()
+        env = {
+            **os.environ,
+            "ICEBARRIER_DSN": lake.settings.dsn,
+            "ICEBARRIER_SCHEMA": lake.settings.schema,
+            "ICEBARRIER_WAREHOUSE": lake.settings.warehouse,
+            **(env_extra or {}),
+        }
+        proc = subprocess.Popen(
+            ["icebarrier", "serve", "--port", str(chosen), *extra], env=env, stderr=subprocess.PIPE, text=True, cwd=cwd
+        )
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and not _listens(proc.pid, chosen):
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.1)
+        if proc.poll() is None:
+            return proc, f"http://127.0.0.1:{chosen}"
+        err = proc.stderr.read()
+        assert port is None and "address already in use" in err, err
+    raise AssertionError("the server found no free port in 5 tries")
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` (or a child: --workers) listens on ``port``."""
+    try:
+        parent = psutil.Process(pid)
+        procs = [parent, *parent.children(recursive=True)]
+        return any(
+            c.status == psutil.CONN_LISTEN and c.laddr.port == port for p in procs for c in p.net_connections("tcp")
+        )
+    except psutil.NoSuchProcess:
+        return False
 
 
 def stop_server(proc: subprocess.Popen) -> str:

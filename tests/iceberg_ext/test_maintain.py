@@ -1,5 +1,9 @@
 """The lake maintains itself: policies, the maintenance service's actions, what it keeps, and
-who wins a race with it (real Postgres, Iceberg and Spark)."""
+who wins a race with it (real Postgres, Iceberg and Spark).
+
+The worker's tests share one Iceberg catalog (see conftest), so a service here is given its
+test's table (``only`` / ``--table``): at its default it would maintain every earlier test's
+tables too, as it does every table of a user's catalog."""
 
 from __future__ import annotations
 
@@ -103,7 +107,7 @@ def test_the_service_expires_compacts_and_keeps_what_is_protected(lake, spark):
     lease = leases.acquire(lake.conn, [table], ttl_s=600, holder="long-query", barrier=marks[3])
     pinned = lease.snapshots[table]
     rows = sorted(spark.table(str(table)).collect())
-    service = Maintainer(lake.settings, log=lambda _: None, spark_factory=lambda: spark)
+    service = Maintainer(lake.settings, log=lambda _: None, spark_factory=lambda: spark, only=frozenset([table]))
     ran = {(a.action, a.result): a.detail for a in service.maintain(lake.conn, lake.catalog)}
     assert ran[("expire", "done")]["expired"] >= 8, ran
     assert ran[("compact", "done")]["rewritten"] == 12, ran
@@ -139,7 +143,7 @@ def test_manifests_past_the_policy_are_rewritten_keeping_the_barrier(lake, spark
     table = lake.T("events")
     upkeep.set_policy(lake.conn, table, {"max_manifests": 3, "compact_min_files": 100})
     rows = sorted(spark.table(str(table)).collect())
-    service = Maintainer(lake.settings, log=lambda _: None, spark_factory=lambda: spark)
+    service = Maintainer(lake.settings, log=lambda _: None, spark_factory=lambda: spark, only=frozenset([table]))
     ran = {(a.action, a.result): a.detail for a in service.maintain(lake.conn, lake.catalog)}
     assert ran[("rewrite-manifests", "done")]["rewritten"] == 6, ran
     tbl = load_table(lake.catalog, table)
@@ -165,7 +169,9 @@ def test_compaction_gives_way_to_a_commit_its_job_has_not_completed(lake, spark)
         _ingest(lake, spark, i * 10)
     table = lake.T("events")
     upkeep.set_policy(lake.conn, table, {"compact_min_files": 3})
-    service = Maintainer(lake.settings, tick_s=0, log=lambda _: None, spark_factory=lambda: spark)
+    service = Maintainer(
+        lake.settings, tick_s=0, log=lambda _: None, spark_factory=lambda: spark, only=frozenset([table])
+    )
     b = barriers.issue(lake.conn).barrier
     with BarrierCommit(lake.conn, lake.catalog, job="ingest", barrier=b) as tx:
         append_df(tx, table, spark.range(100, 103, numPartitions=1).selectExpr("id", "id AS amount"))
@@ -186,7 +192,7 @@ def test_the_pipelines_commits_win_a_race_with_compaction(lake, spark, tmp_path)
     table = lake.T("events")
     _ingest(lake, spark, 0)
     upkeep.set_policy(lake.conn, table, {"compact_min_files": 2, "retain_s": 0, "retain_last": 1})
-    service = LoggedProcess([*CLI, "maintain", "--every", "0.2s"], tmp_path / "maintain.log")
+    service = LoggedProcess([*CLI, "maintain", "--every", "0.2s", "--table", str(table)], tmp_path / "maintain.log")
     try:
         _ingest(lake, spark, 10)
         service.wait_for("compact done", timeout_s=120)  # Spark is up in the service

@@ -16,7 +16,7 @@ from icebarrier.apps.job_exec import CatalogRequestError, SessionClient
 from icebarrier.apps.maintain import Maintainer
 from icebarrier.cli.main import cli as command
 from icebarrier.control_plane import barriers, jobs, reads, tokens, upkeep
-from icebarrier.control_plane.model import JobDefinition
+from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.iceberg_ext import faults, maintenance, spark_io
 from icebarrier.iceberg_ext.catalog import (
     SUMMARY_BARRIER,
@@ -204,7 +204,12 @@ def test_an_unmanaged_table_is_maintained_and_its_writers_win(lake, spark, serve
     )
     assert result.exit_code == 0, result.output
     stale = catalog.load_table(f"{lake.namespace}.free")  # loaded before the service compacts it
-    service = Maintainer(settings=lake.settings, spark_factory=lambda: spark, log=lambda line: None)
+    service = Maintainer(
+        settings=lake.settings,
+        spark_factory=lambda: spark,
+        log=lambda line: None,
+        only=frozenset([TableName.parse(name)]),
+    )
     ran = {(a.action, a.result) for a in service.maintain(lake.conn, lake.catalog)}
     assert {("expire", "done"), ("compact", "done")} <= ran, ran
     stale.append(pa.table({"id": [99], "barrier": [0]}, schema=SCHEMA))

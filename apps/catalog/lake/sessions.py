@@ -113,7 +113,7 @@ class Sessions(LakeCore):
         if faults.mutated(faults.NONATOMIC_PUBLISH):
             return self._publish_piecemeal(conn, job, run_id)
         if faults.mutated(faults.NO_REBASE):  # the race, widened for a checker to meet it: a compaction
-            time.sleep(self.MUTATION_WINDOW_S)  # lands under the staged commits before they swap in
+            time.sleep(self.NO_REBASE_WINDOW_S)  # lands under the staged commits before they swap in
         with conn.transaction():
             session = job_sessions.require(conn, job, run_id=run_id, lock=True)
             _, commits, _ = self.swap_staged(conn, job, session.barrier)
@@ -123,6 +123,7 @@ class Sessions(LakeCore):
                 return self._complete_session(conn, session, commits)
 
     MUTATION_WINDOW_S = 2.0  # between the mutation's transactions: long enough for a checker to look
+    NO_REBASE_WINDOW_S = 5.0  # long enough for a rewrite that waited for the staged commit to land first
 
     def _publish_piecemeal(self, conn, job: str, run_id: str | None) -> Completion:
         """The mutation :data:`~icebarrier.iceberg_ext.faults.NONATOMIC_PUBLISH`: what a server
