@@ -262,8 +262,8 @@ def on_storage(args, dsn: str, warehouse: str, config: str | None) -> dict[str, 
     ib_catalog.upgrade(settings)
     barrier, names = build_lake(settings, args.tables)
     with db.connect(dsn) as conn:
-        reader = tokens.create(conn)
-        writer = tokens.create(conn, job="bench")
+        reader = tokens.create(conn, whole_lake=True)
+        writer = tokens.create(conn, job="bench", whole_lake=True)
     proc, uri = start(settings, config)
     try:
         s = session(uri, *reader)
@@ -334,8 +334,8 @@ def main() -> int:
         barrier, names = build_lake(settings, args.tables)
         with db.connect(dsn) as conn:
             add_managed(conn, args.managed - args.tables, barrier)
-            reader = tokens.create(conn)
-            writer = tokens.create(conn, job="bench")
+            reader = tokens.create(conn, whole_lake=True)
+            writer = tokens.create(conn, job="bench", whole_lake=True)
         proc, uri = start(settings, workers=args.workers)
         try:
             s = session(uri, *reader)

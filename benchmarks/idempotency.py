@@ -52,7 +52,7 @@ def main() -> int:
         lake.create_namespace("free")
         lake.create_table("free.t", schema=pa.schema([("id", pa.int64())]))
         with db.connect(dsn) as conn:
-            writer = tokens.create(conn, job="bench")
+            writer = tokens.create(conn, job="bench", whole_lake=True)
         proc, uri = start(settings)
         try:
             s = session(uri, *writer)

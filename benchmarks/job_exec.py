@@ -118,7 +118,7 @@ def main() -> None:
                     external_inputs=frozenset(["ext:minute"]),
                 ),
             )
-            credential = ":".join(tokens.create(conn, job="minute"))
+            credential = ":".join(tokens.create(conn, job="minute", whole_lake=True))
         uri, counts = serve(settings)
         direct = ["python3", str(SCRIPT), "bench.direct", str(args.rows)]
         exec_ = [

@@ -127,7 +127,7 @@ def managed(args) -> dict:
             with db.connect(dsn) as conn:
                 barriers.set_interval_s(conn, 3600)  # this driver issues them, one a second
                 jobs.register(conn, JobDefinition(name="w", sinks=frozenset([TABLE]), external_inputs=frozenset(["x"])))
-                credential = ":".join(tokens.create(conn, job="w"))
+                credential = ":".join(tokens.create(conn, job="w", whole_lake=True))
                 script = [sys.executable, str(ENGINES / "append_one.py"), "d.t", str(times)]
                 if args.mode == "exec":
                     command = [*CLI, "job", "exec", "w", "--follow", "--no-skip", "--catalog-uri", uri]
@@ -145,7 +145,7 @@ def managed(args) -> dict:
                 )
                 barriers.issue(conn)
                 writer = Supervisor(command, env, logs / "writer.log")
-                http = session(uri, *tokens.create(conn))
+                http = session(uri, *tokens.create(conn, whole_lake=True))
                 total = int(args.minutes * 60)
                 per_s: list[dict] = []
                 started = time.monotonic()
@@ -252,7 +252,7 @@ def unmanaged(args) -> dict:
                 jobs.register(
                     conn, JobDefinition(name="other", sinks=frozenset([TABLE]), external_inputs=frozenset(["x"]))
                 )
-                client_id, secret = tokens.create(conn, job="other")
+                client_id, secret = tokens.create(conn, job="other", whole_lake=True)
                 service = subprocess.Popen(
                     [*CLI, "maintain"],
                     env=env,

@@ -128,7 +128,7 @@ def one_variant(args, maintained: bool) -> dict:
         try:
             with db.connect(dsn) as conn:
                 pipe = Pipeline(conn, settings)
-                http = session(uri, *tokens.create(conn))
+                http = session(uri, *tokens.create(conn, whole_lake=True))
                 env = {**os.environ, "ICEBARRIER_DSN": dsn, "ICEBARRIER_WAREHOUSE": warehouse}
                 if maintained:
                     service = subprocess.Popen(

@@ -374,8 +374,8 @@ def icebarrier(args, dsn: str, work: Path) -> tuple[dict[str, float], dict[str, 
     names = [TableName.parse(f"lake.bench.t{i}") for i in range(args.tables)]
     with db.connect(dsn) as conn:
         jobs.register(conn, JobDefinition(name="bench", sinks=frozenset(names), external_inputs=frozenset(["x"])))
-        writer = tokens.create(conn, job="bench")
-        readers = [tokens.create(conn) for _ in range(16)]
+        writer = tokens.create(conn, job="bench", whole_lake=True)
+        readers = [tokens.create(conn, whole_lake=True) for _ in range(16)]
     proc, uri = start(settings, workers=args.workers)
     try:
         served = Target("icebarrier", uri, {"warehouse": "latest", "credential": ":".join(writer)}, "")

@@ -142,7 +142,7 @@ def one_run(args) -> dict:
                     name="writer", sinks=frozenset([TableName.parse("lake.bench.t")]), external_inputs=frozenset(["x"])
                 ),
             )
-            credentials = [tokens.create(conn, job="writer") for _ in range(args.clients)]
+            credentials = [tokens.create(conn, job="writer", whole_lake=True) for _ in range(args.clients)]
         ca = trustme.CA()
         pem, ca_pem = str(Path(home) / "server.pem"), str(Path(home) / "ca.pem")
         ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(pem)

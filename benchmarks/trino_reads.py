@@ -91,7 +91,7 @@ def main() -> int:
         _, names = build_lake(settings, 2)
         grow(settings, names, args.barriers)
         with db.connect(dsn) as conn:
-            reader = ":".join(tokens.create(conn))
+            reader = ":".join(tokens.create(conn, whole_lake=True))
         proc, uri = start(settings)
         try:
             catalogs = {c: catalog_file(uri, w, reader, c) for c, w in WAREHOUSES.items()}

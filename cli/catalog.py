@@ -10,8 +10,9 @@ import click
 
 from icebarrier.apps.catalog.clients import CA_CERT_ENV, ENGINES, configuration
 from icebarrier.cli.render import emit, table
-from icebarrier.control_plane import tokens
-from icebarrier.control_plane.model import parse_duration_s, parse_size_bytes
+from icebarrier.control_plane import tables, tokens
+from icebarrier.control_plane.errors import InvalidValueError
+from icebarrier.control_plane.model import TableName, check_namespace, parse_duration_s, parse_size_bytes
 
 
 @click.command("serve")
@@ -205,6 +206,49 @@ def connect(
     emit(obj, {"engine": engine, "warehouse": parsed, "configuration": text}, text)
 
 
+def _grant_options(command):
+    command = click.option(
+        "--write", is_flag=True, help="A job's token may also write the unmanaged tables granted (and create them)."
+    )(command)
+    command = click.option(
+        "--table",
+        "table_names",
+        multiple=True,
+        metavar="TABLE",
+        help="Grant this table, CATALOG.NS.TABLE (repeatable).",
+    )(command)
+    return click.option(
+        "--namespace",
+        "namespaces",
+        multiple=True,
+        metavar="NS",
+        help="Grant this namespace's tables and those of the namespaces under it (repeatable).",
+    )(command)
+
+
+def _namespace(text: str) -> str:
+    return ".".join(check_namespace(text.split(".")))
+
+
+def _grants(obj, namespaces, table_names, write: bool) -> list[tokens.Grant]:
+    """The grants named, each checked to exist (a namespace in the catalog; a table in the catalog
+    or declared by a job)."""
+    privilege = "write" if write else "read"
+    catalog = obj.catalog() if namespaces or table_names else None
+    given = []
+    for text in namespaces:
+        namespace = _namespace(text)
+        if not catalog.namespace_exists(namespace):
+            raise InvalidValueError(f"namespace {namespace} does not exist in the catalog; check --namespace")
+        given.append(tokens.Grant("namespace", namespace, privilege))
+    for text in table_names:
+        name = TableName.parse(text)
+        if not catalog.table_exists(name.identifier) and not tables.is_managed(obj.conn(), name):
+            raise InvalidValueError(f"table {name} does not exist in the catalog nor as a job's sink; check --table")
+        given.append(tokens.Grant("table", str(name), privilege))
+    return given
+
+
 @click.group("token")
 def token_group() -> None:
     """Credentials for catalog clients: a reader, one job (it may commit to its sinks), or an
@@ -220,14 +264,69 @@ def token_group() -> None:
     help="A token that runs any job's session (warehouse job:<JOB>, `icebarrier job exec`), e.g. for a scheduler.",
 )
 @click.option("--name", help="What the token is for (shown in token list).")
+@click.option(
+    "--whole-lake",
+    is_flag=True,
+    help="It reaches every table: reads all (a job's token also writes every unmanaged table). Without it, a "
+    "reader reaches what it is granted, a job its sources, sinks and grants.",
+)
+@_grant_options
 @click.pass_obj
-def create(obj, reader: bool, job: str | None, admin: bool, name: str | None) -> None:
+def create(
+    obj, reader: bool, job: str | None, admin: bool, name: str | None, whole_lake: bool, namespaces, table_names, write
+) -> None:
     """Create a token; prints CLIENT_ID:SECRET once (only a hash of the secret is kept)."""
     if reader + (job is not None) + admin != 1:
         raise click.UsageError("pass exactly one of --reader, --job JOB or --admin")
-    client_id, secret = tokens.create(obj.conn(), job=job, name=name, admin=admin)
+    given = _grants(obj, namespaces, table_names, write)  # checked before anything is written
+    if admin and (whole_lake or given):
+        raise click.UsageError("an admin token reaches the whole lake: drop --whole-lake, --namespace and --table")
+    if whole_lake and given:
+        raise click.UsageError("--whole-lake reaches every table: drop --namespace and --table, or --whole-lake")
+    if reader and not (whole_lake or given):
+        raise click.UsageError(
+            "a reader token reaches only what it is granted: add --namespace NS and/or --table TABLE, or --whole-lake"
+        )
+    conn = obj.conn()
+    with conn.transaction():
+        client_id, secret = tokens.create(conn, job=job, name=name, admin=admin, whole_lake=whole_lake)
+        if given:
+            tokens.grant(conn, client_id, given)
     role = "admin" if admin else "job" if job else "reader"
-    emit(obj, {"client_id": client_id, "client_secret": secret, "role": role, "job": job}, f"{client_id}:{secret}")
+    emit(
+        obj,
+        {"client_id": client_id, "client_secret": secret, "role": role, "job": job, "grants": [str(g) for g in given]},
+        f"{client_id}:{secret}",
+    )
+
+
+@token_group.command("grant")
+@click.argument("client_id")
+@_grant_options
+@click.pass_obj
+def grant(obj, client_id: str, namespaces, table_names, write: bool) -> None:
+    """Let a token read (--write: a job's token also write, where no job's sink is) the tables of
+    a namespace (and the namespaces under it) or a table. Servers apply it at once."""
+    given = _grants(obj, namespaces, table_names, write)
+    if not given:
+        raise click.UsageError("name what to grant: --namespace NS and/or --table CATALOG.NS.TABLE")
+    t = tokens.grant(obj.conn(), client_id, given)
+    emit(obj, t.to_json(), f"token {t.client_id} reaches: {', '.join(t.grants)}")
+
+
+@token_group.command("ungrant")
+@click.argument("client_id")
+@click.option("--namespace", "namespaces", multiple=True, metavar="NS", help="A namespace granted (repeatable).")
+@click.option("--table", "table_names", multiple=True, metavar="TABLE", help="A table granted (repeatable).")
+@click.pass_obj
+def ungrant(obj, client_id: str, namespaces, table_names) -> None:
+    """Take grants back from a token; servers apply it at once."""
+    taken = [tokens.Grant("namespace", _namespace(n), "read") for n in namespaces]
+    taken += [tokens.Grant("table", str(TableName.parse(t)), "read") for t in table_names]
+    if not taken:
+        raise click.UsageError("name what to take back: --namespace NS and/or --table CATALOG.NS.TABLE")
+    t = tokens.ungrant(obj.conn(), client_id, taken)
+    emit(obj, t.to_json(), f"token {t.client_id} reaches: {', '.join(t.grants) or 'nothing granted'}")
 
 
 @token_group.command("list")
@@ -239,13 +338,18 @@ def list_(obj) -> None:
         obj,
         [t.to_json() for t in found],
         lambda: table(
-            ["client id", "role", "job", "name", "created", "revoked"],
+            ["client id", "role", "job", "name", "reaches", "created", "revoked"],
             [
                 (
                     t.client_id,
                     t.kind,
                     t.job,
                     t.name,
+                    "the whole lake"
+                    if t.whole_lake
+                    else "\n".join(t.grants) or "(its job's tables)"
+                    if t.job
+                    else "nothing",
                     t.created_at.isoformat(timespec="seconds"),
                     t.revoked_at.isoformat(timespec="seconds") if t.revoked_at else None,
                 )

@@ -84,7 +84,7 @@ class LoadQuery:
         elif row["who_client"] is None:
             raise unknown_token()
         else:
-            principal = Principal(client_id=row["who_client"], kind=row["who_kind"], job=row["who_job"])
+            principal = Principal.of(row["who_client"], row["who_kind"], row["who_job"], row["who_reach"])
         return LoadState(
             principal=principal,
             staged_location=row["staged_location"],

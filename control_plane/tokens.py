@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from icebarrier.control_plane.db import Conn
 from icebarrier.control_plane.errors import IcebarrierError
-from icebarrier.control_plane.model import parse_job_name
+from icebarrier.control_plane.model import TableName, parse_job_name
 
 SESSION_TTL_S = 3600
 
@@ -31,6 +31,10 @@ class AuthenticationError(IcebarrierError):
     """Credentials or an access token that are unknown, revoked or expired."""
 
 
+class NotGrantedError(IcebarrierError):
+    """A table or namespace outside what the token was granted (403)."""
+
+
 def unknown_token() -> AuthenticationError:
     return AuthenticationError("the access token is unknown, expired or revoked; authenticate again")
 
@@ -43,14 +47,66 @@ def token_required() -> AuthenticationError:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Reach:
+    """What a token reaches short of the whole lake: tables and namespaces (a namespace covers
+    the namespaces under it) to read, and to write where they are not managed (a job's sinks are
+    written under the catalog's own rules). Built from ``token_reach`` (migration 0024)."""
+
+    read_tables: frozenset[str] = frozenset()
+    write_tables: frozenset[str] = frozenset()
+    read_namespaces: tuple[str, ...] = ()
+    write_namespaces: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, entries: list[str]) -> Reach:
+        found: dict[tuple[str, str], set[str]] = {}
+        for entry in entries:
+            privilege, kind, obj = entry.split(":", 2)
+            found.setdefault((privilege, kind), set()).add(obj)
+            if privilege == "write":  # write implies read
+                found.setdefault(("read", kind), set()).add(obj)
+        return cls(
+            read_tables=frozenset(found.get(("read", "table"), ())),
+            write_tables=frozenset(found.get(("write", "table"), ())),
+            read_namespaces=tuple(sorted(found.get(("read", "namespace"), ()))),
+            write_namespaces=tuple(sorted(found.get(("write", "namespace"), ()))),
+        )
+
+    def reads(self, table: TableName) -> bool:
+        return str(table) in self.read_tables or _under(table.namespace, self.read_namespaces)
+
+    def writes(self, table: TableName) -> bool:
+        return str(table) in self.write_tables or _under(table.namespace, self.write_namespaces)
+
+    def sees_namespace(self, catalog: str, namespace: tuple[str, ...]) -> bool:
+        """Whether a list shows ``namespace``: it is granted, under a grant, or above something granted."""
+        name = ".".join(namespace)
+        if _under(namespace, self.read_namespaces) or any(n.startswith(name + ".") for n in self.read_namespaces):
+            return True
+        prefix = f"{catalog}.{name}."
+        return any(t.startswith(prefix) for t in self.read_tables)
+
+
+def _under(namespace: tuple[str, ...], granted: tuple[str, ...]) -> bool:
+    name = ".".join(namespace)
+    return any(name == g or name.startswith(g + ".") for g in granted)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Principal:
     """Who a catalog request comes from: a reader, a job (it may commit to its sinks), or an
-    admin (it may open any job's session)."""
+    admin (it may open any job's session); ``reach``: what it may read (None: the whole lake)."""
 
     client_id: str | None  # None: anonymous
     kind: str  # reader, job or admin
     job: str | None = None
+    reach: Reach | None = None
+
+    @classmethod
+    def of(cls, client_id: str, kind: str, job: str | None, reach: list[str] | None) -> Principal:
+        """A token's principal as the database has it (``reach``: ``token_reach``'s entries)."""
+        return cls(client_id=client_id, kind=kind, job=job, reach=None if reach is None else Reach.parse(reach))
 
     @property
     def acting_job(self) -> str:
@@ -62,6 +118,45 @@ class Principal:
     def describe(self) -> str:
         who = f"token {self.client_id}" if self.client_id else "an anonymous client"
         return f"{who} (job {self.job})" if self.job else f"{who} ({self.kind})"
+
+    def reads(self, table: TableName) -> bool:
+        return self.reach is None or self.reach.reads(table)
+
+    def require_read(self, table: TableName) -> None:
+        """Refuse (403) a table this principal was not granted, whether or not it exists."""
+        if not self.reads(table):
+            raise NotGrantedError(
+                f"{self.describe()} may not read {table}: it has no grant on the table or its namespace; "
+                f"an admin grants it with `icebarrier token grant {self.client_id or 'CLIENT_ID'} --table {table}` "
+                f"(or --namespace {'.'.join(table.namespace)})"
+            )
+
+    def sees_namespace(self, catalog: str, namespace: tuple[str, ...]) -> bool:
+        return self.reach is None or self.reach.sees_namespace(catalog, namespace)
+
+    def require_namespace(self, catalog: str, namespace: tuple[str, ...], *, write: bool = False) -> None:
+        """Refuse (403) a namespace outside the grants: to see (load, exists, list its tables), or
+        (``write``) to create, drop or change it (a write grant on it or above it)."""
+        name = ".".join(namespace)
+        if write and self.reach is not None and not _under(namespace, self.reach.write_namespaces):
+            raise NotGrantedError(
+                f"{self.describe()} may not change namespace {name}: it needs a write grant on it or a namespace "
+                f"above it; an admin grants it with `icebarrier token grant {self.client_id or 'CLIENT_ID'} --write "
+                f"--namespace {name}`"
+            )
+        if not self.sees_namespace(catalog, namespace):
+            raise NotGrantedError(
+                f"{self.describe()} may not see namespace {name}: it has no grant in it; an admin grants it with "
+                f"`icebarrier token grant {self.client_id or 'CLIENT_ID'} --namespace {name}`"
+            )
+
+    def require_write_unmanaged(self, table: TableName) -> None:
+        if self.reach is not None and not self.reach.writes(table):
+            raise NotGrantedError(
+                f"{self.describe()} may not write {table}: a job writes its sinks, and other tables only with a "
+                f"write grant; an admin grants it with `icebarrier token grant {self.client_id or 'CLIENT_ID'} "
+                f"--write --table {table}` (or --namespace {'.'.join(table.namespace)})"
+            )
 
 
 ANONYMOUS = Principal(client_id=None, kind="reader")  # no token, where the catalog allows that
@@ -75,6 +170,8 @@ class Token:
     name: str | None
     created_at: datetime
     revoked_at: datetime | None
+    whole_lake: bool = False
+    grants: list[str] = field(default_factory=list)  # "read namespace a.b", "write table lake.a.t"
 
     def to_json(self) -> dict:
         return {
@@ -84,6 +181,8 @@ class Token:
             "name": self.name,
             "created_at": self.created_at.isoformat(),
             "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
+            "whole_lake": self.whole_lake,
+            "grants": self.grants,
         }
 
 
@@ -92,9 +191,12 @@ def token_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def create(conn: Conn, *, job: str | None = None, name: str | None = None, admin: bool = False) -> tuple[str, str]:
+def create(
+    conn: Conn, *, job: str | None = None, name: str | None = None, admin: bool = False, whole_lake: bool = False
+) -> tuple[str, str]:
     """A new token for a reader (``job`` None), for ``job``, or (``admin``) for any job's session;
-    returns (client id, secret)."""
+    returns (client id, secret). A reader or a job reaches only what it is granted (a job: its
+    sources and sinks too), unless ``whole_lake``."""
     if job is not None:
         parse_job_name(job)
     if admin and job is not None:
@@ -104,17 +206,73 @@ def create(conn: Conn, *, job: str | None = None, name: str | None = None, admin
     secret = secrets.token_urlsafe(32)
     with conn.transaction():
         conn.execute(
-            "INSERT INTO catalog_token (client_id, secret_hash, kind, job_name, name) VALUES (%s, %s, %s, %s, %s)",
-            (client_id, token_hash(secret), kind, job, name),
+            "INSERT INTO catalog_token (client_id, secret_hash, kind, job_name, name, whole_lake) "
+            "VALUES (%s, %s, %s, %s, %s, %s)",
+            (client_id, token_hash(secret), kind, job, name, whole_lake or admin),
         )
     return client_id, secret
 
 
+@dataclass(frozen=True, slots=True)
+class Grant:
+    kind: str  # namespace or table
+    object: str  # a namespace ("a.b") or a table ("lake.a.t")
+    privilege: str  # read, or write (the unmanaged tables there; read too)
+
+    def __str__(self) -> str:
+        return f"{self.privilege} {self.kind} {self.object}"
+
+
+def grant(conn: Conn, client_id: str, grants: list[Grant]) -> Token:
+    """Add ``grants`` to a token (a grant given again takes the new privilege)."""
+    with conn.transaction():
+        token = _token(conn, client_id, lock=True)
+        if token.kind == "admin" or token.whole_lake:
+            raise IcebarrierError(f"token {client_id} reaches the whole lake already; grants would change nothing")
+        if token.kind == "reader" and any(g.privilege == "write" for g in grants):
+            raise IcebarrierError(f"token {client_id} is a reader's: it writes nothing; grant it read (drop --write)")
+        for g in grants:
+            conn.execute(
+                "INSERT INTO catalog_grant (client_id, kind, object, privilege) VALUES (%s, %s, %s, %s) "
+                "ON CONFLICT (client_id, kind, object) DO UPDATE SET privilege = EXCLUDED.privilege, granted_at = now()",
+                (client_id, g.kind, g.object, g.privilege),
+            )
+    return _token(conn, client_id)
+
+
+def ungrant(conn: Conn, client_id: str, grants: list[Grant]) -> Token:
+    """Take ``grants`` (kind and object; the privilege is ignored) from a token; one it does not
+    hold is refused, naming it."""
+    with conn.transaction():
+        _token(conn, client_id, lock=True)
+        for g in grants:
+            gone = conn.execute(
+                "DELETE FROM catalog_grant WHERE client_id = %s AND kind = %s AND object = %s",
+                (client_id, g.kind, g.object),
+            ).rowcount
+            if not gone:
+                raise IcebarrierError(
+                    f"token {client_id} holds no grant on {g.kind} {g.object}; see `icebarrier token list`"
+                )
+    return _token(conn, client_id)
+
+
+_TOKEN_SQL = (
+    "SELECT client_id, kind, job_name AS job, name, created_at, revoked_at, whole_lake, "
+    "ARRAY(SELECT g.privilege || ' ' || g.kind || ' ' || g.object FROM catalog_grant g "
+    "WHERE g.client_id = t.client_id ORDER BY g.kind, g.object) AS grants FROM catalog_token t"
+)
+
+
+def _token(conn: Conn, client_id: str, *, lock: bool = False) -> Token:
+    row = conn.execute(f"{_TOKEN_SQL} WHERE client_id = %s{' FOR UPDATE' if lock else ''}", (client_id,)).fetchone()
+    if row is None:
+        raise TokenNotFoundError(client_id)
+    return Token(**row)
+
+
 def list_tokens(conn: Conn) -> list[Token]:
-    rows = conn.execute(
-        "SELECT client_id, kind, job_name AS job, name, created_at, revoked_at FROM catalog_token ORDER BY created_at"
-    ).fetchall()
-    return [Token(**r) for r in rows]
+    return [Token(**r) for r in conn.execute(f"{_TOKEN_SQL} ORDER BY created_at").fetchall()]
 
 
 def revoke(conn: Conn, client_id: str) -> Token:
@@ -173,10 +331,11 @@ def _new_session(conn: Conn, client_id: str, ttl_s: int) -> str:
 def session(conn: Conn, access_token: str) -> Principal:
     """The principal behind a live access token."""
     row = conn.execute(
-        """SELECT t.client_id, t.kind, t.job_name FROM catalog_session s JOIN catalog_token t USING (client_id)
+        """SELECT t.client_id, t.kind, t.job_name, token_reach(t.client_id) AS reach
+           FROM catalog_session s JOIN catalog_token t USING (client_id)
            WHERE s.token_hash = %s AND s.expires_at > now() AND t.revoked_at IS NULL""",
         (token_hash(access_token),),
     ).fetchone()
     if row is None:
         raise unknown_token()
-    return Principal(client_id=row["client_id"], kind=row["kind"], job=row["job_name"])
+    return Principal.of(row["client_id"], row["kind"], row["job_name"], row["reach"])

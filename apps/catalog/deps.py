@@ -182,7 +182,9 @@ def _table_at(
 
 async def reading_table(request: Request, who: Caller, prefix: str, namespace: str, table: str) -> TableAt:
     warehouse = Warehouse.parse(prefix)
-    return _table_at(request, warehouse, namespace, table, acting(who[0], warehouse), who[1])
+    at = _table_at(request, warehouse, namespace, table, acting(who[0], warehouse), who[1])
+    at.principal.require_read(at.table)
+    return at
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -52,6 +52,7 @@ _STATUS = [  # (exception class name, HTTP status, REST error type), most specif
     ("StaleSessionError", 403, "ForbiddenException"),
     ("SessionHeldError", 409, "ConflictException"),
     ("PermissionDeniedError", 403, "ForbiddenException"),
+    ("NotGrantedError", 403, "ForbiddenException"),
     ("NoSuchTableError", 404, "NoSuchTableException"),
     ("TableNotFoundError", 404, "NoSuchTableException"),
     ("NoSuchNamespaceError", 404, "NoSuchNamespaceException"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
-from icebarrier.apps.catalog.deps import LakeDep, NamespacePath, PageSize, Reading, Writing, parse_namespace
+from icebarrier.apps.catalog.deps import Caller, LakeDep, NamespacePath, PageSize, Reading, Writing, parse_namespace
 from icebarrier.apps.catalog.errors import UnprocessableError
 from icebarrier.apps.catalog.idempotency import Writes
 from icebarrier.apps.catalog.models import CreateNamespaceRequest, UpdateNamespacePropertiesRequest
@@ -17,18 +17,22 @@ router = APIRouter(prefix="/v1/{prefix}/namespaces")
 @router.get("")
 def list_namespaces(
     warehouse: Reading,
+    who: Caller,
     lake: LakeDep,
     parent: str | None = None,
     pageToken: str | None = None,
     pageSize: PageSize = None,
 ):
+    """The namespaces the caller may see: granted, under a grant, or above something granted."""
     found = lake.catalog.list_namespaces(parse_namespace(parent) if parent else ())
-    return {"namespaces": [list(n) for n in found]}
+    catalog = lake.settings.catalog
+    return {"namespaces": [list(n) for n in found if who[0].sees_namespace(catalog, tuple(n))]}
 
 
 @router.post("")
 def create_namespace(to: Writing, lake: LakeDep, once: Writes, body: dict):
     request = CreateNamespaceRequest.parse(body)
+    to.principal.require_namespace(lake.settings.catalog, tuple(request.namespace), write=True)
 
     def create(conn):
         lake.catalog.create_namespace(request.namespace, request.properties)
@@ -38,24 +42,28 @@ def create_namespace(to: Writing, lake: LakeDep, once: Writes, body: dict):
 
 
 @router.get("/{namespace}")
-def load_namespace(warehouse: Reading, namespace: NamespacePath, lake: LakeDep):
+def load_namespace(warehouse: Reading, who: Caller, namespace: NamespacePath, lake: LakeDep):
     """The namespace's properties; ``location`` always (where its tables go by default): Trino
     places a new table itself under it (``<location>/<table>-<uuid>`` with
     ``iceberg.unique-table-location``) and otherwise creates it eagerly and then refuses the
     location the create just wrote to."""
+    who[0].require_namespace(lake.settings.catalog, namespace)
     properties = lake.catalog.load_namespace_properties(namespace)
     properties.setdefault("location", f"{lake.settings.warehouse.rstrip('/')}/{'.'.join(namespace)}")
     return {"namespace": list(namespace), "properties": properties}
 
 
 @router.head("/{namespace}")
-def namespace_exists(warehouse: Reading, namespace: NamespacePath, lake: LakeDep):
+def namespace_exists(warehouse: Reading, who: Caller, namespace: NamespacePath, lake: LakeDep):
+    who[0].require_namespace(lake.settings.catalog, namespace)
     lake.catalog.load_namespace_properties(namespace)  # NoSuchNamespaceError: 404
     return Response(status_code=204)
 
 
 @router.delete("/{namespace}")
 def drop_namespace(to: Writing, namespace: NamespacePath, lake: LakeDep, once: Writes):
+    to.principal.require_namespace(lake.settings.catalog, namespace, write=True)
+
     def drop(conn):
         lake.catalog.drop_namespace(namespace)
         return Response(status_code=204)
@@ -65,6 +73,7 @@ def drop_namespace(to: Writing, namespace: NamespacePath, lake: LakeDep, once: W
 
 @router.post("/{namespace}/properties")
 def update_properties(to: Writing, namespace: NamespacePath, lake: LakeDep, once: Writes, body: dict):
+    to.principal.require_namespace(lake.settings.catalog, namespace, write=True)
     request = UpdateNamespacePropertiesRequest.parse(body)
     both = sorted(set(request.removals) & set(request.updates))
     if both:

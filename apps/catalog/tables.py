@@ -55,14 +55,18 @@ def list_tables(
     pageToken: str | None = None,
     pageSize: PageSize = None,
 ):
-    """The catalog's tables; through a job's session also the sinks it created and has not
-    published (nobody else sees them yet). One statement, the answer's JSON made directly (a
+    """The catalog's tables the caller may read; through a job's session also the sinks it
+    created and has not published (nobody else sees them yet). One statement, the answer's JSON made directly (a
     thousand identifiers through FastAPI's encoder took 13 ms)."""
+    principal = acting(who[0], warehouse)
+    principal.require_namespace(lake.settings.catalog, namespace)
     with lake.pool.connection() as conn:
         found = set(lake.table_names(conn, namespace))
         if warehouse.kind == "job":
-            session = lake.session(conn, warehouse, acting(who[0], warehouse))
+            session = lake.session(conn, warehouse, principal)
             found.update(t.identifier[-1] for t in lake.created(conn, session.job) if t.namespace == namespace)
+    if principal.reach is not None:  # only what it may read
+        found = {name for name in found if principal.reads(lake.table_name(namespace, name))}
     listed = list(namespace)
     body = {"identifiers": [{"namespace": listed, "name": name} for name in sorted(found)]}
     return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")

@@ -218,7 +218,7 @@ class _Run(Reading, Audits):
                 self.cp.run(
                     "token",
                     lambda conn, who=who: tokens.create(
-                        conn, job=None if who == "reader" else who, name=f"check {who}"
+                        conn, job=None if who == "reader" else who, name=f"check {who}", whole_lake=who == "reader"
                     ),
                 )
             )

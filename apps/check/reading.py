@@ -39,7 +39,9 @@ class Reading:
         credential = self.credentials["reader"]
         if warehouse == "read-committed":  # an independent reader: a client (token) of its own, so a moment of its own
             credential = ":".join(
-                self.cp.run("token", lambda conn: tokens.create(conn, name="check read-committed reader"))
+                self.cp.run(
+                    "token", lambda conn: tokens.create(conn, name="check read-committed reader", whole_lake=True)
+                )
             )
         try:
             catalog = RestCatalog(

@@ -141,6 +141,15 @@ def _cases():
     yield ["token", "create", "--job", "bad name!"], "bad name!"
     yield ["token", "revoke", "ib-nope"], "ib-nope"
     yield ["token", "create", "--admin", "--job", "ingest"], "--admin"
+    yield ["token", "create", "--reader"], "--whole-lake"
+    yield ["token", "create", "--reader", "--namespace", "ghost_ns"], "ghost_ns"
+    yield ["token", "create", "--reader", "--namespace", "Bad-NS"], "Bad-NS"
+    yield ["token", "create", "--reader", "--table", "lake.db.ghost"], "lake.db.ghost"
+    yield ["token", "create", "--reader", "--whole-lake", "--table", ORDERS], "--whole-lake"
+    yield ["token", "create", "--admin", "--namespace", "db"], "--namespace"
+    yield ["token", "grant", "ib-nope", "--table", ORDERS], "ib-nope"
+    yield ["token", "grant", "ib-nope"], "--namespace"
+    yield ["token", "ungrant", "ib-nope", "--table", ORDERS], "ib-nope"
     for j in BAD_JOBS[:4]:
         yield ["job", "exec", j, "--credential", "a:b", "--", "true"], j
     yield ["job", "exec", "ingest", "--", "true"], "--credential"

@@ -17,7 +17,7 @@ def test_a_token_is_printed_once_and_stored_hashed(cli, conn):
     assert made["client_secret"] not in stored["secret_hash"]
     listed = cli("token", "list").stdout
     assert made["client_id"] in listed and made["client_secret"] not in listed and "nightly" in listed
-    text = cli("token", "create", "--reader").stdout.strip()
+    text = cli("token", "create", "--reader", "--whole-lake").stdout.strip()
     assert text.count(":") == 1 and text.startswith("ib-")
     assert cli("token", "revoke", made["client_id"]).exit_code == 0
     assert json.loads(cli("token", "list", output="json").stdout)[0]["revoked_at"] is not None

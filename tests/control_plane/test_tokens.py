@@ -32,7 +32,7 @@ def test_a_session_barrier_another_server_chose_resolves_in_a_snapshot_that_sees
     register_chain(conn)
     b1 = new_barrier(conn)
     complete_all(conn, b1)
-    client_id, secret = tokens.create(conn)
+    client_id, secret = tokens.create(conn, whole_lake=True)
     access = tokens.open_session(conn, client_id, secret)
     assert moment(conn, access, "orders")[0] == b1
     b2 = new_barrier(conn)
@@ -81,13 +81,13 @@ def test_every_access_token_of_one_client_shares_its_read_committed_moment(conn)
     register_chain(conn)
     b1 = new_barrier(conn)
     complete_all(conn, b1)
-    client_id, secret = tokens.create(conn)
+    client_id, secret = tokens.create(conn, whole_lake=True)
     first, second = (tokens.open_session(conn, client_id, secret) for _ in range(2))
     assert moment(conn, first, "orders")[0] == b1
     b2 = new_barrier(conn)
     complete_all(conn, b2)
     assert moment(conn, second, "payments")[0] == b1
-    other = tokens.open_session(conn, *tokens.create(conn))
+    other = tokens.open_session(conn, *tokens.create(conn, whole_lake=True))
     assert moment(conn, other, "orders")[0] == b2
     assert moment(conn, second, "orders", quiet_ms=0)[0] == b2  # quiet: it moves
 
@@ -106,7 +106,7 @@ def test_a_read_committed_moment_in_use_is_protected_from_expiry(conn):
         return conn.execute("SELECT read_window FROM protection(%s)", (table_id["table_id"],)).fetchone()["read_window"]
 
     assert first["orders"] not in window()  # no client reads b1
-    access = tokens.open_session(conn, *tokens.create(conn))
+    access = tokens.open_session(conn, *tokens.create(conn, whole_lake=True))
     conn.execute(
         "UPDATE catalog_token SET rc_barrier = %s, rc_loaded_at = clock_timestamp() "
         "WHERE client_id = (SELECT client_id FROM catalog_session WHERE token_hash = %s)",

@@ -99,7 +99,7 @@ FUZZ_DIFFERENCES = [
 
 def _job_token(lake) -> str:
     Pipeline(lake, {"conformance": ["managed"]})
-    cid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_conformance")
+    cid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_conformance", whole_lake=True)
     return f"{cid}:{secret}"
 
 
@@ -245,7 +245,7 @@ def test_config_lists_exactly_what_the_server_serves(lake, server):
     """GET /v1/config lists the endpoints; every listed one is routed (never "not served"), the
     spec's others (views, scan planning, credentials) are answered 404 in the error model and a
     wrong method 405 with an Allow header naming every method of that path."""
-    cid, secret = tokens.create(lake.conn)
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
     headers = {"Authorization": f"Bearer {access_token(server, cid, secret)}"}
     config = requests.get(
         f"{server}/v1/config", params={"warehouse": "read-committed"}, headers=headers, timeout=30
@@ -277,7 +277,7 @@ def test_config_lists_exactly_what_the_server_serves(lake, server):
 def test_oauth_takes_credentials_from_a_basic_header_or_the_form(lake, server):
     """RFC 6749 §2.3.1: credentials in a Basic header (DuckDB) or the form (PyIceberg, Spark),
     both if they agree; scope echoed; each mistake an RFC error naming what is wrong."""
-    cid, secret = tokens.create(lake.conn)
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
     url = f"{server}/v1/oauth/tokens"
     grant = {"grant_type": "client_credentials", "scope": "PRINCIPAL_ROLE:ALL"}
     ok = requests.post(url, data=grant, auth=(cid, secret), timeout=30)

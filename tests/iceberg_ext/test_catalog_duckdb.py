@@ -58,7 +58,7 @@ def test_duckdb_reads_every_warehouse_at_its_cut(lake, server):
         lake.catalog.load_table(f"{lake.namespace}.orders").append(
             pa.table({"id": [0] * 5, "barrier": [pending] * 5}), snapshot_properties={SUMMARY_BARRIER: str(pending)}
         )
-        cid, secret = tokens.create(lake.conn)
+        cid, secret = tokens.create(lake.conn, whole_lake=True)
         cred = f"{cid}:{secret}"
         orders = f"lake.{lake.namespace}.orders"
         for i, b in enumerate(marks):
@@ -106,7 +106,7 @@ def test_duckdb_join_through_read_committed_never_mixes_cuts(lake, server):
                 jobs.complete(lake.conn, job, b, {lake.T(name): table.current_snapshot().snapshot_id})
                 time.sleep(0.1)
 
-    cid, secret = tokens.create(lake.conn)
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
     rc = duck(server, "read-committed", f"{cid}:{secret}")
     ru = duck(server, "latest", f"{cid}:{secret}")
     query = JOIN.format(ns=lake.namespace)
@@ -137,9 +137,9 @@ def test_duckdb_writes_are_refused_or_recorded_like_any_client(lake, server):
     p = Pipeline(lake, {"ingest": ["orders"], "other": ["other"]})
     p.advance(rows=3)
     job = f"{lake.namespace}_ingest"
-    jid, jsecret = tokens.create(lake.conn, job=job)
-    oid, osecret = tokens.create(lake.conn, job=f"{lake.namespace}_other")
-    rid, rsecret = tokens.create(lake.conn)
+    jid, jsecret = tokens.create(lake.conn, job=job, whole_lake=True)
+    oid, osecret = tokens.create(lake.conn, job=f"{lake.namespace}_other", whole_lake=True)
+    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
     orders = f"lake.{lake.namespace}.orders"
     before = lake.catalog.load_table(f"{lake.namespace}.orders").metadata_location
     for cred, fragment in [
@@ -173,7 +173,7 @@ def test_a_duckdb_join_through_read_committed_costs_what_it_costs_through_latest
     p = Pipeline(lake, {"ingest": ["orders", "payments"]})
     p.advance(rows=10)
     p.advance(rows=10)
-    cid, secret = tokens.create(lake.conn)
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
     join = f"SELECT count(*) FROM lake.{lake.namespace}.orders o JOIN lake.{lake.namespace}.payments p USING (id)"
     proxy = TransactionCounter(lake.settings.dsn)
     try:

@@ -26,7 +26,7 @@ def test_pinned_warehouses_serve_the_cut_with_trimmed_metadata(lake, server):
     metadata (response and file) lists only the pin and its ancestors; latest is current."""
     p = Pipeline(lake, {"ingest": ["orders"]})
     marks = [p.advance(rows=10) for _ in range(3)]
-    cid, secret = tokens.create(lake.conn)
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
     cred = f"{cid}:{secret}"
     name = f"{lake.namespace}.orders"
     for i, b in enumerate(marks):
@@ -64,7 +64,7 @@ def test_a_pinned_warehouse_at_a_coalesced_barrier_is_refused(lake, server):
         {lake.T("orders"): table.current_snapshot().snapshot_id},
         coalesce=True,
     )
-    cid, secret = tokens.create(lake.conn)
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
     headers = {"Authorization": f"Bearer {access_token(server, cid, secret)}"}
     r = requests.get(f"{server}/v1/barrier-{b2}/namespaces/{lake.namespace}/tables/orders", headers=headers, timeout=30)
     assert r.status_code == 400, r.text
@@ -88,7 +88,7 @@ def test_bad_requests_are_spec_errors_with_one_line(lake, server):
     a malformed request: each a spec error whose message is our one line; nothing written."""
     p = Pipeline(lake, {"ingest": ["orders"], "late": ["late"]})
     b1 = p.advance(only={f"{lake.namespace}_ingest"})
-    cid, secret = tokens.create(lake.conn)
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
     headers = {"Authorization": f"Bearer {access_token(server, cid, secret)}"}
 
     def get(path):
@@ -116,7 +116,7 @@ def test_bad_requests_are_spec_errors_with_one_line(lake, server):
         timeout=30,
     )
     assert r.status_code == 403 and "a reader token writes nothing" in r.json()["error"]["message"]
-    jid, jsecret = tokens.create(lake.conn, job=f"{lake.namespace}_ingest")
+    jid, jsecret = tokens.create(lake.conn, job=f"{lake.namespace}_ingest", whole_lake=True)
     r = requests.post(
         f"{server}/v1/latest/namespaces/{lake.namespace}/tables/orders",
         json={"updates": "x"},
@@ -144,9 +144,9 @@ def test_writes_need_the_owning_jobs_token_and_a_barrier(lake, server):
     p = Pipeline(lake, {"ingest": ["orders"], "other": ["other"]})
     p.advance()
     job = f"{lake.namespace}_ingest"
-    jid, jsecret = tokens.create(lake.conn, job=job)
-    oid, osecret = tokens.create(lake.conn, job=f"{lake.namespace}_other")
-    rid, rsecret = tokens.create(lake.conn)
+    jid, jsecret = tokens.create(lake.conn, job=job, whole_lake=True)
+    oid, osecret = tokens.create(lake.conn, job=f"{lake.namespace}_other", whole_lake=True)
+    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
     name = f"{lake.namespace}.orders"
     rows = pa.table({"id": [7], "barrier": [0]})
 
@@ -205,7 +205,7 @@ def test_read_committed_sessions_never_mix_cuts_across_two_servers(lake):
             p.advance()
             time.sleep(0.2)
 
-    cid, secret = tokens.create(lake.conn)
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
     try:
         access = access_token(servers[0][1], cid, secret)
         headers = {"Authorization": f"Bearer {access}"}
@@ -251,7 +251,7 @@ def test_spark_reads_consistent_cuts_through_the_rest_catalog(lake, server, spar
 
     p = Pipeline(lake, {"ingest": ["orders", "payments"]})
     first = p.advance(rows=3)
-    cid, secret = tokens.create(lake.conn)
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
     name = f"rest_{uuid.uuid4().hex[:6]}"
     for line in configuration("spark", "read-committed", server, f"{cid}:{secret}", name).splitlines():
         key, value = line.split(" ", 1)
@@ -297,7 +297,7 @@ def test_without_session_stability_the_same_reads_do_mix(lake):
     longer than a barrier takes, the same sequence stays on one cut."""
     p = Pipeline(lake, {"ingest": ["orders", "payments"]})
     p.advance()
-    cid, secret = tokens.create(lake.conn)
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
     for quiet, mixes in (("1ms", True), ("10s", False)):
         proc, uri = start_server(lake, "--session-quiet", quiet)
         try:
@@ -331,7 +331,7 @@ def test_a_lease_warehouse_keeps_its_snapshots_through_expire(lake, server):
     lease = leases.acquire(lake.conn, [lake.T("orders")], ttl_s=600, holder="report", barrier=marks[0])
     result = CliRunner().invoke(command, ["expire", "--table", str(lake.T("orders")), "--older-than", "0s"])
     assert result.exit_code == 0, result.output
-    cid, secret = tokens.create(lake.conn)
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
     table = rest(server, f"lease-{lease.lease_id}", f"{cid}:{secret}").load_table(f"{lake.namespace}.orders")
     assert table.scan().to_arrow().num_rows == 5
     from pyiceberg.exceptions import BadRequestError
@@ -347,8 +347,8 @@ def test_a_multi_table_commit_is_atomic_for_readers_of_latest(lake, server):
     p = Pipeline(lake, {"pair": ["left", "right"]})
     p.advance()
     job = f"{lake.namespace}_pair"
-    jid, jsecret = tokens.create(lake.conn, job=job)
-    rid, rsecret = tokens.create(lake.conn)
+    jid, jsecret = tokens.create(lake.conn, job=job, whole_lake=True)
+    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
     writer = rest(server, "latest", f"{jid}:{jsecret}")
     headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
     access = {"Authorization": f"Bearer {access_token(server, jid, jsecret)}"}
@@ -396,7 +396,7 @@ def test_a_server_killed_mid_commit_leaves_both_or_neither(lake):
     p = Pipeline(lake, {"ingest": ["orders"]})
     p.advance()
     job = f"{lake.namespace}_ingest"
-    jid, jsecret = tokens.create(lake.conn, job=job)
+    jid, jsecret = tokens.create(lake.conn, job=job, whole_lake=True)
     name = f"{lake.namespace}.orders"
     before = lake.catalog.load_table(name).metadata_location
     proc, uri = start_server(lake, env_extra={"ICEBARRIER_FAULT": "in-catalog-commit"})
@@ -427,7 +427,7 @@ def test_a_server_killed_mid_commit_leaves_both_or_neither(lake):
 def _job_through_catalog(lake, server: str, job: str, folder) -> dict:
     """The environment of a job process that writes through the catalog with a token of its own
     (an icebarrier.toml with [catalog_properties], as `spark-conf --via rest` prints)."""
-    jid, jsecret = tokens.create(lake.conn, job=job)
+    jid, jsecret = tokens.create(lake.conn, job=job, whole_lake=True)
     config = folder / "icebarrier.toml"
     config.write_text(
         f'dsn = "{lake.settings.dsn}"\nschema = "{lake.settings.schema}"\n'
@@ -557,7 +557,7 @@ def test_a_multi_sink_job_through_the_catalog_publishes_each_barrier_in_one_tran
         )
     marks = [p.advance(rows=i + 1) for i in range(3)]
     env = _job_through_catalog(lake, server, job, tmp_path)
-    rid, rsecret = tokens.create(lake.conn)
+    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
     headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
     stop, seen = threading.Event(), []
 

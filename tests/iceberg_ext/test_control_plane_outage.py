@@ -38,7 +38,7 @@ def _drop_server_connections(lake) -> int:
 def _served(lake, **env):
     p = Pipeline(lake, {"solo": ["facts"]})
     p.advance()
-    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo")
+    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo", whole_lake=True)
     proc, uri = start_server(lake, env_extra=env)
     return proc, uri, jid, secret
 

@@ -51,7 +51,7 @@ def test_a_lost_commit_answer_retried_with_its_key_is_answered_and_not_applied_a
     p = Pipeline(lake, {"solo": ["facts"]})
     p.advance()
     job = f"{lake.namespace}_solo"
-    jid, secret = tokens.create(lake.conn, job=job)
+    jid, secret = tokens.create(lake.conn, job=job, whole_lake=True)
     writer = rest(server, "latest", f"{jid}:{secret}")
     auth = {"Authorization": f"Bearer {access_token(server, jid, secret)}"}
     b = barriers.issue(lake.conn).barrier
@@ -77,7 +77,7 @@ def test_a_commit_answer_is_read_back_from_its_metadata_file_which_orphan_remova
     made = lake.catalog.load_table(name)
     with made.transaction() as tx:
         tx.set_properties({"write.metadata.previous-versions-max": "1"})
-    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo")
+    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo", whole_lake=True)
     auth = {"Authorization": f"Bearer {access_token(server, jid, secret)}"}
     url = f"{server}/v1/latest/namespaces/{lake.namespace}/tables/facts"
 
@@ -121,7 +121,7 @@ def test_a_lost_transaction_answer_retried_with_its_key_commits_both_tables_once
     p = Pipeline(lake, {"pair": ["left", "right"]})
     p.advance()
     job = f"{lake.namespace}_pair"
-    jid, secret = tokens.create(lake.conn, job=job)
+    jid, secret = tokens.create(lake.conn, job=job, whole_lake=True)
     writer = rest(server, "latest", f"{jid}:{secret}")
     auth = {"Authorization": f"Bearer {access_token(server, jid, secret)}"}
     b = barriers.issue(lake.conn).barrier
@@ -163,8 +163,8 @@ def test_keys_are_checked_and_bound_to_one_request(lake, server):
     """A malformed key is a 400; the same key with another body is a 422; another token's key is
     refused without its answer; GET /v1/config advertises the keys' lifetime."""
     Pipeline(lake, {"solo": ["facts"]}).advance()
-    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo")
-    other_id, other_secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo")
+    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo", whole_lake=True)
+    other_id, other_secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo", whole_lake=True)
     auth = {"Authorization": f"Bearer {access_token(server, jid, secret)}", "Content-Type": "application/json"}
     config = requests.get(f"{server}/v1/config", headers=auth, timeout=30).json()
     assert config["idempotency-key-lifetime"] == "PT30M"
@@ -217,7 +217,7 @@ def test_every_mutating_endpoint_sent_twice_with_one_key_acts_once(lake, server)
     refused: the namespace or table exists, or is gone). The lost-answer tests above cover
     commit, transactions/commit and publish."""
     Pipeline(lake, {"solo": ["facts"]}).advance()
-    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo")
+    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo", whole_lake=True)
     auth = {"Authorization": f"Bearer {access_token(server, jid, secret)}"}
     ns = f"{lake.namespace}_twice"
     base = f"{server}/v1/latest"
@@ -263,7 +263,7 @@ def test_attempts_in_flight_at_once_with_one_key_act_once(lake, server):
     flight): one acts, the others get its answer; the table is created once."""
     import threading
 
-    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo")
+    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo", whole_lake=True)
     auth = {"Authorization": f"Bearer {access_token(server, jid, secret)}", KEY: str(uuid6.uuid7())}
     schema = {"type": "struct", "schema-id": 0, "fields": [{"id": 1, "name": "id", "type": "long", "required": False}]}
     url = f"{server}/v1/latest/namespaces/{lake.namespace}/tables"
@@ -287,7 +287,7 @@ def test_keys_past_their_lifetime_are_purged_and_the_key_then_acts_as_new(lake, 
     """A key is kept for its advertised lifetime (and a grace period); past it, records delete
     it (one in PURGE_EVERY; here purge() is called directly) and the same key acts anew."""
     Pipeline(lake, {"solo": ["facts"]}).advance()
-    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo")
+    jid, secret = tokens.create(lake.conn, job=f"{lake.namespace}_solo", whole_lake=True)
     auth = {"Authorization": f"Bearer {access_token(server, jid, secret)}", "Content-Type": "application/json"}
     path, key = f"{server}/v1/latest/namespaces", str(uuid6.uuid7())
     body = json.dumps({"namespace": [f"{lake.namespace}_kept"]})

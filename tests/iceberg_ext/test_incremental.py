@@ -349,7 +349,7 @@ def test_each_computation_says_how_and_why(lake, spark, server):
     as_json = json.loads(CliRunner().invoke(command, ["--output", "json", "job", "show", in_class.name]).output)
     assert as_json["computation"]["incremental"] is False and "operation" in as_json["computation"]["reason"]
 
-    cid, secret = tokens.create(lake.conn)
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
     samples = scrape(server, {"Authorization": f"Bearer {access_token(server, cid, secret)}"})
     counts = {
         (dict(labels)["job"], dict(labels)["kind"]): value

@@ -50,7 +50,7 @@ def setup_pipeline(lake) -> dict[str, str]:
                 external_inputs=frozenset() if SOURCES[job] else frozenset(["ext:orders"]),
             ),
         )
-        creds[job] = ":".join(tokens.create(lake.conn, job=job))
+        creds[job] = ":".join(tokens.create(lake.conn, job=job, whole_lake=True))
     return creds
 
 
@@ -215,11 +215,11 @@ def test_the_torn_watcher_sees_two_tables_written_one_after_the_other(lake, serv
     other with a pause between (no session to publish them together), are seen torn."""
     from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER
 
-    writer = rest(server, "latest", ":".join(tokens.create(lake.conn, job="someone")))
+    writer = rest(server, "latest", ":".join(tokens.create(lake.conn, job="someone", whole_lake=True)))
     schema = pa.schema([pa.field("x", pa.int64())])
     a, b = (writer.create_table(f"{lake.namespace}.{n}", schema=schema) for n in ("plain_a", "plain_b"))
     watcher = TornWatcher(
-        rest(server, "latest", ":".join(tokens.create(lake.conn))),
+        rest(server, "latest", ":".join(tokens.create(lake.conn, whole_lake=True))),
         f"{lake.namespace}.plain_a",
         f"{lake.namespace}.plain_b",
     )
@@ -240,7 +240,7 @@ def test_a_three_engine_pipeline_reads_exact_cuts(lake, server):
     completed reads as an exact cut (and the read-committed one too), and a reader of latest
     never sees summary and audit from different barriers (published together)."""
     creds = setup_pipeline(lake)
-    reader = ":".join(tokens.create(lake.conn))
+    reader = ":".join(tokens.create(lake.conn, whole_lake=True))
     watcher = TornWatcher(rest(server, "latest", reader), f"{lake.namespace}.summary", f"{lake.namespace}.audit")
     rows_at: dict[int, int] = {}
     total = 0
@@ -351,7 +351,7 @@ def test_refusals_name_the_table_and_the_job_and_publish_nothing(lake, server):
         assert fragment in out["stderr"] and "is not published" in out["stderr"]
         assert pointers(lake) == before
     assert jobs.show(lake.conn, "summarize").progress is None
-    reader = ":".join(tokens.create(lake.conn))
+    reader = ":".join(tokens.create(lake.conn, whole_lake=True))
     for cred, fragment in [
         (reader, "(reader) may not run job summarize: a reader token writes nothing"),
         (creds["count"], "(job count) may not run job summarize: use a token of job summarize"),
@@ -391,7 +391,7 @@ def test_batch_mode_coalesces_to_the_newest_barrier_and_anchors_stay_valid(lake,
     assert {s["plan"] for s in steps["ingest"]} == {"coalesce"}
     for job in ("count", "summarize"):
         assert [s["barrier"] for s in steps[job]] == [*anchors, newest]
-    reader = ":".join(tokens.create(lake.conn))
+    reader = ":".join(tokens.create(lake.conn, whole_lake=True))
     for i, a in enumerate(anchors):
         assert check_cut(rest(server, f"barrier-{a}", reader), lake.namespace) == (10 + 3 * (i + 1), a)
     between = sorted(b.barrier for b in barriers.list_barriers(lake.conn, limit=100) if start < b.barrier < anchors[0])

@@ -86,8 +86,8 @@ def test_every_commit_is_seen_by_the_next_load_whoever_wrote_it(lake):
     connections (either process): every load sees the write. Most loads came from memory."""
     Pipeline(lake, {"ingest": ["orders"]})  # a job, whose token writes the unmanaged table too
     lake.catalog.create_table(f"{lake.namespace}.events", schema=ROW)
-    rid, rsecret = tokens.create(lake.conn)
-    jid, jsecret = tokens.create(lake.conn, job=f"{lake.namespace}_ingest")
+    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
+    jid, jsecret = tokens.create(lake.conn, job=f"{lake.namespace}_ingest", whole_lake=True)
     proc, server = start_server(lake, "--workers", "2")
     try:
         headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
@@ -113,7 +113,7 @@ def test_every_commit_is_seen_by_the_next_load_whoever_wrote_it(lake):
 def test_a_revoked_token_is_refused_at_the_next_load(lake, server):
     """A token whose loads the server remembers is refused as soon as it is revoked."""
     lake.catalog.create_table(f"{lake.namespace}.events", schema=ROW)
-    rid, rsecret = tokens.create(lake.conn)
+    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
     headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
     path = f"latest/namespaces/{lake.namespace}/tables/events"
     _from_memory(server, path, headers, 0)
@@ -127,7 +127,7 @@ def test_a_revision_drops_the_cuts_memory_gave(lake, server):
     load says B is no longer valid, as without memory."""
     p = Pipeline(lake, {"ingest": ["orders"]})
     b1, b2 = p.advance(), p.advance()
-    rid, rsecret = tokens.create(lake.conn)
+    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
     headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
     path = f"barrier-{b2}/namespaces/{lake.namespace}/tables/orders"
     _from_memory(server, path, headers, 2)
@@ -141,7 +141,7 @@ def test_read_committed_moves_on_after_a_quiet_moment_with_memory(lake):
     moves to the newest cut after a quiet moment, as without memory."""
     p = Pipeline(lake, {"ingest": ["orders"]})
     p.advance()
-    rid, rsecret = tokens.create(lake.conn)
+    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
     proc, server = start_server(lake, "--session-quiet", "5s")  # memory gives the moment for 0.5 s
     try:
         headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
@@ -160,7 +160,7 @@ def test_memory_is_dropped_while_its_listener_is_cut_off(lake, server):
     """The listening connection killed: memory is off at once (a write meanwhile is seen), then
     on again, empty, once it listens again."""
     lake.catalog.create_table(f"{lake.namespace}.events", schema=ROW)
-    rid, rsecret = tokens.create(lake.conn)
+    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
     headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
     path = f"latest/namespaces/{lake.namespace}/tables/events"
     _wait_live(server, headers, 1.0)
@@ -183,7 +183,7 @@ def test_without_the_announcing_trigger_every_load_asks_the_database(lake):
     """A catalog whose pointer table does not announce its changes (a database not upgraded): the
     server says so in one line and answers every load from the database."""
     lake.catalog.create_table(f"{lake.namespace}.events", schema=ROW)
-    rid, rsecret = tokens.create(lake.conn)
+    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
     with psycopg.connect(lake.settings.dsn, autocommit=True) as admin:
         admin.execute(f'DROP TRIGGER {POINTER_TRIGGER} ON "{lake.settings.catalog_schema}".iceberg_tables')
     try:
@@ -210,7 +210,7 @@ def test_a_barrier_completed_meanwhile_does_not_disturb_memory(lake, server):
     for a barrier already completed: the next load is answered from memory, not the database."""
     p = Pipeline(lake, {"ingest": ["orders"]})
     b1 = p.advance()
-    rid, rsecret = tokens.create(lake.conn)
+    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
     headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
     path = f"barrier-{b1}/namespaces/{lake.namespace}/tables/orders"
     _from_memory(server, path, headers, 1)
@@ -254,7 +254,7 @@ def test_a_two_table_commit_is_never_half_seen_while_its_notices_are_late(lake):
     it was, is not answered from memory before memory has caught up: never the new first with
     the old second."""
     swap = _two_tables(lake)
-    with _late_notices(lake, tokens.create(lake.conn)) as (server, headers):
+    with _late_notices(lake, tokens.create(lake.conn, whole_lake=True)) as (server, headers):
         right = f"latest/namespaces/{lake.namespace}/tables/right"
         _from_memory(server, right, headers, 0)  # memory holds the second table as it was
         swap(1)
@@ -268,7 +268,7 @@ def test_a_load_does_not_share_a_catch_up_sent_before_it_came(lake):
     A catch-up sent before the swap committed is answered ahead of the swap's notice: the load
     after the swap must wait for one sent after it came, not join one already out."""
     swap = _two_tables(lake)
-    with _late_notices(lake, tokens.create(lake.conn)) as (server, headers):
+    with _late_notices(lake, tokens.create(lake.conn, whole_lake=True)) as (server, headers):
         right = f"latest/namespaces/{lake.namespace}/tables/right"
         lake.catalog.create_table(f"{lake.namespace}.first_notice", schema=ROW)  # the stream is late from now
         _from_memory(server, right, headers, 0)
@@ -298,8 +298,8 @@ def test_a_write_through_the_server_is_read_back_while_its_notice_is_late(lake):
     it answers again)."""
     Pipeline(lake, {"ingest": ["orders"]})  # a job, whose token writes the unmanaged table
     lake.catalog.create_table(f"{lake.namespace}.events", schema=ROW)
-    jid, jsecret = tokens.create(lake.conn, job=f"{lake.namespace}_ingest")
-    with _late_notices(lake, tokens.create(lake.conn)) as (server, headers):
+    jid, jsecret = tokens.create(lake.conn, job=f"{lake.namespace}_ingest", whole_lake=True)
+    with _late_notices(lake, tokens.create(lake.conn, whole_lake=True)) as (server, headers):
         path = f"latest/namespaces/{lake.namespace}/tables/events"
         table = rest(server, "latest", f"{jid}:{jsecret}").load_table(f"{lake.namespace}.events")
         for i in range(3):

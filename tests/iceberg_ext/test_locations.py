@@ -51,7 +51,7 @@ def test_a_job_cannot_place_its_tables_in_another_tables_location_or_outside_the
     ns = lake.namespace
     b = lake.catalog.load_table(f"{ns}.fb")
     owner = f"lake.{ns}.fb"
-    jid, secret = tokens.create(lake.conn, job=f"{ns}_a")
+    jid, secret = tokens.create(lake.conn, job=f"{ns}_a", whole_lake=True)
     a = rest(server, "latest", f"{jid}:{secret}")
     before = _files_under(lake, b.location())
     outside = (

@@ -151,7 +151,7 @@ def test_manifests_past_the_policy_are_rewritten_keeping_the_barrier(lake, spark
     assert summary_properties(tbl.current_snapshot())[SUMMARY_BARRIER] == str(marks[-1])
     assert reads.resolve(lake.conn, [table]).snapshots[table] == tbl.current_snapshot().snapshot_id
     assert sorted(spark.table(str(table)).collect()) == rows
-    cid, secret = tokens.create(lake.conn)
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
     samples = scrape(server, {"Authorization": f"Bearer {access_token(server, cid, secret)}"})
     labels = (("table", str(table)),)
     assert samples[("icebarrier_table_manifests", labels)] == 1

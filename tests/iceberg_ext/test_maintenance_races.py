@@ -39,7 +39,7 @@ def _job(lake) -> str:
     barriers.set_interval_s(lake.conn, WEEK_S)
     lake.catalog.create_table(f"{lake.namespace}.t", schema=SCHEMA)
     jobs.register(lake.conn, JobDefinition(name="w", sinks=frozenset([lake.T("t")]), external_inputs=frozenset(["x"])))
-    return ":".join(tokens.create(lake.conn, job="w"))
+    return ":".join(tokens.create(lake.conn, job="w", whole_lake=True))
 
 
 def _barrier(lake, uri: str, credential: str, *, loaded=None, staged=None) -> dict:
@@ -235,7 +235,7 @@ def test_a_follow_job_runs_a_refused_barrier_again(lake, server, tmp_path):
     barriers.set_interval_s(lake.conn, WEEK_S)
     orders = lake.T("orders")
     jobs.register(lake.conn, JobDefinition(name="ingest", sinks=frozenset([orders]), external_inputs=frozenset(["x"])))
-    credential = ":".join(tokens.create(lake.conn, job="ingest"))
+    credential = ":".join(tokens.create(lake.conn, job="ingest", whole_lake=True))
     lake.catalog.create_table(f"{lake.namespace}.orders", schema=SCHEMA)
     pause, log = tmp_path / "pause", tmp_path / "exec.log"
     first = barriers.issue(lake.conn).barrier

@@ -41,7 +41,7 @@ def register_chain(lake) -> dict[str, str]:
                 external_inputs=frozenset() if source else frozenset(["ext:x"]),
             ),
         )
-        creds[job] = ":".join(tokens.create(lake.conn, job=job))
+        creds[job] = ":".join(tokens.create(lake.conn, job=job, whole_lake=True))
         source = job
     return creds
 

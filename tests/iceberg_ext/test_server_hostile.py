@@ -123,9 +123,9 @@ def test_no_request_is_a_server_error(lake, tmp_path):
         credentials = {
             "none": None,
             "bad": "Bearer not-a-token",
-            "reader": tokens.create(lake.conn),
+            "reader": tokens.create(lake.conn, whole_lake=True),
             "admin": tokens.create(lake.conn, admin=True),
-            "other job": tokens.create(lake.conn, job=f"{lake.namespace}_other"),
+            "other job": tokens.create(lake.conn, job=f"{lake.namespace}_other", whole_lake=True),
         }
         headers_of = {
             kind: (

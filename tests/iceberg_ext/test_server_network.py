@@ -250,7 +250,7 @@ def test_per_token_requests_in_flight_and_slow_bodies_are_bounded(lake):
         time.sleep(0.3)
         third = requests.get(f"{server}/v1/latest/namespaces", headers=headers, timeout=30)
         assert third.status_code == 429 and third.headers["Retry-After"] == "1", third.text
-        cid2, secret2 = tokens.create(lake.conn, job=f"{lake.namespace}_conformance")
+        cid2, secret2 = tokens.create(lake.conn, job=f"{lake.namespace}_conformance", whole_lake=True)
         other = requests.get(
             f"{server}/v1/latest/namespaces",
             headers={"Authorization": f"Bearer {access_token(server, cid2, secret2)}"},

@@ -170,7 +170,7 @@ def test_spark_reads_every_warehouse_on_s3_with_only_the_catalog_uri_and_a_token
     lake = s3_lake
     p = Pipeline(lake, {"ingest": ["orders", "payments"]})
     marks = [p.advance(rows=10) for _ in range(3)]
-    reader = ":".join(tokens.create(lake.conn))
+    reader = ":".join(tokens.create(lake.conn, whole_lake=True))
     for warehouse, count in every_warehouse(lake, marks).items():
         name = f"s3_{uuid.uuid4().hex[:8]}"
         conf = dict(

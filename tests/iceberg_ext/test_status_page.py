@@ -28,7 +28,7 @@ def test_metrics_give_each_table_its_lag_and_freshness_and_time_the_loads(lake, 
     p = Pipeline(lake, {"ingest": ["orders"], "late": ["late"]})
     p.advance()
     b = p.advance(only={f"{lake.namespace}_ingest"})
-    cid, secret = tokens.create(lake.conn)
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
     headers = {"Authorization": f"Bearer {access_token(server, cid, secret)}"}
     assert requests.get(f"{server}/metrics", timeout=30).status_code == 401
     rest(server, f"barrier-{b}", f"{cid}:{secret}").load_table(f"{lake.namespace}.orders")
@@ -114,7 +114,7 @@ def test_the_status_page_state_needs_a_token_without_anonymous_reads(lake, serve
     p.advance()
     assert requests.get(f"{server}/ui", timeout=30).status_code == 200  # the page itself holds no data
     assert requests.get(f"{server}/ui/state", timeout=30).status_code == 401
-    cid, secret = tokens.create(lake.conn)
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
     state = requests.get(
         f"{server}/ui/state", headers={"Authorization": f"Bearer {access_token(server, cid, secret)}"}, timeout=30
     ).json()

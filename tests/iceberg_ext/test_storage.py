@@ -66,7 +66,7 @@ def test_every_engine_reads_every_warehouse_on_s3_with_only_the_catalog_uri_and_
     marks = [p.advance(rows=10) for _ in range(3)]
     files = s3.keys(f"wh/{lake.namespace}/orders/")
     assert any(k.endswith(".parquet") for k in files) and any(k.endswith(".metadata.json") for k in files)
-    reader = ":".join(tokens.create(lake.conn))
+    reader = ":".join(tokens.create(lake.conn, whole_lake=True))
     orders = f"{lake.namespace}.orders"
     for warehouse, rows in every_warehouse(lake, marks).items():
         table = rest(s3_server, warehouse, reader).load_table(orders)  # no storage settings of its own
@@ -78,7 +78,7 @@ def test_every_engine_reads_every_warehouse_on_s3_with_only_the_catalog_uri_and_
     as_reader = load_config(s3_server, reader, orders, "vended-credentials")
     assert as_reader["s3.access-key-id"] == READER_KEY and SECRET_KEY not in as_reader.values()
     assert as_reader["s3.endpoint"] == s3.endpoint and as_reader["s3.path-style-access"] == "true"
-    writer = ":".join(tokens.create(lake.conn, job=f"{lake.namespace}_ingest"))
+    writer = ":".join(tokens.create(lake.conn, job=f"{lake.namespace}_ingest", whole_lake=True))
     assert load_config(s3_server, writer, orders, "vended-credentials")["s3.access-key-id"] == ACCESS_KEY
     plain = load_config(s3_server, reader, orders, None)  # asked for nothing: where, not how
     assert "s3.access-key-id" not in plain and "s3.secret-access-key" not in plain and plain["s3.endpoint"]
@@ -101,7 +101,7 @@ def test_job_exec_runs_pyiceberg_and_duckdb_jobs_whose_writes_land_on_s3_staged_
     unreferenced in the bucket)."""
     lake = s3_lake
     creds = setup_pipeline(lake)
-    reader = ":".join(tokens.create(lake.conn))
+    reader = ":".join(tokens.create(lake.conn, whole_lake=True))
     for rows in (3, 4):
         barriers.issue(lake.conn)
         for job in SINKS:
@@ -217,7 +217,7 @@ def test_expiry_on_s3_deletes_expired_files_and_never_what_a_lease_or_the_read_w
     table = lake.catalog.load_table(f"{lake.namespace}.orders")
     assert {s.snapshot_id for s in table.snapshots()} == {at[marks[1]].snapshot_id, at[marks[3]].snapshot_id}
     assert referenced_keys(table, s3) <= keys  # nothing a kept snapshot uses was deleted
-    reader = ":".join(tokens.create(lake.conn))
+    reader = ":".join(tokens.create(lake.conn, whole_lake=True))
     assert (
         duck(s3_server, f"lease-{lease.lease_id}", reader)
         .execute(f"SELECT count(*) FROM lake.{lake.namespace}.orders")
@@ -333,7 +333,7 @@ def test_session_credentials_are_vended_instead_of_keys_and_a_dead_sts_is_one_li
     Pipeline(lake, {"ingest": ["orders"]}).advance(rows=3)
     proc, uri = start_server(lake, env_extra={"ICEBARRIER_CONFIG": str(config)})
     try:
-        reader = ":".join(tokens.create(lake.conn))
+        reader = ":".join(tokens.create(lake.conn, whole_lake=True))
         orders = f"{lake.namespace}.orders"
         vended = load_config(uri, reader, orders, "vended-credentials")
         assert vended["s3.session-token"] and vended["s3.access-key-id"] not in (READER_KEY, ACCESS_KEY)

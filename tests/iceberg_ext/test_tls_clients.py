@@ -65,7 +65,7 @@ def test_job_exec_runs_spark_duckdb_and_pyiceberg_jobs_over_https(lake, tls_serv
     for job in SINKS:
         out = job_exec(uri, creds[job], job, job_command(lake, job, rows=3, spark=job == "ingest"), "--ca-cert", ca)
         assert [s["outcome"] for s in out["steps"]] == ["published"], out
-    reader = ":".join(tokens.create(lake.conn))
+    reader = ":".join(tokens.create(lake.conn, whole_lake=True))
     config = yaml.safe_load(connect("pyiceberg", uri, reader, ca).split("\n", 1)[1])["catalog"]["lake"]
     from pyiceberg.catalog import load_catalog
 
@@ -83,7 +83,7 @@ def test_connect_prints_what_each_engine_needs_to_trust_the_ca(lake, tls_server,
     lake.catalog.create_table(f"{lake.namespace}.t", schema=pa.schema([("n", pa.int64())])).append(
         pa.table({"n": [1, 2]})
     )
-    reader = ":".join(tokens.create(lake.conn))
+    reader = ":".join(tokens.create(lake.conn, whole_lake=True))
     con = duckdb.connect()
     for statement in connect("duckdb", uri, reader, ca).splitlines():
         con.execute(statement)

@@ -43,7 +43,7 @@ def test_trino_reads_every_warehouse_at_exact_counts(request, storage, tmp_path)
     lake, server = lake_and_server(request, storage)
     p = Pipeline(lake, {"ingest": ["orders", "payments"]})
     marks = [p.advance(rows=10) for _ in range(3)]
-    reader = ":".join(tokens.create(lake.conn))
+    reader = ":".join(tokens.create(lake.conn, whole_lake=True))
     expected = every_warehouse(lake, marks)
     catalogs = {f"w{i}": catalog_file(server, w, reader, f"w{i}") for i, w in enumerate(expected)}
     with trino_server(tmp_path, catalogs) as trino:
@@ -59,7 +59,7 @@ def test_a_trino_join_through_read_committed_never_mixes_barriers_while_the_pipe
     A quiet moment every 5 queries lets the reads move with the pipeline."""
     p = Pipeline(lake, {"orders": ["orders"], "payments": ["payments"]})
     p.advance(rows=2)
-    reader = ":".join(tokens.create(lake.conn))
+    reader = ":".join(tokens.create(lake.conn, whole_lake=True))
     stop = threading.Event()
 
     def commit() -> None:
@@ -124,5 +124,5 @@ def test_connect_needs_only_the_uri_and_a_token_and_names_a_refused_token(lake, 
     refused = connect(server, "ib-nobody:secret")
     assert refused.returncode == 1 and not refused.stdout, refused
     assert refused.stderr.count("\n") == 1 and "--credential ib-nobody" in refused.stderr, refused.stderr
-    printed = catalog_file(server, "read-committed", ":".join(tokens.create(lake.conn)), "lake")
+    printed = catalog_file(server, "read-committed", ":".join(tokens.create(lake.conn, whole_lake=True)), "lake")
     assert "fs.hadoop.enabled=true" in printed and "s3." not in printed  # a local warehouse

@@ -86,7 +86,9 @@ class Admin(Sessions):
         never renamed through the catalog: jobs, barrier records and leases name it."""
         for table in (source, destination):
             managed, writer = self.writer_of(conn, table)
-            if managed:
+            if not managed:
+                principal.require_write_unmanaged(table)
+            else:
                 owner = f"job {writer}" if writer else "the control plane"
                 raise ForbiddenError(
                     f"table {table} is managed by icebarrier (written by {owner}); it is not renamed through the "

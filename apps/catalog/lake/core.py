@@ -219,14 +219,17 @@ class LakeCore:
 
     @staticmethod
     def require_writer(principal: Principal, table: TableName, managed: bool, writer: str | None) -> None:
-        """A managed table is written only by its writer job. (Every route that writes takes a
-        job principal: :func:`.deps.job_caller` refuses readers.)"""
+        """A managed table is written only by its writer job; another only with a write grant (or
+        a whole-lake token). (Every route that writes takes a job principal: :func:`.deps.job_caller`
+        refuses readers.)"""
         if managed and writer != principal.job:
             owner = f"job {writer}" if writer else "no job (it has no writer)"
             raise ForbiddenError(
                 f"{principal.describe()} may not write {table}: it is written by {owner}; "
                 f"commit with a token of {owner}"
             )
+        if not managed:
+            principal.require_write_unmanaged(table)
 
     def table_names(self, conn, namespace: tuple[str, ...]) -> list[str]:
         """The names of the namespace's tables (as PyIceberg's SQL catalog lists them, in one

@@ -83,6 +83,7 @@ class Loads(Sessions):
 
         warehouse, table = plan.warehouse, plan.table
         principal = plan.acting or state.principal
+        principal.require_read(table)  # before anything is told of the table, even whether it exists
         if state.staged_location is not None:  # the job's own commits of a barrier it has not published yet
             return self.answer(state.staged_location, principal, access)
         if state.location is None:
