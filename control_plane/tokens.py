@@ -49,14 +49,18 @@ def token_required() -> AuthenticationError:
 
 @dataclass(frozen=True, slots=True)
 class Reach:
-    """What a token reaches short of the whole lake: tables and namespaces (a namespace covers
-    the namespaces under it) to read, and to write where they are not managed (a job's sinks are
-    written under the catalog's own rules). Built from ``token_reach`` (migration 0024)."""
+    """What a token reaches short of an admin's everything: tables and namespaces (a namespace
+    covers the namespaces under it) to read, and to write where they are not managed; a job's
+    sinks (written under the catalog's own rules) and sources; a whole-lake token reads every
+    table (a job's also writes every unmanaged one). Built from ``token_reach`` (migration 0024)."""
 
     read_tables: frozenset[str] = frozenset()
     write_tables: frozenset[str] = frozenset()
     read_namespaces: tuple[str, ...] = ()
     write_namespaces: tuple[str, ...] = ()
+    sinks: frozenset[str] = frozenset()
+    read_all: bool = False
+    write_all: bool = False
 
     @classmethod
     def parse(cls, entries: list[str]) -> Reach:
@@ -64,25 +68,34 @@ class Reach:
         for entry in entries:
             privilege, kind, obj = entry.split(":", 2)
             found.setdefault((privilege, kind), set()).add(obj)
-            if privilege == "write":  # write implies read
-                found.setdefault(("read", kind), set()).add(obj)
-        return cls(
-            read_tables=frozenset(found.get(("read", "table"), ())),
-            write_tables=frozenset(found.get(("write", "table"), ())),
-            read_namespaces=tuple(sorted(found.get(("read", "namespace"), ()))),
-            write_namespaces=tuple(sorted(found.get(("write", "namespace"), ()))),
+        sinks = found.get(("write", "sink"), set())
+        write_tables = found.get(("write", "table"), set())
+        write_namespaces = found.get(("write", "namespace"), set())
+        return cls(  # a write grant reads too; a job reads its sources and sinks
+            read_tables=frozenset(found.get(("read", "table"), set()) | found.get(("read", "source"), set()))
+            | write_tables
+            | sinks,
+            write_tables=frozenset(write_tables),
+            read_namespaces=tuple(sorted(found.get(("read", "namespace"), set()) | write_namespaces)),
+            write_namespaces=tuple(sorted(write_namespaces)),
+            sinks=frozenset(sinks),
+            read_all=("read", "lake") in found,
+            write_all=("write", "lake") in found,
         )
 
     def reads(self, table: TableName) -> bool:
-        return str(table) in self.read_tables or _under(table.namespace, self.read_namespaces)
+        return self.read_all or str(table) in self.read_tables or _under(table.namespace, self.read_namespaces)
 
     def writes(self, table: TableName) -> bool:
-        return str(table) in self.write_tables or _under(table.namespace, self.write_namespaces)
+        """May write ``table`` if it is not managed (a managed one: only its writer job)."""
+        return self.write_all or str(table) in self.write_tables or _under(table.namespace, self.write_namespaces)
 
     def sees_namespace(self, catalog: str, namespace: tuple[str, ...]) -> bool:
         """Whether a list shows ``namespace``: it is granted, under a grant, or above something granted."""
+        if self.read_all or _under(namespace, self.read_namespaces):
+            return True
         name = ".".join(namespace)
-        if _under(namespace, self.read_namespaces) or any(n.startswith(name + ".") for n in self.read_namespaces):
+        if any(n.startswith(name + ".") for n in self.read_namespaces):
             return True
         prefix = f"{catalog}.{name}."
         return any(t.startswith(prefix) for t in self.read_tables)

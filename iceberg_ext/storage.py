@@ -17,6 +17,8 @@ whichever catalog is configured, never in place of it::
     [storage.sessions]                         # optional: vend temporary credentials (STS) instead
     "duration-s" = 3600                        #   of the keys themselves (Trino needs a session token)
     "sts.endpoint" = "http://127.0.0.1:9000"   #   default: s3.endpoint where set, else AWS's STS
+    "role-arn" = "arn:aws:iam::…:role/Lake"    #   least privilege: each table's own credentials
+                                               #   (AssumeRole with a session policy for its location)
 
 Environment variables (the AWS SDK's own names) win over the file, as for every setting:
 ``AWS_ENDPOINT_URL_S3`` (or ``AWS_ENDPOINT_URL``), ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``),
@@ -46,7 +48,7 @@ SECRETS = (ACCESS_KEY_ID, SECRET_ACCESS_KEY, SESSION_TOKEN)
 READERS = "readers"
 SESSIONS = "sessions"
 SESSION_TOKEN_EXPIRES_AT_MS = "s3.session-token-expires-at-ms"  # Iceberg's name (S3FileIOProperties)
-SESSION_DURATION_S, STS_ENDPOINT = "duration-s", "sts.endpoint"
+SESSION_DURATION_S, STS_ENDPOINT, ROLE_ARN = "duration-s", "sts.endpoint", "role-arn"
 
 ENV = {
     ENDPOINT: ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
@@ -68,6 +70,7 @@ class Storage:
     # ``[storage.sessions]``: vend STS session credentials of this many seconds (None: the keys)
     session_duration_s: int | None = None
     sts_endpoint: str | None = None
+    session_role_arn: str | None = None  # ``role-arn``: credentials scoped to one table (AssumeRole)
 
     @classmethod
     def from_config(cls, section: Mapping | None, environ: Mapping[str, str] = os.environ) -> Storage:
@@ -90,8 +93,14 @@ class Storage:
             raise ConfigurationError(
                 f"[storage.{READERS}] needs both {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY}; fix icebarrier.toml"
             )
-        duration_s, sts_endpoint = _sessions(sessions, properties)
-        return cls(properties=properties, readers=readers, session_duration_s=duration_s, sts_endpoint=sts_endpoint)
+        duration_s, sts_endpoint, role_arn = _sessions(sessions, properties)
+        return cls(
+            properties=properties,
+            readers=readers,
+            session_duration_s=duration_s,
+            sts_endpoint=sts_endpoint,
+            session_role_arn=role_arn,
+        )
 
     def fileio(self) -> dict[str, str]:
         """Properties for PyIceberg's and Iceberg Java's FileIO."""
@@ -111,14 +120,16 @@ class Storage:
         return {**self.public(), **(self.readers if reader else self.fileio())}
 
 
-def _sessions(section: Mapping | None, properties: Mapping[str, str]) -> tuple[int | None, str | None]:
-    """``[storage.sessions]``: the credentials' lifetime (STS allows 900 s to 36 hours) and STS's endpoint."""
+def _sessions(section: Mapping | None, properties: Mapping[str, str]) -> tuple[int | None, str | None, str | None]:
+    """``[storage.sessions]``: the credentials' lifetime (STS allows 900 s to 36 hours), STS's
+    endpoint, and the role to assume for per-table credentials."""
     if section is None:
-        return None, None
+        return None, None, None
     where = f"[storage.{SESSIONS}]"
+    known = (SESSION_DURATION_S, STS_ENDPOINT, ROLE_ARN)
     if not isinstance(section, Mapping):
-        raise ConfigurationError(f"{where} must be a table ({SESSION_DURATION_S}, {STS_ENDPOINT}); fix icebarrier.toml")
-    values = _checked(section, where, (SESSION_DURATION_S, STS_ENDPOINT))
+        raise ConfigurationError(f"{where} must be a table ({', '.join(known)}); fix icebarrier.toml")
+    values = _checked(section, where, known)
     try:
         duration_s = int(values.get(SESSION_DURATION_S, 3600))
     except ValueError:
@@ -128,7 +139,16 @@ def _sessions(section: Mapping | None, properties: Mapping[str, str]) -> tuple[i
             f"{where} {SESSION_DURATION_S} = {values.get(SESSION_DURATION_S)!r} is out of range; "
             f"STS grants 900 to 129600 seconds"
         )
-    return duration_s, values.get(STS_ENDPOINT) or properties.get(ENDPOINT)
+    role_arn = values.get(ROLE_ARN)
+    if role_arn is not None and not re.fullmatch(r"arn:[\w-]+:iam::\d*:role/[\w+=,.@/-]+", role_arn):
+        raise ConfigurationError(
+            f"{where} {ROLE_ARN} = {role_arn!r} is not a role's ARN; use arn:aws:iam::ACCOUNT:role/NAME"
+        )
+    if role_arn is not None and not {ACCESS_KEY_ID, SECRET_ACCESS_KEY} <= set(properties):
+        raise ConfigurationError(
+            f"{where} {ROLE_ARN} needs the server's keys to assume it; set s3.access-key-id and s3.secret-access-key"
+        )
+    return duration_s, values.get(STS_ENDPOINT) or properties.get(ENDPOINT), role_arn
 
 
 def _checked(section: Mapping, where: str, known: tuple[str, ...]) -> dict[str, str]:

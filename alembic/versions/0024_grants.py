@@ -6,8 +6,8 @@
 - ``catalog_grant``: a token's grants, each a namespace (and the namespaces under it) or a
   table, to read, or (a job's token) to read and write the unmanaged tables there.
 - ``token_reach(client_id)``: what a token reaches, as text (``read:namespace:a.b``,
-  ``write:table:lake.a.t``; a job's sinks are ``write:table:…`` and its sources
-  ``read:table:…``); NULL: everything (an admin, or a whole-lake token).
+  ``write:table:lake.a.t``, a job's ``write:sink:…`` and ``read:source:…``, a whole-lake token's
+  ``read:lake:`` and a job's ``write:lake:``); NULL: everything (an admin).
 - ``catalog_load`` returns it (``who_reach``), so a load is still one statement; grants changed
   or a token's reach changed are announced as ``tokens`` (a server drops the tokens it keeps).
 
@@ -49,13 +49,17 @@ CREATE TRIGGER tokens_changed AFTER UPDATE OF kind, job_name, revoked_at, whole_
 
 CREATE FUNCTION token_reach(p_client text) RETURNS text[]
 LANGUAGE sql STABLE SET search_path = {search_path} AS $$
-    SELECT CASE WHEN t.kind = 'admin' OR t.whole_lake THEN NULL ELSE ARRAY(
+    SELECT CASE WHEN t.kind = 'admin' THEN NULL ELSE ARRAY(
+        SELECT 'read:lake:' WHERE t.whole_lake
+        UNION ALL
+        SELECT 'write:lake:' WHERE t.whole_lake AND t.kind = 'job'
+        UNION ALL
         SELECT g.privilege || ':' || g.kind || ':' || g.object FROM catalog_grant g WHERE g.client_id = t.client_id
         UNION ALL
-        SELECT 'write:table:' || m.name FROM job j JOIN job_sink s USING (job_id) JOIN managed_table m USING (table_id)
+        SELECT 'write:sink:' || m.name FROM job j JOIN job_sink s USING (job_id) JOIN managed_table m USING (table_id)
         WHERE j.name = t.job_name
         UNION ALL
-        SELECT 'read:table:' || m.name FROM job j JOIN job_source s USING (job_id) JOIN managed_table m USING (table_id)
+        SELECT 'read:source:' || m.name FROM job j JOIN job_source s USING (job_id) JOIN managed_table m USING (table_id)
         WHERE j.name = t.job_name) END
     FROM catalog_token t WHERE t.client_id = p_client
 $$;

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from starlette.routing import Route
 
-from icebarrier.apps.catalog.delegation import HEADER, Access, delegation
+from icebarrier.apps.catalog.delegation import HEADER, VENDED_CREDENTIALS, Access, Delegation, delegation, table_prefix
 from icebarrier.apps.catalog.deps import (
     Caller,
     LakeDep,
@@ -36,6 +36,7 @@ from icebarrier.apps.catalog.models import (
     ReportMetricsRequest,
     TableIdentifier,
 )
+from icebarrier.iceberg_ext import storage as s3
 
 router = APIRouter(prefix="/v1/{prefix}")
 TABLE = "/namespaces/{namespace}/tables/{table}"
@@ -162,6 +163,37 @@ def commit_table(at: WriteTable, once: Writes, body: dict):
 
 def _committed(lake: Lake, location: str) -> Committed:
     return Committed(lake.committed_json(location), location)
+
+
+@router.get(TABLE + "/credentials")
+def load_credentials(at: ReadTable, planId: str | None = None):
+    """The spec's loadCredentials: the storage credentials a load of the table would vend, for a
+    client whose credentials near their expiry (``client.refresh-credentials-endpoint``). The same
+    grants as a load; through a job's session, its staged sinks too."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    lake = at.lake
+    with lake.pool.connection() as conn:
+        staged = lake.staged(conn, at.principal.job, at.table) if at.warehouse.kind == "job" else None
+        state = lake.table_state(conn, at.table)
+    location = staged["metadata_location"] if staged else state.location
+    if location is None:
+        raise NoSuchTableError(f"table {at.table} does not exist")
+    _, table_location = lake.metadata_json(location)
+    config, credentials = lake.storage_access(
+        at.table,
+        table_location,
+        at.principal,
+        Delegation(frozenset([VENDED_CREDENTIALS])),
+        managed=state.managed or staged is not None,
+        warehouse=str(at.warehouse),
+    )
+    if not credentials and any(k in config for k in s3.SECRETS):  # keys, not a table's own credentials
+        bucket, prefix = table_prefix(table_location)
+        credentials = [
+            {"prefix": f"s3://{bucket}/{prefix}", "config": {k: v for k, v in config.items() if k in s3.SECRETS}}
+        ]
+    return Response(json.dumps({"storage-credentials": credentials}), media_type="application/json")
 
 
 @router.post(TABLE + "/metrics")

@@ -26,10 +26,10 @@ class Admin(Sessions):
 
         if warehouse.kind == "job":
             return self.create_staged(conn, self.session(conn, warehouse, principal), table, request, principal, access)
-        self.may_write(conn, principal, table)
+        managed = self.may_write(conn, principal, table)
         make = self.catalog._create_staged_table if request.stage_create else self.catalog.create_table
         made = make(table.identifier, **self.create_args(conn, table, request))
-        return self.response(made.metadata_location, made.metadata, principal, access)
+        return self.response(table, made.metadata_location, made.metadata, principal, access, managed=managed)
 
     @staticmethod
     def outside_sessions(warehouse: Warehouse, what: str) -> None:
@@ -75,7 +75,7 @@ class Admin(Sessions):
             except NoSuchTableError:
                 current = None
             self.point(conn, table, metadata_location, current)
-        return self.response(metadata_location, metadata, principal, access)
+        return self.response(table, metadata_location, metadata, principal, access, managed=managed)
 
     def drop(self, conn, principal: Principal, table: TableName, *, purge: bool) -> None:
         self.may_write(conn, principal, table)

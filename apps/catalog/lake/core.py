@@ -13,20 +13,22 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
 from pyiceberg.utils.config import Config
 
-from icebarrier.apps.catalog.delegation import Delegation, SessionVendor
+from icebarrier.apps.catalog.delegation import REFRESH_ENDPOINT, Delegation, ScopedVendor, SessionVendor, table_prefix
 from icebarrier.apps.catalog.errors import ForbiddenError
 from icebarrier.apps.catalog.load_cache import LoadCache
 from icebarrier.apps.catalog.warehouses import Warehouse
-from icebarrier.control_plane import db
+from icebarrier.control_plane import audit, db, jobs
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.tokens import Principal
 from icebarrier.iceberg_ext import locations, rebase
+from icebarrier.iceberg_ext import storage as s3
 from icebarrier.iceberg_ext.catalog import barrier_of, coalesced_after, is_compaction, load_catalog
 from icebarrier.iceberg_ext.config import Settings
 
@@ -111,6 +113,7 @@ class LakeCore:
         settings.check_storage()
         self.settings = settings
         self.sessions = SessionVendor(settings.storage) if settings.storage.session_duration_s else None
+        self.scoped = ScopedVendor(settings.storage) if settings.storage.session_role_arn else None
         self.catalog = load_catalog(settings)
         self.pool = db.pool(settings.dsn, settings.schema, max_size=pool_size)
         self.async_pool = db.async_pool(settings.dsn, settings.schema)  # loads; opened on the server's loop
@@ -164,22 +167,76 @@ class LakeCore:
         await run_in_threadpool(self.pool.check)
         await self.async_pool.check()
 
-    def response(self, location: str, metadata, principal: Principal, access: Delegation):
+    def response(self, table: TableName, location: str, metadata, principal: Principal, access: Delegation, **where):
         """The LoadTableResult of ``metadata`` at ``location``, with the storage access the
-        caller gets (:mod:`icebarrier.apps.catalog.delegation`)."""
+        caller gets (:mod:`icebarrier.apps.catalog.delegation`; ``where``: as for :meth:`storage_access`)."""
         from pyiceberg.catalog.rest import TableResponse
 
-        return TableResponse(
-            metadata_location=location,
-            metadata=metadata,
-            config=self.storage_config(metadata.location, principal, access),
-        )
+        config, credentials = self.storage_access(table, metadata.location, principal, access, **where)
+        response = TableResponse(metadata_location=location, metadata=metadata, config=config)
+        return response.model_copy(update={"storage_credentials": credentials}) if credentials else response
 
-    def storage_config(self, table_location: str, principal: Principal, access: Delegation) -> dict[str, str]:
-        """A LoadTableResult's ``config``: the storage access the caller gets for a table there."""
-        return access.config(
-            self.settings.storage, table_location, reader=principal.kind == "reader", sessions=self.sessions
+    def storage_access(
+        self,
+        table: TableName,
+        table_location: str,
+        principal: Principal,
+        access: Delegation,
+        *,
+        managed: bool,
+        warehouse: str = "latest",
+    ) -> tuple[dict[str, str], list[dict]]:
+        """A LoadTableResult's ``config`` and ``storage-credentials``: the storage access the
+        caller gets for ``table`` (at ``table_location``; ``managed``: whether it is, which decides
+        whether a job's grant may write it; ``warehouse``: where it was loaded, for the refresh
+        endpoint)."""
+        storage = self.settings.storage
+        scoped = None
+        if self.scoped is not None:
+            write = self.writes_files(principal, table, managed)
+            scoped = functools.partial(self.scoped_credentials, table, table_location, principal, write, warehouse)
+        config = access.config(
+            storage, table_location, reader=principal.kind == "reader", sessions=self.sessions, scoped=scoped
         )
+        if scoped is None or s3.SESSION_TOKEN not in config:
+            return config, []
+        keys = {k: config[k] for k in (*s3.SECRETS, s3.SESSION_TOKEN_EXPIRES_AT_MS, REFRESH_ENDPOINT) if k in config}
+        bucket, prefix = table_prefix(table_location)
+        return config, [{"prefix": f"s3://{bucket}/{prefix}", "config": keys}]
+
+    def writes_files(self, principal: Principal, table: TableName, managed: bool) -> bool:
+        """Whether the caller's credentials for ``table`` may write: the job writing it (its
+        sink), or a job granted to write an unmanaged table. An admin acting for a job (in its
+        session) writes that job's sinks."""
+        if principal.kind != "job":
+            return False
+        if principal.reach is None:
+            with self.pool.connection() as conn:
+                job = jobs.load_definitions(conn, only=principal.acting_job).get(principal.acting_job)
+            return not managed or (job is not None and table in job.sinks)
+        return str(table) in principal.reach.sinks or (not managed and principal.reach.writes(table))
+
+    def scoped_credentials(
+        self, table: TableName, table_location: str, principal: Principal, write: bool, warehouse: str
+    ) -> dict[str, str]:
+        """The table's own credentials (cached); one newly made is recorded in the audit trail."""
+        assert self.scoped is not None
+        made = self.scoped.credentials(table_location, write=write)
+        if made.made:
+            with self.pool.connection() as conn, conn.transaction():
+                audit.append(
+                    conn,
+                    "storage credentials",
+                    job=principal.job,
+                    table=str(table),
+                    object=principal.client_id,
+                    detail={"access": "write" if write else "read", "expires_at_ms": made.expires_at_ms},
+                )
+        namespace = quote("\x1f".join(table.namespace), safe="")
+        endpoint = (
+            f"v1/{quote(warehouse, safe='')}/namespaces/{namespace}/tables/{quote(table.name, safe='')}/credentials"
+        )
+        return {**made.config, REFRESH_ENDPOINT: endpoint}
 
     def table_name(self, namespace: tuple[str, ...], name: str) -> TableName:
         """The identifier as the client spelled it (the catalog is case-sensitive and allows

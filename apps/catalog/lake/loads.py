@@ -84,12 +84,13 @@ class Loads(Sessions):
         warehouse, table = plan.warehouse, plan.table
         principal = plan.acting or state.principal
         principal.require_read(table)  # before anything is told of the table, even whether it exists
+        where = {"managed": state.managed or state.staged_location is not None, "warehouse": str(plan.warehouse)}
         if state.staged_location is not None:  # the job's own commits of a barrier it has not published yet
-            return self.answer(state.staged_location, principal, access)
+            return self.answer(table, state.staged_location, principal, access, **where)
         if state.location is None:
             raise NoSuchTableError(f"table {table} does not exist")
         if warehouse.kind == "latest" or not state.managed:
-            return self.answer(state.location, principal, access)
+            return self.answer(table, state.location, principal, access, **where)
         if plan.refusal is not None:
             raise plan.refusal
         # The cut first, then the pointer (in load_state, or a lease's fixed snapshot): a commit's
@@ -105,27 +106,35 @@ class Loads(Sessions):
             return result.metadata_location, result.metadata.model_dump_json().encode(), metadata.location
 
         location, metadata_json, table_location = self.pinned_cache.get((str(metadata.table_uuid), snapshot_id), pin)
-        return self._spliced(location, metadata_json, table_location, principal, access)
+        return self._spliced(table, location, metadata_json, table_location, principal, access, **where)
 
-    def answer(self, location: str, principal: Principal, access: Delegation) -> bytes:
+    def answer(self, table: TableName, location: str, principal: Principal, access: Delegation, **where) -> bytes:
         """The LoadTableResult of the metadata file at ``location``."""
 
         metadata_json, table_location = self.metadata_json(location)
-        return self._spliced(location, metadata_json, table_location, principal, access)
+        return self._spliced(table, location, metadata_json, table_location, principal, access, **where)
 
     def _spliced(
-        self, location: str, metadata_json: bytes, table_location: str, principal: Principal, access: Delegation
+        self,
+        table: TableName,
+        location: str,
+        metadata_json: bytes,
+        table_location: str,
+        principal: Principal,
+        access: Delegation,
+        **where,
     ) -> bytes:
         """A TableResponse's JSON (``pyiceberg.catalog.rest.TableResponse``, as ``response``
-        makes it) around the metadata's cached bytes: only the config is made per request (it
-        depends on who asks, and session credentials are renewed)."""
-        config = self.storage_config(table_location, principal, access)
+        makes it) around the metadata's cached bytes: only the storage access is made per request
+        (it depends on who asks, and session credentials are renewed)."""
+        config, credentials = self.storage_access(table, table_location, principal, access, **where)
         return around_metadata(
             location,
             metadata_json,
             b',"config":',
             json.dumps(config, separators=(",", ":")).encode(),
-            b',"storage-credentials":[]',
+            b',"storage-credentials":',
+            json.dumps(credentials, separators=(",", ":")).encode(),
         )
 
     def exists(self, conn, warehouse: Warehouse, table: TableName, principal: Principal) -> None:

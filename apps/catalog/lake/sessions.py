@@ -103,7 +103,15 @@ class Sessions(LakeCore):
         if not request.stage_create:  # a staged create is committed by the client (AssertCreate) like any change
             self.write_metadata(made)
             self.stage(conn, session.job, table, session.barrier, None, made.metadata_location, None)
-        return self.response(made.metadata_location, made.metadata, principal, access)
+        return self.response(
+            table,
+            made.metadata_location,
+            made.metadata,
+            principal,
+            access,
+            managed=True,
+            warehouse=f"job:{session.job}",
+        )
 
     def publish_session(self, conn, job: str, run_id: str | None) -> Completion:
         """Publish the job's session: every commit it staged swaps in and its barrier B completes,
