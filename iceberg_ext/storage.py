@@ -140,7 +140,7 @@ def _sessions(section: Mapping | None, properties: Mapping[str, str]) -> tuple[i
             f"STS grants 900 to 129600 seconds"
         )
     role_arn = values.get(ROLE_ARN)
-    if role_arn is not None and not re.fullmatch(r"arn:[\w-]+:iam::\d*:role/[\w+=,.@/-]+", role_arn):
+    if role_arn is not None and not re.fullmatch(r"arn:[\w-]+:iam::(\d*:)?role/[\w+=,.@/-]+", role_arn):
         raise ConfigurationError(
             f"{where} {ROLE_ARN} = {role_arn!r} is not a role's ARN; use arn:aws:iam::ACCOUNT:role/NAME"
         )

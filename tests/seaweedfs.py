@@ -102,7 +102,7 @@ def _free_ports(n: int) -> list[int]:
     return found
 
 
-def config(policies: dict | None = None) -> dict:
+def config(*, token_duration: str = "1h") -> dict:
     """The S3/IAM/STS file: an admin identity (the catalog's keys), STS, and the role the catalog
     assumes (its attached policy allows everything on the bucket; a session policy narrows it)."""
     return {
@@ -114,7 +114,7 @@ def config(policies: dict | None = None) -> dict:
             }
         ],
         "sts": {
-            "tokenDuration": "1h",
+            "tokenDuration": token_duration,
             "maxSessionLength": "12h",
             "issuer": "seaweedfs-sts",
             "signingKey": base64.b64encode(b"icebarrier-test-sts-signing-key!").decode(),
@@ -134,7 +134,6 @@ def config(policies: dict | None = None) -> dict:
                     ],
                 },
             },
-            *(policies or {}).values(),
         ],
         "roles": [
             {
@@ -156,6 +155,16 @@ class SeaweedFS:
     proc: subprocess.Popen
     log: Path
 
+    def storage_toml(self) -> str:
+        """icebarrier.toml's storage: the admin's keys for the server, and per-table credentials
+        (the role assumed with a session policy; 900 s, STS's shortest)."""
+        return (
+            f'[storage]\n"s3.endpoint" = "{self.endpoint}"\n"s3.region" = "{REGION}"\n'
+            f'"s3.access-key-id" = "{ADMIN_KEY}"\n"s3.secret-access-key" = "{ADMIN_SECRET}"\n'
+            f'"s3.path-style-access" = "true"\n'
+            f'[storage.sessions]\n"duration-s" = 900\n"role-arn" = "{ROLE_ARN}"\n'
+        )
+
     def client(self, service: str = "s3", **credentials):
         import boto3
         from botocore.config import Config
@@ -171,14 +180,15 @@ class SeaweedFS:
 
 
 @contextlib.contextmanager
-def seaweed(work: Path, *, bucket: str = BUCKET) -> Iterator[SeaweedFS]:
-    """``weed mini`` on free ports under ``work``, with ``bucket`` made; stopped by its own pid."""
+def seaweed(work: Path, *, bucket: str = BUCKET, token_duration: str = "1h") -> Iterator[SeaweedFS]:
+    """``weed mini`` on free ports under ``work``, with ``bucket`` made; stopped by its own pid
+    (``token_duration``: STS's lifetime for credentials asked without one)."""
     import requests
 
     weed = binary()
     work.mkdir(parents=True, exist_ok=True)
     conf = work / "s3.json"
-    conf.write_text(json.dumps(config()))
+    conf.write_text(json.dumps(config(token_duration=token_duration)))
     master, volume, filer, s3, admin = _free_ports(5)
     flags = {"master": master, "volume": volume, "filer": filer, "s3": s3, "admin": admin}
     args = [str(weed), "mini", "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1", "-dir", str(work / "data")]

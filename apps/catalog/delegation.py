@@ -34,12 +34,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
-from urllib.parse import urlparse
 
 from fastapi import Depends, Header
 
 from icebarrier.apps.catalog.errors import MalformedRequestError
 from icebarrier.iceberg_ext import storage as s3
+from icebarrier.control_plane.errors import ConfigurationError
 from icebarrier.iceberg_ext.storage import Storage, is_object_storage
 
 HEADER = "X-Iceberg-Access-Delegation"
@@ -93,8 +93,8 @@ class Delegation:
 
 def table_prefix(location: str) -> tuple[str, str]:
     """(bucket, key prefix ending in ``/``) of a table's location."""
-    parsed = urlparse(location)
-    return parsed.netloc, parsed.path.strip("/") + "/"
+    bucket, _, path = location.split("://", 1)[-1].partition("/")  # not urlparse: '?' and '#' are a key's
+    return bucket, path.strip("/") + "/"
 
 
 def _iam_literal(text: str) -> str:
@@ -170,7 +170,25 @@ class ScopedVendor:
                     del self._cache[old]
         return made
 
-    def _assume(self, location: str, write: bool) -> Scoped:
+    def check(self, warehouse: str) -> None:
+        """At start: a role STS refuses is a configuration error (one line, the server does not
+        start); an STS out of reach is not (loads get a 503 until it answers)."""
+        import botocore.exceptions
+
+        from icebarrier.apps.catalog.errors import StorageUnavailableError
+
+        try:
+            self._assume(warehouse, False, raising=True)
+        except botocore.exceptions.ClientError as exc:
+            raise ConfigurationError(
+                f"[storage.sessions] role-arn {self.storage.session_role_arn}: STS at "
+                f"{self.storage.sts_endpoint or 'AWS'} refused to assume it ({exc.response['Error'].get('Message') or exc}); "
+                f"fix role-arn, or let the role trust the server's keys"
+            ) from None
+        except (botocore.exceptions.BotoCoreError, StorageUnavailableError):
+            pass
+
+    def _assume(self, location: str, write: bool, *, raising: bool = False) -> Scoped:
         import boto3
         import botocore.exceptions
 
@@ -194,6 +212,8 @@ class ScopedVendor:
                 DurationSeconds=storage.session_duration_s,
             )["Credentials"]
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            if raising:
+                raise
             raise StorageUnavailableError(
                 f"STS at {storage.sts_endpoint or 'AWS'} refused to assume role {storage.session_role_arn} "
                 f"({exc}); fix [storage.sessions] role-arn (the role must trust the server's keys)"

@@ -128,6 +128,9 @@ def test_a_job_reads_its_sources_writes_its_sinks_and_nothing_else_without_a_gra
             attempt()
             pytest.fail(f"{what} was allowed")
     headers = {**_headers(server, f"{client_id}:{secret}"), "Content-Type": "application/json"}
+    for path in (f"{other}/tables/c/credentials", f"{other}/tables/c_new/credentials", f"{other}/tables/ghost"):
+        r = requests.get(f"{server}/v1/latest/namespaces/{path}", headers=headers, timeout=30)
+        assert r.status_code == 403 and "no grant" in r.text, (path, r.text)
     commit = {"requirements": [], "updates": [{"action": "set-properties", "updates": {"owned": "yes"}}]}
     r = requests.post(f"{server}/v1/latest/namespaces/{other}/tables/c", json=commit, headers=headers, timeout=30)
     assert r.status_code == 403 and f"lake.{other}.c" in r.text and "--write" in r.text, r.text

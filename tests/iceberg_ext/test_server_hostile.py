@@ -35,6 +35,7 @@ ROUTES = [
     ("DELETE", "/v1/{prefix}/namespaces/{namespace}/tables/{table}"),
     ("POST", "/v1/{prefix}/namespaces/{namespace}/tables/{table}"),
     ("POST", "/v1/{prefix}/namespaces/{namespace}/tables/{table}/metrics"),
+    ("GET", "/v1/{prefix}/namespaces/{namespace}/tables/{table}/credentials"),
     ("POST", "/v1/{prefix}/tables/rename"),
     ("POST", "/v1/{prefix}/transactions/commit"),
     ("POST", "/icebarrier/v1/jobs/{job}/session"),

@@ -114,6 +114,8 @@ class LakeCore:
         self.settings = settings
         self.sessions = SessionVendor(settings.storage) if settings.storage.session_duration_s else None
         self.scoped = ScopedVendor(settings.storage) if settings.storage.session_role_arn else None
+        if self.scoped is not None:
+            self.scoped.check(settings.warehouse)
         self.catalog = load_catalog(settings)
         self.pool = db.pool(settings.dsn, settings.schema, max_size=pool_size)
         self.async_pool = db.async_pool(settings.dsn, settings.schema)  # loads; opened on the server's loop

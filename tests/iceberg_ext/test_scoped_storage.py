@@ -1,0 +1,217 @@
+"""Storage credentials open one table, proven on an object store that enforces session policies
+(SeaweedFS, tests/seaweedfs.py; moto enforces none). Each attempt is made with the credentials
+the server hands out, and what must be refused is refused by the store itself."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pyarrow as pa
+import pytest
+import requests
+from botocore.exceptions import ClientError
+
+from icebarrier.apps.catalog.delegation import REFRESH_ENDPOINT, ScopedVendor, table_policy
+from icebarrier.control_plane import audit, barriers, jobs, tokens
+from icebarrier.control_plane.model import JobDefinition
+from icebarrier.iceberg_ext import storage as s3
+from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER
+from icebarrier.iceberg_ext.config import Settings
+from tests.iceberg_ext.catalog_server import access_token, rest
+from tests.iceberg_ext.conftest import _lake, _serve
+from tests.seaweedfs import ADMIN_KEY, ADMIN_SECRET, BUCKET, ROLE_ARN, seaweed
+
+pytestmark = pytest.mark.slow
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+
+
+@pytest.fixture(scope="module")
+def weed(tmp_path_factory):
+    with seaweed(tmp_path_factory.mktemp("seaweedfs")) as store:
+        yield store
+
+
+@pytest.fixture
+def weed_lake(lake_dsn, weed, tmp_path, monkeypatch):
+    config = tmp_path / "icebarrier.toml"
+    config.write_text(weed.storage_toml())
+    monkeypatch.setenv("ICEBARRIER_CONFIG", str(config))
+    yield from _lake(lake_dsn, f"s3://{BUCKET}/wh-{uuid.uuid4().hex[:8]}", monkeypatch, Settings.load_storage(config))
+
+
+@pytest.fixture
+def weed_server(weed_lake):
+    yield from _serve(weed_lake)
+
+
+def _denied(call) -> None:
+    with pytest.raises(ClientError) as caught:
+        call()
+    assert caught.value.response["Error"]["Code"] in ("AccessDenied", "403"), caught.value.response
+
+
+def _client(weed, config: dict):
+    return weed.client(
+        aws_access_key_id=config[s3.ACCESS_KEY_ID],
+        aws_secret_access_key=config[s3.SECRET_ACCESS_KEY],
+        aws_session_token=config[s3.SESSION_TOKEN],
+    )
+
+
+def test_a_table_credential_opens_that_table_and_that_access_only(weed, tmp_path):
+    """Credentials for table t (read) read and list t only: not t_new (a sibling whose name t
+    prefixes), not u, and they write nothing; t's write credentials write and delete under t only."""
+    admin = weed.client()
+    wh = f"wh-{uuid.uuid4().hex[:8]}/ns"
+    for table in ("t", "t_new", "u"):
+        admin.put_object(Bucket=BUCKET, Key=f"{wh}/{table}/data/f.parquet", Body=b"x")
+    storage = Settings.load_storage(_toml(weed, tmp_path))
+    vendor = ScopedVendor(storage)
+    reading = _client(weed, vendor.credentials(f"s3://{BUCKET}/{wh}/t", write=False).config)
+    assert reading.get_object(Bucket=BUCKET, Key=f"{wh}/t/data/f.parquet")["Body"].read() == b"x"
+    assert [o["Key"] for o in reading.list_objects_v2(Bucket=BUCKET, Prefix=f"{wh}/t/")["Contents"]]
+    _denied(lambda: reading.get_object(Bucket=BUCKET, Key=f"{wh}/t_new/data/f.parquet"))
+    _denied(lambda: reading.get_object(Bucket=BUCKET, Key=f"{wh}/u/data/f.parquet"))
+    _denied(lambda: reading.list_objects_v2(Bucket=BUCKET, Prefix=f"{wh}/u/"))
+    _denied(lambda: reading.list_objects_v2(Bucket=BUCKET, Prefix=f"{wh}/t"))  # would show t_new
+    _denied(lambda: reading.put_object(Bucket=BUCKET, Key=f"{wh}/t/data/g.parquet", Body=b"y"))
+    writing = _client(weed, vendor.credentials(f"s3://{BUCKET}/{wh}/t", write=True).config)
+    writing.put_object(Bucket=BUCKET, Key=f"{wh}/t/data/g.parquet", Body=b"y")
+    writing.delete_object(Bucket=BUCKET, Key=f"{wh}/t/data/g.parquet")
+    _denied(lambda: writing.put_object(Bucket=BUCKET, Key=f"{wh}/u/data/f.parquet", Body=b"overwritten"))
+    _denied(lambda: writing.put_object(Bucket=BUCKET, Key=f"{wh}/t_new/data/f.parquet", Body=b"overwritten"))
+    _denied(lambda: writing.delete_object(Bucket=BUCKET, Key=f"{wh}/u/data/f.parquet"))
+    assert admin.get_object(Bucket=BUCKET, Key=f"{wh}/u/data/f.parquet")["Body"].read() == b"x"
+    # one AssumeRole per (table, access): the second load of each is served from the cache
+    vendor.credentials(f"s3://{BUCKET}/{wh}/t", write=False)
+    assert vendor.calls == 2
+
+
+def test_an_expired_credential_is_refused(tmp_path):
+    """The store refuses a table's credentials once they expire, and forged ones at once (a store
+    whose STS makes 3-s credentials when asked for no duration: STS's floor for a duration asked,
+    which the server always asks, is 900 s)."""
+    import boto3
+
+    with seaweed(tmp_path / "short", token_duration="3s") as short:
+        key = "wh/ns/t/data/f.parquet"
+        short.client().put_object(Bucket=BUCKET, Key=key, Body=b"x")
+        sts = boto3.client(
+            "sts",
+            endpoint_url=short.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=ADMIN_KEY,
+            aws_secret_access_key=ADMIN_SECRET,
+        )
+        policy = table_policy(f"s3://{BUCKET}/wh/ns/t", write=False)
+        made = sts.assume_role(RoleArn=ROLE_ARN, RoleSessionName="expiry", Policy=policy)["Credentials"]
+        keys = {
+            s3.ACCESS_KEY_ID: made["AccessKeyId"],
+            s3.SECRET_ACCESS_KEY: made["SecretAccessKey"],
+            s3.SESSION_TOKEN: made["SessionToken"],
+        }
+        assert _client(short, keys).get_object(Bucket=BUCKET, Key=key)["Body"].read() == b"x"
+        forged = {**keys, s3.SESSION_TOKEN: made["SessionToken"][:-8] + "AAAAAAAA"}
+        with pytest.raises(ClientError):
+            _client(short, forged).get_object(Bucket=BUCKET, Key=key)
+        time.sleep(max(0.0, made["Expiration"].timestamp() - time.time()) + 1.5)
+        with pytest.raises(ClientError) as expired:
+            _client(short, keys).get_object(Bucket=BUCKET, Key=key)
+        assert expired.value.response["Error"]["Code"] in ("InvalidAccessKeyId", "ExpiredToken", "AccessDenied")
+
+
+def test_pyiceberg_reads_and_writes_through_serve_with_table_credentials_only(weed_lake, weed_server, weed):
+    """Through `icebarrier serve` on SeaweedFS with per-table credentials: a job creates and
+    writes its sink with what it is handed; a reader granted the namespace reads it; the reader's
+    credentials write nothing, the job's open no other table; loadCredentials gives fresh ones;
+    each one made is in the audit trail."""
+    lake = weed_lake
+    ns = lake.namespace
+    jobs.register(lake.conn, JobDefinition(name="w", sinks=frozenset([lake.T("t")]), external_inputs=frozenset(["x"])))
+    lake.catalog.create_table(f"{ns}.other", schema=SCHEMA).append(pa.table({"id": [9]}, schema=SCHEMA))
+    job_cred = ":".join(tokens.create(lake.conn, job="w"))
+    job = rest(weed_server, "latest", job_cred)
+    b = barriers.issue(lake.conn).barrier
+    table = job.create_table(f"{ns}.t", schema=SCHEMA)
+    table.append(pa.table({"id": [1, 2]}, schema=SCHEMA), snapshot_properties={SUMMARY_BARRIER: str(b)})
+    reader_cred = ":".join(tokens.create(lake.conn))
+    tokens.grant(lake.conn, reader_cred.split(":")[0], [tokens.Grant("namespace", ns, "read")])
+    assert rest(weed_server, "latest", reader_cred).load_table(f"{ns}.t").scan().to_arrow().num_rows == 2
+    answer = _load(weed_server, reader_cred, f"{ns}/tables/t")
+    [credential] = answer["storage-credentials"]
+    location = answer["metadata"]["location"]
+    assert credential["prefix"] == location.rstrip("/") + "/" and s3.SESSION_TOKEN in credential["config"]
+    assert answer["config"][REFRESH_ENDPOINT].endswith(f"/namespaces/{ns}/tables/t/credentials")
+    key = location.removeprefix(f"s3://{BUCKET}/") + "/data/planted.parquet"
+    _denied(lambda: _client(weed, answer["config"]).put_object(Bucket=BUCKET, Key=key, Body=b"x"))
+    job_answer = _load(weed_server, job_cred, f"{ns}/tables/t")
+    _client(weed, job_answer["config"]).put_object(Bucket=BUCKET, Key=key, Body=b"x")  # its own sink
+    other = lake.catalog.load_table(f"{ns}.other").metadata.location.removeprefix(f"s3://{BUCKET}/")
+    _denied(lambda: _client(weed, job_answer["config"]).get_object(Bucket=BUCKET, Key=other + "/x"))
+    refreshed = requests.get(
+        f"{weed_server}/{answer['config'][REFRESH_ENDPOINT]}", headers=_headers(weed_server, reader_cred), timeout=30
+    )
+    assert refreshed.status_code == 200, refreshed.text
+    [again] = refreshed.json()["storage-credentials"]
+    assert again["prefix"] == credential["prefix"] and s3.SESSION_TOKEN in again["config"]
+    issued = [e for e in audit.events(lake.conn, table=str(lake.T("t"))) if e.action == "storage credentials"]
+    assert {e.detail["access"] for e in issued} == {"read", "write"}, issued
+    assert all(e.detail["expires_at_ms"] > time.time() * 1000 for e in issued)
+
+
+def _headers(server: str, credential: str) -> dict:
+    return {"Authorization": f"Bearer {access_token(server, *credential.split(':'))}"}
+
+
+def _load(server: str, credential: str, path: str) -> dict:
+    r = requests.get(
+        f"{server}/v1/latest/namespaces/{path}",
+        headers={**_headers(server, credential), "X-Iceberg-Access-Delegation": "vended-credentials"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _toml(weed, tmp_path):
+    path = tmp_path / "icebarrier.toml"
+    path.write_text(weed.storage_toml())
+    return path
+
+
+def test_the_policy_ends_each_prefix_in_a_slash_and_makes_wildcards_literal():
+    """A location with IAM's wildcards opens only itself; the policy names nothing else."""
+    policy = json.loads(table_policy("s3://lake/wh/ns/t*?$x", write=True))
+    [objects, listing, _] = policy["Statement"]
+    assert objects["Resource"] == ["arn:aws:s3:::lake/wh/ns/t${*}${?}${$}x/*"]
+    assert set(objects["Action"]) == {"s3:GetObject", "s3:PutObject", "s3:DeleteObject"}
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["wh/ns/t${*}${?}${$}x/*"]}}
+    assert json.loads(table_policy("s3://lake/wh/ns/t", write=False))["Statement"][0]["Action"] == ["s3:GetObject"]
+
+
+def test_a_role_sts_refuses_or_a_malformed_one_stops_the_server_with_one_line(weed_lake, weed, tmp_path):
+    """`icebarrier serve` with a role STS will not assume, or a role-arn that is no ARN: one line
+    naming role-arn, a non-zero exit, no traceback."""
+    import os
+    import subprocess
+
+    from tests.iceberg_ext.catalog_server import free_port
+
+    for role, said in (
+        ("arn:aws:iam::role/Nobody", "refused to assume it"),
+        ("arn:aws:s3:::lake", "is not a role's ARN"),
+    ):
+        config = tmp_path / "bad.toml"
+        config.write_text(weed.storage_toml().replace(ROLE_ARN, role))
+        done = subprocess.run(
+            ["icebarrier", "serve", "--port", str(free_port())],
+            env={**os.environ, "ICEBARRIER_CONFIG": str(config)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode != 0 and len(lines) == 1 and "role-arn" in lines[0] and said in lines[0], done.stderr
