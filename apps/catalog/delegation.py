@@ -38,8 +38,8 @@ from typing import Annotated
 from fastapi import Depends, Header
 
 from icebarrier.apps.catalog.errors import MalformedRequestError
-from icebarrier.iceberg_ext import storage as s3
 from icebarrier.control_plane.errors import ConfigurationError
+from icebarrier.iceberg_ext import storage as s3
 from icebarrier.iceberg_ext.storage import Storage, is_object_storage
 
 HEADER = "X-Iceberg-Access-Delegation"
