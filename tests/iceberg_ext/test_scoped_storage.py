@@ -215,3 +215,33 @@ def test_a_role_sts_refuses_or_a_malformed_one_stops_the_server_with_one_line(we
         )
         lines = done.stderr.strip().splitlines()
         assert done.returncode != 0 and len(lines) == 1 and "role-arn" in lines[0] and said in lines[0], done.stderr
+
+
+def test_spark_and_duckdb_read_every_warehouse_with_table_credentials_only(weed_lake, weed_server, spark):
+    """Spark's REST client and DuckDB as `icebarrier connect` prints them, with a reader token
+    granted the namespace: each table's own read credentials are all they get, and they read
+    latest, read-committed and barrier-<B> at exact row counts."""
+    from icebarrier.apps.catalog.clients import configuration
+    from tests.iceberg_ext.catalog_server import Pipeline
+    from tests.iceberg_ext.test_storage import duck
+
+    lake = weed_lake
+    p = Pipeline(lake, {"ingest": ["orders", "payments"]})
+    marks = [p.advance(rows=10) for _ in range(3)]
+    reader = ":".join(tokens.create(lake.conn))
+    tokens.grant(lake.conn, reader.split(":")[0], [tokens.Grant("namespace", lake.namespace, "read")])
+    orders = f"{lake.namespace}.orders"
+    for warehouse, count in {"latest": 30, "read-committed": 30, f"barrier-{marks[0]}": 10}.items():
+        name = f"w_{uuid.uuid4().hex[:8]}"
+        conf = dict(
+            line.split(" ", 1) for line in configuration("spark", warehouse, weed_server, reader, name).splitlines()
+        )
+        for key, value in conf.items():
+            if key.startswith(f"spark.sql.catalog.{name}"):
+                spark.conf.set(key, value)
+        assert spark.table(f"{name}.{orders}").count() == count, warehouse
+        assert (
+            duck(weed_server, warehouse, reader).execute(f"SELECT count(*) FROM lake.{orders}").fetchone()[0] == count
+        )
+    issued = [e for e in audit.events(lake.conn) if e.action == "storage credentials"]
+    assert issued and {e.detail["access"] for e in issued} == {"read"}
