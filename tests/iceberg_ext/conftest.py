@@ -21,6 +21,7 @@ from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.storage import Storage
 from tests.helpers import calm_anchors, new_database
 from tests.iceberg_ext.catalog_server import start_server, stop_server
+from tests.seaweedfs import BUCKET, seaweed
 
 
 @pytest.fixture(scope="session")
@@ -109,6 +110,28 @@ def s3_lake(lake_dsn, s3, tmp_path, monkeypatch):
 def s3_server(s3_lake):
     """A real `icebarrier serve` process over the test's S3 lake; its URI."""
     yield from _serve(s3_lake)
+
+
+@pytest.fixture(scope="session")
+def weed(tmp_path_factory):
+    """SeaweedFS (tests/seaweedfs.py): S3 whose STS session policies are enforced."""
+    with seaweed(tmp_path_factory.mktemp("seaweedfs")) as store:
+        yield store
+
+
+@pytest.fixture
+def weed_lake(lake_dsn, weed, tmp_path, monkeypatch):
+    """The same as ``lake``, on SeaweedFS, served with per-table credentials (role-arn)."""
+    config = tmp_path / "icebarrier.toml"
+    config.write_text(weed.storage_toml())
+    monkeypatch.setenv("ICEBARRIER_CONFIG", str(config))
+    yield from _lake(lake_dsn, f"s3://{BUCKET}/wh-{uuid.uuid4().hex[:8]}", monkeypatch, Settings.load_storage(config))
+
+
+@pytest.fixture
+def weed_server(weed_lake):
+    """A real `icebarrier serve` process over the test's SeaweedFS lake; its URI."""
+    yield from _serve(weed_lake)
 
 
 @pytest.fixture(scope="session")

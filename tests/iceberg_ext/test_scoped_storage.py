@@ -20,31 +20,11 @@ from icebarrier.iceberg_ext import storage as s3
 from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER
 from icebarrier.iceberg_ext.config import Settings
 from tests.iceberg_ext.catalog_server import access_token, rest
-from tests.iceberg_ext.conftest import _lake, _serve
 from tests.seaweedfs import ADMIN_KEY, ADMIN_SECRET, BUCKET, ROLE_ARN, seaweed
 
 pytestmark = pytest.mark.slow
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False)])
-
-
-@pytest.fixture(scope="module")
-def weed(tmp_path_factory):
-    with seaweed(tmp_path_factory.mktemp("seaweedfs")) as store:
-        yield store
-
-
-@pytest.fixture
-def weed_lake(lake_dsn, weed, tmp_path, monkeypatch):
-    config = tmp_path / "icebarrier.toml"
-    config.write_text(weed.storage_toml())
-    monkeypatch.setenv("ICEBARRIER_CONFIG", str(config))
-    yield from _lake(lake_dsn, f"s3://{BUCKET}/wh-{uuid.uuid4().hex[:8]}", monkeypatch, Settings.load_storage(config))
-
-
-@pytest.fixture
-def weed_server(weed_lake):
-    yield from _serve(weed_lake)
 
 
 def _denied(call) -> None:
