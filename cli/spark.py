@@ -58,6 +58,7 @@ def spark_conf(obj, fmt: str, show_secrets: bool, via: str, uri: str, credential
                 "warehouse": "latest",
                 "credential": credential,
                 "oauth2-server-uri": f"{uri}/v1/oauth/tokens",
+                "header.X-Iceberg-Access-Delegation": "vended-credentials",  # its tables' own storage access
             },
         )
     conf = build(settings)

@@ -95,7 +95,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         conf["spark.jars.packages"] = packages
     else:
         conf["spark.jars"] = ",".join(str(p) for p in (iceberg_jar(), jdbc_jar()))
-    if settings.on_object_storage and settings.is_default_catalog:
+    if settings.on_object_storage:  # through a REST catalog too (its loads may vend the credentials)
         conf.update(s3_catalog_conf(settings, cat))
         add_aws_bundle(conf)
     conf[cat] = "org.apache.iceberg.spark.SparkCatalog"

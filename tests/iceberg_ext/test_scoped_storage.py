@@ -225,3 +225,53 @@ def test_spark_and_duckdb_read_every_warehouse_with_table_credentials_only(weed_
         )
     issued = [e for e in audit.events(lake.conn) if e.action == "storage credentials"]
     assert issued and {e.detail["access"] for e in issued} == {"read"}
+
+
+def test_a_spark_root_job_writes_its_sink_through_serve_with_its_table_credentials_only(
+    weed_lake, weed_server, weed, tmp_path
+):
+    """The job runtime's Spark writing through `icebarrier serve` (`spark-conf --via rest`) with no
+    storage keys of its own: the write credentials it is handed for its sink are all it has, and
+    the barrier is written and completed."""
+    import os
+    import subprocess
+    import sys
+
+    from icebarrier.control_plane.model import TableName
+    from tests.iceberg_ext.test_catalog_server import RUN_VIA_REST
+
+    lake = weed_lake
+    job, sink = "ingest", f"lake.{lake.namespace}.orders"
+    jobs.register(
+        lake.conn, JobDefinition(name=job, sinks=frozenset([TableName.parse(sink)]), external_inputs=frozenset(["f"]))
+    )
+    lake.catalog.create_table(
+        f"{lake.namespace}.orders", schema=pa.schema([("id", pa.int64()), ("barrier", pa.int64())])
+    )
+    barriers.set_interval_s(lake.conn, 3600)
+    b = barriers.issue(lake.conn).barrier
+    jid, secret = tokens.create(lake.conn, job=job)
+    config = tmp_path / "job.toml"
+    config.write_text(  # the endpoint, no keys: the job's storage access comes from the catalog
+        f'dsn = "{lake.settings.dsn}"\nschema = "{lake.settings.schema}"\nwarehouse = "{lake.settings.warehouse}"\n'
+        f'[catalog_properties]\ntype = "rest"\nuri = "{weed_server}"\nwarehouse = "latest"\n'
+        f'credential = "{jid}:{secret}"\noauth2-server-uri = "{weed_server}/v1/oauth/tokens"\n'
+        f'"header.X-Iceberg-Access-Delegation" = "vended-credentials"\n'
+        f'[storage]\n"s3.endpoint" = "{weed.endpoint}"\n"s3.region" = "us-east-1"\n"s3.path-style-access" = "true"\n'
+    )
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "1.json").write_text('{"id": 1, "barrier": 0}\n{"id": 2, "barrier": 0}\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ICEBARRIER_", "AWS_"))}
+    run = subprocess.run(
+        [sys.executable, "-c", RUN_VIA_REST, str(inbox), job, sink],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env, "ICEBARRIER_CONFIG": str(config)},
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1])["completed"] == [b]
+    assert lake.catalog.load_table(f"{lake.namespace}.orders").scan().to_arrow().num_rows == 2
+    issued = [e for e in audit.events(lake.conn, table=sink) if e.action == "storage credentials"]
+    assert [e.detail["access"] for e in issued] == ["write"] and issued[0].object == jid
