@@ -18,7 +18,8 @@ whichever catalog is configured, never in place of it::
     "duration-s" = 3600                        #   of the keys themselves (Trino needs a session token)
     "sts.endpoint" = "http://127.0.0.1:9000"   #   default: s3.endpoint where set, else AWS's STS
     "role-arn" = "arn:aws:iam::…:role/Lake"    #   least privilege: each table's own credentials
-                                               #   (AssumeRole with a session policy for its location)
+                                               #   (AssumeRole with a session policy for its location;
+                                               #   without duration-s, STS's default lifetime)
 
 Environment variables (the AWS SDK's own names) win over the file, as for every setting:
 ``AWS_ENDPOINT_URL_S3`` (or ``AWS_ENDPOINT_URL``), ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``),
@@ -71,6 +72,7 @@ class Storage:
     session_duration_s: int | None = None
     sts_endpoint: str | None = None
     session_role_arn: str | None = None  # ``role-arn``: credentials scoped to one table (AssumeRole)
+    session_duration_asked: bool = False  # ``duration-s`` given (else AssumeRole takes STS's default)
 
     @classmethod
     def from_config(cls, section: Mapping | None, environ: Mapping[str, str] = os.environ) -> Storage:
@@ -100,6 +102,7 @@ class Storage:
             session_duration_s=duration_s,
             sts_endpoint=sts_endpoint,
             session_role_arn=role_arn,
+            session_duration_asked=isinstance(sessions, Mapping) and SESSION_DURATION_S in sessions,
         )
 
     def fileio(self) -> dict[str, str]:

@@ -209,7 +209,7 @@ class ScopedVendor:
                 RoleArn=storage.session_role_arn,
                 RoleSessionName=f"icebarrier-{'write' if write else 'read'}",
                 Policy=table_policy(location, write=write),
-                DurationSeconds=storage.session_duration_s,
+                **({"DurationSeconds": storage.session_duration_s} if storage.session_duration_asked else {}),
             )["Credentials"]
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             if raising:

@@ -275,3 +275,43 @@ def test_a_spark_root_job_writes_its_sink_through_serve_with_its_table_credentia
     assert lake.catalog.load_table(f"{lake.namespace}.orders").scan().to_arrow().num_rows == 2
     issued = [e for e in audit.events(lake.conn, table=sink) if e.action == "storage credentials"]
     assert [e.detail["access"] for e in issued] == ["write"] and issued[0].object == jid
+
+
+def test_a_spark_query_outlives_its_first_credentials_through_the_refresh_endpoint(
+    lake_dsn, tmp_path, monkeypatch, spark
+):
+    """On a store whose STS makes 60-s credentials (no duration-s: STS's default), a Spark query
+    planned with the credentials of its load runs after they expired: Iceberg's client fetched
+    fresh ones from the table's /credentials (the server's log shows it) and reads every row."""
+    from icebarrier.apps.catalog.clients import configuration
+    from tests.iceberg_ext.catalog_server import Pipeline, start_server, stop_server
+    from tests.iceberg_ext.conftest import _lake
+
+    with seaweed(tmp_path / "short", token_duration="60s") as short:
+        config = tmp_path / "icebarrier.toml"
+        config.write_text(short.storage_toml().replace('"duration-s" = 900\n', ""))
+        monkeypatch.setenv("ICEBARRIER_CONFIG", str(config))
+        lakes = _lake(lake_dsn, f"s3://{BUCKET}/wh", monkeypatch, Settings.load_storage(config))
+        lake = next(lakes)
+        try:
+            Pipeline(lake, {"ingest": ["orders"]}).advance(rows=10)
+            proc, server = start_server(lake, "--log-format", "json")
+            try:
+                reader = ":".join(tokens.create(lake.conn))
+                tokens.grant(lake.conn, reader.split(":")[0], [tokens.Grant("namespace", lake.namespace, "read")])
+                name = f"w_{uuid.uuid4().hex[:8]}"
+                for line in configuration("spark", "latest", server, reader, name).splitlines():
+                    key, value = line.split(" ", 1)
+                    if key.startswith(f"spark.sql.catalog.{name}"):
+                        spark.conf.set(key, value)
+                planned = spark.table(f"{name}.{lake.namespace}.orders")  # loaded now, with 60-s credentials
+                issued = [e for e in audit.events(lake.conn) if e.action == "storage credentials"]
+                expires_at = max(e.detail["expires_at_ms"] for e in issued) / 1000
+                time.sleep(max(0.0, expires_at - time.time()) + 2)
+                assert planned.count() == 10
+            finally:
+                log = stop_server(proc)
+            refreshes = [line for line in log.splitlines() if "/credentials" in line and '"status": 200' in line]
+            assert refreshes, log[-3000:]
+        finally:
+            next(lakes, None)
