@@ -81,6 +81,35 @@ def test_a_reader_reaches_what_it_was_granted_and_nothing_else(lake, server):
     headers = _headers(server, credential)
     head = requests.head(f"{server}/v1/latest/namespaces/{other}/tables/c_new", headers=headers, timeout=30)
     assert head.status_code == 403
+    before = _pointers(lake)
+    c_new = lake.catalog.load_table(f"{other}.c_new")
+    for what, attempt in {
+        "credentials": lambda: requests.get(
+            f"{server}/v1/latest/namespaces/{other}/tables/c_new/credentials", headers=headers, timeout=30
+        ),
+        "list": lambda: requests.get(f"{server}/v1/latest/namespaces/{other}_x/tables", headers=headers, timeout=30),
+        "register": lambda: requests.post(
+            f"{server}/v1/latest/namespaces/{other}/register",
+            json={"name": "mine", "metadata-location": c_new.metadata_location},
+            headers=headers,
+            timeout=30,
+        ),
+        "rename": lambda: requests.post(
+            f"{server}/v1/latest/tables/rename",
+            json={
+                "source": {"namespace": [other], "name": "c_new"},
+                "destination": {"namespace": [other], "name": "d"},
+            },
+            headers=headers,
+            timeout=30,
+        ),
+        "drop": lambda: requests.delete(
+            f"{server}/v1/latest/namespaces/{other}/tables/c_new", headers=headers, timeout=30
+        ),
+    }.items():
+        r = attempt()
+        assert r.status_code == 403, (what, r.status_code, r.text)
+    assert _pointers(lake) == before  # nothing changed
     # a grant applies at once, and taking it back too, though memory answered the load before
     _cli(lake, "token", "grant", made["client_id"], "--table", f"lake.{other}.c_new")
     for _ in range(3):

@@ -227,12 +227,13 @@ def test_spark_and_duckdb_read_every_warehouse_with_table_credentials_only(weed_
     assert issued and {e.detail["access"] for e in issued} == {"read"}
 
 
-def test_a_spark_root_job_writes_its_sink_through_serve_with_its_table_credentials_only(
+def test_spark_root_and_sql_jobs_write_their_sinks_through_serve_with_their_table_credentials_only(
     weed_lake, weed_server, weed, tmp_path
 ):
     """The job runtime's Spark writing through `icebarrier serve` (`spark-conf --via rest`) with no
-    storage keys of its own: the write credentials it is handed for its sink are all it has, and
-    the barrier is written and completed."""
+    storage keys of its own: a root job and a SQL job downstream each get read credentials for a
+    source and write credentials for its sink, nothing more, and the barrier is written and
+    completed by both."""
     import os
     import subprocess
     import sys
@@ -275,6 +276,46 @@ def test_a_spark_root_job_writes_its_sink_through_serve_with_its_table_credentia
     assert lake.catalog.load_table(f"{lake.namespace}.orders").scan().to_arrow().num_rows == 2
     issued = [e for e in audit.events(lake.conn, table=sink) if e.action == "storage credentials"]
     assert [e.detail["access"] for e in issued] == ["write"] and issued[0].object == jid
+    # a SQL job downstream: its source read, its sink written, each with that table's credentials
+    totals = f"lake.{lake.namespace}.totals"
+    jobs.register(
+        lake.conn,
+        JobDefinition(
+            name="totals", sources=frozenset([TableName.parse(sink)]), sinks=frozenset([TableName.parse(totals)])
+        ),
+    )
+    lake.catalog.create_table(f"{lake.namespace}.totals", schema=pa.schema([("n", pa.int64())]))
+    sql_id, sql_secret = tokens.create(lake.conn, job="totals")
+    config.write_text(config.read_text().replace(f"{jid}:{secret}", f"{sql_id}:{sql_secret}"))
+    run = subprocess.run(
+        [sys.executable, "-c", RUN_SQL, "totals", f"INSERT OVERWRITE {totals} SELECT count(*) AS n FROM {sink}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env, "ICEBARRIER_CONFIG": str(config)},
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1])["completed"] == [b]
+    assert lake.catalog.load_table(f"{lake.namespace}.totals").scan().to_arrow().to_pylist() == [{"n": 2}]
+    access = {
+        (e.table, e.detail["access"])
+        for e in audit.events(lake.conn)
+        if e.action == "storage credentials" and e.object == sql_id
+    }
+    assert access == {(sink, "read"), (totals, "write")}, access
+
+
+RUN_SQL = """
+import json, sys
+from icebarrier import SqlJob, Settings
+from icebarrier.iceberg_ext.runtime import Runtime
+from icebarrier.iceberg_ext.spark import spark_session
+
+settings = Settings.load()
+spark = spark_session(settings, master="local[1]")
+with Runtime(SqlJob(sys.argv[1], sys.argv[2]), settings=settings, spark=spark, log=lambda _: None) as rt:
+    print(json.dumps({"completed": rt.run().completed}))
+"""
 
 
 def test_a_spark_query_outlives_its_first_credentials_through_the_refresh_endpoint(
