@@ -151,7 +151,11 @@ class Principal:
         """Refuse (403) a namespace outside the grants: to see (load, exists, list its tables), or
         (``write``) to create, drop or change it (a write grant on it or above it)."""
         name = ".".join(namespace)
-        if write and self.reach is not None and not _under(namespace, self.reach.write_namespaces):
+        if (
+            write
+            and self.reach is not None
+            and not (self.reach.write_all or _under(namespace, self.reach.write_namespaces))
+        ):
             raise NotGrantedError(
                 f"{self.describe()} may not change namespace {name}: it needs a write grant on it or a namespace "
                 f"above it; an admin grants it with `icebarrier token grant {self.client_id or 'CLIENT_ID'} --write "
