@@ -14,6 +14,7 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from icebarrier.control_plane import audit
 from icebarrier.control_plane.db import Conn
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import TableName, parse_job_name
@@ -254,6 +255,7 @@ def grant(conn: Conn, client_id: str, grants: list[Grant]) -> Token:
                 "ON CONFLICT (client_id, kind, object) DO UPDATE SET privilege = EXCLUDED.privilege, granted_at = now()",
                 (client_id, g.kind, g.object, g.privilege),
             )
+        audit.append(conn, "token grant", job=token.job, object=client_id, detail={"grants": [str(g) for g in grants]})
     return _token(conn, client_id)
 
 
@@ -261,7 +263,7 @@ def ungrant(conn: Conn, client_id: str, grants: list[Grant]) -> Token:
     """Take ``grants`` (kind and object; the privilege is ignored) from a token; one it does not
     hold is refused, naming it."""
     with conn.transaction():
-        _token(conn, client_id, lock=True)
+        token = _token(conn, client_id, lock=True)
         for g in grants:
             gone = conn.execute(
                 "DELETE FROM catalog_grant WHERE client_id = %s AND kind = %s AND object = %s",
@@ -271,6 +273,13 @@ def ungrant(conn: Conn, client_id: str, grants: list[Grant]) -> Token:
                 raise IcebarrierError(
                     f"token {client_id} holds no grant on {g.kind} {g.object}; see `icebarrier token list`"
                 )
+        audit.append(
+            conn,
+            "token ungrant",
+            job=token.job,
+            object=client_id,
+            detail={"grants": [f"{g.kind} {g.object}" for g in grants]},
+        )
     return _token(conn, client_id)
 
 

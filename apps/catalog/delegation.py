@@ -155,12 +155,19 @@ class ScopedVendor:
         self._cache: dict[tuple[str, bool], tuple[float, Scoped]] = {}
         self.calls = 0  # AssumeRole calls made (for /metrics and the benchmark)
 
-    def credentials(self, location: str, *, write: bool) -> Scoped:
-        key = (location, write)
+    def cached(self, location: str, *, write: bool) -> Scoped | None:
+        """The table's credentials if they are cached and fresh (None: they must be made)."""
         with self._lock:
-            renew_at, cached = self._cache.get(key, (0.0, None))
+            renew_at, cached = self._cache.get((location, write), (0.0, None))
             if cached is not None and time.monotonic() < renew_at:
                 return Scoped(cached.config, cached.expires_at_ms, made=False)
+        return None
+
+    def credentials(self, location: str, *, write: bool) -> Scoped:
+        key = (location, write)
+        cached = self.cached(location, write=write)
+        if cached is not None:
+            return cached
         made = self._assume(location, write)  # outside the lock: other tables' loads go on meanwhile
         lifetime_s = (made.expires_at_ms / 1000) - time.time()  # as STS gave it (it may shorten what was asked)
         with self._lock:

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from pyiceberg.exceptions import ForbiddenError
 
 from icebarrier.cli.main import cli as command
-from icebarrier.control_plane import barriers, jobs, tokens
+from icebarrier.control_plane import audit, barriers, jobs, tokens
 from icebarrier.control_plane.model import JobDefinition
 from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER
 from tests.iceberg_ext.catalog_server import access_token, rest
@@ -182,6 +182,9 @@ def test_grants_are_refused_where_they_make_no_sense(lake):
     for who in (admin, everything):
         assert "whole lake already" in _refused(lake, "token", "grant", who, "--namespace", ns)
     assert "holds no grant on table" in _refused(lake, "token", "ungrant", reader, "--table", f"lake.{ns}.a")
+    assert [
+        e.detail["grants"] for e in audit.events(lake.conn) if e.action == "token grant" and e.object == reader
+    ] == [[f"read namespace {ns}"]]
     listed = {t["client_id"]: t for t in _cli(lake, "token", "list")}
     assert listed[reader]["grants"] == [f"read namespace {ns}"] and not listed[everything]["grants"]
 

@@ -223,6 +223,8 @@ class LakeCore:
     ) -> dict[str, str]:
         """The table's own credentials (cached); one newly made is recorded in the audit trail."""
         assert self.scoped is not None
+        if _MEMORY_ONLY.get() and self.scoped.cached(table_location, write=write) is None:
+            raise NeedsStorage(table_location)  # STS and the audit trail: not on the event loop
         made = self.scoped.credentials(table_location, write=write)
         if made.made:
             with self.pool.connection() as conn, conn.transaction():
