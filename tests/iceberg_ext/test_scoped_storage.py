@@ -356,3 +356,65 @@ def test_a_spark_query_outlives_its_first_credentials_through_the_refresh_endpoi
             assert refreshes, log[-3000:]
         finally:
             next(lakes, None)
+
+
+def test_a_policy_past_sts_size_is_refused_naming_the_table():
+    """STS takes 2,048 characters of inline policy: a location too long for it is refused before STS
+    is asked, naming it."""
+    from icebarrier.apps.catalog.errors import MalformedRequestError
+
+    with pytest.raises(MalformedRequestError, match="too long for a storage session policy"):
+        table_policy("s3://lake/" + "x" * 1200, write=True)
+
+
+def test_an_sts_outage_is_a_503_naming_the_setting(lake_dsn, weed, tmp_path, monkeypatch):
+    """STS out of reach (the store up): the server starts; a load asking for vended credentials is
+    a 503 naming [storage.sessions] role-arn; a load without delegation is answered."""
+    from tests.iceberg_ext.catalog_server import free_port, start_server, stop_server
+    from tests.iceberg_ext.conftest import _lake
+
+    config = tmp_path / "icebarrier.toml"
+    dead = f"http://127.0.0.1:{free_port()}"
+    config.write_text(weed.storage_toml() + f'"sts.endpoint" = "{dead}"\n')
+    monkeypatch.setenv("ICEBARRIER_CONFIG", str(config))
+    lakes = _lake(lake_dsn, f"s3://{BUCKET}/wh-{uuid.uuid4().hex[:8]}", monkeypatch, Settings.load_storage(config))
+    lake = next(lakes)
+    try:
+        lake.catalog.create_table(f"{lake.namespace}.a", schema=SCHEMA)
+        proc, server = start_server(lake)
+        try:
+            reader = ":".join(tokens.create(lake.conn))
+            tokens.grant(lake.conn, reader.split(":")[0], [tokens.Grant("namespace", lake.namespace, "read")])
+            url = f"{server}/v1/latest/namespaces/{lake.namespace}/tables/a"
+            r = requests.get(
+                url,
+                headers={**_headers(server, reader), "X-Iceberg-Access-Delegation": "vended-credentials"},
+                timeout=60,
+            )
+            assert r.status_code == 503 and "role-arn" in r.text, r.text
+            assert requests.get(url, headers=_headers(server, reader), timeout=60).status_code == 200
+        finally:
+            stop_server(proc)
+    finally:
+        next(lakes, None)
+
+
+def test_a_job_session_stages_and_publishes_with_its_sink_credentials_only(weed_lake, weed_server):
+    """Through a job's session (what `job exec` opens) a PyIceberg script with no keys of its own
+    creates its sink and appends to it (staged, with the sink's write credentials), and the
+    publish completes the barrier."""
+    from icebarrier.apps.job_exec import SessionClient
+
+    lake = weed_lake
+    jobs.register(lake.conn, JobDefinition(name="w", sinks=frozenset([lake.T("t")]), external_inputs=frozenset(["x"])))
+    credential = ":".join(tokens.create(lake.conn, job="w"))
+    b = barriers.issue(lake.conn).barrier
+    client = SessionClient(weed_server, credential)
+    session = client.open("w", skip=False, coalesce=False, hold_s=60)["session"]
+    staged = rest(weed_server, f"job:w@{session['run_id']}", credential)
+    table = staged.create_table(f"{lake.namespace}.t", schema=SCHEMA)
+    table.append(pa.table({"id": [1, 2, 3]}, schema=SCHEMA))
+    assert client.publish("w", session["run_id"])["barrier"] == b
+    assert lake.catalog.load_table(f"{lake.namespace}.t").scan().to_arrow().num_rows == 3
+    issued = [e for e in audit.events(lake.conn, table=str(lake.T("t"))) if e.action == "storage credentials"]
+    assert {e.detail["access"] for e in issued} == {"write"}
