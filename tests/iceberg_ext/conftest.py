@@ -100,10 +100,15 @@ def own_lake(pg_server, warehouse, monkeypatch):
 def s3_lake(lake_dsn, s3, tmp_path, monkeypatch):
     """The same as ``lake``, with the warehouse on S3: the storage settings in an icebarrier.toml
     that ICEBARRIER_CONFIG names (for the CLI and the servers the test starts)."""
+    yield from _configured_lake(lake_dsn, s3.storage_toml(), f"s3://{s3.bucket}/wh", tmp_path, monkeypatch)
+
+
+def _configured_lake(lake_dsn, storage_toml: str, warehouse: str, tmp_path, monkeypatch):
+    """A lake whose storage settings are in an icebarrier.toml that ICEBARRIER_CONFIG names."""
     config = tmp_path / "icebarrier.toml"
-    config.write_text(s3.storage_toml())
+    config.write_text(storage_toml)
     monkeypatch.setenv("ICEBARRIER_CONFIG", str(config))
-    yield from _lake(lake_dsn, f"s3://{s3.bucket}/wh", monkeypatch, Settings.load_storage(config))
+    yield from _lake(lake_dsn, warehouse, monkeypatch, Settings.load_storage(config))
 
 
 @pytest.fixture
@@ -122,10 +127,8 @@ def weed(tmp_path_factory):
 @pytest.fixture
 def weed_lake(lake_dsn, weed, tmp_path, monkeypatch):
     """The same as ``lake``, on SeaweedFS, served with per-table credentials (role-arn)."""
-    config = tmp_path / "icebarrier.toml"
-    config.write_text(weed.storage_toml())
-    monkeypatch.setenv("ICEBARRIER_CONFIG", str(config))
-    yield from _lake(lake_dsn, f"s3://{BUCKET}/wh-{uuid.uuid4().hex[:8]}", monkeypatch, Settings.load_storage(config))
+    warehouse = f"s3://{BUCKET}/wh-{uuid.uuid4().hex[:8]}"
+    yield from _configured_lake(lake_dsn, weed.storage_toml(), warehouse, tmp_path, monkeypatch)
 
 
 @pytest.fixture

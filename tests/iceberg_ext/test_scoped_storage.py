@@ -264,15 +264,20 @@ def test_spark_root_and_sql_jobs_write_their_sinks_through_serve_with_their_tabl
     inbox.mkdir()
     (inbox / "1.json").write_text('{"id": 1, "barrier": 0}\n{"id": 2, "barrier": 0}\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ICEBARRIER_", "AWS_"))}
-    run = subprocess.run(
-        [sys.executable, "-c", RUN_VIA_REST, str(inbox), job, sink],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**env, "ICEBARRIER_CONFIG": str(config)},
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    assert json.loads(run.stdout.strip().splitlines()[-1])["completed"] == [b]
+
+    def completed(script: str, *args: str) -> list[int]:
+        """The barriers a job process (only ``config``: no keys of its own) completed."""
+        run = subprocess.run(
+            [sys.executable, "-c", script, *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**env, "ICEBARRIER_CONFIG": str(config)},
+        )
+        assert run.returncode == 0, run.stderr[-4000:]
+        return json.loads(run.stdout.strip().splitlines()[-1])["completed"]
+
+    assert completed(RUN_VIA_REST, str(inbox), job, sink) == [b]
     assert lake.catalog.load_table(f"{lake.namespace}.orders").scan().to_arrow().num_rows == 2
     issued = [e for e in audit.events(lake.conn, table=sink) if e.action == "storage credentials"]
     assert [e.detail["access"] for e in issued] == ["write"] and issued[0].object == jid
@@ -287,15 +292,7 @@ def test_spark_root_and_sql_jobs_write_their_sinks_through_serve_with_their_tabl
     lake.catalog.create_table(f"{lake.namespace}.totals", schema=pa.schema([("n", pa.int64())]))
     sql_id, sql_secret = tokens.create(lake.conn, job="totals")
     config.write_text(config.read_text().replace(f"{jid}:{secret}", f"{sql_id}:{sql_secret}"))
-    run = subprocess.run(
-        [sys.executable, "-c", RUN_SQL, "totals", f"INSERT OVERWRITE {totals} SELECT count(*) AS n FROM {sink}"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**env, "ICEBARRIER_CONFIG": str(config)},
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    assert json.loads(run.stdout.strip().splitlines()[-1])["completed"] == [b]
+    assert completed(RUN_SQL, "totals", f"INSERT OVERWRITE {totals} SELECT count(*) AS n FROM {sink}") == [b]
     assert lake.catalog.load_table(f"{lake.namespace}.totals").scan().to_arrow().to_pylist() == [{"n": 2}]
     access = {
         (e.table, e.detail["access"])
@@ -326,13 +323,11 @@ def test_a_spark_query_outlives_its_first_credentials_through_the_refresh_endpoi
     fresh ones from the table's /credentials (the server's log shows it) and reads every row."""
     from icebarrier.apps.catalog.clients import configuration
     from tests.iceberg_ext.catalog_server import Pipeline, start_server, stop_server
-    from tests.iceberg_ext.conftest import _lake
+    from tests.iceberg_ext.conftest import _configured_lake
 
     with seaweed(tmp_path / "short", token_duration="60s") as short:
-        config = tmp_path / "icebarrier.toml"
-        config.write_text(short.storage_toml().replace('"duration-s" = 900\n', ""))
-        monkeypatch.setenv("ICEBARRIER_CONFIG", str(config))
-        lakes = _lake(lake_dsn, f"s3://{BUCKET}/wh", monkeypatch, Settings.load_storage(config))
+        toml = short.storage_toml().replace('"duration-s" = 900\n', "")
+        lakes = _configured_lake(lake_dsn, toml, f"s3://{BUCKET}/wh", tmp_path, monkeypatch)
         lake = next(lakes)
         try:
             Pipeline(lake, {"ingest": ["orders"]}).advance(rows=10)
@@ -371,13 +366,10 @@ def test_an_sts_outage_is_a_503_naming_the_setting(lake_dsn, weed, tmp_path, mon
     """STS out of reach (the store up): the server starts; a load asking for vended credentials is
     a 503 naming [storage.sessions] role-arn; a load without delegation is answered."""
     from tests.iceberg_ext.catalog_server import free_port, start_server, stop_server
-    from tests.iceberg_ext.conftest import _lake
+    from tests.iceberg_ext.conftest import _configured_lake
 
-    config = tmp_path / "icebarrier.toml"
-    dead = f"http://127.0.0.1:{free_port()}"
-    config.write_text(weed.storage_toml() + f'"sts.endpoint" = "{dead}"\n')
-    monkeypatch.setenv("ICEBARRIER_CONFIG", str(config))
-    lakes = _lake(lake_dsn, f"s3://{BUCKET}/wh-{uuid.uuid4().hex[:8]}", monkeypatch, Settings.load_storage(config))
+    toml = weed.storage_toml() + f'"sts.endpoint" = "http://127.0.0.1:{free_port()}"\n'  # nobody there
+    lakes = _configured_lake(lake_dsn, toml, f"s3://{BUCKET}/wh-{uuid.uuid4().hex[:8]}", tmp_path, monkeypatch)
     lake = next(lakes)
     try:
         lake.catalog.create_table(f"{lake.namespace}.a", schema=SCHEMA)
