@@ -158,7 +158,7 @@ def served_storage(uri: str, credential: str, warehouse: str, ca_cert: str | Non
         if exc.code in (400, 401):
             raise IcebarrierError(
                 f"the catalog at {uri} refused --credential {credential.partition(':')[0]}:… ({why}); "
-                f"pass a token from `icebarrier token create --reader`"
+                f"pass a token from `icebarrier token create --reader --namespace NS`"
             ) from None
         raise IcebarrierError(f"the catalog at {uri} answered {exc.code} ({why}); check --uri") from None
     except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:

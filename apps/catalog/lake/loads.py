@@ -158,7 +158,7 @@ class Loads(Sessions):
         if access_token is None:
             return AuthenticationError(
                 "read-committed is stable per client session and needs a token; create one "
-                "with `icebarrier token create --reader` and pass it as credential"
+                "with `icebarrier token create --reader --namespace NS` and pass it as credential"
             )
         return None
 
