@@ -201,6 +201,8 @@ class ScopedVendor:
 
         from icebarrier.apps.catalog.errors import StorageUnavailableError
 
+        from botocore.config import Config
+
         storage = self.storage
         sts = boto3.client(
             "sts",
@@ -209,6 +211,8 @@ class ScopedVendor:
             aws_access_key_id=storage.properties.get(s3.ACCESS_KEY_ID),
             aws_secret_access_key=storage.properties.get(s3.SECRET_ACCESS_KEY),
             aws_session_token=storage.properties.get(s3.SESSION_TOKEN),
+            # a load waits on it: an STS out of reach is a 503 within seconds, not after minutes of retries
+            config=Config(connect_timeout=5, read_timeout=10, retries={"max_attempts": 2, "mode": "standard"}),
         )
         self.calls += 1
         try:

@@ -72,11 +72,11 @@ def test_a_table_credential_opens_that_table_and_that_access_only(weed, tmp_path
 
 def test_an_expired_credential_is_refused(tmp_path):
     """The store refuses a table's credentials once they expire, and forged ones at once (a store
-    whose STS makes 3-s credentials when asked for no duration: STS's floor for a duration asked,
-    which the server always asks, is 900 s)."""
+    whose STS makes 10-s credentials when asked for no duration: STS's floor for a duration asked
+    is 900 s). 10 s: the first read must come before they expire, on a loaded machine too."""
     import boto3
 
-    with seaweed(tmp_path / "short", token_duration="3s") as short:
+    with seaweed(tmp_path / "short", token_duration="10s") as short:
         key = "wh/ns/t/data/f.parquet"
         short.client().put_object(Bucket=BUCKET, Key=key, Body=b"x")
         sts = boto3.client(
