@@ -198,10 +198,9 @@ class ScopedVendor:
     def _assume(self, location: str, write: bool, *, raising: bool = False) -> Scoped:
         import boto3
         import botocore.exceptions
+        from botocore.config import Config
 
         from icebarrier.apps.catalog.errors import StorageUnavailableError
-
-        from botocore.config import Config
 
         storage = self.storage
         sts = boto3.client(
