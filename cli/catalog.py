@@ -345,11 +345,7 @@ def list_(obj) -> None:
                     t.kind,
                     t.job,
                     t.name,
-                    "the whole lake"
-                    if t.whole_lake
-                    else "\n".join(t.grants) or "(its job's tables)"
-                    if t.job
-                    else "nothing",
+                    _reach(t),
                     t.created_at.isoformat(timespec="seconds"),
                     t.revoked_at.isoformat(timespec="seconds") if t.revoked_at else None,
                 )
@@ -357,6 +353,13 @@ def list_(obj) -> None:
             ],
         ),
     )
+
+
+def _reach(t: tokens.Token) -> str:
+    if t.whole_lake:
+        return "the whole lake"
+    own = ["its sources and sinks"] if t.job else []
+    return "\n".join(own + t.grants) or "nothing"
 
 
 @token_group.command("revoke")

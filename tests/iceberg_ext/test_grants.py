@@ -187,6 +187,12 @@ def test_grants_are_refused_where_they_make_no_sense(lake):
     ] == [[f"read namespace {ns}"]]
     listed = {t["client_id"]: t for t in _cli(lake, "token", "list")}
     assert listed[reader]["grants"] == [f"read namespace {ns}"] and not listed[everything]["grants"]
+    shown = (
+        CliRunner()
+        .invoke(command, ["token", "list"], env={"ICEBARRIER_SCHEMA": lake.settings.schema}, terminal_width=300)
+        .output
+    )
+    assert f"read namespace {ns}" in shown and "the whole lake" in shown, shown
 
 
 def _pointers(lake) -> dict:
