@@ -97,6 +97,13 @@ def table_prefix(location: str) -> tuple[str, str]:
     return bucket, path.strip("/") + "/"
 
 
+def storage_credential(location: str, config: dict[str, str], keys: tuple[str, ...]) -> dict:
+    """A ``storage-credentials`` entry: the ``keys`` of ``config`` there are, for the objects under
+    the table at ``location``."""
+    bucket, prefix = table_prefix(location)
+    return {"prefix": f"s3://{bucket}/{prefix}", "config": {k: config[k] for k in keys if k in config}}
+
+
 def _iam_literal(text: str) -> str:
     """``text`` with IAM's wildcard characters made literal (``${*}``, ``${?}``, ``${$}``)."""
     return "".join("${" + c + "}" if c in "*?$" else c for c in text)

@@ -11,7 +11,14 @@ from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from starlette.routing import Route
 
-from icebarrier.apps.catalog.delegation import HEADER, VENDED_CREDENTIALS, Access, Delegation, delegation, table_prefix
+from icebarrier.apps.catalog.delegation import (
+    HEADER,
+    VENDED_CREDENTIALS,
+    Access,
+    Delegation,
+    delegation,
+    storage_credential,
+)
 from icebarrier.apps.catalog.deps import (
     Caller,
     LakeDep,
@@ -189,10 +196,7 @@ def load_credentials(at: ReadTable, planId: str | None = None):
         warehouse=str(at.warehouse),
     )
     if not credentials and any(k in config for k in s3.SECRETS):  # keys, not a table's own credentials
-        bucket, prefix = table_prefix(table_location)
-        credentials = [
-            {"prefix": f"s3://{bucket}/{prefix}", "config": {k: v for k, v in config.items() if k in s3.SECRETS}}
-        ]
+        credentials = [storage_credential(table_location, config, s3.SECRETS)]
     return Response(json.dumps({"storage-credentials": credentials}), media_type="application/json")
 
 

@@ -19,7 +19,13 @@ import psycopg
 from psycopg import sql
 from pyiceberg.utils.config import Config
 
-from icebarrier.apps.catalog.delegation import REFRESH_ENDPOINT, Delegation, ScopedVendor, SessionVendor, table_prefix
+from icebarrier.apps.catalog.delegation import (
+    REFRESH_ENDPOINT,
+    Delegation,
+    ScopedVendor,
+    SessionVendor,
+    storage_credential,
+)
 from icebarrier.apps.catalog.errors import ForbiddenError
 from icebarrier.apps.catalog.load_cache import LoadCache
 from icebarrier.apps.catalog.warehouses import Warehouse
@@ -202,9 +208,8 @@ class LakeCore:
         )
         if scoped is None or s3.SESSION_TOKEN not in config:
             return config, []
-        keys = {k: config[k] for k in (*s3.SECRETS, s3.SESSION_TOKEN_EXPIRES_AT_MS, REFRESH_ENDPOINT) if k in config}
-        bucket, prefix = table_prefix(table_location)
-        return config, [{"prefix": f"s3://{bucket}/{prefix}", "config": keys}]
+        keys = (*s3.SECRETS, s3.SESSION_TOKEN_EXPIRES_AT_MS, REFRESH_ENDPOINT)
+        return config, [storage_credential(table_location, config, keys)]
 
     def writes_files(self, principal: Principal, table: TableName, managed: bool) -> bool:
         """Whether the caller's credentials for ``table`` may write: the job writing it (its
