@@ -8,6 +8,7 @@ commit.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterator
 
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError
@@ -22,6 +23,9 @@ SUMMARY_OPERATION = "icebarrier.operation"
 # On a commit that coalesced barriers: the job's progress before it (the barriers strictly
 # between it and icebarrier.barrier were coalesced; DESIGN.md, "Cost follows change").
 SUMMARY_COALESCED_AFTER = "icebarrier.coalesced-after"
+# A root job's input range as JSON, in a commit made through the catalog (job exec): the catalog
+# records it in the control plane in the transaction that publishes the barrier.
+SUMMARY_INPUT_RANGE = "icebarrier.input-range"
 OPERATION_COMPACTION = "compaction"
 OPERATION_REVISION = "revision"
 
@@ -290,6 +294,18 @@ def summary_properties(snapshot) -> dict[str, str]:
 def barrier_of(snapshot) -> int | None:
     value = summary_properties(snapshot).get(SUMMARY_BARRIER)
     return int(value) if value is not None else None
+
+
+def input_range_of(snapshot) -> dict | None:
+    """The input range a commit carries for the control plane (:data:`SUMMARY_INPUT_RANGE`), if any."""
+    text = summary_properties(snapshot).get(SUMMARY_INPUT_RANGE)
+    if text is None:
+        return None
+    try:
+        spec = json.loads(text)
+    except ValueError:
+        return None
+    return spec if isinstance(spec, dict) else None
 
 
 def coalesced_after(snapshot) -> int | None:

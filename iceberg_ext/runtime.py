@@ -385,7 +385,7 @@ class Runtime:
             df = job.transform(df)
         sink = TableName.parse(job.sinks[0])
         with self._commit(plan, info) as tx:
-            self._write(tx, sink, Output(df, job.mode, tuple(job.keys)))
+            self._write(tx, sink, Output(df, job.mode, tuple(job.keys), job.source.summary(spec)))
         return {str(t): s for t, s in tx.commits.items()}
 
     def _complete_intermediate(self, plan: NextBarrier, info: jobs.JobInfo) -> dict:
@@ -456,12 +456,17 @@ def foreach_batch(
     settings: Settings | None = None,
     wait_s: float = 0.2,
     log: Callable[[str], None] | None = None,
+    kafka=None,
+    lock: threading.Lock | None = None,
 ):
     """A ``foreachBatch`` function for Spark Structured Streaming in which each micro-batch
     completes the job's planned barrier: the newest one, coalescing the barriers since the
     previous micro-batch (never past an anchor). The batch id is recorded as the barrier's
     input range before writing (Spark's checkpoint maps it to source offsets); a restarted
     query that replays a batch id completes the same barrier again, which writes nothing twice.
+    From Kafka (``kafka``, a :class:`~icebarrier.iceberg_ext.kafka.KafkaLog`; see
+    :func:`icebarrier.iceberg_ext.kafka.stream`) the batch's offsets per partition are recorded
+    with it and written into the snapshot summary.
 
         query = (stream_df.writeStream.foreachBatch(foreach_batch(job))
                  .option("checkpointLocation", ...).start())
@@ -469,34 +474,53 @@ def foreach_batch(
     if len(job.sinks) != 1:
         raise IcebarrierError(f"job {job.name} names {len(job.sinks)} sinks; a streaming root job writes exactly one")
     runtime: dict = {}
+    lock = lock or threading.Lock()
 
     def run(df, batch_id: int) -> None:
-        if "rt" not in runtime:
-            runtime["rt"] = Runtime(job, settings=settings, spark=df.sparkSession, log=log)
-            runtime["rt"].register()
-            runs.set_status(runtime["rt"].conn, job.name, "running")
-        rt: Runtime = runtime["rt"]
-        key = f"batch:{batch_id}"
-        barrier = runs.barrier_for_key(rt.conn, job.name, key)
-        if barrier is None:
-            plan = _wait_for_barrier(rt, wait_s)
-            runs.record_range(rt.conn, job.name, plan.barrier, {"batch_id": batch_id}, range_key=key)
-        else:  # a replayed batch: its barrier again (resumed, or completed already: nothing written twice)
-            plan = jobs.next_barrier(rt.conn, job.name)
-            if plan.barrier != barrier:
-                plan = NextBarrier(job=job.name, barrier=barrier, ready=True)
+        if kafka is not None:
+            df = df.cache()
+        with lock:
+            if "rt" not in runtime:
+                runtime["rt"] = Runtime(job, settings=settings, spark=df.sparkSession, log=log)
+                runtime["rt"].register()
+                runs.set_status(runtime["rt"].conn, job.name, "running")
+            rt: Runtime = runtime["rt"]
+            key = f"batch:{batch_id}"
+            barrier = runs.barrier_for_key(rt.conn, job.name, key)
+            if barrier is None:
+                plan = _wait_for_barrier(rt, wait_s)
+                spec: dict = {"batch_id": batch_id}
+                if kafka is not None:
+                    from icebarrier.iceberg_ext.kafka import batch_offsets
+
+                    spec.update(topic=kafka.topic, offsets={str(p): list(r) for p, r in batch_offsets(df).items()})
+                spec = runs.record_range(rt.conn, job.name, plan.barrier, spec, range_key=key)
+            else:  # a replayed batch: its barrier again (resumed, or completed already: nothing written twice)
+                spec = runs.recorded_range(rt.conn, job.name, barrier)
+                plan = jobs.next_barrier(rt.conn, job.name)
+                if plan.barrier != barrier:
+                    plan = NextBarrier(job=job.name, barrier=barrier, ready=True)
         faults.point(faults.AFTER_INPUT_RANGE)
+        properties = {}
+        if kafka is not None:
+            from icebarrier.iceberg_ext.kafka import _offsets_of
+
+            properties = kafka.summary(_offsets_of(spec))
         transform = getattr(job, "transform", None)
         data = transform(df) if transform is not None else df
         sink = TableName.parse(job.sinks[0])
         with rt._commit(plan, jobs.show(rt.conn, job.name)) as tx:
-            rt._write(tx, sink, Output(data, getattr(job, "mode", "append"), tuple(getattr(job, "keys", ()))))
+            out = Output(data, getattr(job, "mode", "append"), tuple(getattr(job, "keys", ())), properties)
+            rt._write(tx, sink, out)
         runs.heartbeat(rt.conn, job.name)
+        if kafka is not None:
+            df.unpersist()
         rt.log(
             f"job {job.name}: micro-batch {batch_id} completed barrier {barrier_label(plan.barrier)}"
             f"{f' (coalesced from {barrier_label(plan.from_barrier)})' if plan.plan is Plan.COALESCE else ''}"
         )
 
+    run.runtime = lambda: runtime.get("rt")  # type: ignore[attr-defined]
     return run
 
 

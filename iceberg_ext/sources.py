@@ -62,6 +62,10 @@ class Source:
     def read(self, spark, spec: dict):
         raise NotImplementedError
 
+    def summary(self, spec: dict) -> dict[str, str]:
+        """Snapshot summary properties the commit of a recorded range carries (say, Kafka offsets)."""
+        return {}
+
     def describe(self) -> str:
         raise NotImplementedError
 

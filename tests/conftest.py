@@ -123,6 +123,15 @@ def s3(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def kafka(tmp_path_factory):
+    """A real Kafka broker (KRaft, one node) on 127.0.0.1 for this worker; tests make their own topics."""
+    from icebarrier.apps.kafka_broker import kafka_broker
+
+    with kafka_broker(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
 def pg_server():
     """DSN of a Postgres server (maintenance database), by the documented order."""
     tried = []

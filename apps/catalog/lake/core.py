@@ -29,13 +29,13 @@ from icebarrier.apps.catalog.delegation import (
 from icebarrier.apps.catalog.errors import ForbiddenError
 from icebarrier.apps.catalog.load_cache import LoadCache
 from icebarrier.apps.catalog.warehouses import Warehouse
-from icebarrier.control_plane import audit, db, jobs
+from icebarrier.control_plane import audit, db, jobs, runs
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.tokens import Principal
 from icebarrier.iceberg_ext import locations, rebase
 from icebarrier.iceberg_ext import storage as s3
-from icebarrier.iceberg_ext.catalog import barrier_of, coalesced_after, is_compaction, load_catalog
+from icebarrier.iceberg_ext.catalog import barrier_of, coalesced_after, input_range_of, is_compaction, load_catalog
 from icebarrier.iceberg_ext.config import Settings
 
 LATEST = Warehouse("latest")
@@ -564,5 +564,7 @@ class LakeCore:
             if main is not None and barrier_of(main) == barrier and not is_compaction(main):
                 commits[table] = main.snapshot_id
                 coalesced = coalesced or coalesced_after(main) is not None
+                if (spec := input_range_of(main)) is not None:  # a root job's input (Kafka offsets): kept with B
+                    runs.record_range(conn, job, barrier, spec)
         conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
         return barrier, commits, coalesced

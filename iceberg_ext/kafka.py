@@ -1,0 +1,523 @@
+"""Root jobs from a Kafka log, exactly once (docs/kafka.md; DESIGN.md, "Streaming from a log").
+
+Barrier B of a root job reading topic T covers, per partition, the offset range ``[start, end)``
+of the records the broker stamped at or before B (system time: the topic must use
+``message.timestamp.type=LogAppendTime``). ``start`` is where the previous range ended (a new
+partition, or the job's first barrier: the log's start); ``end`` is the first offset stamped
+after B. B may close only when every record stamped at or before B is decided: the broker's
+clock is past B (with ``clock_margin_s``) and no transaction still open began at or before B
+(its first record sits at the partition's last stable offset). Records of aborted transactions
+never enter: ranges are read ``read_committed``.
+
+A range is recorded in the control plane and written into the snapshot summary
+(``icebarrier.kafka.offsets``) with the barrier's commit; a replay of B (after a crash, a
+revision) reads exactly that range again. An empty range is a skip: no Spark work, no snapshot.
+
+Two ways to run such a job:
+
+- :class:`KafkaSource`, a :class:`~icebarrier.iceberg_ext.sources.Source` for a ``RootJob``
+  (the runtime records the range before it writes); the records are read by a plain consumer
+  (confluent-kafka);
+- :func:`barrier_input` in a ``job exec`` command: the range starts where the range in the
+  sink's newest snapshot summary ended, is read the same way, and is handed back with the
+  snapshot properties to commit it with; the catalog records it in the control plane in the
+  transaction that publishes the barrier.
+
+Spark Structured Streaming (``spark-sql-kafka``) is the third: :func:`stream` runs a query whose
+micro-batches complete barriers (:func:`~icebarrier.iceberg_ext.runtime.foreach_batch`), each
+batch's offsets recorded and summarised the same way, and barriers skipped while the topic is idle.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from icebarrier.control_plane import runs
+from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.control_plane.model import barrier_label
+from icebarrier.iceberg_ext.catalog import SUMMARY_INPUT_RANGE
+from icebarrier.iceberg_ext.sources import SYSTEM_TIME, Source, SourceError
+
+SUMMARY_TOPIC = "icebarrier.kafka.topic"
+SUMMARY_OFFSETS = "icebarrier.kafka.offsets"  # "0:120-245,1:80-80": partition, start and end (exclusive)
+METADATA_COLUMNS = "kafka_partition int, kafka_offset bigint, kafka_timestamp timestamp"
+TIMEOUT_S = 10.0
+log = logging.getLogger("icebarrier.kafka")
+
+
+class KafkaSourceError(SourceError):
+    """A Kafka source cannot be read as configured (broker, topic, record, retention)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: object  # deserialized
+
+
+def encode_offsets(offsets: dict[int, tuple[int, int]]) -> str:
+    return ",".join(f"{p}:{s}-{e}" for p, (s, e) in sorted(offsets.items()))
+
+
+def decode_offsets(text: str) -> dict[int, tuple[int, int]]:
+    out = {}
+    for part in filter(None, text.split(",")):
+        p, span = part.split(":")
+        s, e = span.split("-")
+        out[int(p)] = (int(s), int(e))
+    return out
+
+
+def json_value(value: bytes | None):
+    return None if value is None else json.loads(value)
+
+
+@dataclass
+class KafkaLog:
+    """One topic on a Kafka cluster: its partitions, the offsets a barrier ends at, and exact reads."""
+
+    bootstrap: str
+    topic: str
+    config: dict[str, str] = field(default_factory=dict)  # more librdkafka settings (security, …)
+    clock_margin_s: float = 0.25  # how far the broker's clock may trail this machine's
+    timeout_s: float = TIMEOUT_S
+    deserialize: Callable[[bytes | None], object] = json_value
+
+    def __post_init__(self) -> None:
+        try:
+            import confluent_kafka  # noqa: F401
+        except ImportError:
+            raise KafkaSourceError("Kafka sources need confluent-kafka; pip install 'icebarrier[kafka]'") from None
+        self._admin = None
+        self._checked = False
+        self._unstable: dict[tuple[int, int], int] = {}  # (partition, LSO) -> that record's timestamp (ms)
+
+    def _conf(self, **more) -> dict:
+        return {"bootstrap.servers": self.bootstrap, "logger": log, **self.config, **more}
+
+    def admin(self):
+        from confluent_kafka.admin import AdminClient
+
+        if self._admin is None:
+            self._admin = AdminClient(self._conf(**{"socket.timeout.ms": int(self.timeout_s * 1000)}))
+        return self._admin
+
+    def describe(self) -> str:
+        return f"kafka:{self.bootstrap}/{self.topic}"
+
+    def partitions(self) -> list[int]:
+        """The topic's partitions now (a partition added while a job runs is seen here)."""
+        from confluent_kafka import KafkaException
+
+        try:
+            meta = self.admin().list_topics(self.topic, timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise KafkaSourceError(
+                f"Kafka at {self.bootstrap} did not answer in {self.timeout_s:g} s ({exc.args[0].str()}); "
+                f"check the source's bootstrap servers and that the broker runs"
+            ) from None
+        found = meta.topics.get(self.topic)
+        if found is None or found.error is not None:
+            raise KafkaSourceError(
+                f"Kafka topic {self.topic} does not exist on {self.bootstrap}; create it "
+                f"(kafka-topics.sh --create --topic {self.topic} --config message.timestamp.type=LogAppendTime) "
+                f"or fix the source's topic"
+            )
+        if not self._checked:
+            self._check_timestamps()
+            self._checked = True
+        return sorted(found.partitions)
+
+    def _check_timestamps(self) -> None:
+        from confluent_kafka.admin import ConfigResource
+
+        resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
+        configs = self.admin().describe_configs([resource])[resource].result(timeout=self.timeout_s)
+        kind = configs["message.timestamp.type"].value
+        if kind != "LogAppendTime":
+            raise KafkaSourceError(
+                f"Kafka topic {self.topic} stamps records with {kind}; system-time barriers need the broker's "
+                f"timestamps: kafka-configs.sh --alter --entity-type topics --entity-name {self.topic} "
+                f"--add-config message.timestamp.type=LogAppendTime"
+            )
+
+    def _offsets(self, partitions: list[int], spec, *, committed: bool) -> dict[int, int]:
+        from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+
+        if not partitions:
+            return {}
+        level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+        wanted = {TopicPartition(self.topic, p): spec for p in partitions}
+        try:
+            futures = self.admin().list_offsets(wanted, isolation_level=level, request_timeout=self.timeout_s)
+            return {tp.partition: f.result(timeout=self.timeout_s).offset for tp, f in futures.items()}
+        except KafkaException as exc:
+            raise KafkaSourceError(
+                f"Kafka at {self.bootstrap} did not list topic {self.topic}'s offsets ({exc.args[0].str()}); "
+                f"check that the broker runs"
+            ) from None
+
+    def stable_until_us(self) -> int:
+        """The newest barrier (µs) whose records are all decided now: the clock less the margin,
+        and before the first record of any transaction still open."""
+        from confluent_kafka.admin import OffsetSpec
+
+        bound_ms = int((time.time() - self.clock_margin_s) * 1000)
+        partitions = self.partitions()
+        stable = self._offsets(partitions, OffsetSpec.latest(), committed=True)
+        high = self._offsets(partitions, OffsetSpec.latest(), committed=False)
+        for p in partitions:
+            if stable[p] < high[p]:  # an open transaction's first record is at the last stable offset
+                bound_ms = min(bound_ms, self._timestamp_at(p, stable[p]) - 1)
+        return bound_ms * 1000 + 999
+
+    def _timestamp_at(self, partition: int, offset: int) -> int:
+        key = (partition, offset)
+        if key not in self._unstable:
+            from confluent_kafka import Consumer, TopicPartition
+
+            peek = {"group.id": "icebarrier-peek", "enable.auto.commit": False, "isolation.level": "read_uncommitted"}
+            consumer = Consumer(self._conf(**peek))
+            try:
+                consumer.assign([TopicPartition(self.topic, partition, offset)])
+                deadline = time.monotonic() + self.timeout_s
+                while time.monotonic() < deadline:
+                    msg = consumer.poll(0.5)
+                    if msg is not None and not msg.error():
+                        self._unstable = {key: msg.timestamp()[1]}
+                        break
+                else:
+                    return 0  # not read in time: no barrier is known to be decided
+            finally:
+                consumer.close()
+        return self._unstable[key]
+
+    def plan(self, starts: dict[int, int], barrier: int) -> dict[int, tuple[int, int]]:
+        """Barrier ``barrier``'s range per partition, starting at ``starts`` (a partition not in
+        it starts at the log's start). Call it once :meth:`stable_until_us` has passed the barrier."""
+        from confluent_kafka.admin import OffsetSpec
+
+        partitions = self.partitions()
+        after = self._offsets(partitions, OffsetSpec.for_timestamp(barrier // 1000 + 1), committed=False)
+        stable = self._offsets(partitions, OffsetSpec.latest(), committed=True)
+        new = [p for p in partitions if p not in starts]
+        earliest = self._offsets(new, OffsetSpec.earliest(), committed=False) if new else {}
+        ranges = {}
+        for p in partitions:
+            start = starts.get(p, earliest.get(p, 0))
+            end = after[p] if after[p] >= 0 else stable[p]
+            ranges[p] = (start, max(start, min(end, stable[p])))
+        return ranges
+
+    def read(self, ranges: dict[int, tuple[int, int]]) -> Iterator[Record]:
+        """Exactly the committed records of ``ranges``, in offset order per partition. A range
+        that retention deleted, or a record that does not deserialize, is refused by name."""
+        from confluent_kafka import Consumer, KafkaError, TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        wanted = {p: r for p, r in ranges.items() if r[1] > r[0]}
+        if not wanted:
+            return
+        earliest = self._offsets(sorted(wanted), OffsetSpec.earliest(), committed=False)
+        for p, (start, end) in sorted(wanted.items()):
+            if start < earliest[p]:
+                raise self._deleted(p, start, end, earliest[p])
+        consumer = Consumer(
+            self._conf(
+                **{
+                    "group.id": f"icebarrier-{self.topic}",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "enable.partition.eof": True,
+                    "auto.offset.reset": "error",
+                }
+            )
+        )
+        try:
+            consumer.assign([TopicPartition(self.topic, p, s) for p, (s, _) in wanted.items()])
+            open_ = dict(wanted)
+            quiet_since = time.monotonic()
+            while open_:
+                batch = consumer.consume(10_000, 0.5)
+                if batch:
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since > self.timeout_s * 3:
+                    raise KafkaSourceError(
+                        f"Kafka topic {self.topic}: no records came from {self.bootstrap} for "
+                        f"{self.timeout_s * 3:g} s while reading partitions {sorted(open_)}; check that the broker runs"
+                    )
+                for msg in batch:
+                    p = msg.partition()
+                    if p not in open_:
+                        continue
+                    error = msg.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            if msg.offset() >= open_[p][1]:
+                                del open_[p]
+                            continue
+                        if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                            low = self._offsets([p], OffsetSpec.earliest(), committed=False)[p]
+                            raise self._deleted(p, *open_[p], low)
+                        if error.retriable() or error.code() == KafkaError._TRANSPORT:
+                            continue
+                        raise KafkaSourceError(f"Kafka topic {self.topic} partition {p}: {error.str()}")
+                    if msg.offset() >= open_[p][1]:
+                        del open_[p]
+                        continue
+                    try:
+                        value = self.deserialize(msg.value())
+                    except Exception as exc:
+                        raise KafkaSourceError(
+                            f"Kafka topic {self.topic} partition {p} offset {msg.offset()}: the record does not "
+                            f"deserialize ({type(exc).__name__}: {exc}); fix the producer or the source's deserializer"
+                        ) from None
+                    yield Record(p, msg.offset(), msg.timestamp()[1], msg.key(), value)
+                    if msg.offset() + 1 >= open_[p][1]:
+                        del open_[p]
+        finally:
+            consumer.close()
+
+    def _deleted(self, partition: int, start: int, end: int, low: int) -> KafkaSourceError:
+        return KafkaSourceError(
+            f"Kafka topic {self.topic} partition {partition}: offsets {start}..{end - 1} are to be read but the "
+            f"log starts at {low} (retention deleted them); nothing was skipped: restore the records, or "
+            f"raise the topic's retention.ms and start the job afresh"
+        )
+
+    def summary(self, offsets: dict[int, tuple[int, int]]) -> dict[str, str]:
+        return {SUMMARY_TOPIC: self.topic, SUMMARY_OFFSETS: encode_offsets(offsets)}
+
+    def close(self) -> None:
+        self._admin = None
+
+
+def _offsets_of(spec: dict) -> dict[int, tuple[int, int]]:
+    return {int(p): (int(s), int(e)) for p, (s, e) in spec.get("offsets", {}).items()}
+
+
+def _waiting(log_: KafkaLog, barrier: int, stable: int) -> str | None:
+    if barrier <= stable:
+        return None
+    return f"Kafka topic {log_.topic}: records stamped up to {barrier_label(barrier)} are not all decided yet"
+
+
+@dataclass
+class KafkaSource(Source):
+    """A root job's input: topic ``topic`` on ``bootstrap``; each record's value (JSON unless
+    ``deserialize`` says otherwise) becomes a row with the columns of ``schema`` (Spark DDL),
+    followed by ``kafka_partition``, ``kafka_offset`` and ``kafka_timestamp``."""
+
+    bootstrap: str
+    topic: str
+    schema: str
+    deserialize: Callable[[bytes | None], object] = json_value
+    config: dict[str, str] = field(default_factory=dict)
+    clock_margin_s: float = 0.25
+
+    strategy = SYSTEM_TIME
+
+    def __post_init__(self) -> None:
+        self.log = KafkaLog(
+            self.bootstrap, self.topic, self.config, clock_margin_s=self.clock_margin_s, deserialize=self.deserialize
+        )
+        self._columns = [c.strip().split()[0].strip("`") for c in _split_ddl(self.schema)]
+
+    def ready_until(self) -> int | None:
+        return self.log.stable_until_us()
+
+    def waiting_for(self, barrier: int) -> str | None:
+        return _waiting(self.log, barrier, self.log.stable_until_us())
+
+    def plan(self, conn, job, barrier):
+        previous = runs.last_range(conn, job, before_barrier=barrier)
+        starts = {p: e for p, (_, e) in _offsets_of(previous or {}).items()}
+        offsets = self.log.plan(starts, barrier)
+        return {
+            "source": self.describe(),
+            "topic": self.topic,
+            "offsets": {str(p): list(r) for p, r in offsets.items()},
+        }
+
+    def is_empty(self, spec):
+        return all(s >= e for s, e in _offsets_of(spec).values())
+
+    def rows(self, spec) -> list[tuple]:
+        from datetime import UTC, datetime
+
+        out = []
+        for r in self.log.read(_offsets_of(spec)):
+            value = r.value if isinstance(r.value, dict) else {}
+            ts = datetime.fromtimestamp(r.timestamp_ms / 1000, UTC).replace(tzinfo=None)
+            out.append((*(value.get(c) for c in self._columns), r.partition, r.offset, ts))
+        return out
+
+    def read(self, spark, spec):
+        return spark.createDataFrame(self.rows(spec), f"{self.schema}, {METADATA_COLUMNS}")
+
+    def summary(self, spec) -> dict[str, str]:
+        return self.log.summary(_offsets_of(spec))
+
+    def describe(self) -> str:
+        return self.log.describe()
+
+
+def _split_ddl(ddl: str) -> list[str]:
+    """Top-level comma-separated fields of a DDL string (commas inside <> or () kept)."""
+    fields, depth, current = [], 0, ""
+    for ch in ddl:
+        depth += ch in "<(" and 1 or (-1 if ch in ">)" else 0)
+        if ch == "," and depth == 0:
+            fields.append(current)
+            current = ""
+        else:
+            current += ch
+    return [f for f in fields + [current] if f.strip()]
+
+
+# -- job exec: a command computing barrier B ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BarrierInput:
+    """What a ``job exec`` command reads for its barrier: the records and how to commit them."""
+
+    barrier: int
+    offsets: dict[int, tuple[int, int]]
+    records: list[Record]
+    properties: dict[str, str]  # snapshot properties for the commit of these records
+
+    @property
+    def empty(self) -> bool:
+        return not self.records and all(s >= e for s, e in self.offsets.values())
+
+
+def last_offsets(table, topic: str) -> dict[int, int]:
+    """Where the ranges committed to ``table`` (a PyIceberg table) from ``topic`` ended: the
+    newest snapshot that carries them, walking back past maintenance's rewrites."""
+    from icebarrier.iceberg_ext.catalog import lineage, summary_properties
+
+    for snapshot in lineage(table):
+        props = summary_properties(snapshot)
+        if props.get(SUMMARY_TOPIC) == topic and SUMMARY_OFFSETS in props:
+            return {p: e for p, (_, e) in decode_offsets(props[SUMMARY_OFFSETS]).items()}
+    return {}
+
+
+def barrier_input(
+    kafka: KafkaLog, sink, *, barrier: int | None = None, wait_s: float = 60.0, poll_s: float = 0.1
+) -> BarrierInput:
+    """The input of the barrier a ``job exec`` command computes (``ICEBARRIER_BARRIER``):
+    waits until its records are decided, then reads them. Commit them to ``sink`` with
+    ``properties`` (nothing when ``empty``: the barrier is then a skip)."""
+    barrier = int(os.environ["ICEBARRIER_BARRIER"]) if barrier is None else barrier
+    deadline = time.monotonic() + wait_s
+    while (stable := kafka.stable_until_us()) < barrier:
+        if time.monotonic() > deadline:
+            raise KafkaSourceError(_waiting(kafka, barrier, stable) + f" after {wait_s:g} s")
+        time.sleep(poll_s)
+    offsets = kafka.plan(last_offsets(sink, kafka.topic), barrier)
+    records = list(kafka.read(offsets))
+    spec = {"source": kafka.describe(), "topic": kafka.topic, "offsets": {str(p): list(r) for p, r in offsets.items()}}
+    properties = {**kafka.summary(offsets), SUMMARY_INPUT_RANGE: json.dumps(spec, separators=(",", ":"))}
+    return BarrierInput(barrier, offsets, records, properties)
+
+
+# -- Spark Structured Streaming ---------------------------------------------------------------------------------
+
+
+def batch_offsets(df) -> dict[int, tuple[int, int]]:
+    """The offset range per partition a Kafka micro-batch holds (its first and one past its last record)."""
+    from pyspark.sql import functions as F
+
+    rows = df.groupBy("partition").agg(F.min("offset").alias("lo"), F.max("offset").alias("hi")).collect()
+    return {r["partition"]: (r["lo"], r["hi"] + 1) for r in rows}
+
+
+class IdleSkipper(threading.Thread):
+    """Completes a streaming Kafka job's barriers as skips while its topic has nothing new since the
+    last micro-batch's offsets (Spark runs no micro-batch then). Shares ``lock`` with the batches:
+    a batch never plans while a skip is being decided."""
+
+    def __init__(self, runtime_of: Callable, kafka: KafkaLog, lock: threading.Lock, every_s: float = 0.5) -> None:
+        super().__init__(daemon=True, name="icebarrier-kafka-idle")
+        self.runtime_of, self.kafka, self.lock, self.every_s = runtime_of, kafka, lock, every_s
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        from confluent_kafka.admin import OffsetSpec
+
+        from icebarrier.control_plane import jobs
+
+        while not self.stop.wait(self.every_s):
+            rt = self.runtime_of()
+            if rt is None:
+                continue
+            try:
+                with self.lock:
+                    plan = jobs.next_barrier(rt.conn, rt.job.name)
+                    if not plan.ready:
+                        continue
+                    last = runs.last_range(rt.conn, rt.job.name, before_barrier=plan.barrier + 1) or {}
+                    consumed = {p: e for p, (_, e) in _offsets_of(last).items()}
+                    partitions = self.kafka.partitions()
+                    stable = self.kafka._offsets(partitions, OffsetSpec.latest(), committed=True)
+                    if any(stable[p] > consumed.get(p, 0) for p in partitions):
+                        continue  # records wait for a micro-batch
+                    jobs.complete(rt.conn, rt.job.name, plan.barrier)
+                    rt.log(f"job {rt.job.name}: barrier {barrier_label(plan.barrier)} skipped (topic idle)")
+            except IcebarrierError as exc:
+                rt.log(f"job {rt.job.name}: idle check failed: {exc}")
+
+
+def stream(
+    job,
+    spark,
+    *,
+    bootstrap: str,
+    topic: str,
+    checkpoint: str,
+    trigger_s: float = 1.0,
+    settings=None,
+    options: dict[str, str] | None = None,
+    log_: Callable[[str], None] | None = None,
+):
+    """Start a Structured Streaming query from ``topic`` (``spark-sql-kafka``, ``read_committed``,
+    failing on lost data) whose micro-batches complete ``job``'s barriers; returns the query.
+    ``job.transform(df)`` turns Kafka's rows (key, value, partition, offset, timestamp…) into the
+    sink's. Barriers pass as skips while the topic is idle."""
+    from icebarrier.iceberg_ext.runtime import foreach_batch
+
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("failOnDataLoss", "true")
+        .option("kafka.isolation.level", "read_committed")
+    )
+    for key, value in (options or {}).items():
+        reader = reader.option(key, value)
+    kafka = KafkaLog(bootstrap, topic)
+    kafka.partitions()  # the topic exists, with broker timestamps (refused in one line otherwise)
+    lock = threading.Lock()
+    batches = foreach_batch(job, settings=settings, log=log_, kafka=kafka, lock=lock)
+    skipper = IdleSkipper(batches.runtime, kafka, lock)
+    query = (
+        reader.load()
+        .writeStream.foreachBatch(batches)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
+        .start()
+    )
+    skipper.start()
+    return query
