@@ -90,6 +90,7 @@ class KafkaLog:
     config: dict[str, str] = field(default_factory=dict)  # more librdkafka settings (security, …)
     clock_margin_s: float = 0.25  # how far the broker's clock may trail this machine's
     timeout_s: float = TIMEOUT_S
+    outage_s: float = 120.0  # how long a broker that answered before may be away (a restart) before a refusal
     deserialize: Callable[[bytes | None], object] = json_value
 
     def __post_init__(self) -> None:
@@ -99,6 +100,7 @@ class KafkaLog:
             raise KafkaSourceError("Kafka sources need confluent-kafka; pip install 'icebarrier[kafka]'") from None
         self._admin = None
         self._checked = False
+        self._answered = False
         self._unstable: dict[tuple[int, int], int] = {}  # (partition, LSO) -> that record's timestamp (ms)
 
     def _conf(self, **more) -> dict:
@@ -114,17 +116,30 @@ class KafkaLog:
     def describe(self) -> str:
         return f"kafka:{self.bootstrap}/{self.topic}"
 
-    def partitions(self) -> list[int]:
-        """The topic's partitions now (a partition added while a job runs is seen here)."""
+    def _answer(self, ask: Callable, what: str):
+        """``ask()``'s answer. Before the broker first answered, a failure is refused at once (a
+        wrong address); after, the broker may be restarting: asked again for ``outage_s``."""
         from confluent_kafka import KafkaException
 
-        try:
-            meta = self.admin().list_topics(self.topic, timeout=self.timeout_s)
-        except KafkaException as exc:
-            raise KafkaSourceError(
-                f"Kafka at {self.bootstrap} did not answer in {self.timeout_s:g} s ({exc.args[0].str()}); "
-                f"check the source's bootstrap servers and that the broker runs"
-            ) from None
+        deadline = time.monotonic() + (self.outage_s if self._answered else 0)
+        while True:
+            try:
+                answer = ask()
+                self._answered = True
+                return answer
+            except KafkaException as exc:
+                if time.monotonic() >= deadline:
+                    raise KafkaSourceError(
+                        f"Kafka at {self.bootstrap} did not answer {what} in {self.timeout_s:g} s "
+                        f"({exc.args[0].str()}); check the source's bootstrap servers and that the broker runs"
+                    ) from None
+                log.warning("Kafka at %s: %s; asking again", self.bootstrap, exc.args[0].str())
+                self._admin = None
+                time.sleep(1.0)
+
+    def partitions(self) -> list[int]:
+        """The topic's partitions now (a partition added while a job runs is seen here)."""
+        meta = self._answer(lambda: self.admin().list_topics(self.topic, timeout=self.timeout_s), "for metadata")
         found = meta.topics.get(self.topic)
         if found is None or found.error is not None:
             raise KafkaSourceError(
@@ -141,7 +156,10 @@ class KafkaLog:
         from confluent_kafka.admin import ConfigResource
 
         resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
-        configs = self.admin().describe_configs([resource])[resource].result(timeout=self.timeout_s)
+        configs = self._answer(
+            lambda: self.admin().describe_configs([resource])[resource].result(timeout=self.timeout_s),
+            f"with topic {self.topic}'s configuration",
+        )
         kind = configs["message.timestamp.type"].value
         if kind != "LogAppendTime":
             raise KafkaSourceError(
@@ -151,20 +169,18 @@ class KafkaLog:
             )
 
     def _offsets(self, partitions: list[int], spec, *, committed: bool) -> dict[int, int]:
-        from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+        from confluent_kafka import IsolationLevel, TopicPartition
 
         if not partitions:
             return {}
         level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
         wanted = {TopicPartition(self.topic, p): spec for p in partitions}
-        try:
+
+        def ask():
             futures = self.admin().list_offsets(wanted, isolation_level=level, request_timeout=self.timeout_s)
             return {tp.partition: f.result(timeout=self.timeout_s).offset for tp, f in futures.items()}
-        except KafkaException as exc:
-            raise KafkaSourceError(
-                f"Kafka at {self.bootstrap} did not list topic {self.topic}'s offsets ({exc.args[0].str()}); "
-                f"check that the broker runs"
-            ) from None
+
+        return self._answer(ask, f"with topic {self.topic}'s offsets")
 
     def stable_until_us(self) -> int:
         """The newest barrier (µs) whose records are all decided now: the clock less the margin,
@@ -250,10 +266,10 @@ class KafkaLog:
                 batch = consumer.consume(10_000, 0.5)
                 if batch:
                     quiet_since = time.monotonic()
-                elif time.monotonic() - quiet_since > self.timeout_s * 3:
+                elif time.monotonic() - quiet_since > self.outage_s:
                     raise KafkaSourceError(
                         f"Kafka topic {self.topic}: no records came from {self.bootstrap} for "
-                        f"{self.timeout_s * 3:g} s while reading partitions {sorted(open_)}; check that the broker runs"
+                        f"{self.outage_s:g} s while reading partitions {sorted(open_)}; check that the broker runs"
                     )
                 for msg in batch:
                     p = msg.partition()
@@ -509,6 +525,8 @@ def stream(
         reader = reader.option(key, value)
     kafka = KafkaLog(bootstrap, topic)
     kafka.partitions()  # the topic exists, with broker timestamps (refused in one line otherwise)
+    if not job.external_inputs:
+        job.external_inputs = [kafka.describe()]
     lock = threading.Lock()
     batches = foreach_batch(job, settings=settings, log=log_, kafka=kafka, lock=lock)
     skipper = IdleSkipper(batches.runtime, kafka, lock)

@@ -45,6 +45,47 @@ POSTGRES_JDBC = maven.Artifact(
     sha256="188976721ead8e8627eb6d8389d500dccc0c9bebd885268a3047180274a6031e",
     env="ICEBARRIER_JDBC_JAR",
 )
+# Spark's Kafka source (Structured Streaming, iceberg_ext/kafka.py's stream()) and what it needs
+# beyond PySpark's jars. 3.5.7 is the newest 3.5 connector Maven Central serves here; the 3.5 line
+# keeps its source API, so it runs on PySpark 3.5.9.
+SPARK_KAFKA = tuple(
+    maven.Artifact(
+        title=f"Spark's Kafka connector ({artifact})",
+        group=group,
+        artifact=artifact,
+        version=version,
+        sha256=sha256,
+        env=f"ICEBARRIER_SPARK_KAFKA_{i}_JAR",
+    )
+    for i, (group, artifact, version, sha256) in enumerate(
+        [
+            (
+                "org.apache.spark",
+                "spark-sql-kafka-0-10_2.12",
+                "3.5.7",
+                "184f8bd4a3cd22299c49090d88b894f81fd7546b4ee64879519a0d76a685dbb8",
+            ),
+            (
+                "org.apache.spark",
+                "spark-token-provider-kafka-0-10_2.12",
+                "3.5.7",
+                "9701914db5c6d09628b58d2d2c1ccd2c9ea28f32f83dd6cb21f98b8237531ff4",
+            ),
+            (
+                "org.apache.kafka",
+                "kafka-clients",
+                "3.4.1",
+                "9d0a9058c8ede79db6e54ae378ed16fe8d1bead2894635a4aa6aa0b7981668c6",
+            ),
+            (
+                "org.apache.commons",
+                "commons-pool2",
+                "2.11.1",
+                "ea0505ee7515e58b1ac0e686e4d1a5d9f7d808e251a61bc371aa0595b9963f83",
+            ),
+        ]
+    )
+)
 PACKAGES_ENV = "ICEBARRIER_SPARK_PACKAGES"
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 DEBIAN_JDBC_JAR = "/usr/share/java/postgresql.jar"
@@ -165,8 +206,11 @@ def quiet_log_config() -> Path:
     return path
 
 
-def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: str | None = None, extra=None):
-    """A SparkSession configured for icebarrier (reuses an active one with the same catalog)."""
+def spark_session(
+    settings: Settings, *, app_name: str = "icebarrier", master: str | None = None, extra=None, kafka: bool = False
+):
+    """A SparkSession configured for icebarrier (reuses an active one with the same catalog);
+    ``kafka``: with Spark's Kafka source on its class path (a new session only)."""
     require_pyspark()
     from pyspark.sql import SparkSession
 
@@ -175,6 +219,9 @@ def spark_session(settings: Settings, *, app_name: str = "icebarrier", master: s
     builder = SparkSession.builder.appName(app_name)
     builder = builder.master(master or os.environ.get("ICEBARRIER_SPARK_MASTER", "local[2]"))
     wanted = spark_conf(settings)
+    if kafka:
+        jars = [str(maven.resolve(a)) for a in SPARK_KAFKA]
+        wanted["spark.jars"] = ",".join(filter(None, [wanted.get("spark.jars"), *jars]))
     for key, value in {**wanted, **(extra or {})}.items():
         builder = builder.config(key, value)
     if "spark.driver.extraJavaOptions" not in (extra or {}):  # quiet from the JVM's first line, no progress bars

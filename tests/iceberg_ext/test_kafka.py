@@ -4,15 +4,22 @@ replayed exactly, an idle topic a skip; and every bad input refused in one line,
 
 from __future__ import annotations
 
+import os
+import random
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from icebarrier.control_plane import barriers, runs
-from icebarrier.control_plane.model import TableName
+from icebarrier.control_plane import barriers, jobs, runs, tokens
+from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.iceberg_ext.catalog import load_table, summary_properties
+from icebarrier.iceberg_ext.faults import AFTER_CONTROL_PLANE, AFTER_ICEBERG_COMMIT, AFTER_INPUT_RANGE, CRASH_EXIT_CODE
 from icebarrier.iceberg_ext.job import RootJob
 from icebarrier.iceberg_ext.kafka import (
     SUMMARY_OFFSETS,
@@ -22,7 +29,7 @@ from icebarrier.iceberg_ext.kafka import (
     decode_offsets,
 )
 from icebarrier.iceberg_ext.runtime import Runtime
-from tests.kafka_log import Orders, all_committed, committed_in, new_topic
+from tests.kafka_log import Load, Orders, all_committed, committed_in, new_topic
 
 SCHEMA = "id bigint, user_id int, amount bigint"
 
@@ -63,7 +70,11 @@ def _table(rt, sink):
 
 
 def _ids(spark, sink, barrier_snapshot=None):
-    df = spark.table(sink) if barrier_snapshot is None else spark.read.option("snapshot-id", barrier_snapshot).table(sink)
+    df = (
+        spark.table(sink)
+        if barrier_snapshot is None
+        else spark.read.option("snapshot-id", barrier_snapshot).table(sink)
+    )
     return sorted(r.id for r in df.select("id").collect())
 
 
@@ -128,7 +139,9 @@ def test_replay_of_a_recorded_range_reads_exactly_it(lake, spark, kafka):
     b1 = _barrier_after_records(lake)
     while job.source.ready_until() < b1:
         time.sleep(0.05)
-    spec = runs.record_range(lake.conn, job.name, b1, job.source.plan(lake.conn, job.name, b1))  # as a crashed run left it
+    spec = runs.record_range(
+        lake.conn, job.name, b1, job.source.plan(lake.conn, job.name, b1)
+    )  # as a crashed run left it
     orders.batch(8)
     time.sleep(0.05)
     assert _until_completed(rt, b1) == [b1]
@@ -157,12 +170,16 @@ def test_partition_added_is_read_from_its_start(lake, spark, kafka):
 
 
 def test_unreachable_broker_missing_topic_and_creation_time_refused(lake, spark, kafka):
-    with pytest.raises(KafkaSourceError, match=r"Kafka at 127\.0\.0\.1:9 did not answer .* check the source's bootstrap"):
+    with pytest.raises(
+        KafkaSourceError, match=r"Kafka at 127\.0\.0\.1:9 did not answer .* check the source's bootstrap"
+    ):
         KafkaLog("127.0.0.1:9", "orders", timeout_s=2).partitions()
     with pytest.raises(KafkaSourceError, match=r"topic no_such_topic does not exist on .*create it"):
         KafkaLog(kafka.bootstrap, "no_such_topic").partitions()
     topic = new_topic(kafka, config={"message.timestamp.type": "CreateTime"})
-    with pytest.raises(KafkaSourceError, match=r"stamps records with CreateTime; .*message.timestamp.type=LogAppendTime"):
+    with pytest.raises(
+        KafkaSourceError, match=r"stamps records with CreateTime; .*message.timestamp.type=LogAppendTime"
+    ):
         KafkaLog(kafka.bootstrap, topic).partitions()
 
 
@@ -192,6 +209,228 @@ def test_offsets_deleted_by_retention_are_refused_never_skipped(lake, spark, kaf
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     for f in admin.delete_records([TopicPartition(topic, 0, 3)]).values():  # what retention does
         f.result(30)
-    with pytest.raises(KafkaSourceError, match=rf"topic {topic} partition 0: offsets 0\.\.5 are to be read but the log starts at 3"):
+    with pytest.raises(
+        KafkaSourceError, match=rf"topic {topic} partition 0: offsets 0\.\.5 are to be read but the log starts at 3"
+    ):
         rt.run()
     assert _table(rt, job.sinks[0]).current_snapshot() is None
+
+
+# -- faults: real processes killed, the broker restarted, partitions added, under load ---------------------------
+
+
+class Worker:
+    """The job in a process of its own (tests/iceberg_ext/kafka_worker.py), started again after a crash."""
+
+    def __init__(self, lake, kafka, topic, way, tmp_path):
+        self.args = [
+            sys.executable, "-m", "tests.iceberg_ext.kafka_worker", way, lake.settings.dsn, lake.settings.schema,
+            lake.settings.warehouse, lake.namespace, kafka.bootstrap, topic, str(tmp_path / "checkpoint"),
+        ]  # fmt: skip
+        self.log = tmp_path / f"{way}.log"
+        self.proc = None
+
+    def start(self, fault: str | None = None, fault_after: int = 0):
+        env = {**os.environ, "ICEBARRIER_FAULT": fault or "", "ICEBARRIER_FAULT_AFTER": str(fault_after)}
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(self.args, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(120)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+
+def _create_sink(spark, lake):
+    sink = f"lake.{lake.namespace}.orders"
+    spark.sql(
+        f"CREATE TABLE {sink} ({SCHEMA}, kafka_partition int, kafka_offset bigint, kafka_timestamp timestamp) USING iceberg"
+    )
+    return sink
+
+
+def _settle(lake, spark, kafka, topic, sink, job, worker, timeout_s=120):
+    """Wait until the job completed a barrier issued after every record was decided."""
+    time.sleep(0.5)
+    final = barriers.issue(lake.conn).barrier
+    deadline = time.monotonic() + timeout_s
+    while jobs.show(lake.conn, job).progress is None or jobs.show(lake.conn, job).progress < final:
+        assert worker.alive(), worker.log.read_text()[-3000:]
+        assert time.monotonic() < deadline, (
+            f"job did not reach the final barrier; log:\n{worker.log.read_text()[-3000:]}"
+        )
+        time.sleep(0.3)
+    worker.stop()
+
+
+def _exactly_once(lake, spark, kafka, topic, sink, job):
+    """Each barrier's rows are exactly the records its recorded range names (read back read_committed
+    by another consumer); its commit's summary names the same range; nothing is doubled and the
+    table holds every committed record."""
+    rows = spark.table(sink).select("id", "kafka_partition", "kafka_offset").collect()
+    ids = [r.id for r in rows]
+    assert len(ids) == len(set(ids)), "a record is in the table twice"
+    table = _table_by_name(lake, sink)
+    summaries = {}
+    for snapshot in table.snapshots():
+        props = summary_properties(snapshot)
+        if SUMMARY_OFFSETS in props:
+            summaries[int(props["icebarrier.barrier"])] = decode_offsets(props[SUMMARY_OFFSETS])
+    ranges = [(r["barrier"], r["spec"]) for r in lake.conn.execute(
+        "SELECT barrier, spec FROM input_ranges WHERE job_name = %s ORDER BY barrier", (job,)).fetchall()]  # fmt: skip
+    checked = 0
+    for barrier, spec in ranges:
+        offsets = {int(p): tuple(r) for p, r in spec.get("offsets", {}).items()}
+        if not offsets:
+            continue
+        expected = sorted(committed_in(kafka, topic, offsets))
+        found = sorted(
+            r.id
+            for r in rows
+            if r.kafka_partition in offsets
+            and offsets[r.kafka_partition][0] <= r.kafka_offset < offsets[r.kafka_partition][1]
+        )
+        assert found == expected, f"barrier {barrier}: rows {found[:10]}… differ from its range {offsets}"
+        if expected:
+            assert summaries.get(barrier) == offsets, f"barrier {barrier}: the commit's summary names another range"
+            checked += 1
+    assert checked >= 2
+    assert sorted(ids) == sorted(all_committed(kafka, topic))
+    return checked
+
+
+def _table_by_name(lake, sink):
+    return load_table(lake.catalog, TableName.parse(sink))
+
+
+WAYS = ["consumer", "stream"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("fault", [AFTER_INPUT_RANGE, AFTER_ICEBERG_COMMIT, AFTER_CONTROL_PLANE])
+def test_killed_at_each_point_under_load_exactly_once(lake, spark, kafka, tmp_path, way, fault):
+    """The job SIGKILLs itself before the Iceberg commit, after it, and after the control-plane
+    record (its third barrier), under a transactional load with aborts; restarted, every barrier
+    holds exactly its range."""
+    topic = new_topic(kafka)
+    sink = _create_sink(spark, lake)
+    barriers.set_interval_s(lake.conn, 1)
+    load = Load(Orders(kafka, topic), per_s=300)
+    load.start()
+    worker = Worker(lake, kafka, topic, way, tmp_path).start(fault, fault_after=2)
+    assert worker.proc.wait(180) == CRASH_EXIT_CODE, worker.log.read_text()[-3000:]
+    worker.start()
+    time.sleep(4)
+    load.stop.set()
+    load.join()
+    _settle(lake, spark, kafka, topic, sink, f"{lake.namespace}_orders", worker)
+    _exactly_once(lake, spark, kafka, topic, sink, f"{lake.namespace}_orders")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("way", WAYS)
+def test_random_kills_broker_restart_and_new_partition_exactly_once(lake, spark, kafka, tmp_path, way):
+    """Under load: the job SIGKILLed at random moments (three times), the broker stopped and started
+    again, a partition added; every barrier holds exactly its range, the table every committed record."""
+    topic = new_topic(kafka)
+    sink = _create_sink(spark, lake)
+    barriers.set_interval_s(lake.conn, 1)
+    orders = Orders(kafka, topic)
+    load = Load(orders, per_s=300)
+    load.start()
+    rng = random.Random(os.environ.get("PYTEST_XDIST_WORKER", "0"))
+    worker = Worker(lake, kafka, topic, way, tmp_path).start()
+    for _ in range(3):
+        time.sleep(rng.uniform(4 if way == "stream" else 2, 9))
+        worker.kill()
+        worker.start()
+    time.sleep(4)
+    kafka.stop()
+    time.sleep(2)
+    kafka.start()
+    time.sleep(4)
+    kafka.add_partitions(topic, 3)
+    later = Orders(kafka, topic)
+    later.next_id = 1_000_000
+    later.batch(30, partition=2)
+    time.sleep(3)
+    load.stop.set()
+    load.join()
+    _settle(lake, spark, kafka, topic, sink, f"{lake.namespace}_orders", worker)
+    checked = _exactly_once(lake, spark, kafka, topic, sink, f"{lake.namespace}_orders")
+    assert checked >= 5
+    assert set(orders.produced) | set(later.produced) <= {r.id for r in spark.table(sink).select("id").collect()}
+
+
+class ExecWorker(Worker):
+    """`icebarrier job exec JOB --follow -- python kafka_exec.py …` (a catalog client: no database access)."""
+
+    def __init__(self, lake, kafka, topic, server, credential, tmp_path):
+        command = [sys.executable, str(Path(__file__).parent / "kafka_exec.py"), kafka.bootstrap, topic, lake.namespace]
+        self.args = ["icebarrier", "job", "exec", f"{lake.namespace}_orders", "--catalog-uri", server,
+                     "--credential", credential, "--follow", "--", *command]  # fmt: skip
+        self.log = tmp_path / "exec.log"
+        self.proc = None
+        self.fault_file = tmp_path / "fault-count"
+
+    def start(self, fault: str | None = None, fault_after: int = 0):
+        env = {**os.environ, "KAFKA_EXEC_FAULT": fault or "", "KAFKA_EXEC_FAULT_FILE": str(self.fault_file)}
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(
+                self.args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        return self
+
+    def kill(self):  # the runner and its command, like a lost machine
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+
+@pytest.mark.slow
+def test_job_exec_python_consumer_killed_everywhere_exactly_once(lake, spark, kafka, server, tmp_path):
+    """The plain-consumer way under `job exec`: its command SIGKILLed before its commit and after
+    it (staged), the runner and command killed at random moments (after publishes too), the broker
+    restarted; the catalog records each range in the control plane as it publishes the barrier."""
+    topic = new_topic(kafka)
+    sink = _create_sink(spark, lake)
+    job = f"{lake.namespace}_orders"
+    jobs.register(
+        lake.conn, JobDefinition(name=job, sinks=frozenset([TableName.parse(sink)]), external_inputs=frozenset([topic]))
+    )
+    credential = ":".join(tokens.create(lake.conn, job=job))  # least privilege: its sink only
+    barriers.set_interval_s(lake.conn, 1)
+    load = Load(Orders(kafka, topic), per_s=300)
+    load.start()
+    worker = ExecWorker(lake, kafka, topic, server, credential, tmp_path)
+    for fault in ("before-commit", "after-commit"):
+        worker.fault_file.unlink(missing_ok=True)
+        worker.start(fault)
+        deadline = time.monotonic() + 60
+        while not worker.fault_file.exists() or worker.fault_file.read_text() != "3":
+            assert time.monotonic() < deadline, worker.log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(1)
+        worker.kill()
+    worker.start()
+    rng = random.Random(7)
+    for _ in range(2):
+        time.sleep(rng.uniform(2, 6))
+        worker.kill()
+        worker.start()
+    kafka.stop()
+    time.sleep(2)
+    kafka.start()
+    time.sleep(4)
+    load.stop.set()
+    load.join()
+    _settle(lake, spark, kafka, topic, sink, job, worker)
+    assert _exactly_once(lake, spark, kafka, topic, sink, job) >= 3

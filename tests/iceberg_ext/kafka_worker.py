@@ -1,0 +1,61 @@
+"""A Kafka root job in a process of its own, following barriers until SIGTERM (or a crash point):
+
+    python -m tests.iceberg_ext.kafka_worker WAY DSN SCHEMA WAREHOUSE NAMESPACE BOOTSTRAP TOPIC [CHECKPOINT]
+
+WAY ``consumer``: the runtime with a KafkaSource (a plain consumer reads each barrier's range);
+``stream``: Spark Structured Streaming (spark-sql-kafka) whose micro-batches complete barriers.
+The sink is ``lake.<NAMESPACE>.orders`` (tests/iceberg_ext/test_kafka.py creates it).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+from icebarrier.iceberg_ext.config import Settings
+from icebarrier.iceberg_ext.job import RootJob
+from icebarrier.iceberg_ext.kafka import KafkaSource, stream
+from icebarrier.iceberg_ext.runtime import Runtime
+
+SCHEMA = "id bigint, user_id int, amount bigint"
+
+
+def parse(df):
+    from pyspark.sql import functions as F
+
+    value = F.from_json(F.col("value").cast("string"), SCHEMA)
+    return df.select(
+        value["id"].alias("id"),
+        value["user_id"].alias("user_id"),
+        value["amount"].alias("amount"),
+        F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+        F.col("timestamp").alias("kafka_timestamp"),
+    )
+
+
+def main(way, dsn, cp_schema, warehouse, namespace, bootstrap, topic, checkpoint=None) -> None:
+    settings = Settings(dsn=dsn, schema=cp_schema, warehouse=warehouse).validated()
+    sink = f"lake.{namespace}.orders"
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if way == "consumer":
+        job = RootJob(name=f"{namespace}_orders", sinks=[sink], source=KafkaSource(bootstrap, topic, SCHEMA))
+        with Runtime(job, settings=settings, log=log) as runtime:
+            runtime.run(follow=True, poll_s=1.0)
+        return
+    from icebarrier.iceberg_ext.spark import spark_session
+
+    spark = spark_session(settings, app_name="kafka-stream", kafka=True)
+    job = RootJob(name=f"{namespace}_orders", sinks=[sink], transform=parse)
+    query = stream(job, spark, bootstrap=bootstrap, topic=topic, checkpoint=checkpoint, settings=settings, log_=log)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        if not query.isActive:
+            raise SystemExit(f"query stopped: {query.exception()}")
+    query.stop()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
