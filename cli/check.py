@@ -17,6 +17,17 @@ from icebarrier.cli.render import above, emit, table, terminal_progress
 from icebarrier.iceberg_ext.faults import MUTATIONS
 
 
+@contextlib.contextmanager
+def _broker(broker, topic: str):
+    """The run's Kafka broker with its topic (two partitions, the broker's timestamps), stopped at the end."""
+    broker.start()
+    try:
+        broker.create_topic(topic, partitions=2, config={"message.timestamp.type": "LogAppendTime"})
+        yield broker
+    finally:
+        broker.stop()
+
+
 @click.command("check")
 @click.option("--seed", type=int, help="Seed to reproduce a run (default: random, printed).")
 @click.option(
@@ -67,6 +78,12 @@ from icebarrier.iceberg_ext.faults import MUTATIONS
     help="Run the maintenance service (`icebarrier maintain`, aggressive policies: it expires, compacts and "
     "rewrites manifests as soon as it may) in place of the expiry process, killed and restarted at random.",
 )
+@click.option(
+    "--kafka",
+    is_flag=True,
+    help="Run orders_in as a Kafka root job: the run starts a broker (KRaft, from Maven Central) and produces "
+    "each barrier's orders to a topic, with aborted transactions that no cut may show.",
+)
 @click.pass_obj
 def check(
     obj,
@@ -79,6 +96,7 @@ def check(
     exec_jobs: bool,
     mutation: str | None,
     maintain: bool,
+    kafka: bool,
 ) -> None:
     """Run root and intermediate jobs and an expiry as real processes at random speeds, kill jobs
     at random fault points and restart the control-plane Postgres, while readers query at every
@@ -106,8 +124,16 @@ def check(
     home = Path(tempfile.mkdtemp(prefix=f"icebarrier-check-{seed}-"))
     server = EmbeddedPostgres(state_dir=home / "pg")
     say(f"check: starting a private embedded Postgres under {home} …")
+    stack = contextlib.ExitStack()
     try:
-        env = private_env(server.start(), home, seed, warehouse=warehouse, storage=storage.fileio())
+        bootstrap = ""
+        if kafka:
+            from icebarrier.apps.kafka_broker import Broker
+
+            say("check: starting a Kafka broker …")
+            broker = stack.enter_context(_broker(Broker(home / "kafka"), f"check_{seed}_orders"))
+            bootstrap = broker.bootstrap
+        env = private_env(server.start(), home, seed, warehouse=warehouse, storage=storage.fileio(), kafka=bootstrap)
         upgrade(env.settings)
         report = CheckReport(seed=seed)
         with _live(report, duration_s, say) as line:
@@ -123,6 +149,7 @@ def check(
                 maintain=maintain,
             )
     finally:
+        stack.close()
         server.stop()
         if keep:
             say(f"check: kept {home} (start its Postgres with pg_ctl -D {home / 'pg' / 'pgdata'} start)")

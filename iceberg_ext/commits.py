@@ -179,8 +179,8 @@ class BarrierCommit:
 
     # -- PyIceberg writes (no JVM) ----------------------------------------------------------------
 
-    def append_arrow(self, table: TableName, data) -> int | None:
-        """Append a PyArrow table (an empty one writes no snapshot)."""
+    def append_arrow(self, table: TableName, data, properties: Mapping[str, str] | None = None) -> int | None:
+        """Append a PyArrow table (an empty one writes no snapshot; ``properties``: more summary properties)."""
         if data.num_rows == 0:
             return self.write(table, lambda props: None)
 
@@ -189,7 +189,7 @@ class BarrierCommit:
             tbl.append(data, snapshot_properties=props)
             return tbl
 
-        return self.write(table, append)
+        return self.write(table, append, properties)
 
     def overwrite_arrow(self, table: TableName, data, overwrite_filter=None) -> int | None:
         """Replace the table's rows (or those matching ``overwrite_filter``) with ``data``."""

@@ -40,11 +40,14 @@ def point(name: str) -> None:
 # maintenance service compact under a staged session, a compaction wait a moment before it
 # rewrites, and the server wait a moment before it publishes (the race, widened so that a short
 # run meets it).
+# ``kafka-uncommitted`` makes a Kafka source read its ranges read_uncommitted (aborted
+# transactions' records enter the table: `check --kafka` must fail).
 MUTATION_ENV = "ICEBARRIER_MUTATION"
 NONATOMIC_PUBLISH = "nonatomic-publish"
 EXPIRE_PROTECTED = "expire-protected"
 NO_REBASE = "no-rebase"
-MUTATIONS = (NONATOMIC_PUBLISH, EXPIRE_PROTECTED, NO_REBASE)
+KAFKA_UNCOMMITTED = "kafka-uncommitted"
+MUTATIONS = (NONATOMIC_PUBLISH, EXPIRE_PROTECTED, NO_REBASE, KAFKA_UNCOMMITTED)
 
 
 def mutated(name: str) -> bool:

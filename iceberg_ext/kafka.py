@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from icebarrier.control_plane import runs
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import barrier_label
+from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import SUMMARY_INPUT_RANGE
 from icebarrier.iceberg_ext.sources import SYSTEM_TIME, Source, SourceError
 
@@ -48,7 +49,8 @@ SUMMARY_TOPIC = "icebarrier.kafka.topic"
 SUMMARY_OFFSETS = "icebarrier.kafka.offsets"  # "0:120-245,1:80-80": partition, start and end (exclusive)
 METADATA_COLUMNS = "kafka_partition int, kafka_offset bigint, kafka_timestamp timestamp"
 TIMEOUT_S = 10.0
-log = logging.getLogger("icebarrier.kafka")
+log = logging.getLogger("icebarrier.kafka")  # librdkafka's lines too (the clients' ``logger``)
+log.addHandler(logging.NullHandler())
 
 
 class KafkaSourceError(SourceError):
@@ -252,7 +254,9 @@ class KafkaLog:
                 **{
                     "group.id": f"icebarrier-{self.topic}",
                     "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
+                    "isolation.level": "read_uncommitted"
+                    if faults.mutated(faults.KAFKA_UNCOMMITTED)
+                    else "read_committed",
                     "enable.partition.eof": True,
                     "auto.offset.reset": "error",
                 }

@@ -41,7 +41,7 @@ from pathlib import Path
 from icebarrier.apps.check.audits import Audits
 from icebarrier.apps.check.exec_jobs import EXEC_JOBS, HOLD, children, exec_command
 from icebarrier.apps.check.fault_plan import fault_schedule, launch_fault
-from icebarrier.apps.check.model import DERIVED, JOBS, ROOTS, SCHEMAS
+from icebarrier.apps.check.model import DERIVED, JOBS, ROOTS, SCHEMAS, WINDOW
 from icebarrier.apps.check.processes import Env, Reconnecting
 from icebarrier.apps.check.reading import Reading
 from icebarrier.apps.check.report import CheckReport
@@ -66,6 +66,33 @@ ANCHOR_INTERVAL_S = 3.0
 # A job exec job costs a process start and a session per step (2-6 s here): anchors (which
 # coalescing never crosses) come no faster than that in a long run, or it could never catch up.
 EXEC_ANCHOR_INTERVAL_S = 10.0
+
+
+class KafkaOrders:
+    """``check --kafka``: the model's orders produced to the run's topic, each barrier's window just
+    before the barrier is issued (so the broker stamps them at or before it), in a transaction;
+    each window also gets an aborted transaction of negative ids, which no cut may ever show."""
+
+    def __init__(self, env: Env) -> None:
+        from confluent_kafka import Producer
+
+        from icebarrier.iceberg_ext.kafka import log
+
+        self.producer = Producer({"bootstrap.servers": env.kafka, "transactional.id": f"check-{env.ns}", "logger": log})
+        self.producer.init_transactions(30)
+        self.topic = env.topic
+
+    def window(self, number: int) -> None:
+        ids = range((number - 1) * WINDOW + 1, number * WINDOW + 1)
+        for abort, values in ((True, [-i for i in ids]), (False, list(ids))):
+            self.producer.begin_transaction()
+            for i in values:
+                self.producer.produce(self.topic, json.dumps({"order_id": i}).encode(), key=str(abs(i)).encode())
+            self.producer.flush(30)
+            if abort:
+                self.producer.abort_transaction(30)
+            else:
+                self.producer.commit_transaction(30)
 
 
 # -- setup -----------------------------------------------------------------------------------------------------
@@ -171,7 +198,8 @@ class _Run(Reading, Audits):
         maintain: bool = False,
     ) -> None:
         self.env, self.report, self.fault_rate, self.server, self.progress = env, report, fault_rate, server, progress
-        self.exec_jobs = set(EXEC_JOBS) if exec_jobs else set()
+        self.exec_jobs = set(EXEC_JOBS) - ({"orders_in"} if env.kafka else set()) if exec_jobs else set()
+        self.mutation = mutation
         self.catalog_server = CatalogServer(env, Path(env.reports), mutation=mutation) if exec_jobs else None
         self.maintenance = Maintenance(env, Path(env.reports), mutation=mutation) if maintain else None
         self.barriers_file = Path(env.reports) / "barriers.jsonl"
@@ -190,12 +218,15 @@ class _Run(Reading, Audits):
         self.accepted: dict[int, int] = {}  # barrier -> number, of the cuts the validator read
         self.rr: ConsistentRead | None = None
         self.rr_first = None
+        self.orders = KafkaOrders(env) if env.kafka else None
 
     # -- barriers and the catalog server
 
     def issue(self) -> None:
         """Issue a barrier, and number every barrier issued since the last (the job exec scripts
         read their ranges' numbers from the file)."""
+        if self.orders is not None:
+            self.orders.window(self.numbered + 1)
         self.cp.run("barrier", lambda conn: barriers.issue(conn))
         marks = self.cp.run(
             "barriers",
@@ -262,6 +293,8 @@ class _Run(Reading, Audits):
             return
         point, after = launch_fault(self.env.seed, job, self.launches[job], self.fault_rate)
         extra = {faults.FAULT_ENV: point, faults.FAULT_AFTER_ENV: str(after)} if point else {}
+        if self.mutation == faults.KAFKA_UNCOMMITTED:  # the job processes' bug (the others are the services')
+            extra[faults.MUTATION_ENV] = self.mutation
         proc = self._spawn(
             "job", self.env.to_json(), job, str(until), str(self.env.seed * 31 + self.launches[job]), extra_env=extra
         )
@@ -531,7 +564,9 @@ def run_check(
     return report
 
 
-def private_env(dsn: str, home: Path, seed: int, *, warehouse: str | None = None, storage: dict | None = None) -> Env:
+def private_env(
+    dsn: str, home: Path, seed: int, *, warehouse: str | None = None, storage: dict | None = None, kafka: str = ""
+) -> Env:
     """An Env for a run on ``dsn``, with the processes' reports under ``home`` (a folder the caller
     owns and removes), and its warehouse there too unless given (e.g. a prefix on S3)."""
     return Env(
@@ -542,4 +577,5 @@ def private_env(dsn: str, home: Path, seed: int, *, warehouse: str | None = None
         seed=seed,
         reports=str(home / "reports"),
         storage=dict(storage or {}),
+        kafka=kafka,
     )

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import psycopg
+import pyarrow as pa
 import sqlalchemy.exc
 
 from icebarrier.apps.check.model import DERIVED, ROOTS, SCHEMAS, WINDOW, derive, events
@@ -58,6 +59,11 @@ class Env:
     seed: int
     reports: str  # folder for the processes' JSON-line reports
     storage: dict = field(default_factory=dict)  # FileIO settings (a warehouse on S3)
+    kafka: str = ""  # a broker's bootstrap address: orders_in reads its orders from topic <ns>_orders
+
+    @property
+    def topic(self) -> str:
+        return f"{self.ns}_orders"
 
     @property
     def settings(self) -> Settings:
@@ -130,6 +136,32 @@ def _commit(conn, catalog, job: str, plan: NextBarrier) -> BarrierCommit:
     )
 
 
+def kafka_step(env: Env, conn, catalog, job: str, plan: NextBarrier, kafka) -> None:
+    """orders_in from Kafka (``check --kafka``): the offsets of the orders the broker stamped up to
+    the planned barrier (the driver produces each barrier's orders before issuing it, and aborts a
+    transaction of orders that must never appear), recorded, read, committed with its summary."""
+    from icebarrier.iceberg_ext.kafka import _offsets_of
+
+    spec = runs.recorded_range(conn, job, plan.barrier)
+    if spec is None:
+        while kafka.stable_until_us() < plan.barrier:
+            time.sleep(0.05)
+        previous = runs.last_range(conn, job, before_barrier=plan.barrier) or {}
+        offsets = kafka.plan({p: e for p, (_, e) in _offsets_of(previous).items()}, plan.barrier)
+        if all(s >= e for s, e in offsets.values()):
+            jobs.complete(conn, job, plan.barrier)
+            return
+        spec = runs.record_range(
+            conn, job, plan.barrier, {"topic": kafka.topic, "offsets": {str(p): list(r) for p, r in offsets.items()}}
+        )
+    faults.point(faults.AFTER_INPUT_RANGE)
+    offsets = _offsets_of(spec)
+    ids = [r.value["order_id"] for r in kafka.read(offsets)]
+    rows = pa.table({"order_id": pa.array(ids, pa.int64())}, schema=SCHEMAS["orders"])
+    with _commit(conn, catalog, job, plan) as tx:
+        tx.append_arrow(env.t(ROOTS[job]), rows, kafka.summary(offsets))
+
+
 def root_step(env: Env, conn, catalog, job: str, plan: NextBarrier) -> None:
     """The model's events up to the planned barrier since the job's progress; none: a skip."""
     table, previous = ROOTS[job], plan.from_barrier
@@ -173,6 +205,11 @@ def job_process(env: Env, job: str, until_barrier: int, speed_seed: int) -> None
     batch = rng.random() < 0.5
     cp = Reconnecting(env, job)
     catalog = cp.run("catalog", lambda _conn: load_catalog(env.settings))
+    kafka = None
+    if env.kafka:
+        from icebarrier.iceberg_ext.kafka import KafkaLog
+
+        kafka = KafkaLog(env.kafka, env.topic)
 
     def step(conn) -> bool:
         info = jobs.show(conn, job)
@@ -183,6 +220,9 @@ def job_process(env: Env, job: str, until_barrier: int, speed_seed: int) -> None
             time.sleep(rng.uniform(1.0, 3.0) if batch else 0.05)
             return False
         time.sleep(rng.random() * 0.15)
+        if job in ROOTS and kafka is not None and ROOTS[job] == "orders":
+            kafka_step(env, conn, catalog, job, nb, kafka)
+            return False
         if job in ROOTS:
             root_step(env, conn, catalog, job, nb)
             return False

@@ -307,6 +307,18 @@ def _exactly_once(lake, spark, kafka, topic, sink, job):
     return checked
 
 
+def _moved(lake, job, worker, timeout_s=120):
+    """Wait until the job completes another barrier."""
+    before = jobs.show(lake.conn, job).progress
+    deadline = time.monotonic() + timeout_s
+    while jobs.show(lake.conn, job).progress == before:
+        assert worker.alive(), worker.log.read_text()[-3000:]
+        assert time.monotonic() < deadline, (
+            f"the job completed nothing in {timeout_s} s:\n{worker.log.read_text()[-3000:]}"
+        )
+        time.sleep(0.1)
+
+
 def _table_by_name(lake, sink):
     return load_table(lake.catalog, TableName.parse(sink))
 
@@ -349,11 +361,14 @@ def test_random_kills_broker_restart_and_new_partition_exactly_once(lake, spark,
     load.start()
     rng = random.Random(os.environ.get("PYTEST_XDIST_WORKER", "0"))
     worker = Worker(lake, kafka, topic, way, tmp_path).start()
-    for _ in range(3):
-        time.sleep(rng.uniform(4 if way == "stream" else 2, 9))
+    job = f"{lake.namespace}_orders"
+    for _ in range(3):  # a random moment of a running job's work (not its JVM's start)
+        _moved(lake, job, worker)
+        time.sleep(rng.uniform(0, 1.5))
         worker.kill()
         worker.start()
-    time.sleep(4)
+    _moved(lake, job, worker)
+    _moved(lake, job, worker)
     kafka.stop()
     time.sleep(2)
     kafka.start()
@@ -367,7 +382,7 @@ def test_random_kills_broker_restart_and_new_partition_exactly_once(lake, spark,
     load.join()
     _settle(lake, spark, kafka, topic, sink, f"{lake.namespace}_orders", worker)
     checked = _exactly_once(lake, spark, kafka, topic, sink, f"{lake.namespace}_orders")
-    assert checked >= 5
+    assert checked >= 4
     assert set(orders.produced) | set(later.produced) <= {r.id for r in spark.table(sink).select("id").collect()}
 
 
