@@ -27,7 +27,8 @@ from tests.iceberg_ext.catalog_server import free_port
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 EXAMPLE = ROOT / "examples" / "shopping"
-DOCS = (README, EXAMPLE / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+KAFKA_EXAMPLE = ROOT / "examples" / "kafka_orders"
+DOCS = (README, EXAMPLE / "README.md", KAFKA_EXAMPLE / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 BLOCK = re.compile(r"(?:<!-- (tested|not run by tests/test_readme\.py)([^>]*)-->\n)?```(sh|python)\n(.*?)```", re.S)
 PRICES = {float(10 * (item + 1)) for item in range(10)}  # examples/shopping/generate.py's
 
@@ -45,7 +46,7 @@ def marked_tested(doc: Path, lang: str) -> list[tuple[str, str]]:
 def test_every_block_says_whether_it_runs(doc):
     unmarked = [code.splitlines()[0] for lang in ("sh", "python") for mark, _, code in blocks(doc, lang) if not mark]
     assert unmarked == [], f"{doc.name}: mark these blocks tested or not run (with why): {unmarked}"
-    if doc in (README, EXAMPLE / "README.md"):
+    if doc in (README, EXAMPLE / "README.md", KAFKA_EXAMPLE / "README.md"):
         assert marked_tested(doc, "sh"), f"{doc.name} runs none of its shell blocks"
     for mark, note, _ in blocks(doc, "sh") + blocks(doc, "python"):
         assert mark == "tested" or note.strip(": "), f"{doc.name}: a block not run must say why"
@@ -147,6 +148,39 @@ def test_the_shopping_example_runs_from_its_readme(pg_server, tmp_path):
             assert not wrong, f"{line}: a consistent read printed prices no item has: {wrong}"
     left = set(os.listdir(tmp_path / "examples" / "shopping")) - before
     assert left <= {"__pycache__"}, f"the walk-through left {left} outside data/ (which it removes at the end)"
+
+
+@pytest.mark.slow
+def test_the_kafka_example_runs_from_its_readme(pg_server, tmp_path):
+    """examples/kafka_orders/README.md, every shell block in order: a broker, three jobs following
+    barriers, a transactional producer with aborts; every read-committed query finds the three
+    tables agreeing, and at the end the orders table holds each committed order once."""
+    home = tmp_path / "examples" / "kafka_orders"
+    shutil.copytree(KAFKA_EXAMPLE, home, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    database = f"icebarrier_kshop_{uuid.uuid4().hex[:8]}"
+    try:
+        outputs = run_session(
+            shell_lines(
+                [c for _, c in marked_tested(KAFKA_EXAMPLE / "README.md", "sh")],
+                {"icebarrier_kshop": database},
+                pg_server,
+                free_port(),
+            ),
+            tmp_path,
+            session_env(),
+        )
+    finally:
+        drop(pg_server, database)
+    said = dict(outputs)
+    committed = int(next(out for line, out in outputs if line.startswith("python3 produce.py")))
+    agree = [out for line, out in outputs if "agree.sql" in line]
+    assert len(agree) == 2 and all(re.search(r"\btrue\b", out, re.I) for out in agree), agree
+    counts = next(out for line, out in outputs if "distinct_ids" in line)
+    assert re.search(rf"\b{committed}\b\s*[│|]?\s*\b{committed}\b", counts), (committed, counts)
+    assert "icebarrier.kafka" not in counts and re.search(
+        r"\d+:\d+-\d+", said[next(k for k in said if "snapshots" in k)]
+    )
+    assert not (home / "data").exists(), "the walk-through leaves its data/ behind"
 
 
 @pytest.mark.slow

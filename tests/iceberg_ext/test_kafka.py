@@ -17,6 +17,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from icebarrier.control_plane import barriers, jobs, runs, tokens
+from icebarrier.control_plane.errors import JobNotFoundError
 from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.iceberg_ext.catalog import load_table, summary_properties
 from icebarrier.iceberg_ext.faults import AFTER_CONTROL_PLANE, AFTER_ICEBERG_COMMIT, AFTER_INPUT_RANGE, CRASH_EXIT_CODE
@@ -307,11 +308,18 @@ def _exactly_once(lake, spark, kafka, topic, sink, job):
     return checked
 
 
+def _progress(lake, job):
+    try:
+        return jobs.show(lake.conn, job).progress
+    except JobNotFoundError:  # not registered yet: its process is starting
+        return None
+
+
 def _moved(lake, job, worker, timeout_s=120):
     """Wait until the job completes another barrier."""
-    before = jobs.show(lake.conn, job).progress
+    before = _progress(lake, job)
     deadline = time.monotonic() + timeout_s
-    while jobs.show(lake.conn, job).progress == before:
+    while _progress(lake, job) == before:
         assert worker.alive(), worker.log.read_text()[-3000:]
         assert time.monotonic() < deadline, (
             f"the job completed nothing in {timeout_s} s:\n{worker.log.read_text()[-3000:]}"

@@ -1,0 +1,15 @@
+"""Run with `icebarrier run ingest_orders.py [--once|--follow]`."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from pipeline import build  # noqa: E402
+
+from icebarrier import main  # noqa: E402
+
+job = build()["ingest_orders"]
+
+if __name__ == "__main__":
+    main(job)
