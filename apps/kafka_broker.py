@@ -244,7 +244,9 @@ class Broker:
         if (self.work / "log" / "meta.properties").exists():  # formatted before: the same log, restarted
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        self._run_tool("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config))
+        self._run_tool(
+            "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(self.config)
+        )  # "=": an id may begin with "-"
 
     def _command(self, main: str, *args: str) -> list[str]:
         log4j = self.work / "log4j.properties"

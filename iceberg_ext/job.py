@@ -244,6 +244,7 @@ class Job:
         )
 
     needs_spark_to_define: ClassVar[bool] = False  # a SqlJob learns its sink and sources from Spark's parser
+    writes_arrow: ClassVar[bool] = False  # a root job whose barriers need no Spark (RootJob.writes_arrow)
 
     def bind(self, spark) -> None:
         """Learn what the definition needs from the Spark session (a SqlJob: its sink and sources)."""
@@ -411,3 +412,8 @@ class RootJob(Job):
             )
         if not self.external_inputs and self.source is not None:
             self.external_inputs = [self.source.describe()]
+
+    @property
+    def writes_arrow(self) -> bool:
+        """Appends what its source reads as Arrow (no transform): written with PyIceberg, no Spark."""
+        return self.source is not None and self.source.reads_arrow and self.transform is None and self.mode == "append"

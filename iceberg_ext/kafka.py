@@ -103,6 +103,7 @@ class KafkaLog:
         self._admin = None
         self._checked = False
         self._answered = False
+        self._consumer = None
         self._unstable: dict[tuple[int, int], int] = {}  # (partition, LSO) -> that record's timestamp (ms)
 
     def _conf(self, **more) -> dict:
@@ -170,7 +171,8 @@ class KafkaLog:
                 f"--add-config message.timestamp.type=LogAppendTime"
             )
 
-    def _offsets(self, partitions: list[int], spec, *, committed: bool) -> dict[int, int]:
+    def _offsets(self, partitions: list[int], spec, *, committed: bool, full: bool = False) -> dict:
+        """Each partition's offset for ``spec`` (``full``: with its timestamp, Kafka's ListOffsetsResultInfo)."""
         from confluent_kafka import IsolationLevel, TopicPartition
 
         if not partitions:
@@ -180,23 +182,30 @@ class KafkaLog:
 
         def ask():
             futures = self.admin().list_offsets(wanted, isolation_level=level, request_timeout=self.timeout_s)
-            return {tp.partition: f.result(timeout=self.timeout_s).offset for tp, f in futures.items()}
+            return {tp.partition: f.result(timeout=self.timeout_s) for tp, f in futures.items()}
 
-        return self._answer(ask, f"with topic {self.topic}'s offsets")
+        answers = self._answer(ask, f"with topic {self.topic}'s offsets")
+        return answers if full else {p: a.offset for p, a in answers.items()}
 
     def stable_until_us(self) -> int:
-        """The newest barrier (µs) whose records are all decided now: the clock less the margin,
-        and before the first record of any transaction still open."""
+        """The newest barrier (µs) whose records are all decided now. Per partition: before the
+        newest record's broker timestamp (later records are stamped no earlier), or the clock less
+        the margin, whichever is later (an idle partition follows the clock); and before the first
+        record of a transaction still open (it sits at the last stable offset)."""
         from confluent_kafka.admin import OffsetSpec
 
-        bound_ms = int((time.time() - self.clock_margin_s) * 1000)
+        clock_ms = int((time.time() - self.clock_margin_s) * 1000)
         partitions = self.partitions()
         stable = self._offsets(partitions, OffsetSpec.latest(), committed=True)
         high = self._offsets(partitions, OffsetSpec.latest(), committed=False)
+        newest = self._offsets(partitions, OffsetSpec.max_timestamp(), committed=False, full=True)
+        bound_ms = None
         for p in partitions:
-            if stable[p] < high[p]:  # an open transaction's first record is at the last stable offset
-                bound_ms = min(bound_ms, self._timestamp_at(p, stable[p]) - 1)
-        return bound_ms * 1000 + 999
+            partition_ms = max(clock_ms, newest[p].timestamp - 1 if newest[p].offset >= 0 else clock_ms)
+            if stable[p] < high[p]:
+                partition_ms = min(partition_ms, self._timestamp_at(p, stable[p]) - 1)
+            bound_ms = partition_ms if bound_ms is None else min(bound_ms, partition_ms)
+        return (clock_ms if bound_ms is None else bound_ms) * 1000 + 999
 
     def _timestamp_at(self, partition: int, offset: int) -> int:
         key = (partition, offset)
@@ -239,7 +248,7 @@ class KafkaLog:
     def read(self, ranges: dict[int, tuple[int, int]]) -> Iterator[Record]:
         """Exactly the committed records of ``ranges``, in offset order per partition. A range
         that retention deleted, or a record that does not deserialize, is refused by name."""
-        from confluent_kafka import Consumer, KafkaError, TopicPartition
+        from confluent_kafka import KafkaError, TopicPartition
         from confluent_kafka.admin import OffsetSpec
 
         wanted = {p: r for p, r in ranges.items() if r[1] > r[0]}
@@ -249,25 +258,13 @@ class KafkaLog:
         for p, (start, end) in sorted(wanted.items()):
             if start < earliest[p]:
                 raise self._deleted(p, start, end, earliest[p])
-        consumer = Consumer(
-            self._conf(
-                **{
-                    "group.id": f"icebarrier-{self.topic}",
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_uncommitted"
-                    if faults.mutated(faults.KAFKA_UNCOMMITTED)
-                    else "read_committed",
-                    "enable.partition.eof": True,
-                    "auto.offset.reset": "error",
-                }
-            )
-        )
+        consumer = self._reader()
         try:
             consumer.assign([TopicPartition(self.topic, p, s) for p, (s, _) in wanted.items()])
             open_ = dict(wanted)
             quiet_since = time.monotonic()
             while open_:
-                batch = consumer.consume(10_000, 0.5)
+                batch = consumer.consume(10_000, 0.02)  # what has arrived; not a wait for 10,000
                 if batch:
                     quiet_since = time.monotonic()
                 elif time.monotonic() - quiet_since > self.outage_s:
@@ -305,7 +302,26 @@ class KafkaLog:
                     if msg.offset() + 1 >= open_[p][1]:
                         del open_[p]
         finally:
-            consumer.close()
+            consumer.unassign()
+
+    def _reader(self):
+        """The consumer ranges are read with (one per log, kept: its connection outlives a read)."""
+        from confluent_kafka import Consumer
+
+        if self._consumer is None:
+            isolation = "read_uncommitted" if faults.mutated(faults.KAFKA_UNCOMMITTED) else "read_committed"
+            self._consumer = Consumer(
+                self._conf(
+                    **{
+                        "group.id": f"icebarrier-{self.topic}",
+                        "enable.auto.commit": False,
+                        "isolation.level": isolation,
+                        "enable.partition.eof": True,
+                        "auto.offset.reset": "error",
+                    }
+                )
+            )
+        return self._consumer
 
     def _deleted(self, partition: int, start: int, end: int, low: int) -> KafkaSourceError:
         return KafkaSourceError(
@@ -318,7 +334,9 @@ class KafkaLog:
         return {SUMMARY_TOPIC: self.topic, SUMMARY_OFFSETS: encode_offsets(offsets)}
 
     def close(self) -> None:
-        self._admin = None
+        if self._consumer is not None:
+            self._consumer.close()
+        self._consumer = self._admin = None
 
 
 def _offsets_of(spec: dict) -> dict[int, tuple[int, int]]:
@@ -345,6 +363,7 @@ class KafkaSource(Source):
     clock_margin_s: float = 0.25
 
     strategy = SYSTEM_TIME
+    recheck_s = 0.1  # a barrier's records are decided within the clock margin (or a transaction's end)
 
     def __post_init__(self) -> None:
         self.log = KafkaLog(
@@ -371,18 +390,41 @@ class KafkaSource(Source):
     def is_empty(self, spec):
         return all(s >= e for s, e in _offsets_of(spec).values())
 
-    def rows(self, spec) -> list[tuple]:
+    reads_arrow = True
+
+    def rows(self, spec) -> list[dict]:
+        """The range's records as rows: the value's fields of ``schema``, then the Kafka columns."""
         from datetime import UTC, datetime
 
         out = []
         for r in self.log.read(_offsets_of(spec)):
             value = r.value if isinstance(r.value, dict) else {}
-            ts = datetime.fromtimestamp(r.timestamp_ms / 1000, UTC).replace(tzinfo=None)
-            out.append((*(value.get(c) for c in self._columns), r.partition, r.offset, ts))
+            row = {c: value.get(c) for c in self._columns}
+            row.update(
+                kafka_partition=r.partition,
+                kafka_offset=r.offset,
+                kafka_timestamp=datetime.fromtimestamp(r.timestamp_ms / 1000, UTC),
+            )
+            out.append(row)
         return out
 
     def read(self, spark, spec):
-        return spark.createDataFrame(self.rows(spec), f"{self.schema}, {METADATA_COLUMNS}")
+        rows = [(*r.values(),) for r in self.rows(spec)]
+        return spark.createDataFrame(
+            [(*r[:-1], r[-1].replace(tzinfo=None)) for r in rows], f"{self.schema}, {METADATA_COLUMNS}"
+        )
+
+    def read_arrow(self, spec, schema):
+        import pyarrow as pa
+
+        rows = self.rows(spec)
+        try:
+            return pa.Table.from_pylist(rows, schema=schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise KafkaSourceError(
+                f"Kafka topic {self.topic}: records of range {encode_offsets(_offsets_of(spec))} do not fit the "
+                f"sink's columns ({exc}); fix the producer, or the sink's schema"
+            ) from None
 
     def summary(self, spec) -> dict[str, str]:
         return self.log.summary(_offsets_of(spec))

@@ -32,7 +32,7 @@ from icebarrier.control_plane.jobs import NextBarrier, Plan
 from icebarrier.control_plane.model import Level, TableName, barrier_label, format_duration_s, parse_duration_s
 from icebarrier.control_plane.notices import SAFETY_POLL_S, Listener, Wait
 from icebarrier.iceberg_ext import faults
-from icebarrier.iceberg_ext.catalog import load_catalog
+from icebarrier.iceberg_ext.catalog import load_catalog, load_table
 from icebarrier.iceberg_ext.commits import BarrierCommit
 from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.job import BarrierContext, Computation, Job, Output, RootJob
@@ -163,7 +163,7 @@ class Runtime:
         summary = RunSummary(job=self.job.name)
         beat = threading.Thread(target=self._heartbeat, daemon=True, name="icebarrier-heartbeat")
         beat.start()
-        if follow:
+        if follow and not self.job.writes_arrow:
             # SparkContext replaces the SIGINT handler when it starts: start it first, so that
             # Ctrl-C finishes the current barrier and exits 0 like SIGTERM.
             _ = self.spark
@@ -289,7 +289,7 @@ class Runtime:
             root=step.plan.root,
             sinks=self.job.sinks,
             due_in_s=step.due_in_s,
-            safety_s=min(poll_s, 1.0) if source_wait else poll_s,
+            safety_s=min(poll_s, self.job.source.recheck_s) if source_wait else poll_s,
         )
         while not self.stop.is_set() and wait.remaining_s() > 0:
             notices = listener.wait(min(wait.remaining_s(), 1.0))  # SIGTERM is seen within a second
@@ -380,10 +380,15 @@ class Runtime:
         if job.source.is_empty(spec) and not job.reads_barrier:  # a range recorded empty, replayed
             jobs.complete(self.conn, job.name, plan.barrier)
             return None
+        sink = TableName.parse(job.sinks[0])
+        if job.writes_arrow:  # no Spark: PyIceberg appends the rows the source read
+            rows = job.source.read_arrow(spec, load_table(self.catalog, sink).schema().as_arrow())
+            with self._commit(plan, info) as tx:
+                tx.append_arrow(sink, rows, job.source.summary(spec))
+            return {str(t): s for t, s in tx.commits.items()}
         df = job.source.read(self.spark, spec)
         if job.transform is not None:
             df = job.transform(df)
-        sink = TableName.parse(job.sinks[0])
         with self._commit(plan, info) as tx:
             self._write(tx, sink, Output(df, job.mode, tuple(job.keys), job.source.summary(spec)))
         return {str(t): s for t, s in tx.commits.items()}

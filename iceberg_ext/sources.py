@@ -39,6 +39,8 @@ class SourceError(IcebarrierError):
 
 class Source:
     strategy = SYSTEM_TIME
+    recheck_s = 1.0  # how often a job whose input is not ready yet looks again
+    reads_arrow = False  # read_arrow() gives a range's rows without Spark
 
     def plan(self, conn: db.Conn, job: str, barrier: int) -> dict:
         raise NotImplementedError
@@ -60,6 +62,10 @@ class Source:
         return False
 
     def read(self, spark, spec: dict):
+        raise NotImplementedError
+
+    def read_arrow(self, spec: dict, schema):
+        """A recorded range's rows as a PyArrow table of ``schema`` (the sink's), where ``reads_arrow``."""
         raise NotImplementedError
 
     def summary(self, spec: dict) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
     Kafka topic orders --ingest_orders (KafkaSource)--> lake.kshop.orders
     lake.kshop.orders --user_totals (SQL)--> lake.kshop.user_totals            per user: orders, total
-    orders + user_totals --order_shares (SQL join)--> lake.kshop.order_shares  each order's share of its user's total
+    user_totals --user_shares (SQL join)--> lake.kshop.user_shares     each user's share of all orders' amount
 
 The broker is ``$KAFKA_BOOTSTRAP`` (default: the one ``broker.py start`` wrote under data/kafka), the
 topic ``$KAFKA_TOPIC`` (default ``orders``), the namespace ``$KSHOP_NS`` (default ``kshop``).
@@ -24,7 +24,7 @@ ORDER = "id bigint, user_id int, amount bigint"
 DDL = {
     "orders": f"{ORDER}, kafka_partition int, kafka_offset bigint, kafka_timestamp timestamp",
     "user_totals": "user_id int, orders bigint, total bigint",
-    "order_shares": "id bigint, user_id int, amount bigint, user_total bigint",
+    "user_shares": "user_id int, orders bigint, total bigint, percent double",
 }
 
 
@@ -57,11 +57,11 @@ def build(ns: str | None = None, catalog: str | None = None, broker: str | None 
             f"""INSERT INTO {t["user_totals"]}
                 SELECT user_id, count(*) AS orders, sum(amount) AS total FROM {t["orders"]} GROUP BY user_id""",
         ),
-        "order_shares": SqlJob(
-            f"{ns}_order_shares",
-            f"""INSERT INTO {t["order_shares"]}
-                SELECT o.id, o.user_id, o.amount, u.total AS user_total
-                FROM {t["orders"]} o JOIN {t["user_totals"]} u ON o.user_id = u.user_id""",
+        "user_shares": SqlJob(
+            f"{ns}_user_shares",
+            f"""INSERT INTO {t["user_shares"]}
+                SELECT u.user_id, u.orders, u.total, 100.0 * u.total / a.total AS percent
+                FROM {t["user_totals"]} u CROSS JOIN (SELECT sum(total) AS total FROM {t["user_totals"]}) a""",
         ),
     }
 

@@ -1,4 +1,4 @@
-"""Run with `icebarrier run order_shares.py [--once|--follow]`."""
+"""Run with `icebarrier run user_shares.py [--once|--follow]`."""
 
 import os
 import sys
@@ -9,7 +9,7 @@ from pipeline import build  # noqa: E402
 
 from icebarrier import main  # noqa: E402
 
-job = build()["order_shares"]
+job = build()["user_shares"]
 
 if __name__ == "__main__":
     main(job)
