@@ -8,6 +8,7 @@ to B in one transaction with the barrier->snapshot records.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -382,13 +383,14 @@ def advance(
     coalesce: bool = True,
     up_to: int | None = None,
     heartbeat: bool = False,
-    record_wait: bool = False,
+    record_wait: bool | Callable[[NextBarrier], str | None] = False,
 ) -> Advance:
     """The job's plan, in one transaction: a skip is completed at once (no computation: its sinks
     keep their snapshots and move to the barrier) and the job planned again, so that a job whose
     sources did not change costs one transaction per look; ``heartbeat``, ``record_wait``: the
-    job's heartbeat, and what it waits for (``jobs.waiting_for``), in the same transaction. A
-    skip that meets a concurrent completion is left to the next look."""
+    job's heartbeat, and what it waits for (``jobs.waiting_for``; ``record_wait(plan)``, when
+    given, may say it better: a root job's source), in the same transaction. A skip that meets a
+    concurrent completion is left to the next look."""
     skipped: list[Completion] = []
     with conn.transaction():
         if heartbeat:
@@ -406,6 +408,7 @@ def advance(
                 break
             plan = next_barrier(conn, name, skip=skip, coalesce=coalesce, up_to=up_to)
         if record_wait:
-            call(conn, "set_job_waiting", name, plan.describe_wait())
+            said = record_wait(plan) if callable(record_wait) else None
+            call(conn, "set_job_waiting", name, said or plan.describe_wait())
         due = barriers.next_due_in_s(conn) if plan.root and not plan.ready else None
     return Advance(plan=plan, skipped=tuple(skipped), due_in_s=due)

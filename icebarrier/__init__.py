@@ -31,6 +31,7 @@ _EXPORTS = {
     "main": "icebarrier.iceberg_ext.runtime",
     "FileSource": "icebarrier.iceberg_ext.sources",
     "PostgresSource": "icebarrier.iceberg_ext.sources",
+    "KafkaSource": "icebarrier.iceberg_ext.kafka",
     # reads and commits
     "ConsistentRead": "icebarrier.iceberg_ext.reads",
     "BarrierCommit": "icebarrier.iceberg_ext.commits",

@@ -361,15 +361,24 @@ class KafkaSource(Source):
     deserialize: Callable[[bytes | None], object] = json_value
     config: dict[str, str] = field(default_factory=dict)
     clock_margin_s: float = 0.25
+    timeout_s: float = TIMEOUT_S  # how long a broker may take to answer (its first answer: then it is refused)
 
     strategy = SYSTEM_TIME
     recheck_s = 0.1  # a barrier's records are decided within the clock margin (or a transaction's end)
 
     def __post_init__(self) -> None:
         self.log = KafkaLog(
-            self.bootstrap, self.topic, self.config, clock_margin_s=self.clock_margin_s, deserialize=self.deserialize
+            self.bootstrap,
+            self.topic,
+            self.config,
+            clock_margin_s=self.clock_margin_s,
+            timeout_s=self.timeout_s,
+            deserialize=self.deserialize,
         )
         self._columns = [c.strip().split()[0].strip("`") for c in _split_ddl(self.schema)]
+
+    def check(self) -> None:
+        self.log.partitions()  # the broker answers, the topic exists, with the broker's timestamps
 
     def ready_until(self) -> int | None:
         return self.log.stable_until_us()

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from icebarrier.control_plane import db, jobs, reads, runs
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError
@@ -146,6 +146,9 @@ class Runtime:
             return
         if self.job.needs_spark_to_define:
             self.job.bind(self.spark)
+        source = getattr(self.job, "source", None)
+        if source is not None:
+            source.check()  # a source that cannot be read is refused before anything is written
         result = jobs.register(self.conn, self.job.definition(), replace=True)
         if result.status != "unchanged":
             self.log(f"job {self.job.name}: registered ({result.status})")
@@ -169,19 +172,22 @@ class Runtime:
             _ = self.spark
         restore = self._install_signal_handlers() if follow else None
         listener = Listener(self.settings.dsn, self.settings.schema).open() if follow else None  # before planning
+        plan: NextBarrier | None = None  # a plan the wait found ready (its source caught up): no planning again
         try:
             while not self.stop.is_set():
                 if max_barriers is not None and len(summary.completed) >= max_barriers:
                     break
-                plan = self._next_ready(summary)
+                plan = self._next_ready(summary) if plan is None else plan
                 if plan is None:
                     if not follow:
                         break
-                    self._wait(listener, poll_s)
+                    plan = self._wait(listener, poll_s)
                     continue
                 try:
                     self._complete(plan, summary)
+                    plan = None
                 except SnapshotExpiredError as exc:
+                    plan = None
                     if jobs.show(self.conn, self.job.name).progress is not None:
                         raise
                     self.log(f"job {self.job.name}: {exc}; bootstrapping from a newer barrier")
@@ -254,6 +260,13 @@ class Runtime:
         it may skip (and beats, records what it waits for); else None."""
         source = getattr(self.job, "source", None)
         beat = time.monotonic() - self._beat_at >= HEARTBEAT_S / 3
+        said: dict = {}
+
+        def source_wait(plan: NextBarrier) -> str | None:  # what holds a root job's planned barrier back
+            if source is not None and not plan.ready and plan.barrier is not None:
+                said["wait"] = source.waiting_for(plan.barrier)
+            return said.get("wait")
+
         step = jobs.advance(
             self.conn,
             self.job.name,
@@ -261,7 +274,7 @@ class Runtime:
             coalesce=self.job.coalesce,
             up_to=source.ready_until() if source is not None else None,
             heartbeat=beat,
-            record_wait=True,
+            record_wait=source_wait,
         )
         if beat:
             self._beat_at = time.monotonic()
@@ -269,32 +282,32 @@ class Runtime:
         for done in step.skipped:
             summary.completed.append(done.barrier)
             self.log(f"job {self.job.name}: barrier {barrier_label(done.barrier)} skipped (nothing changed)")
-        waiting = nb.describe_wait()
-        if source is not None and not nb.ready and nb.barrier is not None:  # its input, past ready_until()
-            waiting = source.waiting_for(nb.barrier) or waiting
-            runs.set_waiting(self.conn, self.job.name, waiting)
+        waiting = said.get("wait") or nb.describe_wait()
         if waiting is not None and waiting != self._said_waiting:  # said once while idle, not every look
             self.log(f"job {self.job.name}: waiting for {waiting}")
         self._said_waiting = waiting
         return nb if waiting is None else None
 
-    def _wait(self, listener: Listener, poll_s: float) -> None:
+    def _wait(self, listener: Listener, poll_s: float) -> NextBarrier | None:
         """Wait until a notice concerns the job (its sources moved, a barrier was issued for a
         root job), a root job's next barrier is due, or ``poll_s`` passed; costs no transaction.
         A root job whose input is not ready yet (an event-time source) looks again every second."""
         step = self._last
-        source_wait = getattr(self.job, "source", None) is not None and step.plan.barrier is not None
-        wait = Wait.of(
-            step.plan,
-            root=step.plan.root,
-            sinks=self.job.sinks,
-            due_in_s=step.due_in_s,
-            safety_s=min(poll_s, self.job.source.recheck_s) if source_wait else poll_s,
-        )
+        source = getattr(self.job, "source", None)
+        if source is not None and step.plan.barrier is not None and source.ready_until() is not None:
+            deadline = time.monotonic() + poll_s  # its input: asked of the source, not of Postgres
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                listener.wait(source.recheck_s)
+                if source.ready_until() >= step.plan.barrier:  # the plan stands (only this job moves it)
+                    self._said_waiting = None
+                    return replace(step.plan, ready=True) if not step.plan.waiting_for else None
+            return None
+        wait = Wait.of(step.plan, root=step.plan.root, sinks=self.job.sinks, due_in_s=step.due_in_s, safety_s=poll_s)
         while not self.stop.is_set() and wait.remaining_s() > 0:
             notices = listener.wait(min(wait.remaining_s(), 1.0))  # SIGTERM is seen within a second
             if any([wait.wakes(n) for n in notices]):
-                return
+                return None
+        return None
 
     def _complete(self, plan: NextBarrier, summary: RunSummary) -> None:
         started = time.perf_counter()

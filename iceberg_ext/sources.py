@@ -42,6 +42,9 @@ class Source:
     recheck_s = 1.0  # how often a job whose input is not ready yet looks again
     reads_arrow = False  # read_arrow() gives a range's rows without Spark
 
+    def check(self) -> None:
+        """Refuse (SourceError) a source that cannot be read as configured, before the job registers."""
+
     def plan(self, conn: db.Conn, job: str, barrier: int) -> dict:
         raise NotImplementedError
 

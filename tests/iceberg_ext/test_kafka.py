@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -148,6 +149,27 @@ def test_replay_of_a_recorded_range_reads_exactly_it(lake, spark, kafka):
     assert _until_completed(rt, b1) == [b1]
     assert runs.recorded_range(lake.conn, job.name, b1) == spec
     assert _ids(spark, job.sinks[0]) == list(range(8))
+
+
+def test_a_transform_reads_the_range_through_spark(lake, spark, kafka):
+    """A root job with a transform reads its range as a Spark DataFrame (not the PyIceberg path)."""
+    topic = new_topic(kafka)
+    orders = Orders(kafka, topic)
+    sink = f"lake.{lake.namespace}.big"
+    spark.sql(f"CREATE TABLE {sink} (id bigint, amount bigint, kafka_offset bigint) USING iceberg")
+    job = RootJob(
+        name=f"{lake.namespace}_big",
+        sinks=[sink],
+        source=KafkaSource(kafka.bootstrap, topic, SCHEMA),
+        transform=lambda df: df.filter("amount > 6").select("id", "amount", "kafka_offset"),
+    )
+    assert not job.writes_arrow
+    rt = Runtime(job, settings=lake.settings, spark=spark, conn=lake.conn, log=lambda _: None)
+    orders.batch(30)
+    orders.batch(5, abort=True)
+    _until_completed(rt, _barrier_after_records(lake))
+    assert _ids(spark, sink) == [i for i in range(30) if i % 13 + 1 > 6]
+    assert SUMMARY_OFFSETS in summary_properties(_table(rt, sink).current_snapshot())
 
 
 def test_partition_added_is_read_from_its_start(lake, spark, kafka):
@@ -457,3 +479,87 @@ def test_job_exec_python_consumer_killed_everywhere_exactly_once(lake, spark, ka
     load.join()
     _settle(lake, spark, kafka, topic, sink, job, worker)
     assert _exactly_once(lake, spark, kafka, topic, sink, job) >= 3
+
+
+# -- bad input through the command line: one line, a non-zero exit, nothing committed ------------------------
+
+JOB_FILE = """
+import os
+from icebarrier import KafkaSource, RootJob, main
+job = RootJob(
+    name=os.environ["JOB"],
+    sinks=[os.environ["SINK"]],
+    source=KafkaSource(os.environ["BOOTSTRAP"], os.environ["TOPIC"], "id bigint, user_id int, amount bigint", timeout_s=3),
+)
+if __name__ == "__main__":
+    main(job)
+"""
+
+
+@pytest.mark.slow
+def test_bad_inputs_are_one_line_a_failure_and_nothing_committed(lake, spark, kafka, tmp_path):
+    """`icebarrier run job.py --once` (a real process) on each bad input: exit 1, one line naming
+    the setting and the fix, no traceback; no snapshot, and a refused source registers nothing."""
+    sink = _create_sink(spark, lake)
+    (tmp_path / "job.py").write_text(JOB_FILE)
+    good = new_topic(kafka, partitions=1)
+    orders = Orders(kafka, good)
+    orders.batch(2)
+    orders.raw(b"{broken")
+    cases = [
+        ("127.0.0.1:9", good, r"Kafka at 127\.0\.0\.1:9 did not answer .*check the source's bootstrap servers"),
+        (kafka.bootstrap, "no_such_topic", r"Kafka topic no_such_topic does not exist on .*create it"),
+        (kafka.bootstrap, new_topic(kafka, config={"message.timestamp.type": "CreateTime"}), r"stamps records with CreateTime"),
+        (kafka.bootstrap, good, rf"topic {good} partition 0 offset 3: the record does not deserialize"),
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "ICEBARRIER_DSN": lake.settings.dsn,
+        "ICEBARRIER_SCHEMA": lake.settings.schema,
+        "ICEBARRIER_WAREHOUSE": lake.settings.warehouse,
+        "SINK": sink,
+    }
+    for i, (bootstrap, topic, needle) in enumerate(cases):
+        job = f"{lake.namespace}_bad{i}"
+        time.sleep(0.3)
+        barriers.issue(lake.conn)
+        done = subprocess.run(
+            ["icebarrier", "run", str(tmp_path / "job.py"), "--once"],
+            env={**env, "JOB": job, "BOOTSTRAP": bootstrap, "TOPIC": topic},
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr and len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+        assert re.search(needle, lines[0]), lines[0]
+        if i < 3:  # refused before registering: nothing written at all
+            with pytest.raises(JobNotFoundError):
+                jobs.show(lake.conn, job)
+    assert _table_by_name(lake, sink).current_snapshot() is None
+
+    # offsets retention deleted while the job was down: refused by name, never skipped
+    retained = new_topic(kafka, partitions=1)
+    later = Orders(kafka, retained)
+    later.batch(4)  # offsets 0-3, the marker at 4
+
+    def run_once():
+        time.sleep(0.3)
+        barriers.issue(lake.conn)
+        return subprocess.run(
+            ["icebarrier", "run", str(tmp_path / "job.py"), "--once"],
+            env={**env, "JOB": f"{lake.namespace}_retained", "BOOTSTRAP": kafka.bootstrap, "TOPIC": retained},
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    assert run_once().returncode == 0
+    first = _table_by_name(lake, sink).current_snapshot().snapshot_id
+    later.batch(4)  # offsets 5-8
+    for f in (
+        AdminClient({"bootstrap.servers": kafka.bootstrap}).delete_records([TopicPartition(retained, 0, 7)]).values()
+    ):
+        f.result(30)
+    done = run_once()
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert re.search(rf"topic {retained} partition 0: offsets 5\.\.9 are to be read but the log starts at 7", lines[0])
+    assert _table_by_name(lake, sink).current_snapshot().snapshot_id == first
