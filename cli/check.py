@@ -182,7 +182,12 @@ def check(
                 else f"expiry (own process, racing the readers): {report.expiry_runs} run(s), "
                 f"{report.snapshots_expired} snapshot(s) expired"
             ),
-            f"faults injected: {faults}; Postgres restarts: {report.restarts}",
+            f"faults injected: {faults}; Postgres restarts: {report.restarts}"
+            + (
+                "; orders_in read a Kafka topic (aborted transactions beside each barrier's orders)"
+                if report.kafka
+                else ""
+            ),
             f"catalog server ({', '.join(report.exec_jobs) or 'no job exec jobs'} under job exec"
             + (f"; mutation {report.mutation}" if report.mutation else "")
             + f"): {report.catalog_reads} "

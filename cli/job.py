@@ -163,6 +163,39 @@ def show(obj, name: str) -> None:
     emit(obj, info.to_json(), text)
 
 
+@job_group.command("ranges")
+@click.argument("name")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=10, show_default=True, help="Ranges to list.")
+@click.pass_obj
+def ranges(obj, name: str, limit: int) -> None:
+    """The input ranges root job NAME recorded, newest first: what each barrier read (a Kafka
+    topic's offsets per partition, a file list, a key interval, a micro-batch); a replay of the
+    barrier reads exactly that again."""
+    from itertools import islice
+
+    from icebarrier.control_plane import runs
+    from icebarrier.iceberg_ext.kafka import encode_offsets
+
+    conn = obj.conn()
+    jobs.show(conn, name)  # a job that does not exist is refused by name
+    recorded = list(islice(runs.recent_ranges(conn, name, before_barrier=2**63 - 1), limit))
+
+    def described(spec: dict) -> str:
+        if "offsets" in spec:
+            offsets = {int(p): tuple(r) for p, r in spec["offsets"].items()}
+            return f"{spec.get('topic', '?')} {encode_offsets(offsets)}" + (
+                f" (micro-batch {spec['batch_id']})" if "batch_id" in spec else ""
+            )
+        return ", ".join(f"{k}={v}" for k, v in spec.items() if k != "barrier")
+
+    def text() -> str:
+        if not recorded:
+            return f"job {name} has recorded no input range"
+        return table(["barrier", "input"], [(barrier_label(r["barrier"]), described(r)) for r in recorded])
+
+    emit(obj, recorded, text)
+
+
 @job_group.command("next-barrier")
 @click.argument("name")
 @click.option("--no-skip", is_flag=True, help="The job reads the barrier itself: never skip unchanged barriers.")

@@ -39,7 +39,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from icebarrier.control_plane import runs
-from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import barrier_label
 from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import SUMMARY_INPUT_RANGE
@@ -104,6 +103,7 @@ class KafkaLog:
         self._checked = False
         self._answered = False
         self._consumer = None
+        self._peek = None
         self._unstable: dict[tuple[int, int], int] = {}  # (partition, LSO) -> that record's timestamp (ms)
 
     def _conf(self, **more) -> dict:
@@ -208,24 +208,32 @@ class KafkaLog:
         return (clock_ms if bound_ms is None else bound_ms) * 1000 + 999
 
     def _timestamp_at(self, partition: int, offset: int) -> int:
+        """The broker timestamp (ms) of the record at ``offset`` (read uncommitted: an open
+        transaction's first record), remembered per partition while its offset stays."""
         key = (partition, offset)
         if key not in self._unstable:
             from confluent_kafka import Consumer, TopicPartition
 
-            peek = {"group.id": "icebarrier-peek", "enable.auto.commit": False, "isolation.level": "read_uncommitted"}
-            consumer = Consumer(self._conf(**peek))
+            if self._peek is None:  # kept, like the reader: one connection, not one per look
+                peek = {
+                    "group.id": "icebarrier-peek",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_uncommitted",
+                }
+                self._peek = Consumer(self._conf(**peek))
+            self._peek.assign([TopicPartition(self.topic, partition, offset)])
             try:
-                consumer.assign([TopicPartition(self.topic, partition, offset)])
                 deadline = time.monotonic() + self.timeout_s
                 while time.monotonic() < deadline:
-                    msg = consumer.poll(0.5)
-                    if msg is not None and not msg.error():
-                        self._unstable = {key: msg.timestamp()[1]}
+                    msg = self._peek.poll(0.1)
+                    if msg is not None and not msg.error() and msg.partition() == partition:
+                        stamped = {k: v for k, v in self._unstable.items() if k[0] != partition}
+                        self._unstable = {**stamped, key: msg.timestamp()[1]}
                         break
                 else:
                     return 0  # not read in time: no barrier is known to be decided
             finally:
-                consumer.close()
+                self._peek.unassign()
         return self._unstable[key]
 
     def plan(self, starts: dict[int, int], barrier: int) -> dict[int, tuple[int, int]]:
@@ -334,9 +342,10 @@ class KafkaLog:
         return {SUMMARY_TOPIC: self.topic, SUMMARY_OFFSETS: encode_offsets(offsets)}
 
     def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-        self._consumer = self._admin = None
+        for consumer in (self._consumer, self._peek):
+            if consumer is not None:
+                consumer.close()
+        self._consumer = self._peek = self._admin = None
 
 
 def _offsets_of(spec: dict) -> dict[int, tuple[int, int]]:
@@ -515,39 +524,41 @@ def batch_offsets(df) -> dict[int, tuple[int, int]]:
 
 
 class IdleSkipper(threading.Thread):
-    """Completes a streaming Kafka job's barriers as skips while its topic has nothing new since the
-    last micro-batch's offsets (Spark runs no micro-batch then). Shares ``lock`` with the batches:
-    a batch never plans while a skip is being decided."""
+    """Completes a streaming Kafka job's barriers as skips while Spark finds no new committed
+    records (it runs no micro-batch then, so the pipeline downstream would wait). Shares ``lock``
+    with the micro-batches: a batch never plans while a skip is being decided, and one that starts
+    after a skip takes the next barrier. Its own control-plane connection (the batches' is theirs)."""
 
-    def __init__(self, runtime_of: Callable, kafka: KafkaLog, lock: threading.Lock, every_s: float = 0.5) -> None:
+    def __init__(self, runtime_of: Callable, query, lock: threading.Lock, every_s: float = 0.5) -> None:
         super().__init__(daemon=True, name="icebarrier-kafka-idle")
-        self.runtime_of, self.kafka, self.lock, self.every_s = runtime_of, kafka, lock, every_s
+        self.runtime_of, self.query, self.lock, self.every_s = runtime_of, query, lock, every_s
         self.stop = threading.Event()
+        self._conn = None
 
     def run(self) -> None:
-        from confluent_kafka.admin import OffsetSpec
+        from icebarrier.control_plane import db, jobs
 
-        from icebarrier.control_plane import jobs
-
-        while not self.stop.wait(self.every_s):
+        while not self.stop.wait(self.every_s) and self.query.isActive:
             rt = self.runtime_of()
-            if rt is None:
+            if rt is None:  # no micro-batch ran yet: the job is not registered
                 continue
             try:
                 with self.lock:
-                    plan = jobs.next_barrier(rt.conn, rt.job.name)
+                    status = self.query.status
+                    if status["isDataAvailable"] or status["isTriggerActive"]:
+                        continue  # records wait for (or are in) a micro-batch
+                    if self._conn is None or self._conn.closed:
+                        self._conn = db.connect(rt.settings.dsn, rt.settings.schema)
+                    plan = jobs.next_barrier(self._conn, rt.job.name)
                     if not plan.ready:
                         continue
-                    last = runs.last_range(rt.conn, rt.job.name, before_barrier=plan.barrier + 1) or {}
-                    consumed = {p: e for p, (_, e) in _offsets_of(last).items()}
-                    partitions = self.kafka.partitions()
-                    stable = self.kafka._offsets(partitions, OffsetSpec.latest(), committed=True)
-                    if any(stable[p] > consumed.get(p, 0) for p in partitions):
-                        continue  # records wait for a micro-batch
-                    jobs.complete(rt.conn, rt.job.name, plan.barrier)
-                    rt.log(f"job {rt.job.name}: barrier {barrier_label(plan.barrier)} skipped (topic idle)")
-            except IcebarrierError as exc:
-                rt.log(f"job {rt.job.name}: idle check failed: {exc}")
+                    jobs.complete(self._conn, rt.job.name, plan.barrier)
+                rt.log(f"job {rt.job.name}: barrier {barrier_label(plan.barrier)} skipped (topic idle)")
+            except Exception as exc:  # noqa: BLE001 - a lost connection, a refused skip: look again
+                rt.log(f"job {rt.job.name}: idle check failed: {type(exc).__name__}: {exc}")
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None
 
 
 def stream(
@@ -584,7 +595,6 @@ def stream(
         job.external_inputs = [kafka.describe()]
     lock = threading.Lock()
     batches = foreach_batch(job, settings=settings, log=log_, kafka=kafka, lock=lock)
-    skipper = IdleSkipper(batches.runtime, kafka, lock)
     query = (
         reader.load()
         .writeStream.foreachBatch(batches)
@@ -592,5 +602,5 @@ def stream(
         .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
         .start()
     )
-    skipper.start()
+    IdleSkipper(batches.runtime, query, lock).start()
     return query

@@ -435,7 +435,7 @@ def run_check(
         mutation=mutation,
         maintain=maintain,
     )
-    report.exec_jobs, report.mutation = sorted(run.exec_jobs), mutation
+    report.exec_jobs, report.mutation, report.kafka = sorted(run.exec_jobs), mutation, bool(env.kafka)
     anchors_s = min(EXEC_ANCHOR_INTERVAL_S, max(ANCHOR_INTERVAL_S, duration_s / 20)) if exec_jobs else ANCHOR_INTERVAL_S
     run.cp.run("setup", lambda conn: setup(env, conn, run.catalog, anchor_interval_s=anchors_s))
     schedule = fault_schedule(

@@ -37,6 +37,7 @@ class CheckReport:
     coverage_floor: float = COVERAGE_FLOOR
     exec_jobs: list[str] = field(default_factory=list)  # the jobs run under `icebarrier job exec`
     mutation: str | None = None  # the deliberate bug the catalog server ran with
+    kafka: bool = False  # orders_in read its orders from a Kafka topic (check --kafka)
     catalog_reads: int = 0  # read-committed reads through the catalog server
     catalog_validated: int = 0  # cuts validated through the catalog's barrier-<B> warehouse too
     catalog_unavailable: int = 0  # catalog reads that found the server down (killed by the schedule)
@@ -76,6 +77,7 @@ class CheckReport:
         return {
             "seed": self.seed,
             "ok": self.ok,
+            "kafka": self.kafka,
             "barriers": self.barriers,
             "validated": self.validated,
             "coverage": round(self.coverage, 3),

@@ -52,6 +52,7 @@ JOB_COMMANDS = [
     ("job", "show", "{j}"),
     ("job", "unregister", "{j}"),
     ("job", "next-barrier", "{j}"),
+    ("job", "ranges", "{j}"),
     ("job", "complete", "{j}", "--barrier", "1"),
     ("delay", "--job", "{j}"),
 ]

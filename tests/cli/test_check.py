@@ -115,6 +115,25 @@ def _check(*options: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+def test_a_check_run_with_a_kafka_root_job_passes_and_a_read_uncommitted_source_fails_it():
+    """`check --kafka`: orders_in reads its orders from a real broker (each barrier's produced just
+    before it, an aborted transaction of orders beside them), killed at fault points, validated
+    against the model; a source reading read_uncommitted (ICEBARRIER_MUTATION=kafka-uncommitted)
+    lets the aborted orders in and must fail the run, for that reason."""
+    done = _check("--seed", "5", "--duration", "20", "--kafka")
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["kafka"] and report["exec_jobs"] == ["balances_job"]
+    assert report["validated"] > 0 and report["anchors_validated"] > 0
+    bad = _check("--seed", "5", "--duration", "15", "--kafka", "--mutation", "kafka-uncommitted")
+    assert bad.returncode == 1, bad.stderr[-3000:]
+    violations = json.loads(bad.stdout)["violations"]
+    assert any(re.search(r"orders at barrier #\d+: \d+ rows \(0 duplicated\), model has", v) for v in violations), (
+        violations
+    )
+
+
+@pytest.mark.slow
 def test_a_check_run_with_the_maintenance_service_passes():
     """The maintenance service in place of the expiry process, with aggressive policies,
     killed and restarted by the fault schedule while Postgres restarts and jobs die: it expires
