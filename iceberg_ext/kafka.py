@@ -338,6 +338,15 @@ class KafkaLog:
             f"raise the topic's retention.ms and start the job afresh"
         )
 
+    def spec(self, offsets: dict[int, tuple[int, int]], **more) -> dict:
+        """The range as the control plane records it (JSON: partitions as strings)."""
+        return {
+            "source": self.describe(),
+            "topic": self.topic,
+            "offsets": {str(p): list(r) for p, r in offsets.items()},
+            **more,
+        }
+
     def summary(self, offsets: dict[int, tuple[int, int]]) -> dict[str, str]:
         return {SUMMARY_TOPIC: self.topic, SUMMARY_OFFSETS: encode_offsets(offsets)}
 
@@ -348,7 +357,8 @@ class KafkaLog:
         self._consumer = self._peek = self._admin = None
 
 
-def _offsets_of(spec: dict) -> dict[int, tuple[int, int]]:
+def offsets_of(spec: dict) -> dict[int, tuple[int, int]]:
+    """A recorded range's offsets per partition (``{}`` for none)."""
     return {int(p): (int(s), int(e)) for p, (s, e) in spec.get("offsets", {}).items()}
 
 
@@ -397,16 +407,11 @@ class KafkaSource(Source):
 
     def plan(self, conn, job, barrier):
         previous = runs.last_range(conn, job, before_barrier=barrier)
-        starts = {p: e for p, (_, e) in _offsets_of(previous or {}).items()}
-        offsets = self.log.plan(starts, barrier)
-        return {
-            "source": self.describe(),
-            "topic": self.topic,
-            "offsets": {str(p): list(r) for p, r in offsets.items()},
-        }
+        starts = {p: e for p, (_, e) in offsets_of(previous or {}).items()}
+        return self.log.spec(self.log.plan(starts, barrier))
 
     def is_empty(self, spec):
-        return all(s >= e for s, e in _offsets_of(spec).values())
+        return all(s >= e for s, e in offsets_of(spec).values())
 
     reads_arrow = True
 
@@ -415,7 +420,7 @@ class KafkaSource(Source):
         from datetime import UTC, datetime
 
         out = []
-        for r in self.log.read(_offsets_of(spec)):
+        for r in self.log.read(offsets_of(spec)):
             value = r.value if isinstance(r.value, dict) else {}
             row = {c: value.get(c) for c in self._columns}
             row.update(
@@ -440,12 +445,12 @@ class KafkaSource(Source):
             return pa.Table.from_pylist(rows, schema=schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise KafkaSourceError(
-                f"Kafka topic {self.topic}: records of range {encode_offsets(_offsets_of(spec))} do not fit the "
+                f"Kafka topic {self.topic}: records of range {encode_offsets(offsets_of(spec))} do not fit the "
                 f"sink's columns ({exc}); fix the producer, or the sink's schema"
             ) from None
 
     def summary(self, spec) -> dict[str, str]:
-        return self.log.summary(_offsets_of(spec))
+        return self.log.summary(offsets_of(spec))
 
     def describe(self) -> str:
         return self.log.describe()
@@ -507,7 +512,7 @@ def barrier_input(
         time.sleep(poll_s)
     offsets = kafka.plan(last_offsets(sink, kafka.topic), barrier)
     records = list(kafka.read(offsets))
-    spec = {"source": kafka.describe(), "topic": kafka.topic, "offsets": {str(p): list(r) for p, r in offsets.items()}}
+    spec = kafka.spec(offsets)
     properties = {**kafka.summary(offsets), SUMMARY_INPUT_RANGE: json.dumps(spec, separators=(",", ":"))}
     return BarrierInput(barrier, offsets, records, properties)
 

@@ -291,7 +291,9 @@ class Runtime:
     def _wait(self, listener: Listener, poll_s: float) -> NextBarrier | None:
         """Wait until a notice concerns the job (its sources moved, a barrier was issued for a
         root job), a root job's next barrier is due, or ``poll_s`` passed; costs no transaction.
-        A root job whose input is not ready yet (an event-time source) looks again every second."""
+        A root job whose input is not ready for its planned barrier (an event-time source, a Kafka
+        topic's newest records) asks its source every ``source.recheck_s`` and, once it is, returns
+        that plan ready: no planning again."""
         step = self._last
         source = getattr(self.job, "source", None)
         if source is not None and step.plan.barrier is not None and source.ready_until() is not None:
@@ -511,7 +513,7 @@ def foreach_batch(
                 if kafka is not None:
                     from icebarrier.iceberg_ext.kafka import batch_offsets
 
-                    spec.update(topic=kafka.topic, offsets={str(p): list(r) for p, r in batch_offsets(df).items()})
+                    spec = kafka.spec(batch_offsets(df), batch_id=batch_id)
                 spec = runs.record_range(rt.conn, job.name, plan.barrier, spec, range_key=key)
             else:  # a replayed batch: its barrier again (resumed, or completed already: nothing written twice)
                 spec = runs.recorded_range(rt.conn, job.name, barrier)
@@ -521,9 +523,9 @@ def foreach_batch(
         faults.point(faults.AFTER_INPUT_RANGE)
         properties = {}
         if kafka is not None:
-            from icebarrier.iceberg_ext.kafka import _offsets_of
+            from icebarrier.iceberg_ext.kafka import offsets_of
 
-            properties = kafka.summary(_offsets_of(spec))
+            properties = kafka.summary(offsets_of(spec))
         transform = getattr(job, "transform", None)
         data = transform(df) if transform is not None else df
         sink = TableName.parse(job.sinks[0])

@@ -136,30 +136,23 @@ def _commit(conn, catalog, job: str, plan: NextBarrier) -> BarrierCommit:
     )
 
 
-def kafka_step(env: Env, conn, catalog, job: str, plan: NextBarrier, kafka) -> None:
-    """orders_in from Kafka (``check --kafka``): the offsets of the orders the broker stamped up to
+def kafka_step(env: Env, conn, catalog, job: str, plan: NextBarrier, source) -> None:
+    """orders_in from Kafka (``check --kafka``, a KafkaSource): the orders the broker stamped up to
     the planned barrier (the driver produces each barrier's orders before issuing it, and aborts a
-    transaction of orders that must never appear), recorded, read, committed with its summary."""
-    from icebarrier.iceberg_ext.kafka import _offsets_of
-
+    transaction of orders that must never appear), their range recorded, read, committed."""
     spec = runs.recorded_range(conn, job, plan.barrier)
     if spec is None:
-        while kafka.stable_until_us() < plan.barrier:
+        while source.ready_until() < plan.barrier:
             time.sleep(0.05)
-        previous = runs.last_range(conn, job, before_barrier=plan.barrier) or {}
-        offsets = kafka.plan({p: e for p, (_, e) in _offsets_of(previous).items()}, plan.barrier)
-        if all(s >= e for s, e in offsets.values()):
+        spec = source.plan(conn, job, plan.barrier)
+        if source.is_empty(spec):
             jobs.complete(conn, job, plan.barrier)
             return
-        spec = runs.record_range(
-            conn, job, plan.barrier, {"topic": kafka.topic, "offsets": {str(p): list(r) for p, r in offsets.items()}}
-        )
+        spec = runs.record_range(conn, job, plan.barrier, spec)
     faults.point(faults.AFTER_INPUT_RANGE)
-    offsets = _offsets_of(spec)
-    ids = [r.value["order_id"] for r in kafka.read(offsets)]
-    rows = pa.table({"order_id": pa.array(ids, pa.int64())}, schema=SCHEMAS["orders"])
+    ids = [row["order_id"] for row in source.rows(spec)]
     with _commit(conn, catalog, job, plan) as tx:
-        tx.append_arrow(env.t(ROOTS[job]), rows, kafka.summary(offsets))
+        tx.append_arrow(env.t(ROOTS[job]), pa.table({"order_id": pa.array(ids, pa.int64())}), source.summary(spec))
 
 
 def root_step(env: Env, conn, catalog, job: str, plan: NextBarrier) -> None:
@@ -207,9 +200,9 @@ def job_process(env: Env, job: str, until_barrier: int, speed_seed: int) -> None
     catalog = cp.run("catalog", lambda _conn: load_catalog(env.settings))
     kafka = None
     if env.kafka:
-        from icebarrier.iceberg_ext.kafka import KafkaLog
+        from icebarrier.iceberg_ext.kafka import KafkaSource
 
-        kafka = KafkaLog(env.kafka, env.topic)
+        kafka = KafkaSource(env.kafka, env.topic, "order_id bigint")
 
     def step(conn) -> bool:
         info = jobs.show(conn, job)
