@@ -1,7 +1,7 @@
 """Kafka into a consistent pipeline: freshness, the root job's throughput, and an idle topic's cost.
 
-    python benchmarks/kafka.py [--dsn SERVER_DSN] [--seconds 60] [--rates 1000,10000]
-                               [--steps 2000,5000,10000,20000,40000] [--only freshness,throughput,idle]
+    python benchmarks/kafka.py [--dsn SERVER_DSN] [--seconds 40] [--rates 1000,10000]
+                               [--steps 10000,40000,80000] [--only freshness,throughput,idle]
 
 The pipeline is examples/kafka_orders (a root job from Kafka, then two SQL jobs: per-user totals
 and a join), each job under ``icebarrier run FILE --follow`` in a process of its own, 1-s barriers,
@@ -305,9 +305,9 @@ def idle(server: str, seconds: float = 30) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dsn", default=DEFAULT_SERVER, help="a Postgres server where a scratch database may be made")
-    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--seconds", type=float, default=40)
     parser.add_argument("--rates", default="1000,10000")
-    parser.add_argument("--steps", default="2000,5000,10000,20000,40000")
+    parser.add_argument("--steps", default="10000,40000,80000")
     parser.add_argument("--only", default="freshness,throughput,idle")
     args = parser.parse_args()
     only = set(args.only.split(","))

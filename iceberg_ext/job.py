@@ -244,7 +244,11 @@ class Job:
         )
 
     needs_spark_to_define: ClassVar[bool] = False  # a SqlJob learns its sink and sources from Spark's parser
-    writes_arrow: ClassVar[bool] = False  # a root job whose barriers need no Spark (RootJob.writes_arrow)
+
+    @property
+    def writes_arrow(self) -> bool:
+        """Its barriers need no Spark (a RootJob appending what its source reads as Arrow)."""
+        return False
 
     def bind(self, spark) -> None:
         """Learn what the definition needs from the Spark session (a SqlJob: its sink and sources)."""

@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from icebarrier.control_plane import runs
 from icebarrier.control_plane.model import barrier_label
@@ -99,11 +100,11 @@ class KafkaLog:
             import confluent_kafka  # noqa: F401
         except ImportError:
             raise KafkaSourceError("Kafka sources need confluent-kafka; pip install 'icebarrier[kafka]'") from None
-        self._admin = None
+        self._admin: Any = None
         self._checked = False
         self._answered = False
-        self._consumer = None
-        self._peek = None
+        self._consumer: Any = None  # reads ranges (read_committed)
+        self._peek: Any = None  # reads an open transaction's first record (read_uncommitted)
         self._unstable: dict[tuple[int, int], int] = {}  # (partition, LSO) -> that record's timestamp (ms)
 
     def _conf(self, **more) -> dict:
@@ -538,7 +539,7 @@ class IdleSkipper(threading.Thread):
         super().__init__(daemon=True, name="icebarrier-kafka-idle")
         self.runtime_of, self.query, self.lock, self.every_s = runtime_of, query, lock, every_s
         self.stop = threading.Event()
-        self._conn = None
+        self._conn: Any = None
 
     def run(self) -> None:
         from icebarrier.control_plane import db, jobs
