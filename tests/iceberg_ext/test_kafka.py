@@ -4,6 +4,7 @@ replayed exactly, an idle topic a skip; and every bad input refused in one line,
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -565,3 +566,59 @@ def test_bad_inputs_are_one_line_a_failure_and_nothing_committed(lake, spark, ka
     assert done.returncode == 1 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
     assert re.search(rf"topic {retained} partition 0: offsets 5\.\.9 are to be read but the log starts at 7", errors[0])
     assert _table_by_name(lake, sink).current_snapshot().snapshot_id == first
+
+
+HOSTILE = """
+import os, sys
+import pyarrow as pa
+from pyiceberg.catalog import load_catalog
+table = load_catalog(os.environ["ICEBARRIER_CATALOG"]).load_table(sys.argv[1])
+schema = table.schema().as_arrow()
+row = pa.Table.from_pylist([{"id": 1, "user_id": 1, "amount": 1}], schema=schema)
+table.append(row, snapshot_properties={"icebarrier.input-range": sys.argv[2]})
+"""
+
+
+@pytest.mark.slow
+def test_a_commit_cannot_record_a_bad_input_range(lake, spark, server, tmp_path):
+    """Through the catalog a commit records its input range at publish only from a root job, as a
+    JSON object of bounded size: a string that is not JSON, one too large, or a range from a job
+    that reads tables is refused by name, and nothing is published or recorded."""
+    sink = f"lake.{lake.namespace}.raw"
+    derived = f"lake.{lake.namespace}.derived"
+    spark.sql(f"CREATE TABLE {sink} (id bigint, user_id int, amount bigint) USING iceberg")
+    spark.sql(f"CREATE TABLE {derived} (id bigint, user_id int, amount bigint) USING iceberg")
+    root, mid = f"{lake.namespace}_raw", f"{lake.namespace}_derived"
+    raw, der = TableName.parse(sink), TableName.parse(derived)
+    jobs.register(lake.conn, JobDefinition(name=root, sinks=frozenset([raw]), external_inputs=frozenset(["x"])))
+    jobs.register(lake.conn, JobDefinition(name=mid, sources=frozenset([raw]), sinks=frozenset([der])))
+    (tmp_path / "commit.py").write_text(HOSTILE)
+    barriers.set_interval_s(lake.conn, 3600)
+    barriers.issue(lake.conn)
+
+    def exec_(job, table, value):
+        credential = ":".join(tokens.create(lake.conn, job=job))
+        return subprocess.run(
+            ["icebarrier", "job", "exec", job, "--catalog-uri", server, "--credential", credential, "--",
+             sys.executable, str(tmp_path / "commit.py"), f"{lake.namespace}.{table}", value],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    bad = [
+        ("not json", "it is not JSON"),
+        ('"a string"', "not a JSON object"),
+        ("[" + "1," * 40000 + "1]", "over 65536"),
+    ]
+    for value, why in bad:
+        done = exec_(root, "raw", value)
+        assert done.returncode != 0 and "icebarrier.input-range" in done.stderr and why in done.stderr, done.stderr[
+            -2000:
+        ]
+        assert _table_by_name(lake, sink).current_snapshot() is None
+    good = '{"topic": "t", "offsets": {"0": [0, 1]}}'
+    assert exec_(root, "raw", good).returncode == 0
+    assert runs.recorded_range(lake.conn, root, jobs.show(lake.conn, root).progress) == json.loads(good)
+    done = exec_(mid, "derived", good)
+    assert done.returncode != 0 and "only a root job records an input range" in done.stderr, done.stderr[-2000:]
+    assert _table_by_name(lake, derived).current_snapshot() is None
+    assert lake.conn.execute("SELECT count(*) AS n FROM input_ranges WHERE job_name = %s", (mid,)).fetchone()["n"] == 0

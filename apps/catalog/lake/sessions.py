@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from icebarrier.apps.catalog.delegation import Delegation
-from icebarrier.apps.catalog.errors import ForbiddenError
+from icebarrier.apps.catalog.errors import ForbiddenError, UnprocessableError
 from icebarrier.apps.catalog.lake.core import LATEST, LakeCore
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import job_sessions, jobs
@@ -19,6 +19,7 @@ from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.catalog import (
     SUMMARY_BARRIER,
     SUMMARY_COALESCED_AFTER,
+    SUMMARY_INPUT_RANGE,
     SUMMARY_JOB,
     SUMMARY_RUN,
     barrier_of,
@@ -80,11 +81,38 @@ class Sessions(LakeCore):
                 summary = snapshot.summary
                 operation = summary.operation if summary is not None else Operation.APPEND
                 properties = {**(summary.additional_properties if summary is not None else {}), **marks}
+                if SUMMARY_INPUT_RANGE in properties:
+                    Sessions.require_input_range(session, table, properties[SUMMARY_INPUT_RANGE])
                 update = AddSnapshotUpdate(
                     snapshot=snapshot.model_copy(update={"summary": Summary(operation, **properties)})
                 )
             updates.append(update)
         return change.model_copy(update={"updates": tuple(updates)})
+
+    MAX_INPUT_RANGE = 65536  # characters: a range per partition of a large topic fits many times over
+
+    @staticmethod
+    def require_input_range(session: JobSession, table: TableName, text: str) -> None:
+        """A commit's input range (recorded in the control plane at publish) comes from a root job,
+        as a JSON object of bounded size; else the commit is refused, naming the property."""
+        import json
+
+        why = None
+        if not session.root:
+            why = f"job {session.job} reads tables, not an outside input; only a root job records an input range"
+        elif len(text) > Sessions.MAX_INPUT_RANGE:
+            why = f"it has {len(text)} characters, over {Sessions.MAX_INPUT_RANGE}"
+        else:
+            try:
+                if not isinstance(json.loads(text), dict):
+                    why = "it is not a JSON object"
+            except ValueError:
+                why = "it is not JSON"
+        if why is not None:
+            raise UnprocessableError(
+                f"a commit to {table} carries snapshot property {SUMMARY_INPUT_RANGE}, but {why}; "
+                f"drop the property or give the range as a JSON object (iceberg_ext/kafka.py's barrier_input does)"
+            )
 
     def create_staged(
         self, conn, session: JobSession, table: TableName, request, principal: Principal, access: Delegation
