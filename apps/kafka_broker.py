@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from icebarrier.apps.embedded import free_port
 from icebarrier.control_plane.errors import IcebarrierError
 
 VERSION = "3.9.1"
@@ -183,12 +184,6 @@ def _verify(target: Path) -> None:
                 f"{path} has SHA-256 {digest}, not the pinned {JARS[name]}; delete {target}, the next start fetches it again"
             )
     stamp.write_text(marks)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def java() -> str:

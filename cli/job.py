@@ -174,7 +174,7 @@ def ranges(obj, name: str, limit: int) -> None:
     from itertools import islice
 
     from icebarrier.control_plane import runs
-    from icebarrier.iceberg_ext.kafka import encode_offsets
+    from icebarrier.iceberg_ext.kafka import encode_offsets, offsets_of
 
     conn = obj.conn()
     jobs.show(conn, name)  # a job that does not exist is refused by name
@@ -182,8 +182,7 @@ def ranges(obj, name: str, limit: int) -> None:
 
     def described(spec: dict) -> str:
         if "offsets" in spec:
-            offsets = {int(p): tuple(r) for p, r in spec["offsets"].items()}
-            return f"{spec.get('topic', '?')} {encode_offsets(offsets)}" + (
+            return f"{spec.get('topic', '?')} {encode_offsets(offsets_of(spec))}" + (
                 f" (micro-batch {spec['batch_id']})" if "batch_id" in spec else ""
             )
         return ", ".join(f"{k}={v}" for k, v in spec.items() if k != "barrier")

@@ -395,7 +395,7 @@ class KafkaSource(Source):
             timeout_s=self.timeout_s,
             deserialize=self.deserialize,
         )
-        self._columns = [c.strip().split()[0].strip("`") for c in _split_ddl(self.schema)]
+        self._columns = ddl_columns(self.schema)
 
     def check(self) -> None:
         self.log.partitions()  # the broker answers, the topic exists, with the broker's timestamps
@@ -433,10 +433,7 @@ class KafkaSource(Source):
         return out
 
     def read(self, spark, spec):
-        rows = [(*r.values(),) for r in self.rows(spec)]
-        return spark.createDataFrame(
-            [(*r[:-1], r[-1].replace(tzinfo=None)) for r in rows], f"{self.schema}, {METADATA_COLUMNS}"
-        )
+        return spark.createDataFrame([tuple(r.values()) for r in self.rows(spec)], f"{self.schema}, {METADATA_COLUMNS}")
 
     def read_arrow(self, spec, schema):
         import pyarrow as pa
@@ -455,6 +452,11 @@ class KafkaSource(Source):
 
     def describe(self) -> str:
         return self.log.describe()
+
+
+def ddl_columns(ddl: str) -> list[str]:
+    """The column names of a Spark DDL schema (``"id bigint, tags array<string>"`` -> ``["id", "tags"]``)."""
+    return [c.strip().split()[0].strip("`") for c in _split_ddl(ddl)]
 
 
 def _split_ddl(ddl: str) -> list[str]:
@@ -527,6 +529,21 @@ def batch_offsets(df) -> dict[int, tuple[int, int]]:
 
     rows = df.groupBy("partition").agg(F.min("offset").alias("lo"), F.max("offset").alias("hi")).collect()
     return {r["partition"]: (r["lo"], r["hi"] + 1) for r in rows}
+
+
+def json_rows(df, schema: str):
+    """Spark's Kafka rows (key, value, partition, offset, timestamp…) as a KafkaSource's: the JSON
+    value's fields of ``schema`` (Spark DDL), then ``kafka_partition``, ``kafka_offset`` and
+    ``kafka_timestamp``. The ``transform`` of a job :func:`stream` runs, for the same sink."""
+    from pyspark.sql import functions as F
+
+    value = F.from_json(F.col("value").cast("string"), schema)
+    return df.select(
+        *(value[c].alias(c) for c in ddl_columns(schema)),
+        F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+        F.col("timestamp").alias("kafka_timestamp"),
+    )
 
 
 class IdleSkipper(threading.Thread):

@@ -117,27 +117,31 @@ def avg_prices(output: str) -> list[float]:
     return [float(r[2]) for r in rows if len(r) == 3 and r[0].isdigit() and re.fullmatch(r"[\d.]+", r[2])]
 
 
-@pytest.mark.slow
-def test_the_shopping_example_runs_from_its_readme(pg_server, tmp_path):
-    """examples/shopping/README.md, every shell block in order: the pipeline from the command line,
-    the avg-price query wrong at read-uncommitted and right at read-committed, with Spark and with
-    the DuckDB CLI through `icebarrier serve`; it writes nothing outside its git-ignored data/."""
-    shutil.copytree(EXAMPLE, tmp_path / "examples" / "shopping", ignore=shutil.ignore_patterns("data", "__pycache__"))
-    before = set(os.listdir(tmp_path / "examples" / "shopping"))
-    database = f"icebarrier_shop_{uuid.uuid4().hex[:8]}"
+def run_example(example: Path, database: str, pg_server: str, tmp_path: Path) -> list[tuple[str, str]]:
+    """An example's README, every tested shell block in order, run from a copy under
+    ``tmp_path/examples/`` (its git-ignored data/ left out) in a scratch database in place of
+    ``database``, dropped afterwards; (line, its stdout) for each line."""
+    shutil.copytree(example, tmp_path / "examples" / example.name, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    scratch = f"{database}_{uuid.uuid4().hex[:8]}"
     try:
-        outputs = run_session(
+        return run_session(
             shell_lines(
-                [c for _, c in marked_tested(EXAMPLE / "README.md", "sh")],
-                {"icebarrier_shop": database},
-                pg_server,
-                free_port(),
+                [c for _, c in marked_tested(example / "README.md", "sh")], {database: scratch}, pg_server, free_port()
             ),
             tmp_path,
             session_env(),
         )
     finally:
-        drop(pg_server, database)
+        drop(pg_server, scratch)
+
+
+@pytest.mark.slow
+def test_the_shopping_example_runs_from_its_readme(pg_server, tmp_path):
+    """examples/shopping/README.md, every shell block in order: the pipeline from the command line,
+    the avg-price query wrong at read-uncommitted and right at read-committed, with Spark and with
+    the DuckDB CLI through `icebarrier serve`; it writes nothing outside its git-ignored data/."""
+    before = set(os.listdir(EXAMPLE)) - {"data", "__pycache__"}
+    outputs = run_example(EXAMPLE, "icebarrier_shop", pg_server, tmp_path)
     queries = [(line, avg_prices(out)) for line, out in outputs if "avg_price.sql" in line]
     assert [len(prices) for _, prices in queries] == [10] * 6, queries
     for line, prices in queries:
@@ -155,22 +159,7 @@ def test_the_kafka_example_runs_from_its_readme(pg_server, tmp_path):
     """examples/kafka_orders/README.md, every shell block in order: a broker, three jobs following
     barriers, a transactional producer with aborts; every read-committed query finds the three
     tables agreeing, and at the end the orders table holds each committed order once."""
-    home = tmp_path / "examples" / "kafka_orders"
-    shutil.copytree(KAFKA_EXAMPLE, home, ignore=shutil.ignore_patterns("data", "__pycache__"))
-    database = f"icebarrier_kshop_{uuid.uuid4().hex[:8]}"
-    try:
-        outputs = run_session(
-            shell_lines(
-                [c for _, c in marked_tested(KAFKA_EXAMPLE / "README.md", "sh")],
-                {"icebarrier_kshop": database},
-                pg_server,
-                free_port(),
-            ),
-            tmp_path,
-            session_env(),
-        )
-    finally:
-        drop(pg_server, database)
+    outputs = run_example(KAFKA_EXAMPLE, "icebarrier_kshop", pg_server, tmp_path)
     said = dict(outputs)
     committed = int(next(out for line, out in outputs if line.startswith("python3 produce.py")))
     agree = [out for line, out in outputs if "agree.sql" in line]
@@ -178,7 +167,7 @@ def test_the_kafka_example_runs_from_its_readme(pg_server, tmp_path):
     counts = next(out for line, out in outputs if "distinct_ids" in line)
     assert re.search(rf"\b{committed}\b\s*[│|]?\s*\b{committed}\b", counts), (committed, counts)
     assert re.search(r"orders [0-9]+:[0-9]+-[0-9]+,", said[next(k for k in said if "job ranges" in k)])
-    assert not (home / "data").exists(), "the walk-through leaves its data/ behind"
+    assert not (tmp_path / "examples" / "kafka_orders" / "data").exists(), "the walk-through leaves its data/ behind"
 
 
 @pytest.mark.slow

@@ -17,29 +17,19 @@ from pipeline import ORDER, bootstrap, build  # noqa: E402
 
 from icebarrier.iceberg_ext.config import Settings  # noqa: E402
 from icebarrier.iceberg_ext.job import RootJob  # noqa: E402
-from icebarrier.iceberg_ext.kafka import stream  # noqa: E402
+from icebarrier.iceberg_ext.kafka import json_rows, stream  # noqa: E402
 from icebarrier.iceberg_ext.spark import spark_session  # noqa: E402
-
-
-def parse(df):
-    """Kafka's rows (key, value, partition, offset, timestamp…) as the orders table's."""
-    from pyspark.sql import functions as F
-
-    order = F.from_json(F.col("value").cast("string"), ORDER)
-    return df.select(
-        order["id"].alias("id"),
-        order["user_id"].alias("user_id"),
-        order["amount"].alias("amount"),
-        F.col("partition").alias("kafka_partition"),
-        F.col("offset").alias("kafka_offset"),
-        F.col("timestamp").alias("kafka_timestamp"),
-    )
 
 
 def main() -> None:
     settings = Settings.load()
     batch = build()["ingest_orders"]
-    job = RootJob(name=batch.name, sinks=batch.sinks, transform=parse, external_inputs=batch.external_inputs)
+    job = RootJob(
+        name=batch.name,
+        sinks=batch.sinks,
+        transform=lambda df: json_rows(df, ORDER),  # Kafka's rows as the orders table's
+        external_inputs=batch.external_inputs,
+    )
     checkpoint = sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).resolve().parent / "data" / "checkpoint")
     spark = spark_session(settings, app_name=job.name, kafka=True)
     query = stream(

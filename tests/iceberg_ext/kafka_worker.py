@@ -15,24 +15,10 @@ import threading
 
 from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.job import RootJob
-from icebarrier.iceberg_ext.kafka import KafkaSource, stream
+from icebarrier.iceberg_ext.kafka import KafkaSource, json_rows, stream
 from icebarrier.iceberg_ext.runtime import Runtime
 
 SCHEMA = "id bigint, user_id int, amount bigint"
-
-
-def parse(df):
-    from pyspark.sql import functions as F
-
-    value = F.from_json(F.col("value").cast("string"), SCHEMA)
-    return df.select(
-        value["id"].alias("id"),
-        value["user_id"].alias("user_id"),
-        value["amount"].alias("amount"),
-        F.col("partition").alias("kafka_partition"),
-        F.col("offset").alias("kafka_offset"),
-        F.col("timestamp").alias("kafka_timestamp"),
-    )
 
 
 def main(way, dsn, cp_schema, warehouse, namespace, bootstrap, topic, checkpoint=None) -> None:
@@ -47,7 +33,7 @@ def main(way, dsn, cp_schema, warehouse, namespace, bootstrap, topic, checkpoint
     from icebarrier.iceberg_ext.spark import spark_session
 
     spark = spark_session(settings, app_name="kafka-stream", kafka=True)
-    job = RootJob(name=f"{namespace}_orders", sinks=[sink], transform=parse)
+    job = RootJob(name=f"{namespace}_orders", sinks=[sink], transform=lambda df: json_rows(df, SCHEMA))
     query = stream(job, spark, bootstrap=bootstrap, topic=topic, checkpoint=checkpoint, settings=settings, log_=log)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -57,6 +57,13 @@ def _barrier_after_records(lake):
     return barriers.issue(lake.conn).barrier
 
 
+def _record_when_decided(lake, job, barrier):
+    """Record the job's range for ``barrier`` once its records are decided (what a run does before it writes)."""
+    while job.source.ready_until() < barrier:
+        time.sleep(0.05)
+    return runs.record_range(lake.conn, job.name, barrier, job.source.plan(lake.conn, job.name, barrier))
+
+
 def _until_completed(rt, barrier, timeout_s=20):
     done = []
     deadline = time.monotonic() + timeout_s
@@ -140,11 +147,7 @@ def test_replay_of_a_recorded_range_reads_exactly_it(lake, spark, kafka):
     job, rt = _job(lake, spark, kafka, topic)
     orders.batch(8)
     b1 = _barrier_after_records(lake)
-    while job.source.ready_until() < b1:
-        time.sleep(0.05)
-    spec = runs.record_range(
-        lake.conn, job.name, b1, job.source.plan(lake.conn, job.name, b1)
-    )  # as a crashed run left it
+    spec = _record_when_decided(lake, job, b1)  # as a crashed run left it
     orders.batch(8)
     time.sleep(0.05)
     assert _until_completed(rt, b1) == [b1]
@@ -226,10 +229,7 @@ def test_offsets_deleted_by_retention_are_refused_never_skipped(lake, spark, kaf
     orders = Orders(kafka, topic)
     job, rt = _job(lake, spark, kafka, topic)
     orders.batch(5)
-    b = _barrier_after_records(lake)
-    while job.source.ready_until() < b:
-        time.sleep(0.05)
-    runs.record_range(lake.conn, job.name, b, job.source.plan(lake.conn, job.name, b))
+    _record_when_decided(lake, job, _barrier_after_records(lake))
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     for f in admin.delete_records([TopicPartition(topic, 0, 3)]).values():  # what retention does
         f.result(30)
