@@ -35,7 +35,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,7 +254,7 @@ class KafkaLog:
             ranges[p] = (start, max(start, min(end, stable[p])))
         return ranges
 
-    def read(self, ranges: dict[int, tuple[int, int]]) -> Iterator[Record]:
+    def read(self, ranges: dict[int, tuple[int, int]]) -> Generator[Record, None, None]:
         """Exactly the committed records of ``ranges``, in offset order per partition. A range
         that retention deleted, or a record that does not deserialize, is refused by name."""
         from confluent_kafka import KafkaError, TopicPartition
@@ -312,6 +312,14 @@ class KafkaLog:
                         del open_[p]
         finally:
             consumer.unassign()
+
+    def holds_records(self, ranges: dict[int, tuple[int, int]]) -> bool:
+        """Whether ``ranges`` hold a committed record (reading stops at the first)."""
+        records = self.read(ranges)
+        try:
+            return next(records, None) is not None
+        finally:
+            records.close()
 
     def _reader(self):
         """The consumer ranges are read with (one per log, kept: its connection outlives a read)."""
@@ -523,12 +531,15 @@ def barrier_input(
 # -- Spark Structured Streaming ---------------------------------------------------------------------------------
 
 
-def batch_offsets(df) -> dict[int, tuple[int, int]]:
-    """The offset range per partition a Kafka micro-batch holds (its first and one past its last record)."""
+def batch_offsets(df, previous: dict | None = None) -> dict[int, tuple[int, int]]:
+    """The offset range per partition a Kafka micro-batch holds (its first and one past its last
+    record); a partition it holds nothing of, an empty range where the ``previous`` recorded
+    range ended (so that a range, like the other ways', names every partition read so far)."""
     from pyspark.sql import functions as F
 
     rows = df.groupBy("partition").agg(F.min("offset").alias("lo"), F.max("offset").alias("hi")).collect()
-    return {r["partition"]: (r["lo"], r["hi"] + 1) for r in rows}
+    carried = {p: (e, e) for p, (_, e) in offsets_of(previous or {}).items()}
+    return carried | {r["partition"]: (r["lo"], r["hi"] + 1) for r in rows}
 
 
 def json_rows(df, schema: str):
@@ -547,19 +558,26 @@ def json_rows(df, schema: str):
 
 
 class IdleSkipper(threading.Thread):
-    """Completes a streaming Kafka job's barriers as skips while Spark finds no new committed
-    records (it runs no micro-batch then, so the pipeline downstream would wait). Shares ``lock``
-    with the micro-batches: a batch never plans while a skip is being decided, and one that starts
-    after a skip takes the next barrier. Its own control-plane connection (the batches' is theirs)."""
+    """Completes a streaming Kafka job's barriers as skips while the topic is idle (Spark runs no
+    micro-batch then, so the pipeline downstream would wait). Barrier B is skipped only when the
+    log itself says so: every record stamped at or before B is decided, and none of them is a
+    committed record after the last recorded batch (Spark's ``query.status`` is as old as its last
+    trigger, so it is only a cheap first look). Shares ``lock`` with the micro-batches: a batch
+    never plans while a skip is being decided, and one that starts after a skip takes the next
+    barrier. Its own control-plane connection and Kafka clients (the batches' are theirs)."""
 
-    def __init__(self, runtime_of: Callable, query, lock: threading.Lock, every_s: float = 0.5) -> None:
+    def __init__(
+        self, runtime_of: Callable, query, lock: threading.Lock, kafka: KafkaLog, every_s: float = 0.5
+    ) -> None:
         super().__init__(daemon=True, name="icebarrier-kafka-idle")
         self.runtime_of, self.query, self.lock, self.every_s = runtime_of, query, lock, every_s
+        self.kafka = kafka
         self.stop = threading.Event()
         self._conn: Any = None
+        self._read_empty: dict[int, int] = {}  # per partition: offsets read and found holding no committed record
 
     def run(self) -> None:
-        from icebarrier.control_plane import db, jobs
+        from icebarrier.control_plane import db
 
         while not self.stop.wait(self.every_s) and self.query.isActive:
             rt = self.runtime_of()
@@ -572,16 +590,35 @@ class IdleSkipper(threading.Thread):
                         continue  # records wait for (or are in) a micro-batch
                     if self._conn is None or self._conn.closed:
                         self._conn = db.connect(rt.settings.dsn, rt.settings.schema)
-                    plan = jobs.next_barrier(self._conn, rt.job.name)
-                    if not plan.ready:
+                    barrier = self._idle_barrier(rt.job.name)
+                    if barrier is None:
                         continue
-                    jobs.complete(self._conn, rt.job.name, plan.barrier)
-                rt.log(f"job {rt.job.name}: barrier {barrier_label(plan.barrier)} skipped (topic idle)")
-            except Exception as exc:  # noqa: BLE001 - a lost connection, a refused skip: look again
+                rt.log(f"job {rt.job.name}: barrier {barrier_label(barrier)} skipped (topic idle)")
+            except Exception as exc:  # noqa: BLE001 - a lost connection or broker, a refused skip: look again
                 rt.log(f"job {rt.job.name}: idle check failed: {type(exc).__name__}: {exc}")
                 if self._conn is not None:
                     self._conn.close()
                 self._conn = None
+
+    def _idle_barrier(self, job: str) -> int | None:
+        """Complete the job's next barrier as a skip if the log holds nothing for it; returns it."""
+        from icebarrier.control_plane import jobs
+
+        plan = jobs.next_barrier(self._conn, job)
+        if not plan.ready or self.kafka.stable_until_us() < plan.barrier:
+            return None
+        last = runs.last_range(self._conn, job, before_barrier=plan.barrier + 1)
+        if last is not None and (plan.from_barrier is None or last["barrier"] > plan.from_barrier):
+            return None  # a batch recorded its range and has not committed it: it (or its replay) will
+        starts = {p: e for p, (_, e) in offsets_of(last or {}).items()}
+        starts.update({p: e for p, e in self._read_empty.items() if e > starts.get(p, -1)})
+        pending = {p: r for p, r in self.kafka.plan(starts, plan.barrier).items() if r[1] > r[0]}
+        if pending:
+            if self.kafka.holds_records(pending):
+                return None  # committed records for this barrier: Spark's next micro-batch takes them
+            self._read_empty.update({p: e for p, (_, e) in pending.items()})  # aborted records, markers
+        jobs.complete(self._conn, job, plan.barrier)
+        return plan.barrier
 
 
 def stream(
@@ -625,5 +662,5 @@ def stream(
         .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
         .start()
     )
-    IdleSkipper(batches.runtime, query, lock).start()
+    IdleSkipper(batches.runtime, query, lock, KafkaLog(bootstrap, topic)).start()
     return query

@@ -513,7 +513,8 @@ def foreach_batch(
                 if kafka is not None:
                     from icebarrier.iceberg_ext.kafka import batch_offsets
 
-                    spec = kafka.spec(batch_offsets(df), batch_id=batch_id)
+                    previous = runs.last_range(rt.conn, job.name, before_barrier=plan.barrier)
+                    spec = kafka.spec(batch_offsets(df, previous), batch_id=batch_id)
                 spec = runs.record_range(rt.conn, job.name, plan.barrier, spec, range_key=key)
             else:  # a replayed batch: its barrier again (resumed, or completed already: nothing written twice)
                 spec = runs.recorded_range(rt.conn, job.name, barrier)

@@ -3,12 +3,14 @@
     python -m tests.iceberg_ext.kafka_worker WAY DSN SCHEMA WAREHOUSE NAMESPACE BOOTSTRAP TOPIC [CHECKPOINT]
 
 WAY ``consumer``: the runtime with a KafkaSource (a plain consumer reads each barrier's range);
-``stream``: Spark Structured Streaming (spark-sql-kafka) whose micro-batches complete barriers.
+``stream``: Spark Structured Streaming (spark-sql-kafka) whose micro-batches complete barriers,
+triggered every ``KAFKA_WORKER_TRIGGER_S`` seconds (1 unless set).
 The sink is ``lake.<NAMESPACE>.orders`` (tests/iceberg_ext/test_kafka.py creates it).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -34,7 +36,17 @@ def main(way, dsn, cp_schema, warehouse, namespace, bootstrap, topic, checkpoint
 
     spark = spark_session(settings, app_name="kafka-stream", kafka=True)
     job = RootJob(name=f"{namespace}_orders", sinks=[sink], transform=lambda df: json_rows(df, SCHEMA))
-    query = stream(job, spark, bootstrap=bootstrap, topic=topic, checkpoint=checkpoint, settings=settings, log_=log)
+    trigger_s = float(os.environ.get("KAFKA_WORKER_TRIGGER_S", "1"))
+    query = stream(
+        job,
+        spark,
+        bootstrap=bootstrap,
+        topic=topic,
+        checkpoint=checkpoint,
+        trigger_s=trigger_s,
+        settings=settings,
+        log_=log,
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while not stop.wait(0.5):

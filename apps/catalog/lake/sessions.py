@@ -148,8 +148,8 @@ class Sessions(LakeCore):
         job_sessions.mark_succeeded(conn, job, run_id)
         if faults.mutated(faults.NONATOMIC_PUBLISH):
             return self._publish_piecemeal(conn, job, run_id)
-        if faults.mutated(faults.NO_REBASE):  # the race, widened for a checker to meet it: a compaction
-            time.sleep(self.NO_REBASE_WINDOW_S)  # lands under the staged commits before they swap in
+        if faults.mutated(faults.NO_REBASE):  # the race, made certain for a checker to meet it
+            self._await_rival(conn, job)
         with conn.transaction():
             session = job_sessions.require(conn, job, run_id=run_id, lock=True)
             _, commits, _ = self.swap_staged(conn, job, session.barrier)
@@ -159,7 +159,29 @@ class Sessions(LakeCore):
                 return self._complete_session(conn, session, commits)
 
     MUTATION_WINDOW_S = 2.0  # between the mutation's transactions: long enough for a checker to look
-    NO_REBASE_WINDOW_S = 5.0  # long enough for a rewrite that waited for the staged commit to land first
+    _rival_met = False
+    NO_REBASE_WINDOW_S = 20.0  # long enough for a rewrite that waited for the staged commit to land first
+
+    def _await_rival(self, conn, job: str) -> None:
+        """The mutation :data:`~icebarrier.iceberg_ext.faults.NO_REBASE`: hold the publish until a
+        commit outside the session (maintenance's compaction, which waits for a staged commit to
+        start) moved one of its sinks, or the window passed. A fixed pause lost the race to a slow
+        rewrite on a loaded machine, and the checker's test of itself then proved nothing. Once the
+        race was met, publishes go on at their pace (the run still has to end)."""
+        if self._rival_met:
+            return
+        deadline = time.monotonic() + self.NO_REBASE_WINDOW_S
+        while time.monotonic() < deadline:
+            for r in conn.execute(
+                "SELECT table_name, base_location FROM catalog_pending WHERE job_name = %s AND base_location IS NOT NULL",
+                (job,),
+            ).fetchall():
+                table = TableName.parse(r["table_name"])
+                now = conn.execute(self._pointer_sql, (table.catalog, ".".join(table.namespace), table.name)).fetchone()
+                if now is not None and now["metadata_location"] != r["base_location"]:
+                    self._rival_met = True
+                    return
+            time.sleep(0.1)
 
     def _publish_piecemeal(self, conn, job: str, run_id: str | None) -> Completion:
         """The mutation :data:`~icebarrier.iceberg_ext.faults.NONATOMIC_PUBLISH`: what a server
