@@ -38,7 +38,7 @@ from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.fences import Fence
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.upkeep import Policy
-from icebarrier.iceberg_ext import maintenance
+from icebarrier.iceberg_ext import faults, maintenance
 from icebarrier.iceberg_ext.catalog import load_table, lost_race
 from icebarrier.iceberg_ext.catalog import pointers as catalog_pointers
 from icebarrier.iceberg_ext.config import Settings
@@ -97,7 +97,12 @@ class Maintainer:
         """Wait for the service's lock, then maintain until stopped, waiting again whenever the
         lock's connection is lost."""
         fence = Fence(
-            "maintenance", "maintenance_state", dsn=self.settings.dsn, schema=self.settings.schema, log=self.log
+            "maintenance",
+            "maintenance_state",
+            dsn=self.settings.dsn,
+            schema=self.settings.schema,
+            log=self.log,
+            wait_for_lease=not faults.mutated(faults.FENCE_NO_LEASE),
         )
         while fence.acquire(self._stop):
             self.log(f"maintain: running ({fence.holder}); a look every {self.tick_s:g}s")
@@ -113,7 +118,7 @@ class Maintainer:
                 self.log("maintain: lost the service's lock (its connection broke); waiting for it again")
                 return
             try:
-                for action in self.maintain(conn, catalog):
+                for action in self.maintain(conn, catalog, may_act=fence.valid):
                     self.log(action.line())
             except psycopg.OperationalError as exc:
                 self.log(f"maintain: control plane unreachable ({str(exc).splitlines()[0]}); trying again")
@@ -128,8 +133,11 @@ class Maintainer:
 
     # one pass
 
-    def maintain(self, conn: Conn, catalog, *, now: float | None = None) -> list[Action]:
-        """Look at each table that changed or whose time came; run what is due. Returns what ran."""
+    def maintain(
+        self, conn: Conn, catalog, *, now: float | None = None, may_act: Callable[[], bool] | None = None
+    ) -> list[Action]:
+        """Look at each table that changed or whose time came; run what is due. Returns what ran.
+        ``may_act``: asked before each table's actions (the service's lease); False ends the pass."""
         now = now or time.time()
         pointers = catalog_pointers(conn, self.settings)  # every table of the catalog, managed or not
         if self.only is not None:
@@ -160,6 +168,8 @@ class Maintainer:
                 continue
             seen = self._looker.look(tbl, policy)
             actions, _ = due(seen, policy, orphans_at=state.orphans_at, now=now)
+            if actions and may_act is not None and not may_act():
+                break  # the lease lapsed: another instance may hold the service now
             if "remove-orphans" in actions and locations is None:
                 locations = maintenance.table_locations(catalog)
             state.gave_way = False

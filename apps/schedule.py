@@ -29,14 +29,17 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+import psycopg
+
 from icebarrier.apps.catalog.clients import CA_CERT_ENV
 from icebarrier.apps.embedded import CLI
 from icebarrier.control_plane import barriers, db, jobs, targets, topology
 from icebarrier.control_plane.db import Conn
-from icebarrier.control_plane.errors import JobNotFoundError
+from icebarrier.control_plane.errors import ControlPlaneUnavailableError, JobNotFoundError
 from icebarrier.control_plane.fences import Fence
 from icebarrier.control_plane.model import JobDefinition
 from icebarrier.control_plane.targets import Runner, TableTarget
+from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.runtime import ANSWER
 
 DEFAULT_DURATION_S = 2.0  # a job's duration before its first measured run
@@ -311,7 +314,14 @@ class Schedule:
     def run(self) -> None:
         """Wait for the schedule's lock, then schedule until stopped (SIGTERM/SIGINT), waiting
         again whenever the lock's connection is lost. Runs in flight are stopped on exit."""
-        fence = Fence("schedule", "schedule_state", dsn=self.dsn, schema=self.schema, log=self.log)
+        fence = Fence(
+            "schedule",
+            "schedule_state",
+            dsn=self.dsn,
+            schema=self.schema,
+            log=self.log,
+            wait_for_lease=not faults.mutated(faults.FENCE_NO_LEASE),
+        )
         try:
             while fence.acquire(self._stop):
                 self.log(f"schedule: running ({fence.holder}); at most {self.parallel} runs at once")
@@ -323,14 +333,19 @@ class Schedule:
             self._stop_runs()
 
     def _schedule(self, fence: Fence) -> None:
-        with db.connect(self.dsn, self.schema) as conn:
-            self._load_durations(conn)
-            while not self._stop.is_set():
-                if not fence.alive():
-                    self.log("schedule: lost the schedule's lock (its connection broke); no new runs until it is back")
-                    return
-                self._tick(conn, fence)
-                self._stop.wait(self.tick_s)
+        try:
+            with db.connect(self.dsn, self.schema) as conn:
+                self._load_durations(conn)
+                while not self._stop.is_set():
+                    if not fence.alive():
+                        self.log(
+                            "schedule: lost the schedule's lock (its connection broke); no new runs until it is back"
+                        )
+                        return
+                    self._tick(conn, fence)
+                    self._stop.wait(self.tick_s)
+        except (psycopg.OperationalError, ControlPlaneUnavailableError) as exc:  # a restart, a failover
+            self.log(f"schedule: control plane unreachable ({str(exc).splitlines()[0]}); no new runs until it is back")
 
     # one step
 
@@ -352,7 +367,8 @@ class Schedule:
         for d in starting:
             self._begin(d, upstream, now)  # pulls nothing in: its jobs may have run already
         self._end_refreshes()
-        self._start_runs(upstream, runnable, conn)
+        if fence.valid():  # the lease runs: no other schedule can have taken over
+            self._start_runs(upstream, runnable, conn)
         if now - self._published_at >= 1.0:
             self._published_at = now
             fence.publish([d.to_json() for d in dues])

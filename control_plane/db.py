@@ -61,13 +61,62 @@ def resolve_dsn(dsn: str | None) -> str:
             f"e.g. postgresql://postgres@127.0.0.1:5432/postgres"
         )
     try:
-        conninfo_to_dict(dsn)
+        info = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         raise ConfigurationError(
             f"--dsn / {DSN_ENV} {_redact(dsn)!r} is not a connection string ({str(exc).strip().splitlines()[0]}); "
             f"use e.g. postgresql://postgres@127.0.0.1:5432/postgres"
         ) from None
+    hosts = hosts_of(info)
+    if len(hosts) > 1 and info.get("target_session_attrs") not in PRIMARY_ONLY:
+        given = info.get("target_session_attrs")
+        raise ConfigurationError(
+            f"--dsn / {DSN_ENV} names {len(hosts)} hosts ({', '.join(f'{h}:{p}' for h, p in hosts)}) "
+            + (f"with target_session_attrs={given}, which may pick a standby" if given else "without target_session_attrs")
+            + "; add target_session_attrs=read-write so that every component connects to the primary"
+        )
     return dsn
+
+
+def unreachable(dsn: str, exc: BaseException) -> str:
+    """Why no connection to the control plane could be had, in one line. With several hosts,
+    each one's answer; when none of them is a writable primary (all standbys, or the primary gone
+    and no standby promoted yet), that is said first."""
+    import re
+
+    text = str(exc).strip()
+    attempts = re.findall(r"^- host: '([^']*)', port: '([^']*)'.*?failed: (?:.*failed: )?(.*)$", text, re.MULTILINE)
+    if not attempts:
+        reason = "; ".join(line.strip() for line in text.splitlines() if line.strip()) or type(exc).__name__
+        if "session is read-only" in reason:
+            return (
+                f"cannot connect to the control plane at {_redact(dsn)}: it is a standby (read-only); "
+                f"point --dsn / {DSN_ENV} at the primary, or promote the standby"
+            )
+        return (
+            f"cannot connect to the control plane at {_redact(dsn)}: {reason}; "
+            f"check that Postgres is running and --dsn / {DSN_ENV} is right"
+        )
+    answers = ", ".join(
+        f"{h}:{p} is a standby (read-only)" if "read-only" in why else f"{h}:{p}: {why.strip()}" for h, p, why in attempts
+    )
+    return (
+        f"cannot connect to the control plane at {_redact(dsn)}: no host is a writable primary ({answers}); "
+        f"check that a primary runs (promote a standby if it is gone) and that --dsn / {DSN_ENV} names it"
+    )
+
+
+PRIMARY_ONLY = ("read-write", "primary")  # target_session_attrs that never land on a standby
+
+
+def hosts_of(info: dict) -> list[tuple[str, int]]:
+    """The (host, port) pairs a parsed DSN names, in the order libpq tries them (one port may
+    serve every host)."""
+    hosts = (info.get("host") or info.get("hostaddr") or "127.0.0.1").split(",")
+    ports = str(info.get("port") or "5432").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    return [(h or "127.0.0.1", int(p or 5432)) for h, p in zip(hosts, ports, strict=False)]
 
 
 def resolve_schema(schema: str | None) -> str:
@@ -90,11 +139,7 @@ def connect(
     try:
         conn = psycopg.connect(dsn, **connection_kwargs(schema, actor=actor))
     except psycopg.OperationalError as exc:
-        reason = "; ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip()) or type(exc).__name__
-        raise ControlPlaneUnavailableError(
-            f"cannot connect to the control plane at {_redact(dsn)}: {reason}; "
-            f"check that Postgres is running and --dsn / {DSN_ENV} is right"
-        ) from exc
+        raise ControlPlaneUnavailableError(unreachable(dsn, exc)) from exc
     conn.info_schema = schema  # type: ignore[attr-defined]
     if check_schema:
         from icebarrier.control_plane.schema import require_current
@@ -201,9 +246,14 @@ def _ping_due(conn, ping_after_s: float) -> bool:
 
 
 def _timeout_ms(env: str, default: str) -> int:
+    return max(1, round(duration_env_s(env, default) * 1000))
+
+
+def duration_env_s(env: str, default: str) -> float:
+    """The duration (s) environment variable ``env`` sets (``default`` if unset), refused in one line."""
     text = os.environ.get(env) or default
     try:
-        return max(1, round(parse_duration_s(text) * 1000))
+        return parse_duration_s(text)
     except IcebarrierError:
         raise ConfigurationError(f"{env}={text!r} is not a duration; use e.g. {default}") from None
 

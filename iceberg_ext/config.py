@@ -31,6 +31,7 @@ from urllib.parse import quote
 
 import psycopg
 
+from icebarrier.control_plane import db
 from icebarrier.control_plane.db import DEFAULT_SCHEMA, resolve_dsn
 from icebarrier.control_plane.errors import ConfigurationError
 from icebarrier.control_plane.model import parse_schema_name
@@ -128,11 +129,11 @@ class Settings:
     def _conninfo(self) -> dict:
         info = psycopg.conninfo.conninfo_to_dict(self.dsn)
         return {
-            "host": info.get("host") or "127.0.0.1",
-            "port": int(info.get("port") or 5432),
+            "hosts": db.hosts_of(info),
             "dbname": info.get("dbname") or info.get("user") or "postgres",
             "user": info.get("user") or "postgres",
             "password": info.get("password"),
+            "target_session_attrs": info.get("target_session_attrs"),
         }
 
     @property
@@ -141,17 +142,27 @@ class Settings:
 
     @property
     def sqlalchemy_uri(self) -> str:
-        """The SQL catalog for PyIceberg: the control-plane database, catalog schema first."""
+        """The SQL catalog for PyIceberg: the control-plane database, catalog schema first. Several
+        hosts go as SQLAlchemy's ``host=`` query parameters, with the DSN's ``target_session_attrs``."""
         c = self._conninfo
         auth = quote(c["user"], safe="") + (f":{quote(c['password'], safe='')}" if c["password"] else "")
-        options = quote(f"-csearch_path={self.catalog_schema}", safe="")
-        return f"postgresql+psycopg://{auth}@{c['host']}:{c['port']}/{quote(c['dbname'], safe='')}?options={options}"
+        query = f"options={quote(f'-csearch_path={self.catalog_schema}', safe='')}"
+        if len(c["hosts"]) == 1:
+            host, port = c["hosts"][0]
+            where = f"{host}:{port}"
+        else:
+            where = ""
+            query += "".join(f"&host={h}:{p}" for h, p in c["hosts"])
+            query += f"&target_session_attrs={c['target_session_attrs']}"
+        return f"postgresql+psycopg://{auth}@{where}/{quote(c['dbname'], safe='')}?{query}"
 
     @property
     def jdbc_uri(self) -> str:
-        """The same catalog for Spark's JdbcCatalog."""
+        """The same catalog for Spark's JdbcCatalog (several hosts: the driver's ``targetServerType=primary``)."""
         c = self._conninfo
-        return f"jdbc:postgresql://{c['host']}:{c['port']}/{c['dbname']}?currentSchema={self.catalog_schema}"
+        hosts = ",".join(f"{h}:{p}" for h, p in c["hosts"])
+        primary = "&targetServerType=primary" if len(c["hosts"]) > 1 else ""
+        return f"jdbc:postgresql://{hosts}/{c['dbname']}?currentSchema={self.catalog_schema}{primary}"
 
     @property
     def jdbc_user(self) -> str:
@@ -189,9 +200,9 @@ class Settings:
         nothing is created here, so a command refused later has written nothing."""
         if not self.is_default_catalog:
             return
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            found = conn.execute("SELECT to_regnamespace(%s) IS NOT NULL", (self.catalog_schema,)).fetchone()[0]
-        if not found:
+        with db.connect(self.dsn, self.schema, check_schema=False) as conn:  # its one-line refusals
+            found = db.one(conn.execute("SELECT to_regnamespace(%s) IS NOT NULL AS found", (self.catalog_schema,)))
+        if not found["found"]:
             raise ConfigurationError(
                 f"the Iceberg catalog schema {self.catalog_schema!r} does not exist in the control-plane database; "
                 f"run `icebarrier db upgrade` first"
@@ -201,7 +212,7 @@ class Settings:
         """The default SQL catalog lives in its own Postgres schema; create it if missing."""
         if not self.is_default_catalog:
             return
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
+        with db.connect(self.dsn, self.schema, check_schema=False) as conn:
             conn.execute(
                 psycopg.sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(psycopg.sql.Identifier(self.catalog_schema))
             )

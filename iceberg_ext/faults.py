@@ -37,17 +37,19 @@ def point(name: str) -> None:
 # ``expire-protected`` makes expiry (the maintenance service's too) ignore the protected set;
 # ``no-rebase`` makes the catalog server refuse a job's commit or publish that maintenance moved
 # the table under (as before the commit was replayed over it: maintenance wins the race), the
-# maintenance service compact under a staged session, a compaction wait a moment before it
-# rewrites, and the server wait a moment before it publishes (the race, widened so that a short
-# run meets it).
+# maintenance service compact under a staged session (waiting for one before it rewrites), and
+# the server hold a publish until maintenance moved a staged sink (the race, made certain).
 # ``kafka-uncommitted`` makes a Kafka source read its ranges read_uncommitted (aborted
 # transactions' records enter the table: `check --kafka` must fail).
+# ``fence-no-lease`` makes the schedule and the maintenance service act as soon as they hold the
+# advisory lock, not waiting for the previous holder's lease (after a failover two then act).
 MUTATION_ENV = "ICEBARRIER_MUTATION"
 NONATOMIC_PUBLISH = "nonatomic-publish"
 EXPIRE_PROTECTED = "expire-protected"
 NO_REBASE = "no-rebase"
 KAFKA_UNCOMMITTED = "kafka-uncommitted"
-MUTATIONS = (NONATOMIC_PUBLISH, EXPIRE_PROTECTED, NO_REBASE, KAFKA_UNCOMMITTED)
+FENCE_NO_LEASE = "fence-no-lease"
+MUTATIONS = (NONATOMIC_PUBLISH, EXPIRE_PROTECTED, NO_REBASE, KAFKA_UNCOMMITTED, FENCE_NO_LEASE)
 
 
 def mutated(name: str) -> bool:

@@ -131,6 +131,19 @@ def kafka(tmp_path_factory):
         yield broker
 
 
+@pytest.fixture
+def pg_pair(tmp_path):
+    """A Postgres primary and its synchronous standby (apps/pg_pair.py), this test's own: it may
+    kill the primary and promote the standby (``fail_over``)."""
+    from icebarrier.apps.pg_pair import PostgresPair
+
+    pair = PostgresPair(tmp_path / "pg-pair").start()
+    try:
+        yield pair
+    finally:
+        pair.stop()
+
+
 @pytest.fixture(scope="session")
 def pg_server():
     """DSN of a Postgres server (maintenance database), by the documented order."""

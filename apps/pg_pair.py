@@ -1,0 +1,210 @@
+"""A Postgres primary and its synchronous standby on this machine: what production runs the
+control plane on (RDS or Cloud SQL high availability, Patroni, a streaming replica), for the
+failover tests and ``icebarrier check --failover``.
+
+Two clusters of Debian's PostgreSQL binaries (the embedded ones when Debian's are missing), on
+127.0.0.1 and free ports. The standby is a ``pg_basebackup -R -X stream`` of the primary and
+streams from it as ``application_name=standby``; the primary waits for it at every commit
+(``synchronous_standby_names = 'standby'``, ``synchronous_commit = on``: a commit is
+acknowledged once its WAL is flushed on both, so a promoted standby holds every acknowledged
+commit; ``remote_apply`` would also make it visible there at once, which only a reader of the
+standby needs, and nothing here reads one).
+
+:meth:`PostgresPair.fail_over` is what an HA manager does when the primary dies: promote the
+standby, then clear the ``synchronous_standby_names`` it inherited from the base backup (with no
+standby of its own, every commit on it would wait for one until then).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+from icebarrier.apps.embedded import EmbeddedPostgresError, _make_traversable, find_binaries, free_port
+
+STANDBY_NAME = "standby"
+
+
+def binaries() -> Path:
+    """Debian's PostgreSQL binaries (the newest installed), else the embedded ones."""
+    debian = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_basebackup"), key=lambda p: int(p.parts[-3]))
+    return debian[-1].parent if debian else find_binaries()
+
+
+def _os_user() -> str | None:
+    """Who runs the servers: ourselves, or as root the OS user ``postgres`` (Debian's), else the
+    embedded server's."""
+    if os.geteuid() != 0:
+        return None
+    import pwd
+
+    try:
+        return pwd.getpwnam("postgres").pw_name
+    except KeyError:
+        from icebarrier.apps.embedded import _os_user as embedded_user
+
+        return embedded_user()[0]
+
+
+@dataclass
+class Node:
+    name: str
+    data_dir: Path
+    port: int
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}"
+
+    @property
+    def pid(self) -> int | None:
+        pid_file = self.data_dir / "postmaster.pid"
+        try:
+            return int(pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+
+@dataclass
+class PostgresPair:
+    """``primary`` and ``standby`` swap after :meth:`fail_over`; :meth:`dsn` names both, so that
+    a client finds whichever is the primary now."""
+
+    state_dir: Path
+    primary: Node = field(init=False)
+    standby: Node | None = field(init=False, default=None)
+    nodes: list[Node] = field(init=False, default_factory=list)  # both, in the order clients try them
+
+    def __post_init__(self) -> None:
+        self.state_dir = Path(self.state_dir)
+        self.bin = binaries()
+        self.user = _os_user()
+
+    # -- the clusters ----------------------------------------------------------------------------
+
+    def start(self) -> PostgresPair:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.user:
+            _make_traversable(self.state_dir)
+            _make_traversable(self.bin)
+        self.primary = Node("a", self.state_dir / "a", free_port())
+        self._dir(self.primary.data_dir)
+        self._run(
+            "initdb", "-D", self.primary.data_dir, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-sync"
+        )
+        with open(self.primary.data_dir / "postgresql.conf", "a") as conf:
+            conf.write(
+                "wal_level = replica\nmax_wal_senders = 5\nmax_connections = 200\nsynchronous_commit = on\n"
+                f"synchronous_standby_names = '{STANDBY_NAME}'\nwal_keep_size = '256MB'\n"
+            )
+        with open(self.primary.data_dir / "pg_hba.conf", "a") as hba:
+            hba.write("host replication all 127.0.0.1/32 trust\n")
+        self._start(self.primary)
+        self.standby = Node("b", self.state_dir / "b", free_port())
+        self.nodes = [self.primary, self.standby]
+        self._clone(self.primary, self.standby)
+        return self
+
+    def _clone(self, source: Node, node: Node) -> None:
+        """``node`` as a streaming standby of ``source`` (a base backup, WAL streamed with it)."""
+        self._dir(node.data_dir)
+        self._run("pg_basebackup", "-D", node.data_dir, "-h", "127.0.0.1", "-p", source.port, "-U", "postgres",
+                  "-R", "-X", "stream", "--no-sync")  # fmt: skip
+        # -R writes primary_conninfo into postgresql.auto.conf, which wins over postgresql.conf:
+        # the standby's name goes there, or the primary never counts it as its synchronous standby.
+        auto = node.data_dir / "postgresql.auto.conf"
+        lines = [ln for ln in auto.read_text().splitlines() if not ln.startswith("primary_conninfo")]
+        conninfo = f"host=127.0.0.1 port={source.port} user=postgres application_name={STANDBY_NAME}"
+        auto.write_text("\n".join([*lines, f"primary_conninfo = '{conninfo}'", ""]))
+        self._start(node)
+        self.wait_streaming()
+
+    def wait_streaming(self, timeout_s: float = 60) -> None:
+        """Until the primary counts the standby as its synchronous one."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with psycopg.connect(self.primary.dsn(), autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s", (STANDBY_NAME,)
+                ).fetchone()
+            if row and row[0] == "sync":
+                return
+            time.sleep(0.1)
+        raise EmbeddedPostgresError(f"the standby on port {self.standby and self.standby.port} never streamed")
+
+    def _dir(self, path: Path) -> None:
+        if path.exists():
+            shutil.rmtree(path)
+        path.mkdir(mode=0o700)
+        if self.user:
+            shutil.chown(path, self.user, self.user)
+
+    def _start(self, node: Node) -> None:
+        options = f"-c listen_addresses=127.0.0.1 -p {node.port} -c unix_socket_directories=''"
+        self._run("pg_ctl", "-D", node.data_dir, "-l", node.data_dir / "server.log", "-w", "-t", "60",
+                  "-o", options, "start")  # fmt: skip
+
+    def _run(self, program: str, *args) -> str:
+        cmd = [str(self.bin / program), *map(str, args)]
+        user = {"user": self.user, "group": self.user, "extra_groups": []} if self.user else {}
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd="/", timeout=120, **user)  # type: ignore[call-overload]
+        if done.returncode != 0:
+            detail = (done.stderr or done.stdout).strip().splitlines()
+            raise EmbeddedPostgresError(f"{program} failed: {detail[-1] if detail else done.returncode}")
+        return done.stdout
+
+    # -- what clients are given ------------------------------------------------------------------
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        """Both nodes, the primary found by ``target_session_attrs=read-write`` (libpq tries them in turn)."""
+        hosts = ",".join("127.0.0.1" for _ in self.nodes)
+        ports = ",".join(str(n.port) for n in self.nodes)
+        return (
+            f"host={hosts} port={ports} user=postgres dbname={dbname} "
+            f"target_session_attrs=read-write connect_timeout=2"
+        )
+
+    # -- failing over ----------------------------------------------------------------------------
+
+    def kill_primary(self) -> float:
+        """SIGKILL the primary's postmaster and every backend (a lost machine); returns the time.monotonic() of death."""
+        pid = self.primary.pid
+        assert pid is not None, "the primary is not running"
+        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+        for p in [pid, *map(int, children)]:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return time.monotonic()
+
+    def promote(self) -> float:
+        """Promote the standby and clear its inherited ``synchronous_standby_names`` (the HA
+        manager's part); returns how long that took (s)."""
+        assert self.standby is not None, "there is no standby to promote"
+        started = time.monotonic()
+        self._run("pg_ctl", "-D", self.standby.data_dir, "-w", "-t", "60", "promote")
+        with psycopg.connect(self.standby.dsn(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = ''")
+            conn.execute("SELECT pg_reload_conf()")
+        self.primary, self.standby = self.standby, None
+        return time.monotonic() - started
+
+    def fail_over(self) -> tuple[float, float]:
+        """Kill the primary and promote the standby; (the moment of death, the promotion's seconds)."""
+        died = self.kill_primary()
+        return died, self.promote()
+
+    def stop(self) -> None:
+        for node in [self.primary, *([self.standby] if self.standby else [])]:
+            if node.pid is not None:
+                try:
+                    self._run("pg_ctl", "-D", node.data_dir, "-m", "immediate", "-w", "stop")
+                except EmbeddedPostgresError:
+                    pass

@@ -1,0 +1,134 @@
+"""The control plane on a primary and a synchronous standby (apps/pg_pair.py): the primary killed
+with -9 and the standby promoted, every component follows the promotion without a restart, and
+nothing a client saw succeed is lost. Real clusters, real servers, real clients."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pyarrow as pa
+import pytest
+import requests
+
+from icebarrier.control_plane import db, jobs, tokens
+from icebarrier.iceberg_ext.config import Settings
+from tests.iceberg_ext.catalog_server import Pipeline, access_token, free_port, rest, start_server, stop_server
+from tests.iceberg_ext.conftest import _lake
+
+ROW = pa.schema([("id", pa.int64())])
+
+
+@pytest.fixture
+def pair_lake(pg_pair, warehouse, monkeypatch):
+    """A lake whose control plane and SQL catalog live on the pair, every client given its
+    multi-host DSN."""
+    Settings(dsn=pg_pair.dsn()).ensure_catalog_schema()
+    yield from _lake(pg_pair.dsn(), str(warehouse), monkeypatch)
+
+
+def _snapshots(server: str, path: str, headers: dict) -> int | None:
+    """How many snapshots a load through ``server`` shows (None: it failed)."""
+    try:
+        r = requests.get(f"{server}/v1/{path}", headers=headers, timeout=30)
+    except requests.RequestException:
+        return None
+    return len(r.json()["metadata"]["snapshots"]) if r.status_code == 200 else None
+
+
+def _until(what, timeout_s: float = 60, *, every_s: float = 0.05):
+    """Call ``what`` until it answers something true; that answer."""
+    deadline = time.monotonic() + timeout_s
+    while not (answer := what()):
+        assert time.monotonic() < deadline, f"{what} never succeeded"
+        time.sleep(every_s)
+    return answer
+
+
+def _append(table, i: int) -> bool:
+    """One row appended (a commit through whatever catalog ``table`` came from); False if refused."""
+    try:
+        table.refresh().append(pa.table({"id": [i]}, schema=ROW))
+        return True
+    except Exception:  # noqa: BLE001 - the control plane is away: the commit was not acknowledged
+        return False
+
+
+@pytest.mark.slow
+def test_two_servers_follow_a_promotion_and_nothing_acknowledged_is_lost(pair_lake, pg_pair):
+    """Two `serve` processes (two hosts) and the SQL catalog written directly, as Spark's JDBC
+    catalog does. A commit through either is seen by the next load through the other. The primary
+    dies: /readyz says postgres until the standby is promoted; then both servers load and commit
+    again without a restart, every acknowledged commit is there, and their memory of loads caught
+    up (a load never shows less than the commits acknowledged before it)."""
+    lake = pair_lake
+    pipeline = Pipeline(lake, {"ingest": ["orders"]})
+    pipeline.advance()
+    lake.catalog.create_table(f"{lake.namespace}.events", schema=ROW)
+    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
+    jid, jsecret = tokens.create(lake.conn, job=f"{lake.namespace}_ingest", whole_lake=True)
+    (proc_a, a), (proc_b, b) = start_server(lake), start_server(lake)
+    try:
+        headers = {"Authorization": f"Bearer {access_token(a, rid, rsecret)}"}
+        path = f"latest/namespaces/{lake.namespace}/tables/events"
+        through = {s: rest(s, "latest", f"{jid}:{jsecret}").load_table(f"{lake.namespace}.events") for s in (a, b)}
+        directly = lake.catalog.load_table(f"{lake.namespace}.events")
+        acked = 0
+        for i in range(6):  # read your writes across servers
+            writer = [through[a], through[b], directly][i % 3]
+            assert _append(writer, i)
+            acked += 1
+            assert _snapshots(b, path, headers) == acked and _snapshots(a, path, headers) == acked
+
+        died = pg_pair.kill_primary()
+        assert requests.get(f"{a}/readyz", timeout=30).json() == {"status": "not ready", "failing": ["postgres"]}
+        promotion_s = pg_pair.promote()
+        loaded_at = _until(lambda: _snapshots(b, path, headers) == acked and time.monotonic())
+        committed_at = _until(lambda: _append(through[a], 100) and time.monotonic())
+        acked += 1
+        lake.conn = db.connect(pg_pair.dsn(), lake.settings.schema)
+        barrier = pipeline.advance()  # the barrier, its commit and its completion on the new primary
+        completed_at = time.monotonic()
+        assert jobs.show(lake.conn, f"{lake.namespace}_ingest").progress == barrier
+
+        for i in range(6):  # both servers' memory follows the new primary's notices
+            writer = [through[b], directly, through[a]][i % 3]
+            assert _append(writer, 200 + i)
+            acked += 1
+            assert _snapshots(a, path, headers) == acked and _snapshots(b, path, headers) == acked
+        assert requests.get(f"{b}/readyz", timeout=30).json() == {"status": "ready"}
+        print(
+            f"promotion {promotion_s:.2f} s; from the primary's death: first load {loaded_at - died:.2f} s, "
+            f"first commit {committed_at - died:.2f} s, first completed barrier {completed_at - died:.2f} s"
+        )
+    finally:
+        errors = [stop_server(proc_a), stop_server(proc_b)]
+    for err in errors:
+        assert "Traceback" not in err, err[-3000:]
+
+
+def test_several_hosts_need_target_session_attrs():
+    done = subprocess.run(
+        ["icebarrier", "--dsn", "host=db1,db2 port=5432,5433 user=postgres", "barrier", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "names 2 hosts (db1:5432, db2:5433) without target_session_attrs" in lines[0]
+    assert "target_session_attrs=read-write" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_dsn_of_standbys_only_is_refused_in_one_line(pg_pair):
+    """The CLI and `serve` given only the standby: one line saying so, a non-zero exit."""
+    standby = pg_pair.standby
+    dsn = f"host=127.0.0.1 port={standby.port} user=postgres target_session_attrs=read-write"
+    for args in (["barrier", "list"], ["serve", "--port", str(free_port())]):
+        done = subprocess.run(["icebarrier", "--dsn", dsn, *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+        assert "is a standby (read-only)" in lines[0] and "promote" in lines[0], lines[0]
