@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,11 +65,14 @@ class Node:
 
     @property
     def pid(self) -> int | None:
+        """The postmaster's pid while it runs (a killed one leaves its pid file behind)."""
         pid_file = self.data_dir / "postmaster.pid"
         try:
-            return int(pid_file.read_text().split()[0])
+            pid = int(pid_file.read_text().split()[0])
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, ValueError, IndexError):
             return None
+        return None if state in ("Z", "X") else pid  # a zombie: killed, and nobody reaped it (no init here)
 
 
 @dataclass
@@ -80,6 +84,7 @@ class PostgresPair:
     primary: Node = field(init=False)
     standby: Node | None = field(init=False, default=None)
     nodes: list[Node] = field(init=False, default_factory=list)  # both, in the order clients try them
+    _rebuilding: threading.Thread | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -109,13 +114,14 @@ class PostgresPair:
         self.standby = Node("b", self.state_dir / "b", free_port())
         self.nodes = [self.primary, self.standby]
         self._clone(self.primary, self.standby)
+        self.wait_streaming()
         return self
 
     def _clone(self, source: Node, node: Node) -> None:
         """``node`` as a streaming standby of ``source`` (a base backup, WAL streamed with it)."""
         self._dir(node.data_dir)
         self._run("pg_basebackup", "-D", node.data_dir, "-h", "127.0.0.1", "-p", source.port, "-U", "postgres",
-                  "-R", "-X", "stream", "--no-sync")  # fmt: skip
+                  "-R", "-X", "stream", "--checkpoint=fast", "--no-sync")  # fmt: skip
         # -R writes primary_conninfo into postgresql.auto.conf, which wins over postgresql.conf:
         # the standby's name goes there, or the primary never counts it as its synchronous standby.
         auto = node.data_dir / "postgresql.auto.conf"
@@ -123,7 +129,6 @@ class PostgresPair:
         conninfo = f"host=127.0.0.1 port={source.port} user=postgres application_name={STANDBY_NAME}"
         auto.write_text("\n".join([*lines, f"primary_conninfo = '{conninfo}'", ""]))
         self._start(node)
-        self.wait_streaming()
 
     def wait_streaming(self, timeout_s: float = 60) -> None:
         """Until the primary counts the standby as its synchronous one."""
@@ -166,8 +171,7 @@ class PostgresPair:
         hosts = ",".join("127.0.0.1" for _ in self.nodes)
         ports = ",".join(str(n.port) for n in self.nodes)
         return (
-            f"host={hosts} port={ports} user=postgres dbname={dbname} "
-            f"target_session_attrs=read-write connect_timeout=2"
+            f"host={hosts} port={ports} user=postgres dbname={dbname} target_session_attrs=read-write connect_timeout=2"
         )
 
     # -- failing over ----------------------------------------------------------------------------
@@ -196,12 +200,45 @@ class PostgresPair:
         self.primary, self.standby = self.standby, None
         return time.monotonic() - started
 
+    def rebuild_standby(self) -> None:
+        """The node that died, cloned again from the primary and made its synchronous standby
+        (what an HA manager does next: until then a second failover would lose commits)."""
+        dead = next(n for n in self.nodes if n is not self.primary)
+        if dead.pid is not None:
+            self._run("pg_ctl", "-D", dead.data_dir, "-m", "immediate", "-w", "stop")
+        self._clone(self.primary, dead)
+        with psycopg.connect(self.primary.dsn(), autocommit=True) as conn:
+            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'")
+            conn.execute("SELECT pg_reload_conf()")
+        self.standby = dead
+        self.wait_streaming()
+
+    def restart(self, *, down_s: float = 0.0) -> str:
+        """What ``icebarrier check --failover`` does where a run restarts its Postgres: the primary
+        killed, ``down_s`` later the standby promoted (clients find it through :meth:`dsn`), then
+        the dead node rebuilt as the new primary's standby, in the background (a failover that
+        comes first waits for it, as an HA manager fails over only to a synchronous standby).
+        Returns the DSN (unchanged)."""
+        self.wait_rebuilt()
+        self.kill_primary()
+        time.sleep(down_s)
+        self.promote()
+        self._rebuilding = threading.Thread(target=self.rebuild_standby, name="pg-pair-rebuild", daemon=True)
+        self._rebuilding.start()
+        return self.dsn()
+
+    def wait_rebuilt(self) -> None:
+        if self._rebuilding is not None:
+            self._rebuilding.join()
+            self._rebuilding = None
+
     def fail_over(self) -> tuple[float, float]:
         """Kill the primary and promote the standby; (the moment of death, the promotion's seconds)."""
         died = self.kill_primary()
         return died, self.promote()
 
     def stop(self) -> None:
+        self.wait_rebuilt()
         for node in [self.primary, *([self.standby] if self.standby else [])]:
             if node.pid is not None:
                 try:

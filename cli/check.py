@@ -51,6 +51,13 @@ def _broker(broker, topic: str):
     show_default=True,
     help="Restart the run's control-plane Postgres at random moments (about one per 10 s).",
 )
+@click.option(
+    "--failover",
+    is_flag=True,
+    help="Run the control plane on a Postgres primary and its synchronous standby: where the run would "
+    "restart Postgres, kill the primary (-9), promote the standby and rebuild a standby from the dead node; "
+    "every component follows the multi-host DSN.",
+)
 @click.option("--keep", is_flag=True, help="Keep the run's Postgres data and warehouse for inspection.")
 @click.option(
     "--warehouse",
@@ -91,6 +98,7 @@ def check(
     duration_s: float,
     fault_rate: float,
     restarts: bool,
+    failover: bool,
     keep: bool,
     under: str | None,
     exec_jobs: bool,
@@ -105,7 +113,8 @@ def check(
     Jobs coalesce at random and some run as batch jobs; cuts at coalesced barriers must be
     refused, anchors never.
 
-    The run always uses a private embedded Postgres (never --dsn: it restarts its server).
+    The run always uses a private embedded Postgres (never --dsn: it restarts its server), or with
+    --failover a private primary and standby that it fails over.
     Exits 1 on any anomaly at read-committed or repeatable-read, any lost or duplicated
     (table, barrier), any pinned snapshot expired, or coverage below the stated floor."""
     from icebarrier.apps.check import CheckReport, private_env, run_check
@@ -122,8 +131,18 @@ def check(
         check_warehouse(warehouse, storage.fileio())
     say(f"check: seed {seed} (reproduce with --seed {seed})")
     home = Path(tempfile.mkdtemp(prefix=f"icebarrier-check-{seed}-"))
-    server = EmbeddedPostgres(state_dir=home / "pg")
-    say(f"check: starting a private embedded Postgres under {home} …")
+    if failover:
+        from icebarrier.apps.pg_pair import PostgresPair
+
+        if not restarts:
+            raise click.UsageError(
+                "--failover fails the primary over where --restarts would restart it; drop --no-restarts"
+            )
+        server = PostgresPair(home / "pg")
+        say(f"check: starting a private Postgres primary and synchronous standby under {home} …")
+    else:
+        server = EmbeddedPostgres(state_dir=home / "pg")
+        say(f"check: starting a private embedded Postgres under {home} …")
     stack = contextlib.ExitStack()
     try:
         bootstrap = ""
@@ -133,7 +152,8 @@ def check(
             say("check: starting a Kafka broker …")
             broker = stack.enter_context(_broker(Broker(home / "kafka"), f"check_{seed}_orders"))
             bootstrap = broker.bootstrap
-        env = private_env(server.start(), home, seed, warehouse=warehouse, storage=storage.fileio(), kafka=bootstrap)
+        dsn = server.start().dsn() if failover else server.start()
+        env = private_env(dsn, home, seed, warehouse=warehouse, storage=storage.fileio(), kafka=bootstrap)
         upgrade(env.settings)
         report = CheckReport(seed=seed)
         with _live(report, duration_s, say) as line:
@@ -183,6 +203,7 @@ def check(
                 f"{report.snapshots_expired} snapshot(s) expired"
             ),
             f"faults injected: {faults}; Postgres restarts: {report.restarts}"
+            + (f" (failovers: {report.failovers})" if report.failovers else "")
             + (
                 "; orders_in read a Kafka topic (aborted transactions beside each barrier's orders)"
                 if report.kafka

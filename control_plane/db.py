@@ -72,7 +72,11 @@ def resolve_dsn(dsn: str | None) -> str:
         given = info.get("target_session_attrs")
         raise ConfigurationError(
             f"--dsn / {DSN_ENV} names {len(hosts)} hosts ({', '.join(f'{h}:{p}' for h, p in hosts)}) "
-            + (f"with target_session_attrs={given}, which may pick a standby" if given else "without target_session_attrs")
+            + (
+                f"with target_session_attrs={given}, which may pick a standby"
+                if given
+                else "without target_session_attrs"
+            )
             + "; add target_session_attrs=read-write so that every component connects to the primary"
         )
     return dsn
@@ -98,7 +102,8 @@ def unreachable(dsn: str, exc: BaseException) -> str:
             f"check that Postgres is running and --dsn / {DSN_ENV} is right"
         )
     answers = ", ".join(
-        f"{h}:{p} is a standby (read-only)" if "read-only" in why else f"{h}:{p}: {why.strip()}" for h, p, why in attempts
+        f"{h}:{p} is a standby (read-only)" if "read-only" in why else f"{h}:{p}: {why.strip()}"
+        for h, p, why in attempts
     )
     return (
         f"cannot connect to the control plane at {_redact(dsn)}: no host is a writable primary ({answers}); "

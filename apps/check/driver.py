@@ -46,6 +46,7 @@ from icebarrier.apps.check.processes import Env, Reconnecting
 from icebarrier.apps.check.reading import Reading
 from icebarrier.apps.check.report import CheckReport
 from icebarrier.apps.check.services import CatalogServer, Maintenance
+from icebarrier.apps.pg_pair import PostgresPair
 from icebarrier.control_plane import barriers, jobs, leases, reads, tokens
 from icebarrier.control_plane.errors import (
     BarrierNotValidError,
@@ -415,7 +416,8 @@ def run_check(
     maintain: bool = False,
 ) -> CheckReport:
     """One seeded run. ``server`` (an :class:`~icebarrier.apps.embedded.EmbeddedPostgres` the run
-    owns) is restarted by the fault schedule; without it the schedule has no restarts. With
+    owns) is restarted by the fault schedule; a :class:`~icebarrier.apps.pg_pair.PostgresPair`
+    fails over there instead; without it the schedule has no restarts. With
     ``exec_jobs``, two jobs run under ``icebarrier job exec`` through a catalog server the run
     starts (and kills), which runs with the deliberate bug ``mutation`` if given
     (:data:`icebarrier.iceberg_ext.faults.MUTATIONS`). With ``maintain``, the maintenance
@@ -474,6 +476,12 @@ def run_check(
                 elif fault.kind == "maintain":
                     run.maintenance.kill(fault.down_s)
                     report.faults["maintain@killed"] += 1
+                elif isinstance(server, PostgresPair):
+                    progress(f"check: failing over: the primary killed, the standby promoted {fault.down_s}s later")
+                    server.restart(down_s=fault.down_s)
+                    report.restarts += 1
+                    report.failovers += 1
+                    run.outage("Postgres failed over", fault.down_s)
                 else:
                     progress(f"check: restarting the control-plane Postgres ({fault.down_s}s down)")
                     server.restart(down_s=fault.down_s)

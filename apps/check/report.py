@@ -32,6 +32,7 @@ class CheckReport:
     snapshots_expired: int = 0
     faults: Counter = field(default_factory=Counter)
     restarts: int = 0
+    failovers: int = 0  # restarts that were failovers (check --failover): the primary killed, the standby promoted
     waits: list[tuple[str, str, float]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     coverage_floor: float = COVERAGE_FLOOR
@@ -99,6 +100,7 @@ class CheckReport:
             "snapshots_expired": self.snapshots_expired,
             "faults": dict(self.faults),
             "restarts": self.restarts,
+            "failovers": self.failovers,
             "reconnects": len(self.waits),
             "max_wait_s": round(max((w[2] for w in self.waits), default=0), 3),
             "waited": self.waited(),
