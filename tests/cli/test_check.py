@@ -134,6 +134,19 @@ def test_a_check_run_with_a_kafka_root_job_passes_and_a_read_uncommitted_source_
 
 
 @pytest.mark.slow
+def test_a_check_run_that_fails_the_primary_over_passes():
+    """`check --failover`: the control plane on a primary and a synchronous standby; where the run
+    would restart Postgres, the primary is killed (-9) and the standby promoted. Every job, the
+    catalog server, the readers and the expiry follow the multi-host DSN; the model finds every
+    acknowledged commit and completion, and every read consistent."""
+    done = _check("--seed", "5", "--duration", "20", "--failover")
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["failovers"] >= 1 and report["failovers"] == report["restarts"]
+    assert "failing over: the primary killed" in done.stderr
+
+
+@pytest.mark.slow
 def test_a_check_run_with_the_maintenance_service_passes():
     """The maintenance service in place of the expiry process, with aggressive policies,
     killed and restarted by the fault schedule while Postgres restarts and jobs die: it expires

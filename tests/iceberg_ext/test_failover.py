@@ -132,3 +132,53 @@ def test_a_dsn_of_standbys_only_is_refused_in_one_line(pg_pair):
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
         assert "is a standby (read-only)" in lines[0] and "promote" in lines[0], lines[0]
+
+
+@pytest.mark.slow
+def test_job_exec_jobs_resume_on_their_own_after_a_failover(pair_lake, pg_pair, tmp_path):
+    """`job exec --follow` of a PyIceberg root and a DuckDB transform through a server, barriers
+    every second; the primary killed and the standby promoted mid-run. Neither process exits; both
+    go on completing barriers, and every barrier is written once."""
+    from tests.iceberg_ext.test_job_exec import command, exec_args, setup_pipeline
+
+    lake = pair_lake
+    creds = setup_pipeline(lake)
+    proc, server = start_server(lake)
+    followers: dict[str, subprocess.Popen] = {}
+    try:
+        for job in ("ingest", "count"):
+            with open(tmp_path / f"{job}.err", "w") as err:
+                args = exec_args(server, creds[job], job, command(lake, job, rows=3), "--follow", "--poll", "100ms")
+                followers[job] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err)
+        lake.conn.execute("SELECT 1")
+        from icebarrier.control_plane import barriers
+
+        barriers.set_interval_s(lake.conn, 1)
+
+        def progress():
+            for job, p in followers.items():
+                assert p.poll() is None, f"{job}: {(tmp_path / f'{job}.err').read_text()[-3000:]}"
+            return jobs.show(lake.conn, "count").progress
+
+        _until(progress, 120, every_s=0.2)
+        pg_pair.fail_over()
+        lake.conn = db.connect(pg_pair.dsn(), lake.settings.schema)
+        after = [_until(progress, 60, every_s=0.2)]
+        for _ in range(3):
+            after.append(_until(lambda: (p := progress()) is not None and p > after[-1] and p, 120, every_s=0.2))
+    finally:
+        for p in followers.values():
+            p.terminate()
+        for p in followers.values():
+            p.wait(60)
+        err = stop_server(proc)
+    assert "Traceback" not in err, err[-3000:]
+    orders = lake.catalog.load_table(f"{lake.namespace}.orders").scan().to_arrow().to_pylist()
+    counted = lake.catalog.load_table(f"{lake.namespace}.by_barrier").scan().to_arrow().to_pylist()
+    per_barrier: dict[int, int] = {}
+    for row in orders:
+        per_barrier[row["barrier"]] = per_barrier.get(row["barrier"], 0) + 1
+    assert all(n == 3 for n in per_barrier.values()), "a barrier written twice"
+    pairs = [(r["barrier"], r["n"]) for r in counted]
+    assert len(pairs) == len({b for b, _ in pairs}), "a barrier counted twice"
+    assert all(per_barrier.get(b) == n for b, n in pairs)
