@@ -57,7 +57,7 @@ class EmbeddedPostgres:
         if user:
             undo["created_user"] = undo.get("created_user") or created
             for path in (bin_dir, self.state_dir):
-                for changed, mode in _make_traversable(path).items():
+                for changed, mode in make_traversable(path).items():
                     undo["modes"].setdefault(changed, mode)  # the first mode seen is the original
             self._undo_file.write_text(json.dumps(undo))
         running = self._running_port()
@@ -69,7 +69,7 @@ class EmbeddedPostgres:
             self.data_dir.mkdir(mode=0o700)
             if user:
                 shutil.chown(self.data_dir, user, user)
-            _run(
+            run_as(
                 [
                     str(bin_dir / "initdb"),
                     "-D",
@@ -84,7 +84,7 @@ class EmbeddedPostgres:
             )
         port = port or free_port()
         log = self.data_dir / "server.log"
-        _run(
+        run_as(
             [
                 str(bin_dir / "pg_ctl"),
                 "-D",
@@ -114,7 +114,7 @@ class EmbeddedPostgres:
     def stop(self) -> None:
         if not (self.data_dir / "postmaster.pid").exists():
             return
-        _run([str(find_binaries() / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"], _os_user()[0])
+        run_as([str(find_binaries() / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"], _os_user()[0])
 
     @staticmethod
     def runs_as() -> str | None:
@@ -181,7 +181,7 @@ def _os_user() -> tuple[str | None, bool]:
         return OS_USER, True
 
 
-def _make_traversable(path: Path) -> dict[str, int]:
+def make_traversable(path: Path) -> dict[str, int]:
     """Give others the x (traverse, not read) bit on ``path`` and every directory above it (and r
     on ``path``); the original modes of what it changed."""
     changed = {}
@@ -196,7 +196,7 @@ def _make_traversable(path: Path) -> dict[str, int]:
     return changed
 
 
-def _run(cmd: list[str], user: str | None) -> None:
+def run_as(cmd: list[str], user: str | None) -> None:
     try:
         subprocess.run(
             cmd,

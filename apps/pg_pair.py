@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psycopg
 
-from icebarrier.apps.embedded import EmbeddedPostgresError, _make_traversable, find_binaries, free_port
+from icebarrier.apps.embedded import EmbeddedPostgresError, find_binaries, free_port, make_traversable, run_as
 
 STANDBY_NAME = "standby"
 
@@ -96,8 +96,8 @@ class PostgresPair:
     def start(self) -> PostgresPair:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.user:
-            _make_traversable(self.state_dir)
-            _make_traversable(self.bin)
+            make_traversable(self.state_dir)
+            make_traversable(self.bin)
         self.primary = Node("a", self.state_dir / "a", free_port())
         self._dir(self.primary.data_dir)
         self._run(
@@ -155,14 +155,8 @@ class PostgresPair:
         self._run("pg_ctl", "-D", node.data_dir, "-l", node.data_dir / "server.log", "-w", "-t", "60",
                   "-o", options, "start")  # fmt: skip
 
-    def _run(self, program: str, *args) -> str:
-        cmd = [str(self.bin / program), *map(str, args)]
-        user = {"user": self.user, "group": self.user, "extra_groups": []} if self.user else {}
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd="/", timeout=120, **user)  # type: ignore[call-overload]
-        if done.returncode != 0:
-            detail = (done.stderr or done.stdout).strip().splitlines()
-            raise EmbeddedPostgresError(f"{program} failed: {detail[-1] if detail else done.returncode}")
-        return done.stdout
+    def _run(self, program: str, *args) -> None:
+        run_as([str(self.bin / program), *map(str, args)], self.user)
 
     # -- what clients are given ------------------------------------------------------------------
 
