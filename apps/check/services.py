@@ -16,6 +16,7 @@ from pathlib import Path
 from icebarrier.apps.check.exec_jobs import QUIET_S
 from icebarrier.apps.embedded import CLI, free_port
 from icebarrier.control_plane import upkeep
+from icebarrier.control_plane.fences import TTL_ENV
 from icebarrier.iceberg_ext.faults import MUTATION_ENV
 
 
@@ -156,6 +157,11 @@ class Maintenance(Service):
 
     def args(self) -> list[str]:
         return ["maintain", "--every", "0.2s"]
+
+    def environ(self) -> dict[str, str]:
+        # A lease to match its looks: a service killed by the run is taken over within 2 s (the
+        # default 10 s would leave a short run with little maintenance).
+        return {**super().environ(), TTL_ENV: "2s"}
 
     def configure(self, conn, tables) -> None:
         for table in tables:

@@ -135,15 +135,17 @@ def test_a_check_run_with_a_kafka_root_job_passes_and_a_read_uncommitted_source_
 
 @pytest.mark.slow
 def test_a_check_run_that_fails_the_primary_over_passes():
-    """`check --failover`: the control plane on a primary and a synchronous standby; where the run
-    would restart Postgres, the primary is killed (-9) and the standby promoted. Every job, the
-    catalog server, the readers and the expiry follow the multi-host DSN; the model finds every
-    acknowledged commit and completion, and every read consistent."""
-    done = _check("--seed", "5", "--duration", "20", "--failover")
+    """`check --failover --maintain`: the control plane on a primary and a synchronous standby;
+    where the run would restart Postgres, the primary is killed (-9) and the standby promoted.
+    Every job, the catalog server, the readers and the maintenance service (killed too) follow the
+    multi-host DSN; the model finds every acknowledged commit and completion, and every read
+    consistent; the maintenance service compacted and expired."""
+    done = _check("--seed", "7", "--duration", "20", "--failover", "--maintain")
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     report = json.loads(done.stdout)
     assert report["ok"] and report["failovers"] >= 1 and report["failovers"] == report["restarts"]
     assert "failing over: the primary killed" in done.stderr
+    assert report["maintenance"].get("compact done") and report["maintenance"].get("expire done")
 
 
 @pytest.mark.slow
