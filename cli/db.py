@@ -6,7 +6,7 @@ import click
 
 from icebarrier.cli.render import emit
 from icebarrier.control_plane import db as cp_db
-from icebarrier.control_plane import schema
+from icebarrier.control_plane import replication, schema
 from icebarrier.control_plane.model import parse_job_name
 
 
@@ -43,12 +43,19 @@ def status(obj) -> None:
         f"them (drop and register elsewhere) before purging or expiring either"
         for outer, inner in pairs
     ]
+    found = replication.standbys(settings.dsn)
+    lines += [
+        f"standby {s.host}:{s.port}: replays " + ("nothing yet" if s.lag_s is None else f"{s.lag_s:.1f} s behind")
+        for s in found
+    ]
+    replication.check_lag(found)  # past the bound: one line, exit 1
     payload = {
         **st.to_json(),
         "overlapping_locations": [
             {"table": inner.table, "location": inner.location, "under": outer.table, "under_location": outer.location}
             for outer, inner in pairs
         ],
+        "standbys": [s.to_json() for s in found],
     }
     emit(obj, payload, "\n".join(lines))
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 import requests
 
-from icebarrier.control_plane import db, jobs, tokens
+from icebarrier.control_plane import barriers, db, jobs, tokens
 from icebarrier.iceberg_ext.config import Settings
 from tests.iceberg_ext.catalog_server import Pipeline, access_token, free_port, rest, start_server, stop_server
 from tests.iceberg_ext.conftest import _lake
@@ -150,9 +150,6 @@ def test_job_exec_jobs_resume_on_their_own_after_a_failover(pair_lake, pg_pair, 
             with open(tmp_path / f"{job}.err", "w") as err:
                 args = exec_args(server, creds[job], job, command(lake, job, rows=3), "--follow", "--poll", "100ms")
                 followers[job] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err)
-        lake.conn.execute("SELECT 1")
-        from icebarrier.control_plane import barriers
-
         barriers.set_interval_s(lake.conn, 1)
 
         def progress():
@@ -182,3 +179,27 @@ def test_job_exec_jobs_resume_on_their_own_after_a_failover(pair_lake, pg_pair, 
     pairs = [(r["barrier"], r["n"]) for r in counted]
     assert len(pairs) == len({b for b, _ in pairs}), "a barrier counted twice"
     assert all(per_barrier.get(b) == n for b, n in pairs)
+
+
+@pytest.mark.slow
+def test_a_standby_lagging_past_the_bound_is_refused_in_one_line(pg_pair):
+    """`db status` names each standby and its lag; with the standby's replay paused and a commit
+    waiting for it, past ICEBARRIER_STANDBY_MAX_LAG it exits 1 in one line naming the setting."""
+    import os
+
+    env = {**os.environ, "ICEBARRIER_DSN": pg_pair.dsn(), "ICEBARRIER_STANDBY_MAX_LAG": "1s"}
+    upgrade = subprocess.run(["icebarrier", "db", "upgrade"], env=env, capture_output=True, text=True, timeout=120)
+    assert upgrade.returncode == 0, upgrade.stderr
+    standby = f"127.0.0.1:{pg_pair.standby.port}"
+    ok = subprocess.run(["icebarrier", "db", "status"], env=env, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and f"standby {standby}: replays 0.0 s behind" in ok.stdout, ok.stdout + ok.stderr
+    with db.connect(pg_pair.standby.dsn(), check_schema=False) as conn:
+        conn.execute("SELECT pg_wal_replay_pause()")
+    with db.connect(pg_pair.dsn()) as conn:  # acknowledged (flushed on the standby), not replayed there
+        barriers.issue(conn)
+    time.sleep(1.5)
+    late = subprocess.run(["icebarrier", "db", "status"], env=env, capture_output=True, text=True, timeout=60)
+    assert late.returncode == 1, late.stdout + late.stderr
+    lines = late.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in late.stderr, late.stderr
+    assert f"the standby at {standby} replays" in lines[0] and "ICEBARRIER_STANDBY_MAX_LAG=1s" in lines[0], lines[0]
