@@ -38,7 +38,7 @@ from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.fences import Fence
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.upkeep import Policy
-from icebarrier.iceberg_ext import faults, maintenance
+from icebarrier.iceberg_ext import maintenance
 from icebarrier.iceberg_ext.catalog import load_table, lost_race
 from icebarrier.iceberg_ext.catalog import pointers as catalog_pointers
 from icebarrier.iceberg_ext.config import Settings
@@ -97,12 +97,7 @@ class Maintainer:
         """Wait for the service's lock, then maintain until stopped, waiting again whenever the
         lock's connection is lost."""
         fence = Fence(
-            "maintenance",
-            "maintenance_state",
-            dsn=self.settings.dsn,
-            schema=self.settings.schema,
-            log=self.log,
-            wait_for_lease=not faults.mutated(faults.FENCE_NO_LEASE),
+            "maintenance", "maintenance_state", dsn=self.settings.dsn, schema=self.settings.schema, log=self.log
         )
         while fence.acquire(self._stop):
             self.log(f"maintain: running ({fence.holder}); a look every {self.tick_s:g}s")

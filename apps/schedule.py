@@ -39,7 +39,6 @@ from icebarrier.control_plane.errors import ControlPlaneUnavailableError, JobNot
 from icebarrier.control_plane.fences import Fence
 from icebarrier.control_plane.model import JobDefinition
 from icebarrier.control_plane.targets import Runner, TableTarget
-from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext.runtime import ANSWER
 
 DEFAULT_DURATION_S = 2.0  # a job's duration before its first measured run
@@ -314,14 +313,7 @@ class Schedule:
     def run(self) -> None:
         """Wait for the schedule's lock, then schedule until stopped (SIGTERM/SIGINT), waiting
         again whenever the lock's connection is lost. Runs in flight are stopped on exit."""
-        fence = Fence(
-            "schedule",
-            "schedule_state",
-            dsn=self.dsn,
-            schema=self.schema,
-            log=self.log,
-            wait_for_lease=not faults.mutated(faults.FENCE_NO_LEASE),
-        )
+        fence = Fence("schedule", "schedule_state", dsn=self.dsn, schema=self.schema, log=self.log)
         try:
             while fence.acquire(self._stop):
                 self.log(f"schedule: running ({fence.holder}); at most {self.parallel} runs at once")

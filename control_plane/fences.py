@@ -49,7 +49,7 @@ class Fence:
         wait_for_lease: bool = True,
     ):
         self.name, self.dsn, self.schema, self.log = name, dsn, schema, log
-        self.wait_for_lease = wait_for_lease  # False only for the checker's test of itself (a mutation)
+        self.wait_for_lease = wait_for_lease  # False only to break the fence on purpose (its test)
         self.state = sql.Identifier(state_table)
         self.holder = f"{socket.gethostname()} pid {os.getpid()}"
         self.conn: Conn | None = None  # the connection holding the lock, while it is held

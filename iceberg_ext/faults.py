@@ -41,15 +41,12 @@ def point(name: str) -> None:
 # the server hold a publish until maintenance moved a staged sink (the race, made certain).
 # ``kafka-uncommitted`` makes a Kafka source read its ranges read_uncommitted (aborted
 # transactions' records enter the table: `check --kafka` must fail).
-# ``fence-no-lease`` makes the schedule and the maintenance service act as soon as they hold the
-# advisory lock, not waiting for the previous holder's lease (after a failover two then act).
 MUTATION_ENV = "ICEBARRIER_MUTATION"
 NONATOMIC_PUBLISH = "nonatomic-publish"
 EXPIRE_PROTECTED = "expire-protected"
 NO_REBASE = "no-rebase"
 KAFKA_UNCOMMITTED = "kafka-uncommitted"
-FENCE_NO_LEASE = "fence-no-lease"
-MUTATIONS = (NONATOMIC_PUBLISH, EXPIRE_PROTECTED, NO_REBASE, KAFKA_UNCOMMITTED, FENCE_NO_LEASE)
+MUTATIONS = (NONATOMIC_PUBLISH, EXPIRE_PROTECTED, NO_REBASE, KAFKA_UNCOMMITTED)
 
 
 def mutated(name: str) -> bool:

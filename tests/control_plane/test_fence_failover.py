@@ -1,7 +1,7 @@
 """A service's fence (control_plane/fences.py) across a failover of the control plane's Postgres
 (apps/pg_pair.py): the advisory lock dies with the primary, the lease in the state row does not.
-At no moment may two holders act; without waiting for the lease (the checker's ``fence-no-lease``
-mutation) they do, and this test sees it."""
+At no moment may two holders act; without waiting for the lease (the fence broken on purpose)
+they do, and this test sees it."""
 
 from __future__ import annotations
 
