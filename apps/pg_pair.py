@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import psycopg
 
-from icebarrier.apps.embedded import EmbeddedPostgresError, find_binaries, free_port, make_traversable, run_as
+from icebarrier.apps.embedded import EmbeddedPostgresError, children, find_binaries, free_port, make_traversable, run_as
 
 STANDBY_NAME = "standby"
 
@@ -174,8 +173,7 @@ class PostgresPair:
         """SIGKILL the primary's postmaster and every backend (a lost machine); returns the time.monotonic() of death."""
         pid = self.primary.pid
         assert pid is not None, "the primary is not running"
-        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-        for p in [pid, *map(int, children)]:
+        for p in [pid, *children(pid)]:
             try:
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
@@ -188,9 +186,7 @@ class PostgresPair:
         assert self.standby is not None, "there is no standby to promote"
         started = time.monotonic()
         self._run("pg_ctl", "-D", self.standby.data_dir, "-w", "-t", "60", "promote")
-        with psycopg.connect(self.standby.dsn(), autocommit=True) as conn:
-            conn.execute("ALTER SYSTEM SET synchronous_standby_names = ''")
-            conn.execute("SELECT pg_reload_conf()")
+        self._name_synchronous_standby(self.standby, "")
         self.primary, self.standby = self.standby, None
         return time.monotonic() - started
 
@@ -201,11 +197,16 @@ class PostgresPair:
         if dead.pid is not None:
             self._run("pg_ctl", "-D", dead.data_dir, "-m", "immediate", "-w", "stop")
         self._clone(self.primary, dead)
-        with psycopg.connect(self.primary.dsn(), autocommit=True) as conn:
-            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'")
-            conn.execute("SELECT pg_reload_conf()")
+        self._name_synchronous_standby(self.primary, STANDBY_NAME)
         self.standby = dead
         self.wait_streaming()
+
+    @staticmethod
+    def _name_synchronous_standby(node: Node, name: str) -> None:
+        """Set ``synchronous_standby_names`` on ``node`` (``""``: commits wait for no standby)."""
+        with psycopg.connect(node.dsn(), autocommit=True) as conn:
+            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
+            conn.execute("SELECT pg_reload_conf()")
 
     def restart(self, *, down_s: float = 0.0) -> str:
         """What ``icebarrier check --failover`` does where a run restarts its Postgres: the primary

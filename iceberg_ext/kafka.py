@@ -371,6 +371,11 @@ def offsets_of(spec: dict) -> dict[int, tuple[int, int]]:
     return {int(p): (int(s), int(e)) for p, (s, e) in spec.get("offsets", {}).items()}
 
 
+def ends_of(offsets: dict[int, tuple[int, int]]) -> dict[int, int]:
+    """Where each partition's range ends: where the next range starts."""
+    return {p: e for p, (_, e) in offsets.items()}
+
+
 def _waiting(log_: KafkaLog, barrier: int, stable: int) -> str | None:
     if barrier <= stable:
         return None
@@ -416,7 +421,7 @@ class KafkaSource(Source):
 
     def plan(self, conn, job, barrier):
         previous = runs.last_range(conn, job, before_barrier=barrier)
-        starts = {p: e for p, (_, e) in offsets_of(previous or {}).items()}
+        starts = ends_of(offsets_of(previous or {}))
         return self.log.spec(self.log.plan(starts, barrier))
 
     def is_empty(self, spec):
@@ -505,7 +510,7 @@ def last_offsets(table, topic: str) -> dict[int, int]:
     for snapshot in lineage(table):
         props = summary_properties(snapshot)
         if props.get(SUMMARY_TOPIC) == topic and SUMMARY_OFFSETS in props:
-            return {p: e for p, (_, e) in decode_offsets(props[SUMMARY_OFFSETS]).items()}
+            return ends_of(decode_offsets(props[SUMMARY_OFFSETS]))
     return {}
 
 
@@ -538,7 +543,7 @@ def batch_offsets(df, previous: dict | None = None) -> dict[int, tuple[int, int]
     from pyspark.sql import functions as F
 
     rows = df.groupBy("partition").agg(F.min("offset").alias("lo"), F.max("offset").alias("hi")).collect()
-    carried = {p: (e, e) for p, (_, e) in offsets_of(previous or {}).items()}
+    carried = {p: (e, e) for p, e in ends_of(offsets_of(previous or {})).items()}
     return carried | {r["partition"]: (r["lo"], r["hi"] + 1) for r in rows}
 
 
@@ -610,13 +615,13 @@ class IdleSkipper(threading.Thread):
         last = runs.last_range(self._conn, job, before_barrier=plan.barrier + 1)
         if last is not None and (plan.from_barrier is None or last["barrier"] > plan.from_barrier):
             return None  # a batch recorded its range and has not committed it: it (or its replay) will
-        starts = {p: e for p, (_, e) in offsets_of(last or {}).items()}
+        starts = ends_of(offsets_of(last or {}))
         starts.update({p: e for p, e in self._read_empty.items() if e > starts.get(p, -1)})
         pending = {p: r for p, r in self.kafka.plan(starts, plan.barrier).items() if r[1] > r[0]}
         if pending:
             if self.kafka.holds_records(pending):
                 return None  # committed records for this barrier: Spark's next micro-batch takes them
-            self._read_empty.update({p: e for p, (_, e) in pending.items()})  # aborted records, markers
+            self._read_empty.update(ends_of(pending))  # aborted records, markers
         jobs.complete(self._conn, job, plan.barrier)
         return plan.barrier
 

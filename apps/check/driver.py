@@ -39,13 +39,14 @@ from collections import Counter
 from pathlib import Path
 
 from icebarrier.apps.check.audits import Audits
-from icebarrier.apps.check.exec_jobs import EXEC_JOBS, HOLD, children, exec_command
+from icebarrier.apps.check.exec_jobs import EXEC_JOBS, HOLD, exec_command
 from icebarrier.apps.check.fault_plan import fault_schedule, launch_fault
 from icebarrier.apps.check.model import DERIVED, JOBS, ROOTS, SCHEMAS, WINDOW
 from icebarrier.apps.check.processes import Env, Reconnecting
 from icebarrier.apps.check.reading import Reading
 from icebarrier.apps.check.report import CheckReport
 from icebarrier.apps.check.services import CatalogServer, Maintenance
+from icebarrier.apps.embedded import children
 from icebarrier.apps.pg_pair import PostgresPair
 from icebarrier.control_plane import barriers, jobs, leases, reads, tokens
 from icebarrier.control_plane.errors import (
@@ -476,17 +477,17 @@ def run_check(
                 elif fault.kind == "maintain":
                     run.maintenance.kill(fault.down_s)
                     report.faults["maintain@killed"] += 1
-                elif isinstance(server, PostgresPair):
-                    progress(f"check: failing over: the primary killed, the standby promoted {fault.down_s}s later")
-                    server.restart(down_s=fault.down_s)
-                    report.restarts += 1
-                    report.failovers += 1
-                    run.outage("Postgres failed over", fault.down_s)
                 else:
-                    progress(f"check: restarting the control-plane Postgres ({fault.down_s}s down)")
+                    failover = isinstance(server, PostgresPair)
+                    progress(
+                        f"check: failing over: the primary killed, the standby promoted {fault.down_s}s later"
+                        if failover
+                        else f"check: restarting the control-plane Postgres ({fault.down_s}s down)"
+                    )
                     server.restart(down_s=fault.down_s)
                     report.restarts += 1
-                    run.outage("Postgres restarted", fault.down_s)
+                    report.failovers += failover
+                    run.outage("Postgres failed over" if failover else "Postgres restarted", fault.down_s)
             for service in (run.catalog_server, run.maintenance):
                 if service is not None:
                     service.tend()

@@ -54,12 +54,3 @@ def exec_command(
         str(seed),
         str(barriers_file),
     ]
-
-
-def children(pid: int) -> list[int]:
-    """The process's child processes (Linux)."""
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
