@@ -64,7 +64,9 @@ REQUEST_TIMEOUT_S = 75.0
 MAX_WAIT_S = 60.0  # one long poll's wait at the server (< REQUEST_TIMEOUT_S)
 RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # --follow: back-off while no catalog answers
 RETRY_S = (0.1, 0.3, 1.0, 2.0, 4.0)  # one request whose answer was lost: sent again (same key) after these
-REFUSED_S = (0.0, 1.0, 2.0, 5.0, 10.0)  # --follow: a barrier refused at publish (409) runs again after these
+# --follow: a barrier refused at publish (409), or whose command failed (a catalog failing over
+# under it, a flaky source), runs again after these, in a row; then job exec gives up
+AGAIN_S = (0.0, 1.0, 2.0, 5.0, 10.0)
 
 
 class CatalogRequestError(IcebarrierError):
@@ -352,7 +354,7 @@ class JobExec:
         summary = ExecSummary(job=self.job)
         restore = self._install_signal_handlers()
         newest = None  # --once stops at the newest barrier issued when it started
-        refused = 0  # --follow: publishes of one barrier refused in a row, each run again
+        again = 0  # --follow: runs of one barrier refused or failed in a row, each run again
         try:
             while not self.stop.is_set():
                 try:
@@ -380,23 +382,24 @@ class JobExec:
                 try:
                     step = self._step(opened["opened"], session)
                 except CatalogRequestError as exc:
-                    if not follow or not exc.retriable or refused >= len(REFUSED_S):
+                    if not follow or not exc.retriable or again >= len(AGAIN_S):
                         raise
-                    self.log(
-                        f"job {self.job}: barrier {barrier_label(session['barrier'])} was refused at publish "
-                        f"({exc}); running it again in {REFUSED_S[refused]:g}s ({refused + 1} of {len(REFUSED_S)})"
-                    )
                     self.client.release(self.job, session["run_id"])  # what it staged goes; the plan stays
-                    if self.stop.wait(REFUSED_S[refused]):
+                    if self._wait_again(session["barrier"], f"was refused at publish ({exc})", again):
                         break
-                    refused += 1
+                    again += 1
                     continue
-                refused = 0
                 summary.steps.append(step)
                 summary.waiting = None
                 if step.outcome == "failed":
-                    summary.exit_code = step.exit_code
-                    break
+                    if not follow or again >= len(AGAIN_S):
+                        summary.exit_code = step.exit_code
+                        break
+                    if self._wait_again(step.barrier, "failed", again):
+                        break
+                    again += 1
+                    continue
+                again = 0
                 if not follow and newest is not None and step.barrier >= newest:
                     break  # --once: caught up with the newest barrier issued when it started
         finally:
@@ -405,6 +408,14 @@ class JobExec:
         if summary.waiting and not summary.steps:
             self.log(f"job {self.job}: nothing to do: it waits for {summary.waiting}")
         return summary
+
+    def _wait_again(self, barrier: int, why: str, again: int) -> bool:
+        """--follow: say barrier runs again, and wait for it; whether stopped meanwhile."""
+        self.log(
+            f"job {self.job}: barrier {barrier_label(barrier)} {why}; running it again in {AGAIN_S[again]:g}s "
+            f"({again + 1} of {len(AGAIN_S)} in a row before job exec gives up)"
+        )
+        return self.stop.wait(AGAIN_S[again])
 
     def _skipped(self, answer: dict, summary: ExecSummary) -> None:
         """Barriers the server completed for the job with no computation (no source changed)."""

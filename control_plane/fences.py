@@ -13,7 +13,8 @@ acting (a compaction in Spark commits through connections of its own). The lease
 holder renews ``lease_until`` (now + :data:`TTL_ENV`) at each look, replicated like any commit,
 and acts only while the lease it last renewed runs, counted from before it sent the renewal
 (:meth:`Fence.valid`). A new holder, once it has the lock, waits until the lease it finds has
-lapsed. A holder that stops lets its lease go, so the next one starts at once.
+lapsed. A holder that stops lets its lease go, so the next one starts at once; so does a holder
+that lost its connection and takes the lock again (it stopped acting when it lost it).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Fence:
         self.conn: Conn | None = None  # the connection holding the lock, while it is held
         self.ttl_s = db.duration_env_s(TTL_ENV, DEFAULT_TTL)
         self.valid_until = 0.0  # time.monotonic() until which the lease it last renewed runs
+        self.stopped = False  # it held the lease and stopped acting (released): a lease it finds of its own holds nobody
 
     def acquire(self, stop: threading.Event, *, poll_s: float = 1.0) -> bool:
         """Hold the lock and the lease (on a connection of the fence's own; :meth:`release` lets
@@ -106,6 +108,8 @@ class Fence:
         ).fetchone()
         if row is None or row["left_s"] is None or row["left_s"] <= 0 or not self.wait_for_lease:
             return True
+        if self.stopped and row["holder"] == self.holder:
+            return True  # its own, left when it lost its connection (a failover): nobody acts under it
         self.log(
             f"{self.name}: took the lock; {row['holder']} may still act until its lease lapses "
             f"in {row['left_s']:.1f} s (a failover took its lock); waiting"
@@ -146,4 +150,5 @@ class Fence:
                 pass  # the connection is gone: the lease lapses on its own
             self.conn.close()
             self.conn = None
+            self.stopped = True
         self.valid_until = 0.0

@@ -25,6 +25,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psycopg
+
 from icebarrier.control_plane import db, leases, reads
 from icebarrier.control_plane.errors import IcebarrierError, LeaseExpiredError, LeaseNotFoundError
 from icebarrier.control_plane.model import Cut, Level, TableName
@@ -104,10 +106,22 @@ class _LeaseKeeper:
         if self._thread is not None:
             self._thread.join(timeout=10)
         try:
-            if self.lease_id is not None and not self.conn.closed:
-                leases.release(self.conn, self.lease_id)
+            if self.lease_id is not None:
+                self._release()
         finally:
             self.conn.close()
+
+    def _release(self) -> None:
+        """Release the lease, on a new connection if its own broke (the primary failed over
+        since its last renewal); one that cannot be released lapses at its TTL."""
+        for again in (False, True):
+            try:
+                leases.release(self.conn, self.lease_id)
+                return
+            except psycopg.OperationalError:
+                if again:
+                    return
+                self._reconnect()
 
 
 class ConsistentRead:

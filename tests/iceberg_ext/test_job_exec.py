@@ -101,10 +101,17 @@ def job_exec(
     return summary
 
 
+PIPELINE_TABLES = ("orders", "by_barrier", "summary", "audit")
+
+
 def check_cut(catalog, namespace: str) -> tuple[int, int | None]:
     """The pipeline's invariant over one view of the four tables; (rows, newest barrier)."""
-    orders = catalog.load_table(f"{namespace}.orders").scan().to_arrow()
-    counts = catalog.load_table(f"{namespace}.by_barrier").scan().to_arrow()
+    return check_rows({t: catalog.load_table(f"{namespace}.{t}").scan().to_arrow() for t in PIPELINE_TABLES})
+
+
+def check_rows(tables: dict[str, pa.Table]) -> tuple[int, int | None]:
+    """The pipeline's invariant over the rows of its four tables at one cut; (rows, newest barrier)."""
+    orders, counts = tables["orders"], tables["by_barrier"]
     per_barrier = {
         r["barrier"]: r["count"]
         for r in orders.group_by("barrier")
@@ -115,9 +122,7 @@ def check_cut(catalog, namespace: str) -> tuple[int, int | None]:
     assert {r["barrier"]: r["n"] for r in counts.to_pylist()} == per_barrier
     newest = pc.max(orders["barrier"]).as_py()
     for sink in ("summary", "audit"):
-        assert catalog.load_table(f"{namespace}.{sink}").scan().to_arrow().to_pylist() == [
-            {"n": orders.num_rows, "last": newest}
-        ], sink
+        assert tables[sink].to_pylist() == [{"n": orders.num_rows, "last": newest}], sink
     return orders.num_rows, newest
 
 
@@ -534,6 +539,42 @@ def test_follow_runs_the_command_once_per_barrier_and_stops_on_sigterm(lake, ser
     assert summary["stopped_by_signal"] and [s["barrier"] for s in summary["steps"]] == marks
     counts = lake.catalog.load_table(f"{lake.namespace}.by_barrier").scan().to_arrow().to_pylist()
     assert sorted((r["barrier"], r["n"]) for r in counts) == list(zip(marks, (2, 3, 4)))
+
+
+FAILS_FIRST = """
+import os, subprocess, sys
+tries = sys.argv[1]
+n = int(open(tries).read()) if os.path.exists(tries) else 0
+open(tries, "w").write(str(n + 1))
+sys.exit(3 if n < 2 else subprocess.call(sys.argv[2:]))
+"""
+
+
+def test_follow_runs_a_barrier_whose_command_failed_again(lake, server, tmp_path):
+    """`job exec --follow` whose command fails twice (as one does when the catalog fails over
+    under it), then succeeds: it stays up, runs the same barrier again, and publishes it once."""
+    creds = setup_pipeline(lake)
+    mark = barriers.issue(lake.conn).barrier
+    job_exec(server, creds["ingest"], "ingest", command(lake, "ingest", rows=4))
+    (tmp_path / "fails_first.py").write_text(FAILS_FIRST)
+    flaky = [sys.executable, str(tmp_path / "fails_first.py"), str(tmp_path / "tries"), *command(lake, "count")]
+    with open(tmp_path / "follow.err", "w") as err:
+        follow = subprocess.Popen(
+            exec_args(server, creds["count"], "count", flaky, "--follow", "--poll", "100ms"),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    wait_progress(lake, "count", mark, follow, tmp_path / "follow.err")
+    follow.send_signal(signal.SIGTERM)
+    out, _ = follow.communicate(timeout=60)
+    log = (tmp_path / "follow.err").read_text()
+    assert follow.returncode == 0, log
+    assert "(2 of 5 in a row before job exec gives up)" in log, log
+    outcomes = [(s["barrier"], s["outcome"]) for s in json.loads(out)["steps"]]
+    assert outcomes == [(mark, "failed"), (mark, "failed"), (mark, "published")], outcomes
+    counts = lake.catalog.load_table(f"{lake.namespace}.by_barrier").scan().to_arrow().to_pylist()
+    assert [(r["barrier"], r["n"]) for r in counts] == [(mark, 4)]
 
 
 def test_a_session_lists_the_sinks_it_created_and_only_it_sees_them(lake, server):
