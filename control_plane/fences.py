@@ -56,7 +56,8 @@ class Fence:
         self.conn: Conn | None = None  # the connection holding the lock, while it is held
         self.ttl_s = db.duration_env_s(TTL_ENV, DEFAULT_TTL)
         self.valid_until = 0.0  # time.monotonic() until which the lease it last renewed runs
-        self.stopped = False  # it held the lease and stopped acting (released): a lease it finds of its own holds nobody
+        # it held the lease and stopped acting (released): a lease of its own it finds holds nobody
+        self.stopped = False
 
     def acquire(self, stop: threading.Event, *, poll_s: float = 1.0) -> bool:
         """Hold the lock and the lease (on a connection of the fence's own; :meth:`release` lets
