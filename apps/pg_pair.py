@@ -208,6 +208,27 @@ class PostgresPair:
             conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
             conn.execute("SELECT pg_reload_conf()")
 
+    def replicate_synchronously(self, synchronous: bool) -> None:
+        """Whether the primary waits for its standby at each commit (False: asynchronous
+        replication, what Patroni falls back to with ``synchronous_mode_strict: false``)."""
+        self._name_synchronous_standby(self.primary, STANDBY_NAME if synchronous else "")
+
+    def cut_off_standby(self, timeout_s: float = 30) -> None:
+        """The standby stops receiving WAL (a network partition between the two): its
+        ``primary_conninfo`` cleared; returns once the primary no longer streams to it."""
+        assert self.standby is not None, "there is no standby"
+        with psycopg.connect(self.standby.dsn(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET primary_conninfo = ''")
+            conn.execute("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with psycopg.connect(self.primary.dsn(), autocommit=True) as conn:
+                if not conn.execute("SELECT 1 FROM pg_stat_replication").fetchone():
+                    return
+            if time.monotonic() > deadline:
+                raise EmbeddedPostgresError(f"the standby on port {self.standby.port} still streams")
+            time.sleep(0.1)
+
     def restart(self, *, down_s: float = 0.0) -> str:
         """What ``icebarrier check --failover`` does where a run restarts its Postgres: the primary
         killed, ``down_s`` later the standby promoted (clients find it through :meth:`dsn`), then

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from icebarrier.apps.embedded import CLI
-from icebarrier.control_plane import barriers, db, jobs, leases, targets, tokens, upkeep
+from icebarrier.control_plane import barriers, db, jobs, leases, schema, targets, tokens, upkeep
 from icebarrier.control_plane.model import Level
 from icebarrier.control_plane.targets import Runner
 from icebarrier.iceberg_ext.config import Settings
@@ -330,3 +330,35 @@ def test_a_scheduled_pipeline_with_readers_and_maintenance_survives_losing_its_p
     assert set(per_barrier.values()) == {3}, f"a barrier written twice: {per_barrier}"
     counted = lake.catalog.load_table(f"{lake.namespace}.by_barrier").scan().to_arrow()["barrier"].to_pylist()
     assert len(counted) == len(set(counted)), "a barrier counted twice"
+
+
+@pytest.mark.slow
+def test_what_asynchronous_replication_loses(pg_pair):
+    """docs/failover.md, "Asynchronous replication": the standby cut off from the primary. With
+    synchronous replication a barrier's commit is not acknowledged (it waits for the standby), so
+    losing the primary loses nothing a client saw. Asynchronous (the setting cleared, as Patroni
+    does without synchronous_mode_strict), that commit and the next are acknowledged at once; the
+    primary dies, the standby is promoted, and both are gone."""
+    schema.upgrade(pg_pair.dsn(), "icebarrier")
+    with db.connect(pg_pair.dsn()) as conn:
+        kept = barriers.issue(conn)
+    pg_pair.cut_off_standby()
+    acknowledged: list[int] = []
+
+    def issue() -> None:
+        with db.connect(pg_pair.dsn()) as conn:
+            acknowledged.append(barriers.issue(conn).barrier)
+
+    waiting = threading.Thread(target=issue, daemon=True)
+    waiting.start()
+    waiting.join(2)
+    assert not acknowledged, "a commit the standby lacks was acknowledged under synchronous replication"
+    pg_pair.replicate_synchronously(False)
+    waiting.join(30)
+    issue()
+    assert len(acknowledged) == 2, "asynchronous: both acknowledged"
+    pg_pair.fail_over()
+    with db.connect(pg_pair.dsn()) as conn:
+        assert barriers.newest(conn).barrier == kept.barrier  # both acknowledged barriers are lost
+        lost = conn.execute("SELECT count(*) AS n FROM barriers WHERE barrier = ANY(%s)", (acknowledged,)).fetchone()
+    assert lost["n"] == 0
