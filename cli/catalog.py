@@ -11,8 +11,16 @@ import click
 from icebarrier.apps.catalog.clients import CA_CERT_ENV, ENGINES, configuration
 from icebarrier.cli.render import emit, table
 from icebarrier.control_plane import tables, tokens
-from icebarrier.control_plane.errors import InvalidValueError
-from icebarrier.control_plane.model import TableName, check_namespace, parse_duration_s, parse_size_bytes
+from icebarrier.control_plane.errors import InvalidNameError, InvalidValueError
+from icebarrier.control_plane.model import (
+    TableName,
+    check_namespace,
+    parse_duration_s,
+    parse_size_bytes,
+    quote_name,
+    split_name,
+    sql_levels,
+)
 
 
 @click.command("serve")
@@ -226,8 +234,15 @@ def _grant_options(command):
     )(command)
 
 
-def _namespace(text: str) -> str:
-    return ".".join(check_namespace(text.split(".")))
+def _namespace(text: str) -> tuple[str, ...]:
+    """A namespace as written (``a.b``: two levels; ```a.b```: one)."""
+    levels = split_name(text.strip())
+    if levels is None:
+        raise InvalidNameError(
+            f"namespace {text!r} is invalid; write its levels joined by '.', each letters, digits and underscores "
+            f"or quoted in backticks (`a.b` is one level)"
+        )
+    return check_namespace(levels)
 
 
 def _grants(obj, namespaces, table_names, write: bool) -> list[tokens.Grant]:
@@ -238,9 +253,11 @@ def _grants(obj, namespaces, table_names, write: bool) -> list[tokens.Grant]:
     given = []
     for text in namespaces:
         namespace = _namespace(text)
-        if not catalog.namespace_exists(namespace):
-            raise InvalidValueError(f"namespace {namespace} does not exist in the catalog; check --namespace")
-        given.append(tokens.Grant("namespace", namespace, privilege))
+        if not catalog.namespace_exists(sql_levels(namespace)):
+            raise InvalidValueError(
+                f"namespace {quote_name(namespace)} does not exist in the catalog; check --namespace"
+            )
+        given.append(tokens.Grant("namespace", quote_name(namespace), privilege))
     for text in table_names:
         name = TableName.parse(text)
         if not catalog.table_exists(name.identifier) and not tables.is_managed(obj.conn(), name):
@@ -321,7 +338,7 @@ def grant(obj, client_id: str, namespaces, table_names, write: bool) -> None:
 @click.pass_obj
 def ungrant(obj, client_id: str, namespaces, table_names) -> None:
     """Take grants back from a token; servers apply it at once."""
-    taken = [tokens.Grant("namespace", _namespace(n), "read") for n in namespaces]
+    taken = [tokens.Grant("namespace", quote_name(_namespace(n)), "read") for n in namespaces]
     taken += [tokens.Grant("table", str(TableName.parse(t)), "read") for t in table_names]
     if not taken:
         raise click.UsageError("name what to take back: --namespace NS and/or --table CATALOG.NS.TABLE")

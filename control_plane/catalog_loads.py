@@ -65,7 +65,7 @@ class LoadQuery:
             "job": self.job,
             "catalog_schema": self.catalog_schema,
             "catalog": self.table.catalog,
-            "namespace": ".".join(self.table.namespace),
+            "namespace": self.table.sql_namespace,
             "table": self.table.name,
             "name": self.managed_key,
             "mode": self.mode,

@@ -13,7 +13,6 @@ from enum import Enum
 
 from icebarrier.control_plane.errors import InvalidNameError, InvalidValueError
 
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _JOB = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
 _EXTERNAL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/@=+-]{0,511}")
 _HOLDER = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
@@ -22,45 +21,112 @@ _HOLDER = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
 # -- names: one rule for a namespace level and a table name, at every entry ----------------------
 
 NAME_MAX = 128  # characters in a namespace level or a table name
-NAMESPACE_MAX = 255  # characters in a namespace's dotted form (the SQL catalog's varchar(255))
-_NOT_IN_NAME = re.compile(r"[\x00-\x1f\x7f./]")
+NAMESPACE_MAX = 255  # characters in a namespace as the SQL catalog stores it (its varchar(255))
+_NOT_IN_NAME = re.compile(r"[\x00-\x1f\x7f/]")
 
 
 def check_name(value: str, what: str = "table name") -> str:
     """The rule for a namespace level or a table name (``what``), whoever creates it (the REST
-    catalog, the CLI, job registration): 1 to :data:`NAME_MAX` characters, not blank; no '.'
-    (the SQL catalog stores a namespace dotted, so ``["p", "q"]`` and ``["p.q"]`` would be one,
-    and ``..`` is a path), no '/' (a segment of REST paths and of the table's location), no
-    control character (NUL, the 0x1F that separates levels in paths, newlines). Raises
+    catalog, the CLI, job registration): 1 to :data:`NAME_MAX` characters, not blank, not ``.``
+    or ``..`` (a path that walks), no '/' (a segment of REST paths and of the table's location),
+    no control character (NUL, the 0x1F that separates levels in paths, newlines). A '.' inside
+    a name is allowed, as the spec has it: the SQL catalog stores it escaped
+    (:func:`sql_namespace`) and icebarrier quotes it (:meth:`TableName.__str__`). Raises
     :class:`InvalidNameError` naming the rule."""
-    if not isinstance(value, str) or not value.strip() or len(value) > NAME_MAX or _NOT_IN_NAME.search(value):
+    if (
+        not isinstance(value, str)
+        or not value.strip()
+        or len(value) > NAME_MAX
+        or _NOT_IN_NAME.search(value)
+        or value in (".", "..")
+    ):
         shown = value if not isinstance(value, str) or len(value) <= 40 else f"{value[:40]}…"
         raise InvalidNameError(
-            f"{what} {shown!r} is invalid: a name is 1 to {NAME_MAX} characters, not blank, without '.', '/' "
-            f"or control characters"
+            f"{what} {shown!r} is invalid: a name is 1 to {NAME_MAX} characters, not blank, not '.' or '..', "
+            f"without '/' or control characters"
         )
     return value
 
 
 def check_namespace(levels) -> tuple[str, ...]:
     """A namespace: at least one level, each by :func:`check_name`, at most
-    :data:`NAMESPACE_MAX` characters in its dotted form."""
+    :data:`NAMESPACE_MAX` characters as the SQL catalog stores it."""
     levels = tuple(levels)
     if not levels:
         raise InvalidNameError("a namespace has at least one level")
     for level in levels:
         check_name(level, "namespace level")
-    if len(".".join(levels)) > NAMESPACE_MAX:
+    if len(sql_namespace(levels)) > NAMESPACE_MAX:
         raise InvalidNameError(
-            f"namespace {'.'.join(levels)[:40]!r}… is invalid: at most {NAMESPACE_MAX} characters with its levels "
-            f"joined by '.'"
+            f"namespace {quote_name(levels)[:40]!r}… is invalid: at most {NAMESPACE_MAX} characters with its levels "
+            f"joined by '.' (a '.' or '%' inside a level counts 3)"
         )
     return levels
 
 
+# The SQL catalog (PyIceberg's and Iceberg's JDBC catalog) keeps a namespace in one column, its
+# levels joined by '.': a '.' inside a level is stored as %2E (and '%' as %25), so that ["a.b"]
+# and ["a", "b"] stay two namespaces, with two locations.
+_ESCAPED = re.compile(r"%(2E|25)")
+
+
+def sql_namespace(levels) -> str:
+    """A namespace as the SQL catalog's ``table_namespace`` column holds it."""
+    return ".".join(level.replace("%", "%25").replace(".", "%2E") for level in levels)
+
+
+def sql_levels(levels) -> tuple[str, ...]:
+    """A namespace's levels as PyIceberg's SQL catalog takes them (each escaped: it joins them by '.')."""
+    return tuple(sql_namespace((level,)) for level in levels)
+
+
+def namespace_from_sql(text: str) -> tuple[str, ...]:
+    """The levels of a namespace as the SQL catalog holds it (:func:`sql_namespace`, inverted)."""
+    return tuple(_ESCAPED.sub(lambda m: "." if m[1] == "2E" else "%", level) for level in text.split("."))
+
+
+# A name's parts as people write them (the CLI, logs, views, Spark SQL): `a.b`.c is the level
+# "a.b", then c. A part of lower-case letters, digits and '_' is written as is; any other is
+# quoted in backticks, verbatim, a backtick in it doubled, as Spark SQL quotes them. Unquoted, a
+# part of letters, digits and '_' is read lower-cased: a name reads back as it was written.
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LOWER = re.compile(r"[a-z_][a-z0-9_]*")
+_PART = re.compile(r"`((?:[^`]|``)*)`|([^.`]*)")
+
+
+def quote_part(part: str) -> str:
+    return part if _LOWER.fullmatch(part) else "`" + part.replace("`", "``") + "`"
+
+
+def quote_name(parts) -> str:
+    """Parts joined by '.', each quoted when it must be (:func:`split_name` reads it back)."""
+    return ".".join(map(quote_part, parts))
+
+
+def split_name(text: str) -> list[str] | None:
+    """The parts of a name written as :func:`quote_name` writes it; None if it is not one."""
+    parts, at = [], 0
+    while True:
+        match = _PART.match(text, at)
+        quoted, plain = match[1], match[2]
+        if quoted is not None:
+            parts.append(quoted.replace("``", "`"))
+        elif _PLAIN.fullmatch(plain):
+            parts.append(plain.lower())
+        else:
+            return None
+        at = match.end()
+        if at == len(text):
+            return parts
+        if text[at] != ".":
+            return None
+        at += 1
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class TableName:
-    """An Iceberg table identifier ``catalog.namespace[.namespace…].table``, lower-cased."""
+    """An Iceberg table identifier ``catalog.namespace[.namespace…].table``; written with parts
+    other than lower-case identifiers quoted in backticks (`` lake.`new.db`.`ta.ble` ``)."""
 
     catalog: str
     namespace: tuple[str, ...]
@@ -68,22 +134,41 @@ class TableName:
 
     @classmethod
     def parse(cls, text: str) -> TableName:
-        parts = text.strip().split(".")
-        if len(parts) < 3 or not all(_IDENT.fullmatch(p) for p in parts):
+        parts = split_name(text.strip())
+        if parts is None or len(parts) < 3 or not _PLAIN.fullmatch(parts[0]):
             raise InvalidNameError(
-                f"table name {text!r} is invalid; use catalog.namespace.table with letters, digits "
-                f"and underscores in each part, e.g. lake.db.orders"
+                f"table name {text!r} is invalid; use catalog.namespace.table, each part letters, digits and "
+                f"underscores or quoted in backticks (`a.b`, a backtick doubled), e.g. lake.db.orders"
             )
-        parts = [p.lower() for p in parts]
-        return cls(catalog=parts[0], namespace=check_namespace(parts[1:-1]), name=parts[-1])
+        try:
+            check_name(parts[-1])
+            return cls(catalog=parts[0], namespace=check_namespace(parts[1:-1]), name=parts[-1])
+        except InvalidNameError as exc:
+            raise InvalidNameError(f"table name {text!r} is invalid: {str(exc).split(' is invalid: ')[-1]}") from None
+
+    @classmethod
+    def from_sql_catalog(cls, catalog: str, namespace: str, name: str) -> TableName:
+        """The table of a row of the SQL catalog (its namespace column as stored)."""
+        return cls(catalog=catalog, namespace=namespace_from_sql(namespace), name=name)
 
     def __str__(self) -> str:
-        return ".".join((self.catalog, *self.namespace, self.name))
+        return quote_name((self.catalog, *self.namespace, self.name))
 
     @property
     def identifier(self) -> tuple[str, ...]:
-        """The identifier inside its catalog, as PyIceberg takes it."""
+        """The identifier inside its catalog as PyIceberg's SQL catalog takes it (a '.' in a
+        namespace level escaped, :func:`sql_namespace`; its table name as is)."""
+        return (*sql_levels(self.namespace), self.name)
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        """The identifier inside its catalog as the REST protocol and its clients take it."""
         return (*self.namespace, self.name)
+
+    @property
+    def sql_namespace(self) -> str:
+        """Its namespace as the SQL catalog's ``table_namespace`` column holds it."""
+        return sql_namespace(self.namespace)
 
 
 def parse_job_name(text: str) -> str:

@@ -17,7 +17,7 @@ from datetime import datetime
 from icebarrier.control_plane import audit
 from icebarrier.control_plane.db import Conn
 from icebarrier.control_plane.errors import IcebarrierError
-from icebarrier.control_plane.model import TableName, parse_job_name
+from icebarrier.control_plane.model import TableName, parse_job_name, quote_name
 
 SESSION_TTL_S = 3600
 
@@ -95,7 +95,7 @@ class Reach:
         """Whether a list shows ``namespace``: it is granted, under a grant, or above something granted."""
         if self.read_all or _under(namespace, self.read_namespaces):
             return True
-        name = ".".join(namespace)
+        name = quote_name(namespace)
         if any(n.startswith(name + ".") for n in self.read_namespaces):
             return True
         prefix = f"{catalog}.{name}."
@@ -103,7 +103,9 @@ class Reach:
 
 
 def _under(namespace: tuple[str, ...], granted: tuple[str, ...]) -> bool:
-    name = ".".join(namespace)
+    """Whether ``namespace`` is a granted one or under one (grants name namespaces as
+    :func:`~icebarrier.control_plane.model.quote_name` writes them: a prefix is a parent)."""
+    name = quote_name(namespace)
     return any(name == g or name.startswith(g + ".") for g in granted)
 
 
@@ -142,7 +144,7 @@ class Principal:
             raise NotGrantedError(
                 f"{self.describe()} may not read {table}: it has no grant on the table or its namespace; "
                 f"an admin grants it with `icebarrier token grant {self.client_id or 'CLIENT_ID'} --table {table}` "
-                f"(or --namespace {'.'.join(table.namespace)})"
+                f"(or --namespace {quote_name(table.namespace)})"
             )
 
     def sees_namespace(self, catalog: str, namespace: tuple[str, ...]) -> bool:
@@ -151,7 +153,7 @@ class Principal:
     def require_namespace(self, catalog: str, namespace: tuple[str, ...], *, write: bool = False) -> None:
         """Refuse (403) a namespace outside the grants: to see (load, exists, list its tables), or
         (``write``) to create, drop or change it (a write grant on it or above it)."""
-        name = ".".join(namespace)
+        name = quote_name(namespace)
         if (
             write
             and self.reach is not None

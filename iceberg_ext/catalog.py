@@ -269,7 +269,7 @@ def create_table(catalog, table: TableName, schema, *, properties: dict[str, str
     """Create a managed table (namespace too) with icebarrier's table properties."""
     if table.catalog != catalog.name:
         raise CatalogMismatchError(table, catalog.name)
-    catalog.create_namespace_if_not_exists(table.namespace)
+    catalog.create_namespace_if_not_exists(table.identifier[:-1])
     return catalog.create_table_if_not_exists(
         table.identifier, schema=schema, properties={**MANAGED_TABLE_PROPERTIES, **(properties or {})}
     )
@@ -395,13 +395,14 @@ def require_snapshots(catalog, snapshots: dict[TableName, int | None], barrier: 
 def names_breaking_rule(settings) -> list[tuple[str, str, str]]:
     """(kind, name, why) of every namespace and table in the SQL catalog whose name breaks the
     names rule (:func:`icebarrier.control_plane.model.check_name`): earlier versions let some
-    through. A namespace is stored dotted, so one whose dotted form splits into a level the rule
-    refuses is listed (``..``, a blank level)."""
+    through. A namespace is stored dotted, its levels escaped (:func:`~icebarrier.control_plane.model.sql_namespace`):
+    one that splits into a level the rule refuses (a blank one), or holds a '%' icebarrier would
+    not have stored (it cannot name it), is listed."""
     from psycopg import sql
 
     from icebarrier.control_plane import db
     from icebarrier.control_plane.errors import InvalidNameError
-    from icebarrier.control_plane.model import check_name, check_namespace
+    from icebarrier.control_plane.model import check_name, check_namespace, namespace_from_sql, sql_namespace
 
     cs = sql.Identifier(settings.catalog_schema)
     found = []
@@ -422,9 +423,14 @@ def names_breaking_rule(settings) -> list[tuple[str, str, str]]:
         ).fetchall()
     for row in namespaces:
         try:
-            check_namespace(row["ns"].split("."))
+            levels = check_namespace(namespace_from_sql(row["ns"]))
         except InvalidNameError as exc:
             found.append(("namespace", row["ns"], str(exc)))
+            continue
+        if sql_namespace(levels) != row["ns"]:
+            found.append(
+                ("namespace", row["ns"], "holds a '%' that is not %25 or %2E (how '%' and '.' inside a level are stored)")
+            )
     for row in tables:
         try:
             check_name(row["name"])
@@ -440,7 +446,7 @@ def pointers(conn, settings, only=None) -> dict:
     from psycopg import sql
 
     from icebarrier.control_plane.errors import IcebarrierError
-    from icebarrier.control_plane.model import TableName
+    from icebarrier.control_plane.model import TableName, check_name, check_namespace
 
     rows = conn.execute(
         sql.SQL(
@@ -448,12 +454,14 @@ def pointers(conn, settings, only=None) -> dict:
             "WHERE catalog_name = %s AND metadata_location IS NOT NULL AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL)"
             + (" AND table_namespace = %s AND table_name = %s" if only is not None else "")
         ).format(sql.Identifier(settings.catalog_schema)),
-        (settings.catalog, *((".".join(only.namespace), only.name) if only is not None else ())),
+        (settings.catalog, *((only.sql_namespace, only.name) if only is not None else ())),
     ).fetchall()
     found = {}
     for row in rows:
         try:
-            name = TableName.parse(f"{settings.catalog}.{row['ns']}.{row['name']}")
+            name = TableName.from_sql_catalog(settings.catalog, row["ns"], row["name"])
+            check_namespace(name.namespace)
+            check_name(name.name)
         except IcebarrierError:
             continue
         found[name] = row["metadata_location"]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from icebarrier.control_plane import reads
 from icebarrier.control_plane.errors import IcebarrierError
-from icebarrier.control_plane.model import JobDefinition, TableName, parse_job_name
+from icebarrier.control_plane.model import JobDefinition, TableName, parse_job_name, quote_name
 from icebarrier.iceberg_ext.catalog import ancestors, is_compaction, load_table, summary_properties
 from icebarrier.iceberg_ext.reads import ConsistentRead
 from icebarrier.iceberg_ext.sources import Source
@@ -198,7 +198,7 @@ class BarrierContext:
                     name, snapshot.snapshot_id, "operation merge-on-read delete", changelog_possible=False
                 )
         view = f"__icebarrier_changes_{abs(hash((str(name), start, end)))}"
-        ident = ".".join((*name.namespace, name.name))
+        ident = quote_name(name.identifier)  # as Spark's SQL catalog (JDBC) stores it
         self.spark.sql(
             f"CALL {name.catalog}.system.create_changelog_view(table => '{ident}', changelog_view => '{view}', "
             f"options => map('start-snapshot-id', '{start}', 'end-snapshot-id', '{end}'))"

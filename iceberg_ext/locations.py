@@ -19,6 +19,7 @@ from urllib.parse import unquote, urlsplit
 from psycopg import sql
 
 from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.control_plane.model import TableName
 
 # Table properties that place files outside the table's location: confined like it.
 PATH_PROPERTIES = ("write.data.path", "write.metadata.path", "write.object-storage.path", "write.folder-storage.path")
@@ -67,17 +68,23 @@ class Placed:
 
 
 def catalog_tables(conn, catalog_schema: str, catalog: str) -> list[tuple[str, str]]:
-    """(table, metadata location) of every table of the catalog, and of every sink a job session
-    created and has not published (its location is taken too)."""
+    """(table as icebarrier names it, metadata location) of every table of the catalog, and of
+    every sink a job session created and has not published (its location is taken too)."""
     rows = conn.execute(
         sql.SQL(
-            "SELECT concat_ws('.', catalog_name, table_namespace, table_name) AS name, metadata_location "
+            "SELECT table_namespace AS ns, table_name AS name, metadata_location "
             "FROM {}.iceberg_tables WHERE catalog_name = %s AND metadata_location IS NOT NULL "
-            "UNION ALL SELECT table_name, metadata_location FROM catalog_pending WHERE base_location IS NULL"
+            "UNION ALL SELECT NULL, table_name, metadata_location FROM catalog_pending WHERE base_location IS NULL"
         ).format(sql.Identifier(catalog_schema)),
         (catalog,),
     ).fetchall()
-    return [(r["name"], r["metadata_location"]) for r in rows]
+    return [
+        (
+            r["name"] if r["ns"] is None else str(TableName.from_sql_catalog(catalog, r["ns"], r["name"])),
+            r["metadata_location"],
+        )
+        for r in rows
+    ]
 
 
 def placed(tables: Iterable[tuple[str, str]], read_location: Callable[[str], str]) -> list[Placed]:

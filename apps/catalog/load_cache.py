@@ -74,7 +74,7 @@ _Key = tuple[str, str, str]  # the SQL catalog's (catalog_name, table_namespace,
 
 
 def _key(table: TableName) -> _Key:
-    return table.catalog, ".".join(table.namespace), table.name
+    return table.catalog, table.sql_namespace, table.name
 
 
 class LoadCache:

@@ -1,5 +1,7 @@
 """Namespaces: list, create, load, exists, drop, update properties. Reads go through any
-warehouse; changes through ``latest`` with a job token."""
+warehouse; changes through ``latest`` with a job token. A level may hold a '.': the SQL catalog
+is given each level escaped (:func:`~icebarrier.control_plane.model.sql_levels`), so ["a.b"] and
+["a", "b"] stay two namespaces."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from icebarrier.apps.catalog.deps import Caller, LakeDep, NamespacePath, PageSiz
 from icebarrier.apps.catalog.errors import UnprocessableError
 from icebarrier.apps.catalog.idempotency import Writes
 from icebarrier.apps.catalog.models import CreateNamespaceRequest, UpdateNamespacePropertiesRequest
+from icebarrier.control_plane.model import namespace_from_sql, sql_levels, sql_namespace
 
 router = APIRouter(prefix="/v1/{prefix}/namespaces")
 
@@ -24,9 +27,10 @@ def list_namespaces(
     pageSize: PageSize = None,
 ):
     """The namespaces the caller may see: granted, under a grant, or above something granted."""
-    found = lake.catalog.list_namespaces(parse_namespace(parent) if parent else ())
+    found = lake.catalog.list_namespaces(sql_levels(parse_namespace(parent)) if parent else ())
     catalog = lake.settings.catalog
-    return {"namespaces": [list(n) for n in found if who[0].sees_namespace(catalog, tuple(n))]}
+    levels = [namespace_from_sql(".".join(n)) for n in found]
+    return {"namespaces": [list(n) for n in levels if who[0].sees_namespace(catalog, n)]}
 
 
 @router.post("")
@@ -35,7 +39,7 @@ def create_namespace(to: Writing, lake: LakeDep, once: Writes, body: dict):
     to.principal.require_namespace(lake.settings.catalog, tuple(request.namespace), write=True)
 
     def create(conn):
-        lake.catalog.create_namespace(request.namespace, request.properties)
+        lake.catalog.create_namespace(sql_levels(request.namespace), request.properties)
         return JSONResponse({"namespace": list(request.namespace), "properties": request.properties})
 
     return once.run(create)
@@ -48,15 +52,15 @@ def load_namespace(warehouse: Reading, who: Caller, namespace: NamespacePath, la
     ``iceberg.unique-table-location``) and otherwise creates it eagerly and then refuses the
     location the create just wrote to."""
     who[0].require_namespace(lake.settings.catalog, namespace)
-    properties = lake.catalog.load_namespace_properties(namespace)
-    properties.setdefault("location", f"{lake.settings.warehouse.rstrip('/')}/{'.'.join(namespace)}")
+    properties = lake.catalog.load_namespace_properties(sql_levels(namespace))
+    properties.setdefault("location", f"{lake.settings.warehouse.rstrip('/')}/{sql_namespace(namespace)}")
     return {"namespace": list(namespace), "properties": properties}
 
 
 @router.head("/{namespace}")
 def namespace_exists(warehouse: Reading, who: Caller, namespace: NamespacePath, lake: LakeDep):
     who[0].require_namespace(lake.settings.catalog, namespace)
-    lake.catalog.load_namespace_properties(namespace)  # NoSuchNamespaceError: 404
+    lake.catalog.load_namespace_properties(sql_levels(namespace))  # NoSuchNamespaceError: 404
     return Response(status_code=204)
 
 
@@ -65,7 +69,7 @@ def drop_namespace(to: Writing, namespace: NamespacePath, lake: LakeDep, once: W
     to.principal.require_namespace(lake.settings.catalog, namespace, write=True)
 
     def drop(conn):
-        lake.catalog.drop_namespace(namespace)
+        lake.catalog.drop_namespace(sql_levels(namespace))
         return Response(status_code=204)
 
     return once.run(drop)
@@ -82,7 +86,9 @@ def update_properties(to: Writing, namespace: NamespacePath, lake: LakeDep, once
         )
 
     def update(conn):
-        summary = lake.catalog.update_namespace_properties(namespace, set(request.removals), request.updates)
+        summary = lake.catalog.update_namespace_properties(
+            sql_levels(namespace), set(request.removals), request.updates
+        )
         return JSONResponse({"updated": summary.updated, "removed": summary.removed, "missing": summary.missing})
 
     return once.run(update)

@@ -4,13 +4,15 @@
 |-----------------------------|------------------------------------------------------------------|
 | ``latest``                  | its current snapshot; the only warehouse that accepts writes     |
 | ``read-committed``          | the newest cut over all managed tables, stable per session       |
-| ``read-committed:<ns>``     | the same over the managed tables of namespace ``<ns>`` only      |
+| ``read-committed:<ns>``     | the same over the managed tables of namespace ``<ns>``           |
 | ``barrier-<B>``             | ``S(T, B)``                                                      |
 | ``lease-<ID>``              | the lease's cut; each load renews the lease                      |
 | ``job``, ``job:<JOB>``      | the job session of the token's job (an admin token names JOB):   |
 |                             | sources at ``S(T, B)`` of the session's barrier B, sinks with    |
 |                             | what the session staged; writes to the sinks are staged for B    |
 | ``job:<JOB>@<RUN>``         | the same, for as long as run RUN (``job exec``) holds the session |
+
+``<ns>`` is written as icebarrier writes names: ``a.b`` is two levels, ```a.b``` one.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from icebarrier.control_plane.errors import InvalidValueError
-from icebarrier.control_plane.model import parse_job_name
+from icebarrier.control_plane.errors import InvalidNameError, InvalidValueError
+from icebarrier.control_plane.model import check_namespace, parse_job_name, quote_name, split_name
 
-_NAMESPACE = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*")
 _RUN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -52,8 +53,11 @@ class Warehouse:
             return cls("latest")
         if text == "read-committed":
             return cls("read-committed")
-        if text.startswith("read-committed:") and _NAMESPACE.fullmatch(text.removeprefix("read-committed:")):
-            return cls("read-committed", namespace=text.removeprefix("read-committed:"))
+        if text.startswith("read-committed:") and (levels := split_name(text.removeprefix("read-committed:"))):
+            try:
+                return cls("read-committed", namespace=quote_name(check_namespace(levels)))
+            except InvalidNameError:
+                pass
         if text.startswith("barrier-") and text.removeprefix("barrier-").isdigit():
             barrier = int(text.removeprefix("barrier-"))
             if 0 < barrier < 2**63:

@@ -5,10 +5,12 @@ import pytest
 from icebarrier.control_plane.errors import InvalidNameError, InvalidValueError
 from icebarrier.control_plane.model import (
     TableName,
+    namespace_from_sql,
     parse_duration_s,
     parse_external_input,
     parse_job_name,
     parse_schema_name,
+    sql_namespace,
 )
 
 
@@ -19,11 +21,29 @@ from icebarrier.control_plane.model import (
         ("Lake.DB.Orders", "lake.db.orders"),
         ("lake.a.b.orders", "lake.a.b.orders"),
         (" lake.db.t_1 ", "lake.db.t_1"),
+        ("lake.`new.db`.`ta.ble`", "lake.`new.db`.`ta.ble`"),
+        ("lake.`db`.`Orders`", "lake.db.`Orders`"),
+        ("lake.`a``b`.`c d`", "lake.`a``b`.`c d`"),
     ],
 )
 def test_table_names_parse_and_normalise(text, expected):
-    """Valid identifiers parse and are lower-cased, nested namespaces allowed."""
+    """Plain parts are lower-cased, quoted ones kept verbatim (a backtick doubled); nested
+    namespaces allowed; a part is quoted back only when it must be."""
     assert str(TableName.parse(text)) == expected
+
+
+def test_a_dotted_level_is_one_level_and_stored_escaped():
+    """`a.b` is one level, a.b two: distinct names, identifiers and SQL catalog namespaces, each
+    read back as it was."""
+    one, two = TableName.parse("lake.`a.b`.t"), TableName.parse("lake.a.b.t")
+    assert one.namespace == ("a.b",) and two.namespace == ("a", "b")
+    assert one.identifier == ("a%2Eb", "t") and two.identifier == ("a", "b", "t")
+    assert one.sql_namespace == "a%2Eb" != two.sql_namespace == "a.b"
+    for levels in [("a.b",), ("a", "b"), ("50%",), ("%2E",), ("x.%.y", "z")]:
+        assert namespace_from_sql(sql_namespace(levels)) == levels
+        name = TableName(catalog="lake", namespace=levels, name="ta.ble")
+        assert TableName.parse(str(name)) == name
+        assert TableName.from_sql_catalog("lake", name.sql_namespace, "ta.ble") == name
 
 
 @pytest.mark.parametrize(
@@ -39,12 +59,23 @@ def test_table_names_parse_and_normalise(text, expected):
         "lake.db.a b",
         "lake.db.",
         "",
-        "lake.db." + "x" * 200,
+        "lake.`db.t",
+        "lake.db.`t`x",
+        "`lake`x.db.t",
     ],
 )
 def test_invalid_table_names_are_refused(text):
     """Malformed names are refused with a message that shows the expected form."""
     with pytest.raises(InvalidNameError, match="catalog.namespace.table"):
+        TableName.parse(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["lake.db." + "x" * 200, "lake.`..`.t", "lake.db.`.`", "lake.db.`a/b`", "lake.db.`a\nb`"]
+)
+def test_names_against_the_rule_are_refused_naming_it(text):
+    """Well-formed, but a part breaks the names rule: too long, a walking path, '/', a control character."""
+    with pytest.raises(InvalidNameError, match="not '.' or '..', without '/' or control characters"):
         TableName.parse(text)
 
 

@@ -25,14 +25,7 @@ PEER = Path(__file__).parent.parent / "peer"
 SPEC = PEER / "iceberg" / "rest-catalog-open-api.yaml"
 
 # Every failure of PyIceberg's suite we accept, by test id, with its reason. Empty: it all passes.
-NAMES_RULE = (
-    "a name with '.' is refused (the names rule, docs/serving.md): the SQL catalog stores a namespace dotted, "
-    "so a level holding a dot would be two levels, and a table named 'ta.ble' one more level"
-)
-PYICEBERG_DIFFERENCES: dict[str, str] = {
-    "test_namespace_with_dot[rest_test_catalog]": NAMES_RULE,
-    "test_table_name_with_dot[rest_test_catalog]": NAMES_RULE,
-}
+PYICEBERG_DIFFERENCES: dict[str, str] = {}
 
 # What the fuzzer may report and why: (check code, operation regex, regex over "<response message> |
 # <schemathesis' own message>", reason). Anything else fails the test.
@@ -40,10 +33,11 @@ FUZZ_DIFFERENCES = [
     (
         "ST202",
         r".",
-        r"a name is 1 to 128 characters, not blank, without '\.', '/' or control characters|at most 255 characters "
-        r"with its levels|must not contain NUL|a namespace has at least one level|String should have at least 1",
-        "the names rule (docs/serving.md): 1 to 128 characters, not blank, no '.', '/' or control character "
-        "(NUL, which Postgres text cannot hold, among them), a namespace at most 255 characters dotted",
+        r"a name is 1 to 128 characters, not blank, not '\.' or '\.\.', without '/' or control characters|at most "
+        r"255 characters with its levels|must not contain NUL|a namespace has at least one level|String should have "
+        r"at least 1",
+        "the names rule (docs/serving.md): 1 to 128 characters, not blank, not '.' or '..', no '/' or control "
+        "character (NUL, which Postgres text cannot hold, among them), a namespace at most 255 characters as stored",
     ),
     (
         "ST202",

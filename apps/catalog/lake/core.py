@@ -31,7 +31,7 @@ from icebarrier.apps.catalog.load_cache import LoadCache
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import audit, db, jobs, runs
 from icebarrier.control_plane.errors import IcebarrierError
-from icebarrier.control_plane.model import TableName
+from icebarrier.control_plane.model import TableName, quote_name, sql_levels, sql_namespace
 from icebarrier.control_plane.tokens import Principal
 from icebarrier.iceberg_ext import locations, rebase
 from icebarrier.iceberg_ext import storage as s3
@@ -253,13 +253,9 @@ class LakeCore:
         return TableName(catalog=self.settings.catalog, namespace=tuple(namespace), name=name)
 
     @staticmethod
-    def managed_key(table: TableName) -> str | None:
-        """``str(table)`` if the table could be managed (canonical: lower-case identifiers, no
-        dots inside a part), else None: such a table is never managed, whatever its spelling."""
-        try:
-            return str(table) if TableName.parse(str(table)) == table else None
-        except IcebarrierError:
-            return None
+    def managed_key(table: TableName) -> str:
+        """The table's name in the control plane (``str``: it reads back as the same table)."""
+        return str(table)
 
     def writer_of(self, conn, table: TableName) -> tuple[bool, str | None]:
         """(is the table managed, its writer job)."""
@@ -276,7 +272,7 @@ class LakeCore:
                     "name": self.managed_key(table),
                     "pointer": pointer,
                     "catalog": table.catalog,
-                    "namespace": ".".join(table.namespace),
+                    "namespace": table.sql_namespace,
                     "table": table.name,
                 },
             )
@@ -300,16 +296,18 @@ class LakeCore:
     def table_names(self, conn, namespace: tuple[str, ...]) -> list[str]:
         """The names of the namespace's tables (as PyIceberg's SQL catalog lists them, in one
         statement); NoSuchNamespaceError if the namespace does not exist."""
-        names = [r["table_name"] for r in conn.execute(self._list_sql, (self.settings.catalog, ".".join(namespace)))]
-        if not names and not self.catalog.namespace_exists(namespace):
+        names = [
+            r["table_name"] for r in conn.execute(self._list_sql, (self.settings.catalog, sql_namespace(namespace)))
+        ]
+        if not names and not self.catalog.namespace_exists(sql_levels(namespace)):
             from pyiceberg.exceptions import NoSuchNamespaceError
 
-            raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(namespace)}")
+            raise NoSuchNamespaceError(f"Namespace does not exist: {quote_name(namespace)}")
         return names
 
     def current(self, conn, table: TableName):
         """(metadata location, metadata, io) of the table's current version."""
-        row = conn.execute(self._pointer_sql, (table.catalog, ".".join(table.namespace), table.name)).fetchone()
+        row = conn.execute(self._pointer_sql, (table.catalog, table.sql_namespace, table.name)).fetchone()
         if row is None:
             from pyiceberg.exceptions import NoSuchTableError
 
@@ -350,7 +348,7 @@ class LakeCore:
         from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
         from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 
-        location = self.catalog._resolve_table_location(request.location, ".".join(table.namespace), table.name)
+        location = self.catalog._resolve_table_location(request.location, table.sql_namespace, table.name)
         self.confine(conn, table, location, request.properties or {})
         return dict(
             schema=request.table_schema,
@@ -413,7 +411,7 @@ class LakeCore:
         ``location``; a lost race is a :class:`CommitFailedException` (``lost`` says why)."""
         from pyiceberg.exceptions import CommitFailedException
 
-        key = (table.catalog, ".".join(table.namespace), table.name)
+        key = (table.catalog, table.sql_namespace, table.name)
         if expected is None:
             try:
                 with conn.transaction():
@@ -427,7 +425,7 @@ class LakeCore:
 
     def staged(self, conn, job: str | None, table: TableName) -> dict | None:
         """The job's staged (unpublished) commit of ``table``, if any."""
-        if job is None or self.managed_key(table) is None:
+        if job is None:
             return None
         return conn.execute(
             "SELECT barrier, base_location, metadata_location FROM catalog_pending "
@@ -552,7 +550,7 @@ class LakeCore:
             location, base = r["metadata_location"], r["base_location"]
             if base is not None:
                 now = conn.execute(  # locked: a maintenance commit waits for this publish, then loses its swap
-                    self._pointer_sql + " FOR UPDATE", (table.catalog, ".".join(table.namespace), table.name)
+                    self._pointer_sql + " FOR UPDATE", (table.catalog, table.sql_namespace, table.name)
                 ).fetchone()
                 if now is not None and now["metadata_location"] != base:
                     location, base = (

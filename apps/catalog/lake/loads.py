@@ -18,7 +18,7 @@ from icebarrier.apps.catalog.lake.sessions import Sessions
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import catalog_loads, leases
 from icebarrier.control_plane.errors import SnapshotExpiredError
-from icebarrier.control_plane.model import TableName
+from icebarrier.control_plane.model import TableName, quote_name
 from icebarrier.control_plane.tokens import AuthenticationError, Principal
 from icebarrier.iceberg_ext.pinning import pinned
 
@@ -150,7 +150,7 @@ class Loads(Sessions):
         or the warehouse is another). Raised only if the table turns out to be managed."""
         if warehouse.kind != "read-committed":
             return None
-        if warehouse.namespace is not None and ".".join(table.namespace) != warehouse.namespace:
+        if warehouse.namespace is not None and quote_name(table.namespace) != warehouse.namespace:
             return ForbiddenError(
                 f"warehouse {warehouse} reads only namespace {warehouse.namespace}, not {table}; "
                 f"use warehouse read-committed for the whole lake"

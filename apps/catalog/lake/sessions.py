@@ -123,8 +123,7 @@ class Sessions(LakeCore):
         self.require_sink(conn, session, table)
         if (
             self.staged(conn, session.job, table) is not None
-            or conn.execute(self._pointer_sql, (table.catalog, ".".join(table.namespace), table.name)).fetchone()
-            is not None
+            or conn.execute(self._pointer_sql, (table.catalog, table.sql_namespace, table.name)).fetchone() is not None
         ):
             raise TableAlreadyExistsError(f"table {table} already exists")
         made = self.catalog._create_staged_table(table.identifier, **self.create_args(conn, table, request))
@@ -177,7 +176,7 @@ class Sessions(LakeCore):
                 (job,),
             ).fetchall():
                 table = TableName.parse(r["table_name"])
-                now = conn.execute(self._pointer_sql, (table.catalog, ".".join(table.namespace), table.name)).fetchone()
+                now = conn.execute(self._pointer_sql, (table.catalog, table.sql_namespace, table.name)).fetchone()
                 if now is not None and now["metadata_location"] != r["base_location"]:
                     self._rival_met = True
                     return
