@@ -108,6 +108,7 @@ def split_name(text: str) -> list[str] | None:
     parts, at = [], 0
     while True:
         match = _PART.match(text, at)
+        assert match is not None  # one alternative matches the empty string
         quoted, plain = match[1], match[2]
         if quoted is not None:
             parts.append(quoted.replace("``", "`"))

@@ -175,7 +175,7 @@ class Principal:
             raise NotGrantedError(
                 f"{self.describe()} may not write {table}: a job writes its sinks, and other tables only with a "
                 f"write grant; an admin grants it with `icebarrier token grant {self.client_id or 'CLIENT_ID'} "
-                f"--write --table {table}` (or --namespace {'.'.join(table.namespace)})"
+                f"--write --table {table}` (or --namespace {quote_name(table.namespace)})"
             )
 
 

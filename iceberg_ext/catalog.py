@@ -429,7 +429,11 @@ def names_breaking_rule(settings) -> list[tuple[str, str, str]]:
             continue
         if sql_namespace(levels) != row["ns"]:
             found.append(
-                ("namespace", row["ns"], "holds a '%' that is not %25 or %2E (how '%' and '.' inside a level are stored)")
+                (
+                    "namespace",
+                    row["ns"],
+                    "holds a '%' that is not %25 or %2E (how '%' and '.' inside a level are stored)",
+                )
             )
     for row in tables:
         try:

@@ -56,8 +56,10 @@ _STATUS = [  # (exception class name, HTTP status, REST error type), most specif
     ("NoSuchTableError", 404, "NoSuchTableException"),
     ("TableNotFoundError", 404, "NoSuchTableException"),
     ("NoSuchNamespaceError", 404, "NoSuchNamespaceException"),
+    ("NoSuchViewError", 404, "NoSuchViewException"),
     ("TableAlreadyExistsError", 409, "AlreadyExistsException"),
     ("NamespaceAlreadyExistsError", 409, "AlreadyExistsException"),
+    ("ViewAlreadyExistsError", 409, "AlreadyExistsException"),
     ("NamespaceNotEmptyError", 409, "NamespaceNotEmptyException"),
     ("CommitFailedException", 409, "CommitFailedException"),
     ("UnprocessableError", 422, "UnprocessableEntityException"),
@@ -124,6 +126,8 @@ def install(app: FastAPI) -> None:
         iceberg_errors.TableAlreadyExistsError,
         iceberg_errors.NamespaceAlreadyExistsError,
         iceberg_errors.NamespaceNotEmptyError,
+        iceberg_errors.NoSuchViewError,
+        iceberg_errors.ViewAlreadyExistsError,
         iceberg_errors.CommitFailedException,
     )
     for kind in expected:

@@ -9,13 +9,15 @@ requirements) are PyIceberg's types, which follow the spec's component schemas.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, RootModel, field_validator
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table.sorting import SortOrder
 from pyiceberg.table.update import TableRequirement, TableUpdate
+from pyiceberg.view.metadata import ViewVersion
 
 from icebarrier.apps.catalog.errors import MalformedRequestError, describe_validation
 from icebarrier.control_plane import model
@@ -154,6 +156,66 @@ class ExistingIdentifier(_Request):
     @classmethod
     def _named(cls, value: str) -> str:
         return value or check_name(value, "table name")  # an empty name names nothing: the rule says so
+
+
+def _json(model_: BaseModel) -> dict:
+    """A model as the JSON the spec shows (lists, not tuples: stored metadata compares equal)."""
+    return json.loads(model_.model_dump_json(by_alias=True, exclude_none=True))
+
+
+class CreateViewRequest(_Request):
+    name: str
+    view_schema: Schema = Field(alias="schema")
+    view_version: ViewVersion = Field(alias="view-version")
+    location: str | None = None
+    properties: dict[str, str] = Field(default_factory=dict)
+
+    _name = field_validator("name")(TableIdentifier._table.__func__)  # type: ignore[attr-defined]  # the classmethod's function, reused
+    _props = field_validator("properties")(_properties)
+
+    def as_json(self) -> dict:
+        return {
+            "name": self.name,
+            "schema": _json(self.view_schema),
+            "view-version": _json(self.view_version),
+            "location": self.location,
+            "properties": self.properties,
+        }
+
+
+_VIEW_UPDATES = {  # action: the fields it needs, and the model of the one that has one
+    "assign-uuid": ("uuid", None),
+    "upgrade-format-version": ("format-version", None),
+    "add-schema": ("schema", Schema),
+    "set-location": ("location", None),
+    "set-properties": ("updates", None),
+    "remove-properties": ("removals", None),
+    "add-view-version": ("view-version", ViewVersion),
+    "set-current-view-version": ("view-version-id", None),
+}
+
+
+def _view_update(update: dict) -> dict:
+    """A view update with its fields checked (and its schema or version as the spec shows them)."""
+    if not isinstance(update, dict) or update.get("action") not in _VIEW_UPDATES:
+        action = update.get("action") if isinstance(update, dict) else update
+        raise ValueError(f"unknown view update {action!r}; use one of {', '.join(_VIEW_UPDATES)}")
+    key, kind = _VIEW_UPDATES[update["action"]]
+    if key not in update:
+        raise ValueError(f"{update['action']} needs {key}")
+    return {**update, key: _json(kind.model_validate(update[key]))} if kind is not None else update
+
+
+def _view_requirement(requirement: dict) -> dict:
+    if not isinstance(requirement, dict) or requirement.get("type") != "assert-view-uuid" or "uuid" not in requirement:
+        raise ValueError("a view's only requirement is assert-view-uuid, with its uuid")
+    return requirement
+
+
+class CommitViewRequest(_Request):
+    identifier: TableIdentifier | None = None
+    requirements: list[Annotated[dict, AfterValidator(_view_requirement)]] = Field(default_factory=list)
+    updates: list[Annotated[dict, AfterValidator(_view_update)]]
 
 
 class RenameTableRequest(_Request):

@@ -69,6 +69,7 @@ def drop_namespace(to: Writing, namespace: NamespacePath, lake: LakeDep, once: W
     to.principal.require_namespace(lake.settings.catalog, namespace, write=True)
 
     def drop(conn):
+        lake.require_no_views(conn, namespace)
         lake.catalog.drop_namespace(sql_levels(namespace))
         return Response(status_code=204)
 

@@ -3,7 +3,7 @@
 Every engine that speaks the REST catalog (Spark, PyIceberg, DuckDB, Trino…) reads consistent
 cuts by naming a warehouse (see :mod:`.warehouses`); what is read and written is the lake's
 (:mod:`.lake`). The routes follow the spec's resources: configuration and OAuth2
-(:mod:`.oauth`), namespaces (:mod:`.namespaces`), tables and transactions (:mod:`.tables`);
+(:mod:`.oauth`), namespaces (:mod:`.namespaces`), tables and transactions (:mod:`.tables`), views (:mod:`.views`);
 job sessions (:mod:`.sessions`, icebarrier's own, for ``icebarrier job exec``); the status
 page (:mod:`.ui`, ``/ui``), Prometheus metrics (:mod:`.metrics`, ``/metrics``) and health
 (:mod:`.health`, ``/healthz`` and ``/readyz``, without a token).
@@ -20,14 +20,26 @@ import socket
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from icebarrier.apps.catalog import access_log, errors, health, limits, metrics, namespaces, oauth, sessions, tables, ui
+from icebarrier.apps.catalog import (
+    access_log,
+    errors,
+    health,
+    limits,
+    metrics,
+    namespaces,
+    oauth,
+    sessions,
+    tables,
+    ui,
+    views,
+)
 from icebarrier.apps.catalog.lake import Lake
 from icebarrier.apps.catalog.notices import Hub
 from icebarrier.iceberg_ext.config import Settings
 
 WORKER_ENV = "ICEBARRIER_SERVE_WORKER"  # `serve --workers N`: what each worker process builds its app from
 
-ROUTERS = (health.router, oauth.router, namespaces.router, tables.router, sessions.router, ui.router)
+ROUTERS = (health.router, oauth.router, namespaces.router, tables.router, views.router, sessions.router, ui.router)
 
 
 def served_endpoints(routes: list[APIRoute]) -> list[str]:

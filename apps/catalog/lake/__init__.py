@@ -25,11 +25,12 @@ from icebarrier.apps.catalog.lake.admin import Admin
 from icebarrier.apps.catalog.lake.commits import Commits
 from icebarrier.apps.catalog.lake.core import LATEST, LakeCore, NeedsStorage, memory_only
 from icebarrier.apps.catalog.lake.loads import Loads
+from icebarrier.apps.catalog.lake.views import Views
 
 __all__ = ["LATEST", "Lake", "LakeCore", "NeedsStorage", "memory_only"]
 
 
-class Lake(Loads, Commits, Admin):
+class Lake(Loads, Commits, Admin, Views):
     """The lake as the server serves it: loads (:mod:`.loads`), job sessions (:mod:`.sessions`),
-    commits and publish (:mod:`.commits`) and table administration (:mod:`.admin`) over one core
+    commits and publish (:mod:`.commits`), table administration (:mod:`.admin`) and views (:mod:`.views`) over one core
     (:mod:`.core`)."""

@@ -4,16 +4,19 @@ refused for a managed table where the control plane's record would be lost.
 
 from __future__ import annotations
 
+from pyiceberg.exceptions import ViewAlreadyExistsError
+
 from icebarrier.apps.catalog.delegation import Delegation
 from icebarrier.apps.catalog.errors import ForbiddenError
 from icebarrier.apps.catalog.lake.sessions import Sessions
+from icebarrier.apps.catalog.lake.views import VIEW, Views, java_name
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.tokens import Principal
 
 
-class Admin(Sessions):
+class Admin(Sessions, Views):
     def may_write(self, conn, principal: Principal, table: TableName) -> bool:
         """Check that ``principal`` may change ``table``; returns whether it is managed."""
         managed, writer = self.writer_of(conn, table)
@@ -27,6 +30,7 @@ class Admin(Sessions):
         if warehouse.kind == "job":
             return self.create_staged(conn, self.session(conn, warehouse, principal), table, request, principal, access)
         managed = self.may_write(conn, principal, table)
+        self.require_not_a_view(conn, table)
         make = self.catalog._create_staged_table if request.stage_create else self.catalog.create_table
         made = make(table.identifier, **self.create_args(conn, table, request))
         return self.response(table, made.metadata_location, made.metadata, principal, access, managed=managed)
@@ -52,6 +56,7 @@ class Admin(Sessions):
         from pyiceberg.exceptions import NoSuchTableError
 
         managed = self.may_write(conn, principal, table)
+        self.require_not_a_view(conn, table)
         if overwrite and managed:
             raise ForbiddenError(
                 f"table {table} is managed by icebarrier; registering over it would replace its "
@@ -94,4 +99,9 @@ class Admin(Sessions):
                     f"table {table} is managed by icebarrier (written by {owner}); it is not renamed through the "
                     f"catalog. Register the job with the new sink name and let it write the new table instead"
                 )
+        self.table_is_a_view(conn, source)
+        if self.kind_of(conn, destination)[0] == VIEW:
+            raise ViewAlreadyExistsError(
+                f"Cannot rename {java_name(source)} to {java_name(destination)}. View already exists"
+            )
         self.catalog.rename_table(source.identifier, destination.identifier)

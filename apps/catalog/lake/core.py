@@ -135,12 +135,13 @@ class LakeCore:
         in_catalog = functools.partial(_catalog_sql, settings.catalog_schema)
         self._pointer_sql = in_catalog(
             "SELECT metadata_location FROM {cs}.iceberg_tables WHERE catalog_name = %s AND table_namespace = %s "
-            "AND table_name = %s"
+            "AND table_name = %s AND coalesce(iceberg_type, 'TABLE') = 'TABLE'"
         )
         self._state_sql = in_catalog(
             "SELECT m.table_id IS NOT NULL AS managed, j.name AS writer, CASE WHEN %(pointer)s THEN "
             "(SELECT metadata_location FROM {cs}.iceberg_tables WHERE catalog_name = %(catalog)s "
-            "AND table_namespace = %(namespace)s AND table_name = %(table)s) END AS location "
+            "AND table_namespace = %(namespace)s AND table_name = %(table)s "
+            "AND coalesce(iceberg_type, 'TABLE') = 'TABLE') END AS location "
             "FROM (SELECT 1) x LEFT JOIN managed_table m ON m.name = %(name)s "
             "LEFT JOIN job_sink k ON k.table_id = m.table_id LEFT JOIN job j ON j.job_id = k.job_id AND j.active"
         )

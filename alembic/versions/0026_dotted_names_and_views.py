@@ -1,4 +1,4 @@
-"""Names with dots (DESIGN.md, "The server on a network": names).
+"""Names with dots (DESIGN.md, "The server on a network": names), and views.
 
 A namespace level or a table name may hold a '.', as the REST spec allows. The SQL catalog keeps
 a namespace in one column, its levels joined by '.', so a '.' inside a level is stored as ``%2E``
@@ -13,10 +13,17 @@ a namespace in one column, its levels joined by '.', so a '.' inside a level is 
   ``check_catalog_write``) names the table that way, so a managed table with a dotted name is
   protected like any other.
 
+And views (the REST spec's view endpoints): a view is a row of ``iceberg_tables`` with
+``iceberg_type = 'VIEW'``, as Iceberg's JDBC catalog stores it. ``catalog_load`` reads a table's
+pointer only from a table's row, so a load of a view's name as a table finds no table.
+
 Revision ID: 0026
 Revises: 0025
 Create Date: 2026-11-27
 """
+
+import importlib.util
+from pathlib import Path
 
 from psycopg import sql
 
@@ -78,15 +85,38 @@ NEW_NAME = "catalog_table_name(p_catalog, p_namespace, p_table)"
 OLD_NAME = "lower(p_catalog || '.' || p_namespace || '.' || p_table)"
 
 
+ALL_ROWS = "'WHERE catalog_name = $1 AND table_namespace = $2 AND table_name = $3', p_catalog_schema)"
+TABLE_ROWS = (
+    "'WHERE catalog_name = $1 AND table_namespace = $2 AND table_name = $3 "
+    "AND coalesce(iceberg_type, ''TABLE'') = ''TABLE''', p_catalog_schema)"
+)
+LOAD_SIGNATURE = "catalog_load(text, text, text, text, text, text, text, text, bigint, text, integer)"
+
+
 def _search_path() -> str:
     return f"{sql.Identifier(context.config.attributes['schema']).as_string(None)}, pg_temp"
+
+
+def _catalog_load(rows: str) -> str:
+    """0024's ``catalog_load`` (0022's, returning the token's reach), reading ``rows``."""
+    path = Path(__file__).with_name("0024_grants.py")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    earlier = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(earlier)
+    text = earlier._catalog_load_0022()
+    for old, new in (*earlier._EDITS, (ALL_ROWS, rows)):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    return f"DROP FUNCTION {LOAD_SIGNATURE};\n" + text.format(search_path=_search_path())
 
 
 def upgrade() -> None:
     op.execute(NAME)
     op.execute(RLS.format(search_path=_search_path(), name=NEW_NAME))
+    op.execute(_catalog_load(TABLE_ROWS))
 
 
 def downgrade() -> None:
+    op.execute(_catalog_load(ALL_ROWS))
     op.execute(RLS.format(search_path=_search_path(), name=OLD_NAME))
     op.execute("DROP FUNCTION catalog_table_name(text, text, text);\nDROP FUNCTION quote_name_part(text);")
