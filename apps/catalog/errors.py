@@ -71,6 +71,7 @@ _STATUS = [  # (exception class name, HTTP status, REST error type), most specif
     ("ControlPlaneInterruptedError", 503, "ServiceUnavailableException"),
     ("StorageUnavailableError", 503, "ServiceUnavailableException"),
     ("ControlPlaneUnavailableError", 503, "ServiceUnavailableException"),
+    ("ViewMetadataError", 400, "IllegalArgumentException"),  # Java clients raise IllegalArgumentException
     ("ValidationError", 400, "BadRequestException"),
     ("IcebarrierError", 400, "BadRequestException"),
 ]

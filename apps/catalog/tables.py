@@ -34,6 +34,7 @@ from icebarrier.apps.catalog.deps import (
 )
 from icebarrier.apps.catalog.idempotency import Committed, Writes
 from icebarrier.apps.catalog.lake import Lake
+from icebarrier.apps.catalog.lake.core import java_name
 from icebarrier.apps.catalog.models import (
     CommitTableRequest,
     CommitTransactionRequest,
@@ -185,7 +186,7 @@ def load_credentials(at: ReadTable, planId: str | None = None):
         state = lake.table_state(conn, at.table)
     location = staged["metadata_location"] if staged else state.location
     if location is None:
-        raise NoSuchTableError(f"table {at.table} does not exist")
+        raise NoSuchTableError(f"Table does not exist: {java_name(at.table)}")
     _, table_location = lake.metadata_json(location)
     config, credentials = lake.storage_access(
         at.table,

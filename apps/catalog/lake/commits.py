@@ -5,6 +5,7 @@ job's barrier, and the one transaction that swaps every staged pointer and compl
 from __future__ import annotations
 
 from icebarrier.apps.catalog.errors import ForbiddenError
+from icebarrier.apps.catalog.lake.core import java_name
 from icebarrier.apps.catalog.lake.sessions import Sessions
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import db, jobs
@@ -70,7 +71,7 @@ class Commits(Sessions):
             elif any(isinstance(r, AssertCreate) for r in change.requirements):
                 current = None
             else:
-                raise NoSuchTableError(f"table {table} does not exist")
+                raise NoSuchTableError(f"Table does not exist: {java_name(table)}")
             try:
                 try:
                     new = self.catalog._update_and_stage_table(

@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
+from pyiceberg.exceptions import ViewAlreadyExistsError
 from pyiceberg.utils.config import Config
 
 from icebarrier.apps.catalog.delegation import (
@@ -93,6 +94,12 @@ def around_metadata(location: str, metadata_json: bytes, *fields: bytes) -> byte
     )
 
 
+def java_name(table: TableName) -> str:
+    """A name as Iceberg's reference messages print it (``ns.table``), which clients match (the
+    REST Compatibility Kit asserts how such messages start)."""
+    return ".".join(table.levels)
+
+
 def _catalog_sql(catalog_schema: str, text: str) -> str:
     """SQL over the SQL catalog's tables, ``{cs}`` being its schema."""
     return sql.SQL(text).format(cs=sql.Identifier(catalog_schema)).as_string(None)
@@ -152,6 +159,10 @@ class LakeCore:
         self._swap_sql = in_catalog(
             "UPDATE {cs}.iceberg_tables SET metadata_location = %s, previous_metadata_location = %s "
             "WHERE catalog_name = %s AND table_namespace = %s AND table_name = %s AND metadata_location = %s"
+        )
+        self._kind_sql = in_catalog(
+            "SELECT coalesce(iceberg_type, 'TABLE') AS kind, metadata_location FROM {cs}.iceberg_tables "
+            "WHERE catalog_name = %s AND table_namespace = %s AND table_name = %s"
         )
         self._insert_sql = in_catalog(
             "INSERT INTO {cs}.iceberg_tables (catalog_name, table_namespace, table_name, metadata_location, "
@@ -312,7 +323,7 @@ class LakeCore:
         if row is None:
             from pyiceberg.exceptions import NoSuchTableError
 
-            raise NoSuchTableError(f"table {table} does not exist")
+            raise NoSuchTableError(f"Table does not exist: {java_name(table)}")
         return (row["metadata_location"], *self.metadata(row["metadata_location"]))
 
     def placed(self, conn) -> list[locations.Placed]:
@@ -418,11 +429,19 @@ class LakeCore:
                 with conn.transaction():
                     moved = conn.execute(self._insert_sql, (*key, location)).rowcount
             except psycopg.errors.UniqueViolation:
+                if self.kind_of(conn, table)[0] == "VIEW":
+                    raise ViewAlreadyExistsError(f"View with same name already exists: {java_name(table)}") from None
                 moved = 0  # created meanwhile by someone else
         else:
             moved = conn.execute(self._swap_sql, (location, expected, *key, expected)).rowcount
         if moved != 1:
             raise CommitFailedException(f"table {table} {lost}")
+
+    def kind_of(self, conn, name: TableName) -> tuple[str | None, str | None]:
+        """(``VIEW`` or ``TABLE``, its metadata location) of the catalog's row named ``name``, or
+        (None, None): tables and views share one name space."""
+        row = conn.execute(self._kind_sql, (name.catalog, name.sql_namespace, name.name)).fetchone()
+        return (row["kind"], row["metadata_location"]) if row else (None, None)
 
     def staged(self, conn, job: str | None, table: TableName) -> dict | None:
         """The job's staged (unpublished) commit of ``table``, if any."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from icebarrier.apps.catalog.delegation import Delegation
 from icebarrier.apps.catalog.errors import ForbiddenError
-from icebarrier.apps.catalog.lake.core import around_metadata
+from icebarrier.apps.catalog.lake.core import around_metadata, java_name
 from icebarrier.apps.catalog.lake.sessions import Sessions
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import catalog_loads, leases
@@ -88,7 +88,7 @@ class Loads(Sessions):
         if state.staged_location is not None:  # the job's own commits of a barrier it has not published yet
             return self.answer(table, state.staged_location, principal, access, **where)
         if state.location is None:
-            raise NoSuchTableError(f"table {table} does not exist")
+            raise NoSuchTableError(f"Table does not exist: {java_name(table)}")
         if warehouse.kind == "latest" or not state.managed:
             return self.answer(table, state.location, principal, access, **where)
         if plan.refusal is not None:

@@ -28,16 +28,11 @@ from pyiceberg.exceptions import (
 )
 
 from icebarrier.apps.catalog import view_metadata
-from icebarrier.apps.catalog.lake.core import LakeCore, _catalog_sql
+from icebarrier.apps.catalog.lake.core import LakeCore, _catalog_sql, java_name
 from icebarrier.control_plane.model import TableName, quote_name, sql_levels, sql_namespace
 from icebarrier.control_plane.tokens import Principal
 
 VIEW, TABLE = "VIEW", "TABLE"
-
-
-def java_name(table: TableName) -> str:
-    """A name as Iceberg's reference messages print it (``ns.view``), which clients match."""
-    return ".".join(table.levels)
 
 
 class Views(LakeCore):
@@ -45,17 +40,6 @@ class Views(LakeCore):
 
     def _catalog(self, text: str) -> str:
         return _catalog_sql(self.settings.catalog_schema, text)
-
-    def kind_of(self, conn, name: TableName) -> tuple[str | None, str | None]:
-        """(``VIEW`` or ``TABLE``, its metadata location) of the catalog's row named ``name``, or (None, None)."""
-        row = conn.execute(
-            self._catalog(
-                "SELECT coalesce(iceberg_type, 'TABLE') AS kind, metadata_location FROM {cs}.iceberg_tables "
-                "WHERE catalog_name = %s AND table_namespace = %s AND table_name = %s"
-            ),
-            (name.catalog, name.sql_namespace, name.name),
-        ).fetchone()
-        return (row["kind"], row["metadata_location"]) if row else (None, None)
 
     def require_not_a_view(self, conn, name: TableName, doing: str = "create") -> None:
         """A table may not take a view's name (creating, registering or renaming onto it)."""
