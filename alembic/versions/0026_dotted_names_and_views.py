@@ -5,10 +5,11 @@ a namespace in one column, its levels joined by '.', so a '.' inside a level is 
 (and '%' as ``%25``); icebarrier writes names with such parts quoted in backticks
 (``lake.`new.db`.`ta.ble```, a backtick doubled), as Spark SQL quotes identifiers.
 
-- ``catalog_table_name(catalog, namespace, table)``: the name icebarrier gives a row of the SQL
-  catalog (its namespace as stored), as ``TableName.from_sql_catalog`` and ``str`` give it. A
-  part other than a lower-case identifier is quoted: the catalog is case-sensitive, so a row
-  ``Orders`` is not the managed table ``orders`` (until now both were lower-cased here).
+- ``catalog_table_name(catalog, namespace, table)``: the managed table a row of the SQL catalog
+  (its namespace as stored) would be, as the row-level security compares it: a part of letters,
+  digits and '_' lower-cased, as before (a job may not write ``RLS.B`` beside another job's
+  ``rls.b``: engines that match names case-insensitively would read one for the other), any
+  other part quoted as ``str(TableName)`` quotes it.
 - The row-level security of the catalog's pointer table (``may_write_catalog_table``,
   ``check_catalog_write``) names the table that way, so a managed table with a dotted name is
   protected like any other.
@@ -37,7 +38,8 @@ depends_on = None
 NAME = """
 CREATE FUNCTION quote_name_part(p_part text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN p_part ~ '^[a-z_][a-z0-9_]*$' THEN p_part ELSE '`' || replace(p_part, '`', '``') || '`' END
+    SELECT CASE WHEN p_part ~ '^[A-Za-z_][A-Za-z0-9_]*$' THEN lower(p_part)
+                ELSE '`' || replace(p_part, '`', '``') || '`' END
 $$;
 
 -- %2E is replaced first: in an escaped level every '%' starts %2E or %25, so neither replace

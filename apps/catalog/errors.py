@@ -8,7 +8,9 @@ endpoint answers in RFC 6749's own error model instead (see :mod:`.oauth`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import ast
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.control_plane.model import namespace_from_sql
 
 
 class ForbiddenError(IcebarrierError):
@@ -77,6 +80,62 @@ _STATUS = [  # (exception class name, HTTP status, REST error type), most specif
 ]
 
 
+def _levels(text: str) -> str:
+    """A namespace as PyIceberg's SQL catalog prints it (a tuple's repr, or dotted; its levels as
+    stored) as the reference prints it: levels joined by '.'."""
+    try:
+        levels = ast.literal_eval(text) if text.startswith("(") else (text,)
+    except (ValueError, SyntaxError):
+        return text
+    return ".".join(namespace_from_sql(".".join(levels)))
+
+
+def _changed(what: str) -> Callable[[re.Match], str]:
+    return lambda m: f"Requirement failed: {what} changed: expected id {m[1]} != {m[2]}"
+
+
+# PyIceberg's wording (its SQL catalog and its requirement checks) -> the reference catalog's, which
+# clients assert (the REST Compatibility Kit: how a message starts). The spec defines no wording.
+REFERENCE_WORDING: list[tuple[re.Pattern, Callable[[re.Match], str]]] = [
+    (re.compile(r"^Namespace (.+?) does not exists?$"), lambda m: f"Namespace does not exist: {_levels(m[1])}"),
+    (re.compile(r"^Namespace does not exist: (\(.*\))$"), lambda m: f"Namespace does not exist: {_levels(m[1])}"),
+    (re.compile(r"^Namespace (.+) already exists$"), lambda m: f"Namespace already exists: {_levels(m[1])}"),
+    (re.compile(r"^Table (\S+) already exists$"), lambda m: f"Table already exists: {m[1]}"),
+    (re.compile(r"^Table already exists$"), lambda m: "Requirement failed: table already exists"),
+    (
+        re.compile(r"^Table UUID does not match: (\S+) != (\S+)$"),
+        lambda m: f"Requirement failed: UUID does not match: expected {m[2]} != {m[1]}",
+    ),
+    (
+        re.compile(r"^Requirement failed: current schema id has changed: expected (\S+), found (\S+)$"),
+        _changed("current schema"),
+    ),
+    (
+        re.compile(r"^Requirement failed: last assigned field id has changed: expected (\S+), found (\S+)$"),
+        _changed("last assigned field id"),
+    ),
+    (
+        re.compile(r"^Requirement failed: last assigned partition id has changed: expected (\S+), found (\S+)$"),
+        _changed("last assigned partition id"),
+    ),
+    (
+        re.compile(r"^Requirement failed: default spec id has changed: expected (\S+), found (\S+)$"),
+        _changed("default partition spec"),
+    ),
+    (
+        re.compile(r"^Requirement failed: default sort order id has changed: expected (\S+), found (\S+)$"),
+        _changed("default sort order"),
+    ),
+]
+
+
+def reference_wording(message: str) -> str:
+    for pattern, reworded in REFERENCE_WORDING:
+        if match := pattern.match(message):
+            return reworded(match)
+    return message
+
+
 def error_response(exc: Exception) -> JSONResponse:
     """The spec's error model; the message is our one line."""
     if isinstance(exc, NotServedError):
@@ -85,7 +144,7 @@ def error_response(exc: Exception) -> JSONResponse:
         names = {cls.__name__ for cls in type(exc).__mro__}
         status, kind = next(((s, k) for n, s, k in _STATUS if n in names), (500, "InternalServerError"))
     text = str(exc).strip()
-    message = text.splitlines()[0] if text else type(exc).__name__
+    message = reference_wording(text.splitlines()[0]) if text else type(exc).__name__
     if status == 500:  # a bug: say so, and keep internals in the server's log
         message = f"internal error ({type(exc).__name__}); the server's log has the details"
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
