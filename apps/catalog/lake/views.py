@@ -41,14 +41,14 @@ class Views(LakeCore):
     def _catalog(self, text: str) -> str:
         return _catalog_sql(self.settings.catalog_schema, text)
 
-    def require_not_a_view(self, conn, name: TableName, doing: str = "create") -> None:
+    def require_not_a_view(self, conn, name: TableName) -> None:
         """A table may not take a view's name (creating, registering or renaming onto it)."""
         if self.kind_of(conn, name)[0] == VIEW:
             raise ViewAlreadyExistsError(f"View with same name already exists: {java_name(name)}")
 
     def _require_namespace(self, namespace: tuple[str, ...]) -> None:
         if not self.catalog.namespace_exists(sql_levels(namespace)):
-            raise NoSuchNamespaceError(f"Namespace does not exist: {quote_name(namespace)}")
+            raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(namespace)}")
 
     def view_names(self, conn, namespace: tuple[str, ...]) -> list[str]:
         rows = conn.execute(
@@ -98,7 +98,8 @@ class Views(LakeCore):
     def _default_location(self, name: TableName) -> str:
         return self.catalog._resolve_table_location(None, name.sql_namespace, name.name)
 
-    def create_view(self, conn, principal: Principal, name: TableName, request: dict) -> tuple[str, dict]:
+    def _require_free(self, conn, principal: Principal, name: TableName) -> None:
+        """May ``principal`` put a view at ``name``: its namespace exists, no table or view has it."""
         principal.require_write_unmanaged(name)
         self._require_namespace(name.namespace)
         kind, _ = self.kind_of(conn, name)
@@ -106,9 +107,8 @@ class Views(LakeCore):
             raise ViewAlreadyExistsError(f"View already exists: {java_name(name)}")
         if kind == TABLE:
             raise TableAlreadyExistsError(f"Table with same name already exists: {java_name(name)}")
-        metadata = view_metadata.create(request, self._default_location(name))
-        self.confine(conn, name, metadata["location"], metadata["properties"])
-        location = self._write(metadata, 0)
+
+    def _insert(self, conn, name: TableName, location: str) -> None:
         try:
             with conn.transaction():
                 conn.execute(
@@ -118,18 +118,19 @@ class Views(LakeCore):
                     ),
                     (name.catalog, name.sql_namespace, name.name, location),
                 )
-        except psycopg.errors.UniqueViolation:
+        except psycopg.errors.UniqueViolation:  # created meanwhile
             raise ViewAlreadyExistsError(f"View already exists: {java_name(name)}") from None
+
+    def create_view(self, conn, principal: Principal, name: TableName, request: dict) -> tuple[str, dict]:
+        self._require_free(conn, principal, name)
+        metadata = view_metadata.create(request, self._default_location(name))
+        self.confine(conn, name, metadata["location"], metadata["properties"])
+        location = self._write(metadata, 0)
+        self._insert(conn, name, location)
         return location, metadata
 
     def register_view(self, conn, principal: Principal, name: TableName, metadata_location: str) -> tuple[str, dict]:
-        principal.require_write_unmanaged(name)
-        self._require_namespace(name.namespace)
-        kind, _ = self.kind_of(conn, name)
-        if kind == VIEW:
-            raise ViewAlreadyExistsError(f"View already exists: {java_name(name)}")
-        if kind == TABLE:
-            raise TableAlreadyExistsError(f"Table with same name already exists: {java_name(name)}")
+        self._require_free(conn, principal, name)
         others = self.placed(conn)
         self.confinement.check_file(str(name), metadata_location, others)
         try:
@@ -141,14 +142,7 @@ class Views(LakeCore):
                 f"give the location of a view's metadata.json file"
             ) from None
         self.confine(conn, name, location, metadata.get("properties") or {}, others=others)
-        with conn.transaction():
-            conn.execute(
-                self._catalog(
-                    "INSERT INTO {cs}.iceberg_tables (catalog_name, table_namespace, table_name, "
-                    "metadata_location, previous_metadata_location, iceberg_type) VALUES (%s, %s, %s, %s, NULL, 'VIEW')"
-                ),
-                (name.catalog, name.sql_namespace, name.name, metadata_location),
-            )
+        self._insert(conn, name, metadata_location)
         return metadata_location, metadata
 
     def replace_view(
@@ -169,9 +163,7 @@ class Views(LakeCore):
                 raise NoSuchViewError(f"View does not exist: {java_name(name)}")
             current = row["metadata_location"]
             metadata = view_metadata.commit(self._read(current), requirements, updates)
-            if metadata["location"] != self._read(current)["location"] or any(
-                u.get("action") in ("set-properties", "set-location") for u in updates
-            ):
+            if any(u["action"] in ("set-properties", "set-location") for u in updates):  # where it writes
                 self.confine(conn, name, metadata["location"], metadata["properties"])
             location = self._write(metadata, self._version_of(current) + 1)
             conn.execute(
