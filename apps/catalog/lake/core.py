@@ -32,7 +32,7 @@ from icebarrier.apps.catalog.load_cache import LoadCache
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import audit, db, jobs, runs
 from icebarrier.control_plane.errors import IcebarrierError
-from icebarrier.control_plane.model import TableName, quote_name, sql_levels, sql_namespace
+from icebarrier.control_plane.model import TableName, sql_levels, sql_namespace
 from icebarrier.control_plane.tokens import Principal
 from icebarrier.iceberg_ext import locations, rebase
 from icebarrier.iceberg_ext import storage as s3
@@ -314,7 +314,7 @@ class LakeCore:
         if not names and not self.catalog.namespace_exists(sql_levels(namespace)):
             from pyiceberg.exceptions import NoSuchNamespaceError
 
-            raise NoSuchNamespaceError(f"Namespace does not exist: {quote_name(namespace)}")
+            raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(namespace)}")
         return names
 
     def current(self, conn, table: TableName):
