@@ -58,16 +58,15 @@ def test_trino_reads_every_warehouse_at_exact_counts(request, storage, tmp_path)
             assert got == [[rows]], (warehouse, got)
 
 
-def test_a_trino_join_and_a_view_through_read_committed_never_mix_barriers_while_the_pipeline_commits(
+def test_a_trino_join_in_a_view_through_read_committed_never_mixes_barriers_while_the_pipeline_commits(
     lake, server, tmp_path
 ):
-    """One Trino query joins orders and payments (written by two jobs, committed one after the
-    other) through read-committed while the pipeline advances, and another reads the view over
-    the same join (docs/views.md): every read sees both tables at one barrier. The same join
-    through latest, for contrast, mixes. Trino takes a new access token for each table it loads;
-    the moment is the client's. Trino resolves a view's tables only in the catalog the view
-    names: the view names `rc`. A quiet moment every 5 rounds lets the reads move with the
-    pipeline."""
+    """Trino reads a view joining orders and payments (written by two jobs, committed one after
+    the other) through read-committed while the pipeline advances (docs/views.md): every read sees
+    both tables at one barrier. The same join through latest, for contrast, mixes. Trino takes a
+    new access token for each table it loads; the moment is the client's. Trino resolves a view's
+    tables only in the catalog the view names: the view names `rc`. A quiet moment every 4 rounds
+    lets the reads move with the pipeline."""
     from tests.iceberg_ext.test_views import BOTH_SQL, two_table_view
 
     p = two_table_view(lake, server, "spark", "trino", catalog="rc")
@@ -84,7 +83,7 @@ def test_a_trino_join_and_a_view_through_read_committed_never_mix_barriers_while
             "FROM payments", f"FROM {catalog}.{ns}.payments"
         )
 
-    queries = {"join": join("rc"), "view": f"SELECT o, p FROM rc.{lake.namespace}.both", "latest": join("lt")}
+    queries = {"view": f"SELECT o, p FROM rc.{lake.namespace}.both", "latest": join("lt")}
     catalogs = {
         "rc": catalog_file(server, "read-committed", reader, "rc"),
         "lt": catalog_file(server, "latest", reader, "lt"),
@@ -94,21 +93,21 @@ def test_a_trino_join_and_a_view_through_read_committed_never_mix_barriers_while
         writer = threading.Thread(target=commit, daemon=True)
         writer.start()
         try:
-            for i in range(25):
+            for i in range(12):
                 for kind, query in queries.items():
                     seen[kind].append(trino.query(query)[0])
-                if i % 5 == 4:
+                if i % 4 == 3:
                     time.sleep(1.5)  # the server's --session-quiet is 1 s
         finally:
             stop.set()
             writer.join(timeout=60)
     mixed = {kind: [r for r in rows if r[0] != r[1]] for kind, rows in seen.items()}
     print(
-        f"trino: mixed reads {len(mixed['join'])}/25 joining through read-committed, {len(mixed['view'])}/25 "
-        f"through the view there, {len(mixed['latest'])}/25 joining through latest"
+        f"trino: mixed reads {len(mixed['view'])}/12 through the view in read-committed, "
+        f"{len(mixed['latest'])}/12 joining through latest"
     )
-    assert mixed["join"] == [] and mixed["view"] == [], (mixed["join"][:5], mixed["view"][:5])
-    assert len({r[0] for r in seen["join"]}) >= 3 and len({r[0] for r in seen["view"]}) >= 3  # they moved
+    assert mixed["view"] == [], mixed["view"][:5]
+    assert len({r[0] for r in seen["view"]}) >= 3  # the reads moved with the pipeline
 
 
 @pytest.mark.parametrize("storage", ["local", "s3"])
