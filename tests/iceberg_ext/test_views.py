@@ -205,7 +205,7 @@ def test_a_spark_query_on_a_two_table_view_reads_one_barrier_through_read_commit
     """Spark reads the view `both` (over two tables two jobs commit one after the other) while
     the pipeline commits: through read-committed every read sees both tables at one barrier and
     the reads move with the pipeline; through latest, for contrast, the share of mixed reads is
-    measured and printed."""
+    measured and printed; through barrier-<B> the view shows both tables at B."""
     p = two_table_view(lake, server, "spark")
     reader = ":".join(tokens.create(lake.conn, whole_lake=True))
     rc, latest = (_spark_catalog(spark, server, w, reader) for w in ("read-committed", "latest"))
@@ -234,3 +234,6 @@ def test_a_spark_query_on_a_two_table_view_reads_one_barrier_through_read_commit
     )
     assert mixed[rc] == [], mixed[rc][:5]
     assert len({r.o for r in seen[rc]}) >= 3  # the reads moved with the pipeline
+    pinned = _spark_catalog(spark, server, f"barrier-{p.marks[1]}", reader)  # the view at B: both tables at B
+    row = spark.sql(f"SELECT o, p FROM {pinned}.{lake.namespace}.both").collect()[0]
+    assert (row.o, row.p) == (p.marks[1], p.marks[1])
