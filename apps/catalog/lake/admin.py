@@ -8,9 +8,9 @@ from pyiceberg.exceptions import ViewAlreadyExistsError
 
 from icebarrier.apps.catalog.delegation import Delegation
 from icebarrier.apps.catalog.errors import ForbiddenError
-from icebarrier.apps.catalog.lake.core import java_name
+from icebarrier.apps.catalog.lake.core import VIEW, java_name
 from icebarrier.apps.catalog.lake.sessions import Sessions
-from icebarrier.apps.catalog.lake.views import VIEW, Views
+from icebarrier.apps.catalog.lake.views import Views
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import TableName

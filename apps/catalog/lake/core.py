@@ -94,6 +94,9 @@ def around_metadata(location: str, metadata_json: bytes, *fields: bytes) -> byte
     )
 
 
+VIEW = "VIEW"  # iceberg_tables.iceberg_type of a view (tables and views share one name space)
+
+
 def java_name(table: TableName) -> str:
     """A name as Iceberg's reference messages print it (``ns.table``), which clients match (the
     REST Compatibility Kit asserts how such messages start)."""
@@ -429,8 +432,7 @@ class LakeCore:
                 with conn.transaction():
                     moved = conn.execute(self._insert_sql, (*key, location)).rowcount
             except psycopg.errors.UniqueViolation:
-                if self.kind_of(conn, table)[0] == "VIEW":
-                    raise ViewAlreadyExistsError(f"View with same name already exists: {java_name(table)}") from None
+                self.require_not_a_view(conn, table)
                 moved = 0  # created meanwhile by someone else
         else:
             moved = conn.execute(self._swap_sql, (location, expected, *key, expected)).rowcount
@@ -442,6 +444,11 @@ class LakeCore:
         (None, None): tables and views share one name space."""
         row = conn.execute(self._kind_sql, (name.catalog, name.sql_namespace, name.name)).fetchone()
         return (row["kind"], row["metadata_location"]) if row else (None, None)
+
+    def require_not_a_view(self, conn, name: TableName) -> None:
+        """A table may not take a view's name (creating, registering or renaming onto it)."""
+        if self.kind_of(conn, name)[0] == VIEW:
+            raise ViewAlreadyExistsError(f"View with same name already exists: {java_name(name)}")
 
     def staged(self, conn, job: str | None, table: TableName) -> dict | None:
         """The job's staged (unpublished) commit of ``table``, if any."""

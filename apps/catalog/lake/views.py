@@ -28,11 +28,11 @@ from pyiceberg.exceptions import (
 )
 
 from icebarrier.apps.catalog import view_metadata
-from icebarrier.apps.catalog.lake.core import LakeCore, _catalog_sql, java_name
+from icebarrier.apps.catalog.lake.core import VIEW, LakeCore, _catalog_sql, java_name
 from icebarrier.control_plane.model import TableName, quote_name, sql_levels, sql_namespace
 from icebarrier.control_plane.tokens import Principal
 
-VIEW, TABLE = "VIEW", "TABLE"
+TABLE = "TABLE"
 
 
 class Views(LakeCore):
@@ -40,11 +40,6 @@ class Views(LakeCore):
 
     def _catalog(self, text: str) -> str:
         return _catalog_sql(self.settings.catalog_schema, text)
-
-    def require_not_a_view(self, conn, name: TableName) -> None:
-        """A table may not take a view's name (creating, registering or renaming onto it)."""
-        if self.kind_of(conn, name)[0] == VIEW:
-            raise ViewAlreadyExistsError(f"View with same name already exists: {java_name(name)}")
 
     def _require_namespace(self, namespace: tuple[str, ...]) -> None:
         if not self.catalog.namespace_exists(sql_levels(namespace)):
