@@ -19,6 +19,7 @@ from pyiceberg.table.sorting import SortOrder
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.view.metadata import ViewVersion
 
+from icebarrier.apps.catalog import view_metadata
 from icebarrier.apps.catalog.errors import MalformedRequestError, describe_validation
 from icebarrier.control_plane import model
 from icebarrier.control_plane.errors import InvalidNameError
@@ -183,26 +184,21 @@ class CreateViewRequest(_Request):
         }
 
 
-_VIEW_UPDATES = {  # action: the fields it needs, and the model of the one that has one
-    "assign-uuid": ("uuid", None),
-    "upgrade-format-version": ("format-version", None),
-    "add-schema": ("schema", Schema),
-    "set-location": ("location", None),
-    "set-properties": ("updates", None),
-    "remove-properties": ("removals", None),
-    "add-view-version": ("view-version", ViewVersion),
-    "set-current-view-version": ("view-version-id", None),
-}
+_VIEW_MODELS: dict[str, type[BaseModel]] = {
+    "add-schema": Schema,
+    "add-view-version": ViewVersion,
+}  # a model of the spec
 
 
 def _view_update(update: dict) -> dict:
     """A view update with its fields checked (and its schema or version as the spec shows them)."""
-    if not isinstance(update, dict) or update.get("action") not in _VIEW_UPDATES:
+    if not isinstance(update, dict) or update.get("action") not in view_metadata.UPDATES:
         action = update.get("action") if isinstance(update, dict) else update
-        raise ValueError(f"unknown view update {action!r}; use one of {', '.join(_VIEW_UPDATES)}")
-    key, kind = _VIEW_UPDATES[update["action"]]
+        raise ValueError(f"unknown view update {action!r}; use one of {', '.join(view_metadata.UPDATES)}")
+    key, _ = view_metadata.UPDATES[update["action"]]
     if key not in update:
         raise ValueError(f"{update['action']} needs {key}")
+    kind = _VIEW_MODELS.get(update["action"])
     return {**update, key: _json(kind.model_validate(update[key]))} if kind is not None else update
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException
 
@@ -253,23 +254,21 @@ def commit(base: dict, requirements: list[dict], updates: list[dict]) -> dict:
             )
     builder = Builder(base)
     for update in updates:
-        action = update.get("action")
-        if action == "assign-uuid":
-            builder.assign_uuid(update["uuid"])
-        elif action == "upgrade-format-version":
-            builder.upgrade_format_version(update["format-version"])
-        elif action == "add-schema":
-            builder.add_schema(update["schema"])
-        elif action == "set-location":
-            builder.set_location(update.get("location"))
-        elif action == "set-properties":
-            builder.set_properties(update["updates"])
-        elif action == "remove-properties":
-            builder.remove_properties(update["removals"])
-        elif action == "add-view-version":
-            builder.add_version(update["view-version"])
-        elif action == "set-current-view-version":
-            builder.set_current_version(update["view-version-id"])
-        else:
-            raise ViewMetadataError(f"update {action!r} does not apply to a view")
+        if update.get("action") not in UPDATES:
+            raise ViewMetadataError(f"update {update.get('action')!r} does not apply to a view")
+        field, step = UPDATES[update["action"]]
+        step(builder, update.get(field))
     return builder.build()
+
+
+# action: the field of the update it takes, and the builder's step (the spec's ViewUpdate)
+UPDATES: dict[str, tuple[str, Callable[[Builder, Any], object]]] = {
+    "assign-uuid": ("uuid", Builder.assign_uuid),
+    "upgrade-format-version": ("format-version", Builder.upgrade_format_version),
+    "add-schema": ("schema", Builder.add_schema),
+    "set-location": ("location", Builder.set_location),
+    "set-properties": ("updates", Builder.set_properties),
+    "remove-properties": ("removals", Builder.remove_properties),
+    "add-view-version": ("view-version", Builder.add_version),
+    "set-current-view-version": ("view-version-id", Builder.set_current_version),
+}
