@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -44,6 +45,7 @@ from icebarrier.apps.catalog.models import (
     ReportMetricsRequest,
     TableIdentifier,
 )
+from icebarrier.control_plane.tokens import Principal
 from icebarrier.iceberg_ext import storage as s3
 
 router = APIRouter(prefix="/v1/{prefix}")
@@ -74,10 +76,15 @@ def list_tables(
         if warehouse.kind == "job":
             session = lake.session(conn, warehouse, principal)
             found.update(t.identifier[-1] for t in lake.created(conn, session.job) if t.namespace == namespace)
+    return identifiers(lake, principal, namespace, found)
+
+
+def identifiers(lake: Lake, principal: Principal, namespace: tuple[str, ...], names: Iterable[str]) -> Response:
+    """A ListTablesResponse (of tables, or of views) naming those of ``names`` the caller may read."""
     if principal.reach is not None:  # only what it may read
-        found = {name for name in found if principal.reads(lake.table_name(namespace, name))}
+        names = {name for name in names if principal.reads(lake.table_name(namespace, name))}
     listed = list(namespace)
-    body = {"identifiers": [{"namespace": listed, "name": name} for name in sorted(found)]}
+    body = {"identifiers": [{"namespace": listed, "name": name} for name in sorted(names)]}
     return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
 

@@ -30,6 +30,7 @@ from icebarrier.apps.catalog.models import (
     RegisterTableRequest,
     RenameTableRequest,
 )
+from icebarrier.apps.catalog.tables import identifiers
 from icebarrier.control_plane.tokens import Principal
 
 router = APIRouter(prefix="/v1/{prefix}")
@@ -71,9 +72,7 @@ def list_views(
     principal = acting(who[0], warehouse)
     principal.require_namespace(lake.settings.catalog, namespace)
     with lake.pool.connection() as conn:
-        names = lake.view_names(conn, namespace)
-    names = [n for n in names if principal.reads(lake.table_name(namespace, n))]
-    return {"identifiers": [{"namespace": list(namespace), "name": n} for n in names]}
+        return identifiers(lake, principal, namespace, lake.view_names(conn, namespace))
 
 
 @router.post("/namespaces/{namespace}/views")
