@@ -93,11 +93,21 @@ class NextBarrier:
     from_barrier: int | None = None
     anchors_in_range: int = 0
     root: bool = False  # the job has no sources
+    announced: tuple[str, ...] = ()  # a root job's external inputs, every one announced (else empty)
+    pending: bool = False  # one of them was announced since the job's progress
+
+    @property
+    def waits_for_announcement(self) -> bool:
+        """A root job whose announced inputs brought nothing since its progress: nothing to do
+        until one is announced (the control plane skips its barriers meanwhile)."""
+        return bool(self.announced) and not self.pending
 
     def describe_wait(self) -> str | None:
         """What the job waits for, in words (None when ready)."""
         if self.ready:
             return None
+        if self.waits_for_announcement:
+            return f"an announcement of input {', '.join(self.announced)} (`icebarrier input announce`)"
         if self.waiting_for:
             return "sources " + ", ".join(
                 f"{t} (at barrier {barrier_label(w)})" if w is not None else f"{t} (no barrier completed yet)"
@@ -115,6 +125,8 @@ class NextBarrier:
             "ready": self.ready,
             "waiting_for": self.waiting_for,
             "issued": self.issued,
+            "announced": list(self.announced),
+            "pending": self.pending,
         }
 
 
@@ -304,7 +316,8 @@ def next_barrier(
     """
     row = call(conn, "plan_barrier", name, skip, coalesce, up_to)[0]
     issued = False
-    if row["root"] and (row["barrier"] is None or row["from_barrier"] is None):
+    idle = row["announced"] and not row["pending"]  # nothing announced: a new barrier brings it nothing
+    if row["root"] and not idle and (row["barrier"] is None or row["from_barrier"] is None):
         issued = barriers.issue_if_due(conn, job=name) is not None
         if issued:
             row = call(conn, "plan_barrier", name, skip, coalesce, up_to)[0]
@@ -318,6 +331,8 @@ def next_barrier(
         from_barrier=row["from_barrier"],
         anchors_in_range=row["anchors_in_range"],
         root=row["root"],
+        announced=tuple(row["announced"] or ()),
+        pending=row["pending"],
     )
 
 
@@ -410,5 +425,5 @@ def advance(
         if record_wait:
             said = record_wait(plan) if callable(record_wait) else None
             call(conn, "set_job_waiting", name, said or plan.describe_wait())
-        due = barriers.next_due_in_s(conn) if plan.root and not plan.ready else None
+        due = barriers.next_due_in_s(conn) if plan.root and not plan.ready and not plan.waits_for_announcement else None
     return Advance(plan=plan, skipped=tuple(skipped), due_in_s=due)

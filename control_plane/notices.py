@@ -44,8 +44,8 @@ def pointers_channel(catalog_schema: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Notice:
     """``barrier`` (B issued), ``watermark`` (``table`` moved to B; B None: rewound to nothing),
-    ``jobs`` (registrations changed) or ``resync`` (the listener reconnected: notices were
-    missed)."""
+    ``input`` (data arrived in the external input named ``table``), ``jobs`` (registrations
+    changed) or ``resync`` (the listener reconnected: notices were missed)."""
 
     kind: str
     barrier: int | None = None
@@ -59,7 +59,16 @@ class Notice:
         if kind == "watermark":
             mark, _, table = rest.partition(" ")
             return cls(kind, None if mark == "-" else int(mark), table)
+        if kind == "input":
+            return cls(kind, table=rest)
         return cls(kind)
+
+    @property
+    def key(self) -> str:
+        """What a waiter is routed by: a table's or an input's name, else the kind."""
+        if self.kind == "input":
+            return f"input {self.table}"
+        return self.table if self.kind == "watermark" and self.table else self.kind
 
 
 RESYNC = Notice("resync")
@@ -120,17 +129,19 @@ class Listener:
 
 @dataclass(slots=True)
 class Wait:
-    """What a job with nothing to do waits for, from its plan: a root job the next barrier; any
-    other job its sources reaching the barrier it plans (``tables``: the watermarks it saw; all
-    of them when no barrier is planned yet), or its own sinks moving from ``progress`` (a
-    revision rewound them). ``due_at``: when planning again is due regardless (the clock's next
-    barrier for a root job; the safety poll)."""
+    """What a job with nothing to do waits for, from its plan: a root job the next barrier (one
+    whose inputs are announced: an announcement, while none is pending); any other job its
+    sources reaching the barrier it plans (``tables``: the watermarks it saw; all of them when no
+    barrier is planned yet), or its own sinks moving from ``progress`` (a revision rewound them).
+    ``due_at``: when planning again is due regardless (the clock's next barrier for a root job;
+    the safety poll)."""
 
     tables: dict[str, int | None] = field(default_factory=dict)
     target: int | None = None
     root: bool = False
     sinks: frozenset[str] = frozenset()
     progress: int | None = None
+    announced: frozenset[str] = frozenset()  # a root job's inputs, announced, none since its progress
     due_at: float = 0.0  # time.monotonic()
 
     @classmethod
@@ -144,6 +155,7 @@ class Wait:
             root=root,
             sinks=frozenset(map(str, sinks)),
             progress=plan.from_barrier,
+            announced=frozenset(plan.announced) if plan.waits_for_announcement else frozenset(),
             due_at=time.monotonic() + due,
         )
 
@@ -155,7 +167,9 @@ class Wait:
         if notice.kind in ("jobs", "resync"):
             return True
         if notice.kind == "barrier":
-            return self.root
+            return self.root and not self.announced  # an announced input brings nothing new by itself
+        if notice.kind == "input":
+            return notice.table in self.announced
         if notice.kind != "watermark":
             return False
         if notice.table in self.sinks:

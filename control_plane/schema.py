@@ -176,6 +176,7 @@ VIEWS = (
     "job_computations",
     "maintenance_policies",
     "table_maintenance",
+    "external_inputs",
 )
 ADMIN_VIEWS = ("audit",)  # the admin's only: never granted
 READABLE = (*VIEWS, "alembic_version")  # the revision: every client checks it on connect
@@ -193,6 +194,7 @@ JOB_FUNCTIONS = (
     "set_job_waiting",
     "job_heartbeat",
     "record_computation",
+    "announce_inputs",
 )
 
 

@@ -46,7 +46,8 @@ class Watch:
         if any([wait.wakes(n) for n in pending]):  # something came while the request planned
             return True
         self._wait, self._event = wait, asyncio.Event()
-        keys = {"jobs", "resync", *wait.tables, *wait.sinks} | ({"barrier"} if wait.root else set())
+        keys = {"jobs", "resync", *wait.tables, *wait.sinks, *(f"input {i}" for i in wait.announced)}
+        keys |= {"barrier"} if wait.root and not wait.announced else set()
         self._hub.route(self, keys)
         try:
             await asyncio.wait_for(self._event.wait(), timeout=max(min(wait.remaining_s(), limit_s), 0.0))
@@ -131,6 +132,5 @@ class Hub:
 
     def _deliver(self, notices: list[Notice]) -> None:
         for notice in notices:
-            key = notice.table if notice.kind == "watermark" and notice.table else notice.kind
-            for watch in (*self._by_key.get(key, ()), *self._by_key.get(_ALL, ())):
+            for watch in (*self._by_key.get(notice.key, ()), *self._by_key.get(_ALL, ())):
                 watch.offer(notice)

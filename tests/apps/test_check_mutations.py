@@ -179,3 +179,19 @@ def test_a_coalesced_completion_recorded_as_exact_is_reported(live_run):
     assert report.completions["coalesce"] > 0, report.to_json()  # the jobs did coalesce
     assert not report.ok, report.to_json()
     assert any("coalesced it" in p or "barrier #" in p for p in _problems(report)), report.to_json()
+
+
+def test_a_skip_past_a_change_is_reported(live_run):
+    """The control plane skipping jobs whose sources changed (``unchanged_until``, which both the
+    set-wise skips and a job's plan ask, broken on purpose to see no change) is caught: the
+    skipped tables at those barriers are not what their sources say."""
+    env, wait_for_barriers, finish = live_run
+    wait_for_barriers(3)
+    with _cp(env) as c:
+        c.execute(
+            "CREATE OR REPLACE FUNCTION unchanged_until(p_sources bigint[], p_after bigint, p_limit bigint) "
+            "RETURNS bigint LANGUAGE sql STABLE RETURN p_limit"
+        )
+    report = finish()
+    assert not report.ok, report.to_json()
+    assert _problems(report), report.to_json()

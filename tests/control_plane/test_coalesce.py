@@ -40,23 +40,30 @@ def test_anchors_are_flagged_when_issued(conn):
 
 
 def test_unchanged_sources_skip_in_one_statement(conn, chain):
-    """With no source change since its progress, a job's plan is one skip to its sources'
-    watermark; every skipped barrier is a valid cut with the snapshot of before."""
+    """With no source change since its progress, a job skips to its sources' watermark in one
+    row, completed by the control plane in the statement that moved its source (down the DAG):
+    its plan is then the next barrier. Every skipped barrier is a valid cut with the snapshot of
+    before, and the row says where the skip came from."""
     marks = [new_barrier(conn) for _ in range(5)]
     plan = jobs.next_barrier(conn, "ingest")
     assert (plan.plan, plan.barrier) == (Plan.COALESCE, marks[-1])  # a root job: the newest barrier
     jobs.complete(conn, "ingest", marks[-1])  # no input: nothing committed, a skip
-    plan = jobs.next_barrier(conn, "derive")
-    assert (plan.plan, plan.barrier, plan.from_barrier, plan.ready) == (Plan.SKIP, marks[-1], chain, True)
-    jobs.complete(conn, "derive", plan.barrier)
-    completions = conn.execute(
-        "SELECT count(*) AS n FROM table_completion WHERE table_id = "
-        "(SELECT table_id FROM managed_table WHERE name = 'lake.db.b')"
-    ).fetchone()["n"]
-    assert completions == 2  # b0, and one row for the skipped run
+    for name in ("derive", "report"):
+        plan = jobs.next_barrier(conn, name)
+        assert (plan.from_barrier, plan.barrier, plan.ready) == (marks[-1], None, False)
+    rows = conn.execute(
+        "SELECT m.name, c.barrier, c.from_barrier, c.job_name FROM table_completion c JOIN managed_table m "
+        "USING (table_id) WHERE m.name IN ('lake.db.b', 'lake.db.c') ORDER BY 1, 2"
+    ).fetchall()
+    assert [(r["name"], r["barrier"], r["from_barrier"], r["job_name"]) for r in rows] == [
+        ("lake.db.b", chain, None, "derive"),
+        ("lake.db.b", marks[-1], chain, "derive"),  # one row for the skipped run
+        ("lake.db.c", chain, None, "report"),
+        ("lake.db.c", marks[-1], chain, "report"),
+    ]
     for b in marks:
-        cut = reads.resolve(conn, [T("a"), T("b")], barrier=b)
-        assert cut.snapshots == {T("a"): 10, T("b"): 20}
+        cut = reads.resolve(conn, [T("a"), T("b"), T("c")], barrier=b)
+        assert cut.snapshots == {T("a"): 10, T("b"): 20, T("c"): 30}
 
 
 def test_changes_coalesce_up_to_the_newest_barrier(conn, chain):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from icebarrier.control_plane import audit, barriers, db, jobs, leases, reads, revisions, runs, schema, snapshots
+from icebarrier.control_plane import audit, barriers, db, inputs, jobs, leases, reads, revisions, runs, schema, snapshots
 from icebarrier.control_plane.errors import IcebarrierError, PermissionDeniedError
 from icebarrier.iceberg_ext.catalog import grant
 from icebarrier.iceberg_ext.config import Settings
@@ -58,6 +58,9 @@ ACTIONS = {
     ),
     "unregister ingest_a": (lambda c, w: jobs.unregister(c, "ingest_a"), {"admin", "job_a"}),
     "issue a barrier by hand": (lambda c, w: barriers.issue(c), {"admin"}),
+    "announce ingest_a's input": (lambda c, w: inputs.announce(c, ["ext:ingest_a"]), {"admin", "job_a"}),
+    "announce an input no job reads": (lambda c, w: inputs.announce(c, ["ext:nobody"]), {"admin"}),
+    "forget an announced input": (lambda c, w: inputs.forget(c, ["ext:ingest_a"]), {"admin"}),
     "trigger the clock rule for ingest_a": (lambda c, w: barriers.issue_if_due(c, job="ingest_a"), {"admin", "job_a"}),
     "set the barrier interval": (lambda c, w: barriers.set_interval_s(c, 5), {"admin"}),
     "record ingest_a's input range": (
