@@ -6,7 +6,19 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from icebarrier.control_plane import audit, barriers, db, inputs, jobs, leases, reads, revisions, runs, schema, snapshots
+from icebarrier.control_plane import (
+    audit,
+    barriers,
+    db,
+    inputs,
+    jobs,
+    leases,
+    reads,
+    revisions,
+    runs,
+    schema,
+    snapshots,
+)
 from icebarrier.control_plane.errors import IcebarrierError, PermissionDeniedError
 from icebarrier.iceberg_ext.catalog import grant
 from icebarrier.iceberg_ext.config import Settings
