@@ -8,7 +8,7 @@ import sys
 import click
 
 from icebarrier.apps.catalog.clients import CA_CERT_ENV
-from icebarrier.cli.render import BARRIER, barrier_label, emit, table
+from icebarrier.cli.render import BARRIER, barrier_label, emit, page, paging, table
 from icebarrier.control_plane import jobs, targets
 from icebarrier.control_plane.errors import InvalidValueError
 from icebarrier.control_plane.model import (
@@ -100,10 +100,18 @@ def unregister(obj, name: str) -> None:
 
 
 @job_group.command("list")
+@paging
 @click.pass_obj
-def list_(obj) -> None:
-    """List jobs with their kind, progress and lag (barriers behind)."""
-    items = jobs.list_jobs(obj.conn())
+def list_(obj, limit: int, after: str | None, everything: bool) -> None:
+    """List jobs with their kind, progress and lag (barriers behind), by name, a page at a time."""
+    limit_ = None if everything else limit
+    items = page(
+        jobs.list_jobs(obj.conn(), after=after, limit=None if limit_ is None else limit_ + 1),
+        limit=limit_,
+        name=lambda i: i.definition.name,
+        what="jobs",
+        command="job list",
+    )
     emit(
         obj,
         [i.to_json() for i in items],

@@ -20,6 +20,38 @@ def emit(ctx_obj, payload, text: str | Callable[[], str]) -> None:
         click.echo(text() if callable(text) else text)
 
 
+PAGE = 1000  # rows a listing prints unless asked for more
+
+
+def paging(command):
+    """``--limit`` and ``--after`` (and ``--all``) for a listing by name: a lake of 100,000 tables
+    prints a page, and says how to get the next."""
+    command = click.option("--all", "everything", is_flag=True, help="Every row, however many.")(command)
+    command = click.option("--after", metavar="NAME", help="Start after this name (the next page).")(command)
+    return click.option(
+        "--limit", type=click.IntRange(1), default=PAGE, show_default=True, help="At most this many rows."
+    )(command)
+
+
+def page(items: list, *, limit: int | None, name: Callable[[object], str], what: str, command: str) -> list:
+    """The first ``limit`` of ``items`` (fetched one over the limit); if there are more, say on
+    standard error how to get the next page."""
+    if limit is None or len(items) <= limit:
+        return items
+    shown = items[:limit]
+    last = name(shown[-1])
+    click.echo(
+        f"{limit} {what} shown (by name), more follow; the next page: icebarrier {command} --after "
+        f"{_quoted(last)} (or --all)",
+        err=True,
+    )
+    return shown
+
+
+def _quoted(text: str) -> str:
+    return text if all(c.isalnum() or c in "._-:" for c in text) else "'" + text.replace("'", "'\\''") + "'"
+
+
 class Seconds(float):
     """A duration cell of :func:`table`: its column shows all its durations in one unit."""
 

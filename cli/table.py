@@ -7,7 +7,7 @@ from datetime import datetime
 
 import click
 
-from icebarrier.cli.render import Seconds, ago, barrier_label, emit, table
+from icebarrier.cli.render import Seconds, ago, barrier_label, emit, page, paging, table
 from icebarrier.control_plane import jobs, tables, targets, topology, upkeep
 from icebarrier.control_plane.model import (
     TableName,
@@ -25,13 +25,21 @@ def table_group() -> None:
 
 
 @table_group.command("list")
+@paging
 @click.pass_obj
-def list_(obj) -> None:
+def list_(obj, limit: int, after: str | None, everything: bool) -> None:
     """List managed tables: kind, writer, watermark, current snapshot, freshness, lag, and the
-    target lag (inherited: `<- TABLE`) with whether it is met."""
+    target lag (inherited: `<- TABLE`) with whether it is met; by name, a page at a time."""
     conn = obj.conn()
-    items = tables.list_versions(conn)
-    goals = {str(t.name): t for t in targets.targets(conn)}
+    limit_ = None if everything else limit
+    items = page(
+        tables.list_versions(conn, after=after, limit=None if limit_ is None else limit_ + 1),
+        limit=limit_,
+        name=lambda v: str(v.name),
+        what="tables",
+        command="table list",
+    )
+    goals = {str(t.name): t for t in targets.targets(conn, after=after, limit=len(items) if limit_ else None)}
     emit(
         obj,
         [{**v.to_json(), **_target_json(goals.get(str(v.name)))} for v in items],

@@ -234,8 +234,13 @@ WHERE j.active
 """
 
 
-def list_jobs(conn: Conn) -> list[JobInfo]:
-    return [_job_info(r) for r in conn.execute(_JOB_STATE + " ORDER BY j.name").fetchall()]
+def list_jobs(conn: Conn, *, after: str | None = None, limit: int | None = None) -> list[JobInfo]:
+    """The active jobs by name (``after``, ``limit``: a page of them, the names after that one)."""
+    rows = conn.execute(
+        _JOB_STATE + " AND (%(after)s::text IS NULL OR j.name > %(after)s) ORDER BY j.name LIMIT %(limit)s",
+        {"after": after, "limit": limit},
+    ).fetchall()
+    return [_job_info(r) for r in rows]
 
 
 def anchors_ahead(conn: Conn) -> dict[str, int]:

@@ -93,13 +93,16 @@ def is_managed(conn: Conn, name: TableName) -> bool:
     return conn.execute("SELECT 1 FROM managed_tables WHERE name = %s", (str(name),)).fetchone() is not None
 
 
-def list_versions(conn: Conn) -> list[TableVersion]:
+def list_versions(conn: Conn, *, after: str | None = None, limit: int | None = None) -> list[TableVersion]:
+    """The managed tables by name (``after``, ``limit``: a page of them, the names after that one)."""
     rows = conn.execute(
         """
         SELECT table_name, table_kind, writer_job, start_barrier, watermark_barrier, current_snapshot_id,
                last_commit_at, freshness, barriers_behind, coalesced_after, coalesced_into
-        FROM table_versions ORDER BY table_name
-        """
+        FROM table_versions WHERE %(after)s::text IS NULL OR table_name > %(after)s
+        ORDER BY table_name LIMIT %(limit)s
+        """,
+        {"after": after, "limit": limit},
     ).fetchall()
     return [
         TableVersion(

@@ -121,16 +121,30 @@ def runners(conn: Conn) -> dict[str, Runner]:
     return {r["name"]: Runner(kind=r["kind"], spec=r["spec"], env=dict(r["env"])) for r in rows}
 
 
+AT_RISK = 0.8  # a table whose freshness passed this share of its target lag is at risk of missing it
+
+
+def target_state_sql(freshness: str, target: str) -> str:
+    """The SQL of a table's state against its target lag, from SQL expressions of its freshness and
+    its (effective) target lag: ``met``, ``at_risk`` (fresher than its target, but past
+    :data:`AT_RISK` of it), ``missed`` (staler, or nothing completed yet), or ``none`` (no target)."""
+    return (
+        f"CASE WHEN {target} IS NULL THEN 'none' WHEN {freshness} IS NULL OR {freshness} > {target} THEN 'missed' "
+        f"WHEN {freshness} > {target} * {AT_RISK} THEN 'at_risk' ELSE 'met' END"
+    )
+
+
 _TARGETS = """
 SELECT v.table_name, v.writer_job, extract(epoch FROM v.target_lag) AS target_lag_s,
        extract(epoch FROM v.effective_target_lag) AS effective_s, v.target_from, v.watermark_barrier,
        v.watermark_issued_at, extract(epoch FROM v.freshness) AS freshness_s
-FROM table_versions v ORDER BY v.table_name
+FROM table_versions v WHERE %(after)s::text IS NULL OR v.table_name > %(after)s
+ORDER BY v.table_name LIMIT %(limit)s
 """
 
 
-def targets(conn: Conn) -> list[TableTarget]:
-    """Every managed table's target and freshness, by name."""
+def targets(conn: Conn, *, after: str | None = None, limit: int | None = None) -> list[TableTarget]:
+    """Every managed table's target and freshness, by name (``after``, ``limit``: a page)."""
     return [
         TableTarget(
             name=TableName.parse(r["table_name"]),
@@ -142,7 +156,7 @@ def targets(conn: Conn) -> list[TableTarget]:
             watermark_issued_at=r["watermark_issued_at"],
             freshness_s=_float(r["freshness_s"]),
         )
-        for r in conn.execute(_TARGETS).fetchall()
+        for r in conn.execute(_TARGETS, {"after": after, "limit": limit}).fetchall()
     ]
 
 

@@ -1,39 +1,75 @@
 """Prometheus metrics of the lake and the catalog, at ``GET /metrics`` (``icebarrier_`` prefix,
 base units).
 
-At each scrape, from the control plane (a few queries): per managed table its freshness (now −
-issue time of its watermark), its lag (age of the oldest barrier it has not completed; 0 when
-caught up), the barriers it is behind, its target lag and whether it is met; barriers issued (a
-counter: its rate is the barrier rate) and the read-committed cut's age; per job that says how
-it computes (an SqlJob), its computations, incremental and full; per table what the maintenance
-service saw at its last look (snapshots, data files, small ones, manifests, metadata-file size)
-and its actions by result. From this server process: catalog table loads by warehouse kind, as
-a latency histogram; loads answered from memory or the database, and whether the memory is live
-(:mod:`.load_cache`).
+The series stay bounded however large the lake: by default the lake is summarized — managed
+tables counted by kind and by their target's state (met, at risk, missed, none: as
+:func:`~icebarrier.control_plane.targets.target_state` says), the stalest freshness and the most
+barriers behind per kind, computations and maintenance actions summed — and per-table or per-job
+series come only on request, for what the scrape names: ``?table=NAME`` and ``?namespace=NS``
+(each repeatable; a namespace takes the tables under it), ``?tables=all``; ``?job=NAME``,
+``?jobs=all``. Per table then: its freshness (now − issue time of its watermark), its lag (age of
+the oldest barrier it has not completed; 0 when caught up), the barriers it is behind, its target
+lag and whether it is met, and what the maintenance service saw at its last look (snapshots,
+data files, small ones, manifests, metadata-file size) and its actions by result; per job that
+says how it computes (an SqlJob), its computations, incremental and full. Always: barriers
+issued (a counter: its rate is the barrier rate) and the read-committed cut's age. From this
+server process: catalog table loads by warehouse kind, as a latency histogram; loads answered
+from memory or the database, and whether the memory is live (:mod:`.load_cache`).
 """
 
 from __future__ import annotations
 
-from fastapi import Response
+from dataclasses import dataclass
+
+from fastapi import Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from icebarrier.apps.catalog.deps import Caller
 from icebarrier.control_plane import upkeep
+from icebarrier.control_plane.targets import target_state_sql
 
-SCRAPE = """
+_IN_SCOPE = """(%(all)s OR {name} = ANY(%(tables)s::text[])
+     OR EXISTS (SELECT 1 FROM unnest(%(namespaces)s::text[]) n WHERE starts_with({name}, n || '.')))"""
+SCRAPE = f"""
 SELECT v.table_name, extract(epoch FROM v.freshness) AS freshness_s, v.barriers_behind,
        coalesce(extract(epoch FROM now() - (SELECT min(b.issued_at) FROM barrier b
                                             WHERE b.barrier > v.watermark_barrier)), 0) AS lag_s,
        extract(epoch FROM v.effective_target_lag) AS target_lag_s, v.target_met
-FROM table_versions v WHERE v.watermark_barrier IS NOT NULL OR v.effective_target_lag IS NOT NULL
+FROM table_versions v
+WHERE (v.watermark_barrier IS NOT NULL OR v.effective_target_lag IS NOT NULL) AND {_IN_SCOPE.format(name="v.table_name")}
 ORDER BY v.table_name
 """
-COMPUTATIONS = "SELECT job_name, incremental_total, full_total FROM job_computations ORDER BY job_name"
-MAINTENANCE = """
-SELECT table_name, snapshots, data_files, small_files, manifests, metadata_bytes, actions
-FROM table_maintenance WHERE checked_at IS NOT NULL OR actions <> '{}' ORDER BY table_name
+# the lake in a few rows: tables by kind and target state, and the oldest watermark of each
+SUMMARY = f"""
+WITH t AS (
+    SELECT CASE WHEN k.job_id IS NULL THEN 'unowned'
+                WHEN EXISTS (SELECT 1 FROM job_source s WHERE s.job_id = k.job_id) THEN 'intermediate'
+                ELSE 'root' END AS kind,
+           {target_state_sql("now() - b.issued_at", "tt.effective_target_lag")} AS target, m.watermark
+    FROM managed_table m
+    LEFT JOIN job_sink k ON k.table_id = m.table_id
+    LEFT JOIN barrier b ON b.barrier = m.watermark
+    LEFT JOIN table_targets tt ON tt.table_id = m.table_id)
+SELECT kind, target, count(*) AS tables, min(watermark) AS oldest,
+       extract(epoch FROM now() - (SELECT x.issued_at FROM barrier x WHERE x.barrier = min(t.watermark))) AS stalest_s,
+       (SELECT count(*) FROM barrier x WHERE x.barrier > min(t.watermark)) AS most_behind
+FROM t GROUP BY kind, target
 """
+COMPUTATIONS = """
+SELECT job_name, incremental_total, full_total FROM job_computations
+WHERE %(all)s OR job_name = ANY(%(jobs)s::text[]) ORDER BY job_name
+"""
+COMPUTATION_TOTALS = (
+    "SELECT coalesce(sum(incremental_total), 0) AS incremental, coalesce(sum(full_total), 0) AS full "
+    "FROM job_computations"
+)
+MAINTENANCE = f"""
+SELECT table_name, snapshots, data_files, small_files, manifests, metadata_bytes, actions
+FROM table_maintenance WHERE (checked_at IS NOT NULL OR actions <> '{{}}') AND {_IN_SCOPE.format(name="table_name")}
+ORDER BY table_name
+"""
+ACTIONS = "SELECT actions FROM table_maintenance WHERE actions <> '{}'"
 SEEN = (  # a table_maintenance column, its metric, its help
     ("snapshots", "icebarrier_table_snapshots", "Snapshots in the table's metadata"),
     ("data_files", "icebarrier_table_data_files", "Data files in the table's current snapshot"),
@@ -47,54 +83,56 @@ SELECT (SELECT count(*) FROM barrier) AS barriers,
 """
 
 
-class LakeCollector:
-    """Reads the control plane at scrape time."""
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """The tables and jobs a scrape asked per-table and per-job series for (the query string)."""
 
-    def __init__(self, pool) -> None:
-        self.pool = pool
+    tables: tuple[str, ...] = ()
+    namespaces: tuple[str, ...] = ()
+    all_tables: bool = False
+    jobs: tuple[str, ...] = ()
+    all_jobs: bool = False
+
+    @classmethod
+    def of(cls, params) -> Scope:
+        return cls(
+            tables=tuple(params.getlist("table")),
+            namespaces=tuple(params.getlist("namespace")),
+            all_tables=params.get("tables") == "all",
+            jobs=tuple(params.getlist("job")),
+            all_jobs=params.get("jobs") == "all",
+        )
+
+    @property
+    def any_table(self) -> bool:
+        return self.all_tables or bool(self.tables or self.namespaces)
+
+    def table_params(self) -> dict:
+        return {"all": self.all_tables, "tables": list(self.tables), "namespaces": list(self.namespaces)}
+
+
+class LakeCollector:
+    """Reads the control plane at scrape time: the lake summarized, and the series per table and
+    per job of what the scrape names."""
+
+    def __init__(self, pool, scope: Scope) -> None:
+        self.pool, self.scope = pool, scope
 
     def collect(self):
-        freshness = GaugeMetricFamily(
-            "icebarrier_table_freshness_seconds",
-            "Now minus the issue time of the table's watermark barrier",
-            labels=["table"],
-        )
-        lag = GaugeMetricFamily(
-            "icebarrier_table_lag_seconds",
-            "Age of the oldest barrier the table has not completed (0: caught up)",
-            labels=["table"],
-        )
-        behind = GaugeMetricFamily(
-            "icebarrier_table_barriers_behind", "Barriers issued after the table's watermark", labels=["table"]
-        )
-        target = GaugeMetricFamily(
-            "icebarrier_table_target_lag_seconds",
-            "The table's target lag (its own, or inherited from the tables that read it)",
-            labels=["table"],
-        )
-        met = GaugeMetricFamily(
-            "icebarrier_table_target_met",
-            "1 while the table's freshness is within its target lag, else 0",
-            labels=["table"],
-        )
         with self.pool.connection() as conn:
-            for r in conn.execute(SCRAPE).fetchall():
-                name = [r["table_name"]]
-                if r["freshness_s"] is not None:
-                    freshness.add_metric(name, float(r["freshness_s"]))
-                    lag.add_metric(name, float(r["lag_s"]))
-                    behind.add_metric(name, float(r["barriers_behind"]))
-                if r["target_lag_s"] is not None:
-                    target.add_metric(name, float(r["target_lag_s"]))
-                    met.add_metric(name, 1.0 if r["target_met"] else 0.0)
+            summary = conn.execute(SUMMARY).fetchall()
             totals = conn.execute(TOTALS).fetchone()
-            computations = conn.execute(COMPUTATIONS).fetchall()
-            maintained = conn.execute(MAINTENANCE).fetchall()
-        yield freshness
-        yield lag
-        yield behind
-        yield target
-        yield met
+            computed = conn.execute(COMPUTATION_TOTALS).fetchone()
+            actions = conn.execute(ACTIONS).fetchall()
+            per_table = conn.execute(SCRAPE, self.scope.table_params()).fetchall() if self.scope.any_table else []
+            maintained = conn.execute(MAINTENANCE, self.scope.table_params()).fetchall() if self.scope.any_table else []
+            per_job = (
+                conn.execute(COMPUTATIONS, {"all": self.scope.all_jobs, "jobs": list(self.scope.jobs)}).fetchall()
+                if self.scope.all_jobs or self.scope.jobs
+                else []
+            )
+        yield from _summary(summary)
+        yield from _per_table(per_table)
         yield CounterMetricFamily(
             "icebarrier_barriers_issued", "Barriers issued (its rate is the barrier rate)", value=totals["barriers"]
         )
@@ -105,17 +143,97 @@ class LakeCollector:
         if totals["cut_age_s"] is not None:
             cut.add_metric([], float(totals["cut_age_s"]))
         yield cut
-        computed = CounterMetricFamily(
+        all_computed = CounterMetricFamily(
+            "icebarrier_computations", "Barriers the jobs computed, summed over the jobs, by kind", labels=["kind"]
+        )
+        all_computed.add_metric(["incremental"], computed["incremental"])
+        all_computed.add_metric(["full"], computed["full"])
+        yield all_computed
+        jobs_computed = CounterMetricFamily(
             "icebarrier_job_computations",
             "Barriers a job computed (an SqlJob says how): from the changes since its previous "
-            "barrier (incremental) or in full",
+            "barrier (incremental) or in full (the jobs the scrape names: ?job=NAME, ?jobs=all)",
             labels=["job", "kind"],
         )
-        for r in computations:
-            computed.add_metric([r["job_name"], "incremental"], r["incremental_total"])
-            computed.add_metric([r["job_name"], "full"], r["full_total"])
-        yield computed
+        for r in per_job:
+            jobs_computed.add_metric([r["job_name"], "incremental"], r["incremental_total"])
+            jobs_computed.add_metric([r["job_name"], "full"], r["full_total"])
+        yield jobs_computed
+        all_actions = CounterMetricFamily(
+            "icebarrier_maintenance_actions_all",
+            "Maintenance actions on every table, by action and result",
+            labels=["action", "result"],
+        )
+        summed: dict[tuple[str, str], int] = {}
+        for r in actions:
+            for action, result, n in upkeep.counts(r["actions"]):
+                summed[action, result] = summed.get((action, result), 0) + n
+        for (action, result), n in sorted(summed.items()):
+            all_actions.add_metric([action, result], n)
+        yield all_actions
         yield from _maintenance(maintained)
+
+
+def _summary(rows: list[dict]):
+    """The managed tables by kind and target state; per kind the stalest and the most behind."""
+    counted = GaugeMetricFamily(
+        "icebarrier_tables",
+        "Managed tables by kind and by state against their target lag (met, at_risk, missed, none)",
+        labels=["kind", "target"],
+    )
+    stalest = GaugeMetricFamily(
+        "icebarrier_tables_stalest_seconds", "The largest freshness among the tables of a kind", labels=["kind"]
+    )
+    behind = GaugeMetricFamily(
+        "icebarrier_tables_most_barriers_behind", "The most barriers any table of a kind is behind", labels=["kind"]
+    )
+    by_kind: dict[str, list[dict]] = {}
+    for r in rows:
+        counted.add_metric([r["kind"], r["target"]], r["tables"])
+        by_kind.setdefault(r["kind"], []).append(r)
+    for kind, group in sorted(by_kind.items()):
+        ages = [float(r["stalest_s"]) for r in group if r["stalest_s"] is not None]
+        if ages:
+            stalest.add_metric([kind], max(ages))
+            behind.add_metric([kind], max(r["most_behind"] for r in group if r["stalest_s"] is not None))
+    yield from (counted, stalest, behind)
+
+
+def _per_table(rows: list[dict]):
+    """Freshness, lag, barriers behind and target of the tables the scrape names."""
+    freshness = GaugeMetricFamily(
+        "icebarrier_table_freshness_seconds",
+        "Now minus the issue time of the table's watermark barrier",
+        labels=["table"],
+    )
+    lag = GaugeMetricFamily(
+        "icebarrier_table_lag_seconds",
+        "Age of the oldest barrier the table has not completed (0: caught up)",
+        labels=["table"],
+    )
+    behind = GaugeMetricFamily(
+        "icebarrier_table_barriers_behind", "Barriers issued after the table's watermark", labels=["table"]
+    )
+    target = GaugeMetricFamily(
+        "icebarrier_table_target_lag_seconds",
+        "The table's target lag (its own, or inherited from the tables that read it)",
+        labels=["table"],
+    )
+    met = GaugeMetricFamily(
+        "icebarrier_table_target_met",
+        "1 while the table's freshness is within its target lag, else 0",
+        labels=["table"],
+    )
+    for r in rows:
+        name = [r["table_name"]]
+        if r["freshness_s"] is not None:
+            freshness.add_metric(name, float(r["freshness_s"]))
+            lag.add_metric(name, float(r["lag_s"]))
+            behind.add_metric(name, float(r["barriers_behind"]))
+        if r["target_lag_s"] is not None:
+            target.add_metric(name, float(r["target_lag_s"]))
+            met.add_metric(name, 1.0 if r["target_met"] else 0.0)
+    yield from (freshness, lag, behind, target, met)
 
 
 def _maintenance(rows: list[dict]):
@@ -169,11 +287,12 @@ class LoadCacheCollector:
 
 
 class Metrics:
-    """A server's registry: the lake's metrics and this process's loads (latency, memory)."""
+    """A server's metrics: the lake's (read at each scrape, for its scope) and this process's
+    loads (latency, memory)."""
 
     def __init__(self, lake) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(LakeCollector(lake.pool))
+        self.lake = lake
+        self.registry = CollectorRegistry(auto_describe=False)  # this process's own
         self.registry.register(LoadCacheCollector(lake.load_cache))
         self.load_seconds = Histogram(
             "icebarrier_catalog_load_seconds",
@@ -190,5 +309,9 @@ def install(app, lake) -> None:
     app.state.metrics = metrics = Metrics(lake)
 
     @app.get("/metrics")
-    def scrape(who: Caller):
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    def scrape(who: Caller, request: Request):
+        lake_registry = CollectorRegistry(auto_describe=False)
+        lake_registry.register(LakeCollector(lake.pool, Scope.of(request.query_params)))
+        return Response(
+            generate_latest(lake_registry) + generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST
+        )

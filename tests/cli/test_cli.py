@@ -8,6 +8,8 @@ from click.testing import CliRunner
 
 from icebarrier.cli.main import cli as command
 from icebarrier.control_plane.model import barrier_label
+from icebarrier.control_plane import jobs
+from tests.helpers import job
 
 
 def _all_commands(group: click.Group, prefix=()):
@@ -319,3 +321,24 @@ def test_declared_freshness_from_the_cli(cli, conn):
     ):
         assert cli(*args).exit_code == 2, args
     assert "x" not in {j["job"] for j in _json(cli("job", "list", output="json"))}
+
+
+def test_long_listings_page_and_say_how_to_get_the_next(cli, conn):
+    """`table list` and `job list` print a page (--limit, 1,000 by default) by name, and say on
+    standard error how to get the next page (--after the last name); following the hints walks
+    every row once; --all prints them all."""
+    for i in range(7):
+        jobs.register(conn, job(f"j{i}", sinks=[f"t{i}"]))
+    for command, key in ((("table", "list"), "table"), (("job", "list"), "job")):
+        seen, after = [], []
+        while True:
+            result = cli(*command, "--limit", "3", *after, output="json")
+            assert result.exit_code == 0
+            seen += [r[key] for r in json.loads(result.stdout)]
+            if not result.stderr:
+                break
+            assert result.stderr.startswith("3 ") and "more follow; the next page: icebarrier" in result.stderr
+            after = ["--after", result.stderr.split("--after ")[1].split(" ")[0]]
+        assert seen == sorted(seen) and len(seen) == len(set(seen)) == 7, seen
+        assert len(json.loads(cli(*command, "--all", output="json").stdout)) == 7
+        assert "more follow" not in cli(*command).stderr  # 7 < 1,000

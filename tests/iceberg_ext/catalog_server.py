@@ -169,9 +169,10 @@ def staged_change(catalog, name: str, barrier: int | None):
     )
 
 
-def scrape(server: str, headers: dict) -> dict[tuple[str, tuple], float]:
-    """Every sample of /metrics: (name, sorted labels) -> value."""
-    r = requests.get(f"{server}/metrics", headers=headers, timeout=30)
+def scrape(server: str, headers: dict, params: dict | None = None) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics (``params``: its query, e.g. the tables to give series of):
+    (name, sorted labels) -> value."""
+    r = requests.get(f"{server}/metrics", headers=headers, params=params, timeout=30)
     assert r.status_code == 200, r.text
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value

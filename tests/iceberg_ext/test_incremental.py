@@ -350,7 +350,7 @@ def test_each_computation_says_how_and_why(lake, spark, server):
     assert as_json["computation"]["incremental"] is False and "operation" in as_json["computation"]["reason"]
 
     cid, secret = tokens.create(lake.conn, whole_lake=True)
-    samples = scrape(server, {"Authorization": f"Bearer {access_token(server, cid, secret)}"})
+    samples = scrape(server, {"Authorization": f"Bearer {access_token(server, cid, secret)}"}, {"jobs": "all"})
     counts = {
         (dict(labels)["job"], dict(labels)["kind"]): value
         for (name, labels), value in samples.items()

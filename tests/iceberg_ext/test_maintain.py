@@ -152,13 +152,14 @@ def test_manifests_past_the_policy_are_rewritten_keeping_the_barrier(lake, spark
     assert reads.resolve(lake.conn, [table]).snapshots[table] == tbl.current_snapshot().snapshot_id
     assert sorted(spark.table(str(table)).collect()) == rows
     cid, secret = tokens.create(lake.conn, whole_lake=True)
-    samples = scrape(server, {"Authorization": f"Bearer {access_token(server, cid, secret)}"})
+    samples = scrape(server, {"Authorization": f"Bearer {access_token(server, cid, secret)}"}, {"tables": "all"})
     labels = (("table", str(table)),)
     assert samples[("icebarrier_table_manifests", labels)] == 1
     assert samples[("icebarrier_table_data_files", labels)] == 6
     assert samples[("icebarrier_table_snapshots", labels)] == 7
     done = (("action", "rewrite-manifests"), ("result", "done"), ("table", str(table)))
     assert samples[("icebarrier_maintenance_actions_total", done)] == 1
+    assert samples[("icebarrier_maintenance_actions_all_total", done[:2])] == 1  # summed, also by default
 
 
 def test_compaction_gives_way_to_a_commit_its_job_has_not_completed(lake, spark):

@@ -23,7 +23,9 @@ ARTIFACTS = Path(
 
 
 def test_metrics_give_each_table_its_lag_and_freshness_and_time_the_loads(lake, server):
-    """A table one barrier behind has lag > 0 and 1 barrier behind, a caught-up one 0; barriers
+    """By default the lake is summarized (tables by kind and target state, the stalest and most
+    behind): no series per table. The tables a scrape names (a namespace, a table) get theirs:
+    a table one barrier behind has lag > 0 and 1 barrier behind, a caught-up one 0; barriers
     issued count up; a pinned load shows in the load histogram under its warehouse kind."""
     p = Pipeline(lake, {"ingest": ["orders"], "late": ["late"]})
     p.advance()
@@ -32,8 +34,12 @@ def test_metrics_give_each_table_its_lag_and_freshness_and_time_the_loads(lake, 
     headers = {"Authorization": f"Bearer {access_token(server, cid, secret)}"}
     assert requests.get(f"{server}/metrics", timeout=30).status_code == 401
     rest(server, f"barrier-{b}", f"{cid}:{secret}").load_table(f"{lake.namespace}.orders")
-    samples = scrape(server, headers)
+    summary = scrape(server, headers)
+    assert not any(name.startswith("icebarrier_table_") for name, _ in summary)  # bounded, whatever the lake
+    assert summary[("icebarrier_tables", (("kind", "root"), ("target", "none")))] == 2
+    assert summary[("icebarrier_tables_most_barriers_behind", (("kind", "root"),))] == 1
     orders, late = (str(lake.T(t)) for t in ("orders", "late"))
+    samples = scrape(server, headers, {"namespace": orders.rsplit(".", 1)[0]})
     assert samples[("icebarrier_table_barriers_behind", (("table", orders),))] == 0
     assert samples[("icebarrier_table_lag_seconds", (("table", orders),))] == 0
     assert samples[("icebarrier_table_barriers_behind", (("table", late),))] == 1
@@ -47,7 +53,9 @@ def test_metrics_give_each_table_its_lag_and_freshness_and_time_the_loads(lake, 
     assert not any(name.startswith("icebarrier_table_target") for name, _ in samples)  # no targets yet
     targets.set_target_lag(lake.conn, lake.T("orders"), 3600)
     targets.set_target_lag(lake.conn, lake.T("late"), 0.001)
-    samples = scrape(server, headers)
+    samples = scrape(server, headers, {"table": [orders, late]})
+    assert samples[("icebarrier_tables", (("kind", "root"), ("target", "met")))] == 1
+    assert samples[("icebarrier_tables", (("kind", "root"), ("target", "missed")))] == 1
     assert samples[("icebarrier_table_target_lag_seconds", (("table", orders),))] == 3600
     assert samples[("icebarrier_table_target_met", (("table", orders),))] == 1
     assert samples[("icebarrier_table_target_met", (("table", late),))] == 0
