@@ -54,8 +54,8 @@ from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
 from icebarrier.apps.job_exec import JobExec  # noqa: E402
 from icebarrier.control_plane import barriers, db, inputs, jobs, tokens  # noqa: E402
-from icebarrier.control_plane.notices import Listener  # noqa: E402
 from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
+from icebarrier.control_plane.notices import Listener  # noqa: E402
 from icebarrier.iceberg_ext.config import Settings  # noqa: E402
 
 DEPTH = 5

@@ -7,9 +7,9 @@ import pytest
 from click.testing import CliRunner
 
 from icebarrier.cli.main import cli as command
-from icebarrier.control_plane.model import barrier_label
 from icebarrier.control_plane import jobs
-from tests.helpers import job
+from icebarrier.control_plane.model import barrier_label
+from tests.helpers import job as define
 
 
 def _all_commands(group: click.Group, prefix=()):
@@ -328,11 +328,11 @@ def test_long_listings_page_and_say_how_to_get_the_next(cli, conn):
     standard error how to get the next page (--after the last name); following the hints walks
     every row once; --all prints them all."""
     for i in range(7):
-        jobs.register(conn, job(f"j{i}", sinks=[f"t{i}"]))
-    for command, key in ((("table", "list"), "table"), (("job", "list"), "job")):
+        jobs.register(conn, define(f"j{i}", sinks=[f"t{i}"]))
+    for listing, key in ((("table", "list"), "table"), (("job", "list"), "job")):
         seen, after = [], []
         while True:
-            result = cli(*command, "--limit", "3", *after, output="json")
+            result = cli(*listing, "--limit", "3", *after, output="json")
             assert result.exit_code == 0
             seen += [r[key] for r in json.loads(result.stdout)]
             if not result.stderr:
@@ -340,5 +340,5 @@ def test_long_listings_page_and_say_how_to_get_the_next(cli, conn):
             assert result.stderr.startswith("3 ") and "more follow; the next page: icebarrier" in result.stderr
             after = ["--after", result.stderr.split("--after ")[1].split(" ")[0]]
         assert seen == sorted(seen) and len(seen) == len(set(seen)) == 7, seen
-        assert len(json.loads(cli(*command, "--all", output="json").stdout)) == 7
+        assert len(json.loads(cli(*listing, "--all", output="json").stdout)) == 7
         assert "more follow" not in cli(*command).stderr  # 7 < 1,000
