@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from icebarrier.control_plane import barriers, leases, targets, tokens
+from icebarrier.control_plane import barriers, jobs, leases, targets, tokens
+from icebarrier.control_plane.model import JobDefinition, TableName
 from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, scrape, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -128,3 +130,112 @@ def test_the_status_page_state_needs_a_token_without_anonymous_reads(lake, serve
     ).json()
     assert [t["table"] for t in state["tables"]] == [str(lake.T("orders"))]
     assert state["cut"]["barrier"].startswith(f"{p.marks[0]} (") and state["topology"]["data"]
+
+
+def _wide_lake(lake, namespaces: int = 10, per_namespace: int = 200) -> dict:
+    """2,000 jobs (10 namespaces of a DAG five deep, a tenth roots) at barrier b1, one commit per
+    table; then at b2 the roots of the first namespace commit again (their readers fall behind). A
+    target of an hour on the first namespace's last tables (met), of 1 ms on the second's (missed)."""
+    rng = random.Random(3)
+    conn, levels = lake.conn, {}
+    for k in range(namespaces):
+        above: list[str] = []
+        for depth in range(1, 6):
+            count = per_namespace // 10 if depth == 1 else (per_namespace - per_namespace // 10) // 4
+            level = []
+            for i in range(count):
+                name = f"n{k}_d{depth}_{i}"
+                sources = rng.sample(above, min(len(above), rng.choice((1, 2)))) if above else []
+                jobs.register(
+                    conn,
+                    JobDefinition(
+                        name=name,
+                        sources=frozenset(TableName.parse(s) for s in sources),
+                        sinks=frozenset([TableName.parse(f"lake.ns{k}.d{depth}_{i}")]),
+                        external_inputs=frozenset() if sources else frozenset([f"ext:{name}"]),
+                    ),
+                )
+                level.append(f"lake.ns{k}.d{depth}_{i}")
+                levels.setdefault((k, depth), []).append(name)
+            above = level
+    b1 = barriers.issue(conn).barrier
+    for depth in range(1, 6):
+        for k in range(namespaces):
+            for i, name in enumerate(levels[k, depth]):
+                jobs.complete(conn, name, b1, {TableName.parse(f"lake.ns{k}.d{depth}_{i}"): 1000 * depth + i})
+    b2 = barriers.issue(conn).barrier
+    for i, name in enumerate(levels[0, 1]):
+        jobs.complete(conn, name, b2, {TableName.parse(f"lake.ns0.d1_{i}"): 9000 + i})
+    for i, _ in enumerate(levels[0, 5]):
+        targets.set_target_lag(conn, TableName.parse(f"lake.ns0.d5_{i}"), 3600)
+    for i, _ in enumerate(levels[1, 5]):
+        targets.set_target_lag(conn, TableName.parse(f"lake.ns1.d5_{i}"), 0.001)
+    return {"late": len(levels[1, 5]), "met": len(levels[0, 5]), "selected": "lake.ns0.d3_4"}
+
+
+@pytest.mark.slow
+def test_the_status_page_reads_at_two_thousand_jobs(lake):
+    """2,000 jobs: the state lists a page of tables (and says how many more match), counts the
+    tables by state, and draws no graph until something is selected; the filters (late, a
+    namespace, a search) select exactly what they name; a selected table's neighbourhood is drawn,
+    bounded, coloured by target where the table has one; chromium renders it with no error (the
+    screenshot is kept); a filter that does not exist is refused in one line."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    wide = _wide_lake(lake)
+    proc, server = start_server(lake, "--allow-anonymous-read")
+    try:
+
+        def ui(**params) -> dict:
+            r = requests.get(f"{server}/ui/state", params=params, timeout=60)
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        whole = ui()
+        assert whole["counts"]["all"] == 2000 and whole["counts"]["late"] >= wide["late"]
+        assert len(whole["tables"]) == 200 and whole["more"] == 1800
+        assert "choose one" in whole["topology"]["layout"]["title"]["text"]
+        assert not [t for t in whole["topology"]["data"] if t.get("mode") == "markers+text"]  # no nodes
+        late = ui(state="late")
+        listed = {t["table"] for t in late["tables"]}  # ns1's last tables, and what feeds them (inherited targets)
+        assert len(listed) == whole["counts"]["late"] and all(t.startswith("lake.ns1.") for t in listed)
+        assert {f"lake.ns1.d5_{i}" for i in range(wide["late"])} <= listed
+        assert {t["target_state"] for t in late["tables"]} == {"missed"}
+        searched = ui(namespace="lake.ns3", q="d5_1")
+        assert searched["tables"] and all(t["table"].startswith("lake.ns3.d5_1") for t in searched["tables"]), searched[
+            "tables"
+        ]
+        near = ui(select=wide["selected"])
+        nodes = [n for t in near["topology"]["data"] if t.get("mode") == "markers+text" for n in t["customdata"]]
+        assert wide["selected"] in nodes and "n0_d3_4" in nodes and len(nodes) <= 150
+        assert any(n.startswith("lake.ns0.d2_") for n in nodes) and any(n.startswith("lake.ns0.d5_") for n in nodes)
+        by_target = [t for t in near["topology"]["data"] if t.get("name") == "table, by target"]
+        assert by_target and set(by_target[0]["marker"]["color"]) == {"#2ca02c"}  # the met targets of ns0's last
+        refused = requests.get(f"{server}/ui/state", params={"state": "sleepy"}, timeout=30)
+        assert refused.status_code == 400 and "state 'sleepy' is not one" in refused.text
+        if chromium is None:
+            pytest.skip("no chromium here (.ci/run installs Debian's)")
+        args = [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=10000",
+            "--window-size=1400,1600",
+            f"--user-data-dir={lake.settings.warehouse}/profile",
+        ]
+        page = f"{server}/ui?namespace=lake.ns0&select={wide['selected']}"
+        dom = subprocess.run([*args, "--dump-dom", page], capture_output=True, text=True, timeout=120)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / "status-page-2000-jobs.png"
+        subprocess.run([*args, f"--screenshot={shot}", page], capture_output=True, timeout=120, check=True)
+    finally:
+        assert "Traceback" not in stop_server(proc)
+    html = dom.stdout
+    assert 'data-rendered="yes"' in html, dom.stderr[-3000:]
+    assert f"selected: {wide['selected']}" in html and 'class="on"' in html
+    assert '<span class="muted" id="more"></span>' in html  # 200 tables in lake.ns0: one page, nothing more
+    assert '<div id="error"></div>' in html
+    assert [line for line in dom.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line] == []
+    assert shot.stat().st_size > 10_000
