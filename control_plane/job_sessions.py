@@ -262,6 +262,12 @@ def open_session(
         ]
         if sources:
             db.advisory_lock(conn, "table", sources, shared=True, what=f"opening job {job}'s session")
+        # the sinks, as the control plane's skips lock them: none moves the job while its plan is taken
+        conn.execute(
+            "SELECT 1 FROM managed_table t JOIN job_sink k USING (table_id) JOIN job j USING (job_id) "
+            "WHERE j.name = %s AND j.active ORDER BY t.table_id FOR NO KEY UPDATE OF t",
+            (job,),
+        )
         step = jobs.advance(conn, job, skip=skip, coalesce=coalesce)
         plan = step.plan
         if not plan.ready:

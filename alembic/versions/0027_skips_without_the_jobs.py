@@ -13,7 +13,8 @@ and the notices what the jobs with work cost, not what all jobs cost:
   recorded input range ahead, a revision under way, or sinks at different barriers, and when it
   reads the barrier itself (``job.skips_unchanged`` false: its last plan asked not to be skipped).
   Rows another transaction holds are left to it (``SKIP LOCKED``: the skipper never waits, so it
-  never deadlocks). What is recorded is what ``complete_barrier`` records for a skip: the sinks'
+  never deadlocks); opening a session locks the job's sinks, and the skipper looks for sessions
+  again once it holds them, so it never moves a job under a session being opened. What is recorded is what ``complete_barrier`` records for a skip: the sinks'
   watermarks move, their snapshots stay, a ``table_completion`` row each, from the progress.
 - Its moves raise no notice each; afterwards one notice per moved table that a job *not* skipped
   with it reads (a job with work waits for it). ``icebarrier.quiet`` silences the trigger meanwhile.
@@ -137,6 +138,9 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = {search_path} AS $$
 DECLARE
     v_newest bigint := (SELECT max(b.barrier) FROM barrier b);
     v_from bigint[] := p_from;
+    v_ids bigint[];
+    v_targets bigint[];
+    v_progress bigint[];
     v_moved bigint[];
     v_all bigint[] := coalesce(p_from, '{{}}');
     v_jobs integer := 0;
@@ -174,16 +178,26 @@ BEGIN
             WHERE c.target > c.progress AND t.watermark = c.progress AND t.revision_id IS NULL
             FOR UPDATE OF t SKIP LOCKED
         ),
-        whole AS (
+        chosen AS (
             SELECT c.* FROM cand c
             WHERE c.target > c.progress AND c.n = (SELECT count(*) FROM locked l WHERE l.job_id = c.job_id)
               AND NOT EXISTS (SELECT 1 FROM job_source s JOIN managed_table m ON m.table_id = s.table_id
                               WHERE s.job_id = c.job_id AND NOT has_completed(m, c.target))
+        )
+        SELECT array_agg(c.job_id), array_agg(c.target), array_agg(c.progress) INTO v_ids, v_targets, v_progress
+        FROM chosen c;
+        EXIT WHEN v_ids IS NULL;
+        -- a statement of its own, so a snapshot taken with the sinks locked: a session opened
+        -- meanwhile (open_session locks them) is seen, and its job left to it
+        WITH whole AS (
+            SELECT u.job_id, u.target, u.progress, j.name
+            FROM unnest(v_ids, v_targets, v_progress) AS u(job_id, target, progress) JOIN job j ON j.job_id = u.job_id
+            WHERE NOT EXISTS (SELECT 1 FROM job_session js WHERE js.job_name = j.name)
         ),
         moved AS (
             UPDATE managed_table t SET watermark = w.target
             FROM whole w JOIN job_sink x ON x.job_id = w.job_id
-            WHERE t.table_id = x.table_id
+            WHERE t.table_id = x.table_id AND t.watermark = w.progress
             RETURNING t.table_id, w.target, w.name, w.progress
         ),
         recorded AS (
@@ -191,7 +205,7 @@ BEGIN
             SELECT m.table_id, m.target, m.name, clock_timestamp(), m.progress, false FROM moved m
         )
         SELECT array_agg(m.table_id), count(DISTINCT m.name) INTO v_moved, v_n FROM moved m;
-        EXIT WHEN v_moved IS NULL;
+        EXIT WHEN v_moved IS NULL;  -- every chosen job had a session opened meanwhile
         v_jobs := v_jobs + v_n;
         v_all := v_all || v_moved;
         v_from := v_moved;
