@@ -78,8 +78,9 @@ class CatalogRequestError(IcebarrierError):
 
     @property
     def transient(self) -> bool:
-        """No answer, or one a restarting server gives: asking again may succeed."""
-        return self.status is None or self.status in (502, 503, 504)
+        """No answer, one a restarting server gives, or the server's limit on requests in flight
+        (429: many runs starting at once from one address): asking again may succeed."""
+        return self.status is None or self.status in (429, 502, 503, 504)
 
     @property
     def retriable(self) -> bool:

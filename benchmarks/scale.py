@@ -167,7 +167,7 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
         settings = Settings(dsn=dsn, warehouse=wh).validated()
         build(conn, definitions, n_tables)
         barriers.set_anchor_interval_s(conn, 3600)
-        credential = ":".join(tokens.create(conn, admin=True, name="scale"))
+        credentials = {d.name: ":".join(tokens.create(conn, job=d.name)) for d in definitions}  # a token a job
         barriers.set_interval_s(conn, 1)
         stop = threading.Event()
         root_inputs = sorted(i for d in definitions for i in d.external_inputs)
@@ -179,7 +179,7 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
         server, uri = start(settings, workers=args.workers)
         real = [d.name for d in definitions if d.name.startswith(f"d{DEPTH}_")][: args.exec]
         runners = [
-            SimulatedJob(d.name, ["true"], uri=uri, credential=credential, log=lambda _: None)
+            SimulatedJob(d.name, ["true"], uri=uri, credential=credentials[d.name], log=lambda _: None)
             for d in definitions
             if d.name not in real
         ]
@@ -197,7 +197,7 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
                     "--catalog-uri",
                     uri,
                     "--credential",
-                    credential,
+                    credentials[name],
                     "--",
                     "true",
                 ],
