@@ -341,4 +341,4 @@ def test_long_listings_page_and_say_how_to_get_the_next(cli, conn):
             after = ["--after", result.stderr.split("--after ")[1].split(" ")[0]]
         assert seen == sorted(seen) and len(seen) == len(set(seen)) == 7, seen
         assert len(json.loads(cli(*listing, "--all", output="json").stdout)) == 7
-        assert "more follow" not in cli(*command).stderr  # 7 < 1,000
+        assert "more follow" not in cli(*listing).stderr  # 7 < 1,000
