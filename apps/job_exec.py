@@ -56,12 +56,14 @@ from icebarrier.apps.catalog.clients import (
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.job_sessions import HOLD_S
 from icebarrier.control_plane.model import TableName, barrier_label, format_duration_s
-from icebarrier.control_plane.notices import SAFETY_POLL_S
 from icebarrier.iceberg_ext.lineage import Lineage
 from icebarrier.iceberg_ext.spark import SPARK_LOG4J2
 
 REQUEST_TIMEOUT_S = 75.0
-MAX_WAIT_S = 60.0  # one long poll's wait at the server (< REQUEST_TIMEOUT_S)
+# one long poll's wait at the server: the server sends a line every sessions.HEARTBEAT_S meanwhile (<
+# REQUEST_TIMEOUT_S, and under the idle timeouts of proxies), so only the jobs with work, and one renewal
+# per job this often, cost the control plane anything
+MAX_WAIT_S = 240.0
 RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # --follow: back-off while no catalog answers
 RETRY_S = (0.1, 0.3, 1.0, 2.0, 4.0)  # one request whose answer was lost: sent again (same key) after these
 # --follow: a barrier refused at publish (409), or whose command failed (a catalog failing over
@@ -349,7 +351,7 @@ class JobExec:
         self._child: subprocess.Popen | None = None
         self.lineage = Lineage.for_job(job)
 
-    def run(self, *, follow: bool = False, poll_s: float = SAFETY_POLL_S) -> ExecSummary:
+    def run(self, *, follow: bool = False, poll_s: float = MAX_WAIT_S) -> ExecSummary:
         """Complete every barrier due now (``follow``: keep going until SIGINT/SIGTERM; each open
         waits at the server up to ``poll_s`` for work, which wakes it at once)."""
         summary = ExecSummary(job=self.job)
@@ -360,7 +362,7 @@ class JobExec:
             while not self.stop.is_set():
                 try:
                     self._waiting = follow
-                    opened = self._open(poll_s if follow else None, lambda line: self._skipped(line, summary))
+                    opened = self._open(poll_s if follow else None, lambda line: self._heard(line, summary))
                 except _StopWaiting:
                     break
                 finally:
@@ -417,6 +419,13 @@ class JobExec:
             f"({again + 1} of {len(AGAIN_S)} in a row before job exec gives up)"
         )
         return self.stop.wait(AGAIN_S[again])
+
+    def _heard(self, line: dict, summary: ExecSummary) -> None:
+        """A line of a long poll: barriers skipped, or what the job waits for (said once)."""
+        self._skipped(line, summary)
+        if "waiting" in line and line["waiting"] != summary.waiting:
+            self.log(f"job {self.job}: waiting for {line['waiting']}")
+            summary.waiting = line["waiting"]
 
     def _skipped(self, answer: dict, summary: ExecSummary) -> None:
         """Barriers the server completed for the job with no computation (no source changed)."""

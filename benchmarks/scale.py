@@ -1,6 +1,6 @@
 """The control plane and catalog at scale: what many jobs and many tables cost Postgres.
 
-    python benchmarks/scale.py [--points 200x2000,2000x2000] [--minutes 5] [--active 0.01]
+    python benchmarks/scale.py [--points 200x2000,2000x2000] [--minutes 5] [--active 2]
                                [--exec 2] [--workers 1] [--plot docs/scale.png]
 
 Per point (J jobs x N managed tables): a DAG five deep of J jobs (a tenth of them roots, each
@@ -10,8 +10,9 @@ jobs are `icebarrier job exec --follow -- true`: J - E of them simulated in this
 (threads running job exec's own :class:`JobExec` against the same endpoints, the command a
 no-op), E real `job exec` processes at depth five. One `icebarrier serve` (``--workers``)
 serves them. A ticker issues a barrier every second, as `icebarrier schedule` does, then
-announces data in the inputs of ``--active`` (1 %) of the roots, picked at random: those jobs
-have work at the next barrier (their command runs; it writes nothing, so what reads them is
+announces data in the inputs of ``--active`` roots on average (2: 1 % of the roots at 2,000
+jobs, the same number at every point), picked at random: those jobs have work at the next
+barrier (their command runs; it writes nothing, so what reads them is
 skipped with them), and the control plane skips every other job as each barrier is issued.
 
 After a warm-up (every job bootstrapped), for ``--minutes`` it samples, and prints:
@@ -173,7 +174,9 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
         root_inputs = sorted(i for d in definitions for i in d.external_inputs)
         heard: list[int] = [0]
         side = [
-            threading.Thread(target=ticker, args=(dsn, root_inputs, args.active, args.seed, stop), daemon=True),
+            threading.Thread(
+                target=ticker, args=(dsn, root_inputs, args.active / len(root_inputs), args.seed, stop), daemon=True
+            ),
             threading.Thread(target=listen, args=(dsn, heard, stop), daemon=True),
         ]
         server, uri = start(settings, workers=args.workers)
@@ -325,7 +328,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default=DEFAULT_SERVER)
     parser.add_argument("--points", default="200x2000,2000x2000", help="JOBSxTABLES,… to measure")
-    parser.add_argument("--active", type=float, default=0.01, help="each root's chance of data at each barrier")
+    parser.add_argument("--active", type=float, default=2.0, help="roots with data at each barrier, on average")
     parser.add_argument("--minutes", type=float, default=5.0, help="1-s barriers this long per point")
     parser.add_argument("--idle-s", type=float, default=60.0, help="the idle measurement's length")
     parser.add_argument("--exec", type=int, default=2, help="jobs at depth 5 run as real `job exec` processes")

@@ -337,9 +337,10 @@ def catalog_access(credential_help: str):
 @click.option("--no-coalesce", is_flag=True, help="Complete every barrier exactly, one run each.")
 @click.option(
     "--poll",
-    default="60s",
+    default="240s",
     show_default=True,
-    help="--follow waits for notices from the control plane; this is how often it looks anyway.",
+    help="--follow waits at the catalog, which wakes it when the job has work; this is how long one wait lasts "
+    "(the catalog keeps the connection alive meanwhile).",
 )
 @click.option(
     "--hold",

@@ -26,6 +26,7 @@ from icebarrier.control_plane.notices import Wait
 
 router = APIRouter(prefix="/icebarrier/v1/jobs/{job}/session")
 NDJSON = "application/x-ndjson"
+HEARTBEAT_S = 20.0  # a long poll with nothing to say says what it waits for this often (proxies' idle timeouts)
 
 
 async def session_job(who: Caller, job: str) -> str:
@@ -109,7 +110,9 @@ async def open_session(job: SessionJob, once: Writes, request: Request, body: Op
 
     ``wait_s``: with nothing to complete now, wait up to that long for something (a long poll):
     the answer is then a stream of JSON lines — ``{"skipped": [B…]}`` as the server skips
-    barriers for the job, and last the answer above (or ``{"error": …}``). The server plans
+    barriers for the job, ``{"waiting": WHAT}`` at once and every :data:`HEARTBEAT_S` with nothing
+    else to say,
+    and last the answer above (or ``{"error": …}``). The server plans
     again only when a notice concerns the job (a barrier issued for a root job, its sources'
     watermarks moving): waiting costs the database nothing.
 
@@ -137,11 +140,13 @@ async def _waiting(
     try:
         if opening.skipped:
             yield _line({"skipped": [c.barrier for c in opening.skipped]})
+        yield _line({"waiting": opening.waits_for.describe_wait()})
         while (left := deadline - time.monotonic()) > 0:
-            woke = await watch.until(
-                Wait.of(opening.waits_for, root=opening.waits_for.root, due_in_s=opening.due_in_s, safety_s=left),
-                limit_s=left,
-            )
+            wait = Wait.of(opening.waits_for, root=opening.waits_for.root, due_in_s=opening.due_in_s, safety_s=left)
+            while not (woke := await watch.until(wait, limit_s=min(wait.remaining_s(), HEARTBEAT_S))):
+                if hub.closing or wait.remaining_s() <= 0:
+                    break
+                yield _line({"waiting": opening.waits_for.describe_wait()})  # alive through proxies meanwhile
             if hub.closing or (not woke and (opening.due_in_s is None or opening.due_in_s >= left)):
                 break  # the long poll's end (or the server's), no barrier due before it: the client asks again
             try:
