@@ -138,6 +138,25 @@ def _wide_lake(lake, namespaces: int = 10, per_namespace: int = 200) -> dict:
     target of an hour on the first namespace's last tables (met), of 1 ms on the second's (missed)."""
     rng = random.Random(3)
     conn, levels = lake.conn, {}
+    with conn.transaction():  # one commit for all (a commit each is an fsync each)
+        _register_wide(conn, rng, levels, namespaces, per_namespace)
+    b1 = barriers.issue(conn).barrier
+    with conn.transaction():
+        for depth in range(1, 6):
+            for k in range(namespaces):
+                for i, name in enumerate(levels[k, depth]):
+                    jobs.complete(conn, name, b1, {TableName.parse(f"lake.ns{k}.d{depth}_{i}"): 1000 * depth + i})
+    b2 = barriers.issue(conn).barrier
+    for i, name in enumerate(levels[0, 1]):
+        jobs.complete(conn, name, b2, {TableName.parse(f"lake.ns0.d1_{i}"): 9000 + i})
+    for i, _ in enumerate(levels[0, 5]):
+        targets.set_target_lag(conn, TableName.parse(f"lake.ns0.d5_{i}"), 3600)
+    for i, _ in enumerate(levels[1, 5]):
+        targets.set_target_lag(conn, TableName.parse(f"lake.ns1.d5_{i}"), 0.001)
+    return {"late": len(levels[1, 5]), "met": len(levels[0, 5]), "selected": "lake.ns0.d3_4"}
+
+
+def _register_wide(conn, rng, levels: dict, namespaces: int, per_namespace: int) -> None:
     for k in range(namespaces):
         above: list[str] = []
         for depth in range(1, 6):
@@ -158,19 +177,6 @@ def _wide_lake(lake, namespaces: int = 10, per_namespace: int = 200) -> dict:
                 level.append(f"lake.ns{k}.d{depth}_{i}")
                 levels.setdefault((k, depth), []).append(name)
             above = level
-    b1 = barriers.issue(conn).barrier
-    for depth in range(1, 6):
-        for k in range(namespaces):
-            for i, name in enumerate(levels[k, depth]):
-                jobs.complete(conn, name, b1, {TableName.parse(f"lake.ns{k}.d{depth}_{i}"): 1000 * depth + i})
-    b2 = barriers.issue(conn).barrier
-    for i, name in enumerate(levels[0, 1]):
-        jobs.complete(conn, name, b2, {TableName.parse(f"lake.ns0.d1_{i}"): 9000 + i})
-    for i, _ in enumerate(levels[0, 5]):
-        targets.set_target_lag(conn, TableName.parse(f"lake.ns0.d5_{i}"), 3600)
-    for i, _ in enumerate(levels[1, 5]):
-        targets.set_target_lag(conn, TableName.parse(f"lake.ns1.d5_{i}"), 0.001)
-    return {"late": len(levels[1, 5]), "met": len(levels[0, 5]), "selected": "lake.ns0.d3_4"}
 
 
 @pytest.mark.slow
