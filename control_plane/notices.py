@@ -132,7 +132,9 @@ class Wait:
     """What a job with nothing to do waits for, from its plan: a root job the next barrier (one
     whose inputs are announced: an announcement, while none is pending); any other job its
     sources reaching the barrier it plans (``tables``: the watermarks it saw; all of them when no
-    barrier is planned yet), or its own sinks moving from ``progress`` (a revision rewound them).
+    barrier is planned yet, and then all past its progress), or its own sinks moving from
+    ``progress`` (a revision rewound them). The marks stay true: a move is announced whenever a
+    reader was not skipped with it, which a job waiting for it is not.
     ``due_at``: when planning again is due regardless (the clock's next barrier for a root job;
     the safety poll)."""
 
@@ -177,6 +179,10 @@ class Wait:
         if notice.table not in self.tables:
             return False
         self.tables[notice.table] = notice.barrier
-        if notice.barrier is None or self.target is None:
+        if notice.barrier is None:  # a rewind
             return True
+        if self.target is None:  # no barrier planned: every source must pass the job's progress first
+            return self.progress is None or all(
+                mark is not None and mark > self.progress for mark in self.tables.values()
+            )
         return all(mark is not None and mark >= self.target for mark in self.tables.values())

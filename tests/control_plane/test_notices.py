@@ -74,8 +74,10 @@ def _plan(barrier, waiting, *, progress=10, root=False, announced=(), pending=Fa
         (_plan(20, {"a": 10, "b": 10}), [Notice("watermark", 20, "a")], False),
         (_plan(20, {"a": 10, "b": 10}), [Notice("watermark", 20, "a"), Notice("watermark", 25, "b")], True),
         (_plan(20, {"a": 10}), [Notice("watermark", 20, "unrelated")], False),
-        # no barrier planned yet: any move of a source
-        (_plan(None, {"a": 10, "b": 10}), [Notice("watermark", 11, "b")], True),
+        # no barrier planned yet: every source past the job's progress (10)
+        (_plan(None, {"a": 10, "b": 10}), [Notice("watermark", 11, "b")], False),
+        (_plan(None, {"a": 10, "b": 10}), [Notice("watermark", 11, "b"), Notice("watermark", 12, "a")], True),
+        (_plan(None, {"a": 10, "b": 10}, progress=None), [Notice("watermark", 11, "b")], True),  # bootstrapping
         # a rewind (revision) of a source, or of its own sink away from its progress
         (_plan(20, {"a": 10}), [Notice("watermark", None, "a")], True),
         (_plan(20, {"a": 10}), [Notice("watermark", 10, "own")], False),
