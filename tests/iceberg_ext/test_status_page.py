@@ -180,7 +180,7 @@ def _register_wide(conn, rng, levels: dict, namespaces: int, per_namespace: int)
 
 
 @pytest.mark.slow
-def test_the_status_page_reads_at_two_thousand_jobs(lake):
+def test_the_status_page_reads_at_two_thousand_jobs(lake, tmp_path):
     """2,000 jobs: the state lists a page of tables (and says how many more match), counts the
     tables by state, and draws no graph until something is selected; the filters (late, a
     namespace, a search) select exactly what they name; a selected table's neighbourhood is drawn,
@@ -229,7 +229,7 @@ def test_the_status_page_reads_at_two_thousand_jobs(lake):
             "--v=0",
             "--virtual-time-budget=10000",
             "--window-size=1400,1600",
-            f"--user-data-dir={lake.settings.warehouse}/profile",
+            f"--user-data-dir={tmp_path / 'profile'}",
         ]
         page = f"{server}/ui?namespace=lake.ns0&select={wide['selected']}"
         dom = subprocess.run([*args, "--dump-dom", page], capture_output=True, text=True, timeout=120)
