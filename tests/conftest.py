@@ -48,11 +48,15 @@ def pytest_collection_modifyitems(items) -> None:
     last long test alone. xdist groups (``--dist loadgroup``): the cluster tests run on one
     worker, so one standalone cluster starts; the embedded-Postgres tests (their modules'
     ``pytestmark``) run one at a time, since as root every embedded server runs as the OS user
-    ``icebarrier-pg`` that the first creates and removes."""
+    ``icebarrier-pg`` that the first creates and removes; the tests of a primary and standby
+    (``pg_pair``) with them, since both open the same parent directories to that user, and the
+    embedded tests check that every mode they changed is as before."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     for item in items:
         if item.get_closest_marker("cluster"):
             item.add_marker(pytest.mark.xdist_group("spark-cluster"))
+        if "pg_pair" in getattr(item, "fixturenames", ()):  # it opens the same directories for its server's user
+            item.add_marker(pytest.mark.xdist_group("embedded-postgres"))
 
 
 def _children(pid: int) -> set[int]:
