@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -42,14 +43,10 @@ def page(items: list, *, limit: int | None, name: Callable[[object], str], what:
     last = name(shown[-1])
     click.echo(
         f"{limit} {what} shown (by name), more follow; the next page: icebarrier {command} --after "
-        f"{_quoted(last)} (or --all)",
+        f"{shlex.quote(last)} (or --all)",
         err=True,
     )
     return shown
-
-
-def _quoted(text: str) -> str:
-    return text if all(c.isalnum() or c in "._-:" for c in text) else "'" + text.replace("'", "'\\''") + "'"
 
 
 class Seconds(float):

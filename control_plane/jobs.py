@@ -319,13 +319,15 @@ def next_barrier(
     the barrier interval. ``skip`` False: the job reads the barrier itself and is never skipped;
     ``up_to``: a root job's input is ready only up to that barrier (an event-time watermark).
     """
-    row = call(conn, "plan_barrier", name, skip, coalesce, up_to)[0]
-    issued = False
-    idle = row["announced"] and not row["pending"]  # nothing announced: a new barrier brings it nothing
-    if row["root"] and not idle and (row["barrier"] is None or row["from_barrier"] is None):
-        issued = barriers.issue_if_due(conn, job=name) is not None
-        if issued:
-            row = call(conn, "plan_barrier", name, skip, coalesce, up_to)[0]
+    plan = _plan(name, call(conn, "plan_barrier", name, skip, coalesce, up_to)[0])
+    # a root job with nothing to take asks the clock (unless only an announcement brings it anything)
+    if plan.root and not plan.waits_for_announcement and (plan.barrier is None or plan.from_barrier is None):
+        if barriers.issue_if_due(conn, job=name) is not None:
+            plan = _plan(name, call(conn, "plan_barrier", name, skip, coalesce, up_to)[0], issued=True)
+    return plan
+
+
+def _plan(name: str, row: dict, *, issued: bool = False) -> NextBarrier:
     return NextBarrier(
         job=name,
         barrier=row["barrier"],

@@ -224,42 +224,11 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION skip_unchanged(bigint[]) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION issue_barrier(p_issued_by text DEFAULT 'operator') RETURNS SETOF barrier
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = {search_path} AS $$
-BEGIN
-    PERFORM require_admin('issue barriers by hand');
-    RETURN QUERY SELECT * FROM tick_barrier(p_issued_by, NULL);
-    PERFORM skip_unchanged();
-END $$;
-
-CREATE OR REPLACE FUNCTION issue_barrier_if_due(p_job text) RETURNS SETOF barrier
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = {search_path} AS $$
-BEGIN
-    PERFORM require_job(p_job, 'ask for the next barrier of');
-    RETURN QUERY SELECT * FROM tick_barrier(p_job, (SELECT value::bigint * 1000 FROM setting
-                                                     WHERE key = 'barrier_interval_ms'));
-    IF FOUND THEN
-        PERFORM skip_unchanged();
-    END IF;
-END $$;
+{issue}
 """
 
 DOWNGRADE = """
-CREATE OR REPLACE FUNCTION issue_barrier(p_issued_by text DEFAULT 'operator') RETURNS SETOF barrier
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = {search_path} AS $$
-BEGIN
-    PERFORM require_admin('issue barriers by hand');
-    RETURN QUERY SELECT * FROM tick_barrier(p_issued_by, NULL);
-END $$;
-
-CREATE OR REPLACE FUNCTION issue_barrier_if_due(p_job text) RETURNS SETOF barrier
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = {search_path} AS $$
-BEGIN
-    PERFORM require_job(p_job, 'ask for the next barrier of');
-    RETURN QUERY SELECT * FROM tick_barrier(p_job, (SELECT value::bigint * 1000 FROM setting
-                                                     WHERE key = 'barrier_interval_ms'));
-END $$;
-
+{issue}
 DROP FUNCTION skip_unchanged(bigint[]);
 DROP FUNCTION announced_inputs(text[], bigint);
 DROP FUNCTION forget_inputs(text[]);
@@ -275,6 +244,25 @@ DROP VIEW external_inputs;
 DROP TABLE external_input;
 ALTER TABLE job DROP COLUMN skips_unchanged;
 """
+
+# the two functions that issue barriers, as 0007 wrote them, with {wave} after the barrier
+ISSUE = """
+CREATE OR REPLACE FUNCTION issue_barrier(p_issued_by text DEFAULT 'operator') RETURNS SETOF barrier
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = {search_path} AS $$
+BEGIN
+    PERFORM require_admin('issue barriers by hand');
+    RETURN QUERY SELECT * FROM tick_barrier(p_issued_by, NULL);{wave}
+END $$;
+
+CREATE OR REPLACE FUNCTION issue_barrier_if_due(p_job text) RETURNS SETOF barrier
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = {search_path} AS $$
+BEGIN
+    PERFORM require_job(p_job, 'ask for the next barrier of');
+    RETURN QUERY SELECT * FROM tick_barrier(p_job, (SELECT value::bigint * 1000 FROM setting
+                                                     WHERE key = 'barrier_interval_ms'));{wave}
+END $$;
+"""
+WAVE = "\n    IF FOUND THEN  -- a barrier was issued: the first wave, over every job\n        PERFORM skip_unchanged();\n    END IF;"
 
 # plan_barrier, as 0010 wrote it, and what this revision changes in it
 _PLAN_EDITS = (
@@ -380,8 +368,12 @@ def _replace_plan_barrier(*, skipping: bool) -> None:
             op.execute(f"GRANT EXECUTE ON FUNCTION announce_inputs(text[]) TO {role}")
 
 
+def _issue(wave: str) -> str:
+    return ISSUE.format(search_path=_search_path(), wave=wave)
+
+
 def upgrade() -> None:
-    op.execute(UPGRADE.format(search_path=_search_path()))
+    op.execute(UPGRADE.format(search_path=_search_path(), issue=_issue(WAVE)))
     op.execute("REVOKE EXECUTE ON FUNCTION announce_inputs(text[]), forget_inputs(text[]) FROM PUBLIC")
     _replace_plan_barrier(skipping=True)
     op.execute(_complete_barrier(skipping=True))
@@ -390,4 +382,4 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute(_complete_barrier(skipping=False))
     _replace_plan_barrier(skipping=False)
-    op.execute(DOWNGRADE.format(search_path=_search_path()))
+    op.execute(DOWNGRADE.format(search_path=_search_path(), issue=_issue("")))
