@@ -376,19 +376,15 @@ def state(conn, view: View = View()) -> dict:
             else []
         )
         drawn = {e[k] for e in edges for k in ("from_node", "to_node")} | (set(start) if graphed else set())
-        shown = {
-            r["table_name"]: r
-            for r in conn.execute(
-                LISTED.format(state="name = ANY(%(drawn)s::text[])"),  # the tables listed and drawn
-                {
-                    **params,
-                    "namespace": None,
-                    "q": None,
-                    "drawn": sorted(drawn | {r["table_name"] for r in rows}),
-                    "rows": MAX_NODES + ROWS,
-                },
-            ).fetchall()
-        }
+        shown = {r["table_name"]: r for r in rows}  # the tables listed, and those drawn beside them
+        if unlisted := sorted(drawn - shown.keys()):
+            shown |= {
+                r["table_name"]: r
+                for r in conn.execute(
+                    LISTED.format(state="name = ANY(%(drawn)s::text[])"),
+                    {**params, "namespace": None, "q": None, "drawn": unlisted, "rows": MAX_NODES},
+                ).fetchall()
+            }
         now = conn.execute("SELECT now() AS now").fetchone()["now"]
         charted = sorted(shown, key=lambda n: (n not in drawn, n))  # what the graph draws first
         targeted = {n: float(shown[n]["effective_s"]) for n in charted if shown[n]["effective_s"] is not None}
