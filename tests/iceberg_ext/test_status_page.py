@@ -24,6 +24,31 @@ ARTIFACTS = Path(
 )
 
 
+def render(chromium: str, url: str, screenshot: str, tmp_path, *, budget_ms: int, size: str):
+    """Headless chromium on ``url``: the DOM once its scripts ran (``budget_ms`` of virtual time),
+    and a screenshot kept in ARTIFACTS."""
+    args = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--virtual-time-budget={budget_ms}",
+        f"--window-size={size}",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    dom = subprocess.run([*args, "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    subprocess.run([*args, f"--screenshot={ARTIFACTS / screenshot}", url], capture_output=True, timeout=120, check=True)
+    return dom
+
+
+def console_errors(dom) -> list[str]:
+    """What the page logged to the browser's console, or threw."""
+    return [line for line in dom.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+
+
 def test_metrics_give_each_table_its_lag_and_freshness_and_time_the_loads(lake, server):
     """By default the lake is summarized (tables by kind and target state, the stalest and most
     behind): no series per table. The tables a scrape names (a namespace, a table) get theirs:
@@ -86,21 +111,7 @@ def test_the_status_page_renders_the_pipeline_in_a_real_browser(lake, tmp_path):
     proc, server = start_server(lake, "--allow-anonymous-read")
     try:
         assert requests.get(f"{server}/ui", timeout=30).status_code == 200
-        args = [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--enable-logging=stderr",
-            "--v=0",
-            "--virtual-time-budget=8000",
-            "--window-size=1400,1500",
-            f"--user-data-dir={tmp_path / 'profile'}",
-        ]
-        dom = subprocess.run([*args, "--dump-dom", f"{server}/ui"], capture_output=True, text=True, timeout=120)
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        shot = ARTIFACTS / "status-page.png"
-        subprocess.run([*args, f"--screenshot={shot}", f"{server}/ui"], capture_output=True, timeout=120, check=True)
+        dom = render(chromium, f"{server}/ui", "status-page.png", tmp_path, budget_ms=8000, size="1400,1500")
     finally:
         assert "Traceback" not in stop_server(proc)
     html = dom.stdout
@@ -114,9 +125,8 @@ def test_the_status_page_renders_the_pipeline_in_a_real_browser(lake, tmp_path):
         assert f"<td>{lake.T(name) if name != 'nightly-report' else name}</td>" in html
     assert "60.0m, met" in html and "<td>50.0m</td><td>ingest</td>" in html  # a target; the plan
     assert '<div id="error"></div>' in html  # no refresh failed
-    errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
-    assert errors == []
-    assert shot.stat().st_size > 10_000
+    assert console_errors(dom) == []
+    assert (ARTIFACTS / "status-page.png").stat().st_size > 10_000
 
 
 def test_the_status_page_state_needs_a_token_without_anonymous_reads(lake, server):
@@ -220,22 +230,8 @@ def test_the_status_page_reads_at_two_thousand_jobs(lake, tmp_path):
         assert refused.status_code == 400 and "state 'sleepy' is not one" in refused.text
         if chromium is None:
             pytest.skip("no chromium here (.ci/run installs Debian's)")
-        args = [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--enable-logging=stderr",
-            "--v=0",
-            "--virtual-time-budget=10000",
-            "--window-size=1400,1600",
-            f"--user-data-dir={tmp_path / 'profile'}",
-        ]
         page = f"{server}/ui?namespace=lake.ns0&select={wide['selected']}"
-        dom = subprocess.run([*args, "--dump-dom", page], capture_output=True, text=True, timeout=120)
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        shot = ARTIFACTS / "status-page-2000-jobs.png"
-        subprocess.run([*args, f"--screenshot={shot}", page], capture_output=True, timeout=120, check=True)
+        dom = render(chromium, page, "status-page-2000-jobs.png", tmp_path, budget_ms=10000, size="1400,1600")
     finally:
         assert "Traceback" not in stop_server(proc)
     html = dom.stdout
@@ -243,5 +239,5 @@ def test_the_status_page_reads_at_two_thousand_jobs(lake, tmp_path):
     assert f"selected: {wide['selected']}" in html and 'class="on"' in html
     assert '<span class="muted" id="more"></span>' in html  # 200 tables in lake.ns0: one page, nothing more
     assert '<div id="error"></div>' in html
-    assert [line for line in dom.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line] == []
-    assert shot.stat().st_size > 10_000
+    assert console_errors(dom) == []
+    assert (ARTIFACTS / "status-page-2000-jobs.png").stat().st_size > 10_000
