@@ -189,6 +189,7 @@ def pool(dsn: str | None, schema: str | None, *, max_size: int = 8):
 
     def configure(conn: Conn) -> None:
         conn.info_schema = schema  # type: ignore[attr-defined]
+        conn.idle_since = time.monotonic()  # type: ignore[attr-defined]  # just opened: no ping for its first use
 
     def returned(conn: Conn) -> None:
         conn.idle_since = time.monotonic()  # type: ignore[attr-defined]
@@ -221,6 +222,7 @@ def async_pool(dsn: str | None, schema: str | None, *, max_size: int = 4):
 
     async def configure(conn) -> None:
         conn.info_schema = schema
+        conn.idle_since = time.monotonic()  # just opened: no ping for its first use
 
     async def returned(conn) -> None:
         conn.idle_since = time.monotonic()

@@ -2,13 +2,15 @@
 (DESIGN.md, "The control plane survives losing its primary").
 
 A standby's lag is how long ago it replayed its last transaction while WAL it received waits to
-be replayed (0 when it has replayed all it received): a promotion first replays what is waiting,
-so a standby lagging 30 s takes over 30 s late. Past ``ICEBARRIER_STANDBY_MAX_LAG`` (default
-10s) it is refused in one line (`icebarrier db status`).
+be replayed: a promotion first replays what is waiting, so a standby lagging 30 s takes over 30 s
+late. WAL received a moment ago is not lag: a standby that replays what it had received when
+asked within :data:`SETTLE_S` lags only the time that took. Past ``ICEBARRIER_STANDBY_MAX_LAG``
+(default 10s) it is refused in one line (`icebarrier db status`).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import psycopg
@@ -18,10 +20,12 @@ from icebarrier.control_plane.db import duration_env_s, hosts_of
 from icebarrier.control_plane.errors import ConfigurationError
 
 MAX_LAG_ENV, DEFAULT_MAX_LAG = "ICEBARRIER_STANDBY_MAX_LAG", "10s"
-_LAG = (
-    "SELECT pg_is_in_recovery() AS standby, CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() "
-    "THEN 0 ELSE extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp()) END::float8 AS lag_s"
+SETTLE_S = 1.0  # WAL received this recently is being replayed, not waiting
+_ASKED = (
+    "SELECT pg_is_in_recovery() AS standby, pg_last_wal_receive_lsn() AS received, "
+    "extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8 AS since_replay_s"
 )
+_REPLAYED = "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +46,23 @@ def standbys(dsn: str) -> list[Standby]:
         one = make_conninfo(dsn, host=host, port=str(port), target_session_attrs="any", connect_timeout="3")
         try:
             with psycopg.connect(one, autocommit=True) as conn:
-                standby, lag_s = conn.execute(_LAG).fetchone()  # type: ignore[misc]
+                standby, received, since_replay_s = conn.execute(_ASKED).fetchone()  # type: ignore[misc]
+                if standby:
+                    found.append(Standby(host, port, _lag_s(conn, received, since_replay_s)))
         except psycopg.Error:
             continue
-        if standby:
-            found.append(Standby(host, port, lag_s))
     return found
+
+
+def _lag_s(conn: psycopg.Connection, received: str | None, since_replay_s: float | None) -> float | None:
+    """How long the standby takes to replay what it had received when asked (within
+    :data:`SETTLE_S`), else how long ago it last replayed a transaction."""
+    asked = time.monotonic()
+    while received is not None and time.monotonic() - asked < SETTLE_S:
+        if conn.execute(_REPLAYED, (received,)).fetchone()[0]:  # type: ignore[index]
+            return time.monotonic() - asked
+        time.sleep(0.02)
+    return since_replay_s
 
 
 def check_lag(found: list[Standby]) -> None:

@@ -14,7 +14,8 @@ data files, small ones, manifests, metadata-file size) and its actions by result
 says how it computes (an SqlJob), its computations, incremental and full. Always: barriers
 issued (a counter: its rate is the barrier rate) and the read-committed cut's age. From this
 server process: catalog table loads by warehouse kind, as a latency histogram; loads answered
-from memory or the database, and whether the memory is live (:mod:`.load_cache`).
+from memory or the database, and whether the memory is live (:mod:`.load_cache`); the long polls
+of `job exec --follow` it holds waiting for a notice.
 """
 
 from __future__ import annotations
@@ -286,14 +287,29 @@ class LoadCacheCollector:
         )
 
 
+class HubCollector:
+    """The long polls this process holds (:mod:`.notices`)."""
+
+    def __init__(self, hub) -> None:
+        self.hub = hub
+
+    def collect(self):
+        yield GaugeMetricFamily(
+            "icebarrier_long_polls_waiting",
+            "Job sessions' long polls (job exec --follow) this process holds waiting for a notice",
+            value=self.hub.waiting,
+        )
+
+
 class Metrics:
     """A server's metrics: the lake's (read at each scrape, for its scope) and this process's
-    loads (latency, memory)."""
+    loads (latency, memory) and long polls."""
 
-    def __init__(self, lake) -> None:
+    def __init__(self, lake, hub) -> None:
         self.lake = lake
         self.registry = CollectorRegistry(auto_describe=False)  # this process's own
         self.registry.register(LoadCacheCollector(lake.load_cache))
+        self.registry.register(HubCollector(hub))
         self.load_seconds = Histogram(
             "icebarrier_catalog_load_seconds",
             "Latency of a table load through the catalog, by warehouse kind",
@@ -303,10 +319,10 @@ class Metrics:
         )
 
 
-def install(app, lake) -> None:
+def install(app, lake, hub) -> None:
     """Serve ``GET /metrics`` (a reader's token, like any read); the load route times each load
     into ``app.state.metrics.load_seconds``."""
-    app.state.metrics = metrics = Metrics(lake)
+    app.state.metrics = metrics = Metrics(lake, hub)
 
     @app.get("/metrics")
     def scrape(who: Caller, request: Request):

@@ -75,7 +75,7 @@ def create_app(
     app.router.routes.insert(0, tables.LOAD_ROUTE)
     for router in ROUTERS:
         app.include_router(router)
-    metrics.install(app, lake)
+    metrics.install(app, lake, app.state.hub)
     app.add_middleware(errors.ControlPlaneOutage, lake=lake)
     app.add_middleware(
         limits.BodyLimit,

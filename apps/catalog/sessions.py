@@ -8,6 +8,7 @@ job, or an admin token, may act on it.
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Annotated
 
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from icebarrier.apps.catalog.deps import Caller, LakeDep, acting
 from icebarrier.apps.catalog.errors import error_response
 from icebarrier.apps.catalog.idempotency import Write, Writes
+from icebarrier.apps.catalog.notices import Parked
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import job_sessions, reads
 from icebarrier.control_plane.model import parse_job_name
@@ -120,36 +122,57 @@ async def open_session(job: SessionJob, once: Writes, request: Request, body: Op
     again: the same run); an answer with nothing to do is not (a retry waits again)."""
     body = body or OpenRequest()
     hub = request.app.state.hub
+    deadline, key = time.monotonic() + body.wait_s, (job, body.skip, body.coalesce)
+    if body.wait_s > 0 and (parked := hub.unpark(key)) is not None:  # nothing new since its last long poll
+        return StreamingResponse(_waiting(hub, key, once, body, parked, deadline), media_type=NDJSON)
     watch = hub.watch() if body.wait_s > 0 and not hub.closing else None  # before planning: a notice meanwhile is kept
-    deadline, streaming = time.monotonic() + body.wait_s, False
+    streaming = False
     try:
+        planned_at = time.monotonic()
         opening, answer = await run_in_threadpool(_open, once, job, body)
         if opening is None or answer["ready"] or watch is None:
             return JSONResponse(answer, status_code=answer["error"]["code"] if "error" in answer else 200)
         streaming = True
-        return StreamingResponse(_waiting(hub, watch, once, job, body, opening, answer, deadline), media_type=NDJSON)
+        if opening.skipped:
+            answer = {**answer, "skipped": [c.barrier for c in opening.skipped]}
+        parked = Parked(watch, _wait_of(opening, planned_at), opening, answer, planned_at)
+        return StreamingResponse(_waiting(hub, key, once, body, parked, deadline), media_type=NDJSON)
     finally:
         if watch is not None and not streaming:
             hub.forget(watch)
 
 
-async def _waiting(
-    hub, watch, once: Write, job: str, body: OpenRequest, opening: job_sessions.Opening, answer: dict, deadline: float
-):
-    """The long poll's lines: the barriers skipped as they are, then the answer."""
+def _wait_of(opening: job_sessions.Opening, planned_at: float) -> Wait:
+    """What the job waits for, due when its plan says (a root job's next barrier) or never."""
+    wait = Wait.of(opening.waits_for, root=opening.waits_for.root)
+    wait.due_at = math.inf if opening.due_in_s is None else planned_at + opening.due_in_s
+    return wait
+
+
+async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, deadline: float):
+    """The long poll's lines: the barriers skipped as they are, then the answer. One that ends
+    with nothing new is parked for the job's next ask (before its last line: the ask may follow
+    at once)."""
+    job, planned_due = key[0], at.wait.due_at
     try:
-        if opening.skipped:
-            yield _line({"skipped": [c.barrier for c in opening.skipped]})
-        yield _line({"waiting": opening.waits_for.describe_wait()})
-        while (left := deadline - time.monotonic()) > 0:
-            wait = Wait.of(opening.waits_for, root=opening.waits_for.root, due_in_s=opening.due_in_s, safety_s=left)
-            while not (woke := await watch.until(wait, limit_s=min(wait.remaining_s(), HEARTBEAT_S))):
-                if hub.closing or wait.remaining_s() <= 0:
+        if at.answer.get("skipped"):
+            yield _line({"skipped": at.answer["skipped"]})
+            at.answer = {**at.answer, "skipped": []}  # said: a renewal that takes it up says nothing of them
+        yield _line({"waiting": at.opening.waits_for.describe_wait()})
+        while True:
+            at.wait.due_at = min(planned_due, deadline)
+            while not (woke := await at.watch.until(at.wait, limit_s=min(at.wait.remaining_s(), HEARTBEAT_S))):
+                if hub.closing or at.wait.remaining_s() <= 0:
                     break
-                yield _line({"waiting": opening.waits_for.describe_wait()})  # alive through proxies meanwhile
-            if hub.closing or (not woke and (opening.due_in_s is None or opening.due_in_s >= left)):
-                break  # the long poll's end (or the server's), no barrier due before it: the client asks again
+                yield _line({"waiting": at.opening.waits_for.describe_wait()})  # alive through proxies meanwhile
+            if hub.closing:
+                break
+            if not woke and time.monotonic() < planned_due:  # the long poll's end, nothing new: the client asks again
+                at.wait.due_at = planned_due
+                hub.park(key, at)
+                break
             try:
+                planned_at = time.monotonic()
                 found, answer = await run_in_threadpool(_open, once, job, body)
             except Exception as exc:  # noqa: BLE001 - the stream has begun: the error is its last line
                 yield _line(json.loads(bytes(error_response(exc).body)))
@@ -157,14 +180,19 @@ async def _waiting(
             if found is None:  # a refusal given again
                 yield _line(answer)
                 return
-            opening = found
-            if opening.skipped:
-                yield _line({"skipped": [c.barrier for c in opening.skipped]})
+            if found.skipped:
+                yield _line({"skipped": [c.barrier for c in found.skipped]})
             if answer["ready"]:
+                yield _line({**answer, "skipped": []})
+                return
+            at = Parked(at.watch, _wait_of(found, planned_at), found, answer, planned_at)
+            planned_due = at.wait.due_at
+            if deadline <= time.monotonic():
                 break
-        yield _line({**answer, "skipped": []})
+        yield _line({**at.answer, "skipped": []})
     finally:
-        hub.forget(watch)
+        if hub.parked(key) is not at:
+            hub.forget(at.watch)
 
 
 def _line(item: dict) -> bytes:

@@ -20,7 +20,7 @@ from icebarrier.apps.job_exec import MAX_WAIT_S
 from icebarrier.control_plane import barriers, jobs, tokens
 from icebarrier.control_plane.model import JobDefinition
 from tests.helpers import WEEK_S
-from tests.iceberg_ext.catalog_server import start_server, stop_server
+from tests.iceberg_ext.catalog_server import access_token, scrape, start_server, stop_server
 from tests.iceberg_ext.test_job_exec import exec_args
 from tests.pg_counter import TransactionCounter
 
@@ -72,6 +72,17 @@ def wait_for(condition, what: str, procs: dict, tmp_path: Path, timeout_s: float
         time.sleep(0.1)
 
 
+def idle(lake, server: str, creds: dict) -> bool:
+    """Every job of the chain has caught up with the root and the server holds all three long
+    polls, waiting for a notice (a job that said "waiting for" once may since have been woken
+    to bootstrap, and be running)."""
+    root = jobs.show(lake.conn, "root").progress
+    if root is None or any(jobs.show(lake.conn, j).progress != root for j in CHAIN):
+        return False
+    headers = {"Authorization": f"Bearer {access_token(server, *creds['root'].split(':'))}"}
+    return scrape(server, headers)[("icebarrier_long_polls_waiting", ())] == len(CHAIN)
+
+
 def kill(procs: dict) -> None:
     for proc in procs.values():
         if proc.poll() is None:
@@ -103,9 +114,7 @@ def test_following_jobs_cost_nothing_while_idle_and_wake_when_their_source_moves
     server_proc, server = start_server(lake, env_extra={"ICEBARRIER_DSN": counter.dsn})
     procs = follow(server, creds, tmp_path, "--poll", "300s")
     try:
-        wait_for(
-            lambda: all("waiting for" in (tmp_path / f"{j}.err").read_text() for j in CHAIN), "idle", procs, tmp_path
-        )
+        wait_for(lambda: idle(lake, server, creds), "idle", procs, tmp_path)
         # the goal: at most 0.1 per idle job per second (polling cost ~3 per job per second). Each
         # job's long poll is renewed every MAX_WAIT_S (240 s) in a burst of 3 or 4 transactions (the
         # new poll's plan, the token's look-up, the pool's check of a connection idle for long):
@@ -201,14 +210,14 @@ def test_sigterm_answers_the_long_polls_and_jobs_carry_on_with_the_next_server(l
     procs = follow(uri, creds, tmp_path, "--poll", "300s")
     second = None
     try:
-        idle = lambda: all("waiting for" in (tmp_path / f"{j}.err").read_text() for j in CHAIN)  # noqa: E731
-        wait_for(idle, "idle", procs, tmp_path)
+        wait_for(lambda: idle(lake, uri, creds), "idle", procs, tmp_path)
         first.send_signal(signal.SIGTERM)
         _, err = first.communicate(timeout=60)  # well inside the grace: nothing waited for it
         # uvicorn ends by raising the signal it handled again: exit "by SIGTERM", after draining
         assert first.returncode == -signal.SIGTERM, (first.returncode, err)
         assert "graceful shutdown exceeded" not in err and "Traceback" not in err, err
         second, _ = start_server(lake, port=port)
+        wait_for(lambda: idle(lake, uri, creds), "waiting on the next server", procs, tmp_path)
         marks = []
         for _ in range(2):
             marks.append(barriers.issue(lake.conn).barrier)
@@ -225,3 +234,39 @@ def test_sigterm_answers_the_long_polls_and_jobs_carry_on_with_the_next_server(l
     for job in ("mid", "leaf"):
         assert jobs.show(lake.conn, job).progress == marks[-1]
         assert len(summaries[job]["steps"]) == 1  # its bootstrap: the control plane skipped the rest
+
+
+def test_a_renewal_with_nothing_new_plans_nothing_and_one_after_a_move_plans(lake):
+    """A long poll that ends with nothing new stays watched on the server: the job's next ask,
+    if nothing concerning it happened meanwhile, waits on without planning — one transaction, the
+    token's look-up (planning again costs more). A source that moves between two asks is not
+    missed: the next ask plans, and finds the barrier ready."""
+    from icebarrier.apps.job_exec import SessionClient
+
+    barriers.set_interval_s(lake.conn, WEEK_S)
+    creds = register_chain(lake)
+    counter = TransactionCounter(lake.settings.dsn)
+    env = {"ICEBARRIER_DSN": counter.dsn, "ICEBARRIER_POOL_CHECK_IDLE": "1h"}  # no pings between asks
+    server_proc, server = start_server(lake, env_extra=env)
+    try:
+        mid, root = SessionClient(server, creds["mid"]), SessionClient(server, creds["root"])
+
+        def ask(client: SessionClient, job: str, wait_s: float = 1.0) -> dict:
+            return client.open(job, skip=True, coalesce=True, hold_s=60, wait_s=wait_s)
+
+        assert not ask(mid, "mid")["ready"]  # t_root has nothing yet
+        before = counter.transactions
+        for _ in range(5):
+            assert not ask(mid, "mid")["ready"]
+        assert counter.transactions - before <= 5, f"{counter.transactions - before} transactions for 5 renewals"
+
+        barriers.issue(lake.conn)
+        opened = ask(root, "root", wait_s=0)
+        assert opened["ready"], opened
+        root.publish("root", opened["session"]["run_id"])  # t_root moves while mid's poll is kept
+        answer = ask(mid, "mid")
+        assert answer["ready"] and answer["session"]["barrier"] == opened["session"]["barrier"], answer
+    finally:
+        err = stop_server(server_proc)
+        counter.close()
+    assert "Traceback" not in err, err[-3000:]
