@@ -120,12 +120,12 @@ def test_a_check_run_with_a_kafka_root_job_passes_and_a_read_uncommitted_source_
     before it, an aborted transaction of orders beside them), killed at fault points, validated
     against the model; a source reading read_uncommitted (ICEBARRIER_MUTATION=kafka-uncommitted)
     lets the aborted orders in and must fail the run, for that reason."""
-    done = _check("--seed", "5", "--duration", "20", "--kafka")
+    done = _check("--seed", "5", "--duration", "14", "--kafka")
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     report = json.loads(done.stdout)
     assert report["ok"] and report["kafka"] and report["exec_jobs"] == ["balances_job"]
     assert report["validated"] > 0 and report["anchors_validated"] > 0
-    bad = _check("--seed", "5", "--duration", "15", "--kafka", "--mutation", "kafka-uncommitted")
+    bad = _check("--seed", "5", "--duration", "10", "--kafka", "--mutation", "kafka-uncommitted")
     assert bad.returncode == 1, bad.stderr[-3000:]
     violations = json.loads(bad.stdout)["violations"]
     assert any(re.search(r"orders at barrier #\d+: \d+ rows \(0 duplicated\), model has", v) for v in violations), (
@@ -142,7 +142,7 @@ def test_a_check_run_with_the_maintenance_service_across_failovers_passes():
     the readers and the service follow the multi-host DSN (the service's lease holds its fence
     across the switch); it expires and compacts, and the run has no anomaly, nothing acknowledged
     lost or duplicated, no pinned snapshot expired. (Plain restarts: the other runs here.)"""
-    done = _check("--seed", "12", "--duration", "30", "--fault-rate", "0.4", "--maintain", "--failover")
+    done = _check("--seed", "12", "--duration", "24", "--fault-rate", "0.4", "--maintain", "--failover")
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     report = json.loads(done.stdout)
     assert report["ok"] and report["faults"].get("maintain@killed", 0) >= 1, report["faults"]
@@ -174,7 +174,7 @@ def test_maintenance_that_wins_a_race_with_a_publish_fails_the_check():
     replay a job's commit over a compaction, with a service that compacts under staged sessions
     (ICEBARRIER_MUTATION=no-rebase: the race issue 48 found), must fail the run for that reason,
     though `job exec --follow` survives the refusals by running the barrier again."""
-    done = _check("--seed", "12", "--duration", "30", "--fault-rate", "0.4", "--maintain", "--mutation", "no-rebase")
+    done = _check("--seed", "12", "--duration", "18", "--fault-rate", "0.4", "--maintain", "--mutation", "no-rebase")
     assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert not report["ok"] and report["mutation"] == "no-rebase"
