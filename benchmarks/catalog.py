@@ -15,6 +15,8 @@ Prints:
   costs over HTTP itself;
 - one commit (an append) through the server ÷ the same commit through the SQL (JDBC)
   catalog directly (goal <= 1.2);
+- what the lake's size costs the server: its RSS, a default /metrics scrape's size, the status
+  page's state (``/ui/state``) and the page in headless chromium;
 - DuckDB (its iceberg extension, configured as `icebarrier connect --engine duckdb` prints):
   a one-table query p50 through barrier-<B> and through latest, and a two-table join's p50
   through read-committed ÷ through latest (goal <= 1.2).
@@ -33,6 +35,7 @@ import argparse
 import concurrent.futures
 import multiprocessing
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -47,6 +50,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.s3: the S3 server of the tests
 
+from proc import descendants  # noqa: E402
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
 from icebarrier.control_plane import barriers, db, jobs, tokens  # noqa: E402
@@ -305,6 +309,55 @@ def compare_s3(args) -> int:
     return 0
 
 
+def sizes(s: requests.Session, uri: str, pid: int, wh: str) -> None:
+    """What the lake's size costs the server: its memory (every process of it), a default
+    /metrics scrape, the status page's state and the page in headless chromium (its scripts run,
+    less chromium's own start on an empty page)."""
+    rss_mb = 0.0
+    for p in (pid, *descendants(pid)):
+        try:
+            status = Path(f"/proc/{p}/status").read_text().splitlines()
+        except OSError:
+            continue
+        rss_mb += sum(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+    scrape = s.get(f"{uri}/metrics", timeout=60)
+    state_ms = []
+    for _ in range(5):
+        started = time.perf_counter()
+        assert s.get(f"{uri}/ui/state", timeout=60).status_code == 200
+        state_ms.append((time.perf_counter() - started) * 1000)
+    print(
+        f"server RSS {rss_mb:6.0f} MB; /metrics {len(scrape.content):,d} bytes, {scrape.text.count(chr(10)):,d} lines; "
+        f"/ui/state p50 {statistics.median(state_ms):6.1f} ms"
+    )
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        print("status page in chromium: no chromium on PATH")
+        return
+
+    def browse(url: str) -> float:
+        started = time.perf_counter()
+        subprocess.run(
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                f"--user-data-dir={wh}/chromium",
+                "--dump-dom",
+                url,
+            ],
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
+        return time.perf_counter() - started
+
+    blank = min(browse("about:blank") for _ in range(3))
+    page = min(browse(f"{uri}/ui") for _ in range(3))
+    print(f"status page in chromium: {page - blank:5.2f} s past an empty page's {blank:4.2f} s (goal <= 2 s)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default=DEFAULT_SERVER)
@@ -336,7 +389,7 @@ def main() -> int:
             add_managed(conn, args.managed - args.tables, barrier)
             reader = tokens.create(conn, whole_lake=True)
             writer = tokens.create(conn, job="bench", whole_lake=True)
-        proc, uri = start(settings, workers=args.workers)
+        proc, uri = start(settings, workers=args.workers, extra=("--allow-anonymous-read",))
         try:
             s = session(uri, *reader)
             loads(s, uri, barrier, names, min(args.tables, 1000))  # warm: every pinned file written once
@@ -346,6 +399,7 @@ def main() -> int:
                 f"load through barrier-B, {max(args.managed, args.tables)} managed tables: p50 {p50:5.2f} ms  p95 {p95:5.2f} ms "
                 f"(goal p50 <= 3 ms: {'met' if p50 <= 3 else 'MISSED'})"
             )
+            sizes(s, uri, proc.pid, wh)
             authorization = s.headers["Authorization"]
             served = rate(uri, authorization, barrier, names, args.loads)
             body = Path(wh) / "load-response.json"

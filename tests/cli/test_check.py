@@ -159,7 +159,7 @@ def test_a_maintenance_service_that_expires_protected_snapshots_fails_the_check(
     protected snapshot expired, or a job dies reading the manifest list of a snapshot whose files
     expiry deleted (which comes first depends on timing)."""
     done = _check(
-        "--seed", "12", "--duration", "30", "--fault-rate", "0.4", "--maintain", "--mutation", "expire-protected"
+        "--seed", "12", "--duration", "18", "--fault-rate", "0.4", "--maintain", "--mutation", "expire-protected"
     )
     assert done.returncode == 1, done.stderr[-3000:]
     said = done.stdout + done.stderr
