@@ -13,6 +13,7 @@ the database the token's look-up and nothing else.
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 import threading
 import time
@@ -94,6 +95,11 @@ class Parked:
     answer: dict
     planned_at: float  # time.monotonic() of the plan from the database
     parked_at: float = 0.0
+
+    @property
+    def due_at(self) -> float:
+        """When its plan is due regardless of notices (a root job's next barrier), or never."""
+        return math.inf if self.opening.due_in_s is None else self.planned_at + self.opening.due_in_s
 
 
 class Hub:

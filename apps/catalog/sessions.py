@@ -8,7 +8,6 @@ job, or an admin token, may act on it.
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import Annotated
 
@@ -133,42 +132,32 @@ async def open_session(job: SessionJob, once: Writes, request: Request, body: Op
         if opening is None or answer["ready"] or watch is None:
             return JSONResponse(answer, status_code=answer["error"]["code"] if "error" in answer else 200)
         streaming = True
-        if opening.skipped:
-            answer = {**answer, "skipped": [c.barrier for c in opening.skipped]}
-        parked = Parked(watch, _wait_of(opening, planned_at), opening, answer, planned_at)
+        parked = Parked(watch, Wait.of(opening.waits_for, root=opening.waits_for.root), opening, answer, planned_at)
         return StreamingResponse(_waiting(hub, key, once, body, parked, deadline), media_type=NDJSON)
     finally:
         if watch is not None and not streaming:
             hub.forget(watch)
 
 
-def _wait_of(opening: job_sessions.Opening, planned_at: float) -> Wait:
-    """What the job waits for, due when its plan says (a root job's next barrier) or never."""
-    wait = Wait.of(opening.waits_for, root=opening.waits_for.root)
-    wait.due_at = math.inf if opening.due_in_s is None else planned_at + opening.due_in_s
-    return wait
-
-
 async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, deadline: float):
     """The long poll's lines: the barriers skipped as they are, then the answer. One that ends
     with nothing new is parked for the job's next ask (before its last line: the ask may follow
     at once)."""
-    job, planned_due = key[0], at.wait.due_at
+    job = key[0]
     try:
         if at.answer.get("skipped"):
             yield _line({"skipped": at.answer["skipped"]})
             at.answer = {**at.answer, "skipped": []}  # said: a renewal that takes it up says nothing of them
         yield _line({"waiting": at.opening.waits_for.describe_wait()})
         while True:
-            at.wait.due_at = min(planned_due, deadline)
+            at.wait.due_at = min(at.due_at, deadline)
             while not (woke := await at.watch.until(at.wait, limit_s=min(at.wait.remaining_s(), HEARTBEAT_S))):
                 if hub.closing or at.wait.remaining_s() <= 0:
                     break
                 yield _line({"waiting": at.opening.waits_for.describe_wait()})  # alive through proxies meanwhile
             if hub.closing:
                 break
-            if not woke and time.monotonic() < planned_due:  # the long poll's end, nothing new: the client asks again
-                at.wait.due_at = planned_due
+            if not woke and time.monotonic() < at.due_at:  # the long poll's end, nothing new: the client asks again
                 hub.park(key, at)
                 break
             try:
@@ -180,13 +169,12 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
             if found is None:  # a refusal given again
                 yield _line(answer)
                 return
-            if found.skipped:
-                yield _line({"skipped": [c.barrier for c in found.skipped]})
+            if answer.get("skipped"):
+                yield _line({"skipped": answer["skipped"]})
             if answer["ready"]:
                 yield _line({**answer, "skipped": []})
                 return
-            at = Parked(at.watch, _wait_of(found, planned_at), found, answer, planned_at)
-            planned_due = at.wait.due_at
+            at = Parked(at.watch, Wait.of(found.waits_for, root=found.waits_for.root), found, answer, planned_at)
             if deadline <= time.monotonic():
                 break
         yield _line({**at.answer, "skipped": []})
