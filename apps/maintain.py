@@ -144,6 +144,8 @@ class Maintainer:
         done: list[Action] = []
         locations: list[str] | None = None
         for status in upkeep.statuses(conn):
+            if self._stop.is_set():
+                break  # stopped: after the action in flight, not after the whole pass
             policy, name = status.policy, status.policy.table
             if not policy.enabled:
                 continue

@@ -91,6 +91,12 @@ def _broker(broker, topic: str):
     help="Run orders_in as a Kafka root job: the run starts a broker (KRaft, from Maven Central) and produces "
     "each barrier's orders to a topic, with aborted transactions that no cut may show.",
 )
+@click.option(
+    "--fail-fast",
+    is_flag=True,
+    help="End the run at its first violation (the report names it; the jobs are not waited for and the "
+    "final audits do not run): for a run that should fail, such as one with --mutation.",
+)
 @click.pass_obj
 def check(
     obj,
@@ -105,6 +111,7 @@ def check(
     mutation: str | None,
     maintain: bool,
     kafka: bool,
+    fail_fast: bool,
 ) -> None:
     """Run root and intermediate jobs and an expiry as real processes at random speeds, kill jobs
     at random fault points and restart the control-plane Postgres, while readers query at every
@@ -167,6 +174,7 @@ def check(
                 exec_jobs=exec_jobs,
                 mutation=mutation,
                 maintain=maintain,
+                fail_fast=fail_fast,
             )
     finally:
         stack.close()

@@ -210,6 +210,7 @@ class _Run(Reading, Audits):
         self.exec_errors: dict[str, str] = {}
         self.outages: list[tuple[float, str, str | None]] = []  # (excused until, what, for which job)
         self.moved: dict[str, tuple[int | None, float]] = {}  # job -> (progress, when it last moved)
+        self.said_behind = time.monotonic()  # when the jobs short of the final barrier were last named
         self.rng = random.Random(env.seed)
         self.catalog = load_catalog(env.settings)
         self.names = [env.t(n) for n in SCHEMAS]
@@ -363,13 +364,20 @@ class _Run(Reading, Audits):
 
     def stalled(self, final: int) -> dict[str, int | None]:
         """The jobs short of ``final`` whose progress has not moved for STALL_S (each call looks)."""
-        now, out = time.monotonic(), {}
+        now, out, behind = time.monotonic(), {}, {}
         for job in JOBS:
             at = self.cp.run("progress", lambda c, j=job: jobs.show(c, j).progress)
+            if at != final:
+                behind[job] = at
             if self.moved.get(job, (None, 0.0))[0] != at or job not in self.moved:
                 self.moved[job] = (at, now)
             elif at != final and now - self.moved[job][1] > STALL_S:
                 out[job] = at
+        if behind and now - self.said_behind >= BEHIND_EVERY_S:
+            self.said_behind = now
+            self.progress(
+                f"check: short of the last barrier {final}: " + ", ".join(f"{j} at {a}" for j, a in behind.items())
+            )
         return out
 
     def wait_for_start(self, timeout_s: float = 180) -> None:
@@ -397,6 +405,7 @@ class _Run(Reading, Audits):
                     self.report.snapshots_expired += len(record["expired"])
 
 
+BEHIND_EVERY_S = 10.0  # after the run, how often the jobs short of the final barrier are named
 STALL_S = 180.0  # after the run, a job whose progress does not move for this long fails it (slow is fine)
 # A job exec job's exit is an injected fault's for this long after the fault ends (the server or
 # Postgres back: job exec's bounded retries of one request take up to ~8 s, a script's own longer).
@@ -415,6 +424,7 @@ def run_check(
     exec_jobs: bool = True,
     mutation: str | None = None,
     maintain: bool = False,
+    fail_fast: bool = False,
 ) -> CheckReport:
     """One seeded run. ``server`` (an :class:`~icebarrier.apps.embedded.EmbeddedPostgres` the run
     owns) is restarted by the fault schedule; a :class:`~icebarrier.apps.pg_pair.PostgresPair`
@@ -423,7 +433,9 @@ def run_check(
     starts (and kills), which runs with the deliberate bug ``mutation`` if given
     (:data:`icebarrier.iceberg_ext.faults.MUTATIONS`). With ``maintain``, the maintenance
     service runs in place of the expiry process, with aggressive policies (it compacts too), and
-    the schedule kills it. Pass a ``report`` to watch a live run from another thread."""
+    the schedule kills it. With ``fail_fast`` the run ends at its first violation, without
+    waiting for the jobs or the final audits. Pass a ``report`` to watch a live run from another
+    thread."""
     report = report or CheckReport(seed=env.seed)
     Path(env.reports).mkdir(parents=True, exist_ok=True)
     running = Path(env.reports) / "running"
@@ -517,6 +529,11 @@ def run_check(
             if run.rng.random() < 0.2:
                 run.audit_pins()
                 run.audit_commits(final=False)
+                if fail_fast:
+                    run.audit_refusals()
+            if fail_fast and report.violations:
+                progress("check: a violation found; ending the run there (--fail-fast)")
+                break
             if (
                 final is not None
                 and all(run.procs[j].poll() is not None for j in JOBS)
@@ -545,6 +562,10 @@ def run_check(
     try:
         if expiry is not None and expiry.returncode not in (0, None):
             report.violations.append(f"the expiry process failed: {expiry.stderr.read()[-1000:]}")
+        if fail_fast and report.violations:
+            run.count_completions()
+            run.collect()
+            return report  # the finally below still stops the catalog server
         run.validate_new(upto=final)
         run.audit_pins()
         run.audit_commits(final=True)

@@ -26,6 +26,7 @@ class Service:
     ``<name>.log`` in the run's folder."""
 
     name = "service"
+    stop_grace_s = 30.0  # at the run's end, from SIGTERM to SIGKILL
 
     def __init__(self, env, home: Path, *, mutation: str | None = None) -> None:
         self.env, self.mutation = env, mutation
@@ -99,7 +100,7 @@ class Service:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(30)
+                self.proc.wait(self.stop_grace_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
@@ -154,6 +155,7 @@ class Maintenance(Service):
     policies."""
 
     name = "maintain"
+    stop_grace_s = 5.0  # the action in flight may be one a mutation holds open: the run is over
 
     def args(self) -> list[str]:
         return ["maintain", "--every", "0.2s"]

@@ -41,7 +41,13 @@ def live_run(request, pg_server, tmp_path):
         thread = threading.Thread(
             target=lambda: done.append(
                 run_check(
-                    env, duration_s=duration_s, fault_rate=0.0, progress=lambda _: None, report=report, exec_jobs=False
+                    env,
+                    duration_s=duration_s,
+                    fault_rate=0.0,
+                    progress=lambda _: None,
+                    report=report,
+                    exec_jobs=False,
+                    fail_fast=True,  # a corrupted run ends at its first violation; a clean one runs out
                 )
             )
         )

@@ -125,7 +125,7 @@ def test_a_check_run_with_a_kafka_root_job_passes_and_a_read_uncommitted_source_
     report = json.loads(done.stdout)
     assert report["ok"] and report["kafka"] and report["exec_jobs"] == ["balances_job"]
     assert report["validated"] > 0 and report["anchors_validated"] > 0
-    bad = _check("--seed", "5", "--duration", "10", "--kafka", "--mutation", "kafka-uncommitted")
+    bad = _check("--seed", "5", "--duration", "10", "--kafka", "--mutation", "kafka-uncommitted", "--fail-fast")
     assert bad.returncode == 1, bad.stderr[-3000:]
     violations = json.loads(bad.stdout)["violations"]
     assert any(re.search(r"orders at barrier #\d+: \d+ rows \(0 duplicated\), model has", v) for v in violations), (
@@ -159,7 +159,16 @@ def test_a_maintenance_service_that_expires_protected_snapshots_fails_the_check(
     protected snapshot expired, or a job dies reading the manifest list of a snapshot whose files
     expiry deleted (which comes first depends on timing)."""
     done = _check(
-        "--seed", "12", "--duration", "18", "--fault-rate", "0.4", "--maintain", "--mutation", "expire-protected"
+        "--seed",
+        "12",
+        "--duration",
+        "18",
+        "--fault-rate",
+        "0.4",
+        "--maintain",
+        "--mutation",
+        "expire-protected",
+        "--fail-fast",
     )
     assert done.returncode == 1, done.stderr[-3000:]
     said = done.stdout + done.stderr
@@ -174,7 +183,18 @@ def test_maintenance_that_wins_a_race_with_a_publish_fails_the_check():
     replay a job's commit over a compaction, with a service that compacts under staged sessions
     (ICEBARRIER_MUTATION=no-rebase: the race issue 48 found), must fail the run for that reason,
     though `job exec --follow` survives the refusals by running the barrier again."""
-    done = _check("--seed", "12", "--duration", "18", "--fault-rate", "0.4", "--maintain", "--mutation", "no-rebase")
+    done = _check(
+        "--seed",
+        "12",
+        "--duration",
+        "18",
+        "--fault-rate",
+        "0.4",
+        "--maintain",
+        "--mutation",
+        "no-rebase",
+        "--fail-fast",
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert not report["ok"] and report["mutation"] == "no-rebase"
@@ -199,6 +219,7 @@ def test_a_server_that_publishes_non_atomically_fails_the_check():
             "12",
             "--mutation",
             "nonatomic-publish",
+            "--fail-fast",
         ],
         capture_output=True,
         text=True,
