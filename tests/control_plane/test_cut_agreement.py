@@ -218,7 +218,7 @@ def test_expiry_claims_exactly_what_no_reason_keeps(conn):
 def test_the_whole_lake_and_namespace_cuts_agree_with_the_pure_definition(
     make_db, template_db, history, namespace_of_one
 ):
-    """latest_cut(NULL) (the read-committed warehouse, one pass over the rows and the coalesced
+    """latest_cut(NULL) (the read-committed warehouse, the watermark and start indexes, the coalesced
     ranges around the candidate) and latest_cut(namespace) are the newest barrier every tracked
     table of the lake / the namespace has completed, as defined; a namespace's name is not a
     pattern (an `_` in it matches itself only)."""
