@@ -1,4 +1,4 @@
-"""CPU time of processes, read from /proc (Linux)."""
+"""CPU time and memory of processes, read from /proc (Linux)."""
 
 from __future__ import annotations
 
@@ -35,4 +35,16 @@ def tree_cpu_s(pid: int) -> float:
             total += cpu_s(p)
         except OSError:
             continue
+    return total
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory (MB) of ``pid`` and every process below it that is still alive."""
+    total = 0.0
+    for p in (pid, *descendants(pid)):
+        try:
+            status = Path(f"/proc/{p}/status").read_text().splitlines()
+        except OSError:
+            continue
+        total += sum(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
     return total

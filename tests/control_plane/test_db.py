@@ -76,3 +76,12 @@ def test_it_is_the_outermost_transaction(counted):
         with pytest.raises(psycopg.ProgrammingError, match="already in one"):
             with db.transaction(conn):
                 pass
+
+
+def test_control_plane_connections_never_jit_compile(conn, dsn):
+    """JIT is off on every control-plane connection, plain and pooled: the status page's query
+    over views (costed high for its set-returning functions) spent ~1 s compiling for 30 ms of
+    work with it on."""
+    assert conn.execute("SHOW jit").fetchone()["jit"] == "off"
+    with db.pool(dsn, None, max_size=1) as pool, pool.connection() as pooled:
+        assert pooled.execute("SHOW jit").fetchone()["jit"] == "off"
