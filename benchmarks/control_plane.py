@@ -8,7 +8,8 @@ Prints, measured in one run on one server:
   exact, skipped and coalesced completions (goal p50 <= 1/2/3/5 ms);
 - in that lake of 10,000 (and the 1,110 before them) managed tables, or grown to ``--lake``
   tables: the whole-lake cut (the ``read-committed`` warehouse's barrier, view
-  ``consistent_barrier``; goal p50 <= 5 ms) and a cut over 20 of the tables (goal p50 <= 0.5 ms).
+  ``consistent_barrier``; goal p50 <= 5 ms) and a cut over 20 of the tables (goal p50 <= 0.5 ms);
+- how long `icebarrier db upgrade` takes to apply the newest migration to that populated schema.
 
 It creates a scratch database on the server (default: the local one at 127.0.0.1:5432)
 and drops it afterwards.
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
-from icebarrier.control_plane import barriers, db, jobs, reads  # noqa: E402
+from icebarrier.control_plane import barriers, db, jobs, reads, schema  # noqa: E402
 from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
 
 GOALS_MS = {10: 1, 100: 2, 1000: 3, 10_000: 5}
@@ -130,7 +131,18 @@ def main() -> int:
             report(f"whole-lake cut ({lake:,d} tables):", *whole, WHOLE_LAKE_GOAL_MS)
             few = timed(lambda: reads.resolve(conn, names[:FEW]), args.reps)
             report(f"cut over {FEW} of {n_tables:,d} tables:", *few, FEW_GOAL_MS)
+        upgrade_s = populated_upgrade(dsn)
+        print(f"db upgrade, the newest migration on {lake:,d} tables: {upgrade_s:5.2f} s (down one revision, up again)")
     return 0
+
+
+def populated_upgrade(dsn: str) -> float:
+    """Seconds `icebarrier db upgrade` takes to apply the newest migration to this populated
+    schema (after a downgrade by one revision, untimed)."""
+    schema.downgrade(dsn, revision="-1")
+    started = time.perf_counter()
+    schema.upgrade(dsn)
+    return time.perf_counter() - started
 
 
 if __name__ == "__main__":

@@ -171,6 +171,7 @@ VIEWS = (
     "input_ranges",
     "coalesced_ranges",
     "table_targets",
+    "targeted_tables",
     "target_misses",
     "schedule_plan",
     "job_computations",

@@ -290,11 +290,11 @@ def maintenance_text(r: dict | None, now: datetime) -> dict[str, str]:
     return {"maintained_last": last, "maintained_next": r["next"]}
 
 
-# every managed table in a few columns, each with what the filters look at
+# every managed table in a few columns, each with what the filters look at (a writer's state
+# once per job, not once per sink: 100,000 tables are written by a few thousand jobs)
 _TABLES = f"""
-WITH t AS (
-    SELECT m.table_id, m.name, j.name AS writer,
-           {target_state_sql("now() - b.issued_at", "tt.effective_target_lag")} AS target_state,
+WITH w AS (
+    SELECT j.job_id, j.name,
            (j.status = 'running' AND j.heartbeat_at < now() - interval '90 seconds')
            OR (SELECT r.exit_code <> 0 FROM schedule_run r WHERE r.job_name = j.name AND r.finished_at IS NOT NULL
                ORDER BY r.started_at DESC LIMIT 1) AS failing,
@@ -302,13 +302,18 @@ WITH t AS (
            OR EXISTS (SELECT 1 FROM schedule_run r WHERE r.job_name = j.name AND r.finished_at IS NULL)
            OR (j.status = 'running' AND j.heartbeat_at >= now() - interval '90 seconds'
                AND j.waiting_for IS NULL) AS running
+    FROM job j WHERE j.active
+), t AS (
+    SELECT m.table_id, m.name, w.name AS writer,
+           {target_state_sql("now() - b.issued_at", "tt.effective_target_lag")} AS target_state,
+           w.failing, w.running
     FROM managed_table m
     LEFT JOIN job_sink k ON k.table_id = m.table_id
-    LEFT JOIN job j ON j.job_id = k.job_id AND j.active
+    LEFT JOIN w ON w.job_id = k.job_id
     LEFT JOIN barrier b ON b.barrier = m.watermark
-    LEFT JOIN table_targets tt ON tt.table_id = m.table_id
+    LEFT JOIN targeted_tables tt ON tt.table_id = m.table_id
     WHERE (%(namespace)s::text IS NULL OR starts_with(m.name, %(namespace)s || '.'))
-      AND (%(q)s::text IS NULL OR strpos(m.name, %(q)s) > 0 OR strpos(j.name, %(q)s) > 0)
+      AND (%(q)s::text IS NULL OR strpos(m.name, %(q)s) > 0 OR strpos(w.name, %(q)s) > 0)
 ), picked AS (
     SELECT *, target_state IN ('missed', 'at_risk') AS late FROM t
 )
