@@ -24,9 +24,12 @@ something, gave way or failed; a failure is logged and the service goes on with 
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -73,6 +76,11 @@ class _Table:
     orphans_at: float = 0.0
     said: dict[str, str] = field(default_factory=dict)  # action -> the last give-way reason recorded
     gave_way: bool = False  # at its last look an action gave way: look again at the next tick
+    moved_at: float | None = None  # when the service first saw its pointer move since its last look
+
+    def due_since(self, now: float) -> float:
+        """Since when a look at it is due (the order of need: the longest due first)."""
+        return min(self.moved_at if self.moved_at is not None else now, self.look_at)
 
 
 @dataclass
@@ -87,7 +95,12 @@ class Maintainer:
     _tables: dict[TableName, _Table] = field(default_factory=dict)
     _looker: Looker = field(default_factory=Looker)
     _unmanaged: frozenset[TableName] | None = None  # the catalog's tables no job writes, as last enrolled
+    _keys: frozenset[TableName] | None = None  # the catalog's tables at the last pass
+    _marks: upkeep.Marks | None = None  # the policies' and managed tables' marks at the last pass
+    workers: int = 1  # tables looked at (and maintained) at a time
+    _pool: _Workers | None = None
     _spark: object | None = None
+    _spark_lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def stop(self) -> None:
@@ -100,12 +113,30 @@ class Maintainer:
             "maintenance", "maintenance_state", dsn=self.settings.dsn, schema=self.settings.schema, log=self.log
         )
         while fence.acquire(self._stop):
-            self.log(f"maintain: running ({fence.holder}); a look every {self.tick_s:g}s")
+            self.log(
+                f"maintain: running ({fence.holder}); a look every {self.tick_s:g}s"
+                + (f", {self.workers} tables at a time" if self.workers > 1 else "")
+            )
             try:
-                with db.connect(self.settings.dsn, self.settings.schema, actor="maintain") as conn:
+                with db.connect(self.settings.dsn, self.settings.schema, actor="maintain") as conn, self._workers():
                     self._maintain_while_held(fence, conn, self._catalog())
             finally:
                 fence.release()
+
+    def once(self, conn: Conn, catalog) -> list[Action]:
+        """One pass (no lock: for cron or a test), with the workers."""
+        with self._workers():
+            return self.maintain(conn, catalog)
+
+    @contextmanager
+    def _workers(self):
+        self._pool = _Workers(self.settings, self.workers, self._catalog) if self.workers > 1 else None
+        try:
+            yield
+        finally:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
 
     def _maintain_while_held(self, fence: Fence, conn: Conn, catalog) -> None:
         while not self._stop.is_set():
@@ -131,62 +162,117 @@ class Maintainer:
     def maintain(
         self, conn: Conn, catalog, *, now: float | None = None, may_act: Callable[[], bool] | None = None
     ) -> list[Action]:
-        """Look at each table that changed or whose time came; run what is due. Returns what ran.
-        ``may_act``: asked before each table's actions (the service's lease); False ends the pass."""
+        """Look at each table that changed or whose time came, the longest due first; run what is
+        due. Returns what ran. ``may_act``: asked before each table's actions (the service's
+        lease); False ends the pass. With ``workers`` above one, that many tables at a time."""
         now = now or time.time()
         pointers = catalog_pointers(conn, self.settings)  # every table of the catalog, managed or not
         if self.only is not None:
             pointers = {name: p for name, p in pointers.items() if name in self.only}
-        unmanaged = frozenset(pointers) - tables.managed_names(conn)
-        if unmanaged != self._unmanaged:
-            upkeep.enroll_unmanaged(conn, sorted(unmanaged))
-            self._unmanaged = unmanaged
-        done: list[Action] = []
-        locations: list[str] | None = None
-        for status in upkeep.statuses(conn):
-            if self._stop.is_set():
-                break  # stopped: after the action in flight, not after the whole pass
+        todo = self._due(conn, pointers, now)
+        locations = _Once(lambda: maintenance.table_locations(catalog))  # listed once a pass, if needed
+
+        def look(status: upkeep.Status, conn: Conn, catalog) -> list[Action] | None:
+            return self._look(conn, catalog, status, pointers[status.policy.table], now, may_act, locations)
+
+        if self._pool is None:
+            done: list[Action] = []
+            for status in todo:
+                ran = look(status, conn, catalog)
+                if ran is None:
+                    break  # stopped, or the lease lapsed: another instance may hold the service now
+                done += ran
+            return done
+        return [a for ran in self._pool.map(lambda s: self._pool.run(look, s), todo) if ran for a in ran]
+
+    def _due(self, conn: Conn, pointers: dict[TableName, str], now: float) -> list[upkeep.Status]:
+        """The statuses of the tables to look at, the longest due first. What a pass reads grows
+        with what changed, not with the lake: a table's status is read when its pointer moved or
+        its time came (or for every table when a policy changed, which one count tells)."""
+        marks = upkeep.marks(conn)
+        keys = frozenset(pointers)
+        if keys != self._keys or marks.managed != self._marks.managed:  # a table created, dropped, (un)managed
+            unmanaged = keys - tables.managed_names(conn)
+            if unmanaged != self._unmanaged:
+                upkeep.enroll_unmanaged(conn, sorted(unmanaged))
+                self._unmanaged = unmanaged
+            self._keys = keys
+        if marks != self._marks:
+            statuses = upkeep.statuses(conn)
+        else:
+            changed = [
+                name
+                for name, pointer in pointers.items()
+                if (state := self._tables.get(name)) is None or state.pointer != pointer or now >= state.look_at
+            ]
+            statuses = upkeep.statuses(conn, changed) if changed else []
+        self._marks = marks
+        todo = []
+        for status in statuses:
             policy, name = status.policy, status.policy.table
-            if not policy.enabled:
-                continue
             pointer = pointers.get(name)
-            if pointer is None:
-                continue  # not created yet
+            if not policy.enabled or pointer is None:  # off, or not created yet
+                continue
             state = self._tables.setdefault(name, self._first(status, now))
             if state.pointer == pointer and state.policy == policy and now < state.look_at:
                 continue
-            try:
-                tbl = load_table(catalog, name)
-            except Exception as exc:  # noqa: BLE001 - a table dropped or unreadable: say so, go on
-                self.log(f"table {name}: cannot be loaded ({str(exc).splitlines()[0]}); skipped this pass")
-                continue
-            if tbl.current_snapshot() is None:  # nothing committed yet: look again when something is
-                state.pointer, state.policy, state.look_at = pointer, policy, now + IDLE_LOOK_S
-                continue
+            if state.pointer != pointer and state.moved_at is None:
+                state.moved_at = now
+            todo.append(status)
+        return sorted(todo, key=lambda st: self._tables[st.policy.table].due_since(now))
+
+    def _look(
+        self,
+        conn: Conn,
+        catalog,
+        status: upkeep.Status,
+        pointer: str,
+        now: float,
+        may_act: Callable[[], bool] | None,
+        locations: _Once,
+    ) -> list[Action] | None:
+        """Look at one table and run what is due. None: the pass ends here (stopped, or the
+        lease lapsed)."""
+        if self._stop.is_set():
+            return None  # stopped: after the action in flight, not after the whole pass
+        policy, name = status.policy, status.policy.table
+        state = self._tables[name]
+        try:
+            tbl = load_table(catalog, name)
+        except Exception as exc:  # noqa: BLE001 - a table dropped or unreadable: say so, go on
+            self.log(f"table {name}: cannot be loaded ({str(exc).splitlines()[0]}); skipped this pass")
+            return []
+        if tbl.current_snapshot() is None:  # nothing committed yet: look again when something is
+            state.pointer, state.policy, state.look_at, state.moved_at = pointer, policy, now + IDLE_LOOK_S, None
+            return []
+        seen = self._looker.look(tbl, policy)
+        actions, _ = due(seen, policy, orphans_at=state.orphans_at, now=now)
+        if actions and may_act is not None and not may_act():
+            return None
+        state.gave_way = False
+        ran = [
+            a
+            for a in (
+                self._run(conn, catalog, name, policy, x, locations() if x == "remove-orphans" else None)
+                for x in actions
+            )
+            if a is not None
+        ]
+        if any(a.result == "done" for a in ran):  # the table changed: record it as it is now
+            tbl = load_table(catalog, name)
             seen = self._looker.look(tbl, policy)
-            actions, _ = due(seen, policy, orphans_at=state.orphans_at, now=now)
-            if actions and may_act is not None and not may_act():
-                break  # the lease lapsed: another instance may hold the service now
-            if "remove-orphans" in actions and locations is None:
-                locations = maintenance.table_locations(catalog)
-            state.gave_way = False
-            ran = [a for a in (self._run(conn, catalog, name, policy, x, locations) for x in actions) if a is not None]
-            done += ran
-            if any(a.result == "done" for a in ran):  # the table changed: record it as it is now
-                tbl = load_table(catalog, name)
-                seen = self._looker.look(tbl, policy)
-            if "remove-orphans" in actions:
-                state.orphans_at = now + _orphans_every_s(policy)
-            _, next_ = due(seen, policy, orphans_at=state.orphans_at, now=now)
-            upkeep.observe(conn, name, seen.to_json(), next_)
-            state.pointer, state.policy = pointer, policy
-            wake = [state.orphans_at, now + IDLE_LOOK_S]
-            if seen.expirable_at_ms is not None:
-                wake.append(seen.expirable_at_ms / 1000)
-            if state.gave_way:
-                wake.append(now + self.tick_s)
-            state.look_at = min(wake)
-        return done
+        if "remove-orphans" in actions:
+            state.orphans_at = now + _orphans_every_s(policy)
+        _, next_ = due(seen, policy, orphans_at=state.orphans_at, now=now)
+        upkeep.observe(conn, name, seen.to_json(), next_)
+        state.pointer, state.policy, state.moved_at = pointer, policy, None
+        wake = [state.orphans_at, now + IDLE_LOOK_S]
+        if seen.expirable_at_ms is not None:
+            wake.append(seen.expirable_at_ms / 1000)
+        if state.gave_way:
+            wake.append(now + self.tick_s)
+        state.look_at = min(wake)
+        return ran
 
     def _first(self, status: upkeep.Status, now: float) -> _Table:
         """A table's state at the service's start: orphans are due half a grace after the last run
@@ -259,6 +345,10 @@ class Maintainer:
         return {"barrier": report.barrier, "snapshot_id": report.snapshot_id, "rewritten": report.rewritten_files}
 
     def _spark_session(self):
+        with self._spark_lock:  # workers: one session, started once
+            return self._started_spark()
+
+    def _started_spark(self):
         if self._spark is None:
             if self.spark_factory is None:
                 from icebarrier.iceberg_ext.spark import spark_session
@@ -268,6 +358,46 @@ class Maintainer:
             else:
                 self._spark = self.spark_factory()
         return self._spark
+
+
+class _Once:
+    """A value computed at its first use, once, whichever worker asks first."""
+
+    def __init__(self, make: Callable[[], object]) -> None:
+        self._make, self._lock, self._value, self._made = make, threading.Lock(), None, False
+
+    def __call__(self):
+        with self._lock:
+            if not self._made:
+                self._value, self._made = self._make(), True
+            return self._value
+
+
+class _Workers:
+    """Threads that look at tables at the same time, each with a control-plane connection and a
+    catalog of its own (one Spark session serves them all: it takes jobs from many threads)."""
+
+    def __init__(self, settings: Settings, n: int, catalog: Callable[[], object]) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=n, thread_name_prefix="maintain")
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()
+        self._conns = [db.connect(settings.dsn, settings.schema, actor="maintain") for _ in range(n)]
+        for conn in self._conns:
+            self._idle.put((conn, catalog()))
+
+    def map(self, fn, items):
+        return self._executor.map(fn, items)
+
+    def run(self, fn, item):
+        conn, catalog = self._idle.get()
+        try:
+            return fn(item, conn, catalog)
+        finally:
+            self._idle.put((conn, catalog))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        for conn in self._conns:
+            conn.close()
 
 
 def _orphans_every_s(policy: Policy) -> float:

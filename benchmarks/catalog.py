@@ -92,6 +92,7 @@ def add_managed(conn, n: int, barrier: int) -> None:
         jobs.register(conn, JobDefinition(name=f"more{k // 100}", sinks=sinks, external_inputs=frozenset(["x"])))
         jobs.complete(conn, f"more{k // 100}", barrier)
     conn.execute("VACUUM ANALYZE")  # the steady state autovacuum reaches, not its work on the new rows
+    conn.execute("CHECKPOINT")  # nor the checkpoint writing them out
     while conn.execute(
         "SELECT count(*) AS n FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
     ).fetchone()["n"]:

@@ -28,8 +28,16 @@ def _named_or_all(conn, table_names) -> list[TableName]:
 @click.option(
     "--table", "table_names", multiple=True, metavar="TABLE", help="Only these tables of the catalog (default: all)."
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Tables looked at and maintained at a time (each worker a control-plane connection; one Spark "
+    "session serves them all), the longest due first.",
+)
 @click.pass_obj
-def maintain(obj, every: str, once: bool, table_names) -> None:
+def maintain(obj, every: str, once: bool, table_names, workers: int) -> None:
     """Keep every table within its maintenance policy (`icebarrier table maintenance`): expire
     snapshots outside the protected set, compact small files (keeping their barrier), rewrite
     manifests, remove orphans and old metadata files. One per control plane: a second one waits
@@ -51,9 +59,10 @@ def maintain(obj, every: str, once: bool, table_names) -> None:
         log=lambda line: click.echo(line, err=True),
         spark_factory=lambda: obj.spark("icebarrier-maintain"),
         only=only,
+        workers=workers,
     )
     if once:
-        actions = service.maintain(obj.conn(), obj.catalog())
+        actions = service.once(obj.conn(), obj.catalog())
         emit(
             obj,
             [{"table": str(a.table), "action": a.action, "result": a.result, "detail": a.detail} for a in actions],

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
-from icebarrier.control_plane.db import Conn, call
+from icebarrier.control_plane.db import Conn, call, one
 from icebarrier.control_plane.errors import InvalidValueError
 from icebarrier.control_plane.model import TableName
 
@@ -120,6 +121,25 @@ def _status(row: dict) -> Status:
         next=row["next"],
         actions=row["actions"],
     )
+
+
+class Marks(NamedTuple):
+    """What changes when any table's policy changes (``policies``), and when a table becomes
+    managed or stops being managed (``managed``): the service reads every status, or the
+    catalog's managed names, only when its marks moved."""
+
+    policies: str
+    managed: str
+
+
+def marks(conn: Conn) -> Marks:
+    row = one(
+        conn.execute(
+            "SELECT (SELECT count(*) || '/' || coalesce(max(updated_at)::text, '') FROM maintenance_policy) AS policies, "
+            "(SELECT count(*) || '/' || coalesce(max(table_id), 0) FROM managed_table) AS managed"
+        )
+    )
+    return Marks(row["policies"], row["managed"])
 
 
 def enroll_unmanaged(conn: Conn, names: list[TableName]) -> None:

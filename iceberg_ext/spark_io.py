@@ -62,6 +62,9 @@ def rewrite_manifests(spark, table: TableName, *, properties: dict[str, str]) ->
 
 def _run_action(spark, table: TableName, action_name: str, options: Mapping[str, str], properties: dict[str, str]):
     jvm = spark.sparkContext._jvm
+    # PySpark pins each Python thread to a JVM thread: one other than the session's own (a
+    # maintenance worker) has no active session, and the rewrite's staging catalog would be missing
+    jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
     jtable = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, str(table))
     # Spark's catalog caches tables: one another process changed (an expiry through PyIceberg, a
     # job's commit) would be planned as it was, and the rewrite refused for manifests it no longer has.

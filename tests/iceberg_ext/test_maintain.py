@@ -24,6 +24,7 @@ from icebarrier.iceberg_ext.catalog import (
     SUMMARY_BARRIER,
     SUMMARY_OPERATION,
     load_table,
+    pointers,
     summary_properties,
 )
 from icebarrier.iceberg_ext.commits import BarrierCommit
@@ -240,3 +241,68 @@ def test_one_service_per_control_plane_the_second_takes_over(lake, tmp_path):
         first.kill_group()
         if second is not None:
             second.kill_group()
+
+
+def _small_files(lake, spark, name: str, n: int) -> None:
+    """Table ``name`` written by job ``name`` in ``n`` barriers of one small file each."""
+    spark.sql(f"CREATE TABLE {lake.T(name)} (id bigint) USING iceberg")
+    jobs.register(
+        lake.conn, JobDefinition(name=name, sinks=frozenset([lake.T(name)]), external_inputs=frozenset(["x"]))
+    )
+    for i in range(n):
+        b = barriers.issue(lake.conn).barrier
+        with BarrierCommit(lake.conn, lake.catalog, job=name, barrier=b) as tx:
+            append_df(tx, lake.T(name), spark.range(i, i + 1, numPartitions=1))
+
+
+def test_the_service_looks_at_the_longest_due_first_and_reads_what_changed_only(lake, spark):
+    """A pass looks at the table whose look has been due longest first (a table long overdue
+    before one whose snapshot just moved), and a pass in which nothing moved and no time came
+    reads no table's status."""
+    names = ["a", "b"]
+    for name in names:
+        _small_files(lake, spark, name, 2)
+    only = frozenset(lake.T(n) for n in names)
+    service = Maintainer(lake.settings, log=lambda _: None, spark_factory=lambda: spark, only=only)
+    now = time.time()
+    service.maintain(lake.conn, lake.catalog, now=now)
+    assert service._due(lake.conn, _pointers(lake, only), now) == []  # nothing moved, no time came
+    service._tables[lake.T("b")].look_at = now - 100  # b's look came due long ago
+    _one_more_file(lake, spark, "a")  # a moves now
+    todo = service._due(lake.conn, _pointers(lake, only), now + 1)
+    assert [s.policy.table for s in todo] == [lake.T("b"), lake.T("a")]
+    service.maintain(lake.conn, lake.catalog, now=now + 1)
+    checked = {
+        r["table_name"]: r["checked_at"]
+        for r in lake.conn.execute(
+            "SELECT table_name, checked_at FROM table_maintenance WHERE table_name = ANY(%s)", ([str(t) for t in only],)
+        )
+    }
+    assert checked[str(lake.T("b"))] < checked[str(lake.T("a"))], checked
+
+
+def _pointers(lake, only):
+    return {n: p for n, p in pointers(lake.conn, lake.settings).items() if n in only}
+
+
+def _one_more_file(lake, spark, name: str) -> None:
+    b, progress = barriers.issue(lake.conn).barrier, jobs.show(lake.conn, name).progress
+    with BarrierCommit(lake.conn, lake.catalog, job=name, barrier=b, coalesce_after=progress) as tx:
+        append_df(tx, lake.T(name), spark.range(100, 101, numPartitions=1))
+
+
+def test_workers_maintain_several_tables_at_a_time_each_once(lake, spark):
+    """`maintain --workers 3 --once` over three tables of small files: each is compacted once,
+    through one Spark session, and each action is recorded once."""
+    names = ["w1", "w2", "w3"]
+    for name in names:
+        _small_files(lake, spark, name, 5)
+        upkeep.set_policy(lake.conn, lake.T(name), {"compact_min_files": 3, "retain_s": 3600})
+    only = frozenset(lake.T(n) for n in names)
+    service = Maintainer(lake.settings, log=lambda _: None, spark_factory=lambda: spark, only=only, workers=3)
+    ran = service.once(lake.conn, lake.catalog)
+    compacted = sorted(str(a.table) for a in ran if a.action == "compact" and a.result == "done")
+    assert compacted == sorted(str(lake.T(n)) for n in names), [a.line() for a in ran]
+    for name in names:
+        assert _compactions(lake, lake.T(name))["done"] == 1, name
+        assert len(load_table(lake.catalog, lake.T(name)).scan().to_arrow()) == 5
