@@ -191,7 +191,9 @@ class Maintainer:
         its time came (or for every table when a policy changed, which one count tells)."""
         marks = upkeep.marks(conn)
         keys = frozenset(pointers)
-        if keys != self._keys or marks.managed != self._marks.managed:  # a table created, dropped, (un)managed
+        if (
+            self._marks is None or keys != self._keys or marks.managed != self._marks.managed
+        ):  # created, dropped, (un)managed
             unmanaged = keys - tables.managed_names(conn)
             if unmanaged != self._unmanaged:
                 upkeep.enroll_unmanaged(conn, sorted(unmanaged))
@@ -211,9 +213,12 @@ class Maintainer:
         for status in statuses:
             policy, name = status.policy, status.policy.table
             pointer = pointers.get(name)
-            if not policy.enabled or pointer is None:  # off, or not created yet
-                continue
+            if pointer is None:
+                continue  # not created yet
             state = self._tables.setdefault(name, self._first(status, now))
+            if not policy.enabled:  # off: read again when a policy changes (or its idle look comes)
+                state.pointer, state.policy, state.look_at = pointer, policy, now + IDLE_LOOK_S
+                continue
             if state.pointer == pointer and state.policy == policy and now < state.look_at:
                 continue
             if state.pointer != pointer and state.moved_at is None:
