@@ -57,6 +57,7 @@ from icebarrier.apps.job_exec import JobExec  # noqa: E402
 from icebarrier.control_plane import barriers, db, inputs, jobs, tokens  # noqa: E402
 from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
 from icebarrier.control_plane.notices import Listener  # noqa: E402
+from icebarrier.iceberg_ext import catalog as ib_catalog  # noqa: E402
 from icebarrier.iceberg_ext.config import Settings  # noqa: E402
 
 DEPTH = 5
@@ -166,6 +167,7 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
     definitions = topology(n_jobs, args.seed)
     with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory() as wh, db.connect(dsn) as conn:
         settings = Settings(dsn=dsn, warehouse=wh).validated()
+        ib_catalog.upgrade(settings)  # the SQL catalog as `icebarrier db upgrade` leaves it (its pointer notices)
         build(conn, definitions, n_tables)
         barriers.set_anchor_interval_s(conn, 3600)
         credentials = {d.name: ":".join(tokens.create(conn, job=d.name)) for d in definitions}  # a token a job
