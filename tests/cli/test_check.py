@@ -114,6 +114,14 @@ def _check(*options: str) -> subprocess.CompletedProcess:
     )
 
 
+def _maintained_mutation(mutation: str) -> subprocess.CompletedProcess:
+    """A run with the maintenance service beside `job exec` jobs and ``mutation``, ended at its
+    first violation."""
+    return _check(
+        "--seed", "12", "--duration", "18", "--fault-rate", "0.4", "--maintain", "--mutation", mutation, "--fail-fast"
+    )
+
+
 @pytest.mark.slow
 def test_a_check_run_with_a_kafka_root_job_passes_and_a_read_uncommitted_source_fails_it():
     """`check --kafka`: orders_in reads its orders from a real broker (each barrier's produced just
@@ -159,18 +167,7 @@ def test_a_maintenance_service_that_expires_protected_snapshots_fails_the_check(
     protected snapshot expired (directly, or through the catalog: "already expired"), or a job dies
     reading the manifest list of a snapshot whose files expiry deleted (which comes first depends
     on timing; the run ends at the first, --fail-fast)."""
-    done = _check(
-        "--seed",
-        "12",
-        "--duration",
-        "18",
-        "--fault-rate",
-        "0.4",
-        "--maintain",
-        "--mutation",
-        "expire-protected",
-        "--fail-fast",
-    )
+    done = _maintained_mutation("expire-protected")
     assert done.returncode == 1, done.stderr[-3000:]
     said = done.stdout + done.stderr
     expired = any(why in said for why in ("but was expired", "Snapshot not found", "was already expired"))
@@ -184,18 +181,7 @@ def test_maintenance_that_wins_a_race_with_a_publish_fails_the_check():
     replay a job's commit over a compaction, with a service that compacts under staged sessions
     (ICEBARRIER_MUTATION=no-rebase: the race issue 48 found), must fail the run for that reason,
     though `job exec --follow` survives the refusals by running the barrier again."""
-    done = _check(
-        "--seed",
-        "12",
-        "--duration",
-        "18",
-        "--fault-rate",
-        "0.4",
-        "--maintain",
-        "--mutation",
-        "no-rebase",
-        "--fail-fast",
-    )
+    done = _maintained_mutation("no-rebase")
     assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert not report["ok"] and report["mutation"] == "no-rebase"
@@ -206,26 +192,7 @@ def test_maintenance_that_wins_a_race_with_a_publish_fails_the_check():
 def test_a_server_that_publishes_non_atomically_fails_the_check():
     """The checker's mutation test: a catalog server publishing a session's staged commits one
     transaction at a time (ICEBARRIER_MUTATION=nonatomic-publish) must fail the run."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "icebarrier.cli.main",
-            "--output",
-            "json",
-            "check",
-            "--seed",
-            "11",
-            "--duration",
-            "12",
-            "--mutation",
-            "nonatomic-publish",
-            "--fail-fast",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = _check("--seed", "11", "--duration", "12", "--mutation", "nonatomic-publish", "--fail-fast")
     assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert not report["ok"] and report["mutation"] == "nonatomic-publish"
