@@ -371,7 +371,9 @@ class Schedule:
         barrier up to an interval old, and its tables stay fresh that much longer. The clock's
         next barrier follows an interval later."""
         due_in = barriers.next_due_in_s(conn)
-        if due_in is None or due_in <= 0 or (refresh and barriers.get_interval_s(conn) - due_in >= self.tick_s):
+        if due_in is None or due_in <= 0:
+            barriers.issue_when_due(conn)  # None: a job issued it meanwhile
+        elif refresh and barriers.get_interval_s(conn) - due_in >= self.tick_s:
             barriers.issue(conn, issued_by="schedule")
 
     def _begin(self, due: Due, upstream: Mapping[str, Iterable[str]], now: float) -> None:

@@ -73,6 +73,7 @@ class Point:
     tx_per_job_barrier: float = 0.0
     cpu_s_per_barrier: float = 0.0
     barriers_per_s: float = 0.0
+    issuers: dict[str, int] = field(default_factory=dict)  # the window's barriers by who issued them
     notices_per_barrier: float = 0.0
     freshness: list[float] = field(default_factory=list)
     idle_tx_per_job_s: float = 0.0
@@ -228,6 +229,7 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
                 time.sleep(0.5)
             # busy backends flush their statistics at least every second: the window's count is good
             b1, tx1, cpu1, elapsed = _barriers(conn), committed(conn), tree_cpu_s(server.pid), time.monotonic() - t0
+            point.issuers = _issuers(conn, b1 - b0)
             issued = max(1, b1 - b0)
             point.tx_per_s = (tx1 - tx0) / elapsed
             point.barriers_per_s = issued / elapsed
@@ -266,7 +268,7 @@ def ticker(dsn: str, root_inputs: list[str], active: float, seed: int, stop: thr
             if due is not None and due > 0:
                 stop.wait(due)
                 continue
-            barriers.issue(conn, issued_by="schedule")
+            barriers.issue_when_due(conn)
             if landed := [i for i in root_inputs if rng.random() < active]:
                 inputs.announce(conn, landed)
 
@@ -282,11 +284,20 @@ def _barriers(conn) -> int:
     return conn.execute("SELECT count(*) AS n FROM barrier").fetchone()["n"]
 
 
+def _issuers(conn, newest: int) -> dict[str, int]:
+    rows = conn.execute(
+        "SELECT CASE WHEN issued_by = 'schedule' THEN 'schedule' ELSE 'jobs' END AS who, count(*) AS n "
+        "FROM (SELECT issued_by FROM barrier ORDER BY barrier DESC LIMIT %s) b GROUP BY 1",
+        (newest,),
+    ).fetchall()
+    return {r["who"]: r["n"] for r in rows}
+
+
 def report(point: Point) -> None:
     first, last, grows = point.lag_grows()
     print(
         f"{point.jobs:4d} jobs x {point.tables:6d} tables: {point.tx_per_s:7.1f} tx/s "
-        f"({point.barriers_per_s:4.2f} barriers/s), {point.tx_per_barrier:6.1f} tx/barrier, "
+        f"({point.barriers_per_s:4.2f} barriers/s, {point.issuers}), {point.tx_per_barrier:6.1f} tx/barrier, "
         f"{point.tx_per_job_barrier:4.2f} tx/job/barrier (goal <= 2), server CPU {point.cpu_s_per_barrier:5.3f} s/barrier, "
         f"{point.notices_per_barrier:5.1f} notices/barrier, "
         f"freshness p50 {point.p(0.5):4.2f} s p95 {point.p(0.95):4.2f} s, lag {first:4.2f} -> {last:4.2f} s "

@@ -24,6 +24,16 @@ def issue(conn: Conn, *, issued_by: str = "operator") -> Barrier:
     return Barrier(**row)
 
 
+def issue_when_due(conn: Conn, *, issued_by: str = "schedule") -> Barrier | None:
+    """The clock rule, for the admin (``icebarrier schedule``): issue a barrier if the newest is
+    older than the barrier interval, else None. Decided under the clock's lock: a job that issued
+    the due barrier a moment ago (its transaction still running its skip wave) is not followed by
+    a second."""
+    with conn.transaction():
+        rows = call(conn, "issue_due_barrier", issued_by)
+    return Barrier(**rows[0]) if rows else None
+
+
 def issue_if_due(conn: Conn, *, job: str) -> Barrier | None:
     """The clock rule, asked for by (a role acting for) ``job``: issue a barrier if the newest is
     older than the barrier interval, else None."""

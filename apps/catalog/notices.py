@@ -2,9 +2,9 @@
 the requests that wait on the event loop (``icebarrier job exec --follow`` long-polls its
 session: see :mod:`.sessions`). A waiting request costs the database nothing.
 
-A request registers a :class:`Watch` before it plans (everything is kept until it knows what
-it waits for, so a notice raised meanwhile is not lost), then waits for a notice its
-:class:`~icebarrier.control_plane.notices.Wait` finds worth planning again for, or its time.
+A request registers a :class:`Watch` before it plans (the hub keeps recent notices by key, so
+one raised meanwhile is not lost: holding the plan's wait reads those under its keys), then
+waits for a notice its :class:`~icebarrier.control_plane.notices.Wait` finds worth planning again for, or its time.
 A long poll that ends with nothing new stays watched for a while (:class:`Parked`): its job's
 next ask, if nothing woke it meanwhile, goes on waiting without planning again — a renewal costs
 the database the token's look-up and nothing else.
@@ -17,23 +17,26 @@ import math
 import signal
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 
 from icebarrier.control_plane.job_sessions import Opening
 from icebarrier.control_plane.notices import Listener, Notice, Wait
 
-_ALL = "*"
+RECENT_S = 120.0  # notices kept this long for the requests planning meanwhile (one planning longer plans again)
 PARK_S = 60.0  # a long poll that ended with nothing new is kept this long for its job's next ask
 REPLAN_S = 900.0  # a kept plan is planned again from the database at least this often (a safety net)
 
 
 class Watch:
-    """One waiting request's inbox (used on the event loop only)."""
+    """One waiting request's inbox (used on the event loop only). Until it holds a
+    :class:`Wait` it is routed nothing: :meth:`hold` then reads what came meanwhile for its keys
+    from the hub's recent notices (a notice costs the watches it concerns, not every request
+    that is planning)."""
 
     def __init__(self, hub: Hub) -> None:
         self._hub = hub
-        self._notices: list[Notice] = []
+        self._since: int | None = hub.seq  # notices after this one are pending until held
         self._wait: Wait | None = None
         self._event = asyncio.Event()
 
@@ -46,9 +49,7 @@ class Watch:
         self._event.set()
 
     def offer(self, notice: Notice) -> None:
-        if self._wait is None:
-            self._notices.append(notice)
-        elif self._wait.wakes(notice):
+        if self._wait is not None and self._wait.wakes(notice):
             self._event.set()
 
     @property
@@ -59,13 +60,18 @@ class Watch:
     def hold(self, wait: Wait) -> None:
         """Watch for what wakes ``wait`` from now on (and what came while the request planned),
         with or without a request waiting."""
-        pending, self._notices = self._notices, []
         self._wait, self._event = wait, asyncio.Event()
         keys = {"jobs", "resync", *wait.tables, *wait.sinks, *(f"input {i}" for i in wait.announced)}
         keys |= {"barrier"} if wait.root and not wait.announced else set()
         self._hub.route(self, keys)
-        if any([wait.wakes(n) for n in pending]):
+        since, self._since = self._since, None
+        if since is not None and self._hub.wakes_since(since, keys, wait):
             self._event.set()
+
+    def _release(self) -> None:
+        """The wait ended: routed nothing, what comes from now on pending until it holds again."""
+        self._wait, self._since = None, self._hub.seq
+        self._hub.route(self, set())
 
     async def until(self, wait: Wait, *, limit_s: float) -> bool:
         """Wait until a notice wakes ``wait``, its due time, or ``limit_s``; whether a notice woke it."""
@@ -80,8 +86,7 @@ class Watch:
         except TimeoutError:
             return False
         finally:
-            self._wait = None
-            self._hub.route(self, {_ALL})
+            self._release()
 
 
 @dataclass(slots=True)
@@ -115,6 +120,10 @@ class Hub:
         self._thread: threading.Thread | None = None
         self.closing = False  # SIGTERM came: no request waits any more
         self._parked: dict[tuple, Parked] = {}
+        self.seq = 0  # notices delivered so far
+        self._recent: dict[str, deque[tuple[int, Notice]]] = defaultdict(deque)  # by key, oldest first
+        self._arrived: deque[tuple[float, int, str]] = deque()  # (when, seq, key), oldest first
+        self._forgotten = 0  # the newest notice no longer kept
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -185,16 +194,31 @@ class Hub:
             self.forget(parked.watch)
 
     def watch(self) -> Watch:
-        found = Watch(self)
-        self.route(found, {_ALL})
-        return found
+        """A watch that keeps what comes from now on for the wait it will hold."""
+        return Watch(self)
+
+    def wakes_since(self, since: int, keys: set[str], wait: Wait) -> bool:
+        """Whether a notice after ``since`` under one of ``keys`` wakes ``wait`` (fed them in
+        order); True when some of them are no longer kept."""
+        if since < self._forgotten:
+            return True
+        came = []
+        for key in keys:
+            for seq, notice in reversed(self._recent.get(key, ())):
+                if seq <= since:
+                    break
+                came.append((seq, notice))
+        return any([wait.wakes(notice) for _, notice in sorted(came, key=lambda c: c[0])])
 
     def forget(self, watch: Watch) -> None:
         self.route(watch, set())
 
     def route(self, watch: Watch, keys: set[str]) -> None:
         for key in self._keys.pop(watch, ()):
-            self._by_key[key].discard(watch)
+            routed = self._by_key[key]
+            routed.discard(watch)
+            if not routed:
+                del self._by_key[key]
         if keys:
             self._keys[watch] = keys
             for key in keys:
@@ -209,6 +233,17 @@ class Hub:
                 loop.call_soon_threadsafe(self._deliver, notices)
 
     def _deliver(self, notices: list[Notice]) -> None:
+        now = time.monotonic()
         for notice in notices:
-            for watch in (*self._by_key.get(notice.key, ()), *self._by_key.get(_ALL, ())):
+            self.seq += 1
+            key = notice.key
+            self._recent[key].append((self.seq, notice))
+            self._arrived.append((now, self.seq, key))
+            for watch in tuple(self._by_key.get(key, ())):
                 watch.offer(notice)
+        while self._arrived and self._arrived[0][0] < now - RECENT_S:
+            _, self._forgotten, key = self._arrived.popleft()
+            kept = self._recent[key]
+            kept.popleft()
+            if not kept:
+                del self._recent[key]

@@ -1,8 +1,9 @@
 """The barrier sequence: database clock, strictly increasing, one per interval."""
 
+import concurrent.futures
 import time
 
-from icebarrier.control_plane import barriers
+from icebarrier.control_plane import barriers, db
 from icebarrier.control_plane.model import barrier_time
 from tests.workers import issue_worker, run_all
 
@@ -47,3 +48,22 @@ def test_list_is_newest_first(conn):
     """barrier list shows the newest barriers first, limited."""
     issued = [barriers.issue(conn).barrier for _ in range(5)]
     assert [b.barrier for b in barriers.list_barriers(conn, limit=3)] == issued[::-1][:3]
+
+
+def test_the_schedule_does_not_issue_a_second_barrier_behind_a_jobs(dsn, conn):
+    """A job issues the clock's barrier and has not committed yet (its skip wave runs in that
+    transaction); the schedule, which read "due" before, waits for it and then issues nothing.
+    An unconditional issue in its place would add a second barrier right behind (the bug)."""
+    barriers.set_interval_s(conn, 1)
+    barriers.issue(conn)
+    time.sleep(1.1)
+    assert barriers.next_due_in_s(conn) <= 0
+    before = barriers.newest(conn).barrier
+    with db.connect(dsn) as job, db.connect(dsn) as schedule:
+        with job.transaction():
+            assert barriers.issue_if_due(job, job="w") is not None
+            answer = concurrent.futures.ThreadPoolExecutor(1).submit(barriers.issue_when_due, schedule)
+            time.sleep(0.5)
+            assert not answer.done(), "the schedule waits for the clock's lock"
+        assert answer.result(timeout=10) is None
+    assert len([b for b in barriers.list_barriers(conn) if b.barrier > before]) == 1

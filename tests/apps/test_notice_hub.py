@@ -1,0 +1,87 @@
+"""The server's notice hub (apps/catalog/notices.py) on a real listener: a request that is still
+planning loses no notice for what it will wait for, and is not handed the others."""
+
+from __future__ import annotations
+
+import asyncio
+
+from icebarrier.apps.catalog import notices as hub_module
+from icebarrier.apps.catalog.notices import Hub
+from icebarrier.control_plane import jobs
+from icebarrier.control_plane.notices import Wait
+from tests.helpers import T, new_barrier, register_chain
+
+
+async def _delivered(hub: Hub, at_least: int) -> None:
+    for _ in range(100):
+        if hub.seq >= at_least:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the hub heard {hub.seq} notices, not {at_least}")
+
+
+def _waits_for(table: str, barrier: int, progress: int) -> Wait:
+    return Wait(tables={table: progress}, target=barrier, progress=progress, due_at=float("inf"))
+
+
+def _run(dsn: str, scenario) -> None:
+    async def main():
+        hub = Hub(dsn, None)
+        hub.start()
+        try:
+            await scenario(hub)
+        finally:
+            hub.stop()
+
+    asyncio.run(main())
+
+
+def test_a_notice_that_comes_while_a_request_plans_wakes_the_wait_it_then_holds(conn, dsn):
+    """Watches taken before a plan, notices for one table meanwhile: the wait on that table wakes
+    when held, the wait on another does not (and neither was routed anything while planning)."""
+    register_chain(conn)
+    b0 = new_barrier(conn)
+    jobs.complete(conn, "ingest_orders", b0, {T("orders"): 1})
+    jobs.complete(conn, "ingest_payments", b0, {T("payments"): 2})
+
+    async def scenario(hub: Hub):
+        await asyncio.sleep(0.3)
+        planning = [hub.watch(), hub.watch()]
+        b1 = new_barrier(conn)
+        jobs.complete(conn, "ingest_orders", b1, {T("orders"): 3})  # orders moves; payments does not
+        await _delivered(hub, 2)  # the barrier, then the watermark
+        assert not any(w.waiting for w in planning) and hub.waiting == 0
+        on_orders, on_payments = planning
+        on_orders.hold(_waits_for(str(T("orders")), b1, b0))
+        on_payments.hold(_waits_for(str(T("payments")), b1, b0))
+        assert on_orders.woken and not on_payments.woken
+        jobs.complete(conn, "ingest_payments", b1, {T("payments"): 4})  # now it moves, held: routed at once
+        await _delivered(hub, 3)
+        assert on_payments.woken
+
+    _run(dsn, scenario)
+
+
+def test_a_request_that_plans_longer_than_notices_are_kept_plans_again(conn, dsn, monkeypatch):
+    """Notices are kept RECENT_S; a wait held after some were forgotten is woken (it plans again
+    rather than miss one), even when what was forgotten did not concern it."""
+    monkeypatch.setattr(hub_module, "RECENT_S", 0.0)
+    register_chain(conn)
+    b0 = new_barrier(conn)
+    jobs.complete(conn, "ingest_orders", b0, {T("orders"): 1})
+    jobs.complete(conn, "ingest_payments", b0, {T("payments"): 2})
+
+    async def scenario(hub: Hub):
+        await asyncio.sleep(0.3)
+        slow, fresh = hub.watch(), None
+        new_barrier(conn)
+        await _delivered(hub, 1)
+        fresh = hub.watch()
+        new_barrier(conn)  # its delivery forgets the first barrier's notice
+        await _delivered(hub, 2)
+        slow.hold(_waits_for(str(T("payments")), 99, b0))
+        fresh.hold(_waits_for(str(T("payments")), 99, b0))
+        assert slow.woken, "a wait that may have missed a notice plans again"
+        assert not fresh.woken, "only what was forgotten since its watch began counts"
+
+    _run(dsn, scenario)
