@@ -356,14 +356,23 @@ def _new_session(conn: Conn, client_id: str, ttl_s: int) -> str:
     return access_token
 
 
+_SESSION = """SELECT t.client_id, t.kind, t.job_name, token_reach(t.client_id) AS reach
+               FROM catalog_session s JOIN catalog_token t USING (client_id)
+               WHERE s.token_hash = %s AND s.expires_at > now() AND t.revoked_at IS NULL"""
+
+
 def session(conn: Conn, access_token: str) -> Principal:
     """The principal behind a live access token."""
-    row = conn.execute(
-        """SELECT t.client_id, t.kind, t.job_name, token_reach(t.client_id) AS reach
-           FROM catalog_session s JOIN catalog_token t USING (client_id)
-           WHERE s.token_hash = %s AND s.expires_at > now() AND t.revoked_at IS NULL""",
-        (token_hash(access_token),),
-    ).fetchone()
+    return _principal(conn.execute(_SESSION, (token_hash(access_token),)).fetchone())
+
+
+async def session_async(conn, access_token: str) -> Principal:
+    """:func:`session` on an asyncio connection (a server's event loop waits for Postgres without
+    holding the loop)."""
+    return _principal(await (await conn.execute(_SESSION, (token_hash(access_token),))).fetchone())
+
+
+def _principal(row: dict | None) -> Principal:
     if row is None:
         raise unknown_token()
     return Principal.of(row["client_id"], row["kind"], row["job_name"], row["reach"])

@@ -610,3 +610,31 @@ def test_a_multi_sink_job_through_the_catalog_publishes_each_barrier_in_one_tran
     for t in (left, right):
         name = TableName.parse(t)
         assert lake.catalog.load_table(".".join(name.identifier)).scan().to_arrow().num_rows == 1 + 2 + 3 + 4 + 5
+
+
+def test_requests_waiting_for_postgres_do_not_hold_the_event_loop(lake, server):
+    """Every thread-pool connection of the server held by a request that waits for a lock, more
+    requests queued behind them: the server still answers what needs no lock, and each waiting
+    request answers once the lock goes. Callers' tokens are checked on the async pool; on the
+    thread pool's connections the check held the event loop (every request, every long poll's
+    lines) until one came free (found at 2,000 jobs: freshness stalled for tens of seconds)."""
+    import concurrent.futures
+
+    import psycopg
+
+    client_id, secret = tokens.create(lake.conn, admin=True)
+    auth = {"Authorization": f"Bearer {access_token(server, client_id, secret)}"}
+    show = f"{server}/icebarrier/v1/jobs/ingest/session"
+    with (
+        psycopg.connect(lake.settings.dsn, autocommit=True) as blocker,
+        concurrent.futures.ThreadPoolExecutor(12) as ex,
+    ):
+        blocker.execute(f'BEGIN; LOCK TABLE "{lake.settings.schema}".job_session IN ACCESS EXCLUSIVE MODE')
+        waiting = [ex.submit(requests.get, show, headers=auth, timeout=60) for _ in range(12)]  # > the pool's 8
+        time.sleep(2)
+        assert not any(w.done() for w in waiting), "the lock holds them"
+        # the loop serves meanwhile (held, it answered only when the lock timeout, 10 s, freed a connection)
+        assert requests.get(f"{server}/healthz", timeout=5).status_code == 200
+        assert not any(w.done() for w in waiting)
+        blocker.execute("ROLLBACK")
+        assert [w.result().status_code for w in waiting] == [200] * 12
