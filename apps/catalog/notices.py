@@ -4,7 +4,8 @@ session: see :mod:`.sessions`). A waiting request costs the database nothing.
 
 A request registers a :class:`Watch` before it plans (the hub keeps recent notices by key, so
 one raised meanwhile is not lost: holding the plan's wait reads those under its keys), then
-waits for a notice its :class:`~icebarrier.control_plane.notices.Wait` finds worth planning again for, or its time.
+waits for a notice its :class:`~icebarrier.control_plane.notices.Wait` finds worth planning
+again for, or its time.
 A long poll that ends with nothing new stays watched for a while (:class:`Parked`): its job's
 next ask, if nothing woke it meanwhile, goes on waiting without planning again — a renewal costs
 the database the token's look-up and nothing else.
