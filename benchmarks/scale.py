@@ -25,6 +25,8 @@ After a warm-up (every job bootstrapped), for ``--minutes`` it samples, and prin
 - read-committed freshness of the whole namespace (every active chain included): now - the issue
   time of the newest cut over namespace ``scale`` (p50, p95; goal p95 <= 3 s), and whether the lag
   grows (mean of the last third vs the first third);
+(while the namespace's cut is more than 5 s old, every 4 s the tables behind and whether their
+jobs have a session open go to stderr: a stall, as it happens);
 and, for the last point against the first, each of those as a ratio (goal <= 2: cost follows the
 jobs with work, not all jobs);
 then, with barriers every hour, Postgres transactions per idle job per second over a minute
@@ -62,6 +64,7 @@ from icebarrier.iceberg_ext.config import Settings  # noqa: E402
 
 DEPTH = 5
 NAMESPACE = "lake.scale"
+STALL_S = 5.0  # the namespace's cut this far behind: the tables behind are printed (stderr)
 
 
 @dataclass
@@ -226,6 +229,8 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
             while time.monotonic() < end:
                 age = freshness_s(conn)
                 point.freshness.append(age if age is not None else float("nan"))
+                if age is not None and age > STALL_S and len(point.freshness) % 8 == 0:
+                    print(f"stalled {age:.1f} s: {behind(conn)}", file=sys.stderr, flush=True)
                 time.sleep(0.5)
             # busy backends flush their statistics at least every second: the window's count is good
             b1, tx1, cpu1, elapsed = _barriers(conn), committed(conn), tree_cpu_s(server.pid), time.monotonic() - t0
@@ -256,6 +261,21 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
             for t in threads:
                 t.join(timeout=30)
     return point
+
+
+def behind(conn) -> str:
+    """The tables of the namespace more than STALL_S behind the newest barrier, their jobs' open
+    sessions (what stalled a run: the monitor that found a root with data that opened none)."""
+    rows = conn.execute(
+        "SELECT m.name, s.job_name IS NOT NULL AS session FROM managed_tables m "
+        "JOIN job_sink_tables k ON k.table_id = m.table_id JOIN jobs j ON j.job_id = k.job_id "
+        "LEFT JOIN job_session s ON s.job_name = j.name "
+        "WHERE starts_with(m.name, %s) AND m.watermark < (SELECT max(barrier) FROM barrier) - %s "
+        "ORDER BY m.watermark, m.name",
+        (NAMESPACE + ".", int(STALL_S * 1_000_000)),
+    ).fetchall()
+    shown = ", ".join(f"{r['name'].rsplit('.', 1)[1]}{' (session)' if r['session'] else ''}" for r in rows[:12])
+    return f"{len(rows)} tables behind: {shown}{', …' if len(rows) > 12 else ''}"
 
 
 def ticker(dsn: str, root_inputs: list[str], active: float, seed: int, stop: threading.Event) -> None:
