@@ -46,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,8 +188,15 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
         ]
         server, uri = start(settings, workers=args.workers)
         real = [d.name for d in definitions if d.name.startswith(f"d{DEPTH}_")][: args.exec]
+        logs: dict[str, deque] = {d.name: deque(maxlen=8) for d in definitions}  # each job's last lines
         runners = [
-            SimulatedJob(d.name, ["true"], uri=uri, credential=credentials[d.name], log=lambda _: None)
+            SimulatedJob(
+                d.name,
+                ["true"],
+                uri=uri,
+                credential=credentials[d.name],
+                log=lambda line, kept=logs[d.name]: kept.append(f"{time.strftime('%H:%M:%S')} {line}"),
+            )
             for d in definitions
             if d.name not in real
         ]
@@ -230,7 +238,7 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
                 age = freshness_s(conn)
                 point.freshness.append(age if age is not None else float("nan"))
                 if age is not None and age > STALL_S and len(point.freshness) % 8 == 0:
-                    print(f"stalled {age:.1f} s: {behind(conn)}", file=sys.stderr, flush=True)
+                    print(f"stalled {age:.1f} s: {behind(conn, logs)}", file=sys.stderr, flush=True)
                 time.sleep(0.5)
             # busy backends flush their statistics at least every second: the window's count is good
             b1, tx1, cpu1, elapsed = _barriers(conn), committed(conn), tree_cpu_s(server.pid), time.monotonic() - t0
@@ -263,9 +271,10 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
     return point
 
 
-def behind(conn) -> str:
+def behind(conn, logs: dict[str, deque] | None = None) -> str:
     """The tables of the namespace more than STALL_S behind the newest barrier, their jobs' open
-    sessions (what stalled a run: the monitor that found a root with data that opened none)."""
+    sessions (what stalled a run: the monitor that found a root with data that opened none), and
+    the last lines the first of those jobs logged."""
     rows = conn.execute(
         "SELECT m.name, s.job_name IS NOT NULL AS session FROM managed_tables m "
         "JOIN job_sink_tables k ON k.table_id = m.table_id JOIN jobs j ON j.job_id = k.job_id "
@@ -275,7 +284,11 @@ def behind(conn) -> str:
         (NAMESPACE + ".", int(STALL_S * 1_000_000)),
     ).fetchall()
     shown = ", ".join(f"{r['name'].rsplit('.', 1)[1]}{' (session)' if r['session'] else ''}" for r in rows[:12])
-    return f"{len(rows)} tables behind: {shown}{', …' if len(rows) > 12 else ''}"
+    said = ""
+    if rows and logs is not None:
+        first = rows[0]["name"].rsplit(".", 1)[1]
+        said = f"\n  {first} said: " + " | ".join(logs.get(first, ()))
+    return f"{len(rows)} tables behind: {shown}{', …' if len(rows) > 12 else ''}{said}"
 
 
 def ticker(dsn: str, root_inputs: list[str], active: float, seed: int, stop: threading.Event) -> None:
