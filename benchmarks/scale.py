@@ -271,7 +271,7 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
     return point
 
 
-def behind(conn, logs: dict[str, deque] | None = None) -> str:
+def behind(conn, logs: dict[str, deque]) -> str:
     """The tables of the namespace more than STALL_S behind the newest barrier, their jobs' open
     sessions (what stalled a run: the monitor that found a root with data that opened none), and
     the last lines the first of those jobs logged."""
@@ -283,11 +283,9 @@ def behind(conn, logs: dict[str, deque] | None = None) -> str:
         "ORDER BY m.watermark, m.name",
         (NAMESPACE + ".", int(STALL_S * 1_000_000)),
     ).fetchall()
-    shown = ", ".join(f"{r['name'].rsplit('.', 1)[1]}{' (session)' if r['session'] else ''}" for r in rows[:12])
-    said = ""
-    if rows and logs is not None:
-        first = rows[0]["name"].rsplit(".", 1)[1]
-        said = f"\n  {first} said: " + " | ".join(logs.get(first, ()))
+    names = [r["name"].rsplit(".", 1)[1] for r in rows]  # a table's name is its job's
+    shown = ", ".join(f"{n}{' (session)' if r['session'] else ''}" for n, r in zip(names[:12], rows))
+    said = f"\n  {names[0]} said: " + " | ".join(logs.get(names[0], ())) if names else ""
     return f"{len(rows)} tables behind: {shown}{', …' if len(rows) > 12 else ''}{said}"
 
 
@@ -317,11 +315,12 @@ def _barriers(conn) -> int:
     return conn.execute("SELECT count(*) AS n FROM barrier").fetchone()["n"]
 
 
-def _issuers(conn, newest: int) -> dict[str, int]:
+def _issuers(conn, count: int) -> dict[str, int]:
+    """Who issued the newest ``count`` barriers: the schedule (the ticker) or jobs (the clock rule)."""
     rows = conn.execute(
         "SELECT CASE WHEN issued_by = 'schedule' THEN 'schedule' ELSE 'jobs' END AS who, count(*) AS n "
         "FROM (SELECT issued_by FROM barrier ORDER BY barrier DESC LIMIT %s) b GROUP BY 1",
-        (newest,),
+        (count,),
     ).fetchall()
     return {r["who"]: r["n"] for r in rows}
 

@@ -24,6 +24,15 @@ def _waits_for(table: str, barrier: int, progress: int) -> Wait:
     return Wait(tables={table: progress}, target=barrier, progress=progress, due_at=float("inf"))
 
 
+def _both_sources_at_a_barrier(conn) -> int:
+    """The chain's two root tables completed at a barrier B0 (what the waits plan from); B0."""
+    register_chain(conn)
+    b0 = new_barrier(conn)
+    jobs.complete(conn, "ingest_orders", b0, {T("orders"): 1})
+    jobs.complete(conn, "ingest_payments", b0, {T("payments"): 2})
+    return b0
+
+
 def _run(dsn: str, scenario) -> None:
     async def main():
         hub = Hub(dsn, None)
@@ -39,10 +48,7 @@ def _run(dsn: str, scenario) -> None:
 def test_a_notice_that_comes_while_a_request_plans_wakes_the_wait_it_then_holds(conn, dsn):
     """Watches taken before a plan, notices for one table meanwhile: the wait on that table wakes
     when held, the wait on another does not (and neither was routed anything while planning)."""
-    register_chain(conn)
-    b0 = new_barrier(conn)
-    jobs.complete(conn, "ingest_orders", b0, {T("orders"): 1})
-    jobs.complete(conn, "ingest_payments", b0, {T("payments"): 2})
+    b0 = _both_sources_at_a_barrier(conn)
 
     async def scenario(hub: Hub):
         await asyncio.sleep(0.3)
@@ -66,14 +72,11 @@ def test_a_request_that_plans_longer_than_notices_are_kept_plans_again(conn, dsn
     """Notices are kept RECENT_S; a wait held after some were forgotten is woken (it plans again
     rather than miss one), even when what was forgotten did not concern it."""
     monkeypatch.setattr(hub_module, "RECENT_S", 0.0)
-    register_chain(conn)
-    b0 = new_barrier(conn)
-    jobs.complete(conn, "ingest_orders", b0, {T("orders"): 1})
-    jobs.complete(conn, "ingest_payments", b0, {T("payments"): 2})
+    b0 = _both_sources_at_a_barrier(conn)
 
     async def scenario(hub: Hub):
         await asyncio.sleep(0.3)
-        slow, fresh = hub.watch(), None
+        slow = hub.watch()
         new_barrier(conn)
         await _delivered(hub, 1)
         fresh = hub.watch()
