@@ -96,6 +96,10 @@ class Service:
         if self.down_until is not None:
             self.start()
 
+    def tail(self, lines: int = 8) -> str:
+        """Its log's last lines, joined with " | " (for a one-line violation; read after :meth:`stop`)."""
+        return " | ".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -450,7 +450,8 @@ def test_random_kills_broker_restart_and_new_partition_exactly_once(lake, spark,
 @pytest.mark.slow
 def test_stream_skips_a_barrier_only_when_the_log_holds_nothing_for_it(lake, spark, kafka, tmp_path):
     """Spark's status is as old as its last trigger. With a 15-s trigger, a barrier issued while
-    the topic is idle is skipped at once; one issued after new records is not (the status still
+    the topic is idle is skipped (Spark runs no micro-batch on an idle topic: only the skipper can
+    move the job, and it records no range); one issued after new records is not (the status still
     says "no data"): the next micro-batch completes it, holding them."""
     topic = new_topic(kafka)
     sink = _create_sink(spark, lake)
@@ -463,7 +464,7 @@ def test_stream_skips_a_barrier_only_when_the_log_holds_nothing_for_it(lake, spa
     _moved(lake, job, worker)  # the first micro-batch (its trigger is the query's start)
     assert _progress(lake, job) == b0
     b1 = _barrier_after_records(lake)
-    _moved(lake, job, worker, timeout_s=10)  # well before the next trigger: the skipper
+    _moved(lake, job, worker)  # the skipper (how soon is a loaded machine's matter: CI once took over 10 s)
     assert _progress(lake, job) == b1 and runs.recorded_range(lake.conn, job, b1) is None
     orders.batch(7)
     b2 = _barrier_after_records(lake)
