@@ -100,8 +100,9 @@ def add_managed(conn, n: int, barrier: int) -> None:
 
 
 def start(
-    settings: Settings, config: str | None = None, workers: int = 1, extra: tuple[str, ...] = ()
+    settings: Settings, config: str | None = None, workers: int = 1, extra: tuple[str, ...] = (), log=None
 ) -> tuple[subprocess.Popen, str]:
+    """``icebarrier serve`` on a free port; ``log``: a file for its stderr (else this process's)."""
     env = {
         **os.environ,
         "ICEBARRIER_DSN": settings.dsn,
@@ -121,6 +122,7 @@ def start(
             *extra,
         ],
         env,
+        log,
     )
 
 
@@ -149,11 +151,11 @@ def start_floor(body: Path, workers: int) -> tuple[subprocess.Popen, str]:
     )
 
 
-def _serve(command, env: dict) -> tuple[subprocess.Popen, str]:
+def _serve(command, env: dict, log=None) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen(command(port), env=env)
+    proc = subprocess.Popen(command(port), env=env, stderr=log)
     for _ in range(300):
         try:
             socket.create_connection(("127.0.0.1", port), 0.2).close()

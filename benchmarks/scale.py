@@ -186,7 +186,9 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
             ),
             threading.Thread(target=listen, args=(dsn, heard, stop), daemon=True),
         ]
-        server, uri = start(settings, workers=args.workers)
+        server_log = open(args.server_log, "w") if args.server_log else None  # noqa: SIM115 - the server's life
+        extra = ("--log-format", "json") if server_log else ()
+        server, uri = start(settings, workers=args.workers, extra=extra, log=server_log)
         real = [d.name for d in definitions if d.name.startswith(f"d{DEPTH}_")][: args.exec]
         logs: dict[str, deque] = {d.name: deque(maxlen=8) for d in definitions}  # each job's last lines
         runners = [
@@ -264,6 +266,8 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
                 p.terminate()
             server.terminate()
             server.wait(60)
+            if server_log:
+                server_log.close()
             for p in procs:
                 p.wait(60)
             for t in threads:
@@ -378,6 +382,7 @@ def main() -> int:
     parser.add_argument("--idle-s", type=float, default=60.0, help="the idle measurement's length")
     parser.add_argument("--exec", type=int, default=2, help="jobs at depth 5 run as real `job exec` processes")
     parser.add_argument("--workers", type=int, default=1, help="`icebarrier serve --workers`")
+    parser.add_argument("--server-log", help="write the server's access log (JSON lines) to this file")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--plot", help="write the curves to this PNG")
     args = parser.parse_args()

@@ -122,25 +122,10 @@ class JobSession:
         }
 
 
-_SESSION = """
-SELECT s.job_name, s.barrier, s.plan, s.from_barrier, s.run_id, s.opened_at, s.held_until,
-       s.held_until > clock_timestamp() AS held, s.succeeded_at IS NOT NULL AS succeeded,
-       ARRAY(SELECT m.name FROM job_source x JOIN managed_table m USING (table_id) WHERE x.job_id = j.job_id) AS sources,
-       ARRAY(SELECT m.name FROM job_sink x JOIN managed_table m USING (table_id) WHERE x.job_id = j.job_id) AS sinks,
-       (SELECT max(m.watermark) FROM job_sink x JOIN managed_table m USING (table_id) WHERE x.job_id = j.job_id)
-           AS progress
-FROM job_session s JOIN job j ON j.name = s.job_name AND j.active
-WHERE s.job_name = %s
-"""
-
-
 def _row(conn: Conn, job: str, *, lock: bool) -> dict | None:
-    return conn.execute(_SESSION + (" FOR UPDATE OF s" if lock else ""), (job,)).fetchone()
-
-
-def _existing(conn: Conn, job: str) -> dict:
-    """The job's session row, in the transaction that has just written it."""
-    return db.one(conn.execute(_SESSION, (job,)))
+    """The job's session row (``job_session_row``), if one is open; ``lock``: for update."""
+    rows = db.call(conn, "job_session_row", job, lock)
+    return rows[0] if rows else None
 
 
 def _session(row: dict) -> JobSession:
@@ -226,63 +211,21 @@ def open_session(
     conn: Conn, job: str, *, skip: bool = True, coalesce: bool = True, hold_s: float | None = None
 ) -> Opening:
     """Open the job's session for a run (``hold_s``: held that long; renew with :func:`hold`),
-    in one transaction.
+    in one statement (``open_job_session``: one round trip).
 
     A stale session is discarded. An open one held by a live run is :class:`SessionHeldError`;
     one whose hold lapsed (or that no run holds) is taken over: adopted if its command
     succeeded, else resumed with its staged commits dropped. Otherwise the job's plan is taken
     now: barriers it may skip are completed at once (no session), and a session opened for the
     plan if the job can follow it."""
-    with conn.transaction():
-        row = _row(conn, job, lock=True)
-        if row is not None and row["progress"] != row["from_barrier"]:
-            _delete(conn, job)  # stale, held or not: its plan starts where the job no longer is
-            row = None
-        if row is not None and hold_s is not None and row["held"]:
-            raise SessionHeldError(job, row["run_id"], row["held_until"])
-        if row is not None:
-            how = Opened.ADOPTED if row["succeeded"] else Opened.RESUMED
-            if how is Opened.RESUMED:
-                _drop_staged(conn, job)
-            conn.execute(
-                "UPDATE job_session SET run_id = %s, opened_at = now(), "
-                "held_until = clock_timestamp() + make_interval(secs => %s) WHERE job_name = %s",
-                (_run_id(), hold_s or 0, job),
-            )
-            return Opening(session=_fresh(_existing(conn, job)), how=how)
-        # Expiry claims a table's snapshots under its lock, exclusive; the session, once its row
-        # commits, protects its sources' S(T, B) (protection(): a first run counts as at B).
-        sources = [
-            r["table_id"]
-            for r in conn.execute(
-                "SELECT m.table_id FROM job_sources s JOIN managed_tables m ON m.name = s.table_name "
-                "WHERE s.job_name = %s ORDER BY 1",
-                (job,),
-            ).fetchall()
-        ]
-        if sources:
-            db.advisory_lock(conn, "table", sources, shared=True, what=f"opening job {job}'s session")
-        # the sinks, as the control plane's skips lock them: none moves the job while its plan is taken
-        conn.execute(
-            "SELECT 1 FROM managed_table t JOIN job_sink k USING (table_id) JOIN job j USING (job_id) "
-            "WHERE j.name = %s AND j.active ORDER BY t.table_id FOR NO KEY UPDATE OF t",
-            (job,),
-        )
-        step = jobs.advance(conn, job, skip=skip, coalesce=coalesce)
-        plan = step.plan
-        if not plan.ready:
-            return Opening(session=None, how=None, plan=plan, skipped=step.skipped, due_in_s=step.due_in_s)
-        inserted = conn.execute(
-            "INSERT INTO job_session (job_name, barrier, plan, from_barrier, run_id, held_until) VALUES "
-            "(%s, %s, %s, %s, %s, clock_timestamp() + make_interval(secs => %s)) ON CONFLICT (job_name) DO NOTHING",
-            (job, plan.barrier, plan.plan.value, plan.from_barrier, _run_id(), hold_s or 0),
-        ).rowcount
-        if inserted:  # commits staged outside any session (a multi-sink job through latest) are not its
-            _drop_staged(conn, job)
-        row = _existing(conn, job)
-    if not inserted and hold_s is not None:  # another run opened it meanwhile
+    row = db.call(conn, "open_job_session", job, skip, coalesce, hold_s, _run_id())[0]
+    if row["how"] == "held":
         raise SessionHeldError(job, row["run_id"], row["held_until"])
-    return Opening(session=_fresh(row), how=Opened.NEW, plan=plan, skipped=step.skipped)
+    plan = jobs.plan_of(job, row["next_plan"], issued=row["issued"]) if row["next_plan"] else None
+    skipped = tuple(jobs.completion_of(job, done["barrier"], done) for done in row["skipped"])
+    if row["how"] == "waiting":
+        return Opening(session=None, how=None, plan=plan, skipped=skipped, due_in_s=row["due_in_s"])
+    return Opening(session=_fresh(row), how=Opened(row["how"]), plan=plan, skipped=skipped)
 
 
 def hold(conn: Conn, job: str, run_id: str, hold_s: float) -> JobSession:
@@ -336,11 +279,6 @@ def compute_again(conn: Conn, job: str, run_id: str | None) -> None:
 
 def _drop_staged(conn: Conn, job: str) -> None:
     conn.execute("DELETE FROM catalog_pending WHERE job_name = %s", (job,))
-
-
-def _delete(conn: Conn, job: str) -> None:
-    _drop_staged(conn, job)
-    conn.execute("DELETE FROM job_session WHERE job_name = %s", (job,))
 
 
 def release(conn: Conn, job: str, run_id: str) -> bool:

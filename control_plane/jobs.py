@@ -319,15 +319,16 @@ def next_barrier(
     the barrier interval. ``skip`` False: the job reads the barrier itself and is never skipped;
     ``up_to``: a root job's input is ready only up to that barrier (an event-time watermark).
     """
-    plan = _plan(name, call(conn, "plan_barrier", name, skip, coalesce, up_to)[0])
+    plan = plan_of(name, call(conn, "plan_barrier", name, skip, coalesce, up_to)[0])
     # a root job with nothing to take asks the clock (unless only an announcement brings it anything)
     if plan.root and not plan.waits_for_announcement and (plan.barrier is None or plan.from_barrier is None):
         if barriers.issue_if_due(conn, job=name) is not None:
-            plan = _plan(name, call(conn, "plan_barrier", name, skip, coalesce, up_to)[0], issued=True)
+            plan = plan_of(name, call(conn, "plan_barrier", name, skip, coalesce, up_to)[0], issued=True)
     return plan
 
 
-def _plan(name: str, row: dict, *, issued: bool = False) -> NextBarrier:
+def plan_of(name: str, row: dict, *, issued: bool = False) -> NextBarrier:
+    """A plan from what ``plan_barrier`` answered."""
     return NextBarrier(
         job=name,
         barrier=row["barrier"],
@@ -373,10 +374,15 @@ def _complete(
     row = call(
         conn, "complete_barrier", name, barrier, [str(t) for t in commits], list(commits.values()), run_id, coalesce
     )[0]
+    return completion_of(name, barrier, row, commits)
+
+
+def completion_of(name: str, barrier: int, row: dict, commits: dict[TableName, int] | None = None) -> Completion:
+    """A completion from what ``complete_barrier`` answered (``sinks``, ``noop``, ``coalesced``)."""
     return Completion(
         job=name,
         barrier=barrier,
-        commits=commits,
+        commits=commits or {},
         sinks=tuple(sorted(TableName.parse(n) for n in row["sinks"])),
         noop=row["noop"],
         coalesced=row["coalesced"],

@@ -11,6 +11,7 @@ from icebarrier.control_plane import (
     barriers,
     db,
     inputs,
+    job_sessions,
     jobs,
     leases,
     reads,
@@ -70,6 +71,9 @@ ACTIONS = {
     ),
     "unregister ingest_a": (lambda c, w: jobs.unregister(c, "ingest_a"), {"admin", "job_a"}),
     "issue a barrier by hand": (lambda c, w: barriers.issue(c), {"admin"}),
+    # the catalog server's (the admin's): a job's own role reads its session through the server only
+    "open ingest_a's session": (lambda c, w: job_sessions.open_session(c, "ingest_a"), {"admin"}),
+    "read ingest_a's session": (lambda c, w: job_sessions.get(c, "ingest_a"), {"admin"}),
     "announce ingest_a's input": (lambda c, w: inputs.announce(c, ["ext:ingest_a"]), {"admin", "job_a"}),
     "announce an input no job reads": (lambda c, w: inputs.announce(c, ["ext:nobody"]), {"admin"}),
     "forget an announced input": (lambda c, w: inputs.forget(c, ["ext:ingest_a"]), {"admin"}),

@@ -1,0 +1,161 @@
+"""A job's session opened in one round trip.
+
+Opening a session (``job_sessions.open_session``: the catalog server, for every ask of `icebarrier
+job exec`) was a transaction of 9 statements from Python when the job had nothing to do and 11
+when it had: the session's row, the sources' locks, the sinks' locks, the plan, the clock, the
+skips on the way, what is due. At 2,000 jobs it was 39 % of the server's CPU, most of it psycopg's
+side of the round trips (benchmarks/scale.py, docs/scale.md). ``open_job_session`` is that
+transaction as one statement, with the same locks in the same order and the same rules (it calls
+``take_lock``, ``plan_barrier``, ``issue_barrier_if_due`` and ``complete_barrier``);
+``job_session_row`` is the session's row as every other session request reads it.
+
+Both are the admin's (the catalog server's role): revoked from PUBLIC, run as their caller.
+
+Revision ID: 0031
+Revises: 0030
+Create Date: 2026-11-28
+"""
+
+from psycopg import sql
+
+from alembic import context, op
+
+revision = "0031"
+down_revision = "0030"
+branch_labels = None
+depends_on = None
+
+UPGRADE = """
+CREATE FUNCTION job_session_row(p_job text, p_lock boolean DEFAULT false)
+RETURNS TABLE (job_name text, barrier bigint, plan text, from_barrier bigint, run_id text,
+               opened_at timestamptz, held_until timestamptz, held boolean, succeeded boolean,
+               sources text[], sinks text[], progress bigint)
+LANGUAGE plpgsql SET search_path = {search_path} AS $$
+#variable_conflict use_column
+BEGIN
+    IF p_lock THEN
+        PERFORM 1 FROM job_session s WHERE s.job_name = p_job FOR UPDATE;
+    END IF;
+    RETURN QUERY
+    SELECT s.job_name, s.barrier, s.plan, s.from_barrier, s.run_id, s.opened_at, s.held_until,
+           s.held_until > clock_timestamp(), s.succeeded_at IS NOT NULL,
+           ARRAY(SELECT m.name FROM job_source x JOIN managed_table m USING (table_id) WHERE x.job_id = j.job_id),
+           ARRAY(SELECT m.name FROM job_sink x JOIN managed_table m USING (table_id) WHERE x.job_id = j.job_id),
+           (SELECT max(m.watermark) FROM job_sink x JOIN managed_table m USING (table_id) WHERE x.job_id = j.job_id)
+    FROM job_session s JOIN job j ON j.name = s.job_name AND j.active
+    WHERE s.job_name = p_job;
+END $$;
+
+-- how: held (another live run holds it: nothing changed), adopted or resumed (a dead run's
+-- session taken over), new (planned now), waiting (nothing to complete now: next_plan says what
+-- the job waits for, due_in_s when the clock's next barrier is due for a root job). skipped: the
+-- barriers completed on the way, with no computation. Then the session's row, if one is open.
+CREATE FUNCTION open_job_session(p_job text, p_skip boolean, p_coalesce boolean, p_hold_s double precision,
+                                 p_run_id text)
+RETURNS TABLE (how text, next_plan jsonb, issued boolean, skipped jsonb, due_in_s double precision,
+               job_name text, barrier bigint, plan text, from_barrier bigint, run_id text,
+               opened_at timestamptz, held_until timestamptz, held boolean, succeeded boolean,
+               sources text[], sinks text[], progress bigint)
+LANGUAGE plpgsql SET search_path = {search_path} AS $$
+#variable_conflict use_column
+DECLARE
+    v_s record;
+    v_p record;
+    v_done record;
+    v_sources bigint[];
+    v_how text;
+    v_issued boolean := false;
+    v_skipped jsonb := '[]';
+    v_due double precision;
+BEGIN
+    SELECT * INTO v_s FROM job_session_row(p_job, true);
+    IF FOUND AND v_s.progress IS DISTINCT FROM v_s.from_barrier THEN
+        -- stale, held or not: its plan starts where the job no longer is
+        DELETE FROM catalog_pending c WHERE c.job_name = p_job;
+        DELETE FROM job_session s WHERE s.job_name = p_job;
+    ELSIF FOUND THEN
+        IF p_hold_s IS NOT NULL AND v_s.held THEN
+            RETURN QUERY SELECT 'held', NULL::jsonb, false, '[]'::jsonb, NULL::double precision, r.*
+                         FROM job_session_row(p_job) r;
+            RETURN;
+        END IF;
+        IF NOT v_s.succeeded THEN  -- resumed: what the dead run staged is dropped, B computed again
+            DELETE FROM catalog_pending c WHERE c.job_name = p_job;
+        END IF;
+        UPDATE job_session s SET run_id = p_run_id, opened_at = now(),
+               held_until = clock_timestamp() + make_interval(secs => coalesce(p_hold_s, 0))
+        WHERE s.job_name = p_job;
+        RETURN QUERY SELECT CASE WHEN v_s.succeeded THEN 'adopted' ELSE 'resumed' END, NULL::jsonb, false,
+                            '[]'::jsonb, NULL::double precision, r.*
+                     FROM job_session_row(p_job) r;
+        RETURN;
+    END IF;
+    -- Expiry claims a table's snapshots under its lock, exclusive; the session, once its row
+    -- commits, protects its sources' S(T, B) (protection(): a first run counts as at B).
+    SELECT array_agg(m.table_id ORDER BY m.table_id) INTO v_sources
+    FROM job_sources s JOIN managed_tables m ON m.name = s.table_name WHERE s.job_name = p_job;
+    IF v_sources IS NOT NULL THEN
+        PERFORM take_lock('table', v_sources, true, format('opening job %s''s session', p_job), false);
+    END IF;
+    -- the sinks, as the control plane's skips lock them: none moves the job while its plan is taken
+    PERFORM 1 FROM managed_table t JOIN job_sink k USING (table_id) JOIN job j USING (job_id)
+    WHERE j.name = p_job AND j.active ORDER BY t.table_id FOR NO KEY UPDATE OF t;
+    -- the plan, skips completed at once (at most three, as jobs.advance)
+    FOR i IN 0..3 LOOP
+        SELECT * INTO v_p FROM plan_barrier(p_job, p_skip, p_coalesce, NULL);
+        v_issued := false;
+        -- a root job with nothing to take asks the clock (unless only an announcement brings it anything)
+        IF v_p.root AND NOT (coalesce(cardinality(v_p.announced), 0) > 0 AND NOT coalesce(v_p.pending, false))
+           AND (v_p.barrier IS NULL OR v_p.from_barrier IS NULL) THEN
+            PERFORM 1 FROM issue_barrier_if_due(p_job);
+            IF FOUND THEN
+                SELECT * INTO v_p FROM plan_barrier(p_job, p_skip, p_coalesce, NULL);
+                v_issued := true;
+            END IF;
+        END IF;
+        EXIT WHEN i = 3 OR NOT (v_p.ready AND v_p.barrier IS NOT NULL AND v_p.plan = 'skip');
+        BEGIN  -- a savepoint: a conflict undoes this skip only, and leaves it to the next look
+            SELECT * INTO v_done FROM complete_barrier(p_job, v_p.barrier, '{{}}', '{{}}', NULL, false);
+            v_skipped := v_skipped || jsonb_build_object('barrier', v_p.barrier, 'sinks', to_jsonb(v_done.sinks),
+                                                         'noop', v_done.noop, 'coalesced', v_done.coalesced);
+        EXCEPTION WHEN serialization_failure OR deadlock_detected OR SQLSTATE 'IB003' THEN
+            EXIT;
+        END;
+    END LOOP;
+    IF NOT v_p.ready THEN
+        IF v_p.root AND NOT (coalesce(cardinality(v_p.announced), 0) > 0 AND NOT coalesce(v_p.pending, false)) THEN
+            v_due := ((SELECT max(b.barrier) FROM barriers b)
+                      + 1000 * (SELECT x.value::bigint FROM setting x WHERE x.key = 'barrier_interval_ms')
+                      - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1e6;
+        END IF;
+        RETURN QUERY SELECT 'waiting', to_jsonb(v_p), v_issued, v_skipped, v_due, r.*
+                     FROM (SELECT 1) one LEFT JOIN job_session_row(p_job) r ON false;
+        RETURN;
+    END IF;
+    INSERT INTO job_session AS s (job_name, barrier, plan, from_barrier, run_id, held_until)
+    VALUES (p_job, v_p.barrier, v_p.plan, v_p.from_barrier, p_run_id,
+            clock_timestamp() + make_interval(secs => coalesce(p_hold_s, 0)))
+    ON CONFLICT (job_name) DO NOTHING;
+    IF FOUND THEN  -- commits staged outside any session (a multi-sink job through latest) are not its
+        DELETE FROM catalog_pending c WHERE c.job_name = p_job;
+        v_how := 'new';
+    ELSE  -- another run opened it meanwhile
+        v_how := CASE WHEN p_hold_s IS NULL THEN 'new' ELSE 'held' END;
+    END IF;
+    RETURN QUERY SELECT v_how, to_jsonb(v_p), v_issued, v_skipped, NULL::double precision, r.*
+                 FROM job_session_row(p_job) r;
+END $$;
+
+REVOKE EXECUTE ON FUNCTION job_session_row(text, boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION open_job_session(text, boolean, boolean, double precision, text) FROM PUBLIC;
+"""
+
+
+def upgrade() -> None:
+    search_path = f"{sql.Identifier(context.config.attributes['schema']).as_string(None)}, pg_temp"
+    op.execute(UPGRADE.format(search_path=search_path))
+
+
+def downgrade() -> None:
+    op.execute("DROP FUNCTION open_job_session(text, boolean, boolean, double precision, text)")
+    op.execute("DROP FUNCTION job_session_row(text, boolean)")
