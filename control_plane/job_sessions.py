@@ -191,6 +191,7 @@ class Opening:
     plan: NextBarrier | None = None
     skipped: tuple[jobs.Completion, ...] = ()
     due_in_s: float | None = None
+    newest_barrier: int | None = None  # the newest barrier issued, when a session opened
 
     @property
     def waits_for(self) -> NextBarrier:
@@ -225,7 +226,9 @@ def open_session(
     skipped = tuple(jobs.completion_of(job, done["barrier"], done) for done in row["skipped"])
     if row["how"] == "waiting":
         return Opening(session=None, how=None, plan=plan, skipped=skipped, due_in_s=row["due_in_s"])
-    return Opening(session=_fresh(row), how=Opened(row["how"]), plan=plan, skipped=skipped)
+    return Opening(
+        session=_fresh(row), how=Opened(row["how"]), plan=plan, skipped=skipped, newest_barrier=row["newest_barrier"]
+    )
 
 
 def hold(conn: Conn, job: str, run_id: str, hold_s: float) -> JobSession:

@@ -49,11 +49,12 @@ END $$;
 -- how: held (another live run holds it: nothing changed), adopted or resumed (a dead run's
 -- session taken over), new (planned now), waiting (nothing to complete now: next_plan says what
 -- the job waits for, due_in_s when the clock's next barrier is due for a root job). skipped: the
--- barriers completed on the way, with no computation. Then the session's row, if one is open.
+-- barriers completed on the way, with no computation. newest_barrier: the newest issued, with a
+-- session. Then the session's row, if one is open.
 CREATE FUNCTION open_job_session(p_job text, p_skip boolean, p_coalesce boolean, p_hold_s double precision,
                                  p_run_id text)
 RETURNS TABLE (how text, next_plan jsonb, issued boolean, skipped jsonb, due_in_s double precision,
-               job_name text, barrier bigint, plan text, from_barrier bigint, run_id text,
+               newest_barrier bigint, job_name text, barrier bigint, plan text, from_barrier bigint, run_id text,
                opened_at timestamptz, held_until timestamptz, held boolean, succeeded boolean,
                sources text[], sinks text[], progress bigint)
 LANGUAGE plpgsql SET search_path = {search_path} AS $$
@@ -75,7 +76,7 @@ BEGIN
         DELETE FROM job_session s WHERE s.job_name = p_job;
     ELSIF FOUND THEN
         IF p_hold_s IS NOT NULL AND v_s.held THEN
-            RETURN QUERY SELECT 'held', NULL::jsonb, false, '[]'::jsonb, NULL::double precision, r.*
+            RETURN QUERY SELECT 'held', NULL::jsonb, false, '[]'::jsonb, NULL::double precision, NULL::bigint, r.*
                          FROM job_session_row(p_job) r;
             RETURN;
         END IF;
@@ -86,7 +87,7 @@ BEGIN
                held_until = clock_timestamp() + make_interval(secs => coalesce(p_hold_s, 0))
         WHERE s.job_name = p_job;
         RETURN QUERY SELECT CASE WHEN v_s.succeeded THEN 'adopted' ELSE 'resumed' END, NULL::jsonb, false,
-                            '[]'::jsonb, NULL::double precision, r.*
+                            '[]'::jsonb, NULL::double precision, (SELECT max(b.barrier) FROM barrier b), r.*
                      FROM job_session_row(p_job) r;
         RETURN;
     END IF;
@@ -128,7 +129,7 @@ BEGIN
                       + 1000 * (SELECT x.value::bigint FROM setting x WHERE x.key = 'barrier_interval_ms')
                       - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1e6;
         END IF;
-        RETURN QUERY SELECT 'waiting', to_jsonb(v_p), v_issued, v_skipped, v_due, r.*
+        RETURN QUERY SELECT 'waiting', to_jsonb(v_p), v_issued, v_skipped, v_due, NULL::bigint, r.*
                      FROM (SELECT 1) one LEFT JOIN job_session_row(p_job) r ON false;
         RETURN;
     END IF;
@@ -142,7 +143,8 @@ BEGIN
     ELSE  -- another run opened it meanwhile
         v_how := CASE WHEN p_hold_s IS NULL THEN 'new' ELSE 'held' END;
     END IF;
-    RETURN QUERY SELECT v_how, to_jsonb(v_p), v_issued, v_skipped, NULL::double precision, r.*
+    RETURN QUERY SELECT v_how, to_jsonb(v_p), v_issued, v_skipped, NULL::double precision,
+                        (SELECT max(b.barrier) FROM barrier b), r.*
                  FROM job_session_row(p_job) r;
 END $$;
 

@@ -77,7 +77,6 @@ def _open(once: Write, job: str, body: OpenRequest) -> tuple[job_sessions.Openin
                 }
             )
         session = opening.session
-        newest = conn.execute("SELECT max(barrier) AS b FROM barrier").fetchone()["b"]
         inputs = (
             reads.resolve(conn, sorted(session.sources), barrier=session.barrier).snapshots if session.sources else {}
         )
@@ -85,7 +84,7 @@ def _open(once: Write, job: str, body: OpenRequest) -> tuple[job_sessions.Openin
             {
                 "ready": True,
                 "opened": opening.opened.value,
-                "newest_barrier": newest,
+                "newest_barrier": opening.newest_barrier,
                 "skipped": skipped,
                 "session": {
                     **session.to_json(),
