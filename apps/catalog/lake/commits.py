@@ -8,7 +8,7 @@ from icebarrier.apps.catalog.errors import ForbiddenError
 from icebarrier.apps.catalog.lake.core import java_name
 from icebarrier.apps.catalog.lake.sessions import Sessions
 from icebarrier.apps.catalog.warehouses import Warehouse
-from icebarrier.control_plane import db, jobs
+from icebarrier.control_plane import db, job_sessions, jobs
 from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.control_plane.tokens import Principal
 from icebarrier.iceberg_ext import faults
@@ -49,6 +49,7 @@ class Commits(Sessions):
         whole = (session is not None or len(sinks) > 1) and set(names) == set(sinks)  # all the job's sinks at once
         if whole and empty:
             if session is not None:
+                job_sessions.mark_succeeded(conn, session.job, warehouse.run_id)
                 self.publish_session(conn, session.job, warehouse.run_id)
             else:
                 self.publish(conn, principal.acting_job)

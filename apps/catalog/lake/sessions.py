@@ -142,9 +142,9 @@ class Sessions(LakeCore):
 
     def publish_session(self, conn, job: str, run_id: str | None) -> Completion:
         """Publish the job's session: every commit it staged swaps in and its barrier B completes,
-        in one transaction (sinks it did not write complete B unchanged). The session is marked
-        succeeded first, so that a publish cut short is adopted by the job's next run."""
-        job_sessions.mark_succeeded(conn, job, run_id)
+        in one transaction (sinks it did not write complete B unchanged). The caller has marked
+        the session succeeded first (its own transaction), so that a publish cut short is adopted
+        by the job's next run."""
         if faults.mutated(faults.NONATOMIC_PUBLISH):
             return self._publish_piecemeal(conn, job, run_id)
         if faults.mutated(faults.NO_REBASE):  # the race, made certain for a checker to meet it
