@@ -2,6 +2,7 @@
 
     python benchmarks/scale.py [--points 200x2000,2000x2000] [--minutes 5] [--active 2]
                                [--exec 2] [--workers 1] [--plot docs/scale.png]
+                               [--server-log FILE]  (the server's JSON access log, for a stall)
 
 Per point (J jobs x N managed tables): a DAG five deep of J jobs (a tenth of them roots, each
 reading an external input of its own, announced), each writing one table of namespace
@@ -21,7 +22,9 @@ After a warm-up (every job bootstrapped), for ``--minutes`` it samples, and prin
   (goal at 2,000 jobs: <= 300 tx/s);
 - the server's CPU seconds per barrier (its processes' user + system time; goal at 2,000 jobs
   <= 0.05 s);
-- the notices raised per barrier (the jobs' channel, counted by a listener of its own);
+- the notices raised per barrier (the jobs' channel, counted by a listener of its own), and the
+  server's long-poll events per barrier (``icebarrier_long_poll_events_total``: plans, plans again
+  on a notice or on time, renewals with no plan, heartbeat lines);
 - read-committed freshness of the whole namespace (every active chain included): now - the issue
   time of the newest cut over namespace ``scale`` (p50, p95; goal p95 <= 3 s), and whether the lag
   grows (mean of the last third vs the first third);
@@ -52,7 +55,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from catalog import start  # noqa: E402 - benchmarks/catalog.py: a server process on a free port
+from catalog import session, start  # noqa: E402 - benchmarks/catalog.py: a server process on a free port
 from proc import cpu_s  # noqa: E402
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
@@ -79,6 +82,7 @@ class Point:
     barriers_per_s: float = 0.0
     issuers: dict[str, int] = field(default_factory=dict)  # the window's barriers by who issued them
     notices_per_barrier: float = 0.0
+    long_polls: dict[str, float] = field(default_factory=dict)  # the server's long-poll events per barrier
     freshness: list[float] = field(default_factory=list)
     idle_tx_per_job_s: float = 0.0
 
@@ -234,6 +238,8 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
                     raise SystemExit(f"{n_jobs} jobs did not all bootstrap within 5 minutes")
                 time.sleep(0.5)
             time.sleep(20)
+            scraper = session(uri, *credentials[definitions[0].name].split(":", 1))
+            polls0 = long_poll_events(scraper, uri)
             b0, tx0, cpu0, n0, t0 = _barriers(conn), committed(conn), tree_cpu_s(server.pid), heard[0], time.monotonic()
             end = t0 + args.minutes * 60
             while time.monotonic() < end:
@@ -252,6 +258,8 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
             point.tx_per_job_barrier = point.tx_per_barrier / n_jobs
             point.cpu_s_per_barrier = (cpu1 - cpu0) / issued
             point.notices_per_barrier = (heard[0] - n0) / issued
+            polls1 = long_poll_events(scraper, uri)
+            point.long_polls = {e: round((n - polls0.get(e, 0)) / issued, 2) for e, n in polls1.items()}
             stop.set()
             barriers.set_interval_s(conn, 3600)  # idle: no barrier is due for an hour
             time.sleep(15)  # idle backends flush their statistics within 10 s
@@ -329,13 +337,28 @@ def _issuers(conn, count: int) -> dict[str, int]:
     return {r["who"]: r["n"] for r in rows}
 
 
+def long_poll_events(scraper, uri: str) -> dict[str, float]:
+    """The server's ``icebarrier_long_poll_events_total`` by event (``/metrics``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    answer = scraper.get(f"{uri}/metrics")
+    answer.raise_for_status()
+    return {
+        sample.labels["event"]: sample.value
+        for family in text_string_to_metric_families(answer.text)
+        if family.name == "icebarrier_long_poll_events"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
 def report(point: Point) -> None:
     first, last, grows = point.lag_grows()
     print(
         f"{point.jobs:4d} jobs x {point.tables:6d} tables: {point.tx_per_s:7.1f} tx/s "
         f"({point.barriers_per_s:4.2f} barriers/s, {point.issuers}), {point.tx_per_barrier:6.1f} tx/barrier, "
         f"{point.tx_per_job_barrier:4.2f} tx/job/barrier (goal <= 2), server CPU {point.cpu_s_per_barrier:5.3f} s/barrier, "
-        f"{point.notices_per_barrier:5.1f} notices/barrier, "
+        f"{point.notices_per_barrier:5.1f} notices/barrier, long-poll events/barrier {point.long_polls}, "
         f"freshness p50 {point.p(0.5):4.2f} s p95 {point.p(0.95):4.2f} s, lag {first:4.2f} -> {last:4.2f} s "
         f"({'GROWS' if grows else 'steady'}), idle {point.idle_tx_per_job_s:5.3f} tx/job/s (goal <= 0.1)",
         flush=True,

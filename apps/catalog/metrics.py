@@ -15,7 +15,8 @@ says how it computes (an SqlJob), its computations, incremental and full. Always
 issued (a counter: its rate is the barrier rate) and the read-committed cut's age. From this
 server process: catalog table loads by warehouse kind, as a latency histogram; loads answered
 from memory or the database, and whether the memory is live (:mod:`.load_cache`); the long polls
-of `job exec --follow` it holds waiting for a notice.
+of `job exec --follow` it holds waiting for a notice, and what they cost by event (plans, plans
+again on a notice or on time, renewals taken up with no plan, heartbeat lines).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from icebarrier.apps.catalog.deps import Caller
+from icebarrier.apps.catalog.notices import LONG_POLL_EVENTS
 from icebarrier.control_plane import upkeep
 from icebarrier.control_plane.targets import target_state_sql
 
@@ -299,6 +301,15 @@ class HubCollector:
             "Job sessions' long polls (job exec --follow) this process holds waiting for a notice",
             value=self.hub.waiting,
         )
+        events = CounterMetricFamily(
+            "icebarrier_long_poll_events",
+            "What the long polls cost this process: planned (a request's first plan), woken and due (planned "
+            "again: a notice, or its time), renewed (a job's next ask taken up with no plan), heartbeat (a line)",
+            labels=["event"],
+        )
+        for event in LONG_POLL_EVENTS:
+            events.add_metric([event], self.hub.events[event])
+        yield events
 
 
 class Metrics:

@@ -18,12 +18,13 @@ import math
 import signal
 import threading
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 
 from icebarrier.control_plane.job_sessions import Opening
 from icebarrier.control_plane.notices import Listener, Notice, Wait
 
+LONG_POLL_EVENTS = ("planned", "woken", "due", "renewed", "heartbeat")  # Hub.events
 RECENT_S = 120.0  # notices kept this long for the requests planning meanwhile (one planning longer plans again)
 PARK_S = 60.0  # a long poll that ended with nothing new is kept this long for its job's next ask
 REPLAN_S = 900.0  # a kept plan is planned again from the database at least this often (a safety net)
@@ -125,6 +126,10 @@ class Hub:
         self._recent: dict[str, deque[tuple[int, Notice]]] = defaultdict(deque)  # by key, oldest first
         self._arrived: deque[tuple[float, int, str]] = deque()  # (when, seq, key), oldest first
         self._forgotten = 0  # the newest notice no longer kept
+        # what the long polls cost, by event (``/metrics``): planned (a request's first plan),
+        # woken (a notice woke it: planned again), due (its due time came: planned again),
+        # renewed (a job's next ask took up its parked poll: no plan), heartbeat (a line said)
+        self.events: Counter[str] = Counter()
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -122,12 +122,14 @@ async def open_session(job: SessionJob, once: Writes, request: Request, body: Op
     hub = request.app.state.hub
     deadline, key = time.monotonic() + body.wait_s, (job, body.skip, body.coalesce)
     if body.wait_s > 0 and (parked := hub.unpark(key)) is not None:  # nothing new since its last long poll
+        hub.events["renewed"] += 1
         return StreamingResponse(_waiting(hub, key, once, body, parked, deadline), media_type=NDJSON)
     watch = hub.watch() if body.wait_s > 0 and not hub.closing else None  # before planning: a notice meanwhile is kept
     streaming = False
     try:
         planned_at = time.monotonic()
         opening, answer = await run_in_threadpool(_open, once, job, body)
+        hub.events["planned"] += 1
         if opening is None or answer["ready"] or watch is None:
             return JSONResponse(answer, status_code=answer["error"]["code"] if "error" in answer else 200)
         streaming = True
@@ -153,6 +155,7 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
             while not (woke := await at.watch.until(at.wait, limit_s=min(at.wait.remaining_s(), HEARTBEAT_S))):
                 if hub.closing or at.wait.remaining_s() <= 0:
                     break
+                hub.events["heartbeat"] += 1
                 yield _line({"waiting": at.opening.waits_for.describe_wait()})  # alive through proxies meanwhile
             if hub.closing:
                 break
@@ -162,6 +165,7 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
             try:
                 planned_at = time.monotonic()
                 found, answer = await run_in_threadpool(_open, once, job, body)
+                hub.events["woken" if woke else "due"] += 1
             except Exception as exc:  # noqa: BLE001 - the stream has begun: the error is its last line
                 yield _line(json.loads(bytes(error_response(exc).body)))
                 return

@@ -135,6 +135,9 @@ def test_following_jobs_cost_nothing_while_idle_and_wake_when_their_source_moves
                 tmp_path,
                 timeout_s=60,
             )  # the poll alone would take 300 s
+        headers = {"Authorization": f"Bearer {access_token(server, *creds['root'].split(':'))}"}
+        events = {labels[0][1]: v for (name, labels), v in scrape(server, headers).items()
+                  if name == "icebarrier_long_poll_events_total"}  # fmt: skip
         summaries = stop(procs, tmp_path)
     finally:
         kill(procs)  # a failed assertion leaves no job polling on
@@ -142,6 +145,11 @@ def test_following_jobs_cost_nothing_while_idle_and_wake_when_their_source_moves
         counter.close()
     published = [s["barrier"] for s in summaries["root"]["steps"] if s["outcome"] == "published"]
     assert published[-3:] == marks  # after the barrier the clock issued for its first run
+    # what the long polls cost, as /metrics says: the root woken by each barrier (a notice: no
+    # barrier was due on time), every job's first plan, and a heartbeat line per job in the idle
+    # 30 s (one every 20 s of waiting)
+    assert events["woken"] >= len(marks) and events["due"] == 0, events
+    assert events["planned"] >= len(CHAIN) and events["heartbeat"] >= len(CHAIN), events
     for job in ("mid", "leaf"):
         steps = summaries[job]["steps"]  # its first barrier bootstraps (runs the command); no other
         assert [s["outcome"] for s in steps] == ["published"] and steps[0]["barrier"] < marks[0], steps
