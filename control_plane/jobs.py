@@ -9,15 +9,14 @@ to B in one transaction with the barrier->snapshot records.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
 
-from psycopg import errors as pg_errors
-
 from icebarrier.control_plane import barriers
 from icebarrier.control_plane.db import Conn, call, retrying
-from icebarrier.control_plane.errors import IcebarrierError, JobDefinitionChangedError, JobNotFoundError
+from icebarrier.control_plane.errors import JobDefinitionChangedError, JobNotFoundError
 from icebarrier.control_plane.model import JobDefinition, TableName, TableState, barrier_label
 
 
@@ -419,24 +418,14 @@ def advance(
     job's heartbeat, and what it waits for (``jobs.waiting_for``; ``record_wait(plan)``, when
     given, may say it better: a root job's source), in the same transaction. A skip that meets a
     concurrent completion is left to the next look."""
-    skipped: list[Completion] = []
-    with conn.transaction():
+    # one statement (advance_job: one round trip); a transaction only with what rides along
+    with conn.transaction() if heartbeat or record_wait else nullcontext():
         if heartbeat:
             call(conn, "job_heartbeat", name)
-        plan = next_barrier(conn, name, skip=skip, coalesce=coalesce, up_to=up_to)
-        while plan.ready and plan.barrier is not None and plan.plan is Plan.SKIP and len(skipped) < 3:
-            try:
-                with conn.transaction():  # a savepoint: a conflict undoes this skip only
-                    skipped.append(_complete(conn, name, plan.barrier, {}, None, False))
-            except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected):
-                break
-            except IcebarrierError as exc:
-                if not exc.retryable:
-                    raise
-                break
-            plan = next_barrier(conn, name, skip=skip, coalesce=coalesce, up_to=up_to)
+        row = call(conn, "advance_job", name, skip, coalesce, up_to)[0]
+        plan = plan_of(name, row["next_plan"], issued=row["issued"])
         if record_wait:
             said = record_wait(plan) if callable(record_wait) else None
             call(conn, "set_job_waiting", name, said or plan.describe_wait())
-        due = barriers.next_due_in_s(conn) if plan.root and not plan.ready and not plan.waits_for_announcement else None
-    return Advance(plan=plan, skipped=tuple(skipped), due_in_s=due)
+    skipped = tuple(completion_of(name, done["barrier"], done) for done in row["skipped"])
+    return Advance(plan=plan, skipped=skipped, due_in_s=row["due_in_s"])

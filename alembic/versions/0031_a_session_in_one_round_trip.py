@@ -8,8 +8,13 @@ side of the round trips (benchmarks/scale.py, docs/scale.md). ``open_job_session
 transaction as one statement, with the same locks in the same order and the same rules (it calls
 ``take_lock``, ``plan_barrier``, ``issue_barrier_if_due`` and ``complete_barrier``);
 ``job_session_row`` is the session's row as every other session request reads it.
+``advance_job`` is a job's look (the plan, the skips on the way, the clock), which the runtime's
+``jobs.advance`` planned from Python with the same loop: both use it now.
 
-Both are the admin's (the catalog server's role): revoked from PUBLIC, run as their caller.
+``open_job_session`` and ``job_session_row`` are the admin's (the catalog server's role):
+revoked from PUBLIC, run as their caller. ``advance_job`` runs as its caller too and reads only
+the views: a job's role may call it, and it does no more than the functions it calls allow that
+role.
 
 Revision ID: 0031
 Revises: 0030
@@ -46,6 +51,53 @@ BEGIN
     WHERE s.job_name = p_job;
 END $$;
 
+-- A job's look (jobs.advance, and open_job_session): its plan, the barriers it may skip completed
+-- at once on the way (at most three, each in a savepoint: a conflict undoes that skip only and
+-- leaves it to the next look), a root job with nothing to take asking the clock. next_plan is
+-- plan_barrier's row; due_in_s, for a root job with nothing to take, when the clock's next
+-- barrier is due. Runs as its caller: what it does, the functions it calls allow.
+CREATE FUNCTION advance_job(p_job text, p_skip boolean DEFAULT true, p_coalesce boolean DEFAULT true,
+                            p_up_to bigint DEFAULT NULL)
+RETURNS TABLE (next_plan jsonb, issued boolean, skipped jsonb, due_in_s double precision)
+LANGUAGE plpgsql SET search_path = {search_path} AS $$
+#variable_conflict use_column
+DECLARE
+    v_p record;
+    v_done record;
+    v_clock boolean;
+    v_issued boolean := false;
+    v_skipped jsonb := '[]';
+    v_due double precision;
+BEGIN
+    FOR i IN 0..3 LOOP
+        SELECT * INTO v_p FROM plan_barrier(p_job, p_skip, p_coalesce, p_up_to);
+        -- a root job's clock: unless only an announcement brings it anything
+        v_clock := v_p.root AND NOT (coalesce(cardinality(v_p.announced), 0) > 0 AND NOT coalesce(v_p.pending, false));
+        v_issued := false;
+        IF v_clock AND (v_p.barrier IS NULL OR v_p.from_barrier IS NULL) THEN  -- nothing to take: ask it
+            PERFORM 1 FROM issue_barrier_if_due(p_job);
+            IF FOUND THEN
+                SELECT * INTO v_p FROM plan_barrier(p_job, p_skip, p_coalesce, p_up_to);
+                v_issued := true;
+            END IF;
+        END IF;
+        EXIT WHEN i = 3 OR NOT (v_p.ready AND v_p.barrier IS NOT NULL AND v_p.plan = 'skip');
+        BEGIN
+            SELECT * INTO v_done FROM complete_barrier(p_job, v_p.barrier, '{{}}', '{{}}', NULL, false);
+            v_skipped := v_skipped || jsonb_build_object('barrier', v_p.barrier, 'sinks', to_jsonb(v_done.sinks),
+                                                         'noop', v_done.noop, 'coalesced', v_done.coalesced);
+        EXCEPTION WHEN serialization_failure OR deadlock_detected OR SQLSTATE 'IB003' THEN
+            EXIT;
+        END;
+    END LOOP;
+    IF v_clock AND NOT v_p.ready THEN  -- (v_clock: the last plan's; an issue does not change it)
+        v_due := ((SELECT max(b.barrier) FROM barriers b)
+                  + 1000 * (SELECT x.value::bigint FROM settings x WHERE x.key = 'barrier_interval_ms')
+                  - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1e6;
+    END IF;
+    RETURN QUERY SELECT to_jsonb(v_p), v_issued, v_skipped, v_due;
+END $$;
+
 -- how: held (another live run holds it: nothing changed), adopted or resumed (a dead run's
 -- session taken over), new (planned now), waiting (nothing to complete now: next_plan says what
 -- the job waits for, due_in_s when the clock's next barrier is due for a root job). skipped: the
@@ -61,13 +113,9 @@ LANGUAGE plpgsql SET search_path = {search_path} AS $$
 #variable_conflict use_column
 DECLARE
     v_s record;
-    v_p record;
-    v_done record;
+    v_a record;
     v_sources bigint[];
     v_how text;
-    v_issued boolean := false;
-    v_skipped jsonb := '[]';
-    v_due double precision;
 BEGIN
     SELECT * INTO v_s FROM job_session_row(p_job, true);
     IF FOUND AND v_s.progress IS DISTINCT FROM v_s.from_barrier THEN
@@ -101,40 +149,15 @@ BEGIN
     -- the sinks, as the control plane's skips lock them: none moves the job while its plan is taken
     PERFORM 1 FROM managed_table t JOIN job_sink k USING (table_id) JOIN job j USING (job_id)
     WHERE j.name = p_job AND j.active ORDER BY t.table_id FOR NO KEY UPDATE OF t;
-    -- the plan, skips completed at once (at most three, as jobs.advance)
-    FOR i IN 0..3 LOOP
-        SELECT * INTO v_p FROM plan_barrier(p_job, p_skip, p_coalesce, NULL);
-        v_issued := false;
-        -- a root job with nothing to take asks the clock (unless only an announcement brings it anything)
-        IF v_p.root AND NOT (coalesce(cardinality(v_p.announced), 0) > 0 AND NOT coalesce(v_p.pending, false))
-           AND (v_p.barrier IS NULL OR v_p.from_barrier IS NULL) THEN
-            PERFORM 1 FROM issue_barrier_if_due(p_job);
-            IF FOUND THEN
-                SELECT * INTO v_p FROM plan_barrier(p_job, p_skip, p_coalesce, NULL);
-                v_issued := true;
-            END IF;
-        END IF;
-        EXIT WHEN i = 3 OR NOT (v_p.ready AND v_p.barrier IS NOT NULL AND v_p.plan = 'skip');
-        BEGIN  -- a savepoint: a conflict undoes this skip only, and leaves it to the next look
-            SELECT * INTO v_done FROM complete_barrier(p_job, v_p.barrier, '{{}}', '{{}}', NULL, false);
-            v_skipped := v_skipped || jsonb_build_object('barrier', v_p.barrier, 'sinks', to_jsonb(v_done.sinks),
-                                                         'noop', v_done.noop, 'coalesced', v_done.coalesced);
-        EXCEPTION WHEN serialization_failure OR deadlock_detected OR SQLSTATE 'IB003' THEN
-            EXIT;
-        END;
-    END LOOP;
-    IF NOT v_p.ready THEN
-        IF v_p.root AND NOT (coalesce(cardinality(v_p.announced), 0) > 0 AND NOT coalesce(v_p.pending, false)) THEN
-            v_due := ((SELECT max(b.barrier) FROM barriers b)
-                      + 1000 * (SELECT x.value::bigint FROM setting x WHERE x.key = 'barrier_interval_ms')
-                      - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1e6;
-        END IF;
-        RETURN QUERY SELECT 'waiting', to_jsonb(v_p), v_issued, v_skipped, v_due, NULL::bigint, r.*
+    SELECT * INTO v_a FROM advance_job(p_job, p_skip, p_coalesce);
+    IF NOT (v_a.next_plan->>'ready')::boolean THEN
+        RETURN QUERY SELECT 'waiting', v_a.next_plan, v_a.issued, v_a.skipped, v_a.due_in_s, NULL::bigint, r.*
                      FROM (SELECT 1) one LEFT JOIN job_session_row(p_job) r ON false;
         RETURN;
     END IF;
     INSERT INTO job_session AS s (job_name, barrier, plan, from_barrier, run_id, held_until)
-    VALUES (p_job, v_p.barrier, v_p.plan, v_p.from_barrier, p_run_id,
+    VALUES (p_job, (v_a.next_plan->>'barrier')::bigint, v_a.next_plan->>'plan',
+            (v_a.next_plan->>'from_barrier')::bigint, p_run_id,
             clock_timestamp() + make_interval(secs => coalesce(p_hold_s, 0)))
     ON CONFLICT (job_name) DO NOTHING;
     IF FOUND THEN  -- commits staged outside any session (a multi-sink job through latest) are not its
@@ -143,7 +166,7 @@ BEGIN
     ELSE  -- another run opened it meanwhile
         v_how := CASE WHEN p_hold_s IS NULL THEN 'new' ELSE 'held' END;
     END IF;
-    RETURN QUERY SELECT v_how, to_jsonb(v_p), v_issued, v_skipped, NULL::double precision,
+    RETURN QUERY SELECT v_how, v_a.next_plan, v_a.issued, v_a.skipped, NULL::double precision,
                         (SELECT max(b.barrier) FROM barrier b), r.*
                  FROM job_session_row(p_job) r;
 END $$;
@@ -161,3 +184,4 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP FUNCTION open_job_session(text, boolean, boolean, double precision, text)")
     op.execute("DROP FUNCTION job_session_row(text, boolean)")
+    op.execute("DROP FUNCTION advance_job(text, boolean, boolean, bigint)")

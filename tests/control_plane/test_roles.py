@@ -71,6 +71,8 @@ ACTIONS = {
     ),
     "unregister ingest_a": (lambda c, w: jobs.unregister(c, "ingest_a"), {"admin", "job_a"}),
     "issue a barrier by hand": (lambda c, w: barriers.issue(c), {"admin"}),
+    # a job's look (advance_job, run as its caller): the job's role and the admin, no one else
+    "look for ingest_a's next barrier": (lambda c, w: jobs.advance(c, "ingest_a"), {"admin", "job_a"}),
     # the catalog server's (the admin's): a job's own role reads its session through the server only
     "open ingest_a's session": (lambda c, w: job_sessions.open_session(c, "ingest_a"), {"admin"}),
     "read ingest_a's session": (lambda c, w: job_sessions.get(c, "ingest_a"), {"admin"}),
