@@ -222,12 +222,17 @@ def open_session(
     row = db.call(conn, "open_job_session", job, skip, coalesce, hold_s, _run_id())[0]
     if row["how"] == "held":
         raise SessionHeldError(job, row["run_id"], row["held_until"])
-    plan = jobs.plan_of(job, row["next_plan"], issued=row["issued"]) if row["next_plan"] else None
-    skipped = tuple(jobs.completion_of(job, done["barrier"], done) for done in row["skipped"])
+    if row["next_plan"] is None:  # a dead run's session taken over: no plan taken now
+        return Opening(session=_fresh(row), how=Opened(row["how"]), newest_barrier=row["newest_barrier"])
+    step = jobs.Advance.of(job, row)
     if row["how"] == "waiting":
-        return Opening(session=None, how=None, plan=plan, skipped=skipped, due_in_s=row["due_in_s"])
+        return Opening(session=None, how=None, plan=step.plan, skipped=step.skipped, due_in_s=step.due_in_s)
     return Opening(
-        session=_fresh(row), how=Opened(row["how"]), plan=plan, skipped=skipped, newest_barrier=row["newest_barrier"]
+        session=_fresh(row),
+        how=Opened(row["how"]),
+        plan=step.plan,
+        skipped=step.skipped,
+        newest_barrier=row["newest_barrier"],
     )
 
 

@@ -318,15 +318,15 @@ def next_barrier(
     the barrier interval. ``skip`` False: the job reads the barrier itself and is never skipped;
     ``up_to``: a root job's input is ready only up to that barrier (an event-time watermark).
     """
-    plan = plan_of(name, call(conn, "plan_barrier", name, skip, coalesce, up_to)[0])
+    plan = _plan(name, call(conn, "plan_barrier", name, skip, coalesce, up_to)[0])
     # a root job with nothing to take asks the clock (unless only an announcement brings it anything)
     if plan.root and not plan.waits_for_announcement and (plan.barrier is None or plan.from_barrier is None):
         if barriers.issue_if_due(conn, job=name) is not None:
-            plan = plan_of(name, call(conn, "plan_barrier", name, skip, coalesce, up_to)[0], issued=True)
+            plan = _plan(name, call(conn, "plan_barrier", name, skip, coalesce, up_to)[0], issued=True)
     return plan
 
 
-def plan_of(name: str, row: dict, *, issued: bool = False) -> NextBarrier:
+def _plan(name: str, row: dict, *, issued: bool = False) -> NextBarrier:
     """A plan from what ``plan_barrier`` answered."""
     return NextBarrier(
         job=name,
@@ -373,10 +373,10 @@ def _complete(
     row = call(
         conn, "complete_barrier", name, barrier, [str(t) for t in commits], list(commits.values()), run_id, coalesce
     )[0]
-    return completion_of(name, barrier, row, commits)
+    return _completion(name, barrier, row, commits)
 
 
-def completion_of(name: str, barrier: int, row: dict, commits: dict[TableName, int] | None = None) -> Completion:
+def _completion(name: str, barrier: int, row: dict, commits: dict[TableName, int] | None = None) -> Completion:
     """A completion from what ``complete_barrier`` answered (``sinks``, ``noop``, ``coalesced``)."""
     return Completion(
         job=name,
@@ -401,6 +401,15 @@ class Advance:
     skipped: tuple[Completion, ...] = ()
     due_in_s: float | None = None
 
+    @classmethod
+    def of(cls, name: str, row: dict) -> Advance:
+        """What ``advance_job`` answered (``next_plan``, ``issued``, ``skipped``, ``due_in_s``)."""
+        return cls(
+            plan=_plan(name, row["next_plan"], issued=row["issued"]),
+            skipped=tuple(_completion(name, done["barrier"], done) for done in row["skipped"]),
+            due_in_s=row["due_in_s"],
+        )
+
 
 def advance(
     conn: Conn,
@@ -422,10 +431,8 @@ def advance(
     with conn.transaction() if heartbeat or record_wait else nullcontext():
         if heartbeat:
             call(conn, "job_heartbeat", name)
-        row = call(conn, "advance_job", name, skip, coalesce, up_to)[0]
-        plan = plan_of(name, row["next_plan"], issued=row["issued"])
+        step = Advance.of(name, call(conn, "advance_job", name, skip, coalesce, up_to)[0])
         if record_wait:
-            said = record_wait(plan) if callable(record_wait) else None
-            call(conn, "set_job_waiting", name, said or plan.describe_wait())
-    skipped = tuple(completion_of(name, done["barrier"], done) for done in row["skipped"])
-    return Advance(plan=plan, skipped=skipped, due_in_s=row["due_in_s"])
+            said = record_wait(step.plan) if callable(record_wait) else None
+            call(conn, "set_job_waiting", name, said or step.plan.describe_wait())
+    return step
