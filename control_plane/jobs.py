@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
 
-from icebarrier.control_plane import barriers
 from icebarrier.control_plane.db import Conn, call, retrying
 from icebarrier.control_plane.errors import JobDefinitionChangedError, JobNotFoundError
 from icebarrier.control_plane.model import JobDefinition, TableName, TableState, barrier_label
@@ -318,12 +317,8 @@ def next_barrier(
     the barrier interval. ``skip`` False: the job reads the barrier itself and is never skipped;
     ``up_to``: a root job's input is ready only up to that barrier (an event-time watermark).
     """
-    plan = _plan(name, call(conn, "plan_barrier", name, skip, coalesce, up_to)[0])
-    # a root job with nothing to take asks the clock (unless only an announcement brings it anything)
-    if plan.root and not plan.waits_for_announcement and (plan.barrier is None or plan.from_barrier is None):
-        if barriers.issue_if_due(conn, job=name) is not None:
-            plan = _plan(name, call(conn, "plan_barrier", name, skip, coalesce, up_to)[0], issued=True)
-    return plan
+    row = call(conn, "next_plan", name, skip, coalesce, up_to)[0]  # the clock asked in it: one round trip
+    return _plan(name, row["next_plan"], issued=row["issued"])
 
 
 def _plan(name: str, row: dict, *, issued: bool = False) -> NextBarrier:

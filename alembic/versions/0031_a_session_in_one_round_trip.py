@@ -9,12 +9,13 @@ transaction as one statement, with the same locks in the same order and the same
 ``take_lock``, ``plan_barrier``, ``issue_barrier_if_due`` and ``complete_barrier``);
 ``job_session_row`` is the session's row as every other session request reads it.
 ``advance_job`` is a job's look (the plan, the skips on the way, the clock), which the runtime's
-``jobs.advance`` planned from Python with the same loop: both use it now.
+``jobs.advance`` planned from Python with the same loop: both use it now; ``next_plan`` is its
+first step (the plan, the clock asked for a root job), which ``jobs.next_barrier`` calls.
 
 ``open_job_session`` and ``job_session_row`` are the admin's (the catalog server's role):
-revoked from PUBLIC, run as their caller. ``advance_job`` runs as its caller too and reads only
-the views: a job's role may call it, and it does no more than the functions it calls allow that
-role.
+revoked from PUBLIC, run as their caller. ``advance_job`` and ``next_plan`` run as their caller
+too and read only the views: a job's role may call them, and they do no more than the functions
+they call allow that role.
 
 Revision ID: 0031
 Revises: 0030
@@ -51,51 +52,66 @@ BEGIN
     WHERE s.job_name = p_job;
 END $$;
 
--- A job's look (jobs.advance, and open_job_session): its plan, the barriers it may skip completed
--- at once on the way (at most three, each in a savepoint: a conflict undoes that skip only and
--- leaves it to the next look), a root job with nothing to take asking the clock. next_plan is
--- plan_barrier's row; due_in_s, for a root job with nothing to take, when the clock's next
--- barrier is due. Runs as its caller: what it does, the functions it calls allow.
+-- A job's next plan (jobs.next_barrier): plan_barrier's row, a root job with nothing to take
+-- asking the clock first (unless only an announcement brings it anything); issued: the clock's
+-- barrier was issued for it. Runs as its caller, as advance_job.
+CREATE FUNCTION next_plan(p_job text, p_skip boolean DEFAULT true, p_coalesce boolean DEFAULT true,
+                          p_up_to bigint DEFAULT NULL)
+RETURNS TABLE (next_plan jsonb, issued boolean, clock boolean)
+LANGUAGE plpgsql SET search_path = {search_path} AS $$
+#variable_conflict use_column
+DECLARE
+    v_p record;
+BEGIN
+    SELECT * INTO v_p FROM plan_barrier(p_job, p_skip, p_coalesce, p_up_to);
+    clock := v_p.root AND NOT (coalesce(cardinality(v_p.announced), 0) > 0 AND NOT coalesce(v_p.pending, false));
+    issued := false;
+    IF clock AND (v_p.barrier IS NULL OR v_p.from_barrier IS NULL) THEN
+        PERFORM 1 FROM issue_barrier_if_due(p_job);
+        IF FOUND THEN
+            SELECT * INTO v_p FROM plan_barrier(p_job, p_skip, p_coalesce, p_up_to);
+            issued := true;
+        END IF;
+    END IF;
+    next_plan := to_jsonb(v_p);
+    RETURN NEXT;
+END $$;
+
+-- A job's look (jobs.advance, and open_job_session): its next plan, the barriers it may skip
+-- completed at once on the way (at most three, each in a savepoint: a conflict undoes that skip
+-- only and leaves it to the next look). due_in_s, for a root job with nothing to take, when the
+-- clock's next barrier is due. Runs as its caller: what it does, the functions it calls allow.
 CREATE FUNCTION advance_job(p_job text, p_skip boolean DEFAULT true, p_coalesce boolean DEFAULT true,
                             p_up_to bigint DEFAULT NULL)
 RETURNS TABLE (next_plan jsonb, issued boolean, skipped jsonb, due_in_s double precision)
 LANGUAGE plpgsql SET search_path = {search_path} AS $$
 #variable_conflict use_column
 DECLARE
-    v_p record;
+    v_n record;
     v_done record;
-    v_clock boolean;
-    v_issued boolean := false;
     v_skipped jsonb := '[]';
     v_due double precision;
 BEGIN
     FOR i IN 0..3 LOOP
-        SELECT * INTO v_p FROM plan_barrier(p_job, p_skip, p_coalesce, p_up_to);
-        -- a root job's clock: unless only an announcement brings it anything
-        v_clock := v_p.root AND NOT (coalesce(cardinality(v_p.announced), 0) > 0 AND NOT coalesce(v_p.pending, false));
-        v_issued := false;
-        IF v_clock AND (v_p.barrier IS NULL OR v_p.from_barrier IS NULL) THEN  -- nothing to take: ask it
-            PERFORM 1 FROM issue_barrier_if_due(p_job);
-            IF FOUND THEN
-                SELECT * INTO v_p FROM plan_barrier(p_job, p_skip, p_coalesce, p_up_to);
-                v_issued := true;
-            END IF;
-        END IF;
-        EXIT WHEN i = 3 OR NOT (v_p.ready AND v_p.barrier IS NOT NULL AND v_p.plan = 'skip');
+        SELECT * INTO v_n FROM next_plan(p_job, p_skip, p_coalesce, p_up_to);
+        EXIT WHEN i = 3 OR NOT ((v_n.next_plan->>'ready')::boolean AND v_n.next_plan->>'barrier' IS NOT NULL
+                                AND v_n.next_plan->>'plan' = 'skip');
         BEGIN
-            SELECT * INTO v_done FROM complete_barrier(p_job, v_p.barrier, '{{}}', '{{}}', NULL, false);
-            v_skipped := v_skipped || jsonb_build_object('barrier', v_p.barrier, 'sinks', to_jsonb(v_done.sinks),
-                                                         'noop', v_done.noop, 'coalesced', v_done.coalesced);
+            SELECT * INTO v_done FROM complete_barrier(p_job, (v_n.next_plan->>'barrier')::bigint, '{{}}', '{{}}',
+                                                       NULL, false);
+            v_skipped := v_skipped || jsonb_build_object('barrier', (v_n.next_plan->>'barrier')::bigint,
+                                                         'sinks', to_jsonb(v_done.sinks), 'noop', v_done.noop,
+                                                         'coalesced', v_done.coalesced);
         EXCEPTION WHEN serialization_failure OR deadlock_detected OR SQLSTATE 'IB003' THEN
             EXIT;
         END;
     END LOOP;
-    IF v_clock AND NOT v_p.ready THEN  -- (v_clock: the last plan's; an issue does not change it)
+    IF v_n.clock AND NOT (v_n.next_plan->>'ready')::boolean THEN
         v_due := ((SELECT max(b.barrier) FROM barriers b)
                   + 1000 * (SELECT x.value::bigint FROM settings x WHERE x.key = 'barrier_interval_ms')
                   - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1e6;
     END IF;
-    RETURN QUERY SELECT to_jsonb(v_p), v_issued, v_skipped, v_due;
+    RETURN QUERY SELECT v_n.next_plan, v_n.issued, v_skipped, v_due;
 END $$;
 
 -- how: held (another live run holds it: nothing changed), adopted or resumed (a dead run's
@@ -185,3 +201,4 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION open_job_session(text, boolean, boolean, double precision, text)")
     op.execute("DROP FUNCTION job_session_row(text, boolean)")
     op.execute("DROP FUNCTION advance_job(text, boolean, boolean, bigint)")
+    op.execute("DROP FUNCTION next_plan(text, boolean, boolean, bigint)")
