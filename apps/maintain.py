@@ -33,8 +33,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
-import psycopg
-
 from icebarrier.control_plane import db, tables, upkeep
 from icebarrier.control_plane.db import Conn
 from icebarrier.control_plane.errors import IcebarrierError
@@ -42,7 +40,7 @@ from icebarrier.control_plane.fences import Fence
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.upkeep import Policy
 from icebarrier.iceberg_ext import maintenance
-from icebarrier.iceberg_ext.catalog import load_table, lost_race
+from icebarrier.iceberg_ext.catalog import load_table, lost_race, outages
 from icebarrier.iceberg_ext.catalog import pointers as catalog_pointers
 from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.errors import CompactionDeferredError
@@ -52,6 +50,7 @@ MIN_ORPHAN_EVERY_S = 60.0
 # A table without commits is looked at again this long after its last look (its protected
 # snapshots may have been released meanwhile), or when a snapshot passes its retention.
 IDLE_LOOK_S = 300.0
+RETRY_S = 1.0  # after the control plane was unreachable
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,6 +119,9 @@ class Maintainer:
             try:
                 with db.connect(self.settings.dsn, self.settings.schema, actor="maintain") as conn, self._workers():
                     self._maintain_while_held(fence, conn, self._catalog())
+            except outages() as exc:  # a restart, a failover: the lock's connection may have outlived it
+                self.log(f"maintain: control plane unreachable ({str(exc).splitlines()[0]}); trying again")
+                self._stop.wait(RETRY_S)
             finally:
                 fence.release()
 
@@ -143,12 +145,8 @@ class Maintainer:
             if not fence.alive():
                 self.log("maintain: lost the service's lock (its connection broke); waiting for it again")
                 return
-            try:
-                for action in self.maintain(conn, catalog, may_act=fence.valid):
-                    self.log(action.line())
-            except psycopg.OperationalError as exc:
-                self.log(f"maintain: control plane unreachable ({str(exc).splitlines()[0]}); trying again")
-                return
+            for action in self.maintain(conn, catalog, may_act=fence.valid):
+                self.log(action.line())
             fence.publish([])
             self._stop.wait(self.tick_s)
 

@@ -351,6 +351,26 @@ def find_barrier_commit(table, barrier: int) -> int | None:
 COMMIT_ATTEMPTS = 10
 
 
+@functools.cache
+def outages() -> tuple[type[BaseException], ...]:
+    """What losing the control plane's Postgres (a restart, a failover: the primary gone, a
+    standby not yet promoted) raises, through our own connections and the SQL catalog's
+    (SQLAlchemy's) alike: a component that meets one waits and tries again."""
+    import psycopg
+    import sqlalchemy.exc
+
+    from icebarrier.control_plane.errors import ControlPlaneUnavailableError
+
+    return (
+        psycopg.OperationalError,
+        psycopg.InterfaceError,
+        ControlPlaneUnavailableError,
+        sqlalchemy.exc.OperationalError,
+        sqlalchemy.exc.InterfaceError,
+        sqlalchemy.exc.PendingRollbackError,
+    )
+
+
 def lost_race(exc: BaseException) -> bool:
     """Whether a commit failed because another commit won: PyIceberg's CommitFailedException, or
     Spark's and Iceberg's own (a rewrite or a MERGE validated against files another commit

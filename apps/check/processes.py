@@ -22,15 +22,14 @@ from typing import TypeVar
 
 import psycopg
 import pyarrow as pa
-import sqlalchemy.exc
 
 from icebarrier.apps.check.model import DERIVED, ROOTS, SCHEMAS, WINDOW, derive, events
 from icebarrier.control_plane import db, jobs, runs
-from icebarrier.control_plane.errors import ControlPlaneUnavailableError, SnapshotExpiredError
+from icebarrier.control_plane.errors import SnapshotExpiredError
 from icebarrier.control_plane.jobs import NextBarrier, Plan
 from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext import faults
-from icebarrier.iceberg_ext.catalog import load_catalog
+from icebarrier.iceberg_ext.catalog import load_catalog, outages
 from icebarrier.iceberg_ext.commits import BarrierCommit
 from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.maintenance import expire
@@ -38,15 +37,6 @@ from icebarrier.iceberg_ext.runtime import inputs_at, record_plan
 from icebarrier.iceberg_ext.storage import Storage
 
 T = TypeVar("T")
-# What a restart of the control-plane Postgres looks like from a client.
-CONNECTION_ERRORS = (
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
-    ControlPlaneUnavailableError,
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.InterfaceError,
-    sqlalchemy.exc.PendingRollbackError,
-)
 RECONNECT_LIMIT_S = 60.0
 
 
@@ -102,7 +92,7 @@ class Reconnecting:
         while True:
             try:
                 result = fn(self.conn)
-            except CONNECTION_ERRORS:
+            except outages():
                 lost_at = lost_at or time.monotonic()
                 if time.monotonic() - lost_at > RECONNECT_LIMIT_S:
                     raise

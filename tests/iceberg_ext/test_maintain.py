@@ -8,14 +8,15 @@ tables too, as it does every table of a user's catalog."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from datetime import UTC, datetime
 
 from click.testing import CliRunner
 
-from icebarrier.apps.embedded import CLI
-from icebarrier.apps.maintain import Maintainer
+from icebarrier.apps.embedded import CLI, free_port
+from icebarrier.apps.maintain import RETRY_S, Maintainer
 from icebarrier.cli.main import cli as command
 from icebarrier.control_plane import audit, barriers, jobs, leases, reads, tables, tokens, upkeep
 from icebarrier.control_plane.model import JobDefinition
@@ -241,6 +242,36 @@ def test_one_service_per_control_plane_the_second_takes_over(lake, tmp_path):
         first.kill_group()
         if second is not None:
             second.kill_group()
+
+
+def test_the_service_waits_out_a_catalog_it_cannot_reach(lake, tmp_path):
+    """A catalog database that refuses connections (a failover's gap: the primary gone, the
+    standby not yet promoted) while the service's lock is had: it says so and tries again, never
+    exiting; SIGTERM still stops it cleanly. (It died with SQLAlchemy's traceback before.)"""
+    config = tmp_path / "icebarrier.toml"
+    config.write_text(
+        "[catalog_properties]\n"
+        'type = "sql"\n'
+        f'uri = "postgresql+psycopg://postgres@127.0.0.1:{free_port()}/icebarrier"\n'
+    )
+    service = LoggedProcess(
+        [*CLI, "maintain", "--every", "1s"],
+        tmp_path / "maintain.log",
+        env={**os.environ, "ICEBARRIER_CONFIG": str(config)},
+    )
+    try:
+        service.wait_for("maintain: running")
+        service.wait_for("control plane unreachable")
+        deadline = time.monotonic() + 3 * RETRY_S + 1
+        while service.log().count("control plane unreachable") < 3:
+            assert service.proc.poll() is None, service.log()[-3000:]
+            assert time.monotonic() < deadline, service.log()[-3000:]
+            time.sleep(0.1)
+        assert "Traceback" not in service.log()
+        service.proc.send_signal(signal.SIGTERM)
+        assert service.proc.wait(30) == 0, service.log()[-3000:]
+    finally:
+        service.kill_group()
 
 
 def _small_files(lake, spark, name: str, n: int) -> None:
