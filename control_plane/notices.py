@@ -45,11 +45,16 @@ def pointers_channel(catalog_schema: str) -> str:
 class Notice:
     """``barrier`` (B issued), ``watermark`` (``table`` moved to B; B None: rewound to nothing),
     ``input`` (data arrived in the external input named ``table``), ``jobs`` (registrations
-    changed) or ``resync`` (the listener reconnected: notices were missed)."""
+    changed) or ``resync`` (the listener reconnected: notices were missed).
+
+    A ``watermark`` notice after a wave of skips names the table's readers ``behind`` it (payload
+    ``watermark B table/job,job``; neither a table's nor a job's name holds a ``/``, a job's no
+    ``,``): the others were skipped with the move. None: not said (every reader may be behind)."""
 
     kind: str
     barrier: int | None = None
     table: str | None = None
+    behind: frozenset[str] | None = None
 
     @classmethod
     def parse(cls, payload: str) -> Notice:
@@ -58,7 +63,8 @@ class Notice:
             return cls(kind, int(rest))
         if kind == "watermark":
             mark, _, table = rest.partition(" ")
-            return cls(kind, None if mark == "-" else int(mark), table)
+            table, named, behind = table.partition("/")
+            return cls(kind, None if mark == "-" else int(mark), table, frozenset(behind.split(",")) if named else None)
         if kind == "input":
             return cls(kind, table=rest)
         return cls(kind)
@@ -136,9 +142,11 @@ class Wait:
     ``progress`` (a revision rewound them). The marks stay true: a move is announced whenever a
     reader was not skipped with it, which a job waiting for it is not.
     ``due_at``: when planning again is due regardless (the clock's next barrier for a root job;
-    the safety poll)."""
+    the safety poll). ``job``: whose wait (a move whose notice names the readers behind it does
+    not wake a job it does not name: the move's wave skipped it past it)."""
 
     tables: dict[str, int | None] = field(default_factory=dict)
+    job: str | None = None
     target: int | None = None
     root: bool = False
     sinks: frozenset[str] = frozenset()
@@ -153,6 +161,7 @@ class Wait:
         due = safety_s if due_in_s is None else min(max(due_in_s, 0.0), safety_s)
         return cls(
             tables=dict(plan.waiting_for),
+            job=plan.job,
             target=plan.barrier,
             root=root,
             sinks=frozenset(map(str, sinks)),
@@ -181,6 +190,8 @@ class Wait:
         self.tables[notice.table] = notice.barrier
         if notice.barrier is None:  # a rewind
             return True
+        if notice.behind is not None and self.job not in notice.behind:
+            return False  # skipped with the move: nothing new for it
         if self.target is None:  # no barrier planned: every source must pass the job's progress first
             return self.progress is None or all(
                 mark is not None and mark > self.progress for mark in self.tables.values()

@@ -25,11 +25,12 @@ def test_notices_announce_barriers_watermarks_and_registrations(conn, dsn):
     with Listener(dsn, None) as listener:
         b = new_barrier(conn)
         jobs.complete(conn, "ingest_orders", b, {T("orders"): 1})
-        assert drain(listener) == [Notice("barrier", b), Notice("watermark", b, str(T("orders")))]
+        agg = frozenset(["agg"])  # the reader behind the move
+        assert drain(listener) == [Notice("barrier", b), Notice("watermark", b, str(T("orders")), agg)]
         with conn.transaction():
             jobs.complete(conn, "ingest_payments", b, {T("payments"): 2})
             assert listener.wait(0.3) == []  # not before the transaction commits
-        assert drain(listener) == [Notice("watermark", b, str(T("payments")))]
+        assert drain(listener) == [Notice("watermark", b, str(T("payments")), agg)]
         jobs.unregister(conn, "report")
         assert Notice("jobs") in drain(listener)
 
@@ -78,6 +79,11 @@ def _plan(barrier, waiting, *, progress=10, root=False, announced=(), pending=Fa
         (_plan(None, {"a": 10, "b": 10}), [Notice("watermark", 11, "b")], False),
         (_plan(None, {"a": 10, "b": 10}), [Notice("watermark", 11, "b"), Notice("watermark", 12, "a")], True),
         (_plan(None, {"a": 10, "b": 10}, progress=None), [Notice("watermark", 11, "b")], True),  # bootstrapping
+        # a move that names the readers behind it: not this job (the move's wave skipped it), or it
+        (_plan(None, {"a": 10}), [Notice("watermark", 11, "a", frozenset(["other"]))], False),
+        (_plan(None, {"a": 10}), [Notice("watermark", 11, "a", frozenset(["other", "j"]))], True),
+        (_plan(20, {"a": 10}), [Notice("watermark", 20, "a", frozenset(["other"]))], False),
+        (_plan(20, {"a": 10}), [Notice("watermark", None, "a", frozenset(["other"]))], True),  # a rewind
         # a rewind (revision) of a source, or of its own sink away from its progress
         (_plan(20, {"a": 10}), [Notice("watermark", None, "a")], True),
         (_plan(20, {"a": 10}), [Notice("watermark", 10, "own")], False),
@@ -91,6 +97,23 @@ def test_a_wait_wakes_only_when_planning_again_can_find_work(plan, notices, wake
     """Which notices make planning again worth a transaction."""
     wait = Wait.of(plan, root=plan.root, sinks=["own"])
     assert any([wait.wakes(n) for n in notices]) is wakes
+
+
+@pytest.mark.parametrize(
+    "payload, notice",
+    [
+        ("watermark 12 lake.db.x", Notice("watermark", 12, "lake.db.x")),
+        ("watermark - lake.db.x", Notice("watermark", None, "lake.db.x")),
+        (
+            "watermark 12 lake.`my db`.a b/j,k.v-1",
+            Notice("watermark", 12, "lake.`my db`.a b", frozenset(["j", "k.v-1"])),
+        ),
+        ("barrier 7", Notice("barrier", 7)),
+        ("input in:a/b", Notice("input", table="in:a/b")),
+    ],
+)
+def test_a_notice_is_read_from_its_payload(payload, notice):
+    assert Notice.parse(payload) == notice
 
 
 def test_a_wait_is_due_at_the_clocks_next_barrier_or_the_safety_poll():
