@@ -28,6 +28,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import ssl
@@ -64,6 +65,8 @@ REQUEST_TIMEOUT_S = 75.0
 # REQUEST_TIMEOUT_S, and under the idle timeouts of proxies), so only the jobs with work, and one renewal
 # per job this often, cost the control plane anything
 MAX_WAIT_S = 240.0
+# each long poll this much shorter at most, at random: jobs started together do not renew together
+WAIT_SPREAD = 0.25
 RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # --follow: back-off while no catalog answers
 RETRY_S = (0.1, 0.3, 1.0, 2.0, 4.0)  # one request whose answer was lost: sent again (same key) after these
 # --follow: a barrier refused at publish (409), or whose command failed (a catalog failing over
@@ -447,7 +450,7 @@ class JobExec:
                     skip=self.skip,
                     coalesce=self.coalesce,
                     hold_s=self.hold_s,
-                    wait_s=min(wait_s or 0.0, MAX_WAIT_S),
+                    wait_s=min(wait_s or 0.0, MAX_WAIT_S) * (1 - WAIT_SPREAD * random.random()),
                     on_line=on_line,
                 )
             except CatalogRequestError as exc:

@@ -190,7 +190,7 @@ class Wait:
         self.tables[notice.table] = notice.barrier
         if notice.barrier is None:  # a rewind
             return True
-        if notice.behind is not None and self.job not in notice.behind:
+        if notice.behind is not None and self.job is not None and self.job not in notice.behind:
             return False  # skipped with the move: nothing new for it
         if self.target is None:  # no barrier planned: every source must pass the job's progress first
             return self.progress is None or all(

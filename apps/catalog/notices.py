@@ -61,7 +61,9 @@ class Watch:
 
     def hold(self, wait: Wait) -> None:
         """Watch for what wakes ``wait`` from now on (and what came while the request planned),
-        with or without a request waiting."""
+        with or without a request waiting. Holding it already: nothing to do."""
+        if self._wait is wait:
+            return
         self._wait, self._event = wait, asyncio.Event()
         keys = {"jobs", "resync", *wait.tables, *wait.sinks, *(f"input {i}" for i in wait.announced)}
         keys |= {"barrier"} if wait.root and not wait.announced else set()
@@ -76,19 +78,24 @@ class Watch:
         self._hub.route(self, set())
 
     async def until(self, wait: Wait, *, limit_s: float) -> bool:
-        """Wait until a notice wakes ``wait``, its due time, or ``limit_s``; whether a notice woke it."""
+        """Wait until a notice wakes ``wait``, its due time, or ``limit_s``; whether a notice woke it.
+        Ended by ``limit_s`` before its due time (a heartbeat), it stays held: a notice meanwhile
+        wakes the next call at once, and holding again costs nothing. Woken or due, it is released:
+        what comes while the caller plans again is pending until it holds its next wait."""
         if self._hub.closing:
             return False
-        if self._wait is not wait:  # else held already (parked), with what woke it since
-            self.hold(wait)
+        self.hold(wait)  # held already (parked, a heartbeat ago): with what woke it since
+        woke = False
         try:
             if not self._event.is_set():
                 await asyncio.wait_for(self._event.wait(), timeout=max(min(wait.remaining_s(), limit_s), 0.0))
+            woke = True
             return True
         except TimeoutError:
             return False
         finally:
-            self._release()
+            if woke or wait.remaining_s() <= 0 or self._hub.closing:
+                self._release()
 
 
 @dataclass(slots=True)

@@ -149,14 +149,15 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
         if at.answer.get("skipped"):
             yield _line({"skipped": at.answer["skipped"]})
             at.answer = {**at.answer, "skipped": []}  # said: a renewal that takes it up says nothing of them
-        yield _line({"waiting": at.opening.waits_for.describe_wait()})
+        waiting = _line({"waiting": at.opening.waits_for.describe_wait()})
+        yield waiting
         while True:
             at.wait.due_at = min(at.due_at, deadline)
             while not (woke := await at.watch.until(at.wait, limit_s=min(at.wait.remaining_s(), HEARTBEAT_S))):
                 if hub.closing or at.wait.remaining_s() <= 0:
                     break
                 hub.events["heartbeat"] += 1
-                yield _line({"waiting": at.opening.waits_for.describe_wait()})  # alive through proxies meanwhile
+                yield waiting  # alive through proxies meanwhile
             if hub.closing:
                 break
             if not woke and time.monotonic() < at.due_at:  # the long poll's end, nothing new: the client asks again
@@ -178,6 +179,7 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
                 yield _line({**answer, "skipped": []})
                 return
             at = Parked(at.watch, Wait.of(found.waits_for, root=found.waits_for.root), found, answer, planned_at)
+            waiting = _line({"waiting": found.waits_for.describe_wait()})
             if deadline <= time.monotonic():
                 break
         yield _line({**at.answer, "skipped": []})

@@ -88,3 +88,28 @@ def test_a_request_that_plans_longer_than_notices_are_kept_plans_again(conn, dsn
         assert not fresh.woken, "only what was forgotten since its watch began counts"
 
     _run(dsn, scenario)
+
+
+def test_a_wait_stays_held_between_heartbeats_and_is_released_when_woken_or_due(conn, dsn):
+    """A long poll's wait ended by a heartbeat stays held (nothing routed again, nothing replayed):
+    a notice while the heartbeat line is said wakes the next wait at once, which releases it (its
+    request plans again); a wait past its due time is released too."""
+    b0 = _both_sources_at_a_barrier(conn)
+
+    async def scenario(hub: Hub):
+        await asyncio.sleep(0.3)
+        b1 = new_barrier(conn)
+        await _delivered(hub, 1)
+        watch, wait = hub.watch(), _waits_for(str(T("orders")), b1, b0)
+        assert await watch.until(wait, limit_s=0.1) is False  # a heartbeat
+        assert watch.waiting and hub.waiting == 1
+        jobs.complete(conn, "ingest_orders", b1, {T("orders"): 3})  # while the line is said
+        await _delivered(hub, 2)
+        assert await watch.until(wait, limit_s=0.1) is True
+        assert not watch.waiting and hub.waiting == 0
+        due = _waits_for(str(T("payments")), b1, b0)
+        due.due_at = 0.0
+        assert await watch.until(due, limit_s=5) is False
+        assert not watch.waiting
+
+    _run(dsn, scenario)
