@@ -33,7 +33,7 @@ jobs have a session open go to stderr: a stall, as it happens);
 and, for the last point against the first, each of those as a ratio (goal <= 2: cost follows the
 jobs with work, not all jobs);
 then, with barriers every hour, Postgres transactions per idle job per second over a minute
-(goal <= 0.1).
+(goal <= 0.1) and the server's CPU a second meanwhile (what waiting costs: heartbeats, renewals).
 
 ``--plot PATH`` writes the curves (transactions per second and freshness p95 against jobs and
 against tables) as a PNG (needs matplotlib: ``pip install 'icebarrier[bench]'``).
@@ -85,6 +85,7 @@ class Point:
     long_polls: dict[str, float] = field(default_factory=dict)  # the server's long-poll events per barrier
     freshness: list[float] = field(default_factory=list)
     idle_tx_per_job_s: float = 0.0
+    idle_cpu_s_per_s: float = 0.0  # the server's, while every job waits (heartbeats, renewals)
 
     def p(self, q: float) -> float:
         ranked = sorted(self.freshness)
@@ -263,9 +264,10 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
             stop.set()
             barriers.set_interval_s(conn, 3600)  # idle: no barrier is due for an hour
             time.sleep(15)  # idle backends flush their statistics within 10 s
-            tx0, t0 = committed(conn), time.monotonic()
+            tx0, cpu0, t0 = committed(conn), tree_cpu_s(server.pid), time.monotonic()
             time.sleep(args.idle_s + 11)
             point.idle_tx_per_job_s = (committed(conn) - tx0 - 1) / (time.monotonic() - t0) / n_jobs
+            point.idle_cpu_s_per_s = (tree_cpu_s(server.pid) - cpu0) / (time.monotonic() - t0)
         finally:
             stop.set()
             for r in runners:
@@ -360,7 +362,8 @@ def report(point: Point) -> None:
         f"{point.tx_per_job_barrier:4.2f} tx/job/barrier (goal <= 2), server CPU {point.cpu_s_per_barrier:5.3f} s/barrier, "
         f"{point.notices_per_barrier:5.1f} notices/barrier, long-poll events/barrier {point.long_polls}, "
         f"freshness p50 {point.p(0.5):4.2f} s p95 {point.p(0.95):4.2f} s, lag {first:4.2f} -> {last:4.2f} s "
-        f"({'GROWS' if grows else 'steady'}), idle {point.idle_tx_per_job_s:5.3f} tx/job/s (goal <= 0.1)",
+        f"({'GROWS' if grows else 'steady'}), idle {point.idle_tx_per_job_s:5.3f} tx/job/s (goal <= 0.1) "
+        f"and {point.idle_cpu_s_per_s:5.3f} s of server CPU a second",
         flush=True,
     )
 
