@@ -56,7 +56,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from catalog import session, start  # noqa: E402 - benchmarks/catalog.py: a server process on a free port
-from proc import cpu_s  # noqa: E402
+from proc import tree_cpu_s  # noqa: E402
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
 from icebarrier.apps.job_exec import JobExec  # noqa: E402
@@ -144,17 +144,6 @@ def build(conn, definitions: list[JobDefinition], n_tables: int) -> None:
         jobs.register(conn, JobDefinition(name=f"daily{k // 100}", sinks=sinks, external_inputs=frozenset(["ext:d"])))
         jobs.complete(conn, f"daily{k // 100}", b)
     conn.execute("ANALYZE")
-
-
-def tree_cpu_s(pid: int) -> float:
-    """User + system seconds of a process and its children (the server's workers)."""
-    total = 0.0
-    for p in [pid, *(int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]:
-        try:
-            total += cpu_s(p)
-        except (FileNotFoundError, IndexError):
-            pass
-    return total
 
 
 def committed(conn) -> int:

@@ -47,15 +47,14 @@ class Notice:
     ``input`` (data arrived in the external input named ``table``), ``jobs`` (registrations
     changed) or ``resync`` (the listener reconnected: notices were missed).
 
-    A ``watermark`` notice after a wave of skips names the ``readers`` it may give work (payload
+    A ``watermark`` notice after a wave of skips names the table's readers ``behind`` it (payload
     ``watermark B table/job,job``; neither a table's nor a job's name holds a ``/``, a job's no
-    ``,``): those short of the move whose every source is past their progress; the others were
-    skipped with it or still wait for another source. None: not said (any reader may have work)."""
+    ``,``): the others were skipped with the move. None: not said (every reader may be behind)."""
 
     kind: str
     barrier: int | None = None
     table: str | None = None
-    readers: frozenset[str] | None = None
+    behind: frozenset[str] | None = None
 
     @classmethod
     def parse(cls, payload: str) -> Notice:
@@ -64,13 +63,8 @@ class Notice:
             return cls(kind, int(rest))
         if kind == "watermark":
             mark, _, table = rest.partition(" ")
-            table, named, readers = table.partition("/")
-            return cls(
-                kind,
-                None if mark == "-" else int(mark),
-                table,
-                frozenset(readers.split(",") if readers else ()) if named else None,
-            )
+            table, named, behind = table.partition("/")
+            return cls(kind, None if mark == "-" else int(mark), table, frozenset(behind.split(",")) if named else None)
         if kind == "input":
             return cls(kind, table=rest)
         return cls(kind)
@@ -148,8 +142,8 @@ class Wait:
     ``progress`` (a revision rewound them). The marks stay true: a move is announced whenever a
     reader was not skipped with it, which a job waiting for it is not.
     ``due_at``: when planning again is due regardless (the clock's next barrier for a root job;
-    the safety poll). ``job``: whose wait (a move whose notice names the readers it may give
-    work does not wake a job it does not name)."""
+    the safety poll). ``job``: whose wait (a move whose notice names the readers behind it does
+    not wake a job it does not name: the move's wave skipped it past it)."""
 
     tables: dict[str, int | None] = field(default_factory=dict)
     job: str | None = None
@@ -196,8 +190,8 @@ class Wait:
         self.tables[notice.table] = notice.barrier
         if notice.barrier is None:  # a rewind
             return True
-        if notice.readers is not None and self.job is not None and self.job not in notice.readers:
-            return False  # skipped with the move, or another source is not there yet: its mark is kept
+        if notice.behind is not None and self.job is not None and self.job not in notice.behind:
+            return False  # skipped with the move: nothing new for it
         if self.target is None:  # no barrier planned: every source must pass the job's progress first
             return self.progress is None or all(
                 mark is not None and mark > self.progress for mark in self.tables.values()

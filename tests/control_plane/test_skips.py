@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from icebarrier.control_plane import barriers, db, inputs, job_sessions, jobs, reads
-from icebarrier.control_plane.jobs import NextBarrier, Plan
+from icebarrier.control_plane.jobs import Plan
 from icebarrier.control_plane.notices import Listener, Notice, Wait
 from tests.helpers import WEEK_S, T, anchor, job, new_barrier
 
@@ -88,8 +88,8 @@ def test_an_announcement_leaves_its_chain_to_run_and_the_rest_skips(conn, dsn, l
         b1 = new_barrier(conn)
         heard = drain(listener)
     assert progress(conn) == {"r1": lake, "r2": b1, "m1": lake, "m2": b1, "j": lake}
-    # j reads m2 and waits for m1 too: m2's move is announced (for j's mark) and gives nobody work
-    assert heard == [Notice("barrier", b1), Notice("watermark", b1, str(T("m2")), frozenset())]
+    # j reads m2 and waits: the notice names it, the reader behind the move
+    assert heard == [Notice("barrier", b1), Notice("watermark", b1, str(T("m2")), frozenset(["j"]))]
     plan = jobs.next_barrier(conn, "r1")
     assert (plan.plan, plan.barrier, plan.ready, plan.pending) == (Plan.EXACT, b1, True, True)
     jobs.complete(conn, "r1", b1, {T("r1"): 201})
@@ -102,39 +102,32 @@ def test_an_announcement_leaves_its_chain_to_run_and_the_rest_skips(conn, dsn, l
     assert progress(conn) == dict.fromkeys(progress(conn), b2)
 
 
-def test_a_move_wakes_only_the_readers_it_may_give_work(conn, dsn, lake):
+def test_a_move_wakes_the_readers_behind_it_not_those_skipped_with_it(conn, dsn, lake):
     """k reads m2 only, j reads m1 and m2. in:1 announced: at b1 the wave skips r2, m2 and k; m2's
-    move is announced (j is short of it) naming nobody: k was skipped past it, j still waits for
-    m1. Neither wait, planned before b1, wakes (each would have planned for nothing: the same
-    notice unnamed wakes both), but j's keeps m2's mark, so m1's move, which names j, wakes it,
-    and its plan is ready."""
+    move is announced for j (behind it, waiting for m1), naming j alone. k's wait, planned before
+    b1, does not wake for it (the wake it would have cost before: the same notice without its list
+    wakes it); j's does once m1 comes too. The skipped reader's progress is b1 all the same."""
     jobs.register(conn, job("k", sources=["m2"], sinks=["k"]))
     jobs.complete(conn, "k", lake, {T("k"): 300})
     waits = {name: Wait.of(jobs.next_barrier(conn, name), root=False) for name in ("j", "k")}
-    assert waits["k"].job == "k" and waits["j"].target is None
+    assert waits["k"].target is None and waits["k"].job == "k"
     with Listener(dsn, None) as listener:
         inputs.announce(conn, ["in:1"])
         b1 = new_barrier(conn)
         heard = [n for n in drain(listener) if n.kind == "watermark"]
-    assert heard == [Notice("watermark", b1, str(T("m2")), frozenset())]
+    assert heard == [Notice("watermark", b1, str(T("m2")), frozenset(["j"]))]
     assert jobs.show(conn, "k").progress == b1
-    unnamed = Notice("watermark", b1, str(T("m2")))
-    for name in ("j", "k"):
-        assert not any([waits[name].wakes(n) for n in heard])
-        assert Wait.of(_stale(name, lake), root=False).wakes(unnamed)  # what it cost before
-    assert waits["j"].tables[str(T("m2"))] == b1  # the mark is kept
+    assert not any([waits["k"].wakes(n) for n in heard])
+    assert not any([waits["j"].wakes(n) for n in heard])  # named, but m1 is not there yet
+    assert Wait.of(jobs.next_barrier(conn, "r1"), root=True).job == "r1"
+    stale = Wait(tables={str(T("m2")): lake}, job="k", progress=lake)
+    assert stale.wakes(Notice("watermark", b1, str(T("m2"))))  # unnamed: every reader wakes
     with Listener(dsn, None) as listener:
         jobs.complete(conn, "r1", b1, {T("r1"): 201})
         jobs.complete(conn, "m1", b1, {T("m1"): 202})  # m1 changed: j has work
         heard = [n for n in drain(listener) if n.kind == "watermark"]
-    assert Notice("watermark", b1, str(T("m1")), frozenset(["j"])) in heard
     assert any([waits["j"].wakes(n) for n in heard]), heard
     assert jobs.next_barrier(conn, "j").ready
-
-
-def _stale(name: str, progress: int) -> NextBarrier:
-    """A reader's plan at ``progress`` with m2 behind it (no barrier planned), as its wait held it."""
-    return NextBarrier(job=name, barrier=None, ready=False, waiting_for={str(T("m2")): progress}, from_barrier=progress)
 
 
 def test_a_changed_source_is_never_skipped_past(conn, lake):
@@ -187,6 +180,27 @@ def test_a_skip_crosses_anchors_and_every_barrier_on_the_way_is_a_valid_cut(conn
         assert reads.resolve(conn, [T(t) for t in TABLES], barrier=b).snapshots == {
             T(t): 100 + i for i, t in enumerate(TABLES)
         }
+
+
+def test_two_sources_moved_by_concurrent_transactions_wake_their_reader(conn, dsn, lake):
+    """m1 and m2 complete b1 in two transactions at once, each not seeing the other's move: j, which
+    reads both, still wakes. (Broken on purpose, by naming only the readers whose every source is
+    past their progress as each transaction sees it: neither notice names j, and j waits for a
+    barrier or its safety poll.)"""
+    inputs.announce(conn, ["in:1", "in:2"])
+    b1 = new_barrier(conn)
+    for i, root in enumerate(("r1", "r2")):
+        jobs.complete(conn, root, b1, {T(root): 400 + i})
+    wait = Wait.of(jobs.next_barrier(conn, "j"), root=False)
+    assert wait.target == b1
+    with Listener(dsn, None) as listener, db.connect(dsn) as other:
+        with other.transaction():
+            jobs.complete(other, "m1", b1, {T("m1"): 500})  # not committed yet
+            jobs.complete(conn, "m2", b1, {T("m2"): 501})  # commits, not seeing m1's move
+        heard = [n for n in drain(listener) if n.kind == "watermark"]
+    assert {n.table for n in heard} == {str(T("m1")), str(T("m2"))}
+    assert any([wait.wakes(n) for n in heard]), heard
+    assert jobs.next_barrier(conn, "j").ready
 
 
 def test_an_announcement_during_the_issue_of_a_barrier_is_not_missed(conn, dsn, lake):
