@@ -52,14 +52,8 @@ def newest(conn: Conn) -> Barrier | None:
 def next_due_in_s(conn: Conn) -> float | None:
     """Seconds until the clock rule issues the next barrier (the newest plus the interval, on the
     database clock; negative: due now), None before the first barrier."""
-    row = one(
-        conn.execute(
-            "SELECT ((SELECT max(barrier) FROM barriers) + 1000 * (SELECT value::bigint FROM settings WHERE key = %s)"
-            " - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1e6 AS due_in_s",
-            (BARRIER_INTERVAL_KEY,),
-        )
-    )
-    return None if row["due_in_s"] is None else float(row["due_in_s"])
+    due_in_s = one(conn.execute("SELECT barrier_due_in_s() AS due_in_s"))["due_in_s"]
+    return None if due_in_s is None else float(due_in_s)
 
 
 def list_barriers(conn: Conn, *, limit: int = 20) -> list[Barrier]:

@@ -10,7 +10,9 @@ transaction as one statement, with the same locks in the same order and the same
 ``job_session_row`` is the session's row as every other session request reads it.
 ``advance_job`` is a job's look (the plan, the skips on the way, the clock), which the runtime's
 ``jobs.advance`` planned from Python with the same loop: both use it now; ``next_plan`` is its
-first step (the plan, the clock asked for a root job), which ``jobs.next_barrier`` calls.
+first step (the plan, the clock asked for a root job), which ``jobs.next_barrier`` calls;
+``barrier_due_in_s`` is when the clock's next barrier is due, for it and
+``barriers.next_due_in_s``.
 
 ``open_job_session`` and ``job_session_row`` are the admin's (the catalog server's role):
 revoked from PUBLIC, run as their caller. ``advance_job`` and ``next_plan`` run as their caller
@@ -77,6 +79,16 @@ BEGIN
     RETURN NEXT;
 END $$;
 
+-- Seconds until the clock rule issues the next barrier (the newest plus the interval, on the
+-- database clock; negative: due now), NULL before the first barrier: barriers.next_due_in_s and
+-- advance_job. Runs as its caller and reads only the views.
+CREATE FUNCTION barrier_due_in_s() RETURNS double precision
+LANGUAGE sql SET search_path = {search_path} AS $$
+    SELECT ((SELECT max(b.barrier) FROM barriers b)
+            + 1000 * (SELECT x.value::bigint FROM settings x WHERE x.key = 'barrier_interval_ms')
+            - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1e6
+$$;
+
 -- A job's look (jobs.advance, and open_job_session): its next plan, the barriers it may skip
 -- completed at once on the way (at most three, each in a savepoint: a conflict undoes that skip
 -- only and leaves it to the next look). due_in_s, for a root job with nothing to take, when the
@@ -107,9 +119,7 @@ BEGIN
         END;
     END LOOP;
     IF v_n.clock AND NOT (v_n.next_plan->>'ready')::boolean THEN
-        v_due := ((SELECT max(b.barrier) FROM barriers b)
-                  + 1000 * (SELECT x.value::bigint FROM settings x WHERE x.key = 'barrier_interval_ms')
-                  - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1e6;
+        v_due := barrier_due_in_s();
     END IF;
     RETURN QUERY SELECT v_n.next_plan, v_n.issued, v_skipped, v_due;
 END $$;
@@ -202,3 +212,4 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION job_session_row(text, boolean)")
     op.execute("DROP FUNCTION advance_job(text, boolean, boolean, bigint)")
     op.execute("DROP FUNCTION next_plan(text, boolean, boolean, bigint)")
+    op.execute("DROP FUNCTION barrier_due_in_s()")

@@ -149,7 +149,7 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
         if at.answer.get("skipped"):
             yield _line({"skipped": at.answer["skipped"]})
             at.answer = {**at.answer, "skipped": []}  # said: a renewal that takes it up says nothing of them
-        waiting = _line({"waiting": at.opening.waits_for.describe_wait()})
+        waiting = _waiting_line(at)
         yield waiting
         while True:
             at.wait.due_at = min(at.due_at, deadline)
@@ -179,13 +179,18 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
                 yield _line({**answer, "skipped": []})
                 return
             at = Parked(at.watch, Wait.of(found.waits_for, root=found.waits_for.root), found, answer, planned_at)
-            waiting = _line({"waiting": found.waits_for.describe_wait()})
+            waiting = _waiting_line(at)
             if deadline <= time.monotonic():
                 break
         yield _line({**at.answer, "skipped": []})
     finally:
         if hub.parked(key) is not at:
             hub.forget(at.watch)
+
+
+def _waiting_line(at: Parked) -> bytes:
+    """The line that says what the job waits for (at once, and every heartbeat until it plans again)."""
+    return _line({"waiting": at.opening.waits_for.describe_wait()})
 
 
 def _line(item: dict) -> bytes:
