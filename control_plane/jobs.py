@@ -93,6 +93,9 @@ class NextBarrier:
     root: bool = False  # the job has no sources
     announced: tuple[str, ...] = ()  # a root job's external inputs, every one announced (else empty)
     pending: bool = False  # one of them was announced since the job's progress
+    # with nothing to do now (advance_job): every source's watermark, and the job's own tables
+    marks: dict[str, int | None] = field(default_factory=dict)
+    sinks: tuple[str, ...] = ()
 
     @property
     def waits_for_announcement(self) -> bool:
@@ -335,6 +338,8 @@ def _plan(name: str, row: dict, *, issued: bool = False) -> NextBarrier:
         root=row["root"],
         announced=tuple(row["announced"] or ()),
         pending=row["pending"],
+        marks=row.get("marks") or {},
+        sinks=tuple(row.get("sinks") or ()),
     )
 
 

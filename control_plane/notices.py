@@ -23,6 +23,14 @@ from icebarrier.control_plane.errors import ControlPlaneUnavailableError
 from icebarrier.control_plane.jobs import NextBarrier
 
 SAFETY_POLL_S = 60.0  # a waiting job plans again this often even if no notice came
+OVERDUE_S = 0.25  # a root job's clock barrier overdue yet not issued to it: another is issuing it (a notice comes)
+
+
+def due_after_s(due_in_s: float) -> float:
+    """When a root job plans again for the clock's next barrier, due in ``due_in_s`` (negative:
+    overdue): at once it would find the barrier still being issued by whoever took the clock,
+    whose notice wakes it; it looks again only after :data:`OVERDUE_S` without one."""
+    return due_in_s if due_in_s > 0 else OVERDUE_S
 
 
 def channel(schema: str) -> str:
@@ -47,14 +55,15 @@ class Notice:
     ``input`` (data arrived in the external input named ``table``), ``jobs`` (registrations
     changed) or ``resync`` (the listener reconnected: notices were missed).
 
-    A ``watermark`` notice after a wave of skips names the table's readers ``behind`` it (payload
-    ``watermark B table/job,job``; neither a table's nor a job's name holds a ``/``, a job's no
-    ``,``): the others were skipped with the move. None: not said (every reader may be behind)."""
+    A ``watermark`` notice after a wave of skips names the table's readers ``behind`` it, each
+    with its progress (payload ``watermark B table/job@P,job@-``; neither a table's nor a job's
+    name holds a ``/``, a job's no ``,`` or ``@``; ``-``: it completed nothing): the others were
+    skipped with the move. None: not said (every reader may be behind)."""
 
     kind: str
     barrier: int | None = None
     table: str | None = None
-    behind: frozenset[str] | None = None
+    behind: dict[str, int | None] | None = None
 
     @classmethod
     def parse(cls, payload: str) -> Notice:
@@ -64,7 +73,7 @@ class Notice:
         if kind == "watermark":
             mark, _, table = rest.partition(" ")
             table, named, behind = table.partition("/")
-            return cls(kind, None if mark == "-" else int(mark), table, frozenset(behind.split(",")) if named else None)
+            return cls(kind, _barrier(mark), table, dict(map(_reader, behind.split(","))) if named else None)
         if kind == "input":
             return cls(kind, table=rest)
         return cls(kind)
@@ -78,6 +87,16 @@ class Notice:
 
 
 RESYNC = Notice("resync")
+
+
+def _barrier(text: str) -> int | None:
+    return None if text in ("-", "") else int(text)
+
+
+def _reader(text: str) -> tuple[str, int | None]:
+    """``job@P`` (0033), or ``job`` (0032: its progress not said)."""
+    job, _, progress = text.partition("@")
+    return job, _barrier(progress)
 
 
 class Listener:
@@ -137,10 +156,14 @@ class Listener:
 class Wait:
     """What a job with nothing to do waits for, from its plan: a root job the next barrier (one
     whose inputs are announced: an announcement, while none is pending); any other job its
-    sources reaching the barrier it plans (``tables``: the watermarks it saw; all of them when no
-    barrier is planned yet, and then all past its progress), or its own sinks moving from
-    ``progress`` (a revision rewound them). The marks stay true: a move is announced whenever a
-    reader was not skipped with it, which a job waiting for it is not.
+    sources reaching the barrier it plans (``waiting``, short of ``target``), or its own sinks
+    rewound (a revision).
+
+    ``tables`` holds every source's mark (the plan's, then the notices'), ``progress`` the job's:
+    a notice that names the job says its progress, and a move of its own sinks is its progress
+    (a wave skipped it). Once the job ``moved`` past its plan, what it waits for is every source
+    past its progress: without that no plan has work. The marks stay true for it: a move is
+    announced, naming the job, whenever the job was not skipped with it.
     ``due_at``: when planning again is due regardless (the clock's next barrier for a root job;
     the safety poll). ``job``: whose wait (a move whose notice names the readers behind it does
     not wake a job it does not name: the move's wave skipped it past it)."""
@@ -153,21 +176,24 @@ class Wait:
     progress: int | None = None
     announced: frozenset[str] = frozenset()  # a root job's inputs, announced, none since its progress
     due_at: float = 0.0  # time.monotonic()
+    waiting: frozenset[str] | None = None  # the sources short of target at the plan (None: every one)
+    moved: bool = False  # the job's progress moved past its plan's
 
     @classmethod
     def of(
         cls, plan: NextBarrier, *, root: bool, sinks=(), due_in_s: float | None = None, safety_s: float = SAFETY_POLL_S
     ) -> Wait:
-        due = safety_s if due_in_s is None else min(max(due_in_s, 0.0), safety_s)
+        due = safety_s if due_in_s is None else min(due_after_s(due_in_s), safety_s)
         return cls(
-            tables=dict(plan.waiting_for),
+            tables={**plan.waiting_for, **plan.marks},
             job=plan.job,
             target=plan.barrier,
             root=root,
-            sinks=frozenset(map(str, sinks)),
+            sinks=frozenset(map(str, sinks or plan.sinks)),
             progress=plan.from_barrier,
             announced=frozenset(plan.announced) if plan.waits_for_announcement else frozenset(),
             due_at=time.monotonic() + due,
+            waiting=frozenset(plan.waiting_for),
         )
 
     def remaining_s(self) -> float:
@@ -183,17 +209,30 @@ class Wait:
             return notice.table in self.announced
         if notice.kind != "watermark":
             return False
-        if notice.table in self.sinks:
-            return notice.barrier != self.progress
+        if notice.table in self.sinks:  # its own: moved on by a wave, or rewound by a revision
+            if notice.barrier is None or (self.progress is not None and notice.barrier < self.progress):
+                return True
+            self._moved_to(notice.barrier)
+            return False
         if notice.table not in self.tables:
             return False
         self.tables[notice.table] = notice.barrier
         if notice.barrier is None:  # a rewind
             return True
-        if notice.behind is not None and self.job is not None and self.job not in notice.behind:
-            return False  # skipped with the move: nothing new for it
-        if self.target is None:  # no barrier planned: every source must pass the job's progress first
-            return self.progress is None or all(
-                mark is not None and mark > self.progress for mark in self.tables.values()
-            )
-        return all(mark is not None and mark >= self.target for mark in self.tables.values())
+        if notice.behind is not None and self.job is not None:
+            if self.job not in notice.behind:
+                return False  # skipped with the move: nothing new for it
+            self._moved_to(notice.behind[self.job])
+        return self._has_work()
+
+    def _moved_to(self, progress: int | None) -> None:
+        if progress is not None and (self.progress is None or progress > self.progress):
+            self.progress, self.moved = progress, True
+
+    def _has_work(self) -> bool:
+        """Whether a plan may find work, from the marks known (never false when it would)."""
+        past = self.progress is None or all(mark is not None and mark > self.progress for mark in self.tables.values())
+        if self.moved or self.target is None:  # no barrier planned, or planned for a progress left behind
+            return past
+        waiting = self.tables.keys() if self.waiting is None else self.waiting
+        return bool(waiting) and all((mark := self.tables.get(t)) is not None and mark >= self.target for t in waiting)

@@ -22,7 +22,7 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 
 from icebarrier.control_plane.job_sessions import Opening
-from icebarrier.control_plane.notices import Listener, Notice, Wait
+from icebarrier.control_plane.notices import Listener, Notice, Wait, due_after_s
 
 LONG_POLL_EVENTS = ("planned", "woken", "due", "renewed", "heartbeat")  # Hub.events
 RECENT_S = 120.0  # notices kept this long for the requests planning meanwhile (one planning longer plans again)
@@ -113,7 +113,7 @@ class Parked:
     @property
     def due_at(self) -> float:
         """When its plan is due regardless of notices (a root job's next barrier), or never."""
-        return math.inf if self.opening.due_in_s is None else self.planned_at + self.opening.due_in_s
+        return math.inf if self.opening.due_in_s is None else self.planned_at + due_after_s(self.opening.due_in_s)
 
 
 class Hub:

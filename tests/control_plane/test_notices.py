@@ -6,7 +6,7 @@ import pytest
 
 from icebarrier.control_plane import barriers, db, jobs
 from icebarrier.control_plane.jobs import NextBarrier
-from icebarrier.control_plane.notices import RESYNC, SAFETY_POLL_S, Listener, Notice, Wait
+from icebarrier.control_plane.notices import OVERDUE_S, RESYNC, SAFETY_POLL_S, Listener, Notice, Wait
 from tests.helpers import WEEK_S, T, complete_all, new_barrier, register_chain
 
 
@@ -25,7 +25,7 @@ def test_notices_announce_barriers_watermarks_and_registrations(conn, dsn):
     with Listener(dsn, None) as listener:
         b = new_barrier(conn)
         jobs.complete(conn, "ingest_orders", b, {T("orders"): 1})
-        agg = frozenset(["agg"])  # the reader behind the move
+        agg = {"agg": None}  # the reader behind the move, which has completed nothing
         assert drain(listener) == [Notice("barrier", b), Notice("watermark", b, str(T("orders")), agg)]
         with conn.transaction():
             jobs.complete(conn, "ingest_payments", b, {T("payments"): 2})
@@ -45,7 +45,7 @@ def test_a_listener_whose_connection_died_reconnects_and_says_it_missed_notices(
         assert Notice("barrier", b) in drain(listener)
 
 
-def _plan(barrier, waiting, *, progress=10, root=False, announced=(), pending=False):
+def _plan(barrier, waiting, *, progress=10, root=False, announced=(), pending=False, marks=None):
     return NextBarrier(
         job="j",
         barrier=barrier,
@@ -55,7 +55,11 @@ def _plan(barrier, waiting, *, progress=10, root=False, announced=(), pending=Fa
         root=root,
         announced=announced,
         pending=pending,
+        marks=marks or {},
     )
+
+
+WAITS_FOR_A = _plan(20, {"a": 10}, marks={"a": 10, "b": 20})  # planned at 10 for 20: b is there, a is not
 
 
 @pytest.mark.parametrize(
@@ -80,14 +84,23 @@ def _plan(barrier, waiting, *, progress=10, root=False, announced=(), pending=Fa
         (_plan(None, {"a": 10, "b": 10}), [Notice("watermark", 11, "b"), Notice("watermark", 12, "a")], True),
         (_plan(None, {"a": 10, "b": 10}, progress=None), [Notice("watermark", 11, "b")], True),  # bootstrapping
         # a move that names the readers behind it: not this job (the move's wave skipped it), or it
-        (_plan(None, {"a": 10}), [Notice("watermark", 11, "a", frozenset(["other"]))], False),
-        (_plan(None, {"a": 10}), [Notice("watermark", 11, "a", frozenset(["other", "j"]))], True),
-        (_plan(20, {"a": 10}), [Notice("watermark", 20, "a", frozenset(["other"]))], False),
-        (_plan(20, {"a": 10}), [Notice("watermark", None, "a", frozenset(["other"]))], True),  # a rewind
+        (_plan(None, {"a": 10}), [Notice("watermark", 11, "a", {"other": 10})], False),
+        (_plan(None, {"a": 10}), [Notice("watermark", 11, "a", {"other": 10, "j": 10})], True),
+        (_plan(20, {"a": 10}), [Notice("watermark", 20, "a", {"other": 10})], False),
+        (_plan(20, {"a": 10}), [Notice("watermark", None, "a", {"other": 10})], True),  # a rewind
+        # named with its progress: skipped past its plan (to 25), it needs every source past 25
+        (WAITS_FOR_A, [Notice("watermark", 20, "a", {"j": 10})], True),  # its plan stands
+        (WAITS_FOR_A, [Notice("watermark", 30, "a", {"j": 25})], False),  # b is at 20 (known)
+        (WAITS_FOR_A, [Notice("watermark", 30, "a", {"j": 25}), Notice("watermark", 30, "b", {"j": 25})], True),
+        (WAITS_FOR_A, [Notice("watermark", 30, "a", {"j": None})], True),  # its progress not said: the plan's
+        # its own sink moved on by a wave: the same, from the sink's mark
+        (WAITS_FOR_A, [Notice("watermark", 25, "own"), Notice("watermark", 30, "a", {"j": 10})], False),
+        (WAITS_FOR_A, [Notice("watermark", 25, "own"), Notice("watermark", 26, "b"), Notice("watermark", 26, "a")], True),
         # a rewind (revision) of a source, or of its own sink away from its progress
         (_plan(20, {"a": 10}), [Notice("watermark", None, "a")], True),
         (_plan(20, {"a": 10}), [Notice("watermark", 10, "own")], False),
         (_plan(20, {"a": 10}), [Notice("watermark", 5, "own")], True),
+        (_plan(20, {"a": 10}), [Notice("watermark", None, "own")], True),
         # registrations changed, or notices were missed: look again
         (_plan(20, {"a": 10}), [Notice("jobs")], True),
         (_plan(20, {"a": 10}), [RESYNC], True),
@@ -105,9 +118,10 @@ def test_a_wait_wakes_only_when_planning_again_can_find_work(plan, notices, wake
         ("watermark 12 lake.db.x", Notice("watermark", 12, "lake.db.x")),
         ("watermark - lake.db.x", Notice("watermark", None, "lake.db.x")),
         (
-            "watermark 12 lake.`my db`.a b/j,k.v-1",
-            Notice("watermark", 12, "lake.`my db`.a b", frozenset(["j", "k.v-1"])),
+            "watermark 12 lake.`my db`.a b/j@11,k.v-1@-",
+            Notice("watermark", 12, "lake.`my db`.a b", {"j": 11, "k.v-1": None}),
         ),
+        ("watermark 12 lake.db.x/j,k", Notice("watermark", 12, "lake.db.x", {"j": None, "k": None})),  # 0032's
         ("barrier 7", Notice("barrier", 7)),
         ("input in:a/b", Notice("input", table="in:a/b")),
     ],
@@ -122,7 +136,8 @@ def test_a_wait_is_due_at_the_clocks_next_barrier_or_the_safety_poll():
     assert (
         SAFETY_POLL_S - 1 < Wait.of(_plan(None, {}, root=True), root=True, due_in_s=500).remaining_s() <= SAFETY_POLL_S
     )
-    assert Wait.of(_plan(None, {}, root=True), root=True, due_in_s=-3).remaining_s() <= 0
+    # overdue, yet not issued to it: another is issuing it, whose notice wakes it; it looks again soon
+    assert 0 < Wait.of(_plan(None, {}, root=True), root=True, due_in_s=-3).remaining_s() <= OVERDUE_S
 
 
 def test_a_job_whose_sources_did_not_change_skips_in_one_transaction(conn, dsn):

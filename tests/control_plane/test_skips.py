@@ -89,7 +89,7 @@ def test_an_announcement_leaves_its_chain_to_run_and_the_rest_skips(conn, dsn, l
         heard = drain(listener)
     assert progress(conn) == {"r1": lake, "r2": b1, "m1": lake, "m2": b1, "j": lake}
     # j reads m2 and waits: the notice names it, the reader behind the move
-    assert heard == [Notice("barrier", b1), Notice("watermark", b1, str(T("m2")), frozenset(["j"]))]
+    assert heard == [Notice("barrier", b1), Notice("watermark", b1, str(T("m2")), {"j": lake})]
     plan = jobs.next_barrier(conn, "r1")
     assert (plan.plan, plan.barrier, plan.ready, plan.pending) == (Plan.EXACT, b1, True, True)
     jobs.complete(conn, "r1", b1, {T("r1"): 201})
@@ -115,7 +115,7 @@ def test_a_move_wakes_the_readers_behind_it_not_those_skipped_with_it(conn, dsn,
         inputs.announce(conn, ["in:1"])
         b1 = new_barrier(conn)
         heard = [n for n in drain(listener) if n.kind == "watermark"]
-    assert heard == [Notice("watermark", b1, str(T("m2")), frozenset(["j"]))]
+    assert heard == [Notice("watermark", b1, str(T("m2")), {"j": lake})]
     assert jobs.show(conn, "k").progress == b1
     assert not any([waits["k"].wakes(n) for n in heard])
     assert not any([waits["j"].wakes(n) for n in heard])  # named, but m1 is not there yet
@@ -230,3 +230,34 @@ def test_a_forgotten_input_makes_its_jobs_run_every_barrier(conn, lake):
     assert progress(conn)["r2"] == lake and jobs.next_barrier(conn, "r2").ready
     assert progress(conn)["r1"] == b1
     assert [(i.name, i.jobs) for i in inputs.list_inputs(conn)] == [("in:1", ("r1",))]
+
+
+def test_a_wait_skipped_past_its_plan_wakes_only_when_every_source_is_past_its_progress(conn, dsn, lake):
+    """in:2 announced: at b1 j waits for m2 alone (m1 skipped to b1). r2 then completes b1 with
+    nothing new: m2 and j skip with it, quietly. in:1 announced: at b2 m2 skips to b2, naming j,
+    which now waits for m1. The notice says j is at b1 and m1 too: no wake (before 0033 it woke,
+    its plan met, and planned for nothing; broken on purpose below by forgetting what the notice
+    says of j). m1 then completes b2: j wakes, and has work."""
+    inputs.announce(conn, ["in:2"])
+    b1 = new_barrier(conn)
+    step = jobs.advance(conn, "j")
+    assert (step.plan.barrier, step.plan.waiting_for) == (b1, {str(T("m2")): lake})
+    assert step.plan.marks == {str(T("m1")): b1, str(T("m2")): lake} and step.plan.sinks == (str(T("j")),)
+    wait = Wait.of(step.plan, root=False)
+    with Listener(dsn, None) as listener:
+        jobs.complete(conn, "r2", b1)  # nothing new: m2 and j skip with it
+        assert progress(conn)["j"] == b1
+        inputs.announce(conn, ["in:1"])
+        b2 = new_barrier(conn)
+        heard = [n for n in drain(listener) if n.kind == "watermark"]
+    assert Notice("watermark", b2, str(T("m2")), {"j": b1}) in heard
+    assert not any([wait.wakes(n) for n in heard]), heard
+    assert not jobs.advance(conn, "j").plan.ready  # no wake was missed
+    forgetful = Wait.of(step.plan, root=False)
+    assert any([forgetful.wakes(Notice(n.kind, n.barrier, n.table, None)) for n in heard])  # as before 0033
+    with Listener(dsn, None) as listener:
+        jobs.complete(conn, "r1", b2, {T("r1"): 210})
+        jobs.complete(conn, "m1", b2, {T("m1"): 211})  # m1 changed: j has work
+        heard = [n for n in drain(listener) if n.kind == "watermark"]
+    assert any([wait.wakes(n) for n in heard]), heard
+    assert jobs.advance(conn, "j").plan.ready
