@@ -23,14 +23,16 @@ from icebarrier.control_plane.errors import ControlPlaneUnavailableError
 from icebarrier.control_plane.jobs import NextBarrier
 
 SAFETY_POLL_S = 60.0  # a waiting job plans again this often even if no notice came
-OVERDUE_S = 0.25  # a root job's clock barrier overdue yet not issued to it: another is issuing it (a notice comes)
+CLOCK_GRACE_S = 0.25  # a root job looks for the clock's barrier this long after it is due (see due_after_s)
 
 
 def due_after_s(due_in_s: float) -> float:
     """When a root job plans again for the clock's next barrier, due in ``due_in_s`` (negative:
-    overdue): at once it would find the barrier still being issued by whoever took the clock,
-    whose notice wakes it; it looks again only after :data:`OVERDUE_S` without one."""
-    return due_in_s if due_in_s > 0 else OVERDUE_S
+    overdue). A little after: when it is due, `icebarrier schedule` (or another job) is issuing
+    it, in a transaction that runs the first wave of skips (about 0.1 s at 2,000 jobs); its
+    notice then wakes the job, and a look at the due time itself would find nothing yet. The job
+    issues the barrier itself when nobody else did."""
+    return max(due_in_s, 0.0) + CLOCK_GRACE_S
 
 
 def channel(schema: str) -> str:
@@ -52,7 +54,8 @@ def pointers_channel(catalog_schema: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Notice:
     """``barrier`` (B issued), ``watermark`` (``table`` moved to B; B None: rewound to nothing),
-    ``input`` (data arrived in the external input named ``table``), ``jobs`` (registrations
+    ``input`` (data arrived in the external input named ``table``; ``due_in_s``: when the clock's
+    next barrier was due then, payload ``input NAME SECONDS``, 0033), ``jobs`` (registrations
     changed) or ``resync`` (the listener reconnected: notices were missed).
 
     A ``watermark`` notice after a wave of skips names the table's readers ``behind`` it, each
@@ -64,6 +67,7 @@ class Notice:
     barrier: int | None = None
     table: str | None = None
     behind: dict[str, int | None] | None = None
+    due_in_s: float | None = None
 
     @classmethod
     def parse(cls, payload: str) -> Notice:
@@ -75,7 +79,8 @@ class Notice:
             table, named, behind = table.partition("/")
             return cls(kind, _barrier(mark), table, dict(map(_reader, behind.split(","))) if named else None)
         if kind == "input":
-            return cls(kind, table=rest)
+            name, _, due = rest.partition(" ")  # an input's name holds no space
+            return cls(kind, table=name, due_in_s=float(due) if due not in ("", "-") else None)
         return cls(kind)
 
     @property
@@ -206,7 +211,13 @@ class Wait:
         if notice.kind == "barrier":
             return self.root and not self.announced  # an announced input brings nothing new by itself
         if notice.kind == "input":
-            return notice.table in self.announced
+            if notice.table not in self.announced:
+                return False
+            if notice.due_in_s is None:  # not said (no barrier yet): plan now to learn when
+                return True
+            self.announced = frozenset()  # pending: its data runs at the next barrier, whose notice wakes it
+            self.due_at = min(self.due_at, time.monotonic() + due_after_s(notice.due_in_s))  # or the clock
+            return False
         if notice.kind != "watermark":
             return False
         if notice.table in self.sinks:  # its own: moved on by a wave, or rewound by a revision

@@ -15,6 +15,10 @@ true marks:
 Which readers are named does not change: every reader short of the move, whatever its other
 sources (two transactions moving a reader's two sources at once each name it).
 
+- ``notify_input_announced``: an announcement says when the clock's next barrier is due
+  (``input NAME SECONDS``; ``-``: no barrier yet). A root job waiting for it then waits for that
+  barrier, from its notice or its clock, instead of planning at once to learn the same.
+
 Revision ID: 0033
 Revises: 0032
 Create Date: 2026-11-29
@@ -51,6 +55,18 @@ MARKS = """    IF NOT (v_n.next_plan->>'ready')::boolean THEN  -- what its wait 
 """
 
 
+INPUT_NOTICE = """
+CREATE OR REPLACE FUNCTION notify_input_announced() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    v_due double precision;
+BEGIN
+    EXECUTE format('SELECT %I.barrier_due_in_s()', TG_TABLE_SCHEMA) INTO v_due;
+    PERFORM pg_notify('icebarrier.' || TG_TABLE_SCHEMA, 'input ' || NEW.name || ' ' || coalesce(v_due::text, '-'));
+    RETURN NULL;
+END $$;
+"""
+
+
 def _earlier(stem: str):
     path = Path(__file__).with_name(f"{stem}.py")
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -76,11 +92,21 @@ def _advance_job(*, marks: bool) -> str:
     return text.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION").format(search_path=search_path)
 
 
+def _input_notice(*, due: bool) -> str:
+    if due:
+        return INPUT_NOTICE
+    earlier = _earlier("0027_skips_without_the_jobs").UPGRADE
+    text = re.search(r"CREATE FUNCTION notify_input_announced\(.*?END \$\$;", earlier, re.S).group(0)
+    return text.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+
+
 def upgrade() -> None:
     op.execute(_skip_unchanged(at=True))
     op.execute(_advance_job(marks=True))
+    op.execute(_input_notice(due=True))
 
 
 def downgrade() -> None:
+    op.execute(_input_notice(due=False))
     op.execute(_advance_job(marks=False))
     op.execute(_skip_unchanged(at=False))

@@ -14,7 +14,6 @@ the database the token's look-up and nothing else.
 from __future__ import annotations
 
 import asyncio
-import math
 import signal
 import threading
 import time
@@ -22,7 +21,7 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 
 from icebarrier.control_plane.job_sessions import Opening
-from icebarrier.control_plane.notices import Listener, Notice, Wait, due_after_s
+from icebarrier.control_plane.notices import Listener, Notice, Wait
 
 LONG_POLL_EVENTS = ("planned", "woken", "due", "renewed", "heartbeat")  # Hub.events
 RECENT_S = 120.0  # notices kept this long for the requests planning meanwhile (one planning longer plans again)
@@ -41,6 +40,7 @@ class Watch:
         self._since: int | None = hub.seq  # notices after this one are pending until held
         self._wait: Wait | None = None
         self._event = asyncio.Event()
+        self._poked = False  # the event set only for the wait's due time, which came nearer
 
     @property
     def waiting(self) -> bool:
@@ -51,22 +51,29 @@ class Watch:
         self._event.set()
 
     def offer(self, notice: Notice) -> None:
-        if self._wait is not None and self._wait.wakes(notice):
+        if self._wait is None:
+            return
+        due_at = self._wait.due_at
+        if self._wait.wakes(notice):
+            self._poked = False
+            self._event.set()
+        elif self._wait.due_at < due_at and not self._event.is_set():  # due sooner (an announcement)
+            self._poked = True
             self._event.set()
 
     @property
     def woken(self) -> bool:
         """A notice woke the wait it holds (a parked long poll's)."""
-        return self._wait is not None and self._event.is_set()
+        return self._wait is not None and self._event.is_set() and not self._poked
 
     def hold(self, wait: Wait) -> None:
         """Watch for what wakes ``wait`` from now on (and what came while the request planned),
         with or without a request waiting. Holding it already: nothing to do."""
         if self._wait is wait:
             return
-        self._wait, self._event = wait, asyncio.Event()
+        self._wait, self._event, self._poked = wait, asyncio.Event(), False
         keys = {"jobs", "resync", *wait.tables, *wait.sinks, *(f"input {i}" for i in wait.announced)}
-        keys |= {"barrier"} if wait.root and not wait.announced else set()
+        keys |= {"barrier"} if wait.root else set()  # waiting for an announcement: once one came
         self._hub.route(self, keys)
         since, self._since = self._since, None
         if since is not None and self._hub.wakes_since(since, keys, wait):
@@ -85,12 +92,18 @@ class Watch:
         if self._hub.closing:
             return False
         self.hold(wait)  # held already (parked, a heartbeat ago): with what woke it since
+        end = time.monotonic() + limit_s
         woke = False
         try:
-            if not self._event.is_set():
-                await asyncio.wait_for(self._event.wait(), timeout=max(min(wait.remaining_s(), limit_s), 0.0))
-            woke = True
-            return True
+            while True:
+                if not self._event.is_set():
+                    timeout = min(wait.remaining_s(), end - time.monotonic())
+                    await asyncio.wait_for(self._event.wait(), timeout=max(timeout, 0.0))
+                if not self._poked:
+                    woke = True
+                    return True
+                self._poked = False  # its due time came nearer: wait to that
+                self._event.clear()
         except TimeoutError:
             return False
         finally:
@@ -107,13 +120,8 @@ class Parked:
     wait: Wait
     opening: Opening  # what the job waits for
     answer: dict
-    planned_at: float  # time.monotonic() of the plan from the database
+    planned_at: float  # time.monotonic() when the plan came back from the database
     parked_at: float = 0.0
-
-    @property
-    def due_at(self) -> float:
-        """When its plan is due regardless of notices (a root job's next barrier), or never."""
-        return math.inf if self.opening.due_in_s is None else self.planned_at + due_after_s(self.opening.due_in_s)
 
 
 class Hub:

@@ -8,6 +8,7 @@ job, or an admin token, may act on it.
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Annotated
 
@@ -127,13 +128,12 @@ async def open_session(job: SessionJob, once: Writes, request: Request, body: Op
     watch = hub.watch() if body.wait_s > 0 and not hub.closing else None  # before planning: a notice meanwhile is kept
     streaming = False
     try:
-        planned_at = time.monotonic()
         opening, answer = await run_in_threadpool(_open, once, job, body)
         hub.events["planned"] += 1
         if opening is None or answer["ready"] or watch is None:
             return JSONResponse(answer, status_code=answer["error"]["code"] if "error" in answer else 200)
         streaming = True
-        parked = Parked(watch, Wait.of(opening.waits_for, root=opening.waits_for.root), opening, answer, planned_at)
+        parked = Parked(watch, _wait(opening), opening, answer, time.monotonic())
         return StreamingResponse(_waiting(hub, key, once, body, parked, deadline), media_type=NDJSON)
     finally:
         if watch is not None and not streaming:
@@ -152,19 +152,17 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
         waiting = _waiting_line(at)
         yield waiting
         while True:
-            at.wait.due_at = min(at.due_at, deadline)
-            while not (woke := await at.watch.until(at.wait, limit_s=min(at.wait.remaining_s(), HEARTBEAT_S))):
-                if hub.closing or at.wait.remaining_s() <= 0:
+            while not (woke := await at.watch.until(at.wait, limit_s=min(deadline - time.monotonic(), HEARTBEAT_S))):
+                if hub.closing or at.wait.remaining_s() <= 0 or time.monotonic() >= deadline:
                     break
                 hub.events["heartbeat"] += 1
                 yield waiting  # alive through proxies meanwhile
             if hub.closing:
                 break
-            if not woke and time.monotonic() < at.due_at:  # the long poll's end, nothing new: the client asks again
+            if not woke and at.wait.remaining_s() > 0:  # the long poll's end, nothing new: the client asks again
                 hub.park(key, at)
                 break
             try:
-                planned_at = time.monotonic()
                 found, answer = await run_in_threadpool(_open, once, job, body)
                 hub.events["woken" if woke else "due"] += 1
             except Exception as exc:  # noqa: BLE001 - the stream has begun: the error is its last line
@@ -178,7 +176,7 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
             if answer["ready"]:
                 yield _line({**answer, "skipped": []})
                 return
-            at = Parked(at.watch, Wait.of(found.waits_for, root=found.waits_for.root), found, answer, planned_at)
+            at = Parked(at.watch, _wait(found), found, answer, time.monotonic())
             waiting = _waiting_line(at)
             if deadline <= time.monotonic():
                 break
@@ -186,6 +184,13 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
     finally:
         if hub.parked(key) is not at:
             hub.forget(at.watch)
+
+
+def _wait(opening: job_sessions.Opening) -> Wait:
+    """What wakes the job's long poll: its notices, or its clock's next barrier (no safety poll: a
+    long poll ends, and a parked one is planned again every REPLAN_S)."""
+    plan = opening.waits_for
+    return Wait.of(plan, root=plan.root, due_in_s=opening.due_in_s, safety_s=math.inf)
 
 
 def _waiting_line(at: Parked) -> bytes:

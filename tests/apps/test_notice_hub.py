@@ -7,9 +7,9 @@ import asyncio
 
 from icebarrier.apps.catalog import notices as hub_module
 from icebarrier.apps.catalog.notices import Hub
-from icebarrier.control_plane import jobs
+from icebarrier.control_plane import barriers, inputs, jobs
 from icebarrier.control_plane.notices import Wait
-from tests.helpers import T, new_barrier, register_chain
+from tests.helpers import T, job, new_barrier, register_chain
 
 
 async def _delivered(hub: Hub, at_least: int) -> None:
@@ -111,5 +111,45 @@ def test_a_wait_stays_held_between_heartbeats_and_is_released_when_woken_or_due(
         due.due_at = 0.0
         assert await watch.until(due, limit_s=5) is False
         assert not watch.waiting
+
+    _run(dsn, scenario)
+
+
+def test_an_announcement_brings_a_waiting_root_jobs_due_time_nearer_without_waking_it(conn, dsn):
+    """A root job waits for an announcement, due at no clock, through a heartbeat's wait of 30 s.
+    An announcement saying the next barrier is due in about a second ends that wait at its new
+    due time, not woken (not at once: that plan would find nothing; not in 30 s: no barrier
+    would come if nobody else issued it). Announced again, a barrier issued before that time
+    wakes the wait by its notice."""
+    jobs.register(conn, job("root", sinks=["r"], external=["in:x"]))
+    inputs.announce(conn, ["in:x"])
+    b0 = new_barrier(conn)
+    jobs.complete(conn, "root", b0, {T("r"): 1})
+    barriers.set_interval_s(conn, 1.5)
+
+    def waiting_for_an_announcement() -> Wait:
+        wait = Wait.of(jobs.next_barrier(conn, "root"), root=True, due_in_s=None, safety_s=float("inf"))
+        assert wait.announced == {"in:x"}
+        return wait
+
+    async def scenario(hub: Hub):
+        await asyncio.sleep(0.3)
+        loop = asyncio.get_running_loop()
+        watch, wait, started = hub.watch(), waiting_for_an_announcement(), loop.time()
+        waiting = asyncio.ensure_future(watch.until(wait, limit_s=30.0))
+        await asyncio.sleep(0.2)
+        inputs.announce(conn, ["in:x"])
+        assert await waiting is False  # due, not woken
+        assert 0.5 < loop.time() - started < 5.0
+        jobs.complete(conn, "root", new_barrier(conn), {T("r"): 2})  # the job runs it (by hand here)
+        barriers.set_interval_s(conn, 30)
+        watch, wait = hub.watch(), waiting_for_an_announcement()
+        waiting = asyncio.ensure_future(watch.until(wait, limit_s=30.0))
+        await asyncio.sleep(0.2)
+        inputs.announce(conn, ["in:x"])
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        new_barrier(conn)
+        assert await asyncio.wait_for(waiting, 5.0) is True  # the barrier's notice
 
     _run(dsn, scenario)

@@ -6,7 +6,7 @@ import pytest
 
 from icebarrier.control_plane import barriers, db, jobs
 from icebarrier.control_plane.jobs import NextBarrier
-from icebarrier.control_plane.notices import OVERDUE_S, RESYNC, SAFETY_POLL_S, Listener, Notice, Wait
+from icebarrier.control_plane.notices import CLOCK_GRACE_S, RESYNC, SAFETY_POLL_S, Listener, Notice, Wait
 from tests.helpers import WEEK_S, T, complete_all, new_barrier, register_chain
 
 
@@ -72,6 +72,13 @@ WAITS_FOR_A = _plan(20, {"a": 10}, marks={"a": 10, "b": 20})  # planned at 10 fo
         (_plan(None, {}, root=True, announced=("in:a", "in:b")), [Notice("barrier", 30)], False),
         (_plan(None, {}, root=True, announced=("in:a", "in:b")), [Notice("input", table="in:c")], False),
         (_plan(None, {}, root=True, announced=("in:a", "in:b")), [Notice("input", table="in:b")], True),
+        # ... which says when the clock's next barrier is due (0033): it waits for that barrier
+        (_plan(None, {}, root=True, announced=("in:a",)), [Notice("input", table="in:a", due_in_s=0.5)], False),
+        (
+            _plan(None, {}, root=True, announced=("in:a",)),
+            [Notice("input", None, "in:a", None, 0.5), Notice("barrier", 30)],
+            True,
+        ),
         # one announced since: as any root job
         (_plan(None, {}, root=True, announced=("in:a",), pending=True), [Notice("barrier", 30)], True),
         # an intermediate job does not wake on barriers, only when every source it waits for is there
@@ -95,7 +102,11 @@ WAITS_FOR_A = _plan(20, {"a": 10}, marks={"a": 10, "b": 20})  # planned at 10 fo
         (WAITS_FOR_A, [Notice("watermark", 30, "a", {"j": None})], True),  # its progress not said: the plan's
         # its own sink moved on by a wave: the same, from the sink's mark
         (WAITS_FOR_A, [Notice("watermark", 25, "own"), Notice("watermark", 30, "a", {"j": 10})], False),
-        (WAITS_FOR_A, [Notice("watermark", 25, "own"), Notice("watermark", 26, "b"), Notice("watermark", 26, "a")], True),
+        (
+            WAITS_FOR_A,
+            [Notice("watermark", 25, "own"), Notice("watermark", 26, "b"), Notice("watermark", 26, "a")],
+            True,
+        ),
         # a rewind (revision) of a source, or of its own sink away from its progress
         (_plan(20, {"a": 10}), [Notice("watermark", None, "a")], True),
         (_plan(20, {"a": 10}), [Notice("watermark", 10, "own")], False),
@@ -124,6 +135,8 @@ def test_a_wait_wakes_only_when_planning_again_can_find_work(plan, notices, wake
         ("watermark 12 lake.db.x/j,k", Notice("watermark", 12, "lake.db.x", {"j": None, "k": None})),  # 0032's
         ("barrier 7", Notice("barrier", 7)),
         ("input in:a/b", Notice("input", table="in:a/b")),
+        ("input in:a/b 0.25", Notice("input", table="in:a/b", due_in_s=0.25)),
+        ("input in:a/b -", Notice("input", table="in:a/b")),
     ],
 )
 def test_a_notice_is_read_from_its_payload(payload, notice):
@@ -132,12 +145,21 @@ def test_a_notice_is_read_from_its_payload(payload, notice):
 
 def test_a_wait_is_due_at_the_clocks_next_barrier_or_the_safety_poll():
     """A root job's wait ends when its next barrier is due; any wait by the safety poll."""
-    assert 0.9 < Wait.of(_plan(None, {}, root=True), root=True, due_in_s=1.0).remaining_s() <= 1.0
+    assert 1.0 < Wait.of(_plan(None, {}, root=True), root=True, due_in_s=1.0).remaining_s() <= 1.0 + CLOCK_GRACE_S
     assert (
         SAFETY_POLL_S - 1 < Wait.of(_plan(None, {}, root=True), root=True, due_in_s=500).remaining_s() <= SAFETY_POLL_S
     )
     # overdue, yet not issued to it: another is issuing it, whose notice wakes it; it looks again soon
-    assert 0 < Wait.of(_plan(None, {}, root=True), root=True, due_in_s=-3).remaining_s() <= OVERDUE_S
+    assert 0 < Wait.of(_plan(None, {}, root=True), root=True, due_in_s=-3).remaining_s() <= CLOCK_GRACE_S
+
+
+def test_an_announcement_makes_a_root_job_due_at_the_clocks_next_barrier():
+    """Waiting for an announcement, a root job is due at no clock; one that says the next barrier
+    is due in 2 s makes it due then (a little after: the barrier's issuer has the time to tell it)."""
+    wait = Wait.of(_plan(None, {}, root=True, announced=("in:a",)), root=True, due_in_s=None)
+    assert wait.remaining_s() > SAFETY_POLL_S - 1
+    assert not wait.wakes(Notice("input", table="in:a", due_in_s=2.0))
+    assert 2.0 < wait.remaining_s() <= 2.0 + CLOCK_GRACE_S
 
 
 def test_a_job_whose_sources_did_not_change_skips_in_one_transaction(conn, dsn):
