@@ -22,7 +22,7 @@ from icebarrier.apps.catalog.errors import error_response
 from icebarrier.apps.catalog.idempotency import Write, Writes
 from icebarrier.apps.catalog.notices import Parked
 from icebarrier.apps.catalog.warehouses import Warehouse
-from icebarrier.control_plane import job_sessions, reads
+from icebarrier.control_plane import job_sessions, reads, tokens
 from icebarrier.control_plane.model import parse_job_name
 from icebarrier.control_plane.notices import Wait
 
@@ -47,7 +47,7 @@ class OpenRequest(_Body):
     skip: bool = True  # False: the job reads the barrier itself and is never skipped
     coalesce: bool = True
     hold_s: float = Field(default=job_sessions.HOLD_S, gt=0, le=3600)
-    wait_s: float = Field(default=0, ge=0, le=300)  # nothing to complete now: wait up to this long (a long poll)
+    wait_s: float = Field(default=0, ge=0, le=900)  # nothing to complete now: wait up to this long (a long poll)
 
 
 class HoldRequest(_Body):
@@ -59,12 +59,18 @@ class RunRequest(_Body):
     run_id: str | None = None  # None: whichever run holds it (a client without job exec)
 
 
-def _open(once: Write, job: str, body: OpenRequest) -> tuple[job_sessions.Opening | None, dict]:
+def _open(
+    once: Write, job: str, body: OpenRequest, token: str | None = None
+) -> tuple[job_sessions.Opening | None, dict]:
     """Open the job's session, in one transaction with what the run needs to know of it (the
-    opening is None where the answer is a retry's, given again)."""
+    opening is None where the answer is a retry's, given again). ``token``: the caller's access
+    token, checked again in that transaction (a long poll plans long after its request came: a
+    token revoked meanwhile opens nothing)."""
     found: list[job_sessions.Opening] = []
 
     def open_(conn) -> JSONResponse:
+        if token is not None:
+            acting(tokens.session(conn, token), Warehouse("job", job=job))
         opening = job_sessions.open_session(conn, job, skip=body.skip, coalesce=body.coalesce, hold_s=body.hold_s)
         found.append(opening)
         skipped = [c.barrier for c in opening.skipped]
@@ -103,7 +109,7 @@ def _open(once: Write, job: str, body: OpenRequest) -> tuple[job_sessions.Openin
 
 
 @router.post("")
-async def open_session(job: SessionJob, once: Writes, request: Request, body: OpenRequest | None = None):
+async def open_session(job: SessionJob, who: Caller, once: Writes, request: Request, body: OpenRequest | None = None):
     """The run's session: ``opened`` says new, resumed (computing B again) or adopted (publish
     what the dead run staged); ``inputs`` the snapshots its sources load at; ``ready`` false with
     what the job waits for when it has nothing to complete now. ``skipped``: the barriers
@@ -124,7 +130,7 @@ async def open_session(job: SessionJob, once: Writes, request: Request, body: Op
     deadline, key = time.monotonic() + body.wait_s, (job, body.skip, body.coalesce)
     if body.wait_s > 0 and (parked := hub.unpark(key)) is not None:  # nothing new since its last long poll
         hub.events["renewed"] += 1
-        return StreamingResponse(_waiting(hub, key, once, body, parked, deadline), media_type=NDJSON)
+        return StreamingResponse(_waiting(hub, key, once, body, parked, deadline, who[1]), media_type=NDJSON)
     watch = hub.watch() if body.wait_s > 0 and not hub.closing else None  # before planning: a notice meanwhile is kept
     streaming = False
     try:
@@ -134,13 +140,13 @@ async def open_session(job: SessionJob, once: Writes, request: Request, body: Op
             return JSONResponse(answer, status_code=answer["error"]["code"] if "error" in answer else 200)
         streaming = True
         parked = Parked(watch, _wait(opening), opening, answer, time.monotonic())
-        return StreamingResponse(_waiting(hub, key, once, body, parked, deadline), media_type=NDJSON)
+        return StreamingResponse(_waiting(hub, key, once, body, parked, deadline, who[1]), media_type=NDJSON)
     finally:
         if watch is not None and not streaming:
             hub.forget(watch)
 
 
-async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, deadline: float):
+async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, deadline: float, token: str | None):
     """The long poll's lines: the barriers skipped as they are, then the answer. One that ends
     with nothing new is parked for the job's next ask (before its last line: the ask may follow
     at once)."""
@@ -163,7 +169,7 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
                 hub.park(key, at)
                 break
             try:
-                found, answer = await run_in_threadpool(_open, once, job, body)
+                found, answer = await run_in_threadpool(_open, once, job, body, token)
                 hub.events["woken" if woke else "due"] += 1
             except Exception as exc:  # noqa: BLE001 - the stream has begun: the error is its last line
                 yield _line(json.loads(bytes(error_response(exc).body)))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from icebarrier.apps.job_exec import MAX_WAIT_S
-from icebarrier.control_plane import barriers, jobs, tokens
+from icebarrier.control_plane import barriers, job_sessions, jobs, tokens
 from icebarrier.control_plane.model import JobDefinition
 from tests.helpers import WEEK_S
 from tests.iceberg_ext.catalog_server import access_token, scrape, start_server, stop_server
@@ -277,4 +277,42 @@ def test_a_renewal_with_nothing_new_plans_nothing_and_one_after_a_move_plans(lak
     finally:
         err = stop_server(server_proc)
         counter.close()
+    assert "Traceback" not in err, err[-3000:]
+
+
+def test_a_long_poll_whose_token_is_revoked_while_it_waits_opens_nothing(lake):
+    """mid waits in a long poll; its token is revoked; then its source moves. The wake plans in a
+    transaction that checks the token again: the stream ends with the refusal, and mid has no
+    session. (Broken on purpose, without that check, the revoked token's poll opened one.)"""
+    import threading
+
+    from icebarrier.apps.job_exec import CatalogRequestError, SessionClient
+
+    barriers.set_interval_s(lake.conn, WEEK_S)
+    creds = register_chain(lake)
+    server_proc, server = start_server(lake)
+    try:
+        mid, root = SessionClient(server, creds["mid"]), SessionClient(server, creds["root"])
+        answers: list = []
+
+        def wait() -> None:
+            try:
+                answers.append(mid.open("mid", skip=True, coalesce=True, hold_s=60, wait_s=30))
+            except CatalogRequestError as exc:
+                answers.append(exc)
+
+        waiting = threading.Thread(target=wait)
+        waiting.start()
+        time.sleep(1.0)  # mid's poll is waiting
+        tokens.revoke(lake.conn, creds["mid"].split(":", 1)[0])
+        barriers.issue(lake.conn)
+        opened = root.open("root", skip=True, coalesce=True, hold_s=60, wait_s=0)
+        root.publish("root", opened["session"]["run_id"])  # t_root moves: mid wakes
+        waiting.join(20)
+        assert not waiting.is_alive()
+        [answer] = answers
+        assert isinstance(answer, CatalogRequestError) and answer.status == 401, answer
+        assert job_sessions.get(lake.conn, "mid") is None
+    finally:
+        err = stop_server(server_proc)
     assert "Traceback" not in err, err[-3000:]
