@@ -39,8 +39,9 @@ class Watch:
         self._hub = hub
         self._since: int | None = hub.seq  # notices after this one are pending until held
         self._wait: Wait | None = None
-        self._event = asyncio.Event()
-        self._poked = False  # the event set only for the wait's due time, which came nearer
+        self._set = False  # woken (or poked) since the wait was held
+        self._poked = False  # set only for the wait's due time, which came nearer
+        self._waiter: asyncio.Future | None = None  # the request waiting in until(), if one is
 
     @property
     def waiting(self) -> bool:
@@ -48,36 +49,39 @@ class Watch:
 
     def close(self) -> None:
         """The server is stopping: end the wait now (the request answers; its client asks again)."""
-        self._event.set()
+        self._wake()
+
+    def _wake(self, *, poke: bool = False) -> None:
+        self._set, self._poked = True, poke
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     def offer(self, notice: Notice) -> None:
         if self._wait is None:
             return
         due_at = self._wait.due_at
         if self._wait.wakes(notice):
-            self._poked = False
-            self._event.set()
-        elif self._wait.due_at < due_at and not self._event.is_set():  # due sooner (an announcement)
-            self._poked = True
-            self._event.set()
+            self._wake()
+        elif self._wait.due_at < due_at and not self._set:  # due sooner (an announcement)
+            self._wake(poke=True)
 
     @property
     def woken(self) -> bool:
         """A notice woke the wait it holds (a parked long poll's)."""
-        return self._wait is not None and self._event.is_set() and not self._poked
+        return self._wait is not None and self._set and not self._poked
 
     def hold(self, wait: Wait) -> None:
         """Watch for what wakes ``wait`` from now on (and what came while the request planned),
         with or without a request waiting. Holding it already: nothing to do."""
         if self._wait is wait:
             return
-        self._wait, self._event, self._poked = wait, asyncio.Event(), False
+        self._wait, self._set, self._poked = wait, False, False
         keys = {"jobs", "resync", *wait.tables, *wait.sinks, *(f"input {i}" for i in wait.announced)}
         keys |= {"barrier"} if wait.root else set()  # waiting for an announcement: once one came
         self._hub.route(self, keys)
         since, self._since = self._since, None
         if since is not None and self._hub.wakes_since(since, keys, wait):
-            self._event.set()
+            self._set = True
 
     def _release(self) -> None:
         """The wait ended: routed nothing, what comes from now on pending until it holds again."""
@@ -88,27 +92,41 @@ class Watch:
         """Wait until a notice wakes ``wait``, its due time, or ``limit_s``; whether a notice woke it.
         Ended by ``limit_s`` before its due time (a heartbeat), it stays held: a notice meanwhile
         wakes the next call at once, and holding again costs nothing. Woken or due, it is released:
-        what comes while the caller plans again is pending until it holds its next wait."""
+        what comes while the caller plans again is pending until it holds its next wait. (A future
+        and a timer: no task and no exception a heartbeat, which asyncio.wait_for would cost.)"""
         if self._hub.closing:
             return False
         self.hold(wait)  # held already (parked, a heartbeat ago): with what woke it since
+        loop = asyncio.get_running_loop()
         end = time.monotonic() + limit_s
         woke = False
         try:
             while True:
-                if not self._event.is_set():
+                if not self._set:
                     timeout = min(wait.remaining_s(), end - time.monotonic())
-                    await asyncio.wait_for(self._event.wait(), timeout=max(timeout, 0.0))
+                    if timeout <= 0:
+                        return False
+                    self._waiter = loop.create_future()
+                    timer = loop.call_later(timeout, _resolve, self._waiter)
+                    try:
+                        await self._waiter
+                    finally:
+                        timer.cancel()
+                        self._waiter = None
+                    if not self._set:
+                        continue  # its time (the loop sees it)
                 if not self._poked:
                     woke = True
                     return True
-                self._poked = False  # its due time came nearer: wait to that
-                self._event.clear()
-        except TimeoutError:
-            return False
+                self._set = self._poked = False  # its due time came nearer: wait to that
         finally:
             if woke or wait.remaining_s() <= 0 or self._hub.closing:
                 self._release()
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 @dataclass(slots=True)
