@@ -33,7 +33,11 @@ HEARTBEAT_S = 20.0  # a long poll with nothing to say says what it waits for thi
 
 async def session_job(who: Caller, job: str) -> str:
     """The job named in the path, which the caller must act for."""
-    return acting(who[0], Warehouse("job", job=parse_job_name(job))).acting_job
+    return _acting_job(who[0], job)
+
+
+def _acting_job(principal, job: str) -> str:
+    return acting(principal, Warehouse("job", job=parse_job_name(job))).acting_job
 
 
 SessionJob = Annotated[str, Depends(session_job)]
@@ -70,7 +74,7 @@ def _open(
 
     def open_(conn) -> JSONResponse:
         if token is not None:
-            acting(tokens.session(conn, token), Warehouse("job", job=job))
+            _acting_job(tokens.session(conn, token), job)
         opening = job_sessions.open_session(conn, job, skip=body.skip, coalesce=body.coalesce, hold_s=body.hold_s)
         found.append(opening)
         skipped = [c.barrier for c in opening.skipped]
