@@ -16,7 +16,9 @@ jobs, the same number at every point), picked at random: those jobs have work at
 barrier (their command runs; it writes nothing, so what reads them is
 skipped with them), and the control plane skips every other job as each barrier is issued.
 
-After a warm-up (every job bootstrapped), for ``--minutes`` it samples, and prints:
+After a warm-up (every job bootstrapped), for ``--minutes`` it samples, and prints (job exec's
+long polls last 450-600 s and begin together at bootstrap: a window under ten minutes may hold
+none of their renewals, which a steady state has, about one per job every 525 s):
 - Postgres transactions per second (``pg_stat_database.xact_commit`` of the benchmark's
   database: everything — server, jobs, ticker, sampling), per barrier, per job per barrier
   (goal at 2,000 jobs: <= 300 tx/s);
