@@ -186,7 +186,7 @@ class Wait:
 
     @classmethod
     def of(
-        cls, plan: NextBarrier, *, root: bool, sinks=(), due_in_s: float | None = None, safety_s: float = SAFETY_POLL_S
+        cls, plan: NextBarrier, *, root: bool, due_in_s: float | None = None, safety_s: float = SAFETY_POLL_S
     ) -> Wait:
         due = safety_s if due_in_s is None else min(due_after_s(due_in_s), safety_s)
         return cls(
@@ -194,7 +194,7 @@ class Wait:
             job=plan.job,
             target=plan.barrier,
             root=root,
-            sinks=frozenset(map(str, sinks or plan.sinks)),
+            sinks=frozenset(plan.sinks),
             progress=plan.from_barrier,
             announced=frozenset(plan.announced) if plan.waits_for_announcement else frozenset(),
             due_at=time.monotonic() + due,

@@ -304,7 +304,7 @@ class Runtime:
                     self._said_waiting = None
                     return replace(step.plan, ready=True) if not step.plan.waiting_for else None
             return None
-        wait = Wait.of(step.plan, root=step.plan.root, sinks=self.job.sinks, due_in_s=step.due_in_s, safety_s=poll_s)
+        wait = Wait.of(step.plan, root=step.plan.root, due_in_s=step.due_in_s, safety_s=poll_s)
         while not self.stop.is_set() and wait.remaining_s() > 0:
             notices = listener.wait(min(wait.remaining_s(), 1.0))  # SIGTERM is seen within a second
             if any([wait.wakes(n) for n in notices]):

@@ -56,6 +56,7 @@ def _plan(barrier, waiting, *, progress=10, root=False, announced=(), pending=Fa
         announced=announced,
         pending=pending,
         marks=marks or {},
+        sinks=("own",),  # the job's own table
     )
 
 
@@ -119,7 +120,7 @@ WAITS_FOR_A = _plan(20, {"a": 10}, marks={"a": 10, "b": 20})  # planned at 10 fo
 )
 def test_a_wait_wakes_only_when_planning_again_can_find_work(plan, notices, wakes):
     """Which notices make planning again worth a transaction."""
-    wait = Wait.of(plan, root=plan.root, sinks=["own"])
+    wait = Wait.of(plan, root=plan.root)
     assert any([wait.wakes(n) for n in notices]) is wakes
 
 
