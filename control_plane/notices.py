@@ -242,8 +242,9 @@ class Wait:
 
     def _has_work(self) -> bool:
         """Whether a plan may find work, from the marks known (never false when it would)."""
-        past = self.progress is None or all(mark is not None and mark > self.progress for mark in self.tables.values())
         if self.moved or self.target is None:  # no barrier planned, or planned for a progress left behind
-            return past
+            return self.progress is None or all(
+                mark is not None and mark > self.progress for mark in self.tables.values()
+            )
         waiting = self.tables.keys() if self.waiting is None else self.waiting
         return bool(waiting) and all((mark := self.tables.get(t)) is not None and mark >= self.target for t in waiting)
