@@ -356,7 +356,8 @@ def _new_session(conn: Conn, client_id: str, ttl_s: int) -> str:
     return access_token
 
 
-_SESSION = """SELECT t.client_id, t.kind, t.job_name, token_reach(t.client_id) AS reach
+_SESSION = """SELECT t.client_id, t.kind, t.job_name, token_reach(t.client_id) AS reach,
+                      extract(epoch FROM s.expires_at - now())::float8 AS ttl_s
                FROM catalog_session s JOIN catalog_token t USING (client_id)
                WHERE s.token_hash = %s AND s.expires_at > now() AND t.revoked_at IS NULL"""
 
@@ -366,10 +367,11 @@ def session(conn: Conn, access_token: str) -> Principal:
     return _principal(conn.execute(_SESSION, (token_hash(access_token),)).fetchone())
 
 
-async def session_async(conn, access_token: str) -> Principal:
+async def session_async(conn, access_token: str) -> tuple[Principal, float]:
     """:func:`session` on an asyncio connection (a server's event loop waits for Postgres without
-    holding the loop)."""
-    return _principal(await (await conn.execute(_SESSION, (token_hash(access_token),))).fetchone())
+    holding the loop), and how long the access token stays valid from now (seconds)."""
+    row = await (await conn.execute(_SESSION, (token_hash(access_token),))).fetchone()
+    return _principal(row), row["ttl_s"]
 
 
 def _principal(row: dict | None) -> Principal:

@@ -29,8 +29,9 @@ Why an answer from memory is the database's answer at the time the load came:
   (again), memory starts empty: notices were missed. A load waits at most ``CATCH_UP_S`` for a
   catch-up, then asks the database; a connection cut without a word is found by TCP keepalives
   within about 15 s.
-- A token is kept for the life its session has left, never longer. A job's token is not kept: a
-  job also sees its own staged commits, which no notice announces.
+- A token is kept for the life its session has left, never longer; who holds it answers every
+  route's caller (:func:`~icebarrier.apps.catalog.deps.caller`). A job's loads are not answered
+  from memory: a job also sees its own staged commits, which no notice announces.
 - Before ``icebarrier db upgrade`` created the trigger that announces the SQL catalog's
   pointers, every load asks the database.
 """
@@ -129,8 +130,10 @@ class LoadCache:
         managed = False if name is None else self._managed.get(name)
         hashed = query.hashed_token
         held = None if hashed is None else self._tokens.get(hashed)
-        if location is None or managed is None or (hashed is not None and (held is None or held[1] <= now)):
+        if location is None or managed is None or (hashed is not None and _gone(held, now)):
             return None
+        if held is not None and held[0].kind == "job":
+            return None  # a job's loads see its staged commits, which no notice announces
         principal = ANONYMOUS if held is None else held[0]
         barrier = snapshot_id = None  # through latest, or an unmanaged table: nothing pinned
         if query.mode != "latest" and name is not None and managed:
@@ -149,6 +152,20 @@ class LoadCache:
             moment=barrier,
             plain=barrier is not None,
         )
+
+    async def principal(self, hashed_token: str) -> Principal | None:
+        """Who holds the access token whose hash is ``hashed_token``, from memory, as the database
+        would say now (None: ask it); after a catch-up, as a load's."""
+        if not self.live or _gone(self._tokens.get(hashed_token), time.monotonic()) or not await self._caught_up():
+            return None
+        held = self._tokens.get(hashed_token)
+        return None if held is None or held[1] <= time.monotonic() else held[0]
+
+    def keep_principal(self, generation: int, hashed_token: str, principal: Principal, *, until: float) -> None:
+        """Remember who holds a token until ``until`` (``time.monotonic()``; the database's answer,
+        asked at ``generation``: a notice since, and it is not kept)."""
+        if generation == self._generation:
+            _put(self._tokens, MAX_TOKENS, hashed_token, (principal, until))
 
     def keep(self, generation: int, query: LoadQuery, state: LoadState, *, asked_at: float) -> None:
         """Remember what the database answered (``asked_at``: ``time.monotonic()`` before the
@@ -309,6 +326,11 @@ class LoadCache:
             self._pgconn = None
         if exc is not None and self._lost is not None and not self._lost.done():
             self._lost.set_exception(exc)
+
+
+def _gone(held: tuple[Principal, float] | None, now: float) -> bool:
+    """A token memory does not hold, or holds past its time."""
+    return held is None or held[1] <= now
 
 
 def _put(kept: dict, most: int, key, value) -> None:

@@ -306,3 +306,41 @@ def test_a_write_through_the_server_is_read_back_while_its_notice_is_late(lake):
             _from_memory(server, path, headers, i)  # memory holds the table as it is
             table.append(pa.table({"id": [i]}, schema=ROW))
         assert _snapshots(server, path, headers) == 3
+
+
+def test_a_callers_token_is_answered_from_memory_and_refused_as_soon_as_it_is_revoked(lake):
+    """Who holds a token (every route's caller) comes from memory: a job's requests ask the
+    database nothing for it once it is known. Revoked, while the server's notices come 300 ms
+    late, it is refused at once: memory catches up before it answers. A job's own loads still
+    ask the database (they see its staged commits)."""
+    from tests.pg_counter import TransactionCounter
+
+    Pipeline(lake, {"ingest": ["orders"]})
+    lake.catalog.create_table(f"{lake.namespace}.events", schema=ROW)
+    jid, jsecret = tokens.create(lake.conn, job=f"{lake.namespace}_ingest", whole_lake=True)
+    proxy = TransactionCounter(lake.settings.dsn, notices_late_s=0.3)
+    try:
+        proc, server = start_server(lake, env_extra={"ICEBARRIER_DSN": proxy.dsn})
+        try:
+            headers = {"Authorization": f"Bearer {access_token(server, jid, jsecret)}"}
+            _wait_live(server, headers, 1.0)
+            lake.catalog.create_table(f"{lake.namespace}.first_notice", schema=ROW)  # the stream is late from now
+
+            def config() -> int:
+                return requests.get(f"{server}/v1/config", headers=headers, timeout=30).status_code
+
+            assert config() == 200
+            before = proxy.transactions
+            assert [config() for _ in range(5)] == [200] * 5
+            assert proxy.transactions == before, "a known token was asked of the database again"
+            loads = _answered(server, headers)["database"]
+            path = f"latest/namespaces/{lake.namespace}/tables/events"
+            assert [_snapshots(server, path, headers) for _ in range(3)] == [0] * 3
+            assert _answered(server, headers)["database"] == loads + 3, "a job's load was answered from memory"
+            tokens.revoke(lake.conn, jid)
+            assert config() == 401
+        finally:
+            err = stop_server(proc)
+    finally:
+        proxy.close()
+    assert "Traceback" not in err, err[-3000:]
