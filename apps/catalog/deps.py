@@ -15,6 +15,7 @@ from fastapi import Depends, Header, Query, Request
 from icebarrier.apps.catalog.access_log import principal_label
 from icebarrier.apps.catalog.errors import ForbiddenError, MalformedRequestError
 from icebarrier.apps.catalog.lake import Lake, NeedsStorage, memory_only
+from icebarrier.apps.catalog.lake.core import LakeCore
 from icebarrier.apps.catalog.models import check_name, check_namespace
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import catalog_loads, tokens
@@ -60,15 +61,21 @@ async def caller(request: Request, token: Bearer) -> tuple[Principal, str | None
     if token is None:
         request.state.principal = principal_label(ANONYMOUS)
         return ANONYMOUS, None
-    lake = request.app.state.lake
+    principal = await token_holder(request.app.state.lake, token)
+    request.state.principal = principal_label(principal)  # for the access log
+    return principal, token
+
+
+async def token_holder(lake: LakeCore, token: str) -> Principal:
+    """Who holds ``token`` now (AuthenticationError if nobody does): from the process's memory of
+    tokens, as the database would answer now, else from the database."""
     hashed = tokens.token_hash(token)
     if (principal := await lake.load_cache.principal(hashed)) is None:
         generation, asked_at = lake.load_cache.generation, time.monotonic()
         async with lake.async_pool.connection() as conn:
             principal, ttl_s = await tokens.session_async(conn, token)
         lake.load_cache.keep_principal(generation, hashed, principal, until=asked_at + ttl_s)
-    request.state.principal = principal_label(principal)  # for the access log
-    return principal, token
+    return principal
 
 
 Caller = Annotated[tuple[Principal, "str | None"], Depends(caller)]

@@ -17,12 +17,12 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from icebarrier.apps.catalog.deps import Caller, LakeDep, acting
+from icebarrier.apps.catalog.deps import Caller, LakeDep, acting, token_holder
 from icebarrier.apps.catalog.errors import error_response
 from icebarrier.apps.catalog.idempotency import Write, Writes
 from icebarrier.apps.catalog.notices import Parked
 from icebarrier.apps.catalog.warehouses import Warehouse
-from icebarrier.control_plane import job_sessions, reads, tokens
+from icebarrier.control_plane import job_sessions, reads
 from icebarrier.control_plane.model import parse_job_name
 from icebarrier.control_plane.notices import Wait
 
@@ -63,18 +63,12 @@ class RunRequest(_Body):
     run_id: str | None = None  # None: whichever run holds it (a client without job exec)
 
 
-def _open(
-    once: Write, job: str, body: OpenRequest, token: str | None = None
-) -> tuple[job_sessions.Opening | None, dict]:
+def _open(once: Write, job: str, body: OpenRequest) -> tuple[job_sessions.Opening | None, dict]:
     """Open the job's session, in one transaction with what the run needs to know of it (the
-    opening is None where the answer is a retry's, given again). ``token``: the caller's access
-    token, checked again in that transaction (a long poll plans long after its request came: a
-    token revoked meanwhile opens nothing)."""
+    opening is None where the answer is a retry's, given again)."""
     found: list[job_sessions.Opening] = []
 
     def open_(conn) -> JSONResponse:
-        if token is not None:
-            _acting_job(tokens.session(conn, token), job)
         opening = job_sessions.open_session(conn, job, skip=body.skip, coalesce=body.coalesce, hold_s=body.hold_s)
         found.append(opening)
         skipped = [c.barrier for c in opening.skipped]
@@ -173,7 +167,9 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
                 hub.park(key, at)
                 break
             try:
-                found, answer = await run_in_threadpool(_open, once, job, body, token)
+                if token is not None:  # checked again: a long poll plans long after its request came
+                    _acting_job(await token_holder(once.lake, token), job)  # a token revoked meanwhile opens nothing
+                found, answer = await run_in_threadpool(_open, once, job, body)
                 hub.events["woken" if woke else "due"] += 1
             except Exception as exc:  # noqa: BLE001 - the stream has begun: the error is its last line
                 yield _line(json.loads(bytes(error_response(exc).body)))
