@@ -10,8 +10,10 @@ each with Postgres as its store:
   ``iceberg-open-api`` test fixtures that Iceberg's apache/iceberg-rest-fixture image runs), on a
   JDBC catalog in Postgres, a local warehouse; its classpath is ``peers/iceberg-rest/pom.xml``.
 - ``nessie``: Nessie's Quarkus runner, its Iceberg REST API, the JDBC version store in Postgres.
-  Nessie's catalog writes only to object storage, so its warehouse is on S3 (moto's server on
-  127.0.0.1, from the test extra); it needs Java 21 (the Temurin JDK under /usr/lib/jvm).
+  Nessie's catalog writes only to object storage, so its warehouse is on S3: SeaweedFS on
+  127.0.0.1 (``tests/seaweedfs.py``, built once from Go's module proxy; moto's server broke a
+  Nessie run, an INTERNAL_FAILURE inside a 200 to CompleteMultipartUpload); it needs Java 21
+  (the Temurin JDK under /usr/lib/jvm).
 
 Apache Polaris and Gravitino are not on Maven Central as runnable servers (Docker images and
 tarballs on Apache's download site only), so they are not run.
@@ -48,7 +50,7 @@ import pyarrow as pa
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.s3: the S3 server of the tests
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.seaweedfs: the tests' object store
 
 from catalog import start  # noqa: E402
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
@@ -325,12 +327,12 @@ def java_21() -> str:
 
 @contextlib.contextmanager
 def nessie(dsn: str, work: Path) -> Iterator[Target]:
-    from tests.s3 import ACCESS_KEY, REGION, SECRET_KEY, moto_server
+    from tests.seaweedfs import ADMIN_KEY, ADMIN_SECRET, BUCKET, REGION, seaweed
 
     jar = maven.resolve(NESSIE)
     url, user, password = jdbc(dsn)
     port = free_port()
-    with moto_server(work / "moto.log") as s3:
+    with seaweed(work / "seaweedfs") as s3:
         properties = {
             "quarkus.http.port": port,
             "quarkus.management.port": free_port(),
@@ -341,26 +343,32 @@ def nessie(dsn: str, work: Path) -> Iterator[Target]:
             "quarkus.datasource.postgresql.username": user,
             "quarkus.datasource.postgresql.password": password,
             "nessie.catalog.default-warehouse": "wh",
-            "nessie.catalog.warehouses.wh.location": f"s3://{s3.bucket}/nessie",
+            "nessie.catalog.warehouses.wh.location": f"s3://{BUCKET}/nessie",
             "nessie.catalog.service.s3.default-options.endpoint": f"{s3.endpoint}/",
             "nessie.catalog.service.s3.default-options.path-style-access": "true",
             "nessie.catalog.service.s3.default-options.region": REGION,
             "nessie.catalog.service.s3.default-options.access-key": "urn:nessie-secret:quarkus:s3key",
-            "s3key.name": ACCESS_KEY,
-            "s3key.secret": SECRET_KEY,
+            "s3key.name": ADMIN_KEY,
+            "s3key.secret": ADMIN_SECRET,
         }
         command = [java_21(), *(f"-D{k}={v}" for k, v in properties.items()), "-jar", str(jar)]
         with running(command, dict(os.environ), work / "nessie.log") as proc:
             uri = f"http://127.0.0.1:{port}/iceberg"
             wait_http(f"{uri}/v1/config", proc, "Nessie")
             prefix = requests.get(f"{uri}/v1/config", timeout=10).json()["defaults"]["prefix"]
-            client = {"s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY, "s3.region": REGION}
+            client = {
+                "s3.endpoint": s3.endpoint,
+                "s3.access-key-id": ADMIN_KEY,
+                "s3.secret-access-key": ADMIN_SECRET,
+                "s3.region": REGION,
+                "s3.path-style-access": "true",
+            }
             yield Target(
                 "nessie",
                 uri,
                 client,
                 f"/iceberg/v1/{prefix}/namespaces/bench/tables/{{table}}",
-                storage="S3 (moto)",
+                storage="S3 (SeaweedFS)",
             )
 
 

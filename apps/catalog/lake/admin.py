@@ -4,7 +4,7 @@ refused for a managed table where the control plane's record would be lost.
 
 from __future__ import annotations
 
-from pyiceberg.exceptions import ViewAlreadyExistsError
+from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError, ViewAlreadyExistsError
 
 from icebarrier.apps.catalog.delegation import Delegation
 from icebarrier.apps.catalog.errors import ForbiddenError
@@ -31,9 +31,13 @@ class Admin(Sessions, Views):
         if warehouse.kind == "job":
             return self.create_staged(conn, self.session(conn, warehouse, principal), table, request, principal, access)
         managed = self.may_write(conn, principal, table)
-        self.require_not_a_view(conn, table)
-        make = self.catalog._create_staged_table if request.stage_create else self.catalog.create_table
-        made = make(table.identifier, **self.create_args(conn, table, request))
+        made = self.new_table(conn, table, request)
+        if not request.stage_create:  # the metadata written once, its pointer in the request's transaction
+            self.write_metadata(made)
+            try:
+                self.point(conn, table, made.metadata_location, None)
+            except CommitFailedException:  # a table of that name (a view's is a ViewAlreadyExistsError)
+                raise TableAlreadyExistsError(f"Table {table.sql_namespace}.{table.name} already exists") from None
         return self.response(table, made.metadata_location, made.metadata, principal, access, managed=managed)
 
     @staticmethod

@@ -32,7 +32,7 @@ from icebarrier.apps.catalog.load_cache import LoadCache
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import audit, db, jobs, runs
 from icebarrier.control_plane.errors import IcebarrierError
-from icebarrier.control_plane.model import TableName, sql_levels, sql_namespace
+from icebarrier.control_plane.model import TableName, sql_namespace
 from icebarrier.control_plane.tokens import Principal
 from icebarrier.iceberg_ext import locations, rebase
 from icebarrier.iceberg_ext import storage as s3
@@ -166,6 +166,16 @@ class LakeCore:
         self._kind_sql = in_catalog(
             "SELECT coalesce(iceberg_type, 'TABLE') AS kind, metadata_location FROM {cs}.iceberg_tables "
             "WHERE catalog_name = %s AND table_namespace = %s AND table_name = %s"
+        )
+        # whether a namespace exists, as PyIceberg's SQL catalog decides it (a table in it or under
+        # it, or a property), and its location property
+        self._namespace_sql = in_catalog(
+            "SELECT EXISTS (SELECT 1 FROM {cs}.iceberg_tables WHERE catalog_name = %(catalog)s "
+            "AND (table_namespace = %(namespace)s OR table_namespace LIKE %(under)s ESCAPE '!')) "
+            "OR EXISTS (SELECT 1 FROM {cs}.iceberg_namespace_properties WHERE catalog_name = %(catalog)s "
+            "AND (namespace = %(namespace)s OR namespace LIKE %(under)s ESCAPE '!')) AS found, "
+            "(SELECT property_value FROM {cs}.iceberg_namespace_properties WHERE catalog_name = %(catalog)s "
+            "AND namespace = %(namespace)s AND property_key = 'location') AS location"
         )
         self._insert_sql = in_catalog(
             "INSERT INTO {cs}.iceberg_tables (catalog_name, table_namespace, table_name, metadata_location, "
@@ -314,11 +324,23 @@ class LakeCore:
         names = [
             r["table_name"] for r in conn.execute(self._list_sql, (self.settings.catalog, sql_namespace(namespace)))
         ]
-        if not names and not self.catalog.namespace_exists(sql_levels(namespace)):
-            from pyiceberg.exceptions import NoSuchNamespaceError
-
-            raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(namespace)}")
+        if not names:
+            self.namespace_location(conn, namespace)
         return names
+
+    def namespace_location(self, conn, namespace: tuple[str, ...]) -> str | None:
+        """The namespace's ``location`` property (None: it has none), in one statement;
+        NoSuchNamespaceError if it does not exist (as PyIceberg's SQL catalog decides)."""
+        from pyiceberg.exceptions import NoSuchNamespaceError
+
+        levels = sql_namespace(namespace)
+        under = levels.replace("!", "!!").replace("_", "!_").replace("%", "!%") + ".%"
+        row = conn.execute(
+            self._namespace_sql, {"catalog": self.settings.catalog, "namespace": levels, "under": under}
+        ).fetchone()
+        if not row["found"]:
+            raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(namespace)}")
+        return row["location"]
 
     def current(self, conn, table: TableName):
         """(metadata location, metadata, io) of the table's current version."""
@@ -357,21 +379,44 @@ class LakeCore:
         for key, path in paths.items():
             self.confinement.check(str(table), path, others, what=f"property {key}")
 
-    def create_args(self, conn, table: TableName, request) -> dict:
-        """PyIceberg's arguments for creating ``table``, its location (given or the warehouse's
-        default) confined first."""
+    def new_table(self, conn, table: TableName, request):
+        """``table`` as a :class:`~.models.CreateTableRequest` makes it: its first metadata (a
+        StagedTable, nothing written yet) at its location (given, or under its namespace's or
+        the warehouse's), confined first. (PyIceberg's own takes one namespace level only, and
+        asks the SQL catalog on connections of its own.)"""
+        from pyiceberg.io import load_file_io
         from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+        from pyiceberg.table import StagedTable, TableProperties
+        from pyiceberg.table.locations import load_location_provider
+        from pyiceberg.table.metadata import new_table_metadata
         from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 
-        location = self.catalog._resolve_table_location(request.location, table.sql_namespace, table.name)
-        self.confine(conn, table, location, request.properties or {})
-        return dict(
-            schema=request.table_schema,
+        properties = request.properties or {}
+        location = request.location.rstrip("/") if request.location else self.default_location(conn, table)
+        self.confine(conn, table, location, properties)
+        version = int(properties.get(TableProperties.FORMAT_VERSION, TableProperties.DEFAULT_FORMAT_VERSION))
+        metadata = new_table_metadata(
             location=location,
+            schema=self.catalog._convert_schema_if_needed(request.table_schema, version),
             partition_spec=request.partition_spec or UNPARTITIONED_PARTITION_SPEC,
             sort_order=request.write_order or UNSORTED_SORT_ORDER,
-            properties=request.properties,
+            properties=properties,
         )
+        metadata_location = load_location_provider(location, properties).new_table_metadata_file_location()
+        return StagedTable(
+            identifier=table.identifier,
+            metadata=metadata,
+            metadata_location=metadata_location,
+            io=load_file_io({**self.catalog.properties, **properties}, metadata_location),
+            catalog=self.catalog,
+        )
+
+    def default_location(self, conn, table: TableName) -> str:
+        """Where ``table`` lives when its creation names no location: under its namespace's
+        location, else the warehouse's (PyIceberg's SQL catalog's convention)."""
+        if namespace_location := self.namespace_location(conn, table.namespace):
+            return f"{namespace_location.rstrip('/')}/{table.name}"
+        return f"{self.catalog.properties['warehouse'].rstrip('/')}/{table.sql_namespace}/{table.name}"
 
     def metadata(self, location: str):
         def read():

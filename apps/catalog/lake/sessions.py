@@ -126,7 +126,7 @@ class Sessions(LakeCore):
             or conn.execute(self._pointer_sql, (table.catalog, table.sql_namespace, table.name)).fetchone() is not None
         ):
             raise TableAlreadyExistsError(f"table {table} already exists")
-        made = self.catalog._create_staged_table(table.identifier, **self.create_args(conn, table, request))
+        made = self.new_table(conn, table, request)
         if not request.stage_create:  # a staged create is committed by the client (AssertCreate) like any change
             self.write_metadata(made)
             self.stage(conn, session.job, table, session.barrier, None, made.metadata_location, None)

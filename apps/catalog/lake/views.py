@@ -20,7 +20,6 @@ import uuid
 import psycopg
 from pyiceberg.exceptions import (
     NamespaceNotEmptyError,
-    NoSuchNamespaceError,
     NoSuchTableError,
     NoSuchViewError,
     TableAlreadyExistsError,
@@ -29,7 +28,7 @@ from pyiceberg.exceptions import (
 
 from icebarrier.apps.catalog import view_metadata
 from icebarrier.apps.catalog.lake.core import VIEW, LakeCore, _catalog_sql, java_name
-from icebarrier.control_plane.model import TableName, quote_name, sql_levels, sql_namespace
+from icebarrier.control_plane.model import TableName, quote_name, sql_namespace
 from icebarrier.control_plane.tokens import Principal
 
 TABLE = "TABLE"
@@ -41,10 +40,6 @@ class Views(LakeCore):
     def _catalog(self, text: str) -> str:
         return _catalog_sql(self.settings.catalog_schema, text)
 
-    def _require_namespace(self, namespace: tuple[str, ...]) -> None:
-        if not self.catalog.namespace_exists(sql_levels(namespace)):
-            raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(namespace)}")
-
     def view_names(self, conn, namespace: tuple[str, ...]) -> list[str]:
         rows = conn.execute(
             self._catalog(
@@ -54,7 +49,7 @@ class Views(LakeCore):
             (self.settings.catalog, sql_namespace(namespace)),
         ).fetchall()
         if not rows:
-            self._require_namespace(namespace)
+            self.namespace_location(conn, namespace)
         return [r["table_name"] for r in rows]
 
     def load_view(self, conn, name: TableName) -> tuple[str, dict]:
@@ -90,13 +85,10 @@ class Views(LakeCore):
         except ValueError:
             return 0
 
-    def _default_location(self, name: TableName) -> str:
-        return self.catalog._resolve_table_location(None, name.sql_namespace, name.name)
-
     def _require_free(self, conn, principal: Principal, name: TableName) -> None:
         """May ``principal`` put a view at ``name``: its namespace exists, no table or view has it."""
         principal.require_write_unmanaged(name)
-        self._require_namespace(name.namespace)
+        self.namespace_location(conn, name.namespace)
         kind, _ = self.kind_of(conn, name)
         if kind == VIEW:
             raise ViewAlreadyExistsError(f"View already exists: {java_name(name)}")
@@ -118,7 +110,7 @@ class Views(LakeCore):
 
     def create_view(self, conn, principal: Principal, name: TableName, request: dict) -> tuple[str, dict]:
         self._require_free(conn, principal, name)
-        metadata = view_metadata.create(request, self._default_location(name))
+        metadata = view_metadata.create(request, self.default_location(conn, name))
         self.confine(conn, name, metadata["location"], metadata["properties"])
         location = self._write(metadata, 0)
         self._insert(conn, name, location)
@@ -188,7 +180,7 @@ class Views(LakeCore):
             principal.require_write_unmanaged(name)
         if self.kind_of(conn, source)[0] != VIEW:
             raise NoSuchViewError(f"View does not exist: {java_name(source)}")
-        self._require_namespace(destination.namespace)
+        self.namespace_location(conn, destination.namespace)
         kind, _ = self.kind_of(conn, destination)
         if kind is not None:
             raise (ViewAlreadyExistsError if kind == VIEW else TableAlreadyExistsError)(
