@@ -150,6 +150,10 @@ class Principal:
     def sees_namespace(self, catalog: str, namespace: tuple[str, ...]) -> bool:
         return self.reach is None or self.reach.sees_namespace(catalog, namespace)
 
+    def reads_namespace(self, namespace: tuple[str, ...]) -> bool:
+        """Whether it reads every table of ``namespace`` (a list of it needs no look at each)."""
+        return self.reach is None or self.reach.read_all or _under(namespace, self.reach.read_namespaces)
+
     def require_namespace(self, catalog: str, namespace: tuple[str, ...], *, write: bool = False) -> None:
         """Refuse (403) a namespace outside the grants: to see (load, exists, list its tables), or
         (``write``) to create, drop or change it (a write grant on it or above it)."""

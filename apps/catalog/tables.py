@@ -81,7 +81,7 @@ def list_tables(
 
 def identifiers(lake: Lake, principal: Principal, namespace: tuple[str, ...], names: Iterable[str]) -> Response:
     """A ListTablesResponse (of tables, or of views) naming those of ``names`` the caller may read."""
-    if principal.reach is not None:  # only what it may read
+    if not principal.reads_namespace(namespace):  # only what it may read
         names = {name for name in names if principal.reads(lake.table_name(namespace, name))}
     listed = list(namespace)
     body = {"identifiers": [{"namespace": listed, "name": name} for name in sorted(names)]}
