@@ -70,8 +70,8 @@ def _overlapping_locations(conn, settings) -> list:
         ).fetchone()["missing"]
     ):
         return []
-    tables = locations.catalog_tables(conn, settings.catalog_schema, settings.catalog)
-    return locations.overlapping(locations.placed(tables, locations.reader(settings.pyiceberg_properties())))
+    read = locations.reader(settings.pyiceberg_properties())
+    return locations.overlapping(locations.catalog_tables(conn, settings.catalog_schema, settings.catalog, read))
 
 
 @db_group.command("grant-reader")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from psycopg import sql
+from psycopg.rows import tuple_row
 
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import TableName
@@ -67,35 +68,42 @@ class Placed:
     location: str
 
 
-def catalog_tables(conn, catalog_schema: str, catalog: str) -> list[tuple[str, str]]:
-    """(table as icebarrier names it, metadata location) of every table of the catalog, and of
-    every sink a job session created and has not published (its location is taken too)."""
-    rows = conn.execute(
-        sql.SQL(
-            "SELECT table_namespace AS ns, table_name AS name, metadata_location "
-            "FROM {}.iceberg_tables WHERE catalog_name = %s AND metadata_location IS NOT NULL "
-            "UNION ALL SELECT NULL, table_name, metadata_location FROM catalog_pending WHERE base_location IS NULL"
-        ).format(sql.Identifier(catalog_schema)),
-        (catalog,),
-    ).fetchall()
-    return [
-        (
-            r["name"] if r["ns"] is None else str(TableName.from_sql_catalog(catalog, r["ns"], r["name"])),
-            r["metadata_location"],
-        )
-        for r in rows
-    ]
+def catalog_rows(conn, catalog_schema: str, catalog: str) -> list[tuple[str | None, str, str]]:
+    """(SQL namespace, name, metadata location) of every table of the catalog, and (None, table,
+    metadata location) of every sink a job session created and has not published (its location
+    is taken too)."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        return cur.execute(
+            sql.SQL(
+                "SELECT table_namespace, table_name, metadata_location "
+                "FROM {}.iceberg_tables WHERE catalog_name = %s AND metadata_location IS NOT NULL "
+                "UNION ALL SELECT NULL, table_name, metadata_location FROM catalog_pending WHERE base_location IS NULL"
+            ).format(sql.Identifier(catalog_schema)),
+            (catalog,),
+        ).fetchall()
 
 
-def placed(tables: Iterable[tuple[str, str]], read_location: Callable[[str], str]) -> list[Placed]:
-    """Every table's normalized location; ``read_location(metadata_location)`` reads one off its
-    metadata file where the pointer does not say it."""
+UNPLACEABLE = (IcebarrierError, OSError, ValueError)  # a table whose metadata cannot be read places nothing
+
+
+def place(catalog: str, row: tuple[str | None, str, str], read_location: Callable[[str], str]) -> Placed:
+    """A row of :func:`catalog_rows` as a table and its normalized location;
+    ``read_location(metadata_location)`` reads one off its metadata file where the pointer does not
+    say it (raises one of :data:`UNPLACEABLE` where that fails: the table's load fails on its own).
+    A pure function of the row: metadata files do not change."""
+    namespace, name, pointer = row
+    table = name if namespace is None else str(TableName.from_sql_catalog(catalog, namespace, name))
+    return Placed(table, normalized(location_of_pointer(pointer) or read_location(pointer)))
+
+
+def catalog_tables(conn, catalog_schema: str, catalog: str, read_location: Callable[[str], str]) -> list[Placed]:
+    """Every table's normalized location (:func:`catalog_rows`, :func:`place`)."""
     found = []
-    for table, pointer in tables:
+    for row in catalog_rows(conn, catalog_schema, catalog):
         try:
-            found.append(Placed(table, normalized(location_of_pointer(pointer) or read_location(pointer))))
-        except (IcebarrierError, OSError, ValueError):
-            continue  # a table whose metadata cannot be read places nothing (its load fails on its own)
+            found.append(place(catalog, row, read_location))
+        except UNPLACEABLE:
+            continue
     return found
 
 

@@ -62,6 +62,9 @@ def memory_only() -> Iterator[None]:
         _MEMORY_ONLY.reset(token)
 
 
+MAX_PLACEMENTS = 100_000  # about 40 MB at most
+
+
 class _LRU:
     """A small thread-safe LRU for immutable values (metadata files, their JSON, pinned files)."""
 
@@ -141,6 +144,7 @@ class LakeCore:
         self.confinement = locations.Confinement.of(settings.warehouse, allowed_locations)
         self.metadata_cache = _LRU(4096)  # location: (metadata, io)
         self.metadata_json_cache = _LRU(4096)  # location: (its JSON, the table's location)
+        self.placements = _LRU(MAX_PLACEMENTS)  # a catalog row: its table and normalized location
         self.pinned_cache = _LRU(8192)  # (table uuid, snapshot): (pinned location, its JSON, the table's location)
         self._legacy_metadata = bool(Config().get_bool("legacy-current-snapshot-id"))
         in_catalog = functools.partial(_catalog_sql, settings.catalog_schema)
@@ -355,8 +359,22 @@ class LakeCore:
         """Every table's location (the catalog's and the sinks sessions created), under a lock
         that keeps two placements from passing the check at once (held to the transaction's end)."""
         db.advisory_lock(conn, "table_location", [0], what="placing a table")
-        tables = locations.catalog_tables(conn, self.settings.catalog_schema, self.settings.catalog)
-        return locations.placed(tables, lambda pointer: self.metadata(pointer)[0].location)
+        catalog, found = self.settings.catalog, []
+        for row in locations.catalog_rows(conn, self.settings.catalog_schema, catalog):
+            # each row placed once a process (a pure function of the row; a failure is not kept):
+            # every row is still read at each placement (docs/scale.md, "Creating a table")
+            try:
+                found.append(
+                    self.placements.get(
+                        row, lambda row=row: locations.place(catalog, row, self._read_location), storage=False
+                    )
+                )
+            except locations.UNPLACEABLE:
+                continue
+        return found
+
+    def _read_location(self, pointer: str) -> str:
+        return self.metadata(pointer)[0].location
 
     def confine(
         self,
