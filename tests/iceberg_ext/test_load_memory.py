@@ -18,6 +18,7 @@ import requests
 from icebarrier.control_plane import barriers, jobs, revisions, tokens
 from icebarrier.iceberg_ext.catalog import POINTER_TRIGGER, announce_pointers
 from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, scrape, start_server, stop_server
+from tests.pg_counter import TransactionCounter
 
 pytestmark = pytest.mark.slow
 
@@ -60,19 +61,18 @@ def _wait_live(server: str, headers: dict, live: float) -> None:
 
 
 @contextlib.contextmanager
-def _late_notices(lake, reader: tuple[str, str]) -> Iterator[tuple[str, dict]]:
+def _late_notices(lake, reader: tuple[str, str]) -> Iterator[tuple[str, dict, TransactionCounter]]:
     """A server whose Postgres connections pass a proxy that holds its listener's notices (and all
-    that follows them on that connection) back 300 ms; its URI and the reader's headers, once
-    its memory is live. No traceback in its output."""
-    from tests.pg_counter import TransactionCounter
-
+    that follows them on that connection) back 300 ms; its URI, the reader's headers (``reader``:
+    a token's id and secret), once its memory is live, and the proxy (which counts what the
+    server asks Postgres). No traceback in its output."""
     proxy = TransactionCounter(lake.settings.dsn, notices_late_s=0.3)
     try:
         proc, server = start_server(lake, env_extra={"ICEBARRIER_DSN": proxy.dsn})
         try:
             headers = {"Authorization": f"Bearer {access_token(server, *reader)}"}
             _wait_live(server, headers, 1.0)
-            yield server, headers
+            yield server, headers, proxy
         finally:
             err = stop_server(proc)
     finally:
@@ -254,7 +254,7 @@ def test_a_two_table_commit_is_never_half_seen_while_its_notices_are_late(lake):
     it was, is not answered from memory before memory has caught up: never the new first with
     the old second."""
     swap = _two_tables(lake)
-    with _late_notices(lake, tokens.create(lake.conn, whole_lake=True)) as (server, headers):
+    with _late_notices(lake, tokens.create(lake.conn, whole_lake=True)) as (server, headers, _):
         right = f"latest/namespaces/{lake.namespace}/tables/right"
         _from_memory(server, right, headers, 0)  # memory holds the second table as it was
         swap(1)
@@ -268,7 +268,7 @@ def test_a_load_does_not_share_a_catch_up_sent_before_it_came(lake):
     A catch-up sent before the swap committed is answered ahead of the swap's notice: the load
     after the swap must wait for one sent after it came, not join one already out."""
     swap = _two_tables(lake)
-    with _late_notices(lake, tokens.create(lake.conn, whole_lake=True)) as (server, headers):
+    with _late_notices(lake, tokens.create(lake.conn, whole_lake=True)) as (server, headers, _):
         right = f"latest/namespaces/{lake.namespace}/tables/right"
         lake.catalog.create_table(f"{lake.namespace}.first_notice", schema=ROW)  # the stream is late from now
         _from_memory(server, right, headers, 0)
@@ -299,7 +299,7 @@ def test_a_write_through_the_server_is_read_back_while_its_notice_is_late(lake):
     Pipeline(lake, {"ingest": ["orders"]})  # a job, whose token writes the unmanaged table
     lake.catalog.create_table(f"{lake.namespace}.events", schema=ROW)
     jid, jsecret = tokens.create(lake.conn, job=f"{lake.namespace}_ingest", whole_lake=True)
-    with _late_notices(lake, tokens.create(lake.conn, whole_lake=True)) as (server, headers):
+    with _late_notices(lake, tokens.create(lake.conn, whole_lake=True)) as (server, headers, _):
         path = f"latest/namespaces/{lake.namespace}/tables/events"
         table = rest(server, "latest", f"{jid}:{jsecret}").load_table(f"{lake.namespace}.events")
         for i in range(3):
@@ -313,34 +313,22 @@ def test_a_callers_token_is_answered_from_memory_and_refused_as_soon_as_it_is_re
     database nothing for it once it is known. Revoked, while the server's notices come 300 ms
     late, it is refused at once: memory catches up before it answers. A job's own loads still
     ask the database (they see its staged commits)."""
-    from tests.pg_counter import TransactionCounter
-
     Pipeline(lake, {"ingest": ["orders"]})
     lake.catalog.create_table(f"{lake.namespace}.events", schema=ROW)
-    jid, jsecret = tokens.create(lake.conn, job=f"{lake.namespace}_ingest", whole_lake=True)
-    proxy = TransactionCounter(lake.settings.dsn, notices_late_s=0.3)
-    try:
-        proc, server = start_server(lake, env_extra={"ICEBARRIER_DSN": proxy.dsn})
-        try:
-            headers = {"Authorization": f"Bearer {access_token(server, jid, jsecret)}"}
-            _wait_live(server, headers, 1.0)
-            lake.catalog.create_table(f"{lake.namespace}.first_notice", schema=ROW)  # the stream is late from now
+    job = tokens.create(lake.conn, job=f"{lake.namespace}_ingest", whole_lake=True)
+    with _late_notices(lake, job) as (server, headers, proxy):
+        lake.catalog.create_table(f"{lake.namespace}.first_notice", schema=ROW)  # the stream is late from now
 
-            def config() -> int:
-                return requests.get(f"{server}/v1/config", headers=headers, timeout=30).status_code
+        def config() -> int:
+            return requests.get(f"{server}/v1/config", headers=headers, timeout=30).status_code
 
-            assert config() == 200
-            before = proxy.transactions
-            assert [config() for _ in range(5)] == [200] * 5
-            assert proxy.transactions == before, "a known token was asked of the database again"
-            loads = _answered(server, headers)["database"]
-            path = f"latest/namespaces/{lake.namespace}/tables/events"
-            assert [_snapshots(server, path, headers) for _ in range(3)] == [0] * 3
-            assert _answered(server, headers)["database"] == loads + 3, "a job's load was answered from memory"
-            tokens.revoke(lake.conn, jid)
-            assert config() == 401
-        finally:
-            err = stop_server(proc)
-    finally:
-        proxy.close()
-    assert "Traceback" not in err, err[-3000:]
+        assert config() == 200
+        before = proxy.transactions
+        assert [config() for _ in range(5)] == [200] * 5
+        assert proxy.transactions == before, "a known token was asked of the database again"
+        loads = _answered(server, headers)["database"]
+        path = f"latest/namespaces/{lake.namespace}/tables/events"
+        assert [_snapshots(server, path, headers) for _ in range(3)] == [0] * 3
+        assert _answered(server, headers)["database"] == loads + 3, "a job's load was answered from memory"
+        tokens.revoke(lake.conn, job[0])
+        assert config() == 401
