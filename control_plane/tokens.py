@@ -85,7 +85,11 @@ class Reach:
         )
 
     def reads(self, table: TableName) -> bool:
-        return self.read_all or str(table) in self.read_tables or _under(table.namespace, self.read_namespaces)
+        return self.reads_namespace(table.namespace) or str(table) in self.read_tables
+
+    def reads_namespace(self, namespace: tuple[str, ...]) -> bool:
+        """Whether it reads every table of ``namespace``: it is granted, or under a grant."""
+        return self.read_all or _under(namespace, self.read_namespaces)
 
     def writes(self, table: TableName) -> bool:
         """May write ``table`` if it is not managed (a managed one: only its writer job)."""
@@ -93,7 +97,7 @@ class Reach:
 
     def sees_namespace(self, catalog: str, namespace: tuple[str, ...]) -> bool:
         """Whether a list shows ``namespace``: it is granted, under a grant, or above something granted."""
-        if self.read_all or _under(namespace, self.read_namespaces):
+        if self.reads_namespace(namespace):
             return True
         name = quote_name(namespace)
         if any(n.startswith(name + ".") for n in self.read_namespaces):
@@ -152,7 +156,7 @@ class Principal:
 
     def reads_namespace(self, namespace: tuple[str, ...]) -> bool:
         """Whether it reads every table of ``namespace`` (a list of it needs no look at each)."""
-        return self.reach is None or self.reach.read_all or _under(namespace, self.reach.read_namespaces)
+        return self.reach is None or self.reach.reads_namespace(namespace)
 
     def require_namespace(self, catalog: str, namespace: tuple[str, ...], *, write: bool = False) -> None:
         """Refuse (403) a namespace outside the grants: to see (load, exists, list its tables), or
