@@ -71,7 +71,10 @@ def _overlapping_locations(conn, settings) -> list:
     ):
         return []
     read = locations.reader(settings.pyiceberg_properties())
-    return locations.overlapping(locations.catalog_tables(conn, settings.catalog_schema, settings.catalog, read))
+    placed = locations.catalog_tables(
+        conn, settings.catalog_schema, settings.catalog, lambda row: locations.place(settings.catalog, row, read)
+    )
+    return locations.overlapping(placed)
 
 
 @db_group.command("grant-reader")

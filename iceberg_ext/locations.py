@@ -96,12 +96,13 @@ def place(catalog: str, row: tuple[str | None, str, str], read_location: Callabl
     return Placed(table, normalized(location_of_pointer(pointer) or read_location(pointer)))
 
 
-def catalog_tables(conn, catalog_schema: str, catalog: str, read_location: Callable[[str], str]) -> list[Placed]:
-    """Every table's normalized location (:func:`catalog_rows`, :func:`place`)."""
+def catalog_tables(conn, catalog_schema: str, catalog: str, placing: Callable[[tuple], Placed]) -> list[Placed]:
+    """Every table's normalized location: ``placing(row)`` of each of :func:`catalog_rows`
+    (:func:`place`, or a memory of it); a row that cannot be placed places nothing."""
     found = []
     for row in catalog_rows(conn, catalog_schema, catalog):
         try:
-            found.append(place(catalog, row, read_location))
+            found.append(placing(row))
         except UNPLACEABLE:
             continue
     return found

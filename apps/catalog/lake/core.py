@@ -359,19 +359,14 @@ class LakeCore:
         """Every table's location (the catalog's and the sinks sessions created), under a lock
         that keeps two placements from passing the check at once (held to the transaction's end)."""
         db.advisory_lock(conn, "table_location", [0], what="placing a table")
-        catalog, found = self.settings.catalog, []
-        for row in locations.catalog_rows(conn, self.settings.catalog_schema, catalog):
+        catalog = self.settings.catalog
+
+        def placing(row: tuple) -> locations.Placed:
             # each row placed once a process (a pure function of the row; a failure is not kept):
             # every row is still read at each placement (docs/scale.md, "Creating a table")
-            try:
-                found.append(
-                    self.placements.get(
-                        row, lambda row=row: locations.place(catalog, row, self._read_location), storage=False
-                    )
-                )
-            except locations.UNPLACEABLE:
-                continue
-        return found
+            return self.placements.get(row, lambda: locations.place(catalog, row, self._read_location), storage=False)
+
+        return locations.catalog_tables(conn, self.settings.catalog_schema, catalog, placing)
 
     def _read_location(self, pointer: str) -> str:
         return self.metadata(pointer)[0].location
