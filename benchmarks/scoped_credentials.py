@@ -35,7 +35,7 @@ from catalog import session, start  # noqa: E402
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
 from icebarrier.control_plane import db, tokens  # noqa: E402
-from icebarrier.iceberg_ext.catalog import announce_pointers, load_catalog  # noqa: E402
+from icebarrier.iceberg_ext.catalog import load_catalog, watch_pointers  # noqa: E402
 from icebarrier.iceberg_ext.config import Settings  # noqa: E402
 from tests.seaweedfs import BUCKET, seaweed  # noqa: E402
 
@@ -51,7 +51,7 @@ def one_run(dsn: str, store, work: Path, tables: int, readers: int) -> dict:
         dsn=dsn, warehouse=f"s3://{BUCKET}/bench-{time.time_ns()}", storage=Settings.load_storage(config)
     )
     catalog = load_catalog(settings.validated())
-    announce_pointers(settings)  # what `db upgrade` does: the server answers loads from memory
+    watch_pointers(settings)  # what `db upgrade` does: the server answers loads from memory
     catalog.create_namespace("bench")
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False)])
     for i in range(tables):

@@ -71,10 +71,7 @@ def _overlapping_locations(conn, settings) -> list:
     ):
         return []
     read = locations.reader(settings.pyiceberg_properties())
-    placed = locations.catalog_tables(
-        conn, settings.catalog_schema, settings.catalog, lambda row: locations.place(settings.catalog, row, read)
-    )
-    return locations.overlapping(placed)
+    return locations.overlapping(locations.catalog_tables(conn, settings.catalog_schema, settings.catalog, read))
 
 
 @db_group.command("grant-reader")

@@ -47,7 +47,7 @@ def loads_channel(schema: str) -> str:
 
 def pointers_channel(catalog_schema: str) -> str:
     """Where the SQL catalog in ``catalog_schema`` announces a changed pointer row, its key as
-    the JSON array ``[catalog, namespace, table]`` (``iceberg_ext.catalog.announce_pointers``)."""
+    the JSON array ``[catalog, namespace, table]`` (``iceberg_ext.catalog.watch_pointers``)."""
     return f"icebarrier_pointers.{catalog_schema}"
 
 

@@ -94,7 +94,7 @@ def upgrade(settings: Settings):
     # Constructing the SQL catalog creates its tables; not the cached one: leave no session open.
     _catalog_of(settings, cached=False).engine.dispose()
     secure_catalog(settings)
-    announce_pointers(settings)
+    watch_pointers(settings)
     return status
 
 
@@ -125,6 +125,7 @@ CREATE POLICY icebarrier_delete ON {cs}.iceberg_tables FOR DELETE
 # must not silence it.
 POINTER_TRIGGER = "icebarrier_pointer_moved"
 _ANNOUNCE = """
+LOCK TABLE {cs}.iceberg_tables IN SHARE ROW EXCLUSIVE MODE;  -- one (re)creation at a time
 CREATE OR REPLACE FUNCTION {cs}.{trigger}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP <> 'INSERT' THEN
@@ -140,19 +141,81 @@ CREATE OR REPLACE TRIGGER {trigger} AFTER INSERT OR UPDATE OR DELETE ON {cs}.ice
 """
 
 
-def announce_pointers(settings: Settings) -> None:
-    """Make the default SQL catalog's pointer table announce its changes (idempotent; its tables
-    exist)."""
+# Where every table lies, for the check that no two tables' locations overlap
+# (iceberg_ext/locations.py): a row a table, its normalized location indexed in byte order (C), so a
+# placement probes the new location's ancestors and descendants instead of reading every table. A
+# server keeps the rows: this trigger marks each pointer row inserted, deleted or renamed, or moved
+# out of its ``metadata`` folder, and the next placement places the marked rows again. A commit that
+# writes its metadata file beside the last leaves no mark (the pointer implies the same location),
+# so a lake's commits cost nothing here. The function runs as its owner: a job role that writes
+# pointers needs no grant on the marks. Rows no placement holds yet (a catalog written before) are
+# marked when this is (re)created.
+PLACEMENT_TRIGGER = "icebarrier_placement_changed"
+_PLACEMENTS = """
+CREATE TABLE IF NOT EXISTS {cs}.icebarrier_placement (
+    catalog_name text NOT NULL, table_namespace text NOT NULL, table_name text NOT NULL,
+    location text COLLATE "C" NOT NULL,
+    CONSTRAINT icebarrier_placement_pkey PRIMARY KEY (catalog_name, table_namespace, table_name));
+CREATE INDEX IF NOT EXISTS icebarrier_placement_location ON {cs}.icebarrier_placement (catalog_name, location);
+CREATE TABLE IF NOT EXISTS {cs}.icebarrier_placement_mark (
+    catalog_name text NOT NULL, table_namespace text NOT NULL, table_name text NOT NULL,
+    CONSTRAINT icebarrier_placement_mark_pkey PRIMARY KEY (catalog_name, table_namespace, table_name));
+CREATE OR REPLACE FUNCTION {cs}.{marks}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        INSERT INTO {cs}.icebarrier_placement_mark VALUES (OLD.catalog_name, OLD.table_namespace, OLD.table_name)
+            ON CONFLICT DO NOTHING;
+    END IF;
+    IF TG_OP <> 'DELETE' THEN
+        INSERT INTO {cs}.icebarrier_placement_mark VALUES (NEW.catalog_name, NEW.table_namespace, NEW.table_name)
+            ON CONFLICT DO NOTHING;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER {marks} AFTER INSERT OR DELETE ON {cs}.iceberg_tables
+    FOR EACH ROW EXECUTE FUNCTION {cs}.{marks}();
+CREATE OR REPLACE TRIGGER {moved} AFTER UPDATE ON {cs}.iceberg_tables FOR EACH ROW
+    WHEN ((OLD.catalog_name, OLD.table_namespace, OLD.table_name)
+              IS DISTINCT FROM (NEW.catalog_name, NEW.table_namespace, NEW.table_name)
+          OR NOT coalesce(NEW.metadata_location ~ './metadata/[^/]*$'
+                          AND regexp_replace(OLD.metadata_location, '/[^/]*$', '')
+                              = regexp_replace(NEW.metadata_location, '/[^/]*$', ''), false))
+    EXECUTE FUNCTION {cs}.{marks}();
+INSERT INTO {cs}.icebarrier_placement_mark
+    SELECT catalog_name, table_namespace, table_name FROM {cs}.iceberg_tables t WHERE NOT EXISTS (
+        SELECT 1 FROM {cs}.icebarrier_placement p WHERE (p.catalog_name, p.table_namespace, p.table_name)
+            = (t.catalog_name, t.table_namespace, t.table_name))
+    UNION SELECT catalog_name, table_namespace, table_name FROM {cs}.icebarrier_placement p WHERE NOT EXISTS (
+        SELECT 1 FROM {cs}.iceberg_tables t WHERE (p.catalog_name, p.table_namespace, p.table_name)
+            = (t.catalog_name, t.table_namespace, t.table_name))
+    ON CONFLICT DO NOTHING;
+"""
+
+
+def watch_pointers(settings: Settings) -> None:
+    """The default SQL catalog's pointer table announces its changes and marks the placements
+    they move, and the placements are brought up to date (idempotent; its tables exist)."""
     from psycopg import sql
 
+    from icebarrier.control_plane import db
     from icebarrier.control_plane.notices import pointers_channel
+    from icebarrier.iceberg_ext import locations
 
+    if not settings.is_default_catalog:
+        return
     _catalog_ddl(
         settings,
-        _ANNOUNCE,
+        _ANNOUNCE + _PLACEMENTS,
         trigger=sql.Identifier(POINTER_TRIGGER),
         channel=sql.Literal(pointers_channel(settings.catalog_schema)),
+        marks=sql.Identifier(PLACEMENT_TRIGGER),
+        moved=sql.Identifier(PLACEMENT_TRIGGER.replace("changed", "moved")),
     )
+    read = locations.reader(settings.pyiceberg_properties())
+    with db.connect(settings.dsn, settings.schema) as conn, conn.transaction():
+        db.advisory_lock(conn, locations.LOCK, [0], what="placing the catalog's tables")
+        locations.refresh(conn, settings.catalog_schema, settings.catalog, read)
 
 
 def secure_catalog(settings: Settings) -> None:

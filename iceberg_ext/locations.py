@@ -84,32 +84,104 @@ def catalog_rows(conn, catalog_schema: str, catalog: str) -> list[tuple[str | No
 
 
 UNPLACEABLE = (IcebarrierError, OSError, ValueError)  # a table whose metadata cannot be read places nothing
+LOCK = "table_location"  # the advisory lock that keeps two placements from passing the check at once
 
 
 def place(catalog: str, row: tuple[str | None, str, str], read_location: Callable[[str], str]) -> Placed:
     """A row of :func:`catalog_rows` as a table and its normalized location;
     ``read_location(metadata_location)`` reads one off its metadata file where the pointer does not
-    say it (raises one of :data:`UNPLACEABLE` where that fails: the table's load fails on its own).
-    A pure function of the row: metadata files do not change."""
+    say it (raises one of :data:`UNPLACEABLE` where that fails: the table's load fails on its own)."""
     namespace, name, pointer = row
     table = name if namespace is None else str(TableName.from_sql_catalog(catalog, namespace, name))
     return Placed(table, normalized(location_of_pointer(pointer) or read_location(pointer)))
 
 
-def catalog_tables(conn, catalog_schema: str, catalog: str, placing: Callable[[tuple], Placed]) -> list[Placed]:
-    """Every table's normalized location: ``placing(row)`` of each of :func:`catalog_rows`
-    (:func:`place`, or a memory of it); a row that cannot be placed places nothing."""
+def catalog_tables(conn, catalog_schema: str, catalog: str, read_location: Callable[[str], str]) -> list[Placed]:
+    """Every table's normalized location, each of :func:`catalog_rows` read and placed (a row
+    that cannot be placed places nothing): what ``db status`` audits."""
     found = []
     for row in catalog_rows(conn, catalog_schema, catalog):
         try:
-            found.append(placing(row))
+            found.append(place(catalog, row, read_location))
+        except UNPLACEABLE:
+            continue
+    return found
+
+
+# The catalog's placements (iceberg_ext/catalog.py, _PLACEMENTS): a row a table, kept by placing
+# again the rows the SQL catalog's trigger marked. Both below run under LOCK.
+
+
+def refresh(conn, catalog_schema: str, catalog: str, read_location: Callable[[str], str]) -> int:
+    """Place again every table of ``catalog`` marked since the last placement (its pointer row as
+    it is now; a table gone or unplaceable places nothing); how many were marked."""
+    cs = sql.Identifier(catalog_schema)
+    with conn.cursor(row_factory=tuple_row) as cur:
+        marked = cur.execute(
+            sql.SQL(
+                "WITH marked AS (DELETE FROM {cs}.icebarrier_placement_mark WHERE catalog_name = %(c)s "
+                "RETURNING table_namespace, table_name) "
+                "SELECT m.table_namespace, m.table_name, t.metadata_location FROM marked m "
+                "LEFT JOIN {cs}.iceberg_tables t ON t.catalog_name = %(c)s "
+                "AND t.table_namespace = m.table_namespace AND t.table_name = m.table_name"
+            ).format(cs=cs),
+            {"c": catalog},
+        ).fetchall()
+        if not marked:
+            return 0
+        placed: list[tuple[str, str, str]] = []
+        for namespace, name, pointer in marked:
+            try:
+                if pointer is not None:
+                    placed.append((namespace, name, place(catalog, (namespace, name, pointer), read_location).location))
+            except UNPLACEABLE:
+                continue
+        cur.execute(
+            sql.SQL(
+                "DELETE FROM {cs}.icebarrier_placement WHERE catalog_name = %s "
+                "AND (table_namespace, table_name) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
+            ).format(cs=cs),
+            (catalog, [m[0] for m in marked], [m[1] for m in marked]),
+        )
+        cur.execute(
+            sql.SQL(
+                "INSERT INTO {cs}.icebarrier_placement SELECT %s, * FROM unnest(%s::text[], %s::text[], %s::text[])"
+            ).format(cs=cs),
+            (catalog, *([p[i] for p in placed] for i in range(3))),
+        )
+    return len(marked)
+
+
+def near(conn, catalog_schema: str, catalog: str, spot: str, read_location: Callable[[str], str]) -> list[Placed]:
+    """The tables whose locations may overlap normalized ``spot`` (more, never fewer: the caller
+    tests each): the placements at ``spot`` or at one of its ancestors (by equality) and under it
+    (a range of the index), and every sink a job session created and has not published."""
+    start = spot.index("://") + len("://")
+    ancestors = [spot[:i] for i in range(start, len(spot)) if spot[i] == "/"] + [spot]
+    with conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute(
+            sql.SQL(
+                "SELECT table_namespace, table_name, location FROM {}.icebarrier_placement "
+                "WHERE catalog_name = %(c)s AND (location = ANY(%(ancestors)s) "
+                "OR (location >= %(under)s || '/' AND location < %(under)s || '0')) "  # '0' follows '/'
+                "UNION ALL SELECT NULL, table_name, metadata_location FROM catalog_pending WHERE base_location IS NULL"
+            ).format(sql.Identifier(catalog_schema)),
+            {"c": catalog, "ancestors": ancestors, "under": spot},
+        ).fetchall()
+    found = []
+    for namespace, name, location in rows:
+        if namespace is not None:
+            found.append(Placed(str(TableName.from_sql_catalog(catalog, namespace, name)), location))
+            continue
+        try:
+            found.append(place(catalog, (None, name, location), read_location))
         except UNPLACEABLE:
             continue
     return found
 
 
 def reader(properties: dict[str, str]) -> Callable[[str], str]:
-    """``read_location`` for :func:`placed` from PyIceberg's FileIO with ``properties``."""
+    """``read_location`` for :func:`place` from PyIceberg's FileIO with ``properties``."""
 
     def read(metadata_location: str) -> str:
         from pyiceberg.io import load_file_io
@@ -133,6 +205,10 @@ def overlapping(tables: list[Placed]) -> list[tuple[Placed, Placed]]:
     return pairs
 
 
+# The tables whose locations may overlap a normalized location (:func:`near`, at least those).
+Near = Callable[[str], Iterable[Placed]]
+
+
 @dataclass(frozen=True, slots=True)
 class Confinement:
     """The prefixes table locations may lie under (the warehouse first)."""
@@ -143,11 +219,11 @@ class Confinement:
     def of(cls, warehouse: str, extra: Iterable[str] = ()) -> Confinement:
         return cls(tuple(normalized(p) for p in (warehouse, *extra)))
 
-    def check(self, table: str, location: str, others: Iterable[Placed], *, what: str = "location") -> str:
+    def check(self, table: str, location: str, near: Near, *, what: str = "location") -> str:
         """Refuse ``location`` for ``table`` unless it lies strictly under an allowed prefix and
         overlaps no other table's location; its normalized form."""
         spot = self.allowed_spot(table, location, what)
-        for other in others:
+        for other in near(spot):
             if other.table != table and overlap(spot, other.location):
                 raise LocationRefusedError(
                     f"{what} {location} of table {table} overlaps table {other.table} (at {other.location}); "
@@ -165,11 +241,11 @@ class Confinement:
             )
         return spot
 
-    def check_file(self, table: str, file: str, others: Iterable[Placed]) -> None:
+    def check_file(self, table: str, file: str, near: Near) -> None:
         """Refuse a metadata file of ``table`` outside the allowed prefixes or under another
         table's location."""
         spot = self.allowed_spot(table, file, "metadata-location")
-        for other in others:
+        for other in near(spot):
             if other.table != table and contains(other.location, spot):
                 raise LocationRefusedError(
                     f"metadata-location {file} lies under table {other.table}'s location {other.location}; "

@@ -16,7 +16,7 @@ server process answers most loads from memory (``apps/catalog/load_cache.py``):
 
 The SQL catalog's pointer rows announce themselves on a channel of the catalog's schema: that
 trigger belongs to the catalog, which control planes may share, and is created with it
-(``iceberg_ext.catalog.announce_pointers``).
+(``iceberg_ext.catalog.watch_pointers``).
 
 ``catalog_load`` also says what a server needs to keep an answer: the token's remaining life,
 the read-committed session's moment and its age (the moment may be given from memory until it

@@ -16,7 +16,7 @@ from psycopg import sql
 
 from icebarrier.control_plane import db, schema
 from icebarrier.control_plane.model import TableName
-from icebarrier.iceberg_ext.catalog import announce_pointers, load_catalog
+from icebarrier.iceberg_ext.catalog import load_catalog, watch_pointers
 from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.storage import Storage
 from tests.helpers import calm_anchors, new_database
@@ -70,7 +70,7 @@ def _lake(lake_dsn, warehouse: str, monkeypatch, storage: Storage | None = None)
     monkeypatch.setenv("ICEBARRIER_SCHEMA", cp_schema)
     monkeypatch.setenv("ICEBARRIER_WAREHOUSE", warehouse)
     catalog = load_catalog(settings)
-    announce_pointers(settings)  # what `db upgrade` does once for the catalog: servers keep pointers in memory
+    watch_pointers(settings)  # what `db upgrade` does once for the catalog: servers keep pointers in memory
     namespace = f"ns_{uuid.uuid4().hex[:10]}"
     catalog.create_namespace(namespace)
     with db.connect(lake_dsn, cp_schema) as conn:

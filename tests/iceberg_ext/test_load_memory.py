@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from icebarrier.control_plane import barriers, jobs, revisions, tokens
-from icebarrier.iceberg_ext.catalog import POINTER_TRIGGER, announce_pointers
+from icebarrier.iceberg_ext.catalog import POINTER_TRIGGER, watch_pointers
 from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, scrape, start_server, stop_server
 from tests.pg_counter import TransactionCounter
 
@@ -199,7 +199,7 @@ def test_without_the_announcing_trigger_every_load_asks_the_database(lake):
         finally:
             err = stop_server(proc)
     finally:
-        announce_pointers(lake.settings)  # the other tests' catalog again
+        watch_pointers(lake.settings)  # the other tests' catalog again
     assert answered["live"] == 0 and answered["memory"] == 0 and answered["database"] >= 4
     assert "does not announce its changes" in err and "icebarrier db upgrade" in err, err
     assert "Traceback" not in err, err[-3000:]

@@ -10,7 +10,9 @@ import subprocess
 import pyarrow as pa
 import pytest
 import requests
+from psycopg import sql
 from pyiceberg.exceptions import ForbiddenError, NoSuchTableError
+from pyiceberg.table.update import SetLocationUpdate
 
 from icebarrier.control_plane import tokens
 from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest
@@ -115,3 +117,57 @@ def test_db_status_lists_overlaps_earlier_versions_let_in(lake):
     assert {"table": f"lake.{lake.namespace}.squatter", "under": f"lake.{lake.namespace}.fb"}.items() <= next(
         p for p in pairs if p["under"] == f"lake.{lake.namespace}.fb"
     ).items()
+
+
+def _marks(lake) -> int:
+    return lake.conn.execute(
+        sql.SQL("SELECT count(*) AS n FROM {} WHERE table_namespace = %s").format(
+            sql.Identifier(lake.settings.catalog_schema, "icebarrier_placement_mark")
+        ),
+        (lake.namespace,),
+    ).fetchone()["n"]
+
+
+def test_placements_follow_every_writer_of_the_catalog_and_a_commit_marks_nothing(lake, server):
+    """The server checks a location against the catalog's placements (an index, not every table):
+    they follow tables that another writer of the SQL catalog creates, moves, renames and drops,
+    and tables written before they existed (`db upgrade` places them); an append marks nothing."""
+    ns = lake.namespace
+    jid, secret = tokens.create(lake.conn, job=f"{ns}_a", whole_lake=True)
+    Pipeline(lake, {"a": ["fa"]})
+    a = rest(server, "latest", f"{jid}:{secret}")
+    other = lake.catalog.create_table(f"{ns}.other", schema=SCHEMA)  # not through the server
+    first = other.location()
+    other.append(pa.table({"id": [1]}, schema=SCHEMA))
+    assert _marks(lake) == 2  # its creation and fa's, until a placement places them
+    _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=first + "/x"), f"lake.{ns}.other")
+    a.create_table(f"{ns}.beside", schema=SCHEMA)
+    assert _marks(lake) == 1  # placed (a refused placement leaves the marks): only beside's own
+    other.append(pa.table({"id": [2]}, schema=SCHEMA))
+    assert _marks(lake) == 1  # the next metadata file beside the last: the same location
+
+    moved = first.rsplit("/", 1)[0] + "/other-moved"
+    lake.catalog.commit_table(other, (), (SetLocationUpdate(location=moved),))  # as Spark's SET LOCATION
+    a.create_table(f"{ns}.in_the_old_place", schema=SCHEMA, location=first + "-old/t")
+    _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=moved), f"lake.{ns}.other")
+
+    lake.catalog.rename_table(f"{ns}.other", f"{ns}.renamed")
+    _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=moved + "/y"), f"lake.{ns}.renamed")
+    lake.catalog.drop_table(f"{ns}.renamed")
+    a.create_table(f"{ns}.in_its_place", schema=SCHEMA, location=moved)
+
+    # A catalog written before placements were kept: its rows are placed by `db upgrade`.
+    for kept in ("icebarrier_placement", "icebarrier_placement_mark"):
+        lake.conn.execute(
+            sql.SQL("DELETE FROM {} WHERE table_namespace = %s").format(
+                sql.Identifier(lake.settings.catalog_schema, kept)
+            ),
+            (ns,),
+        )
+    a.create_table(f"{ns}.unseen", schema=SCHEMA, location=moved + "/z")  # what the check cannot see
+    lake.catalog.drop_table(f"{ns}.unseen")
+    done = subprocess.run(["icebarrier", "db", "upgrade"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=moved + "/z"), f"lake.{ns}.in_its_place")
+    with pytest.raises(NoSuchTableError):
+        a.load_table(f"{ns}.probe")

@@ -67,8 +67,8 @@ class Admin(Sessions, Views):
                 f"table {table} is managed by icebarrier; registering over it would replace its "
                 f"barrier history. Revise it with `icebarrier revise` instead"
             )
-        others = self.placed(conn)
-        self.confinement.check_file(str(table), metadata_location, others)  # before anything is read
+        near = self.placing(conn)
+        self.confinement.check_file(str(table), metadata_location, near)  # before anything is read
         try:
             metadata, _ = self.metadata(metadata_location)
         except (OSError, ValueError) as exc:
@@ -76,7 +76,7 @@ class Admin(Sessions, Views):
                 f"metadata-location {metadata_location!r} cannot be read as table metadata "
                 f"({type(exc).__name__}); give the location of a metadata.json file"
             ) from None
-        self.confine(conn, table, metadata.location, metadata.properties, others=others)
+        self.confine(conn, table, metadata.location, metadata.properties, near=near)
         if not overwrite:
             self.catalog.register_table(table.identifier, metadata_location)
         else:

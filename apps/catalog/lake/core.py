@@ -32,7 +32,7 @@ from icebarrier.apps.catalog.errors import ForbiddenError
 from icebarrier.apps.catalog.load_cache import LoadCache
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import audit, db, jobs, runs
-from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.control_plane.errors import ConfigurationError, IcebarrierError
 from icebarrier.control_plane.model import TableName, sql_namespace
 from icebarrier.control_plane.tokens import Principal
 from icebarrier.iceberg_ext import locations, rebase
@@ -60,9 +60,6 @@ def memory_only() -> Iterator[None]:
         yield
     finally:
         _MEMORY_ONLY.reset(token)
-
-
-MAX_PLACEMENTS = 100_000  # about 40 MB at most
 
 
 class _LRU:
@@ -138,13 +135,20 @@ class LakeCore:
             self.scoped.check(settings.warehouse)
         self.catalog = load_catalog(settings)
         self.pool = db.pool(settings.dsn, settings.schema, max_size=pool_size)
+        with self.pool.connection() as conn:
+            placements = sql.Identifier(settings.catalog_schema, "icebarrier_placement").as_string(conn)
+            if conn.execute("SELECT to_regclass(%s) IS NULL AS missing", (placements,)).fetchone()["missing"]:
+                self.pool.close()
+                raise ConfigurationError(
+                    f"the SQL catalog has no table placements ({placements}), which the location checks read; "
+                    f"run `icebarrier db upgrade`"
+                )
         self.async_pool = db.async_pool(settings.dsn, settings.schema)  # loads; opened on the server's loop
         self.load_cache = LoadCache(settings.dsn, settings.schema, settings.catalog_schema)  # started there too
         self.quiet_ms = quiet_ms
         self.confinement = locations.Confinement.of(settings.warehouse, allowed_locations)
         self.metadata_cache = _LRU(4096)  # location: (metadata, io)
         self.metadata_json_cache = _LRU(4096)  # location: (its JSON, the table's location)
-        self.placements = _LRU(MAX_PLACEMENTS)  # a catalog row: its table and normalized location
         self.pinned_cache = _LRU(8192)  # (table uuid, snapshot): (pinned location, its JSON, the table's location)
         self._legacy_metadata = bool(Config().get_bool("legacy-current-snapshot-id"))
         in_catalog = functools.partial(_catalog_sql, settings.catalog_schema)
@@ -355,18 +359,15 @@ class LakeCore:
             raise NoSuchTableError(f"Table does not exist: {java_name(table)}")
         return (row["metadata_location"], *self.metadata(row["metadata_location"]))
 
-    def placed(self, conn) -> list[locations.Placed]:
-        """Every table's location (the catalog's and the sinks sessions created), under a lock
-        that keeps two placements from passing the check at once (held to the transaction's end)."""
-        db.advisory_lock(conn, "table_location", [0], what="placing a table")
-        catalog = self.settings.catalog
-
-        def placing(row: tuple) -> locations.Placed:
-            # each row placed once a process (a pure function of the row; a failure is not kept):
-            # every row is still read at each placement (docs/scale.md, "Creating a table")
-            return self.placements.get(row, lambda: locations.place(catalog, row, self._read_location), storage=False)
-
-        return locations.catalog_tables(conn, self.settings.catalog_schema, catalog, placing)
+    def placing(self, conn) -> locations.Near:
+        """The tables whose locations may overlap a normalized location, for
+        :class:`~icebarrier.iceberg_ext.locations.Confinement`'s checks: the catalog's placements
+        brought up to date, under the lock that keeps two placements from passing the check at
+        once (held to the transaction's end)."""
+        db.advisory_lock(conn, locations.LOCK, [0], what="placing a table")
+        cs, catalog = self.settings.catalog_schema, self.settings.catalog
+        locations.refresh(conn, cs, catalog, self._read_location)
+        return functools.partial(locations.near, conn, cs, catalog, read_location=self._read_location)
 
     def _read_location(self, pointer: str) -> str:
         return self.metadata(pointer)[0].location
@@ -378,19 +379,19 @@ class LakeCore:
         location: str | None,
         properties: Mapping[str, str],
         *,
-        others: list[locations.Placed] | None = None,
+        near: locations.Near | None = None,
     ) -> None:
         """Refuse a location (and path properties) of ``table`` outside the allowed prefixes or
-        overlapping another table's (:mod:`icebarrier.iceberg_ext.locations`); ``others``: the
-        tables' locations if the caller has them."""
+        overlapping another table's (:mod:`icebarrier.iceberg_ext.locations`); ``near``: the
+        caller's :meth:`placing`, if it has it."""
         paths = {k: v for k, v in properties.items() if k in locations.PATH_PROPERTIES}
         if location is None and not paths:
             return
-        others = self.placed(conn) if others is None else others
+        near = self.placing(conn) if near is None else near
         if location is not None:
-            self.confinement.check(str(table), location, others)
+            self.confinement.check(str(table), location, near)
         for key, path in paths.items():
-            self.confinement.check(str(table), path, others, what=f"property {key}")
+            self.confinement.check(str(table), path, near, what=f"property {key}")
 
     def new_table(self, conn, table: TableName, request):
         """``table`` as a :class:`~.models.CreateTableRequest` makes it: its first metadata (a

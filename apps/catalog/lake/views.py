@@ -118,8 +118,8 @@ class Views(LakeCore):
 
     def register_view(self, conn, principal: Principal, name: TableName, metadata_location: str) -> tuple[str, dict]:
         self._require_free(conn, principal, name)
-        others = self.placed(conn)
-        self.confinement.check_file(str(name), metadata_location, others)
+        near = self.placing(conn)
+        self.confinement.check_file(str(name), metadata_location, near)
         try:
             metadata = self._read(metadata_location)
             location = metadata["location"]
@@ -128,7 +128,7 @@ class Views(LakeCore):
                 f"metadata-location {metadata_location!r} cannot be read as view metadata ({type(exc).__name__}); "
                 f"give the location of a view's metadata.json file"
             ) from None
-        self.confine(conn, name, location, metadata.get("properties") or {}, others=others)
+        self.confine(conn, name, location, metadata.get("properties") or {}, near=near)
         self._insert(conn, name, metadata_location)
         return metadata_location, metadata
 
