@@ -213,9 +213,14 @@ def watch_pointers(settings: Settings) -> None:
         moved=sql.Identifier(PLACEMENT_TRIGGER.replace("changed", "moved")),
     )
     read = locations.reader(settings.pyiceberg_properties())
-    with db.connect(settings.dsn, settings.schema) as conn, conn.transaction():
-        db.advisory_lock(conn, locations.LOCK, [0], what="placing the catalog's tables")
-        locations.refresh(conn, settings.catalog_schema, settings.catalog, read)
+    with db.connect(settings.dsn, settings.schema) as conn:
+        with conn.transaction():
+            db.advisory_lock(conn, locations.LOCK, [0], what="placing the catalog's tables")
+            placed = locations.refresh(conn, settings.catalog_schema, settings.catalog, read)
+        if placed > 1000:  # a catalog written before: its marks' dead rows would slow each placement for a while
+            conn.execute(
+                sql.SQL("VACUUM {}").format(sql.Identifier(settings.catalog_schema, "icebarrier_placement_mark"))
+            )
 
 
 def secure_catalog(settings: Settings) -> None:

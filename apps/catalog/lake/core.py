@@ -179,10 +179,16 @@ class LakeCore:
         # whether a namespace exists, as PyIceberg's SQL catalog decides it (a table in it or under
         # it, or a property), and its location property
         self._namespace_sql = in_catalog(
-            "SELECT EXISTS (SELECT 1 FROM {cs}.iceberg_tables WHERE catalog_name = %(catalog)s "
-            "AND (table_namespace = %(namespace)s OR table_namespace LIKE %(under)s ESCAPE '!')) "
+            # in this order, each asked only if those before found nothing: the exact ones by index,
+            # the prefix ones (a namespace that only holds namespaces) by scanning
+            "SELECT EXISTS (SELECT 1 FROM {cs}.iceberg_namespace_properties WHERE catalog_name = %(catalog)s "
+            "AND namespace = %(namespace)s) "
+            "OR EXISTS (SELECT 1 FROM {cs}.iceberg_tables WHERE catalog_name = %(catalog)s "
+            "AND table_namespace = %(namespace)s) "
             "OR EXISTS (SELECT 1 FROM {cs}.iceberg_namespace_properties WHERE catalog_name = %(catalog)s "
-            "AND (namespace = %(namespace)s OR namespace LIKE %(under)s ESCAPE '!')) AS found, "
+            "AND namespace LIKE %(under)s ESCAPE '!') "
+            "OR EXISTS (SELECT 1 FROM {cs}.iceberg_tables WHERE catalog_name = %(catalog)s "
+            "AND table_namespace LIKE %(under)s ESCAPE '!') AS found, "
             "(SELECT property_value FROM {cs}.iceberg_namespace_properties WHERE catalog_name = %(catalog)s "
             "AND namespace = %(namespace)s AND property_key = 'location') AS location"
         )
