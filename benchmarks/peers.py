@@ -1,7 +1,7 @@
 """icebarrier beside the catalogs people run today, measured in one run on this machine.
 
     python benchmarks/peers.py [--dsn DSN] [--tables 1000] [--seconds 10] [--commits 50]
-                               [--peers iceberg-rest,nessie] [--workers 2] [--json FILE]
+                               [--beside 0] [--peers iceberg-rest,nessie] [--workers 2] [--json FILE]
 
 The peers, installed from Maven Central (pinned, cached, checksums verified) and started here,
 each with Postgres as its store:
@@ -22,7 +22,10 @@ The same workload for each, in one run: create ``--tables`` tables (and append o
 not timed); load p50/p99 from one client; loads/s from 4 and 16 concurrent clients (``wrk``, a
 C load generator, one keep-alive connection per client, two threads; its CPU is measured and
 printed); a PyIceberg append's p50 (one row, ``--commits`` of them); ``list tables`` of the
-namespace of ``--tables``. icebarrier runs twice: through ``latest`` and through
+namespace of ``--tables``. With ``--beside N`` each catalog holds N other tables first (namespace
+``beside``), put there in bulk (rows of the SQL catalogs' pointer tables; commits of 1,000 puts
+through Nessie's API; never loaded), so every measure is taken in a lake of N more tables
+without an hour of creates per catalog. icebarrier runs twice: through ``latest`` and through
 ``read-committed`` (every load pinned at the client's session moment, 16 reader tokens rotated).
 It prints one table, peer × measure, and each peer ÷ icebarrier.
 """
@@ -42,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,6 +95,7 @@ class Target:
     load_path: str  # a load's path on the server, "{table}" for the table's name
     tokens: list[str] = field(default_factory=list)  # bearer tokens, rotated by the load generator
     storage: str = "local files"
+    beside: Callable[[int], None] | None = None  # puts N tables in namespace beside, in bulk
 
     @property
     def origin(self) -> str:
@@ -113,6 +117,52 @@ def create_tables(catalog, n: int) -> float:
     for i in range(n):
         catalog.create_table(f"bench.t{i}", schema=SCHEMA)
     return time.perf_counter() - started
+
+
+BESIDE = "beside"  # the namespace of --beside's tables
+
+
+def beside_in_sql(dsn: str, tables: str, catalog_name: str, n: int, root: str) -> None:
+    """``n`` tables in namespace beside as rows of a SQL catalog's pointer table ``tables`` (its
+    qualified name), in one statement, each pointer of the form every writer gives it (no
+    metadata file is written: these tables are never loaded)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"INSERT INTO {tables} (catalog_name, table_namespace, table_name, metadata_location) "
+            f"SELECT %s, %s, 'o' || i, %s || '/o' || i || '/metadata/00000-beside.metadata.json' "
+            f"FROM generate_series(1, %s) i",
+            (catalog_name, BESIDE, f"{root}/{BESIDE}", n),
+        )
+
+
+def beside_in_nessie(api: str, n: int, root: str, *, batch: int = 1000) -> None:
+    """``n`` tables in namespace beside through Nessie's own API: commits of ``batch`` puts each."""
+    for first in range(0, n, batch):
+        head = requests.get(f"{api}/trees/main", timeout=30).json()["reference"]["hash"]
+        operations = [
+            {
+                "type": "PUT",
+                "key": {"elements": [BESIDE, f"o{i}"]},
+                "content": {
+                    "type": "ICEBERG_TABLE",
+                    "metadataLocation": f"{root}/{BESIDE}/o{i}/metadata/00000-beside.metadata.json",
+                    "snapshotId": -1,
+                    "schemaId": 0,
+                    "specId": 0,
+                    "sortOrderId": 0,
+                },
+            }
+            for i in range(first + 1, min(n, first + batch) + 1)
+        ]
+        done = requests.post(
+            f"{api}/trees/main@{head}/history/commit",
+            json={"commitMeta": {"message": "tables beside"}, "operations": operations},
+            timeout=300,
+        )
+        if done.status_code != 200:
+            raise SystemExit(f"Nessie refused the tables beside: {done.status_code} {done.text[:500]}")
 
 
 def append_one_row(catalog, n: int) -> None:
@@ -311,7 +361,23 @@ def iceberg_rest(dsn: str, work: Path) -> Iterator[Target]:
     with running(command, env, work / "iceberg-rest.log") as proc:
         uri = f"http://127.0.0.1:{port}"
         wait_http(f"{uri}/v1/config", proc, "the reference REST server")
-        yield Target("iceberg-rest", uri, {}, "/v1/namespaces/bench/tables/{table}")
+        target = Target("iceberg-rest", uri, {}, "/v1/namespaces/bench/tables/{table}")
+
+        def beside(n: int) -> None:  # its JDBC catalog's rows, in the database's public schema
+            target.catalog().create_namespace(BESIDE)
+            beside_in_sql(dsn, "iceberg_tables", _jdbc_catalog_name(dsn), n, env["CATALOG_WAREHOUSE"])
+
+        target.beside = beside
+        yield target
+
+
+def _jdbc_catalog_name(dsn: str) -> str:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT catalog_name FROM iceberg_namespace_properties WHERE namespace = %s LIMIT 1", (BESIDE,)
+        ).fetchone()[0]
 
 
 def java_21() -> str:
@@ -363,13 +429,20 @@ def nessie(dsn: str, work: Path) -> Iterator[Target]:
                 "s3.region": REGION,
                 "s3.path-style-access": "true",
             }
-            yield Target(
+            target = Target(
                 "nessie",
                 uri,
                 client,
                 f"/iceberg/v1/{prefix}/namespaces/bench/tables/{{table}}",
                 storage="S3 (SeaweedFS)",
             )
+
+            def beside(n: int) -> None:
+                target.catalog().create_namespace(BESIDE)
+                beside_in_nessie(f"http://127.0.0.1:{port}/api/v2", n, f"s3://{BUCKET}/nessie")
+
+            target.beside = beside
+            yield target
 
 
 # -- icebarrier --------------------------------------------------------------------------------
@@ -379,6 +452,11 @@ def icebarrier(args, dsn: str, work: Path) -> tuple[dict[str, float], dict[str, 
     """(catalog measures, loads through latest, loads through read-committed)."""
     settings = Settings(dsn=dsn, warehouse=str(work / "icebarrier-wh")).validated()
     ib_catalog.upgrade(settings)
+    if args.beside:  # rows of its SQL catalog, placed as `db upgrade` places a catalog written before
+        beside_in_sql(
+            dsn, f"{settings.catalog_schema}.iceberg_tables", settings.catalog, args.beside, settings.warehouse
+        )
+        ib_catalog.watch_pointers(settings)
     names = [TableName.parse(f"lake.bench.t{i}") for i in range(args.tables)]
     with db.connect(dsn) as conn:
         jobs.register(conn, JobDefinition(name="bench", sinks=frozenset(names), external_inputs=frozenset(["x"])))
@@ -460,6 +538,9 @@ def main() -> int:
     parser.add_argument("--tables", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=10, help="each load measurement")
     parser.add_argument("--commits", type=int, default=50)
+    parser.add_argument(
+        "--beside", type=int, default=0, help="tables each catalog holds already (namespace beside, put in bulk)"
+    )
     parser.add_argument("--peers", default="iceberg-rest,nessie")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="`icebarrier serve --workers`")
     parser.add_argument("--json", type=Path, help="write the figures here too")
@@ -474,7 +555,7 @@ def main() -> int:
         work = Path(tmp)
         with scratch_database(args.dsn) as dsn:
             measures, latest, committed = icebarrier(args, dsn, work)
-        columns["icebarrier latest"] = {**latest, **measures, "storage": "local files"}
+        columns["icebarrier latest"] = {**latest, **measures, "storage": "local files", "tables beside": args.beside}
         columns["icebarrier read-committed"] = {**committed, "storage": "local files"}
         for name in chosen:
             with scratch_database(args.dsn) as dsn, peers[name](dsn, work) as target:
@@ -482,6 +563,7 @@ def main() -> int:
                 columns[name] = {
                     **measure_peer(target, args, work),
                     "storage": target.storage,
+                    "tables beside": args.beside,
                 }
     print(table(columns))
     for name, why in NOT_RUN.items():
@@ -493,6 +575,8 @@ def main() -> int:
 
 def measure_peer(target: Target, args, work: Path) -> dict:
     """A peer: its tables first (created, timed; one row each), then its loads and the rest."""
+    if args.beside:
+        target.beside(args.beside)
     catalog_measures = measure_catalog(target, args)
     return {**measure_loads(target, args, work), **catalog_measures}
 
