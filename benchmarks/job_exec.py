@@ -39,7 +39,7 @@ from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 from icebarrier.apps.catalog.clients import spark_conf  # noqa: E402
 from icebarrier.control_plane import barriers, db, jobs, tokens  # noqa: E402
 from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
-from icebarrier.iceberg_ext.catalog import load_catalog  # noqa: E402
+from icebarrier.iceberg_ext.catalog import load_catalog, upgrade  # noqa: E402
 from icebarrier.iceberg_ext.config import Settings  # noqa: E402
 from icebarrier.iceberg_ext.spark import SPARK_LOG4J2  # noqa: E402
 
@@ -108,6 +108,7 @@ def main() -> None:
     args = parser.parse_args()
     with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory(prefix="icebarrier-bench-") as tmp:
         settings = Settings(dsn=dsn, warehouse=str(Path(tmp) / "warehouse")).validated()
+        upgrade(settings)  # what `icebarrier db upgrade` does before a server starts
         load_catalog(settings).create_namespace("bench")
         with db.connect(settings.dsn, settings.schema) as conn:
             jobs.register(

@@ -39,7 +39,7 @@ from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 from icebarrier.apps.embedded import CLI  # noqa: E402
 from icebarrier.control_plane import barriers, db, jobs, tokens  # noqa: E402
 from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
-from icebarrier.iceberg_ext.catalog import load_catalog, load_table  # noqa: E402
+from icebarrier.iceberg_ext.catalog import load_catalog, load_table, upgrade  # noqa: E402
 from icebarrier.iceberg_ext.commits import BarrierCommit  # noqa: E402
 from icebarrier.iceberg_ext.config import Settings  # noqa: E402
 
@@ -123,6 +123,7 @@ class Pipeline:
 def one_variant(args, maintained: bool) -> dict:
     with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory(prefix="icebarrier-maint-") as warehouse:
         settings = Settings(dsn=dsn, warehouse=warehouse).validated()
+        upgrade(settings)  # what `icebarrier db upgrade` does before a server starts
         server, uri = start(settings)
         service = None
         try:

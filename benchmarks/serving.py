@@ -35,7 +35,7 @@ from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
 from icebarrier.control_plane import db, jobs, tokens  # noqa: E402
 from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
-from icebarrier.iceberg_ext.catalog import load_catalog  # noqa: E402
+from icebarrier.iceberg_ext.catalog import load_catalog, upgrade  # noqa: E402
 from icebarrier.iceberg_ext.config import Settings  # noqa: E402
 
 CHUNK = b"x" * (1 << 20)
@@ -132,6 +132,7 @@ def one_run(args) -> dict:
 
     with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory(prefix="icebarrier-serving-") as home:
         settings = Settings(dsn=dsn, warehouse=str(Path(home) / "wh")).validated()
+        upgrade(settings)  # what `icebarrier db upgrade` does before a server starts
         catalog = load_catalog(settings)
         catalog.create_namespace("bench")
         catalog.create_table("bench.t", schema=pa.schema([("n", pa.int64())]))

@@ -88,6 +88,7 @@ def main() -> int:
 
     with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory() as tmp:
         settings = Settings(dsn=dsn, warehouse=f"{tmp}/wh").validated()
+        ib_catalog.upgrade(settings)  # what `icebarrier db upgrade` does before a server starts
         _, names = build_lake(settings, 2)
         grow(settings, names, args.barriers)
         with db.connect(dsn) as conn:

@@ -15,7 +15,7 @@ from pyiceberg.exceptions import ForbiddenError, NoSuchTableError
 from pyiceberg.table.update import SetLocationUpdate
 
 from icebarrier.control_plane import tokens
-from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest
+from tests.iceberg_ext.catalog_server import Pipeline, access_token, free_port, rest, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -171,3 +171,19 @@ def test_placements_follow_every_writer_of_the_catalog_and_a_commit_marks_nothin
     _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=moved + "/z"), f"lake.{ns}.in_its_place")
     with pytest.raises(NoSuchTableError):
         a.load_table(f"{ns}.probe")
+
+
+def test_a_server_on_a_catalog_without_placements_refuses_to_start_until_db_upgrade(own_lake):
+    """The location check reads the catalog's placements: a server started before `db upgrade`
+    made them says so in one line and exits; after `db upgrade` it serves."""
+    placements = sql.Identifier(own_lake.settings.catalog_schema, "icebarrier_placement")
+    own_lake.conn.execute(sql.SQL("DROP TABLE {}").format(placements))
+    serve = ["icebarrier", "serve", "--port", str(free_port())]
+    refused = subprocess.run(serve, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1, refused.stderr
+    assert "icebarrier db upgrade" in refused.stderr and "placements" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr, refused.stderr
+    done = subprocess.run(["icebarrier", "db", "upgrade"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    proc, _ = start_server(own_lake)
+    assert "Traceback" not in stop_server(proc)
