@@ -150,7 +150,8 @@ CREATE OR REPLACE TRIGGER {trigger} AFTER INSERT OR UPDATE OR DELETE ON {cs}.ice
 # so a lake's commits cost nothing here. The function runs as its owner: a job role that writes
 # pointers needs no grant on the marks. Rows no placement holds yet (a catalog written before) are
 # marked when this is (re)created.
-PLACEMENT_TRIGGER = "icebarrier_placement_changed"
+PLACEMENT_TRIGGER = "icebarrier_placement_changed"  # a row inserted or deleted
+PLACEMENT_MOVED_TRIGGER = "icebarrier_placement_moved"  # a row renamed or moved
 _PLACEMENTS = """
 CREATE TABLE IF NOT EXISTS {cs}.icebarrier_placement (
     catalog_name text NOT NULL, table_namespace text NOT NULL, table_name text NOT NULL,
@@ -210,7 +211,7 @@ def watch_pointers(settings: Settings) -> None:
         trigger=sql.Identifier(POINTER_TRIGGER),
         channel=sql.Literal(pointers_channel(settings.catalog_schema)),
         marks=sql.Identifier(PLACEMENT_TRIGGER),
-        moved=sql.Identifier(PLACEMENT_TRIGGER.replace("changed", "moved")),
+        moved=sql.Identifier(PLACEMENT_MOVED_TRIGGER),
     )
     read = locations.reader(settings.pyiceberg_properties())
     with db.connect(settings.dsn, settings.schema) as conn:
