@@ -187,3 +187,24 @@ def test_a_server_on_a_catalog_without_placements_refuses_to_start_until_db_upgr
     assert done.returncode == 0, done.stderr
     proc, _ = start_server(own_lake)
     assert "Traceback" not in stop_server(proc)
+
+
+def test_a_table_registered_again_after_its_drop_is_placed_and_pointed_at_in_one_transaction(lake, server):
+    """A dropped table leaves a mark; registering its metadata again under its name places the
+    marked row and inserts the pointer in the request's one transaction (before, the insert went
+    through PyIceberg's own connection and waited forever for the mark the placement held)."""
+    ns = lake.namespace
+    jid, secret = tokens.create(lake.conn, job=f"{ns}_a", whole_lake=True)
+    Pipeline(lake, {"a": ["fa"]})
+    a = rest(server, "latest", f"{jid}:{secret}")
+    table = a.create_table(f"{ns}.again", schema=SCHEMA)
+    a.drop_table(f"{ns}.again")  # without purge: its files stay
+    registered = requests.post(
+        f"{server}/v1/latest/namespaces/{ns}/register",
+        json={"name": "again", "metadata-location": table.metadata_location},
+        headers={"Authorization": f"Bearer {access_token(server, jid, secret)}"},
+        timeout=30,
+    )
+    assert registered.status_code == 200, registered.text
+    assert a.load_table(f"{ns}.again").metadata_location == table.metadata_location
+    _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=table.location() + "/x"), f"lake.{ns}.again")

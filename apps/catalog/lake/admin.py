@@ -77,8 +77,12 @@ class Admin(Sessions, Views):
                 f"({type(exc).__name__}); give the location of a metadata.json file"
             ) from None
         self.confine(conn, table, metadata.location, metadata.properties, near=near)
-        if not overwrite:
-            self.catalog.register_table(table.identifier, metadata_location)
+        if not overwrite:  # on the request's connection: its transaction holds the placement (marks taken)
+            self.namespace_location(conn, table.namespace)  # NoSuchNamespaceError
+            try:
+                self.point(conn, table, metadata_location, None)
+            except CommitFailedException:
+                raise TableAlreadyExistsError(f"Table {table.sql_namespace}.{table.name} already exists") from None
         else:
             try:
                 current, _, _ = self.current(conn, table)

@@ -369,7 +369,8 @@ class LakeCore:
         """The tables whose locations may overlap a normalized location, for
         :class:`~icebarrier.iceberg_ext.locations.Confinement`'s checks: the catalog's placements
         brought up to date, under the lock that keeps two placements from passing the check at
-        once (held to the transaction's end)."""
+        once (held to the transaction's end). The transaction then holds the marks it placed: a
+        pointer it writes goes through ``conn`` (another connection's insert would wait for it)."""
         db.advisory_lock(conn, locations.LOCK, [0], what="placing a table")
         cs, catalog = self.settings.catalog_schema, self.settings.catalog
         locations.refresh(conn, cs, catalog, self._read_location)
