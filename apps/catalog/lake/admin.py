@@ -34,11 +34,17 @@ class Admin(Sessions, Views):
         made = self.new_table(conn, table, request)
         if not request.stage_create:  # the metadata written once, its pointer in the request's transaction
             self.write_metadata(made)
-            try:
-                self.point(conn, table, made.metadata_location, None)
-            except CommitFailedException:  # a table of that name (a view's is a ViewAlreadyExistsError)
-                raise TableAlreadyExistsError(f"Table {table.sql_namespace}.{table.name} already exists") from None
+            self._point_new(conn, table, made.metadata_location)
         return self.response(table, made.metadata_location, made.metadata, principal, access, managed=managed)
+
+    def _point_new(self, conn, table: TableName, metadata_location: str) -> None:
+        """A new table's pointer, on the request's connection (its transaction holds the marks the
+        placement took, :meth:`placing`); a table of that name is a TableAlreadyExistsError (a
+        view's, a ViewAlreadyExistsError)."""
+        try:
+            self.point(conn, table, metadata_location, None)
+        except CommitFailedException:
+            raise TableAlreadyExistsError(f"Table {table.sql_namespace}.{table.name} already exists") from None
 
     @staticmethod
     def outside_sessions(warehouse: Warehouse, what: str) -> None:
@@ -77,12 +83,9 @@ class Admin(Sessions, Views):
                 f"({type(exc).__name__}); give the location of a metadata.json file"
             ) from None
         self.confine(conn, table, metadata.location, metadata.properties, near=near)
-        if not overwrite:  # on the request's connection: its transaction holds the placement (marks taken)
+        if not overwrite:
             self.namespace_location(conn, table.namespace)  # NoSuchNamespaceError
-            try:
-                self.point(conn, table, metadata_location, None)
-            except CommitFailedException:
-                raise TableAlreadyExistsError(f"Table {table.sql_namespace}.{table.name} already exists") from None
+            self._point_new(conn, table, metadata_location)
         else:
             try:
                 current, _, _ = self.current(conn, table)
