@@ -12,7 +12,7 @@ have that form. Locations compare normalized: one scheme per store (``s3a``/``s3
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
@@ -87,25 +87,34 @@ UNPLACEABLE = (IcebarrierError, OSError, ValueError)  # a table whose metadata c
 LOCK = "table_location"  # the advisory lock that keeps two placements from passing the check at once
 
 
+def _shown(catalog: str, namespace: str | None, name: str) -> str:
+    """The table as icebarrier names it (a session's sink, ``namespace`` None: named so already)."""
+    return name if namespace is None else str(TableName.from_sql_catalog(catalog, namespace, name))
+
+
 def place(catalog: str, row: tuple[str | None, str, str], read_location: Callable[[str], str]) -> Placed:
     """A row of :func:`catalog_rows` as a table and its normalized location;
     ``read_location(metadata_location)`` reads one off its metadata file where the pointer does not
     say it (raises one of :data:`UNPLACEABLE` where that fails: the table's load fails on its own)."""
     namespace, name, pointer = row
-    table = name if namespace is None else str(TableName.from_sql_catalog(catalog, namespace, name))
-    return Placed(table, normalized(location_of_pointer(pointer) or read_location(pointer)))
+    return Placed(_shown(catalog, namespace, name), normalized(location_of_pointer(pointer) or read_location(pointer)))
+
+
+def placeable(
+    catalog: str, rows: Iterable[tuple[str | None, str, str]], read_location: Callable[[str], str]
+) -> Iterator[tuple[tuple[str | None, str, str], Placed]]:
+    """Each of ``rows`` with its :func:`place`; a row that cannot be placed places nothing."""
+    for row in rows:
+        try:
+            yield row, place(catalog, row, read_location)
+        except UNPLACEABLE:
+            continue
 
 
 def catalog_tables(conn, catalog_schema: str, catalog: str, read_location: Callable[[str], str]) -> list[Placed]:
-    """Every table's normalized location, each of :func:`catalog_rows` read and placed (a row
-    that cannot be placed places nothing): what ``db status`` audits."""
-    found = []
-    for row in catalog_rows(conn, catalog_schema, catalog):
-        try:
-            found.append(place(catalog, row, read_location))
-        except UNPLACEABLE:
-            continue
-    return found
+    """Every table's normalized location, each of :func:`catalog_rows` read and placed: what
+    ``db status`` audits."""
+    return [p for _, p in placeable(catalog, catalog_rows(conn, catalog_schema, catalog), read_location)]
 
 
 # The catalog's placements (iceberg_ext/catalog.py, _PLACEMENTS): a row a table, kept by placing
@@ -129,13 +138,8 @@ def refresh(conn, catalog_schema: str, catalog: str, read_location: Callable[[st
         ).fetchall()
         if not marked:
             return 0
-        placed: list[tuple[str, str, str]] = []
-        for namespace, name, pointer in marked:
-            try:
-                if pointer is not None:
-                    placed.append((namespace, name, place(catalog, (namespace, name, pointer), read_location).location))
-            except UNPLACEABLE:
-                continue
+        present = (row for row in marked if row[2] is not None)  # a table gone places nothing
+        placed = [(ns, name, p.location) for (ns, name, _), p in placeable(catalog, present, read_location)]
         cur.execute(
             sql.SQL(
                 "DELETE FROM {cs}.icebarrier_placement WHERE catalog_name = %s "
@@ -168,16 +172,9 @@ def near(conn, catalog_schema: str, catalog: str, spot: str, read_location: Call
             ).format(sql.Identifier(catalog_schema)),
             {"c": catalog, "ancestors": ancestors, "under": spot},
         ).fetchall()
-    found = []
-    for namespace, name, location in rows:
-        if namespace is not None:
-            found.append(Placed(str(TableName.from_sql_catalog(catalog, namespace, name)), location))
-            continue
-        try:
-            found.append(place(catalog, (None, name, location), read_location))
-        except UNPLACEABLE:
-            continue
-    return found
+    pending = [row for row in rows if row[0] is None]  # (None, sink, its metadata location)
+    found = [Placed(_shown(catalog, ns, name), location) for ns, name, location in rows if ns is not None]
+    return found + [p for _, p in placeable(catalog, pending, read_location)]
 
 
 def reader(properties: dict[str, str]) -> Callable[[str], str]:
