@@ -337,7 +337,7 @@ def catalog_access(credential_help: str):
 @click.option("--no-coalesce", is_flag=True, help="Complete every barrier exactly, one run each.")
 @click.option(
     "--poll",
-    default="600s",
+    default="1h",
     show_default=True,
     help="--follow waits at the catalog, which wakes it when the job has work; this is how long one wait lasts "
     "(the catalog keeps the connection alive meanwhile).",

@@ -33,6 +33,9 @@ from icebarrier.control_plane.jobs import NextBarrier, Plan
 from icebarrier.control_plane.model import TableName
 
 HOLD_S = 30.0  # a run renews its hold every third of this
+# one long poll's longest wait for work (``job exec --follow``; the server says what it waits for
+# meanwhile): its renewal, a request, is the dearest part of waiting, so it is rare
+MAX_WAIT_S = 3600.0
 
 
 class SessionHeldError(BarrierError):

@@ -26,7 +26,7 @@ from icebarrier.control_plane.notices import Listener, Notice, Wait
 LONG_POLL_EVENTS = ("planned", "woken", "due", "renewed", "heartbeat")  # Hub.events
 RECENT_S = 120.0  # notices kept this long for the requests planning meanwhile (one planning longer plans again)
 PARK_S = 60.0  # a long poll that ended with nothing new is kept this long for its job's next ask
-REPLAN_S = 900.0  # a kept plan is planned again from the database at least this often (a safety net)
+REPLAN_S = 900.0  # a long poll's plan is planned again from the database at least this often (a safety net)
 
 
 class Watch:
@@ -138,7 +138,6 @@ class Parked:
     wait: Wait
     opening: Opening  # what the job waits for
     answer: dict
-    planned_at: float  # time.monotonic() when the plan came back from the database
     parked_at: float = 0.0
 
 
@@ -217,12 +216,12 @@ class Hub:
         return self._parked.get(key)
 
     def unpark(self, key: tuple) -> Parked | None:
-        """The long poll kept under ``key``, if nothing woke it and its plan is recent (else
-        None: plan again)."""
+        """The long poll kept under ``key``, if nothing woke it (else None: plan again; one whose
+        plan is REPLAN_S old is due, and plans again as it is taken up)."""
         parked = self._parked.pop(key, None)
         if parked is None:
             return None
-        if self.closing or parked.watch.woken or time.monotonic() - parked.planned_at >= REPLAN_S:
+        if self.closing or parked.watch.woken:
             self.forget(parked.watch)
             return None
         return parked

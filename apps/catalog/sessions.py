@@ -8,7 +8,6 @@ job, or an admin token, may act on it.
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import Annotated
 
@@ -20,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from icebarrier.apps.catalog.deps import Caller, LakeDep, acting, token_holder
 from icebarrier.apps.catalog.errors import error_response
 from icebarrier.apps.catalog.idempotency import Write, Writes
-from icebarrier.apps.catalog.notices import Parked
+from icebarrier.apps.catalog.notices import REPLAN_S, Parked
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import job_sessions, reads
 from icebarrier.control_plane.model import parse_job_name
@@ -51,7 +50,8 @@ class OpenRequest(_Body):
     skip: bool = True  # False: the job reads the barrier itself and is never skipped
     coalesce: bool = True
     hold_s: float = Field(default=job_sessions.HOLD_S, gt=0, le=3600)
-    wait_s: float = Field(default=0, ge=0, le=900)  # nothing to complete now: wait up to this long (a long poll)
+    # nothing to complete now: wait up to this long (a long poll)
+    wait_s: float = Field(default=0, ge=0, le=job_sessions.MAX_WAIT_S)
 
 
 class HoldRequest(_Body):
@@ -137,7 +137,7 @@ async def open_session(job: SessionJob, who: Caller, once: Writes, request: Requ
         if opening is None or answer["ready"] or watch is None:
             return JSONResponse(answer, status_code=answer["error"]["code"] if "error" in answer else 200)
         streaming = True
-        parked = Parked(watch, _wait(opening), opening, answer, time.monotonic())
+        parked = Parked(watch, _wait(opening), opening, answer)
         return StreamingResponse(_waiting(hub, key, once, body, parked, deadline, who[1]), media_type=NDJSON)
     finally:
         if watch is not None and not streaming:
@@ -182,7 +182,7 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
             if answer["ready"]:
                 yield _line({**answer, "skipped": []})
                 return
-            at = Parked(at.watch, _wait(found), found, answer, time.monotonic())
+            at = Parked(at.watch, _wait(found), found, answer)
             waiting = _waiting_line(at)
             if deadline <= time.monotonic():
                 break
@@ -193,10 +193,10 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
 
 
 def _wait(opening: job_sessions.Opening) -> Wait:
-    """What wakes the job's long poll: its notices, or its clock's next barrier (no safety poll: a
-    long poll ends, and a parked one is planned again every REPLAN_S)."""
+    """What wakes the job's long poll: its notices, or its clock's next barrier, or REPLAN_S after
+    this plan (a safety net: a long poll, or its job's next, plans again from the database)."""
     plan = opening.waits_for
-    return Wait.of(plan, root=plan.root, due_in_s=opening.due_in_s, safety_s=math.inf)
+    return Wait.of(plan, root=plan.root, due_in_s=opening.due_in_s, safety_s=REPLAN_S)
 
 
 def _waiting_line(at: Parked) -> bytes:
