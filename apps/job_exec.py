@@ -55,13 +55,13 @@ from icebarrier.apps.catalog.clients import (
     write_truststore,
 )
 from icebarrier.control_plane.errors import IcebarrierError
-from icebarrier.control_plane.job_sessions import HOLD_S, MAX_WAIT_S
+from icebarrier.control_plane.job_sessions import HOLD_S, MAX_HEARTBEAT_S, MAX_WAIT_S
 from icebarrier.control_plane.model import TableName, barrier_label, format_duration_s
 from icebarrier.iceberg_ext.lineage import Lineage
 from icebarrier.iceberg_ext.spark import SPARK_LOG4J2
 
-# a long poll (up to MAX_WAIT_S) hears a line every sessions.HEARTBEAT_S at least: under this
-REQUEST_TIMEOUT_S = 75.0
+# a long poll (up to MAX_WAIT_S) hears a line every `serve --heartbeat` (at most MAX_HEARTBEAT_S)
+REQUEST_TIMEOUT_S = MAX_HEARTBEAT_S + 15.0
 # each long poll this much shorter at most, at random: jobs started together do not renew together
 WAIT_SPREAD = 0.25
 RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # --follow: back-off while no catalog answers

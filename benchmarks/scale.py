@@ -2,6 +2,7 @@
 
     python benchmarks/scale.py [--points 200x2000,2000x2000] [--minutes 5] [--active 2]
                                [--exec 2] [--workers 1] [--plot docs/scale.png]
+                               [--poll 1h] [--heartbeat 20s]  (job exec's, serve's)
                                [--server-log FILE]  (the server's JSON access log, for a stall)
 
 Per point (J jobs x N managed tables): a DAG five deep of J jobs (a tenth of them roots, each
@@ -17,8 +18,10 @@ barrier (their command runs; it writes nothing, so what reads them is
 skipped with them), and the control plane skips every other job as each barrier is issued.
 
 After a warm-up (every job bootstrapped), for ``--minutes`` it samples, and prints (job exec's
-long polls last 450-600 s and begin together at bootstrap: a window under ten minutes may hold
-none of their renewals, which a steady state has, about one per job every 525 s):
+long polls last 45-60 minutes (``--poll``, as `job exec --poll`) and begin together at bootstrap,
+so a window holds none of their renewals, which a steady state has, one per job every ~52
+minutes; nor the plans on time of the safety net, one per waiting job every 15 minutes; a short
+``--poll`` puts renewals in the window, to measure what one costs):
 - Postgres transactions per second (``pg_stat_database.xact_commit`` of the benchmark's
   database: everything — server, jobs, ticker, sampling), per barrier, per job per barrier
   (goal at 2,000 jobs: <= 300 tx/s);
@@ -63,7 +66,7 @@ from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
 from icebarrier.apps.job_exec import JobExec  # noqa: E402
 from icebarrier.control_plane import barriers, db, inputs, jobs, tokens  # noqa: E402
-from icebarrier.control_plane.model import JobDefinition, TableName  # noqa: E402
+from icebarrier.control_plane.model import JobDefinition, TableName, parse_duration_s  # noqa: E402
 from icebarrier.control_plane.notices import Listener  # noqa: E402
 from icebarrier.iceberg_ext import catalog as ib_catalog  # noqa: E402
 from icebarrier.iceberg_ext.config import Settings  # noqa: E402
@@ -183,9 +186,10 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
             threading.Thread(target=listen, args=(dsn, heard, stop), daemon=True),
         ]
         server_log = open(args.server_log, "w") if args.server_log else None  # noqa: SIM115 - the server's life
-        extra = ("--log-format", "json") if server_log else ()
+        extra = ("--heartbeat", args.heartbeat, *(("--log-format", "json") if server_log else ()))
         server, uri = start(settings, workers=args.workers, extra=extra, log=server_log)
         real = [d.name for d in definitions if d.name.startswith(f"d{DEPTH}_")][: args.exec]
+        poll_s = parse_duration_s(args.poll)
         logs: dict[str, deque] = {d.name: deque(maxlen=8) for d in definitions}  # each job's last lines
         runners = [
             SimulatedJob(
@@ -198,7 +202,9 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
             for d in definitions
             if d.name not in real
         ]
-        threads = [threading.Thread(target=r.run, kwargs={"follow": True}, daemon=True) for r in runners]
+        threads = [
+            threading.Thread(target=r.run, kwargs={"follow": True, "poll_s": poll_s}, daemon=True) for r in runners
+        ]
         procs = [
             subprocess.Popen(
                 [
@@ -209,6 +215,8 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
                     "exec",
                     name,
                     "--follow",
+                    "--poll",
+                    args.poll,
                     "--catalog-uri",
                     uri,
                     "--credential",
@@ -397,6 +405,8 @@ def main() -> int:
     parser.add_argument("--active", type=float, default=2.0, help="roots with data at each barrier, on average")
     parser.add_argument("--minutes", type=float, default=5.0, help="1-s barriers this long per point")
     parser.add_argument("--idle-s", type=float, default=60.0, help="the idle measurement's length")
+    parser.add_argument("--poll", default="1h", help="each job's long poll (`job exec --poll`)")
+    parser.add_argument("--heartbeat", default="20s", help="`icebarrier serve --heartbeat`: a waiting job's line")
     parser.add_argument("--exec", type=int, default=2, help="jobs at depth 5 run as real `job exec` processes")
     parser.add_argument("--workers", type=int, default=1, help="`icebarrier serve --workers`")
     parser.add_argument("--server-log", help="write the server's access log (JSON lines) to this file")

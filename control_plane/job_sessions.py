@@ -36,6 +36,10 @@ HOLD_S = 30.0  # a run renews its hold every third of this
 # one long poll's longest wait for work (``job exec --follow``; the server says what it waits for
 # meanwhile): its renewal, a request, is the dearest part of waiting, so it is rare
 MAX_WAIT_S = 3600.0
+# meanwhile the server sends a line this often (`serve --heartbeat`, at most MAX_HEARTBEAT_S): under
+# the idle timeouts of proxies (30 s and up), and under a client's wait for a line
+HEARTBEAT_S = 20.0
+MAX_HEARTBEAT_S = 60.0
 
 
 class SessionHeldError(BarrierError):

@@ -20,7 +20,7 @@ import time
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 
-from icebarrier.control_plane.job_sessions import Opening
+from icebarrier.control_plane.job_sessions import HEARTBEAT_S, Opening
 from icebarrier.control_plane.notices import Listener, Notice, Wait
 
 LONG_POLL_EVENTS = ("planned", "woken", "due", "renewed", "heartbeat")  # Hub.events
@@ -145,8 +145,9 @@ class Hub:
     """Routes one listener's notices to the watches of this process's event loop, and keeps the
     long polls that ended with nothing new (:class:`Parked`) for their jobs' next asks."""
 
-    def __init__(self, dsn: str | None, schema: str | None) -> None:
+    def __init__(self, dsn: str | None, schema: str | None, *, heartbeat_s: float = HEARTBEAT_S) -> None:
         self._listener = Listener(dsn, schema)
+        self.heartbeat_s = heartbeat_s  # a long poll with nothing to say says what it waits for this often
         self._by_key: dict[str, set[Watch]] = defaultdict(set)
         self._keys: dict[Watch, set[str]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None

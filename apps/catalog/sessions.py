@@ -27,7 +27,6 @@ from icebarrier.control_plane.notices import Wait
 
 router = APIRouter(prefix="/icebarrier/v1/jobs/{job}/session")
 NDJSON = "application/x-ndjson"
-HEARTBEAT_S = 20.0  # a long poll with nothing to say says what it waits for this often (proxies' idle timeouts)
 
 
 async def session_job(who: Caller, job: str) -> str:
@@ -115,8 +114,8 @@ async def open_session(job: SessionJob, who: Caller, once: Writes, request: Requ
 
     ``wait_s``: with nothing to complete now, wait up to that long for something (a long poll):
     the answer is then a stream of JSON lines — ``{"skipped": [B…]}`` as the server skips
-    barriers for the job, ``{"waiting": WHAT}`` at once and every :data:`HEARTBEAT_S` with nothing
-    else to say,
+    barriers for the job, ``{"waiting": WHAT}`` at once and every heartbeat (``serve --heartbeat``) with
+    nothing else to say,
     and last the answer above (or ``{"error": …}``). The server plans
     again only when a notice concerns the job (a barrier issued for a root job, its sources'
     watermarks moving): waiting costs the database nothing.
@@ -156,7 +155,9 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
         waiting = _waiting_line(at)
         yield waiting
         while True:
-            while not (woke := await at.watch.until(at.wait, limit_s=min(deadline - time.monotonic(), HEARTBEAT_S))):
+            while not (
+                woke := await at.watch.until(at.wait, limit_s=min(deadline - time.monotonic(), hub.heartbeat_s))
+            ):
                 if hub.closing or at.wait.remaining_s() <= 0 or time.monotonic() >= deadline:
                     break
                 hub.events["heartbeat"] += 1

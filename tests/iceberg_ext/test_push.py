@@ -279,6 +279,27 @@ def test_a_renewal_with_nothing_new_plans_nothing_and_one_after_a_move_plans(lak
     assert "Traceback" not in err, err[-3000:]
 
 
+def test_serve_heartbeat_says_how_often_a_waiting_long_poll_speaks(lake):
+    """`serve --heartbeat 1s`: a long poll with nothing to do says what its job waits for at once,
+    then every second (the default, 20 s, is for proxies' idle timeouts; a longer one where none
+    cuts idle connections sooner saves the server a line's CPU), each line read as it comes.
+    (Broken on purpose, the option ignored, a 4.5-s poll hears one line.)"""
+    from icebarrier.apps.job_exec import SessionClient
+
+    barriers.set_interval_s(lake.conn, WEEK_S)
+    creds = register_chain(lake)
+    server_proc, server = start_server(lake, "--heartbeat", "1s")
+    try:
+        lines: list[dict] = []
+        mid = SessionClient(server, creds["mid"])
+        answer = mid.open("mid", skip=True, coalesce=True, hold_s=60, wait_s=4.5, on_line=lines.append)
+        assert not answer["ready"], answer
+        assert len([line for line in lines if "waiting" in line]) >= 3, lines  # at 0, 1, 2, 3 and 4 s
+    finally:
+        err = stop_server(server_proc)
+    assert "Traceback" not in err, err[-3000:]
+
+
 def test_a_long_poll_whose_token_is_revoked_while_it_waits_opens_nothing(lake):
     """mid waits in a long poll; its token is revoked; then its source moves. The wake plans in a
     transaction that checks the token again: the stream ends with the refusal, and mid has no
