@@ -64,6 +64,47 @@ def test_model_inputs_are_deterministic_and_keep_transfers_whole():
     assert sum(t.num_rows for t in split) == events(5, "payments", 0, 40).num_rows
 
 
+@pytest.mark.slow
+def test_short_seeded_check_run_passes():
+    """A seeded run on its private embedded Postgres, restarted mid-run, with jobs killed at
+    random fault points: no anomaly at read-committed or repeatable-read, nothing lost or
+    duplicated, no pinned snapshot expired, coverage above the floor, renewals exercised."""
+    code, stdout, terminal = _with_terminal_stderr(
+        [
+            sys.executable,
+            "-m",
+            "icebarrier.cli.main",
+            "--output",
+            "json",
+            "check",
+            "--seed",
+            "11",
+            "--duration",
+            "12",
+            "--fault-rate",
+            "0.6",
+        ]
+    )
+    assert code == 0, terminal[-3000:] + stdout[-3000:]
+    # on a terminal, a live line shows the run as it goes; the messages stay above it
+    live = r"\d+ barriers issued, \d+ validated, \d+ reads \(0 anomalies at consistent levels"
+    assert re.search(live, terminal), terminal[-3000:]
+    assert "check: seed 11" in terminal and "waiting for every job to complete the last" in terminal
+    report = json.loads(stdout)
+    assert report["ok"] and report["reads"]["read-committed"] > 0 and report["reads"]["read-uncommitted"] > 0
+    assert report["coverage"] >= report["coverage_floor"] and report["validated"] > 0
+    assert report["restarts"] >= 1 and report["reconnects"] > 0 and sum(report["faults"].values()) > 0
+    assert report["expiry_runs"] > 0 and report["rr_sessions"] > 0
+    # two jobs ran under `icebarrier job exec`, through a catalog server the run killed; cuts
+    # were validated through the catalog's barrier-<B> warehouse and read through read-committed
+    assert report["exec_jobs"] == ["balances_job", "orders_in"] and report["mutation"] is None
+    assert report["faults"].get("catalog server@killed", 0) >= 1
+    # and stopped with SIGTERM: it drained (long polls answered at once) and exited
+    assert report["faults"].get("catalog server@SIGTERM", 0) >= 1 and report["catalog"]["stop_s"]
+    assert report["catalog"]["validated"] > 0 and report["catalog"]["reads"] > 0
+    assert report["catalog"]["anomalies"] == 0
+
+
 def _check(*options: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "icebarrier.cli.main", "--output", "json", "check", *options],
@@ -159,42 +200,43 @@ def test_a_server_that_publishes_non_atomically_fails_the_check():
 
 
 @pytest.mark.slow
-def test_short_seeded_check_run_on_s3_passes(s3, tmp_path):
-    """A seeded run, its warehouse on S3 (`--warehouse s3://…`, the storage settings in
-    icebarrier.toml), on its private embedded Postgres restarted mid-run, with jobs killed at
-    random fault points: no anomaly at read-committed or repeatable-read, nothing lost or
-    duplicated, no pinned snapshot expired, coverage above the floor, renewals exercised; its
-    tables' files are in the bucket. (One run for both: each check run costs a minute.)"""
+def test_short_check_run_on_s3_passes(s3, tmp_path):
+    """The same checker with its warehouse on S3 (`--warehouse s3://…`, the storage settings in
+    icebarrier.toml): no anomaly, nothing lost; its tables' files are in the bucket."""
+    import re as regex
     import shutil
 
     config = tmp_path / "icebarrier.toml"
     config.write_text(s3.storage_toml())
-    code, stdout, terminal = _with_terminal_stderr(
-        [sys.executable, "-m", "icebarrier.cli.main", "--config", str(config), "--output", "json", "check"]
-        + ["--seed", "11", "--duration", "15", "--fault-rate", "0.6", "--warehouse", f"s3://{s3.bucket}/checks"]
-        + ["--keep"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "icebarrier.cli.main",
+            "--config",
+            str(config),
+            "--output",
+            "json",
+            "check",
+            "--seed",
+            "12",
+            "--duration",
+            "15",
+            "--warehouse",
+            f"s3://{s3.bucket}/checks",
+            "--keep",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
-    assert code == 0, terminal[-3000:] + stdout[-3000:]  # the report says why
-    # on a terminal, a live line shows the run as it goes; the messages stay above it
-    live = r"\d+ barriers issued, \d+ validated, \d+ reads \(0 anomalies at consistent levels"
-    assert re.search(live, terminal), terminal[-3000:]
-    assert "check: seed 11" in terminal and "waiting for every job to complete the last" in terminal
-    report = json.loads(stdout)
-    assert report["ok"] and report["reads"]["read-committed"] > 0 and report["reads"]["read-uncommitted"] > 0
-    assert report["coverage"] >= report["coverage_floor"] and report["validated"] > 0
-    assert report["restarts"] >= 1 and report["reconnects"] > 0 and sum(report["faults"].values()) > 0
-    assert report["expiry_runs"] > 0 and report["rr_sessions"] > 0
-    # two jobs ran under `icebarrier job exec`, through a catalog server the run killed; cuts
-    # were validated through the catalog's barrier-<B> warehouse and read through read-committed
-    assert report["exec_jobs"] == ["balances_job", "orders_in"] and report["mutation"] is None
-    assert report["faults"].get("catalog server@killed", 0) >= 1
-    # and stopped with SIGTERM: it drained (long polls answered at once) and exited
-    assert report["faults"].get("catalog server@SIGTERM", 0) >= 1 and report["catalog"]["stop_s"]
-    assert report["catalog"]["validated"] > 0 and report["catalog"]["reads"] > 0
-    assert report["catalog"]["anomalies"] == 0
-    tables = {k.split("/")[3] for k in s3.keys("checks/check-11-") if k.count("/") > 3}
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]  # the report says why
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["validated"] > 0 and report["reads"]["read-committed"] > 0
+    assert report["expiry_runs"] > 0 and report["restarts"] >= 1
+    tables = {k.split("/")[3] for k in s3.keys("checks/check-12-") if k.count("/") > 3}
     assert {"orders", "payments", "ledger", "balances", "paid"} <= tables, tables
-    kept = re.search(r"check: kept (\S+)", terminal).group(1)
+    kept = regex.search(r"check: kept (\S+)", done.stderr).group(1)
     shutil.rmtree(kept, ignore_errors=True)
 
 
