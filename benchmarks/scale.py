@@ -66,6 +66,7 @@ from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
 from icebarrier.apps.job_exec import JobExec  # noqa: E402
 from icebarrier.control_plane import barriers, db, inputs, jobs, tokens  # noqa: E402
+from icebarrier.control_plane.errors import InvalidValueError  # noqa: E402
 from icebarrier.control_plane.model import JobDefinition, TableName, parse_duration_s  # noqa: E402
 from icebarrier.control_plane.notices import Listener  # noqa: E402
 from icebarrier.iceberg_ext import catalog as ib_catalog  # noqa: E402
@@ -189,7 +190,6 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
         extra = ("--heartbeat", args.heartbeat, *(("--log-format", "json") if server_log else ()))
         server, uri = start(settings, workers=args.workers, extra=extra, log=server_log)
         real = [d.name for d in definitions if d.name.startswith(f"d{DEPTH}_")][: args.exec]
-        poll_s = parse_duration_s(args.poll)
         logs: dict[str, deque] = {d.name: deque(maxlen=8) for d in definitions}  # each job's last lines
         runners = [
             SimulatedJob(
@@ -203,7 +203,7 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
             if d.name not in real
         ]
         threads = [
-            threading.Thread(target=r.run, kwargs={"follow": True, "poll_s": poll_s}, daemon=True) for r in runners
+            threading.Thread(target=r.run, kwargs={"follow": True, "poll_s": args.poll_s}, daemon=True) for r in runners
         ]
         procs = [
             subprocess.Popen(
@@ -413,6 +413,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--plot", help="write the curves to this PNG")
     args = parser.parse_args()
+    try:
+        args.poll_s = parse_duration_s(args.poll)  # before any point starts a server
+    except InvalidValueError as exc:
+        parser.error(f"--poll: {exc}")
     points = []
     for spec in args.points.split(","):
         n_jobs, n_tables = (int(x) for x in spec.split("x"))
