@@ -3,6 +3,7 @@
     python benchmarks/scale.py [--points 200x2000,2000x2000] [--minutes 5] [--active 2]
                                [--exec 2] [--workers 1] [--plot docs/scale.png]
                                [--poll 1h] [--heartbeat 20s]  (job exec's, serve's)
+                               [--every MINUTES]  (each segment of a long window, as it ends)
                                [--server-log FILE]  (the server's JSON access log, for a stall)
 
 Per point (J jobs x N managed tables): a DAG five deep of J jobs (a tenth of them roots, each
@@ -242,7 +243,10 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
             polls0 = long_poll_events(scraper, uri)
             b0, tx0, cpu0, n0, t0 = _barriers(conn), committed(conn), tree_cpu_s(server.pid), heard[0], time.monotonic()
             end = t0 + args.minutes * 60
+            segment = (t0, b0, cpu0, polls0)
             while time.monotonic() < end:
+                if args.every and time.monotonic() >= segment[0] + args.every * 60:
+                    segment = print_segment(segment, t0, conn, server.pid, scraper, uri)
                 age = freshness_s(conn)
                 point.freshness.append(age if age is not None else float("nan"))
                 if age is not None and age > STALL_S and len(point.freshness) % 8 == 0:
@@ -353,6 +357,20 @@ def long_poll_events(scraper, uri: str) -> dict[str, float]:
     }
 
 
+def print_segment(segment: tuple, t0: float, conn, pid: int, scraper, uri: str) -> tuple:
+    """One ``--every`` segment of the window: its server CPU a barrier and long-poll events a
+    barrier (a long window shows when the renewals and the safety net's plans come)."""
+    now, b, cpu, polls = time.monotonic(), _barriers(conn), tree_cpu_s(pid), long_poll_events(scraper, uri)
+    issued = max(1, b - segment[1])
+    events = {e: round((n - segment[3].get(e, 0)) / issued, 2) for e, n in polls.items()}
+    print(
+        f"  minute {(segment[0] - t0) / 60:5.1f}-{(now - t0) / 60:5.1f}: server CPU "
+        f"{(cpu - segment[2]) / issued:5.3f} s/barrier, long-poll events/barrier {events}",
+        flush=True,
+    )
+    return now, b, cpu, polls
+
+
 def report(point: Point) -> None:
     first, last, grows = point.lag_grows()
     print(
@@ -404,6 +422,7 @@ def main() -> int:
     parser.add_argument("--points", default="200x2000,2000x2000", help="JOBSxTABLES,… to measure")
     parser.add_argument("--active", type=float, default=2.0, help="roots with data at each barrier, on average")
     parser.add_argument("--minutes", type=float, default=5.0, help="1-s barriers this long per point")
+    parser.add_argument("--every", type=float, help="also print each segment of this many minutes of the window")
     parser.add_argument("--idle-s", type=float, default=60.0, help="the idle measurement's length")
     parser.add_argument("--poll", default="1h", help="each job's long poll (`job exec --poll`)")
     parser.add_argument("--heartbeat", default="20s", help="`icebarrier serve --heartbeat`: a waiting job's line")
