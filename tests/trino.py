@@ -161,6 +161,24 @@ class Trino:
             self.active_since = time.monotonic()
         return time.monotonic() > self.active_since + NODE_MAP_REFRESH_S
 
+    @contextlib.contextmanager
+    def catalogs(self, files: dict[str, str]) -> Iterator[None]:
+        """``files`` (name -> the properties file text, as `icebarrier connect` prints it) as
+        catalogs of this running Trino while the block runs (``CREATE CATALOG``, then ``DROP
+        CATALOG``: a server started ``dynamic``), so that tests share one Trino."""
+        made = []
+        try:
+            for name, text in files.items():
+                properties = dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+                connector = properties.pop("connector.name")
+                settings = ", ".join(f"\"{k}\" = '{v.replace(chr(39), chr(39) * 2)}'" for k, v in properties.items())
+                self.query(f"CREATE CATALOG {name} USING {connector} WITH ({settings})")
+                made.append(name)
+            yield
+        finally:
+            for name in made:
+                self.query(f"DROP CATALOG {name}")
+
     def query(self, sql: str, **where) -> list[list]:
         import trino
 

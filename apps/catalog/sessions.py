@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from icebarrier.apps.catalog.deps import Caller, LakeDep, acting, token_holder
 from icebarrier.apps.catalog.errors import error_response
 from icebarrier.apps.catalog.idempotency import Write, Writes
-from icebarrier.apps.catalog.notices import REPLAN_S, Parked
+from icebarrier.apps.catalog.notices import Parked, replan_s
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import job_sessions, reads
 from icebarrier.control_plane.model import parse_job_name
@@ -194,10 +194,11 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
 
 
 def _wait(opening: job_sessions.Opening) -> Wait:
-    """What wakes the job's long poll: its notices, or its clock's next barrier, or REPLAN_S after
-    this plan (a safety net: a long poll, or its job's next, plans again from the database)."""
+    """What wakes the job's long poll: its notices, or its clock's next barrier, or 11-15 minutes
+    after this plan (:func:`replan_s`, a safety net: a long poll, or its job's next, plans again
+    from the database)."""
     plan = opening.waits_for
-    return Wait.of(plan, root=plan.root, due_in_s=opening.due_in_s, safety_s=REPLAN_S)
+    return Wait.of(plan, root=plan.root, due_in_s=opening.due_in_s, safety_s=replan_s())
 
 
 def _waiting_line(at: Parked) -> bytes:

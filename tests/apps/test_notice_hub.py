@@ -153,3 +153,13 @@ def test_an_announcement_brings_a_waiting_root_jobs_due_time_nearer_without_waki
         assert await asyncio.wait_for(waiting, 5.0) is True  # the barrier's notice
 
     _run(dsn, scenario)
+
+
+def test_long_polls_that_planned_together_are_due_again_apart():
+    """The safety net's due time is REPLAN_S less up to a quarter at random: 2,000 long polls
+    that planned in the same second (a server restarted) plan again spread over minutes, not
+    together every 15 minutes."""
+    due = [hub_module.replan_s() for _ in range(2000)]
+    assert all(0.75 * hub_module.REPLAN_S <= d <= hub_module.REPLAN_S for d in due)
+    in_a_second = max(sum(1 for d in due if s <= d < s + 1) for s in range(675, 901))
+    assert in_a_second < 100, in_a_second  # ~9 a second on average; together, all 2,000

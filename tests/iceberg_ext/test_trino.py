@@ -20,6 +20,14 @@ from tests.trino import catalog_file, connect, trino_server
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trino")]  # one Trino at a time on 2 cores
 
 
+@pytest.fixture(scope="module")
+def trino(tmp_path_factory):
+    """One Trino for the module's tests (a start costs 20-30 s), catalogs made per test
+    (:meth:`Trino.catalogs`); the view test starts one of its own, from catalog files."""
+    with trino_server(tmp_path_factory.mktemp("trino"), {}, dynamic=True) as server:
+        yield server
+
+
 @pytest.fixture
 def s3_sessions(s3_lake, s3):
     """The S3 lake's server vends STS session credentials ([storage.sessions])."""
@@ -39,8 +47,8 @@ def lake_and_server(request, storage: str):
 
 
 @pytest.mark.parametrize("storage", ["local", "s3", "seaweed"])
-def test_trino_reads_every_warehouse_at_exact_counts(request, storage, tmp_path):
-    """Each warehouse a catalog of its own, its properties file exactly as `connect` printed it:
+def test_trino_reads_every_warehouse_at_exact_counts(request, storage, trino):
+    """Each warehouse a catalog of its own, its properties exactly as `connect` printed them:
     latest, read-committed, read-committed:<ns>, barrier-<B> and lease-<ID> give exact row counts,
     on a local warehouse, on S3 (where Trino gets the keys with each load) and on SeaweedFS with
     a reader granted the namespace, whose credentials open each table alone."""
@@ -52,7 +60,7 @@ def test_trino_reads_every_warehouse_at_exact_counts(request, storage, tmp_path)
         tokens.grant(lake.conn, reader.split(":")[0], [tokens.Grant("namespace", lake.namespace, "read")])
     expected = every_warehouse(lake, marks)
     catalogs = {f"w{i}": catalog_file(server, w, reader, f"w{i}") for i, w in enumerate(expected)}
-    with trino_server(tmp_path, catalogs) as trino:
+    with trino.catalogs(catalogs):
         for (name, _), (warehouse, rows) in zip(catalogs.items(), expected.items()):
             got = trino.query(f"SELECT count(*) FROM {name}.{lake.namespace}.orders")
             assert got == [[rows]], (warehouse, got)
@@ -61,8 +69,9 @@ def test_trino_reads_every_warehouse_at_exact_counts(request, storage, tmp_path)
 def test_a_trino_join_in_a_view_through_read_committed_never_mixes_barriers_while_the_pipeline_commits(
     lake, server, tmp_path
 ):
-    """Trino reads a view joining orders and payments (written by two jobs, committed one after
-    the other) through read-committed while the pipeline advances (docs/views.md): every read sees
+    """Trino, started with the catalog files exactly as `connect` printed them, reads a view
+    joining orders and payments (written by two jobs, committed one after the other) through
+    read-committed while the pipeline advances (docs/views.md): every read sees
     both tables at one barrier. The same join through latest, for contrast, mixes. Trino takes a
     new access token for each table it loads; the moment is the client's. Trino resolves a view's
     tables only in the catalog the view names: the view names `rc`. A quiet moment every 4 rounds
@@ -111,7 +120,7 @@ def test_a_trino_join_in_a_view_through_read_committed_never_mixes_barriers_whil
 
 
 @pytest.mark.parametrize("storage", ["local", "s3"])
-def test_trino_runs_as_a_job_under_job_exec(request, storage, tmp_path):
+def test_trino_runs_as_a_job_under_job_exec(request, storage, trino):
     """A Trino SQL transform (tests/iceberg_ext/engines/trino_by_barrier.py) as the `count` job
     of test_job_exec's pipeline, under `icebarrier job exec`, through a catalog it creates for
     the run from `connect`'s output (Trino's dynamic catalogs): its sources read at the barrier,
@@ -120,15 +129,14 @@ def test_trino_runs_as_a_job_under_job_exec(request, storage, tmp_path):
     lake, server = lake_and_server(request, storage)
     creds = setup_pipeline(lake)
     count = [sys.executable, str(ENGINES / "trino_by_barrier.py"), lake.namespace]
-    with trino_server(tmp_path, {}, dynamic=True) as trino:
-        for rows in (10, 7):
-            b = barriers.issue(lake.conn).barrier
-            job_exec(server, creds["ingest"], "ingest", command(lake, "ingest", rows=rows))
-            [done] = job_exec(server, creds["count"], "count", [*count, str(trino.port)])["steps"]
-            assert done["barrier"] == b and done["outcome"] == "published", done
-            sink = lake.catalog.load_table(f"{lake.namespace}.by_barrier")
-            assert_written_once(lake, "by_barrier", b, summary_properties(sink.current_snapshot())[SUMMARY_RUN])
-        assert trino.query("SHOW CATALOGS") == [["system"]]  # each run dropped its catalog
+    for rows in (10, 7):
+        b = barriers.issue(lake.conn).barrier
+        job_exec(server, creds["ingest"], "ingest", command(lake, "ingest", rows=rows))
+        [done] = job_exec(server, creds["count"], "count", [*count, str(trino.port)])["steps"]
+        assert done["barrier"] == b and done["outcome"] == "published", done
+        sink = lake.catalog.load_table(f"{lake.namespace}.by_barrier")
+        assert_written_once(lake, "by_barrier", b, summary_properties(sink.current_snapshot())[SUMMARY_RUN])
+    assert trino.query("SHOW CATALOGS") == [["system"]]  # each run dropped its catalog
     cut = reads.resolve(lake.conn, [lake.T("orders"), lake.T("by_barrier")])
     assert cut.barrier == b
     orders = lake.catalog.load_table(f"{lake.namespace}.orders").scan(snapshot_id=cut.snapshots[lake.T("orders")])
