@@ -166,13 +166,28 @@ def _serve(command, env: dict, log=None) -> tuple[subprocess.Popen, str]:
 
 
 def session(uri: str, client_id: str, secret: str) -> requests.Session:
+    """A client of the catalog with an access token, taken again when it has expired (an hour:
+    a benchmark may sample for longer)."""
     s = requests.Session()
-    r = s.post(
-        f"{uri}/v1/oauth/tokens",
-        data={"grant_type": "client_credentials", "client_id": client_id, "client_secret": secret},
-    )
-    r.raise_for_status()
-    s.headers["Authorization"] = f"Bearer {r.json()['access_token']}"
+
+    def authenticate() -> None:
+        r = requests.post(
+            f"{uri}/v1/oauth/tokens",
+            data={"grant_type": "client_credentials", "client_id": client_id, "client_secret": secret},
+        )
+        r.raise_for_status()
+        s.headers["Authorization"] = f"Bearer {r.json()['access_token']}"
+
+    def again(response: requests.Response, *args, **kwargs) -> requests.Response:
+        if response.status_code != 401 or response.request.headers.get("Authorization") != s.headers["Authorization"]:
+            return response
+        authenticate()
+        retry = response.request.copy()
+        retry.headers["Authorization"] = s.headers["Authorization"]
+        return s.send(retry)
+
+    authenticate()
+    s.hooks["response"].append(again)
     return s
 
 
