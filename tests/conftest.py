@@ -43,6 +43,7 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(os.cpu_count() or 1, 4))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups added here
 def pytest_collection_modifyitems(items) -> None:
     """The ``slow`` tests first, so that the workers share them instead of one worker running the
     last long test alone. xdist groups (``--dist loadgroup``): the cluster tests run on one
