@@ -14,11 +14,14 @@ the database the token's look-up and nothing else.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import random
 import signal
 import threading
 import time
 from collections import Counter, defaultdict, deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from icebarrier.control_plane.job_sessions import HEARTBEAT_S, Opening
@@ -98,13 +101,14 @@ class Watch:
 
     async def until(self, wait: Wait, *, limit_s: float) -> bool:
         """Wait until a notice wakes ``wait``, its due time, or ``limit_s``; whether a notice woke it.
-        Ended by ``limit_s`` before its due time (a heartbeat), it stays held: a notice meanwhile
-        wakes the next call at once, and holding again costs nothing. Woken or due, it is released:
-        what comes while the caller plans again is pending until it holds its next wait. (A future
-        and a timer: no task and no exception a heartbeat, which asyncio.wait_for would cost.)"""
+        Ended by ``limit_s`` before its due time (the long poll's end), it stays held: a notice
+        meanwhile wakes the next call (its job's next long poll, which takes it up) at once, and
+        holding again costs nothing. Woken or due, it is released: what comes while the caller
+        plans again is pending until it holds its next wait. (A future and a timer: no task and no
+        exception, which asyncio.wait_for would cost.)"""
         if self._hub.closing:
             return False
-        self.hold(wait)  # held already (parked, a heartbeat ago): with what woke it since
+        self.hold(wait)  # held already (parked by the job's last long poll): with what woke it since
         loop = asyncio.get_running_loop()
         end = time.monotonic() + limit_s
         woke = False
@@ -135,6 +139,16 @@ class Watch:
 def _resolve(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
+
+
+@dataclass(slots=True, eq=False)
+class Voice:
+    """What a waiting long poll says every heartbeat (``line``; None once its last line comes),
+    said by the hub's one heartbeat task through the stream's ASGI ``send``: the stream's own task
+    is not woken for it, which halves what a line costs (docs/scale.md)."""
+
+    line: bytes | None = None
+    send: Callable[[dict], Awaitable[None]] | None = None
 
 
 @dataclass(slots=True)
@@ -171,9 +185,13 @@ class Hub:
         # woken (a notice woke it: planned again), due (its due time came: planned again),
         # renewed (a job's next ask took up its parked poll: no plan), heartbeat (a line said)
         self.events: Counter[str] = Counter()
+        self._voices: list[tuple[float, int, Voice]] = []  # (due, tie, voice): a heap
+        self._tie = itertools.count()
+        self._heartbeats: asyncio.Task | None = None
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._heartbeats = self._loop.create_task(self._say_heartbeats())
         self._listener.open()
         self._thread = threading.Thread(target=self._listen, daemon=True, name="icebarrier-notices")
         self._thread.start()
@@ -201,7 +219,33 @@ class Hub:
         for watch in list(self._keys):
             watch.close()
 
+    def speak(self, voice: Voice) -> None:
+        """Say ``voice.line`` every heartbeat from now on, until it is None."""
+        heapq.heappush(self._voices, (time.monotonic() + self.heartbeat_s, next(self._tie), voice))
+
+    async def _say_heartbeats(self) -> None:
+        """Say each waiting long poll's line every heartbeat, one after the other. A send waits
+        only for a client that has read nothing while its socket's buffers filled with lines
+        (days of them); a long poll lasts an hour at most."""
+        voices = self._voices
+        while True:
+            await asyncio.sleep(min(1.0, max(0.05, voices[0][0] - time.monotonic())) if voices else 1.0)
+            now = time.monotonic()
+            while voices and voices[0][0] <= now:
+                voice = heapq.heappop(voices)[2]
+                if voice.line is None or voice.send is None:
+                    continue
+                try:
+                    await voice.send({"type": "http.response.body", "body": voice.line, "more_body": True})
+                except Exception:  # noqa: BLE001 - this stream's trouble: it ends on its own, the others go on
+                    voice.line = None
+                    continue
+                self.events["heartbeat"] += 1
+                heapq.heappush(voices, (now + self.heartbeat_s, next(self._tie), voice))
+
     def stop(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from icebarrier.apps.catalog.deps import Caller, LakeDep, acting, token_holder
 from icebarrier.apps.catalog.errors import error_response
 from icebarrier.apps.catalog.idempotency import Write, Writes
-from icebarrier.apps.catalog.notices import Parked, replan_s
+from icebarrier.apps.catalog.notices import Parked, Voice, replan_s
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import job_sessions, reads
 from icebarrier.control_plane.model import parse_job_name
@@ -127,7 +127,7 @@ async def open_session(job: SessionJob, who: Caller, once: Writes, request: Requ
     deadline, key = time.monotonic() + body.wait_s, (job, body.skip, body.coalesce)
     if body.wait_s > 0 and (parked := hub.unpark(key)) is not None:  # nothing new since its last long poll
         hub.events["renewed"] += 1
-        return StreamingResponse(_waiting(hub, key, once, body, parked, deadline, who[1]), media_type=NDJSON)
+        return LongPoll(hub, key, once, body, parked, deadline, who[1])
     watch = hub.watch() if body.wait_s > 0 and not hub.closing else None  # before planning: a notice meanwhile is kept
     streaming = False
     try:
@@ -137,31 +137,44 @@ async def open_session(job: SessionJob, who: Caller, once: Writes, request: Requ
             return JSONResponse(answer, status_code=answer["error"]["code"] if "error" in answer else 200)
         streaming = True
         parked = Parked(watch, _wait(opening), opening, answer)
-        return StreamingResponse(_waiting(hub, key, once, body, parked, deadline, who[1]), media_type=NDJSON)
+        return LongPoll(hub, key, once, body, parked, deadline, who[1])
     finally:
         if watch is not None and not streaming:
             hub.forget(watch)
 
 
-async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, deadline: float, token: str | None):
-    """The long poll's lines: the barriers skipped as they are, then the answer. One that ends
-    with nothing new is parked for the job's next ask (before its last line: the ask may follow
-    at once)."""
+class LongPoll(StreamingResponse):
+    """A long poll's stream: the lines :func:`_waiting` yields, and between them its
+    :class:`Voice`'s line, which the hub says every heartbeat through this stream's ``send``."""
+
+    def __init__(self, hub, key: tuple, once: Write, body: OpenRequest, at: Parked, deadline: float, token: str | None):
+        self.voice = Voice()
+        super().__init__(_waiting(hub, key, once, body, at, deadline, token, self.voice), media_type=NDJSON)
+
+    async def stream_response(self, send) -> None:
+        self.voice.send = send
+        try:
+            await super().stream_response(send)
+        finally:
+            self.voice.line = None
+
+
+async def _waiting(
+    hub, key: tuple, once: Write, body: OpenRequest, at: Parked, deadline: float, token: str | None, voice: Voice
+):
+    """The long poll's lines: what it waits for (the hub says it again every heartbeat), the
+    barriers skipped as they are, then the answer. One that ends with nothing new is parked for
+    the job's next ask (before its last line: the ask may follow at once)."""
     job = key[0]
     try:
         if at.answer.get("skipped"):
             yield _line({"skipped": at.answer["skipped"]})
             at.answer = {**at.answer, "skipped": []}  # said: a renewal that takes it up says nothing of them
-        waiting = _waiting_line(at)
-        yield waiting
+        voice.line = _waiting_line(at)
+        yield voice.line
+        hub.speak(voice)  # and the hub says it every heartbeat: alive through proxies
         while True:
-            while not (
-                woke := await at.watch.until(at.wait, limit_s=min(deadline - time.monotonic(), hub.heartbeat_s))
-            ):
-                if hub.closing or at.wait.remaining_s() <= 0 or time.monotonic() >= deadline:
-                    break
-                hub.events["heartbeat"] += 1
-                yield waiting  # alive through proxies meanwhile
+            woke = await at.watch.until(at.wait, limit_s=deadline - time.monotonic())
             if hub.closing:
                 break
             if not woke and at.wait.remaining_s() > 0:  # the long poll's end, nothing new: the client asks again
@@ -173,21 +186,21 @@ async def _waiting(hub, key: tuple, once: Write, body: OpenRequest, at: Parked, 
                 found, answer = await run_in_threadpool(_open, once, job, body)
                 hub.events["woken" if woke else "due"] += 1
             except Exception as exc:  # noqa: BLE001 - the stream has begun: the error is its last line
-                yield _line(json.loads(bytes(error_response(exc).body)))
+                yield _last(voice, json.loads(bytes(error_response(exc).body)))
                 return
             if found is None:  # a refusal given again
-                yield _line(answer)
+                yield _last(voice, answer)
                 return
             if answer.get("skipped"):
                 yield _line({"skipped": answer["skipped"]})
             if answer["ready"]:
-                yield _line({**answer, "skipped": []})
+                yield _last(voice, {**answer, "skipped": []})
                 return
             at = Parked(at.watch, _wait(found), found, answer)
-            waiting = _waiting_line(at)
+            voice.line = _waiting_line(at)
             if deadline <= time.monotonic():
                 break
-        yield _line({**at.answer, "skipped": []})
+        yield _last(voice, {**at.answer, "skipped": []})
     finally:
         if hub.parked(key) is not at:
             hub.forget(at.watch)
@@ -204,6 +217,12 @@ def _wait(opening: job_sessions.Opening) -> Wait:
 def _waiting_line(at: Parked) -> bytes:
     """The line that says what the job waits for (at once, and every heartbeat until it plans again)."""
     return _line({"waiting": at.opening.waits_for.describe_wait()})
+
+
+def _last(voice: Voice, item: dict) -> bytes:
+    """The stream's last line (the answer): the hub says nothing after it."""
+    voice.line = None
+    return _line(item)
 
 
 def _line(item: dict) -> bytes:
