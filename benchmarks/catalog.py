@@ -184,6 +184,7 @@ def session(uri: str, client_id: str, secret: str) -> requests.Session:
         authenticate()
         retry = response.request.copy()
         retry.headers["Authorization"] = s.headers["Authorization"]
+        retry.deregister_hook("response", again)  # once: a new token refused too is the answer
         return s.send(retry)
 
     authenticate()
