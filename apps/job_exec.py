@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import random
 import shutil
@@ -64,6 +65,8 @@ from icebarrier.iceberg_ext.spark import SPARK_LOG4J2
 REQUEST_TIMEOUT_S = MAX_HEARTBEAT_S + 15.0
 # each long poll this much shorter at most, at random: jobs started together do not renew together
 WAIT_SPREAD = 0.25
+# a long poll ends this long before its access token expires (it plans again until its end)
+TOKEN_SPARE_S = 15.0
 RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # --follow: back-off while no catalog answers
 RETRY_S = (0.1, 0.3, 1.0, 2.0, 4.0)  # one request whose answer was lost: sent again (same key) after these
 # --follow: a barrier refused at publish (409), or whose command failed (a catalog failing over
@@ -104,6 +107,7 @@ class SessionClient:
         self.uri, self.client_id, self.secret = uri.rstrip("/"), client_id, secret
         self.tls = tls_context(ca_cert)
         self._token: str | None = None
+        self._token_until = math.inf  # when the access token expires (monotonic), as the server said
 
     def _send(
         self, method: str, path: str, data: bytes | None, headers: dict, on_line: Callable[[dict], None] | None = None
@@ -157,14 +161,16 @@ class SessionClient:
                 f"no catalog answers at {self.uri} ({reason}); start one with `icebarrier serve` or pass --catalog-uri"
             ) from None
 
-    def token(self) -> str:
-        if self._token is None:
+    def token(self, lasts_s: float = 0.0) -> str:
+        """An access token live for ``lasts_s`` more (and :data:`TOKEN_SPARE_S`): the one held, or a
+        new one."""
+        if self._token is None or time.monotonic() + lasts_s + TOKEN_SPARE_S > self._token_until:
             form = urllib.parse.urlencode(
                 {"grant_type": "client_credentials", "client_id": self.client_id, "client_secret": self.secret}
             ).encode()
-            self._token = self._send(
-                "POST", "/v1/oauth/tokens", form, {"Content-Type": "application/x-www-form-urlencoded"}
-            )["access_token"]
+            asked = time.monotonic()
+            answer = self._send("POST", "/v1/oauth/tokens", form, {"Content-Type": "application/x-www-form-urlencoded"})
+            self._token, self._token_until = answer["access_token"], asked + answer.get("expires_in", math.inf)
         return self._token
 
     def call(
@@ -211,7 +217,12 @@ class SessionClient:
         on_line: Callable[[dict], None] | None = None,
     ) -> dict:
         """Open the job's session; ``wait_s``: a long poll, whose progress (barriers the server
-        skipped for the job) goes to ``on_line`` as it happens."""
+        skipped for the job) goes to ``on_line`` as it happens. The poll plans again until its
+        end, each time as its token: it is sent with a token that outlives it, and ends sooner
+        where the server's tokens live less long (`serve --token-ttl`)."""
+        if wait_s > 0:
+            self.token(wait_s)
+            wait_s = max(0.0, min(wait_s, self._token_until - time.monotonic() - TOKEN_SPARE_S))
         return self.call(
             "POST", job, body={"skip": skip, "coalesce": coalesce, "hold_s": hold_s, "wait_s": wait_s}, on_line=on_line
         )
@@ -434,6 +445,10 @@ class JobExec:
         if answer.get("skipped"):
             self.log(f"job {self.job}: barrier {barrier_label(answer['skipped'][-1])} skipped (no source changed)")
 
+    def _poll_s(self, wait_s: float) -> float:
+        """The next long poll's length: ``wait_s``, up to a quarter shorter at random."""
+        return min(wait_s, MAX_WAIT_S) * (1 - WAIT_SPREAD * random.random())
+
     def _open(self, wait_s: float | None, on_line: Callable[[dict], None]) -> dict | None:
         """Open the job's session; with ``wait_s`` (--follow) the server waits up to that long for
         work, and a catalog that does not answer (a server process restarting, another taking
@@ -447,7 +462,7 @@ class JobExec:
                     skip=self.skip,
                     coalesce=self.coalesce,
                     hold_s=self.hold_s,
-                    wait_s=min(wait_s or 0.0, MAX_WAIT_S) * (1 - WAIT_SPREAD * random.random()),
+                    wait_s=self._poll_s(wait_s) if follow else 0.0,
                     on_line=on_line,
                 )
             except CatalogRequestError as exc:

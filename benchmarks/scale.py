@@ -4,6 +4,7 @@
                                [--exec 2] [--workers 1] [--plot docs/scale.png]
                                [--poll 1h] [--heartbeat 20s]  (job exec's, serve's)
                                [--every MINUTES]  (each segment of a long window, as it ends)
+                               [--steady]  (the jobs begin as in a steady state: see below)
                                [--server-log FILE]  (the server's JSON access log, for a stall)
 
 Per point (J jobs x N managed tables): a DAG five deep of J jobs (a tenth of them roots, each
@@ -18,11 +19,15 @@ jobs, the same number at every point), picked at random: those jobs have work at
 barrier (their command runs; it writes nothing, so what reads them is
 skipped with them), and the control plane skips every other job as each barrier is issued.
 
-After a warm-up (every job bootstrapped), for ``--minutes`` it samples, and prints (job exec's
-long polls last 45-60 minutes (``--poll``, as `job exec --poll`) and begin together at bootstrap,
-so a window holds none of their renewals, which a steady state has, one per job every ~52
-minutes; nor the plans on time of the safety net, one per waiting job every 15 minutes; a short
-``--poll`` puts renewals in the window, to measure what one costs):
+After a warm-up (every job bootstrapped), for ``--minutes`` it samples, and prints. (A steady
+state has, per waiting job, a renewal of its long poll every ~52 minutes (``--poll``, 45-60), each
+with a new access token, and a plan on time of the safety net every ~13 minutes (11-15). The
+server spreads the first of those plans over 15 minutes itself. The long polls begin together at
+bootstrap, so a window of less than 45 minutes holds no renewal, unless ``--steady``: each
+simulated job's first long poll then ends at a random point within one, as if the job had been
+waiting already, and takes a new token, so that a window of any length holds renewals and their
+tokens at a steady state's rate. A short ``--poll`` puts many renewals in the window, to measure
+what one costs.)
 - Postgres transactions per second (``pg_stat_database.xact_commit`` of the benchmark's
   database: everything — server, jobs, ticker, sampling), per barrier, per job per barrier
   (goal at 2,000 jobs: <= 300 tx/s);
@@ -65,7 +70,7 @@ from catalog import session, start  # noqa: E402 - benchmarks/catalog.py: a serv
 from proc import tree_cpu_s  # noqa: E402
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
-from icebarrier.apps.job_exec import JobExec  # noqa: E402
+from icebarrier.apps.job_exec import WAIT_SPREAD, JobExec, SessionClient  # noqa: E402
 from icebarrier.control_plane import barriers, db, inputs, jobs, tokens  # noqa: E402
 from icebarrier.control_plane.errors import InvalidValueError  # noqa: E402
 from icebarrier.control_plane.model import JobDefinition, TableName, parse_duration_s  # noqa: E402
@@ -105,10 +110,27 @@ class Point:
 
 
 class SimulatedJob(JobExec):
-    """`job exec` with a command that does nothing, run in this process (no fork per barrier)."""
+    """`job exec` with a command that does nothing, run in this process (no fork per barrier).
+
+    ``renew_at`` (``--steady``, a monotonic time): the job's long polls end there until it has
+    passed, as if the job had been waiting for part of one already when the run began. Its next
+    takes a new access token, as each renewal does in a steady state (the token it holds is as
+    old as the long poll it ends)."""
+
+    renew_at: float | None = None
 
     def _run_command(self, session: dict) -> int:
         return 0
+
+    def _poll_s(self, wait_s: float) -> float:
+        if self.renew_at is None:
+            return super()._poll_s(wait_s)
+        left = self.renew_at - time.monotonic()
+        if left > 0:
+            return left
+        self.renew_at = None
+        self.client = SessionClient(self.uri, self.credential)  # no token yet: it takes a new one
+        return super()._poll_s(wait_s)
 
 
 def topology(n_jobs: int, seed: int) -> list[JobDefinition]:
@@ -203,6 +225,10 @@ def run_point(args, n_jobs: int, n_tables: int) -> Point:
             for d in definitions
             if d.name not in real
         ]
+        if args.steady:  # each job's first renewal at a random point of its long poll, the last one's end
+            rng, began = random.Random(args.seed), time.monotonic()
+            for r in runners:
+                r.renew_at = began + rng.random() * args.poll_s * (1 - WAIT_SPREAD * rng.random())
         threads = [
             threading.Thread(target=r.run, kwargs={"follow": True, "poll_s": args.poll_s}, daemon=True) for r in runners
         ]
@@ -425,6 +451,12 @@ def main() -> int:
     parser.add_argument("--every", type=float, help="also print each segment of this many minutes of the window")
     parser.add_argument("--idle-s", type=float, default=60.0, help="the idle measurement's length")
     parser.add_argument("--poll", default="1h", help="each job's long poll (`job exec --poll`)")
+    parser.add_argument(
+        "--steady",
+        action="store_true",
+        help="begin in a steady state: each job's first long poll ends at random within one (renewals and "
+        "their new tokens at a steady state's rate from the start)",
+    )
     parser.add_argument("--heartbeat", default="20s", help="`icebarrier serve --heartbeat`: a waiting job's line")
     parser.add_argument("--exec", type=int, default=2, help="jobs at depth 5 run as real `job exec` processes")
     parser.add_argument("--workers", type=int, default=1, help="`icebarrier serve --workers`")

@@ -95,6 +95,13 @@ from icebarrier.control_plane.model import (
     "where no proxy cuts idle connections sooner.",
 )
 @click.option(
+    "--token-ttl",
+    default="1h",
+    show_default=True,
+    help="How long an access token lives (1m to 24h); clients take a new one with their credentials. "
+    "`job exec` takes it before a long poll that would outlive the one it holds.",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",
@@ -118,6 +125,7 @@ def serve(
     tls_key: str | None,
     shutdown_grace: str,
     heartbeat: str,
+    token_ttl: str,
     log_format: str,
 ) -> None:
     """Serve the lake over the Iceberg REST catalog protocol, with consistent warehouses:
@@ -138,6 +146,9 @@ def serve(
             f"--heartbeat {heartbeat} is outside 1s..{job_sessions.MAX_HEARTBEAT_S:.0f}s (a client stops "
             f"waiting for a line after longer); use e.g. --heartbeat 20s"
         )
+    token_ttl_s = parse_duration_s(token_ttl)
+    if not tokens.MIN_SESSION_TTL_S <= token_ttl_s <= tokens.MAX_SESSION_TTL_S:
+        raise click.UsageError(f"--token-ttl {token_ttl} is outside 1m..24h; use e.g. --token-ttl 1h")
 
     import uvicorn
 
@@ -153,6 +164,7 @@ def serve(
         "max_per_token": max_per_token,
         "log_format": log_format,
         "heartbeat_s": heartbeat_s,
+        "token_ttl_s": round(token_ttl_s),
     }
     settings = obj.settings()
     if workers == 1:

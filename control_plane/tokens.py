@@ -19,7 +19,8 @@ from icebarrier.control_plane.db import Conn
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import TableName, parse_job_name, quote_name
 
-SESSION_TTL_S = 3600
+SESSION_TTL_S = 3600  # an access token's life (`serve --token-ttl`, within the bounds below)
+MIN_SESSION_TTL_S, MAX_SESSION_TTL_S = 60, 86400
 
 
 class TokenNotFoundError(IcebarrierError):

@@ -33,11 +33,12 @@ PARK_S = 60.0  # a long poll that ended with nothing new is kept this long for i
 REPLAN_S = 900.0  # a long poll's plan is planned again from the database at least this often (a safety net)
 
 
-def replan_s() -> float:
+def replan_s(*, first: bool = False) -> float:
     """When a long poll's plan is due again (the safety net): REPLAN_S, less up to a quarter at
-    random. Jobs that planned together (2,000 long polls asking again the moment a server restarted)
-    would otherwise plan again together every REPLAN_S, for as long as they wait."""
-    return REPLAN_S * random.uniform(0.75, 1.0)
+    random; after the plan its request made (``first``), anywhere up to REPLAN_S. Jobs that planned
+    together (2,000 long polls asking again the moment a server restarted) would otherwise plan
+    again together every REPLAN_S, for as long as they wait, and spread out only over cycles."""
+    return REPLAN_S * random.uniform(0.0 if first else 0.75, 1.0)
 
 
 class Watch:

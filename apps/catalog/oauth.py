@@ -99,13 +99,14 @@ async def oauth_tokens(request: Request, lake: LakeDep, authorization: Annotated
         except Exception:  # noqa: BLE001 - any unparsable body is the client's error
             raise OAuthError("invalid_request", "the body must be application/x-www-form-urlencoded") from None
         # opening a session writes to Postgres: off the event loop
-        access = await run_in_threadpool(_grant, lake, form, authorization)
+        ttl_s = request.app.state.token_ttl_s
+        access = await run_in_threadpool(_grant, lake, form, authorization, ttl_s)
     except OAuthError as exc:
         return exc.response()
     answer = {
         "access_token": access,
         "token_type": "bearer",
-        "expires_in": tokens.SESSION_TTL_S,
+        "expires_in": ttl_s,
         "issued_token_type": ACCESS_TOKEN_TYPE,
     }
     if form.get("scope"):
@@ -113,8 +114,8 @@ async def oauth_tokens(request: Request, lake: LakeDep, authorization: Annotated
     return answer
 
 
-def _grant(lake, form, authorization: str | None) -> str:
-    """The access token the form's grant earns; :class:`OAuthError` says why not."""
+def _grant(lake, form, authorization: str | None, ttl_s: int) -> str:
+    """The access token the form's grant earns, live ``ttl_s``; :class:`OAuthError` says why not."""
     grant_type = form.get("grant_type")
     if not grant_type:
         raise OAuthError("invalid_request", f"grant_type is missing; use {CLIENT_CREDENTIALS}")
@@ -129,8 +130,8 @@ def _grant(lake, form, authorization: str | None) -> str:
     with lake.pool.connection() as conn:
         try:
             if credentials is not None:
-                return tokens.open_session(conn, *credentials)
-            return tokens.reopen_session(conn, form.get("subject_token"))
+                return tokens.open_session(conn, *credentials, ttl_s=ttl_s)
+            return tokens.reopen_session(conn, form.get("subject_token"), ttl_s=ttl_s)
         except AuthenticationError as exc:
             raise OAuthError("invalid_client", str(exc), status=401) from None
 

@@ -35,7 +35,7 @@ from icebarrier.apps.catalog import (
 )
 from icebarrier.apps.catalog.lake import Lake
 from icebarrier.apps.catalog.notices import Hub
-from icebarrier.control_plane import job_sessions
+from icebarrier.control_plane import job_sessions, tokens
 from icebarrier.iceberg_ext.config import Settings
 
 WORKER_ENV = "ICEBARRIER_SERVE_WORKER"  # `serve --workers N`: what each worker process builds its app from
@@ -61,12 +61,14 @@ def create_app(
     max_per_token: int = limits.DEFAULT_MAX_PER_TOKEN,
     log_format: str = "text",
     heartbeat_s: float = job_sessions.HEARTBEAT_S,
+    token_ttl_s: int = tokens.SESSION_TTL_S,
 ) -> FastAPI:
     app = FastAPI(title="icebarrier consistent catalog", docs_url=None, redoc_url=None, openapi_url=None)
     lake = Lake(settings, quiet_ms=quiet_ms, allowed_locations=allowed_locations)
     app.state.lake = lake
     app.state.hub = Hub(settings.dsn, settings.schema, heartbeat_s=heartbeat_s)
     app.state.allow_anonymous_read = allow_anonymous_read
+    app.state.token_ttl_s = token_ttl_s  # an access token's life (`serve --token-ttl`)
     app.state.storage_probe = health.StorageProbe()
     app.router.add_event_handler("startup", lake.open)
     app.router.add_event_handler("startup", app.state.hub.start)

@@ -136,7 +136,7 @@ async def open_session(job: SessionJob, who: Caller, once: Writes, request: Requ
         if opening is None or answer["ready"] or watch is None:
             return JSONResponse(answer, status_code=answer["error"]["code"] if "error" in answer else 200)
         streaming = True
-        parked = Parked(watch, _wait(opening), opening, answer)
+        parked = Parked(watch, _wait(opening, first=True), opening, answer)
         return LongPoll(hub, key, once, body, parked, deadline, who[1])
     finally:
         if watch is not None and not streaming:
@@ -206,12 +206,12 @@ async def _waiting(
             hub.forget(at.watch)
 
 
-def _wait(opening: job_sessions.Opening) -> Wait:
+def _wait(opening: job_sessions.Opening, *, first: bool = False) -> Wait:
     """What wakes the job's long poll: its notices, or its clock's next barrier, or 11-15 minutes
-    after this plan (:func:`replan_s`, a safety net: a long poll, or its job's next, plans again
-    from the database)."""
+    after this plan, 0-15 after its request's own (:func:`replan_s`, a safety net: a long poll,
+    or its job's next, plans again from the database)."""
     plan = opening.waits_for
-    return Wait.of(plan, root=plan.root, due_in_s=opening.due_in_s, safety_s=replan_s())
+    return Wait.of(plan, root=plan.root, due_in_s=opening.due_in_s, safety_s=replan_s(first=first))
 
 
 def _waiting_line(at: Parked) -> bytes:

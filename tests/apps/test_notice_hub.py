@@ -163,3 +163,9 @@ def test_long_polls_that_planned_together_are_due_again_apart():
     assert all(0.75 * hub_module.REPLAN_S <= d <= hub_module.REPLAN_S for d in due)
     in_a_second = max(sum(1 for d in due if s <= d < s + 1) for s in range(675, 901))
     assert in_a_second < 100, in_a_second  # ~9 a second on average; together, all 2,000
+    # after the plans their requests made: spread over the whole 15 minutes at once, at the rate
+    # of a steady state (2,000 waiting jobs plan again about 2.5 times a second), not in a wave
+    first = [hub_module.replan_s(first=True) for _ in range(2000)]
+    assert all(0 <= d <= hub_module.REPLAN_S for d in first)
+    in_a_minute = max(sum(1 for d in first if s <= d < s + 60) for s in range(0, 841, 60))
+    assert in_a_minute < 250, in_a_minute  # ~133 a minute on average; in a 4-minute wave, ~500

@@ -182,6 +182,7 @@ def _cases():
     yield ["spark-conf", "--via", "rest", "--credential", "no-colon"], "--credential"
     yield ["serve", "--session-quiet", "soon"], "soon"
     yield ["serve", "--heartbeat", "90s"], "--heartbeat 90s"
+    yield ["serve", "--token-ttl", "10s"], "--token-ttl 10s"
     yield ["cut", "--level", "serializable", ORDERS], "serializable"
     yield ["job", "register", "both", "--source", ORDERS, "--external", "x", "--sink", "lake.db.q"], "both"
     yield ["job", "register", "nothing", "--sink", "lake.db.q"], "nothing"

@@ -336,3 +336,45 @@ def test_a_long_poll_whose_token_is_revoked_while_it_waits_opens_nothing(lake):
     finally:
         err = stop_server(server_proc)
     assert "Traceback" not in err, err[-3000:]
+
+
+def test_a_waiting_job_holds_a_live_token_all_along_where_tokens_live_less_than_its_poll(lake, tmp_path):
+    """`serve --token-ttl 1m`, mid `job exec --follow` (long polls of up to an hour): each long
+    poll is sent with a token that outlives it, so it ends before its token does (45 s) and the
+    next takes a new one. Woken after 75 s, mid plans with a live token and runs. (Broken on
+    purpose, the poll kept for an hour: its token expired at 60 s, the wake was refused with a 401
+    and mid took its second token only then.)"""
+    from datetime import datetime
+
+    from icebarrier.apps.job_exec import SessionClient
+
+    barriers.set_interval_s(lake.conn, WEEK_S)
+    creds = register_chain(lake)
+    server_proc, server = start_server(lake, "--token-ttl", "1m", "--log-format", "json")
+    with open(tmp_path / "mid.err", "w") as err:
+        procs = {
+            "mid": subprocess.Popen(
+                exec_args(server, creds["mid"], "mid", ["true"], "--follow"),
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+        }
+    try:
+        time.sleep(75)
+        woken = datetime.now().astimezone()
+        marked = barriers.issue(lake.conn).barrier
+        root = SessionClient(server, creds["root"])
+        root.publish("root", root.open("root", skip=True, coalesce=True, hold_s=60)["session"]["run_id"])
+        wait_for(lambda: jobs.show(lake.conn, "mid").progress == marked, "mid runs the barrier", procs, tmp_path)
+        summary = stop(procs, tmp_path)["mid"]
+    finally:
+        kill(procs)
+        err = stop_server(server_proc)
+    assert "Traceback" not in err, err[-3000:]
+    assert [s["outcome"] for s in summary["steps"]] == ["published"], summary
+    log = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    asked = [datetime.fromisoformat(e["ts"]) for e in log if e["route"] == "/v1/oauth/tokens"]
+    held = [t for t in asked if t < woken] + [woken]  # mid's tokens (root's came after)
+    gaps = [(b - a).total_seconds() for a, b in zip(held, held[1:], strict=False)]
+    assert len(held) >= 3 and max(gaps) < 60, f"mid's tokens {gaps} s apart, then woken: one expired meanwhile"
