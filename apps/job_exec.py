@@ -217,9 +217,9 @@ class SessionClient:
         on_line: Callable[[dict], None] | None = None,
     ) -> dict:
         """Open the job's session; ``wait_s``: a long poll, whose progress (barriers the server
-        skipped for the job) goes to ``on_line`` as it happens. The poll plans again until its
-        end, each time as its token: it is sent with a token that outlives it, and ends sooner
-        where the server's tokens live less long (`serve --token-ttl`)."""
+        skipped for the job) goes to ``on_line`` as it happens. Each plan the poll makes checks
+        its token again, so it goes with one that outlives it (a new one if the one held would
+        not), and ends sooner where the server's tokens live less long (`serve --token-ttl`)."""
         if wait_s > 0:
             self.token(wait_s)
             wait_s = max(0.0, min(wait_s, self._token_until - time.monotonic() - TOKEN_SPARE_S))
