@@ -190,12 +190,12 @@ class SessionClient:
         lost = 0
         authenticated = False
         while True:
-            headers = {
-                "Authorization": f"Bearer {self.token()}",
-                "Content-Type": "application/json",
-                "Idempotency-Key": key,
-            }
-            try:
+            try:  # the token too: a token request refused for a while (429) or unanswered is sent again
+                headers = {
+                    "Authorization": f"Bearer {self.token()}",
+                    "Content-Type": "application/json",
+                    "Idempotency-Key": key,
+                }
                 return self._send(method, route, data, headers, on_line)
             except CatalogRequestError as exc:
                 if exc.status == 401 and not authenticated:

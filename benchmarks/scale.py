@@ -122,15 +122,16 @@ class SimulatedJob(JobExec):
     def _run_command(self, session: dict) -> int:
         return 0
 
+    def _open(self, wait_s: float | None, on_line) -> dict | None:
+        if self.renew_at is not None and wait_s is not None and time.monotonic() >= self.renew_at:
+            self.renew_at = None
+            self.client = SessionClient(self.uri, self.credential)  # no token yet: it takes a new one
+        return super()._open(wait_s, on_line)
+
     def _poll_s(self, wait_s: float) -> float:
         if self.renew_at is None:
             return super()._poll_s(wait_s)
-        left = self.renew_at - time.monotonic()
-        if left > 0:
-            return left
-        self.renew_at = None
-        self.client = SessionClient(self.uri, self.credential)  # no token yet: it takes a new one
-        return super()._poll_s(wait_s)
+        return max(1.0, self.renew_at - time.monotonic())
 
 
 def topology(n_jobs: int, seed: int) -> list[JobDefinition]:
