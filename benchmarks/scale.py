@@ -21,8 +21,8 @@ skipped with them), and the control plane skips every other job as each barrier 
 
 After a warm-up (every job bootstrapped), for ``--minutes`` it samples, and prints. (A steady
 state has, per waiting job, a renewal of its long poll every ~52 minutes (``--poll``, 45-60), each
-with a new access token, and a plan on time of the safety net every ~13 minutes (11-15). The
-server spreads the first of those plans over 15 minutes itself. The long polls begin together at
+with a new access token, and a plan on time of the safety net every 15 minutes (at its job's
+own point of the quarter hour: steady from the start). The long polls begin together at
 bootstrap, so a window of less than 45 minutes holds no renewal, unless ``--steady``: each
 simulated job's first long poll then ends at a random point within one, as if the job had been
 waiting already, and takes a new token, so that a window of any length holds renewals and their

@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import random
 import signal
 import threading
 import time
+import zlib
 from collections import Counter, defaultdict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,12 +33,15 @@ PARK_S = 60.0  # a long poll that ended with nothing new is kept this long for i
 REPLAN_S = 900.0  # a long poll's plan is planned again from the database at least this often (a safety net)
 
 
-def replan_s(*, first: bool = False) -> float:
-    """When a long poll's plan is due again (the safety net): REPLAN_S, less up to a quarter at
-    random; after the plan its request made (``first``), anywhere up to REPLAN_S. Jobs that planned
-    together (2,000 long polls asking again the moment a server restarted) would otherwise plan
-    again together every REPLAN_S, for as long as they wait, and spread out only over cycles."""
-    return REPLAN_S * random.uniform(0.0 if first else 0.75, 1.0)
+def replan_s(job: str, now: float | None = None) -> float:
+    """Seconds until a long poll's plan is due again (the safety net): at its job's own point of
+    every REPLAN_S (by a hash of its name, the same in every server process), at least half of
+    REPLAN_S after this plan. Jobs that plan together (2,000 long polls asking again the moment
+    a server restarted, and planning again on the notices of the catch-up that follows) plan
+    again spread over the whole REPLAN_S at once, whatever woke them meanwhile, and a waiting job
+    plans again every REPLAN_S exactly."""
+    due_s = (zlib.crc32(job.encode()) / 2**32 * REPLAN_S - (time.time() if now is None else now)) % REPLAN_S
+    return due_s if due_s >= REPLAN_S / 2 else due_s + REPLAN_S
 
 
 class Watch:

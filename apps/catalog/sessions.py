@@ -136,7 +136,7 @@ async def open_session(job: SessionJob, who: Caller, once: Writes, request: Requ
         if opening is None or answer["ready"] or watch is None:
             return JSONResponse(answer, status_code=answer["error"]["code"] if "error" in answer else 200)
         streaming = True
-        parked = Parked(watch, _wait(opening, first=True), opening, answer)
+        parked = Parked(watch, _wait(job, opening), opening, answer)
         return LongPoll(hub, key, once, body, parked, deadline, who[1])
     finally:
         if watch is not None and not streaming:
@@ -196,7 +196,7 @@ async def _waiting(
             if answer["ready"]:
                 yield _last(voice, {**answer, "skipped": []})
                 return
-            at = Parked(at.watch, _wait(found), found, answer)
+            at = Parked(at.watch, _wait(job, found), found, answer)
             voice.line = _waiting_line(at)
             if deadline <= time.monotonic():
                 break
@@ -206,12 +206,12 @@ async def _waiting(
             hub.forget(at.watch)
 
 
-def _wait(opening: job_sessions.Opening, *, first: bool = False) -> Wait:
-    """What wakes the job's long poll: its notices, or its clock's next barrier, or 11-15 minutes
-    after this plan, 0-15 after its request's own (:func:`replan_s`, a safety net: a long poll,
-    or its job's next, plans again from the database)."""
+def _wait(job: str, opening: job_sessions.Opening) -> Wait:
+    """What wakes the job's long poll: its notices, or its clock's next barrier, or the job's own
+    point of every 15 minutes, 7.5 minutes after this plan at least (:func:`replan_s`, a safety
+    net: a long poll, or its job's next, plans again from the database)."""
     plan = opening.waits_for
-    return Wait.of(plan, root=plan.root, due_in_s=opening.due_in_s, safety_s=replan_s(first=first))
+    return Wait.of(plan, root=plan.root, due_in_s=opening.due_in_s, safety_s=replan_s(job))
 
 
 def _waiting_line(at: Parked) -> bytes:
