@@ -30,18 +30,18 @@ from icebarrier.control_plane.notices import Listener, Notice, Wait
 LONG_POLL_EVENTS = ("planned", "woken", "due", "renewed", "heartbeat")  # Hub.events
 RECENT_S = 120.0  # notices kept this long for the requests planning meanwhile (one planning longer plans again)
 PARK_S = 60.0  # a long poll that ended with nothing new is kept this long for its job's next ask
-REPLAN_S = 900.0  # a long poll's plan is planned again from the database at least this often (a safety net)
+REPLAN_S = 900.0  # a long poll plans again from the database once in this long (a safety net: replan_s)
 
 
 def replan_s(job: str, now: float | None = None) -> float:
-    """Seconds until a long poll's plan is due again (the safety net): at its job's own point of
-    every REPLAN_S (by a hash of its name, the same in every server process), at least half of
-    REPLAN_S after this plan. Jobs that plan together (2,000 long polls asking again the moment
-    a server restarted, and planning again on the notices of the catch-up that follows) plan
-    again spread over the whole REPLAN_S at once, whatever woke them meanwhile, and a waiting job
-    plans again every REPLAN_S exactly."""
+    """Seconds until a long poll's plan is due again (the safety net): its job's own point of
+    every REPLAN_S (by a hash of its name, the same in every server process). Jobs that plan
+    together (2,000 long polls asking again the moment a server restarted, and planning again on
+    the notices of the catch-up that follows) are due again spread over REPLAN_S from the start,
+    whatever woke them meanwhile: one plan on time per job every REPLAN_S, never a wave (a plan
+    at its point, a timer's moment early, is due the next one)."""
     due_s = (zlib.crc32(job.encode()) / 2**32 * REPLAN_S - (time.time() if now is None else now)) % REPLAN_S
-    return due_s if due_s >= REPLAN_S / 2 else due_s + REPLAN_S
+    return due_s if due_s >= 1.0 else due_s + REPLAN_S
 
 
 class Watch:
@@ -274,7 +274,7 @@ class Hub:
 
     def unpark(self, key: tuple) -> Parked | None:
         """The long poll kept under ``key``, if nothing woke it (else None: plan again; one whose
-        plan is REPLAN_S old is due, and plans again as it is taken up)."""
+        plan came due meanwhile (:func:`replan_s`) plans again as it is taken up)."""
         parked = self._parked.pop(key, None)
         if parked is None:
             return None

@@ -208,8 +208,8 @@ async def _waiting(
 
 def _wait(job: str, opening: job_sessions.Opening) -> Wait:
     """What wakes the job's long poll: its notices, or its clock's next barrier, or the job's own
-    point of every 15 minutes, 7.5 minutes after this plan at least (:func:`replan_s`, a safety
-    net: a long poll, or its job's next, plans again from the database)."""
+    point of every 15 minutes (:func:`replan_s`, a safety net: a long poll, or its job's next,
+    plans again from the database)."""
     plan = opening.waits_for
     return Wait.of(plan, root=plan.root, due_in_s=opening.due_in_s, safety_s=replan_s(job))
 
