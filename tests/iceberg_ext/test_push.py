@@ -145,8 +145,8 @@ def test_following_jobs_cost_nothing_while_idle_and_wake_when_their_source_moves
     published = [s["barrier"] for s in summaries["root"]["steps"] if s["outcome"] == "published"]
     assert published[-3:] == marks  # after the barrier the clock issued for its first run
     # what the long polls cost, as /metrics says: the root woken by each barrier (a notice; its
-    # clock's next barrier is a week away, and the safety net's plans on time, due 0-15 minutes
-    # after a long poll's first, cannot bring three barriers down the chain within seconds each),
+    # clock's next barrier is a week away, and the safety net's plans on time, each job's once a
+    # quarter hour, cannot bring three barriers down the chain within seconds each),
     # every job's first plan, and a heartbeat line per job in the idle 30 s (one every 20 s of waiting)
     assert events["woken"] >= len(marks), events
     assert events["planned"] >= len(CHAIN) and events["heartbeat"] >= len(CHAIN), events
