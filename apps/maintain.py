@@ -14,12 +14,15 @@ changed, or whose time came, and runs what the table's policy says is due, in th
   validation fails the rewrite, which gives way and tries again at its next look);
 - **rewrite-manifests**: when the current snapshot has more manifests than the policy allows
   (Spark ``rewrite_manifests``), kept barrier like a compaction;
-- **remove-orphans**: files nothing references, data files after ``orphan_grace``, metadata
-  files (the commit log beyond ``write.metadata.previous-versions-max``) after
-  ``metadata_grace``; every half ``metadata_grace``.
+- **remove-orphans**: files nothing references, data files after ``orphan_grace``, what is under
+  the metadata folder (metadata files beyond ``write.metadata.previous-versions-max``, manifests
+  and manifest lists of replaced and given-up commits) after ``metadata_grace``; every half
+  ``metadata_grace``. It counts the files under the table as it goes: each pass logs them and
+  ``table_maintenance`` (so ``/metrics`` and ``table show``) holds the last count.
 
 Each action is recorded (``table_maintenance``, the audit trail, ``/metrics``) when it did
 something, gave way or failed; a failure is logged and the service goes on with the next table.
+An orphan removal that found nothing to remove is logged (with its count), not recorded.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class _Table:
     said: dict[str, str] = field(default_factory=dict)  # action -> the last give-way reason recorded
     gave_way: bool = False  # at its last look an action gave way: look again at the next tick
     moved_at: float | None = None  # when the service first saw its pointer move since its last look
+    files: upkeep.Files | None = None  # what an orphan removal at this look counted
 
     def due_since(self, now: float) -> float:
         """Since when a look at it is due (the order of need: the longest due first)."""
@@ -261,13 +265,14 @@ class Maintainer:
             )
             if a is not None
         ]
-        if any(a.result == "done" for a in ran):  # the table changed: record it as it is now
+        if any(a.result == "done" and a.action != "remove-orphans" for a in ran):  # the table changed
             tbl = load_table(catalog, name)
             seen = self._looker.look(tbl, policy)
         if "remove-orphans" in actions:
             state.orphans_at = now + _orphans_every_s(policy)
         _, next_ = due(seen, policy, orphans_at=state.orphans_at, now=now)
-        upkeep.observe(conn, name, seen.to_json(), next_)
+        files, state.files = state.files, None
+        upkeep.observe(conn, name, seen.to_json(), next_, files)
         state.pointer, state.policy, state.moved_at = pointer, policy, None
         wake = [state.orphans_at, now + IDLE_LOOK_S]
         if seen.expirable_at_ms is not None:
@@ -330,9 +335,17 @@ class Maintainer:
                 metadata_older_than_s=policy.metadata_grace_s,
                 locations=locations,
             )
-            if not orphans.orphans:
+            self._tables[name].files = upkeep.Files(metadata=orphans.metadata_files, data=orphans.data_files)
+            detail = {
+                "deleted": len(orphans.orphans),
+                "kept_recent": orphans.kept_recent,
+                "metadata_files": orphans.metadata_files,
+                "data_files": orphans.data_files,
+            }
+            if not orphans.orphans:  # a count of the files, not an action: logged, not recorded
+                self.log(Action(table=name, action=action, result="done", detail=detail).line())
                 return None
-            return {"listed": orphans.listed, "deleted": len(orphans.orphans), "kept_recent": orphans.kept_recent}
+            return detail
         manifests = action == "rewrite-manifests"
         report = maintenance.compact(
             self._spark_session(),

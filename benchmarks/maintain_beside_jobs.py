@@ -17,7 +17,11 @@ Printed per run: barriers issued; computations (runs that published) and barrier
 (coalesced ones included) ÷ issued; compactions and manifest rewrites done, and given way;
 last minute ÷ minute 2 of the metadata file's size (its largest), the load p50 (loads of
 ``latest`` through the server, five a second) and the append p50 (the writer's own: the script's
-append; Spark's commit time from the job's log) — goal <= 1.2 each.
+append; Spark's commit time from the job's log) — goal <= 1.2 each. And the files under the table
+(issue 67): at each minute's end, the files under ``metadata/`` and ``data/`` and the snapshots
+the table keeps; the mean of the last 10 minutes ÷ the mean of the 10 before, for each folder
+(goal <= 1.1; runs shorter than 20 minutes compare their two last halves). ``--verbose`` prints
+each minute as it ends.
 
 ``unmanaged``: a table no job writes, created through ``serve`` and appended 1,000 times by a
 PyIceberg client through ``latest`` with the service running: appends 951–1,000 ÷ 51–100 for
@@ -38,6 +42,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -102,12 +107,27 @@ def metadata_kib(conn, settings: Settings, table: TableName) -> float:
         "WHERE table_namespace = %s AND table_name = %s",
         (".".join(table.namespace), table.name),
     ).fetchone()["metadata_location"]
-    from urllib.parse import urlparse
-
     return (
         os.path.getsize(urlparse(location).path if "://" in location or location.startswith("file:") else location)
         / 1024
     )
+
+
+def _files_under(table_dir: Path) -> dict[str, int]:
+    """How many files the table holds under ``metadata/`` and ``data/`` (Hadoop's checksum files
+    beside Spark's files included: they are files an operator pays for too)."""
+    return {part: sum(len(names) for _, _, names in os.walk(table_dir / part)) for part in ("metadata", "data")}
+
+
+def _files_ratios(files: list[dict[str, int]]) -> dict[str, float]:
+    """For each folder, the mean of the last 10 minutes' counts ÷ the mean of the 10 before
+    (halves of the last 2w minutes, w = min(10, minutes // 2))."""
+    w = min(10, len(files) // 2)
+    last, before = files[-w:], files[-2 * w : -w]
+    return {
+        part: statistics.mean(m[part] for m in last) / max(statistics.mean(m[part] for m in before), 1)
+        for part in ("metadata", "data")
+    }
 
 
 def managed(args) -> dict:
@@ -119,7 +139,8 @@ def managed(args) -> dict:
         env = {**os.environ, "ICEBARRIER_DSN": dsn, "ICEBARRIER_WAREHOUSE": warehouse}
         catalog = load_catalog(settings)
         catalog.create_namespace("d")
-        catalog.create_table("d.t", schema=_schema())
+        table_dir = Path(urlparse(catalog.create_table("d.t", schema=_schema()).metadata.location).path)
+        files: list[dict[str, int]] = []
         server, uri = start(settings)
         writer = service = None
         times = Path(warehouse) / "times.jsonl"
@@ -161,6 +182,11 @@ def managed(args) -> dict:
                         if r.status_code != 200:
                             raise SystemExit(f"load failed: {r.status_code} {r.text[:300]}")
                     per_s.append({"loads": loads, "kib": metadata_kib(conn, settings, TABLE)})
+                    if second % 60 == 59:  # the files under the table, at each minute's end
+                        snapshots = len(catalog.load_table("d.t").metadata.snapshots)
+                        files.append({**_files_under(table_dir), "snapshots": snapshots})
+                        if args.verbose:
+                            print(f"minute {len(files)}: {files[-1]}", file=sys.stderr, flush=True)
                     if (wait := started + second + 1 - time.monotonic()) > 0:
                         time.sleep(wait)
                 newest = barriers.newest(conn).barrier
@@ -218,6 +244,7 @@ def managed(args) -> dict:
             "minute_2": minute(2),
             "last": minute(last),
             "last_minute": last,
+            "files": files,
             "log_tail": log_tail,
         }
 
@@ -309,6 +336,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--appends", type=int, default=1000, help="unmanaged: appends (>= 200)")
     parser.add_argument("--pause", type=float, default=0.2, help="unmanaged: seconds between appends")
+    parser.add_argument("--verbose", action="store_true", help="the files under the table at each minute, as it goes")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -334,7 +362,10 @@ def _ratios(r: dict) -> dict[str, float]:
 
 
 def report_managed(results: list[dict], args) -> None:
-    for i, r in enumerate(sorted(results, key=lambda r: (-len(r["exits"]), -max(_ratios(r).values()))), 1):
+    def worst(r: dict) -> tuple:
+        return (-len(r["exits"]), -max(*_ratios(r).values(), *_files_ratios(r["files"]).values()))
+
+    for i, r in enumerate(sorted(results, key=worst), 1):
         ratios = _ratios(r)
         print(
             f"run {i}: {args.mode}, {args.minutes:g} min: {r['issued']} barriers issued; completed "
@@ -349,6 +380,22 @@ def report_managed(results: list[dict], args) -> None:
             )
         print(
             f"  goal: exits 0, each ratio <= 1.2: {'met' if not r['exits'] and max(ratios.values()) <= 1.2 else 'MISSED'}"
+        )
+        files = r["files"]
+        for m in range(0, len(files), 5):
+            print(
+                "  "
+                + "  ".join(
+                    f"min {i + 1}: {f['metadata']}/{f['data']}/{f['snapshots']}"
+                    for i, f in enumerate(files[m : m + 5], m)
+                )
+            )
+        growth = _files_ratios(files)
+        w = min(10, len(files) // 2)
+        print(
+            f"  files (metadata/data/snapshots kept at each minute's end, above): last {w} min ÷ the {w} before: "
+            f"metadata {growth['metadata']:.2f}, data {growth['data']:.2f}; goal <= 1.1: "
+            f"{'met' if max(growth.values()) <= 1.1 else 'MISSED'}"
         )
 
 

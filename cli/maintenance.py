@@ -135,8 +135,8 @@ def remove_orphans(obj, table_names, older_than: str, dry_run: bool) -> None:
         obj,
         [r.to_json() for r in reports],
         lambda: table(
-            ["table", "files", "orphans" if dry_run else "deleted", "kept (recent)"],
-            [(str(r.table), r.listed, len(r.orphans), r.kept_recent) for r in reports],
+            ["table", "files", "orphans" if dry_run else "deleted", "kept (recent)", "metadata files", "data files"],
+            [(str(r.table), r.listed, len(r.orphans), r.kept_recent, r.metadata_files, r.data_files) for r in reports],
         ),
     )
 

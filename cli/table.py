@@ -212,6 +212,11 @@ def show(obj, name: str) -> None:
                 f"({seen['small_files']} small), {seen['manifests']} manifests, metadata file "
                 f"{format_size_bytes(seen['metadata_bytes'])}"
             )
+            if status.files is not None:
+                lines.append(
+                    f"  files under it: {status.files.metadata + status.files.data} ({status.files.metadata} "
+                    f"metadata, {status.files.data} data), counted {ago(status.files.counted_at)}"
+                )
             lines.append(f"  next: {status.next}")
         else:
             lines.append("  not looked at yet (is `icebarrier maintain` running?)")

@@ -30,8 +30,12 @@ SETTINGS = {
     "compact_min_files": 2,
     "max_manifests": 2,
     "orphan_grace_s": 60,
-    "metadata_grace_s": 60,
+    # a commit writes its manifests first and may retry for up to COMMIT_RETRY_S keeping them
+    "metadata_grace_s": 120,
 }
+# How long a commit to a managed table may retry (its ``commit.retry.total-timeout-ms``): the
+# least metadata grace, so that no commit in flight loses a manifest it wrote.
+COMMIT_RETRY_S = 120
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,6 +83,7 @@ class Status:
     seen: dict = field(default_factory=dict)  # snapshots, data_files, small_files, manifests, metadata_bytes
     next: str | None = None
     actions: dict = field(default_factory=dict)  # action -> {at, result, detail, done, gave_way, failed}
+    files: Files | None = None  # the files under the table, at its last orphan removal
 
     def to_json(self) -> dict:
         return {
@@ -88,13 +93,32 @@ class Status:
             "seen": self.seen,
             "next": self.next,
             "actions": self.actions,
+            "files": self.files.to_json() if self.files is not None else None,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Files:
+    """The files under a table's location, as an orphan removal counted them after it removed
+    what it removed: under the metadata folder, and the rest (data files)."""
+
+    metadata: int
+    data: int
+    counted_at: datetime | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "metadata": self.metadata,
+            "data": self.data,
+            "counted_at": self.counted_at.isoformat() if self.counted_at else None,
         }
 
 
 _POLICY = (
     "SELECT table_name, enabled, retain_s, retain_last, target_file_size, compact_min_files, max_manifests, "
     "orphan_grace_s, metadata_grace_s, own, checked_at, snapshots, data_files, small_files, manifests, "
-    "metadata_bytes, next, actions, managed FROM table_maintenance"
+    "metadata_bytes, next, actions, managed, metadata_files, data_files_under, orphans_checked_at "
+    "FROM table_maintenance"
 )
 _SEEN = ("snapshots", "data_files", "small_files", "manifests", "metadata_bytes")
 
@@ -120,6 +144,9 @@ def _status(row: dict) -> Status:
         seen=seen,
         next=row["next"],
         actions=row["actions"],
+        files=Files(metadata=row["metadata_files"], data=row["data_files_under"], counted_at=row["orphans_checked_at"])
+        if row["orphans_checked_at"] is not None
+        else None,
     )
 
 
@@ -194,15 +221,27 @@ def record(conn: Conn, table: TableName, action: str, result: str, detail: dict)
         call(conn, "record_maintenance", str(table), action, result, json.dumps(detail))
 
 
-def observe(conn: Conn, table: TableName, seen: dict, next_: str) -> None:
-    """What the service saw of ``table`` at this look, and what it will do next."""
+def observe(conn: Conn, table: TableName, seen: dict, next_: str, files: Files | None = None) -> None:
+    """What the service saw of ``table`` at this look, and what it will do next; ``files``: what
+    an orphan removal at this look counted (kept from an earlier one if None)."""
     conn.execute(
         "INSERT INTO maintenance_table (table_id, checked_at, snapshots, data_files, small_files, manifests, "
-        "metadata_bytes, next) SELECT table_id, now(), %(snapshots)s, %(data_files)s, %(small_files)s, "
-        "%(manifests)s, %(metadata_bytes)s, %(next)s FROM (SELECT maintained_table_id(%(table)s) AS table_id) t "
-        "WHERE table_id IS NOT NULL "
+        "metadata_bytes, next, metadata_files, data_files_under, orphans_checked_at) "
+        "SELECT table_id, now(), %(snapshots)s, %(data_files)s, %(small_files)s, %(manifests)s, %(metadata_bytes)s, "
+        "%(next)s, %(metadata_files)s, %(data_files_under)s, CASE WHEN %(counted)s THEN now() END "
+        "FROM (SELECT maintained_table_id(%(table)s) AS table_id) t WHERE table_id IS NOT NULL "
         "ON CONFLICT (table_id) DO UPDATE SET checked_at = EXCLUDED.checked_at, snapshots = EXCLUDED.snapshots, "
         "data_files = EXCLUDED.data_files, small_files = EXCLUDED.small_files, manifests = EXCLUDED.manifests, "
-        "metadata_bytes = EXCLUDED.metadata_bytes, next = EXCLUDED.next",
-        {**{k: seen[k] for k in _SEEN}, "next": next_, "table": str(table)},
+        "metadata_bytes = EXCLUDED.metadata_bytes, next = EXCLUDED.next, "
+        "metadata_files = coalesce(EXCLUDED.metadata_files, maintenance_table.metadata_files), "
+        "data_files_under = coalesce(EXCLUDED.data_files_under, maintenance_table.data_files_under), "
+        "orphans_checked_at = coalesce(EXCLUDED.orphans_checked_at, maintenance_table.orphans_checked_at)",
+        {
+            **{k: seen[k] for k in _SEEN},
+            "next": next_,
+            "table": str(table),
+            "metadata_files": files.metadata if files is not None else None,
+            "data_files_under": files.data if files is not None else None,
+            "counted": files is not None,
+        },
     )

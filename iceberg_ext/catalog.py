@@ -11,6 +11,7 @@ import functools
 import json
 from collections.abc import Iterator
 
+from icebarrier.control_plane import upkeep
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError
 from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext import pyiceberg_fixes
@@ -34,7 +35,7 @@ MANAGED_TABLE_PROPERTIES = {
     "commit.retry.num-retries": "20",
     "commit.retry.min-wait-ms": "20",
     "commit.retry.max-wait-ms": "2000",
-    "commit.retry.total-timeout-ms": "120000",
+    "commit.retry.total-timeout-ms": str(upkeep.COMMIT_RETRY_S * 1000),  # the least metadata grace
     # Iceberg keeps the last 100 metadata files in every metadata file's log; nothing of ours reads
     # them, and at 1-s barriers 100 of them are 100 s of history every commit rewrites and every
     # load parses (a fifth of a maintained table's metadata file). Older ones go with orphans.

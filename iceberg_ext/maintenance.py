@@ -8,14 +8,24 @@ removes the files no remaining snapshot references, nor any commit staged for th
 session's, not yet published).
 
 Orphan-file removal deletes the files under a table's location that nothing references (failed
-and killed runs leave them: commits staged and never published), older than a grace period and
-older than any session or staging of the table still open; a metadata file a live idempotency
-key names (a keyed commit's answer, read back for a retry) is kept. It works the same on a local
-directory and on object storage (it lists through the table's own FileIO).
+and killed runs leave them: commits staged and never published; so do commits replayed over a
+maintenance commit, and expiries that kept what a staged commit still named), older than a grace
+period and older than any session or staging of the table still open; a metadata file a live
+idempotency key names (a keyed commit's answer, read back for a retry) is kept. Everything under
+the table's metadata folder (metadata files, manifest lists, manifests) is written by a commit
+moments before it swaps the pointer, so it goes after the metadata grace; data files after the
+orphan grace. It works the same on a local directory and on object storage (it lists through the
+table's own FileIO).
+
+On a local warehouse Spark writes a Hadoop checksum ``.NAME.crc`` beside each file NAME. It
+belongs to NAME: referenced when NAME is, an orphan of NAME's kind when NAME is not, and deleted
+with NAME when maintenance deletes NAME.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -169,6 +179,27 @@ def same_file(path: str) -> tuple[str, str, str]:
     return (parts.scheme, parts.netloc, parts.path)
 
 
+def checked_by(key: tuple[str, str, str]) -> tuple[str, str, str] | None:
+    """The file a Hadoop checksum file checks (``.NAME.crc`` beside NAME, as :func:`same_file`
+    gives them), or None if ``key`` is not one."""
+    scheme, netloc, path = key
+    folder, name = os.path.split(path)
+    if scheme == "file" and name.startswith(".") and name.endswith(".crc") and len(name) > len("..crc"):
+        return (scheme, netloc, os.path.join(folder, name[1 : -len(".crc")]))
+    return None
+
+
+def delete_file(io, path: str) -> None:
+    """Delete ``path``, and on a local warehouse its Hadoop checksum beside it (Spark writes
+    ``.NAME.crc`` with every file; a delete through PyIceberg leaves it behind)."""
+    io.delete(path)
+    scheme, _, local = same_file(path)
+    if scheme == "file":
+        folder, name = os.path.split(local)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(folder, f".{name}.crc"))
+
+
 def _expire_and_delete(tbl, snapshot_ids: list[int], staged: tuple[str, ...] = ()) -> int:
     present = {s.snapshot_id for s in tbl.metadata.snapshots}
     ids = [s for s in snapshot_ids if s in present]
@@ -182,7 +213,7 @@ def _expire_and_delete(tbl, snapshot_ids: list[int], staged: tuple[str, ...] = (
     after = {same_file(p) for p in _reachable(tbl, tbl.metadata.snapshots, cache) | _staged_files(tbl, staged, cache)}
     doomed = {p for p in before if same_file(p) not in after}
     for path in doomed:
-        tbl.io.delete(path)
+        delete_file(tbl.io, path)
     return len(doomed)
 
 
@@ -198,6 +229,8 @@ class OrphanReport:
     orphans: tuple[str, ...]
     kept_recent: int
     dry_run: bool
+    metadata_files: int  # under the table's metadata folder, after the removal (a dry run: none removed)
+    data_files: int  # the rest of the table's location, after the removal
 
     def to_json(self) -> dict:
         return {
@@ -206,6 +239,8 @@ class OrphanReport:
             "orphans": list(self.orphans),
             "kept_recent": self.kept_recent,
             "dry_run": self.dry_run,
+            "metadata_files": self.metadata_files,
+            "data_files": self.data_files,
         }
 
 
@@ -257,10 +292,10 @@ def remove_orphans(
     locations: list[str] | None = None,
 ) -> OrphanReport:
     """Delete the files under ``table``'s location that nothing references, modified more than
-    ``older_than_s`` ago (metadata files: ``metadata_older_than_s``, if given; a commit writes
-    its metadata file last, moments before it swaps the pointer) and before any session or
-    staging of the table opened (its files may not be referenced yet). Runs under the table's
-    expiry lock (one maintenance at a time).
+    ``older_than_s`` ago (files under the metadata folder: ``metadata_older_than_s``, if given; a
+    commit writes its manifests, manifest list and metadata file moments before it swaps the
+    pointer) and before any session or staging of the table opened (its files may not be
+    referenced yet). Runs under the table's expiry lock (one maintenance at a time).
     ``locations``: every table's location (:func:`table_locations`; read once for many tables),
     so that a table living inside this one's folder keeps its files."""
     import datetime as dt
@@ -280,20 +315,40 @@ def remove_orphans(
         scheme, netloc, location = same_file(tbl.metadata.location.rstrip("/"))
         others = (same_file(t) for t in (locations if locations is not None else table_locations(catalog)))
         nested = [p for s, n, p in others if (s, n) == (scheme, netloc) and p.startswith(f"{location}/")]
-        listed, orphans, recent = 0, [], 0
+        metadata_folder = same_file(metadata_folder_of(tbl))[2] + "/"
+        listed, orphans, recent, counts = 0, [], 0, {True: 0, False: 0}
         for path, key, modified in _listing(tbl, nested):
             listed += 1
-            if key in referenced:
+            in_metadata = key[2].startswith(metadata_folder)
+            counts[in_metadata] += 1
+            if (checked_by(key) or key) in referenced:
                 continue
-            limit = metadata_cutoff if path.endswith(".metadata.json") else cutoff
+            limit = metadata_cutoff if in_metadata else cutoff
             if modified is not None and modified.astimezone(dt.UTC) >= limit:
                 recent += 1
                 continue
             orphans.append(path)
+            counts[in_metadata] -= 0 if dry_run else 1
         if not dry_run:
-            for path in orphans:
+            for path in orphans:  # a checksum is listed, and goes, on its own
                 tbl.io.delete(path)
-    return OrphanReport(table=table, listed=listed, orphans=tuple(sorted(orphans)), kept_recent=recent, dry_run=dry_run)
+    return OrphanReport(
+        table=table,
+        listed=listed,
+        orphans=tuple(sorted(orphans)),
+        kept_recent=recent,
+        dry_run=dry_run,
+        metadata_files=counts[True],
+        data_files=counts[False],
+    )
+
+
+def metadata_folder_of(tbl) -> str:
+    """Where the table writes its metadata files, manifest lists and manifests."""
+    from pyiceberg.table import TableProperties
+
+    location = tbl.metadata.location.rstrip("/")
+    return tbl.properties.get(TableProperties.WRITE_METADATA_PATH, f"{location}/metadata").rstrip("/")
 
 
 def table_locations(catalog) -> list[str]:

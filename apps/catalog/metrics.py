@@ -68,7 +68,8 @@ COMPUTATION_TOTALS = (
     "FROM job_computations"
 )
 MAINTENANCE = f"""
-SELECT table_name, snapshots, data_files, small_files, manifests, metadata_bytes, actions
+SELECT table_name, snapshots, data_files, small_files, manifests, metadata_bytes, actions,
+       metadata_files, data_files_under, extract(epoch FROM orphans_checked_at) AS orphans_checked_at
 FROM table_maintenance WHERE (checked_at IS NOT NULL OR actions <> '{{}}') AND {_IN_SCOPE.format(name="table_name")}
 ORDER BY table_name
 """
@@ -250,14 +251,32 @@ def _maintenance(rows: list[dict]):
         "Maintenance actions on a table (expire, compact, rewrite-manifests, remove-orphans) by result",
         labels=["table", "action", "result"],
     )
+    files = GaugeMetricFamily(
+        "icebarrier_table_files",
+        "Files under the table's location by folder (metadata: metadata files, manifest lists, manifests; "
+        "data: the rest), as the maintenance service's last orphan removal counted them",
+        labels=["table", "folder"],
+    )
+    orphans_checked = GaugeMetricFamily(
+        "icebarrier_table_orphans_checked_timestamp_seconds",
+        "When the maintenance service last listed the table's files and removed its orphans",
+        labels=["table"],
+    )
     for r in rows:
+        name = r["table_name"]
         if r["snapshots"] is not None:
             for column, family in seen.items():
-                family.add_metric([r["table_name"]], float(r[column]))
+                family.add_metric([name], float(r[column]))
         for action, result, n in upkeep.counts(r["actions"]):
-            actions.add_metric([r["table_name"], action, result], n)
+            actions.add_metric([name, action, result], n)
+        if r["orphans_checked_at"] is not None:
+            files.add_metric([name, "metadata"], float(r["metadata_files"]))
+            files.add_metric([name, "data"], float(r["data_files_under"]))
+            orphans_checked.add_metric([name], float(r["orphans_checked_at"]))
     yield from seen.values()
     yield actions
+    yield files
+    yield orphans_checked
 
 
 class LoadCacheCollector:

@@ -150,7 +150,7 @@ AGGRESSIVE = {
     "compact_min_files": 2,
     "max_manifests": 2,
     "orphan_grace_s": 60,
-    "metadata_grace_s": 60,
+    "metadata_grace_s": upkeep.COMMIT_RETRY_S,  # the least
 }
 
 

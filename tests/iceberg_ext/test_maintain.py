@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -87,6 +88,7 @@ def test_bad_policy_input_is_one_line_and_writes_nothing(lake, spark):
         (["--retain", "soon"], "duration 'soon' is invalid"),
         (["--orphan-grace", "0s"], "is invalid"),
         (["--metadata-grace", "10s"], "metadata_grace_s"),
+        (["--metadata-grace", "90s"], "must be at least 120"),  # a commit retries for up to 2 minutes
     ):
         out = _invoke("table", "maintenance", name, *args)
         assert out.exit_code != 0 and says in out.output and "Traceback" not in out.output, (args, out.output)
@@ -162,6 +164,75 @@ def test_manifests_past_the_policy_are_rewritten_keeping_the_barrier(lake, spark
     done = (("action", "rewrite-manifests"), ("result", "done"), ("table", str(table)))
     assert samples[("icebarrier_maintenance_actions_total", done)] == 1
     assert samples[("icebarrier_maintenance_actions_all_total", done[:2])] == 1  # summed, also by default
+
+
+def _files(root) -> set:
+    return {f for f in root.rglob("*") if f.is_file()}
+
+
+def test_the_files_under_a_table_go_each_after_its_grace_and_are_counted(lake, spark, server):
+    """Issue 67: what a replaced or given-up commit leaves under ``metadata/`` (a manifest list, a
+    manifest) goes after the metadata grace, not the data files' three days; a Hadoop checksum
+    Spark wrote beside a file goes when maintenance deletes the file (expiry) and stays while the
+    file is referenced; an unreferenced data file stays for its own grace. The pass counts the
+    files left under the table, in its log line, ``table show`` and ``/metrics``."""
+    _events(lake, spark)
+    for i in range(4):
+        _ingest(lake, spark, i * 10)
+    table = lake.T("events")
+    root = Path(load_table(lake.catalog, table).metadata.location.removeprefix("file:"))
+    upkeep.set_policy(
+        lake.conn, table, {"retain_s": 0, "retain_last": 1, "compact_min_files": 100, "max_manifests": 100}
+    )
+    assert any(f.name.endswith(".crc") for f in (root / "data").iterdir())  # Spark wrote checksums
+    old = time.time() - 180  # past the least metadata grace (2 minutes)
+    left = {  # as a commit replayed over a maintenance commit, or one that gave up, leaves them
+        root / "metadata" / "snap-1-0-left.avro": b"a manifest list",
+        root / "metadata" / ".snap-1-0-left.avro.crc": b"its checksum",
+        root / "metadata" / "left-m0.avro": b"a manifest",
+    }
+    stray = root / "data" / "stray.parquet"  # a data file a failed write left: three days' grace
+    for f, content in {**left, stray: b"data"}.items():
+        f.write_bytes(content)
+        os.utime(f, (old, old))
+    for f in root.rglob(".*.crc"):  # referenced files' checksums too: old, and kept
+        os.utime(f, (old, old))
+    upkeep.set_policy(lake.conn, table, {"metadata_grace_s": 120})
+    logged: list[str] = []
+    service = Maintainer(lake.settings, log=logged.append, spark_factory=lambda: spark, only=frozenset([table]))
+    for action in service.maintain(lake.conn, lake.catalog):
+        logged.append(action.line())
+    assert any("expire done" in ln for ln in logged) and any("remove-orphans done" in ln for ln in logged), logged
+    on_disk = _files(root)
+    assert not set(left) & on_disk and stray in on_disk
+    orphaned_checksums = [f for f in on_disk if f.name.endswith(".crc") and f.with_name(f.name[1:-4]) not in on_disk]
+    assert not orphaned_checksums  # expiry took the checksums of the files it deleted
+    tbl = load_table(lake.catalog, table)
+    for path in [m.manifest_path for m in tbl.current_snapshot().manifests(tbl.io)]:
+        local = Path(path.removeprefix("file:").removeprefix("//"))
+        assert local.with_name(f".{local.name}.crc") in on_disk  # a referenced file's checksum stays
+    metadata = sum(1 for f in on_disk if f.parent == root / "metadata")
+    data = len(on_disk) - metadata
+    line = next(ln for ln in logged if "remove-orphans done" in ln)
+    assert f"metadata_files {metadata}, data_files {data}" in line and "deleted 3" in line, line
+    status = upkeep.statuses(lake.conn, [table])[0]
+    assert (status.files.metadata, status.files.data) == (metadata, data) and status.files.counted_at
+    shown = _invoke("table", "show", str(table))
+    assert f"files under it: {metadata + data} ({metadata} metadata, {data} data)" in shown.output, shown.output
+    cid, secret = tokens.create(lake.conn, whole_lake=True)
+    samples = scrape(server, {"Authorization": f"Bearer {access_token(server, cid, secret)}"}, {"tables": "all"})
+    labels = (("folder", "metadata"), ("table", str(table)))
+    assert samples[("icebarrier_table_files", labels)] == metadata
+    assert samples[("icebarrier_table_files", (("folder", "data"), ("table", str(table))))] == data
+    checked = samples[("icebarrier_table_orphans_checked_timestamp_seconds", (("table", str(table)),))]
+    assert abs(checked - status.files.counted_at.timestamp()) < 1
+    # a pass that removes nothing is counted and logged, not recorded as an action
+    recorded = upkeep.statuses(lake.conn, [table])[0].actions["remove-orphans"]["done"]
+    later = time.time() + 61  # orphans are due every half the metadata grace (1 minute at least)
+    assert not service.maintain(lake.conn, lake.catalog, now=later)
+    assert "remove-orphans done (deleted 0" in logged[-1], logged
+    again = upkeep.statuses(lake.conn, [table])[0]
+    assert again.actions["remove-orphans"]["done"] == recorded and again.files.counted_at > status.files.counted_at
 
 
 def test_compaction_gives_way_to_a_commit_its_job_has_not_completed(lake, spark):
