@@ -10,6 +10,7 @@ import click
 
 from icebarrier.apps.catalog.clients import CA_CERT_ENV, ENGINES, configuration
 from icebarrier.cli.render import emit, table
+from icebarrier.cli.spark import spark_version_option
 from icebarrier.control_plane import job_sessions, tables, tokens
 from icebarrier.control_plane.errors import InvalidNameError, InvalidValueError
 from icebarrier.control_plane.model import (
@@ -216,9 +217,17 @@ def serve(
     help="The CA (PEM) of the server's certificate, for https with a CA of your own; for Spark and "
     "Trino it is written beside it as a Java truststore (.p12) [env ICEBARRIER_CA_CERT].",
 )
+@spark_version_option
 @click.pass_obj
 def connect(
-    obj, engine: str, warehouse: str, uri: str, credential: str, catalog: str | None, ca_cert: str | None
+    obj,
+    engine: str,
+    warehouse: str,
+    uri: str,
+    credential: str,
+    catalog: str | None,
+    ca_cert: str | None,
+    spark_version: str | None,
 ) -> None:
     """Print a ready-to-paste configuration for ENGINE to read (or write) through the catalog.
 
@@ -227,8 +236,10 @@ def connect(
     from icebarrier.apps.catalog.clients import served_storage, write_truststore
     from icebarrier.apps.catalog.warehouses import Warehouse
     from icebarrier.control_plane.errors import ConfigurationError
+    from icebarrier.iceberg_ext import spark_lines
     from icebarrier.iceberg_ext.config import Settings
 
+    line = spark_lines.wanted(spark_version) if engine == "spark" else None
     catalog = catalog or Settings.load_catalog_name(obj.config)
     if not catalog.isidentifier():
         raise ConfigurationError(f"catalog name {catalog!r} is invalid; use an identifier such as lake")
@@ -238,7 +249,9 @@ def connect(
     truststore = None
     if ca_cert and engine in ("spark", "trino"):
         truststore = write_truststore(ca_cert, Path(ca_cert).with_suffix(".p12"))
-    text = configuration(engine, parsed, uri, credential, catalog, storage, ca_cert=ca_cert, truststore=truststore)
+    text = configuration(
+        engine, parsed, uri, credential, catalog, storage, ca_cert=ca_cert, truststore=truststore, spark_line=line
+    )
     emit(obj, {"engine": engine, "warehouse": parsed, "configuration": text}, text)
 
 

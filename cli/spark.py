@@ -9,6 +9,14 @@ from icebarrier.cli.render import BARRIER, emit, table
 from icebarrier.control_plane import tables
 from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import Level, parse_duration_s
+from icebarrier.iceberg_ext import spark_lines
+
+spark_version_option = click.option(
+    "--spark-version",
+    metavar="X.Y",
+    help=f"The Spark line the configuration is for: {' or '.join(spark_lines.LINES)} (default: the PySpark "
+    f"installed here, else {spark_lines.DEFAULT.version}); Iceberg serves runtimes for these only.",
+)
 
 
 @click.command("spark-conf")
@@ -32,8 +40,11 @@ from icebarrier.control_plane.model import Level, parse_duration_s
 )
 @click.option("--uri", default="http://127.0.0.1:8181", show_default=True, help="With --via rest: the server.")
 @click.option("--credential", help="With --via rest: a job token, CLIENT_ID:SECRET (`icebarrier token create --job`).")
+@spark_version_option
 @click.pass_obj
-def spark_conf(obj, fmt: str, show_secrets: bool, via: str, uri: str, credential: str | None) -> None:
+def spark_conf(
+    obj, fmt: str, show_secrets: bool, via: str, uri: str, credential: str | None, spark_version: str | None
+) -> None:
     """Print the Spark configuration for the icebarrier catalog (jars located offline).
 
     With a password in the DSN, the flags are `--properties-file FILE` (a file only you can
@@ -44,6 +55,7 @@ def spark_conf(obj, fmt: str, show_secrets: bool, via: str, uri: str, credential
     from icebarrier.iceberg_ext.spark import conf_as_flags, is_secret, properties_file, redacted
     from icebarrier.iceberg_ext.spark import spark_conf as build
 
+    line = spark_lines.wanted(spark_version)
     settings = obj.settings()
     if via == "rest":
         if not credential or credential.count(":") != 1:
@@ -61,7 +73,7 @@ def spark_conf(obj, fmt: str, show_secrets: bool, via: str, uri: str, credential
                 "header.X-Iceberg-Access-Delegation": "vended-credentials",  # its tables' own storage access
             },
         )
-    conf = build(settings)
+    conf = build(settings, line)
     shown = conf if show_secrets else redacted(conf)
     if fmt == "json" or obj.output == "json":
         click.echo(json.dumps(shown, indent=2, sort_keys=True))

@@ -33,6 +33,11 @@ class ArtifactUnavailableError(IcebarrierError):
         self.coordinates = coordinates
 
 
+class SparkUnavailableError(IcebarrierError):
+    """PySpark or a jar Spark needs is missing, or the PySpark installed is of a Spark line
+    Iceberg serves no runtime for."""
+
+
 class CompactionDeferredError(IcebarrierError):
     """A compaction that must wait: the table's newest commit is not completed yet, or a job
     session's commit is staged on it (a rewrite would land under the session)."""

@@ -1,8 +1,9 @@
 """Spark configuration for icebarrier: the Iceberg catalog, extensions and jars.
 
-The jars are Iceberg's own, from Maven Central at one pinned version (:data:`ICEBERG_VERSION`):
-``iceberg-spark-runtime-3.5_2.12`` always, ``iceberg-aws-bundle`` for a warehouse on S3 (Iceberg's
-``S3FileIO`` and the AWS SDK it calls). They are fetched once into the local Maven cache and
+The jars are Iceberg's own, from Maven Central at one pinned version (``spark_lines.ICEBERG_VERSION``):
+the Spark runtime of the Spark line in use (:mod:`.spark_lines`: ``iceberg-spark-runtime-4.1_2.13``
+or ``-3.5_2.12``) always, ``iceberg-aws-bundle`` for a warehouse on S3 (Iceberg's ``S3FileIO`` and
+the AWS SDK it calls). They are fetched once into the local Maven cache and
 checked against pinned SHA-256 digests (:mod:`.maven`); a Spark start never resolves from the
 network once they are there. The Postgres JDBC driver is Debian's ``libpostgresql-jdbc-java`` where
 installed, else ``org.postgresql:postgresql`` the same way. ``ICEBARRIER_ICEBERG_JAR``,
@@ -16,27 +17,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from icebarrier.control_plane.errors import ConfigurationError, IcebarrierError
-from icebarrier.iceberg_ext import maven
+from icebarrier.control_plane.errors import ConfigurationError
+from icebarrier.iceberg_ext import maven, spark_lines
 from icebarrier.iceberg_ext.config import Settings, state_dir
+from icebarrier.iceberg_ext.spark_lines import AWS_BUNDLE, SparkLine
 
-ICEBERG_VERSION = "1.10.1"  # the newest 1.10 whose AWS bundle Maven Central serves (1.10.2's is missing)
-ICEBERG_RUNTIME = maven.Artifact(
-    title="Iceberg's Spark runtime jar",
-    group="org.apache.iceberg",
-    artifact="iceberg-spark-runtime-3.5_2.12",
-    version=ICEBERG_VERSION,
-    sha256="39ea09e6c03550a300b9d9ab498949836d2d434e441da4c12a943a086e396940",
-    env="ICEBARRIER_ICEBERG_JAR",
-)
-ICEBERG_AWS_BUNDLE = maven.Artifact(
-    title="Iceberg's AWS bundle jar (S3FileIO, for a warehouse on S3)",
-    group="org.apache.iceberg",
-    artifact="iceberg-aws-bundle",
-    version=ICEBERG_VERSION,
-    sha256="86bf20892ea5b4c17688f19b075399885f6aa5303f6b2dc9f491e76ceef9633b",
-    env="ICEBARRIER_ICEBERG_AWS_JAR",
-)
 POSTGRES_JDBC = maven.Artifact(
     title="the Postgres JDBC driver",
     group="org.postgresql",
@@ -44,47 +29,6 @@ POSTGRES_JDBC = maven.Artifact(
     version="42.7.4",
     sha256="188976721ead8e8627eb6d8389d500dccc0c9bebd885268a3047180274a6031e",
     env="ICEBARRIER_JDBC_JAR",
-)
-# Spark's Kafka source (Structured Streaming, iceberg_ext/kafka.py's stream()) and what it needs
-# beyond PySpark's jars. 3.5.7 is the newest 3.5 connector Maven Central serves here; the 3.5 line
-# keeps its source API, so it runs on PySpark 3.5.9.
-SPARK_KAFKA = tuple(
-    maven.Artifact(
-        title=f"Spark's Kafka connector ({artifact})",
-        group=group,
-        artifact=artifact,
-        version=version,
-        sha256=sha256,
-        env=f"ICEBARRIER_SPARK_KAFKA_{i}_JAR",
-    )
-    for i, (group, artifact, version, sha256) in enumerate(
-        [
-            (
-                "org.apache.spark",
-                "spark-sql-kafka-0-10_2.12",
-                "3.5.7",
-                "184f8bd4a3cd22299c49090d88b894f81fd7546b4ee64879519a0d76a685dbb8",
-            ),
-            (
-                "org.apache.spark",
-                "spark-token-provider-kafka-0-10_2.12",
-                "3.5.7",
-                "9701914db5c6d09628b58d2d2c1ccd2c9ea28f32f83dd6cb21f98b8237531ff4",
-            ),
-            (
-                "org.apache.kafka",
-                "kafka-clients",
-                "3.4.1",
-                "9d0a9058c8ede79db6e54ae378ed16fe8d1bead2894635a4aa6aa0b7981668c6",
-            ),
-            (
-                "org.apache.commons",
-                "commons-pool2",
-                "2.11.1",
-                "ea0505ee7515e58b1ac0e686e4d1a5d9f7d808e251a61bc371aa0595b9963f83",
-            ),
-        ]
-    )
 )
 PACKAGES_ENV = "ICEBARRIER_SPARK_PACKAGES"
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
@@ -96,28 +40,21 @@ EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 SMALL_JOBS_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
-class SparkUnavailableError(IcebarrierError):
-    """PySpark or a jar Spark needs is missing."""
+def require_pyspark() -> SparkLine:
+    """The line of the PySpark installed (raises SparkUnavailableError: none, or one Iceberg serves
+    no runtime for)."""
+    return spark_lines.installed()
 
 
-def require_pyspark():
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        raise SparkUnavailableError(
-            "this needs PySpark; pip install 'icebarrier[spark]' (pyspark 3.5 and the Iceberg jar)"
-        ) from None
-    return pyspark
-
-
-def iceberg_jar() -> Path:
-    """Iceberg's Spark runtime jar (raises ArtifactUnavailableError)."""
-    return maven.resolve(ICEBERG_RUNTIME)
+def iceberg_jar(line: SparkLine | None = None) -> Path:
+    """Iceberg's Spark runtime jar for ``line`` (default: :func:`spark_lines.wanted`; raises
+    ArtifactUnavailableError)."""
+    return maven.resolve((line or spark_lines.wanted()).runtime)
 
 
 def aws_bundle_jar() -> Path:
     """Iceberg's AWS bundle jar (raises ArtifactUnavailableError)."""
-    return maven.resolve(ICEBERG_AWS_BUNDLE)
+    return maven.resolve(AWS_BUNDLE)
 
 
 def jdbc_jar() -> Path:
@@ -127,15 +64,16 @@ def jdbc_jar() -> Path:
     return maven.resolve(POSTGRES_JDBC)
 
 
-def spark_conf(settings: Settings) -> dict[str, str]:
-    """Everything a SparkSession needs to use the icebarrier catalog."""
+def spark_conf(settings: Settings, line: SparkLine | None = None) -> dict[str, str]:
+    """Everything a SparkSession of ``line`` (default: :func:`spark_lines.wanted`) needs to use the
+    icebarrier catalog."""
     cat = f"spark.sql.catalog.{settings.catalog}"
     conf = {"spark.sql.extensions": EXTENSIONS}
     packages = os.environ.get(PACKAGES_ENV)
     if packages:
         conf["spark.jars.packages"] = packages
     else:
-        conf["spark.jars"] = ",".join(str(p) for p in (iceberg_jar(), jdbc_jar()))
+        conf["spark.jars"] = ",".join(str(p) for p in (iceberg_jar(line), jdbc_jar()))
     if settings.on_object_storage:  # through a REST catalog too (its loads may vend the credentials)
         conf.update(s3_catalog_conf(settings, cat))
         add_aws_bundle(conf)
@@ -169,8 +107,8 @@ def s3_catalog_conf(settings: Settings, cat: str) -> dict[str, str]:
 def add_aws_bundle(conf: dict[str, str]) -> None:
     """Add the AWS bundle S3FileIO needs to ``conf``'s jars (or to its packages, where
     ``ICEBARRIER_SPARK_PACKAGES`` hands resolution to Spark)."""
-    if "spark.jars.packages" in conf and not os.environ.get(ICEBERG_AWS_BUNDLE.env):
-        conf["spark.jars.packages"] += f",{ICEBERG_AWS_BUNDLE.coordinates}"
+    if "spark.jars.packages" in conf and not os.environ.get(AWS_BUNDLE.env):
+        conf["spark.jars.packages"] += f",{AWS_BUNDLE.coordinates}"
     else:
         conf["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars"), str(aws_bundle_jar())]))
 
@@ -211,16 +149,16 @@ def spark_session(
 ):
     """A SparkSession configured for icebarrier (reuses an active one with the same catalog);
     ``kafka``: with Spark's Kafka source on its class path (a new session only)."""
-    require_pyspark()
+    line = require_pyspark()
     from pyspark.sql import SparkSession
 
     settings.require_catalog_schema()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: no guessing at interfaces
     builder = SparkSession.builder.appName(app_name)
     builder = builder.master(master or os.environ.get("ICEBARRIER_SPARK_MASTER", "local[2]"))
-    wanted = spark_conf(settings)
+    wanted = spark_conf(settings, line)
     if kafka:
-        jars = [str(maven.resolve(a)) for a in SPARK_KAFKA]
+        jars = [str(maven.resolve(a)) for a in line.kafka]
         wanted["spark.jars"] = ",".join(filter(None, [wanted.get("spark.jars"), *jars]))
     for key, value in {**wanted, **(extra or {})}.items():
         builder = builder.config(key, value)

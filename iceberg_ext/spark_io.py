@@ -129,4 +129,4 @@ def table_at(spark, table: TableName, snapshot_id: int | None):
     """``table`` as of a snapshot; an empty DataFrame with its schema when it had none."""
     if snapshot_id is None:
         return spark.table(str(table)).limit(0)
-    return spark.read.option("snapshot-id", str(snapshot_id)).table(str(table))
+    return spark.read.option("versionAsOf", str(snapshot_id)).table(str(table))

@@ -64,16 +64,18 @@ def configuration(
     *,
     ca_cert: str | None = None,
     truststore: Path | None = None,
+    spark_line=None,
 ) -> str:
     """Client configuration; Spark's table cache is off so each query loads its tables in one
     read-committed session moment (with the cache, two tables of a query could come from loads
     made up to 30 s apart). ``storage``: the catalog's ``/v1/config`` defaults (:func:`served_storage`),
     which Trino's file system needs in its catalog file (the other engines take them from the
     catalog at run time). ``ca_cert``: the CA the server's certificate comes from, if not a
-    public one (``truststore``: where it is as a Java truststore, for Spark and Trino)."""
+    public one (``truststore``: where it is as a Java truststore, for Spark and Trino).
+    ``spark_line``: the Spark line whose Iceberg runtime Spark gets (default: the one in use here)."""
     client_id, _, secret = credential.partition(":")
     if engine == "spark":
-        conf = spark_conf(warehouse, uri, credential, catalog, truststore=truststore)
+        conf = spark_conf(warehouse, uri, credential, catalog, truststore=truststore, line=spark_line)
         return "\n".join(f"{k} {v}" for k, v in conf.items())
     if engine == "pyiceberg":
         return (
@@ -185,7 +187,7 @@ def duckdb_install() -> str:
 
 
 def spark_conf(
-    warehouse: str, uri: str, credential: str, catalog: str, *, truststore: Path | None = None
+    warehouse: str, uri: str, credential: str, catalog: str, *, truststore: Path | None = None, line=None
 ) -> dict[str, str]:
     """Spark properties for catalog ``catalog`` through the REST catalog at ``uri``. Both of
     Iceberg's jars: the runtime, and the AWS bundle for tables on S3 (a client does not know where
@@ -194,7 +196,7 @@ def spark_conf(
     from icebarrier.iceberg_ext.spark import EXTENSIONS, add_aws_bundle, iceberg_jar
 
     conf = {
-        "spark.jars": str(iceberg_jar()),
+        "spark.jars": str(iceberg_jar(line)),
         "spark.sql.extensions": EXTENSIONS,
         f"spark.sql.catalog.{catalog}": "org.apache.iceberg.spark.SparkCatalog",
         f"spark.sql.catalog.{catalog}.type": "rest",

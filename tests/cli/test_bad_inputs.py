@@ -180,6 +180,9 @@ def _cases():
     yield ["serve", "--port", "0"], "0"
     yield ["spark-conf", "--via", "rest"], "--credential"
     yield ["spark-conf", "--via", "rest", "--credential", "no-colon"], "--credential"
+    for version in ("4.0", "4.2.1", "4.3.0", "2.4", "x"):  # lines Iceberg serves no runtime for
+        yield ["spark-conf", "--spark-version", version], f"Spark {version} has no Iceberg"
+    yield ["connect", "--engine", "spark", "--spark-version", "4.0.1"], "Spark 4.0.1 has no Iceberg"
     yield ["serve", "--session-quiet", "soon"], "soon"
     yield ["serve", "--heartbeat", "90s"], "--heartbeat 90s"
     yield ["serve", "--token-ttl", "10s"], "--token-ttl 10s"

@@ -94,7 +94,7 @@ def sink_rows(spark, lake, sink: TableName, barrier: int) -> list[tuple]:
     snapshot = reads.resolve(lake.conn, [sink], barrier=barrier).snapshots[sink]
     if snapshot is None:
         return []
-    return [tuple(r) for r in spark.read.option("snapshot-id", str(snapshot)).table(str(sink)).collect()]
+    return [tuple(r) for r in spark.read.option("versionAsOf", str(snapshot)).table(str(sink)).collect()]
 
 
 def recomputed(spark, lake, query: str, tables: dict[str, TableName], barrier: int) -> list[tuple]:
@@ -103,7 +103,7 @@ def recomputed(spark, lake, query: str, tables: dict[str, TableName], barrier: i
     views = {}
     for key, t in tables.items():
         s = snapshots[t]
-        df = spark.read.option("snapshot-id", str(s)).table(str(t)) if s is not None else spark.table(str(t)).limit(0)
+        df = spark.read.option("versionAsOf", str(s)).table(str(t)) if s is not None else spark.table(str(t)).limit(0)
         views[key] = f"full_{t.name}"
         df.createOrReplaceTempView(views[key])
     return [tuple(r) for r in spark.sql(query.format(**views)).collect()]

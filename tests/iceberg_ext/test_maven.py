@@ -12,7 +12,8 @@ import pytest
 
 from icebarrier.iceberg_ext import maven
 from icebarrier.iceberg_ext.errors import ArtifactUnavailableError
-from icebarrier.iceberg_ext.spark import ICEBERG_RUNTIME, POSTGRES_JDBC
+from icebarrier.iceberg_ext.spark import POSTGRES_JDBC
+from icebarrier.iceberg_ext.spark_lines import installed
 
 BIN = str(Path(sys.executable).parent)  # python and the icebarrier script, not mvn
 
@@ -36,7 +37,7 @@ def test_without_the_jar_or_maven_a_spark_start_is_one_line_naming_the_jar_and_i
         done = icebarrier(*args, env=env)
         assert done.returncode == 1, done
         assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
-        assert ICEBERG_RUNTIME.coordinates in done.stderr and "ICEBARRIER_ICEBERG_JAR" in done.stderr
+        assert installed().runtime.coordinates in done.stderr and "ICEBARRIER_ICEBERG_JAR" in done.stderr
         assert "mvn" in done.stderr and not done.stdout
     assert not repo.exists()
 
@@ -48,12 +49,12 @@ def test_a_local_copy_that_is_missing_or_fails_its_checksum_is_refused(lake, tmp
     assert done.returncode == 1 and done.stderr.count("\n") == 1
     assert "ICEBARRIER_ICEBERG_JAR=" in done.stderr and "nope.jar does not exist" in done.stderr
     repo = tmp_path / "m2"
-    bad = ICEBERG_RUNTIME.path_in(repo)
+    bad = installed().runtime.path_in(repo)
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"PK\x03\x04 not the runtime")
     done = icebarrier("spark-conf", env={maven.REPOSITORY_ENV: str(repo)})
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
-    assert str(bad) in done.stderr and ICEBERG_RUNTIME.sha256 in done.stderr and "delete it" in done.stderr
+    assert str(bad) in done.stderr and installed().runtime.sha256 in done.stderr and "delete it" in done.stderr
     assert files_under(repo) == [bad]
 
 

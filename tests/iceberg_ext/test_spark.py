@@ -18,8 +18,9 @@ from icebarrier.iceberg_ext.catalog import (
 from icebarrier.iceberg_ext.commits import BarrierCommit
 from icebarrier.iceberg_ext.maintenance import compact, expire, tag
 from icebarrier.iceberg_ext.reads import ConsistentRead
-from icebarrier.iceberg_ext.spark import ICEBERG_RUNTIME, ICEBERG_VERSION, spark_conf
+from icebarrier.iceberg_ext.spark import spark_conf
 from icebarrier.iceberg_ext.spark_io import append_df, merge_df, overwrite_df, sql_write
+from icebarrier.iceberg_ext.spark_lines import ICEBERG_VERSION, installed
 
 
 def test_spark_conf_is_complete_with_iceberg_jars_from_the_maven_cache(lake):
@@ -32,8 +33,9 @@ def test_spark_conf_is_complete_with_iceberg_jars_from_the_maven_cache(lake):
     assert conf["spark.sql.catalog.lake.uri"].endswith("currentSchema=icebarrier_catalog")
     assert "IcebergSparkSessionExtensions" in conf["spark.sql.extensions"]
     jars = conf["spark.jars"].split(",")
-    assert jars[0] == str(ICEBERG_RUNTIME.path_in(maven.repository())) and jars[1].endswith(".jar")
-    assert jars[0].endswith(f"iceberg-spark-runtime-3.5_2.12-{ICEBERG_VERSION}.jar")
+    line = installed()
+    assert jars[0] == str(line.runtime.path_in(maven.repository())) and jars[1].endswith(".jar")
+    assert jars[0].endswith(f"iceberg-spark-runtime-{line.version}_{line.scala}-{ICEBERG_VERSION}.jar")
     out = CliRunner().invoke(command, ["spark-conf"])
     assert out.exit_code == 0 and "--conf spark.sql.catalog.lake=org.apache.iceberg.spark.SparkCatalog" in out.stdout
 
@@ -158,7 +160,7 @@ def test_compaction_under_a_lease(lake, spark):
         assert sorted(r.df(spark, lake.T("events")).collect()) == before
     expired = expire(lake.conn, lake.catalog, lake.T("events"))
     assert old not in expired.expired and expired.expired
-    assert spark.read.option("snapshot-id", str(old)).table(str(lake.T("events"))).count() == 8
+    assert spark.read.option("versionAsOf", str(old)).table(str(lake.T("events"))).count() == 8
     b = barriers.issue(lake.conn).barrier
     _ingest(lake, spark, b, 900)  # the job continues on top of the compaction
     assert tables.states(lake.conn, [lake.T("events")])[0].watermark == b
