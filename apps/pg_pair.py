@@ -30,6 +30,7 @@ import psycopg
 from icebarrier.apps.embedded import EmbeddedPostgresError, children, find_binaries, free_port, make_traversable, run_as
 
 STANDBY_NAME = "standby"
+STALL_S = 120.0  # a promotion that shows no progress this long has failed
 
 
 def binaries() -> Path:
@@ -185,10 +186,37 @@ class PostgresPair:
         manager's part); returns how long that took (s)."""
         assert self.standby is not None, "there is no standby to promote"
         started = time.monotonic()
-        self._run("pg_ctl", "-D", self.standby.data_dir, "-w", "-t", "60", "promote")
+        self._run("pg_ctl", "-D", self.standby.data_dir, "-W", "promote")  # signalled; its end waited for below
+        self._wait_promoted(self.standby)
         self._name_synchronous_standby(self.standby, "")
         self.primary, self.standby = self.standby, None
         return time.monotonic() - started
+
+    def _wait_promoted(self, node: Node) -> None:
+        """Until ``node`` leaves recovery, however long a loaded machine takes: it fails only once
+        the node stops making progress (its log, its replay position and its answers unchanged for
+        :data:`STALL_S`) or its postmaster dies (``pg_ctl promote -t 60`` ran out of time on a
+        machine busy with other work)."""
+        log = node.data_dir / "server.log"
+        seen, moved = None, time.monotonic()
+        while True:
+            if node.pid is None:
+                raise EmbeddedPostgresError(f"the standby on port {node.port} died while promoted")
+            try:
+                with psycopg.connect(node.dsn(), autocommit=True, connect_timeout=5) as conn:
+                    row = conn.execute("SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text").fetchone()
+            except psycopg.OperationalError:
+                row = None  # not answering this moment: no progress seen
+            if row is not None and not row[0]:
+                return
+            mark = (row, log.stat().st_size if log.exists() else 0)
+            if mark != seen:
+                seen, moved = mark, time.monotonic()
+            elif time.monotonic() - moved > STALL_S:
+                raise EmbeddedPostgresError(
+                    f"the standby on port {node.port} made no progress in its promotion for {STALL_S:g} s"
+                )
+            time.sleep(0.05)
 
     def rebuild_standby(self) -> None:
         """The node that died, cloned again from the primary and made its synchronous standby

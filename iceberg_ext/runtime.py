@@ -342,7 +342,7 @@ class Runtime:
     def _computed(self, plan: NextBarrier, info: jobs.JobInfo) -> dict | None:
         """Compute the plan's barrier (an OpenLineage run when configured: START, then COMPLETE
         with the snapshots read and written, or FAIL)."""
-        compute = self._complete_root if isinstance(self.job, RootJob) else self._complete_intermediate
+        compute = self._ansi_said(self._complete_root if isinstance(self.job, RootJob) else self._complete_intermediate)
         if self.lineage is None:
             return compute(plan, info)
         how, after = plan.plan.value, plan.from_barrier
@@ -357,6 +357,29 @@ class Runtime:
         outputs = {TableName.parse(t): s for t, s in (written or {}).items()}
         self.lineage.complete(plan.barrier, plan=how, from_barrier=after, inputs=inputs, outputs=outputs)
         return written
+
+    def _ansi_said(self, compute):
+        """``compute``, with a failure only Spark's ANSI mode raises said in one line that names the
+        setting (Spark 4 turns it on by default: a job written for Spark 3.5 may meet it first)."""
+
+        def computed(plan: NextBarrier, info: jobs.JobInfo) -> dict | None:
+            from icebarrier.iceberg_ext.spark_io import ansi_failure
+
+            try:
+                return compute(plan, info)
+            except IcebarrierError:
+                raise
+            except Exception as exc:
+                said = ansi_failure(exc)
+                if said is None:
+                    raise
+                raise IcebarrierError(
+                    f"job {self.job.name}: barrier {barrier_label(plan.barrier)} failed only because Spark's ANSI "
+                    f"mode is on ({said}); make the query tolerate the value (try_cast, try_divide, try_add…) or "
+                    f"set spark.sql.ansi.enabled=false for this job (spark-defaults.conf in SPARK_CONF_DIR)"
+                ) from exc
+
+        return computed
 
     def _write(self, tx: BarrierCommit, table: TableName, out: Output):
         from icebarrier.iceberg_ext.spark_io import append_df, merge_df, overwrite_df

@@ -130,3 +130,39 @@ def table_at(spark, table: TableName, snapshot_id: int | None):
     if snapshot_id is None:
         return spark.table(str(table)).limit(0)
     return spark.read.option("versionAsOf", str(snapshot_id)).table(str(table))
+
+
+# -- errors --------------------------------------------------------------------------------------------
+
+# Error conditions Spark raises only in ANSI mode (``spark.sql.ansi.enabled``, on by default from
+# Spark 4.0; off, the same expressions give NULL or wrap around)
+ANSI_ONLY = frozenset(
+    {
+        "ARITHMETIC_OVERFLOW",
+        "BINARY_ARITHMETIC_OVERFLOW",
+        "CANNOT_PARSE_TIMESTAMP",
+        "CAST_INVALID_INPUT",
+        "CAST_OVERFLOW",
+        "CAST_OVERFLOW_IN_TABLE_INSERT",
+        "DATETIME_FIELD_OUT_OF_BOUNDS",
+        "DIVIDE_BY_ZERO",
+        "INTERVAL_DIVIDED_BY_ZERO",
+        "INVALID_ARRAY_INDEX",
+        "INVALID_ARRAY_INDEX_IN_ELEMENT_AT",
+        "INVALID_FRACTION_OF_SECOND",
+        "MAP_KEY_DOES_NOT_EXIST",
+        "NUMERIC_VALUE_OUT_OF_RANGE",
+    }
+)
+_CONDITION = re.compile(r"\[([A-Z][A-Z0-9_]+)(?:\.[A-Z0-9_]+)?\]")
+
+
+def ansi_failure(exc: BaseException) -> str | None:
+    """What a Spark failure says in one line, if it is one only ANSI mode raises (a task's failure
+    reaches the driver wrapped: the condition is looked for in the whole text); else None."""
+    text = str(exc)
+    found = next((m for m in _CONDITION.finditer(text) if m.group(1) in ANSI_ONLY), None)
+    if found is None:
+        return None
+    line = text[found.start() :].splitlines()[0]
+    return line.split(" SQLSTATE:")[0].strip()

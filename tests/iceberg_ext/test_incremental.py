@@ -97,6 +97,34 @@ def test_join_then_aggregate_is_incremental_and_exact(lake, spark):
     assert jobs.show(lake.conn, t.name).definition.sinks == {t.sink, lake.T(t.sink.name + "__icebarrier_state")}
 
 
+def test_a_failure_only_ansi_mode_raises_is_one_line_naming_the_setting(lake, spark):
+    """Spark 4 runs SQL in ANSI mode by default: a job whose query casts a value that is not a
+    number fails its barrier in one line naming the condition and `spark.sql.ansi.enabled`, and
+    completes nothing; with ANSI mode off the same barrier computes (the cast gives NULL)."""
+    t = SqlJobUnderTest(
+        lake,
+        spark,
+        "SELECT o.order_id, CAST(o.item AS INT) AS item_no FROM {orders} o JOIN {ships} s ON o.order_id = s.order_id",
+    )
+    orders = _orders(0, 4)
+    b = t.barrier(orders, [{"order_id": o["order_id"], "carrier": "x"} for o in orders])
+    was = spark.conf.get("spark.sql.ansi.enabled")
+    try:
+        spark.conf.set("spark.sql.ansi.enabled", "true")
+        with pytest.raises(IcebarrierError) as failed:
+            t.runtime().run()
+        said = str(failed.value)
+        assert "[CAST_INVALID_INPUT]" in said and "spark.sql.ansi.enabled=false" in said, said
+        assert "\n" not in said and "SQLSTATE" not in said, said
+        assert jobs.show(lake.conn, t.name).progress is None
+        spark.conf.set("spark.sql.ansi.enabled", "false")
+        t.runtime().run()
+        assert jobs.show(lake.conn, t.name).progress == b
+        assert {r.item_no for r in spark.table(str(t.sink)).collect()} == {None}
+    finally:
+        spark.conf.set("spark.sql.ansi.enabled", was)
+
+
 # -- the property: any query of the class, any history, equals the full recompute -------------------------------
 
 FILTERS = ("", "WHERE o.amount > 1", "WHERE o.price IS NOT NULL AND o.amount <> 2", "WHERE o.item IN ('i1', 'i2')")
