@@ -155,14 +155,29 @@ def _reachable(tbl, snapshot_list, cache: dict[str, set[str]]) -> set[str]:
     return files
 
 
-def _staged_files(tbl, staged: tuple[str, ...], cache: dict[str, set[str]]) -> set[str]:
-    """Every file the staged (unpublished) commits of ``tbl`` use, their metadata files included."""
+def _staged_files(tbl, staged: tuple[str, ...], cache: dict[str, set[str]], table_snapshots: set[int]) -> set[str]:
+    """What the staged (unpublished) commits of ``tbl`` need until they publish: their metadata
+    files, every manifest list and manifest their snapshots use (a publish reads them to replay
+    the job's snapshots), and the data files the job's own snapshots added (those not among
+    ``table_snapshots``, the table's). A data file a staged commit only carries from its base is
+    the table's to keep or drop: where maintenance dropped it (a compaction, then the expiry of
+    what it replaced), the publish replays the job's snapshots on the table as it is and needs it
+    no more; kept for the staged commit, nothing referenced it once published, and it waited out
+    the data files' grace (issue 67)."""
+    from pyiceberg.manifest import ManifestEntryStatus
     from pyiceberg.serializers import FromInputFile
 
     files = set(staged)
     for location in staged:
         metadata = FromInputFile.table_metadata(tbl.io.new_input(location))
-        files |= _reachable(tbl, metadata.snapshots, cache)
+        for snap in metadata.snapshots:
+            files.add(snap.manifest_list)
+            own = snap.snapshot_id not in table_snapshots
+            for manifest in snap.manifests(tbl.io):
+                files.add(manifest.manifest_path)
+                if own and manifest.added_snapshot_id == snap.snapshot_id:
+                    entries = manifest.fetch_manifest_entry(tbl.io, discard_deleted=False)
+                    files |= {e.data_file.file_path for e in entries if e.status == ManifestEntryStatus.ADDED}
     return files
 
 
@@ -210,7 +225,8 @@ def _expire_and_delete(tbl, snapshot_ids: list[int], staged: tuple[str, ...] = (
     before = _reachable(tbl, removed, cache)
     tbl.maintenance.expire_snapshots().by_ids(ids).commit()
     tbl.refresh()
-    after = {same_file(p) for p in _reachable(tbl, tbl.metadata.snapshots, cache) | _staged_files(tbl, staged, cache)}
+    kept = _reachable(tbl, tbl.metadata.snapshots, cache) | _staged_files(tbl, staged, cache, present)
+    after = {same_file(p) for p in kept}
     doomed = {p for p in before if same_file(p) not in after}
     for path in doomed:
         delete_file(tbl.io, path)
@@ -251,7 +267,8 @@ def _referenced(tbl, staged: tuple[str, ...]) -> set[str]:
 
     cache: dict[str, set[str]] = {}
     metadata = tbl.metadata
-    files = _reachable(tbl, metadata.snapshots, cache) | _staged_files(tbl, staged, cache)
+    table_snapshots = {s.snapshot_id for s in metadata.snapshots}
+    files = _reachable(tbl, metadata.snapshots, cache) | _staged_files(tbl, staged, cache, table_snapshots)
     files |= {tbl.metadata_location, *(e.metadata_file for e in metadata.metadata_log)}
     files |= {s.statistics_path for s in metadata.statistics}
     files |= {s.statistics_path for s in metadata.partition_statistics}

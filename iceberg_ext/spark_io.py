@@ -129,7 +129,7 @@ def table_at(spark, table: TableName, snapshot_id: int | None):
     """``table`` as of a snapshot; an empty DataFrame with its schema when it had none."""
     if snapshot_id is None:
         return spark.table(str(table)).limit(0)
-    return spark.read.option("versionAsOf", str(snapshot_id)).table(str(table))
+    return spark.read.format("iceberg").option("versionAsOf", str(snapshot_id)).load(str(table))
 
 
 # -- errors --------------------------------------------------------------------------------------------

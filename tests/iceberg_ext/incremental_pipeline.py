@@ -94,7 +94,9 @@ def sink_rows(spark, lake, sink: TableName, barrier: int) -> list[tuple]:
     snapshot = reads.resolve(lake.conn, [sink], barrier=barrier).snapshots[sink]
     if snapshot is None:
         return []
-    return [tuple(r) for r in spark.read.option("versionAsOf", str(snapshot)).table(str(sink)).collect()]
+    return [
+        tuple(r) for r in spark.read.format("iceberg").option("versionAsOf", str(snapshot)).load(str(sink)).collect()
+    ]
 
 
 def recomputed(spark, lake, query: str, tables: dict[str, TableName], barrier: int) -> list[tuple]:
@@ -103,7 +105,11 @@ def recomputed(spark, lake, query: str, tables: dict[str, TableName], barrier: i
     views = {}
     for key, t in tables.items():
         s = snapshots[t]
-        df = spark.read.option("versionAsOf", str(s)).table(str(t)) if s is not None else spark.table(str(t)).limit(0)
+        df = (
+            spark.read.format("iceberg").option("versionAsOf", str(s)).load(str(t))
+            if s is not None
+            else spark.table(str(t)).limit(0)
+        )
         views[key] = f"full_{t.name}"
         df.createOrReplaceTempView(views[key])
     return [tuple(r) for r in spark.sql(query.format(**views)).collect()]

@@ -77,7 +77,10 @@ def test_root_job_killed_at_each_fault_point_recovers_exactly_once(lake, spark, 
     sink = TableName.parse(shop.tables(lake.namespace)["shopping"])
     assert tables.states(lake.conn, [sink])[0].watermark == b
     cut = reads.resolve(lake.conn, [sink])
-    ids = [r.order_id for r in spark.read.option("versionAsOf", str(cut.snapshots[sink])).table(str(sink)).collect()]
+    ids = [
+        r.order_id
+        for r in spark.read.format("iceberg").option("versionAsOf", str(cut.snapshots[sink])).load(str(sink)).collect()
+    ]
     assert sorted(ids) == sorted(r["order_id"] for r in rows)  # batch 1 exactly: no loss, no duplicate
     assert runs.recorded_range(lake.conn, name, b) == recorded
     b2 = barriers.issue(lake.conn).barrier
@@ -109,7 +112,12 @@ def test_two_sink_job_killed_between_its_commits_is_all_or_nothing_for_readers(l
     cut = reads.resolve(lake.conn, sinks)
     assert cut.barrier == b1
     totals = [
-        spark.read.option("versionAsOf", str(cut.snapshots[s])).table(str(s)).groupBy().sum("amount").collect()[0][0]
+        spark.read.format("iceberg")
+        .option("versionAsOf", str(cut.snapshots[s]))
+        .load(str(s))
+        .groupBy()
+        .sum("amount")
+        .collect()[0][0]
         for s in sinks
     ]
     assert totals[0] == totals[1]  # both at b1
@@ -117,7 +125,12 @@ def test_two_sink_job_killed_between_its_commits_is_all_or_nothing_for_readers(l
     cut = reads.resolve(lake.conn, sinks)
     assert cut.barrier == b2
     totals = [
-        spark.read.option("versionAsOf", str(cut.snapshots[s])).table(str(s)).groupBy().sum("amount").collect()[0][0]
+        spark.read.format("iceberg")
+        .option("versionAsOf", str(cut.snapshots[s]))
+        .load(str(s))
+        .groupBy()
+        .sum("amount")
+        .collect()[0][0]
         for s in sinks
     ]
     assert (
@@ -229,8 +242,9 @@ def test_the_pipeline_end_to_end_on_a_standalone_cluster(lake, spark, tmp_path, 
     cut = reads.resolve(lake.conn, names)
     t = shop.tables(lake.namespace)
     amount = (
-        spark.read.option("versionAsOf", str(cut.snapshots[TableName.parse(t["user_item_amount"])]))
-        .table(t["user_item_amount"])
+        spark.read.format("iceberg")
+        .option("versionAsOf", str(cut.snapshots[TableName.parse(t["user_item_amount"])]))
+        .load(t["user_item_amount"])
         .groupBy()
         .sum("amount")
         .collect()[0][0]

@@ -83,7 +83,7 @@ def _ids(spark, sink, barrier_snapshot=None):
     df = (
         spark.table(sink)
         if barrier_snapshot is None
-        else spark.read.option("versionAsOf", barrier_snapshot).table(sink)
+        else spark.read.format("iceberg").option("versionAsOf", barrier_snapshot).load(sink)
     )
     return sorted(r.id for r in df.select("id").collect())
 

@@ -208,3 +208,22 @@ def test_a_table_registered_again_after_its_drop_is_placed_and_pointed_at_in_one
     assert registered.status_code == 200, registered.text
     assert a.load_table(f"{ns}.again").metadata_location == table.metadata_location
     _refused(lambda: a.create_table(f"{ns}.probe", schema=SCHEMA, location=table.location() + "/x"), f"lake.{ns}.again")
+
+
+def test_a_table_created_where_a_renamed_table_lives_gets_a_folder_of_its_own(lake, server):
+    """A rename keeps the table's folder; a new table under the old name (no location given) is
+    placed beside it with a suffix of its own, not refused, and dropping it with purge leaves the
+    renamed table whole (Iceberg 1.11's REST Compatibility Kit: dropAfterRenameDoesntCorruptTable)."""
+    ns = lake.namespace
+    Pipeline(lake, {"writer": ["managed"]})  # a job's whole-lake token writes tables no job owns
+    client = rest(server, "latest", ":".join(tokens.create(lake.conn, job=f"{ns}_writer", whole_lake=True)))
+    first = client.create_table(f"{ns}.old", schema=SCHEMA)
+    first.append(pa.table({"id": [1, 2]}, schema=SCHEMA))
+    client.rename_table(f"{ns}.old", f"{ns}.renamed")
+    second = client.create_table(f"{ns}.old", schema=SCHEMA)
+    assert second.location().startswith(f"{first.location()}-") and len(second.location()) == len(first.location()) + 9
+    second.append(pa.table({"id": [3]}, schema=SCHEMA))
+    client.purge_table(f"{ns}.old")
+    assert client.load_table(f"{ns}.renamed").scan().to_arrow().num_rows == 2
+    third = client.create_table(f"{ns}.fresh", schema=SCHEMA)  # a free folder: no suffix
+    assert third.location().endswith(f"/{ns}/fresh")

@@ -123,7 +123,7 @@ def test_the_service_expires_compacts_and_keeps_what_is_protected(lake, spark):
     cut = reads.resolve(lake.conn, [table])
     assert cut.barrier == marks[-1] and cut.snapshots[table] == current.snapshot_id
     assert sorted(spark.table(str(table)).collect()) == rows
-    assert spark.read.option("versionAsOf", str(pinned)).table(str(table)).count() == 12
+    assert spark.read.format("iceberg").option("versionAsOf", str(pinned)).load(str(table)).count() == 12
     status = upkeep.statuses(lake.conn, [table])[0]
     assert status.seen["data_files"] == 1 and status.seen["small_files"] == 1 and status.next
     assert status.actions["compact"]["done"] == 1 and status.actions["expire"]["result"] == "done"

@@ -8,6 +8,8 @@ fail on it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
@@ -119,6 +121,45 @@ def test_a_staged_commit_is_replayed_over_a_compaction_that_landed_before_the_pu
 
     marks.append(_barrier(lake, server, credential, staged=lambda: _rewrite(spark, lake))["barrier"])
     _replayed_over_compaction(lake, marks)
+
+
+def test_an_expiry_beside_a_staged_commit_leaves_no_data_file_behind(lake, spark):
+    """Issue 67: a job's staged commit lists its base's snapshots. Maintenance compacts the table,
+    rewrites its manifests and expires everything before: the data files only the expired
+    snapshots used (the compaction's inputs) go with the expiry, though the staged commit still
+    lists them; its own manifest lists and manifests stay (its publish reads them to replay it).
+    Kept for the staged commit, nothing referenced them once it published, and they waited out
+    the data files' three days' grace."""
+    table = lake.catalog.create_table(f"{lake.namespace}.t", schema=SCHEMA)
+    for b in range(3):
+        table.append(pa.table({"id": [b], "barrier": [b]}, schema=SCHEMA))
+    table = lake.catalog.load_table(f"{lake.namespace}.t")
+    staged = table.metadata_location  # what a job's staged commit on this base lists
+    small = _data_files(table)
+    maintained = {"icebarrier.operation": "compaction", SUMMARY_JOB: maintenance.MAINTENANCE_JOB}
+    spark_io.rewrite_data_files(spark, lake.T("t"), options={"min-input-files": "2"}, properties=maintained)
+    spark_io.rewrite_manifests(spark, lake.T("t"), properties=maintained)
+    tbl = load_table(lake.catalog, lake.T("t"))
+    older = [s.snapshot_id for s in tbl.metadata.snapshots if s.snapshot_id != tbl.metadata.current_snapshot_id]
+    staged_lists = {s.manifest_list for s in tbl.metadata.snapshots if s.snapshot_id in older[:3]}
+    deleted = maintenance._expire_and_delete(tbl, older, staged=(staged,))
+    on_disk = {maintenance.same_file(str(f)) for f in Path(_root(tbl)).rglob("*") if not f.name.endswith(".crc")}
+    assert not {maintenance.same_file(f) for f in small} & on_disk and deleted >= len(small)
+    assert {maintenance.same_file(f) for f in staged_lists} <= on_disk  # the staged commit's, kept
+    assert _rows(lake) == [0, 1, 2]
+
+
+def _data_files(table) -> set[str]:
+    return {
+        e.data_file.file_path
+        for s in table.metadata.snapshots
+        for m in s.manifests(table.io)
+        for e in m.fetch_manifest_entry(table.io)
+    }
+
+
+def _root(tbl) -> str:
+    return tbl.metadata.location.removeprefix("file://").removeprefix("file:")
 
 
 def test_the_no_rebase_mutation_loses_the_race(lake, spark, server):

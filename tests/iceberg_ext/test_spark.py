@@ -160,7 +160,7 @@ def test_compaction_under_a_lease(lake, spark):
         assert sorted(r.df(spark, lake.T("events")).collect()) == before
     expired = expire(lake.conn, lake.catalog, lake.T("events"))
     assert old not in expired.expired and expired.expired
-    assert spark.read.option("versionAsOf", str(old)).table(str(lake.T("events"))).count() == 8
+    assert spark.read.format("iceberg").option("versionAsOf", str(old)).load(str(lake.T("events"))).count() == 8
     b = barriers.issue(lake.conn).barrier
     _ingest(lake, spark, b, 900)  # the job continues on top of the compaction
     assert tables.states(lake.conn, [lake.T("events")])[0].watermark == b
@@ -194,3 +194,18 @@ def test_a_barrier_that_changes_nothing_leaves_no_snapshot(lake, spark):
     assert load_table(lake.catalog, lake.T("events")).metadata.current_snapshot_id == before
     assert tables.states(lake.conn, [lake.T("events")])[0].watermark == b2
     assert reads.resolve(lake.conn, [lake.T("events")]).snapshots[lake.T("events")] == before
+
+
+def test_a_table_is_read_at_the_snapshot_asked_for(lake, spark):
+    """`table_at`, how the runtime reads a source at S(T, B), reads that snapshot and not the newest
+    on the Spark line installed (Spark 3.5 ignores `versionAsOf` given to `DataFrameReader.table`,
+    and Iceberg's 4.1 runtime refuses `snapshot-id`)."""
+    from icebarrier.iceberg_ext.spark_io import table_at
+
+    name = lake.T("at_snapshot")
+    spark.sql(f"CREATE TABLE {name} (id bigint) USING iceberg")
+    spark.sql(f"INSERT INTO {name} VALUES (1)")
+    first = load_table(lake.catalog, name).current_snapshot().snapshot_id
+    spark.sql(f"INSERT INTO {name} VALUES (2), (3)")
+    assert [r.id for r in table_at(spark, name, first).collect()] == [1]
+    assert table_at(spark, name, None).count() == 0 and table_at(spark, name, None).columns == ["id"]

@@ -9,6 +9,7 @@ import contextvars
 import functools
 import json
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -413,8 +414,9 @@ class LakeCore:
         from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 
         properties = request.properties or {}
-        location = request.location.rstrip("/") if request.location else self.default_location(conn, table)
-        self.confine(conn, table, location, properties)
+        near = self.placing(conn)
+        location = request.location.rstrip("/") if request.location else self.default_location(conn, table, near)
+        self.confine(conn, table, location, properties, near=near)
         version = int(properties.get(TableProperties.FORMAT_VERSION, TableProperties.DEFAULT_FORMAT_VERSION))
         metadata = new_table_metadata(
             location=location,
@@ -432,12 +434,19 @@ class LakeCore:
             catalog=self.catalog,
         )
 
-    def default_location(self, conn, table: TableName) -> str:
+    def default_location(self, conn, table: TableName, near: locations.Near | None = None) -> str:
         """Where ``table`` lives when its creation names no location: under its namespace's
-        location, else the warehouse's (PyIceberg's SQL catalog's convention)."""
+        location, else the warehouse's (PyIceberg's SQL catalog's convention). With ``near`` (the
+        catalog's placements), a folder another table holds already (a table renamed keeps its
+        folder) gets a suffix of its own: the new table never shares a location."""
         if namespace_location := self.namespace_location(conn, table.namespace):
-            return f"{namespace_location.rstrip('/')}/{table.name}"
-        return f"{self.catalog.properties['warehouse'].rstrip('/')}/{table.sql_namespace}/{table.name}"
+            location = f"{namespace_location.rstrip('/')}/{table.name}"
+        else:
+            location = f"{self.catalog.properties['warehouse'].rstrip('/')}/{table.sql_namespace}/{table.name}"
+        spot = locations.normalized(location)
+        if near is not None and any(o.table != str(table) and locations.overlap(spot, o.location) for o in near(spot)):
+            return f"{location}-{uuid.uuid4().hex[:8]}"
+        return location
 
     def metadata(self, location: str):
         def read():
