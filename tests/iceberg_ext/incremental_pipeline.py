@@ -15,6 +15,7 @@ from icebarrier.control_plane import jobs, reads
 from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.iceberg_ext.catalog import create_table, load_table
 from icebarrier.iceberg_ext.commits import BarrierCommit
+from icebarrier.iceberg_ext.spark_io import table_at
 
 ORDERS = Schema(
     NestedField(1, "order_id", LongType(), required=False),
@@ -94,9 +95,7 @@ def sink_rows(spark, lake, sink: TableName, barrier: int) -> list[tuple]:
     snapshot = reads.resolve(lake.conn, [sink], barrier=barrier).snapshots[sink]
     if snapshot is None:
         return []
-    return [
-        tuple(r) for r in spark.read.format("iceberg").option("versionAsOf", str(snapshot)).load(str(sink)).collect()
-    ]
+    return [tuple(r) for r in table_at(spark, sink, snapshot).collect()]
 
 
 def recomputed(spark, lake, query: str, tables: dict[str, TableName], barrier: int) -> list[tuple]:
@@ -104,12 +103,7 @@ def recomputed(spark, lake, query: str, tables: dict[str, TableName], barrier: i
     snapshots = reads.resolve(lake.conn, list(tables.values()), barrier=barrier).snapshots
     views = {}
     for key, t in tables.items():
-        s = snapshots[t]
-        df = (
-            spark.read.format("iceberg").option("versionAsOf", str(s)).load(str(t))
-            if s is not None
-            else spark.table(str(t)).limit(0)
-        )
+        df = table_at(spark, t, snapshots[t])
         views[key] = f"full_{t.name}"
         df.createOrReplaceTempView(views[key])
     return [tuple(r) for r in spark.sql(query.format(**views)).collect()]

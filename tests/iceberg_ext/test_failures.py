@@ -13,6 +13,7 @@ from icebarrier.control_plane.model import TableName
 from icebarrier.iceberg_ext.faults import AFTER_CONTROL_PLANE, AFTER_ICEBERG_COMMIT, AFTER_INPUT_RANGE, CRASH_EXIT_CODE
 from icebarrier.iceberg_ext.job import RootJob
 from icebarrier.iceberg_ext.runtime import Runtime, foreach_batch
+from icebarrier.iceberg_ext.spark_io import table_at
 from tests.iceberg_ext.test_runtime import generate, shop
 
 
@@ -77,10 +78,7 @@ def test_root_job_killed_at_each_fault_point_recovers_exactly_once(lake, spark, 
     sink = TableName.parse(shop.tables(lake.namespace)["shopping"])
     assert tables.states(lake.conn, [sink])[0].watermark == b
     cut = reads.resolve(lake.conn, [sink])
-    ids = [
-        r.order_id
-        for r in spark.read.format("iceberg").option("versionAsOf", str(cut.snapshots[sink])).load(str(sink)).collect()
-    ]
+    ids = [r.order_id for r in table_at(spark, sink, cut.snapshots[sink]).collect()]
     assert sorted(ids) == sorted(r["order_id"] for r in rows)  # batch 1 exactly: no loss, no duplicate
     assert runs.recorded_range(lake.conn, name, b) == recorded
     b2 = barriers.issue(lake.conn).barrier
@@ -111,28 +109,12 @@ def test_two_sink_job_killed_between_its_commits_is_all_or_nothing_for_readers(l
     sinks = [TableName.parse(f"lake.{lake.namespace}.by_user"), TableName.parse(f"lake.{lake.namespace}.by_item")]
     cut = reads.resolve(lake.conn, sinks)
     assert cut.barrier == b1
-    totals = [
-        spark.read.format("iceberg")
-        .option("versionAsOf", str(cut.snapshots[s]))
-        .load(str(s))
-        .groupBy()
-        .sum("amount")
-        .collect()[0][0]
-        for s in sinks
-    ]
+    totals = [table_at(spark, s, cut.snapshots[s]).groupBy().sum("amount").collect()[0][0] for s in sinks]
     assert totals[0] == totals[1]  # both at b1
     assert _worker(lake, input_dir, "two_sinks").returncode == 0
     cut = reads.resolve(lake.conn, sinks)
     assert cut.barrier == b2
-    totals = [
-        spark.read.format("iceberg")
-        .option("versionAsOf", str(cut.snapshots[s]))
-        .load(str(s))
-        .groupBy()
-        .sum("amount")
-        .collect()[0][0]
-        for s in sinks
-    ]
+    totals = [table_at(spark, s, cut.snapshots[s]).groupBy().sum("amount").collect()[0][0] for s in sinks]
     assert (
         totals[0]
         == totals[1]
@@ -240,13 +222,6 @@ def test_the_pipeline_end_to_end_on_a_standalone_cluster(lake, spark, tmp_path, 
     names = [TableName.parse(t) for t in shop.tables(lake.namespace).values()]
     assert {s.watermark for s in tables.states(lake.conn, names)} == {b}
     cut = reads.resolve(lake.conn, names)
-    t = shop.tables(lake.namespace)
-    amount = (
-        spark.read.format("iceberg")
-        .option("versionAsOf", str(cut.snapshots[TableName.parse(t["user_item_amount"])]))
-        .load(t["user_item_amount"])
-        .groupBy()
-        .sum("amount")
-        .collect()[0][0]
-    )
+    sink = TableName.parse(shop.tables(lake.namespace)["user_item_amount"])
+    amount = table_at(spark, sink, cut.snapshots[sink]).groupBy().sum("amount").collect()[0][0]
     assert amount == sum(r["amount"] for r in rows)

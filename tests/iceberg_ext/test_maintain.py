@@ -30,7 +30,7 @@ from icebarrier.iceberg_ext.catalog import (
     summary_properties,
 )
 from icebarrier.iceberg_ext.commits import BarrierCommit
-from icebarrier.iceberg_ext.spark_io import append_df
+from icebarrier.iceberg_ext.spark_io import append_df, table_at
 from tests.helpers import LoggedProcess
 from tests.iceberg_ext.catalog_server import access_token, scrape
 
@@ -123,7 +123,7 @@ def test_the_service_expires_compacts_and_keeps_what_is_protected(lake, spark):
     cut = reads.resolve(lake.conn, [table])
     assert cut.barrier == marks[-1] and cut.snapshots[table] == current.snapshot_id
     assert sorted(spark.table(str(table)).collect()) == rows
-    assert spark.read.format("iceberg").option("versionAsOf", str(pinned)).load(str(table)).count() == 12
+    assert table_at(spark, table, pinned).count() == 12
     status = upkeep.statuses(lake.conn, [table])[0]
     assert status.seen["data_files"] == 1 and status.seen["small_files"] == 1 and status.next
     assert status.actions["compact"]["done"] == 1 and status.actions["expire"]["result"] == "done"

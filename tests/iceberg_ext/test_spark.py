@@ -19,7 +19,7 @@ from icebarrier.iceberg_ext.commits import BarrierCommit
 from icebarrier.iceberg_ext.maintenance import compact, expire, tag
 from icebarrier.iceberg_ext.reads import ConsistentRead
 from icebarrier.iceberg_ext.spark import spark_conf
-from icebarrier.iceberg_ext.spark_io import append_df, merge_df, overwrite_df, sql_write
+from icebarrier.iceberg_ext.spark_io import append_df, merge_df, overwrite_df, sql_write, table_at
 from icebarrier.iceberg_ext.spark_lines import ICEBERG_VERSION, installed
 
 
@@ -160,7 +160,7 @@ def test_compaction_under_a_lease(lake, spark):
         assert sorted(r.df(spark, lake.T("events")).collect()) == before
     expired = expire(lake.conn, lake.catalog, lake.T("events"))
     assert old not in expired.expired and expired.expired
-    assert spark.read.format("iceberg").option("versionAsOf", str(old)).load(str(lake.T("events"))).count() == 8
+    assert table_at(spark, lake.T("events"), old).count() == 8
     b = barriers.issue(lake.conn).barrier
     _ingest(lake, spark, b, 900)  # the job continues on top of the compaction
     assert tables.states(lake.conn, [lake.T("events")])[0].watermark == b
@@ -200,8 +200,6 @@ def test_a_table_is_read_at_the_snapshot_asked_for(lake, spark):
     """`table_at`, how the runtime reads a source at S(T, B), reads that snapshot and not the newest
     on the Spark line installed (Spark 3.5 ignores `versionAsOf` given to `DataFrameReader.table`,
     and Iceberg's 4.1 runtime refuses `snapshot-id`)."""
-    from icebarrier.iceberg_ext.spark_io import table_at
-
     name = lake.T("at_snapshot")
     spark.sql(f"CREATE TABLE {name} (id bigint) USING iceberg")
     spark.sql(f"INSERT INTO {name} VALUES (1)")
