@@ -345,7 +345,8 @@ def remove_orphans(
                 recent += 1
                 continue
             orphans.append(path)
-            counts[in_metadata] -= 0 if dry_run else 1
+            if not dry_run:  # the count is of what the table holds after the removal
+                counts[in_metadata] -= 1
         if not dry_run:
             for path in orphans:  # a checksum is listed, and goes, on its own
                 tbl.io.delete(path)
