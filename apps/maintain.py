@@ -42,7 +42,7 @@ from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.fences import Fence
 from icebarrier.control_plane.model import TableName
 from icebarrier.control_plane.upkeep import Policy
-from icebarrier.iceberg_ext import maintenance
+from icebarrier.iceberg_ext import maintenance, orphans
 from icebarrier.iceberg_ext.catalog import load_table, lost_race, outages
 from icebarrier.iceberg_ext.catalog import pointers as catalog_pointers
 from icebarrier.iceberg_ext.config import Settings
@@ -172,7 +172,7 @@ class Maintainer:
         if self.only is not None:
             pointers = {name: p for name, p in pointers.items() if name in self.only}
         todo = self._due(conn, pointers, now)
-        locations = _Once(lambda: maintenance.table_locations(catalog))  # listed once a pass, if needed
+        locations = _Once(lambda: orphans.table_locations(catalog))  # listed once a pass, if needed
 
         def look(status: upkeep.Status, conn: Conn, catalog) -> list[Action] | None:
             return self._look(conn, catalog, status, pointers[status.policy.table], now, may_act, locations)
@@ -327,7 +327,7 @@ class Maintainer:
                 "files_deleted": report.files_deleted,
             }
         if action == "remove-orphans":
-            orphans = maintenance.remove_orphans(
+            removed = orphans.remove_orphans(
                 conn,
                 catalog,
                 name,
@@ -335,14 +335,14 @@ class Maintainer:
                 metadata_older_than_s=policy.metadata_grace_s,
                 locations=locations,
             )
-            self._tables[name].files = upkeep.Files(metadata=orphans.metadata_files, data=orphans.data_files)
+            self._tables[name].files = upkeep.Files(metadata=removed.metadata_files, data=removed.data_files)
             detail = {
-                "deleted": len(orphans.orphans),
-                "kept_recent": orphans.kept_recent,
-                "metadata_files": orphans.metadata_files,
-                "data_files": orphans.data_files,
+                "deleted": len(removed.orphans),
+                "kept_recent": removed.kept_recent,
+                "metadata_files": removed.metadata_files,
+                "data_files": removed.data_files,
             }
-            if not orphans.orphans:  # a count of the files, not an action: logged, not recorded
+            if not removed.orphans:  # a count of the files, not an action: logged, not recorded
                 self.log(Action(table=name, action=action, result="done", detail=detail).line())
                 return None
             return detail

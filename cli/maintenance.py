@@ -123,8 +123,8 @@ def remove_orphans(obj, table_names, older_than: str, dry_run: bool) -> None:
     """Delete files under each table's location that no snapshot, metadata file or staged commit
     references (failed and killed runs leave them), older than --older-than and than any job
     session or staging of the table still open. Works on a local warehouse and on S3."""
-    from icebarrier.iceberg_ext.maintenance import remove_orphans as run
-    from icebarrier.iceberg_ext.maintenance import table_locations
+    from icebarrier.iceberg_ext.orphans import remove_orphans as run
+    from icebarrier.iceberg_ext.orphans import table_locations
 
     older = parse_duration_s(older_than, allow_zero=True)
     conn, catalog = obj.conn(), obj.catalog()

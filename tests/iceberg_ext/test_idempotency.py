@@ -13,7 +13,7 @@ import requests
 import uuid6
 
 from icebarrier.control_plane import barriers, idempotency, jobs, tokens
-from icebarrier.iceberg_ext.maintenance import remove_orphans
+from icebarrier.iceberg_ext.orphans import remove_orphans
 from tests.dropping_proxy import DroppingProxy
 from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, staged_change, start_server, stop_server
 from tests.iceberg_ext.test_job_exec import command, job_exec, setup_pipeline

@@ -310,7 +310,7 @@ def test_orphan_removal_keeps_the_files_spark_wrote_for_a_pyiceberg_table(lake, 
     """Spark spells a local file ``file:/…`` where PyIceberg spells it ``file:///…``: a compaction's
     files (written by Spark) of a table PyIceberg created are referenced all the same, and orphan
     removal with no grace at all deletes only what nothing references."""
-    from icebarrier.iceberg_ext.maintenance import remove_orphans
+    from icebarrier.iceberg_ext.orphans import remove_orphans
 
     table = lake.catalog.create_table(f"{lake.namespace}.t", schema=SCHEMA)
     for i in range(3):

@@ -188,10 +188,10 @@ def test_unknown_storage_keys_are_refused(tmp_path, monkeypatch):
 def referenced_keys(table, s3) -> set[str]:
     """The bucket keys of every file the table's snapshots and metadata use (pinned metadata
     files are written on a pinned load only: allowed, not required)."""
-    from icebarrier.iceberg_ext.maintenance import _referenced
+    from icebarrier.iceberg_ext.orphans import referenced_files
     from icebarrier.iceberg_ext.pinning import PINNED_PREFIX
 
-    return {p.removeprefix(f"s3://{s3.bucket}/") for p in _referenced(table, ()) if PINNED_PREFIX not in p}
+    return {p.removeprefix(f"s3://{s3.bucket}/") for p in referenced_files(table, ()) if PINNED_PREFIX not in p}
 
 
 def test_expiry_on_s3_deletes_expired_files_and_never_what_a_lease_or_the_read_window_protects(s3_lake, s3_server, s3):
@@ -301,7 +301,7 @@ def test_orphan_removal_on_a_local_warehouse_deletes_only_old_unreferenced_files
 
     from icebarrier.control_plane import jobs
     from icebarrier.control_plane.model import JobDefinition
-    from icebarrier.iceberg_ext.maintenance import remove_orphans
+    from icebarrier.iceberg_ext.orphans import remove_orphans
 
     jobs.register(
         lake.conn, JobDefinition(name="writer", sinks=frozenset([lake.T("t")]), external_inputs=frozenset(["ext:t"]))
