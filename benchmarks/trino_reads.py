@@ -2,7 +2,7 @@
 
     python benchmarks/trino_reads.py [--dsn DSN] [--queries 40] [--barriers 20]
 
-A real Trino (tests/trino.py: Trino 476 from Maven Central, on Temurin 25) with two catalogs on one
+A real Trino (tests/trino.py: Trino 483 from Maven Central, on Temurin 25) with two catalogs on one
 server, configured exactly as `icebarrier connect --engine trino` prints them: ``latest`` and
 ``read-committed``. Two managed tables with ``--barriers`` barriers of history. Prints:
 

@@ -1,8 +1,10 @@
-"""A real Trino server for the tests and benchmarks: ``io.trino:trino-server`` from Maven Central
-(pinned, cached and checksummed like Iceberg's jars: :mod:`icebarrier.iceberg_ext.maven`), on the
-Temurin 25 JDK under /usr/lib/jvm (Trino 476 needs Java 24 or newer; the rest of the suite keeps
-Java 17). Only the server's ``lib/``, ``bin/`` and the Iceberg plugin are unpacked (once, into the
-cache), and a coordinator that is its own worker starts on 127.0.0.1 with the catalog files given.
+"""A real Trino server for the tests and benchmarks, assembled from the jars Maven Central serves:
+Trino 483 is not published there as a server tarball, but its modules are. ``mvn`` copies
+``trino-main`` and what it needs at run time into ``lib/``, and the Iceberg connector with what it
+needs beyond the server's SPI into ``plugin/iceberg/`` (``tests/peer/trino/pom.xml``), once, into
+the Maven cache; the digest of every jar copied is pinned here (:data:`ASSEMBLY_SHA256`). It runs on
+the Temurin 25 JDK under /usr/lib/jvm (Trino 483 needs Java 25; the rest of the suite keeps Java 17)
+as a coordinator that is its own worker on 127.0.0.1, with the catalog files given.
 
     with trino_server(work_dir, {"lake": properties_text}) as trino:
         trino.query("SELECT count(*) FROM lake.ns.orders")
@@ -13,57 +15,74 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import glob
+import hashlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
-import tarfile
 import time
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from icebarrier.iceberg_ext import maven
 
-TRINO_VERSION = "476"
-TRINO_SERVER = maven.Artifact(
-    title="Trino's server",
-    group="io.trino",
-    artifact="trino-server",
-    version=TRINO_VERSION,
-    packaging="tar.gz",
-    sha256="cfd5accde17e8ebd251eeeb78aed1f490e77bb3a164d95a0f454bf8a7c1cbd3f",
-    env="ICEBARRIER_TRINO_SERVER",
+TRINO_VERSION = "483"
+# SHA-256 of "<folder>/<jar> <jar's SHA-256>\n" for every jar mvn copies, sorted: the assembly pinned
+ASSEMBLY_SHA256 = "7dc506091ccf4aee263f05417989df193ebac9e8789f3f801470bd9e43a1d823"
+POM = Path(__file__).parent / "peer" / "trino" / "pom.xml"
+PARTS = {
+    "server": "lib",
+    "iceberg": "plugin/iceberg",
+    "hdfs": "plugin/iceberg/hdfs",
+}  # the pom's profile -> where it copies to
+# the tarball's plugin folder names its plugin in a services jar trino's build makes; so do we
+PLUGIN_SERVICE = ("plugin/iceberg/icebarrier-services.jar", "io.trino.plugin.iceberg.IcebergPlugin")
+# the tarball's trino-server-main (the main class and its Java check) is not served: this is its main
+MAIN = (
+    "public class TrinoMain { public static void main(String[] a) { "
+    f'new io.trino.server.Server().start("{TRINO_VERSION}"); }} }}\n'
 )
 JAVA_HOME_ENV = "ICEBARRIER_TRINO_JAVA_HOME"
+_ASSEMBLE_TIMEOUT_S = 1800  # 625 jars from Maven Central: 8 minutes here from an empty Maven cache
 NODE_MAP_REFRESH_S = 5.5  # Trino's split scheduler refreshes its map of nodes every 5 s
-PLUGINS = ("iceberg",)
-JVM_CONFIG = """\
--server
--Xmx2G
--XX:+UseSerialGC
--XX:TieredStopAtLevel=1
--Djdk.attach.allowAttachSelf=true
--XX:+EnableDynamicAgentLoading
-"""
+JVM_OPTIONS = (
+    "-Xmx2G",
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "--add-modules=jdk.incubator.vector",  # Trino 483 refuses to start without the Vector API
+    "-Djdk.attach.allowAttachSelf=true",
+    "-XX:+EnableDynamicAgentLoading",
+)
 
 
 def java_home() -> Path:
-    """A JDK new enough for Trino: ``ICEBARRIER_TRINO_JAVA_HOME``, else the newest Temurin 24+."""
+    """A JDK new enough for Trino: ``ICEBARRIER_TRINO_JAVA_HOME``, else the newest Temurin 25+."""
     if os.environ.get(JAVA_HOME_ENV):
         return Path(os.environ[JAVA_HOME_ENV])
-    found = sorted(glob.glob("/usr/lib/jvm/temurin-2[4-9]-*"))
+    found = sorted(glob.glob("/usr/lib/jvm/temurin-2[5-9]-*"))
     if not found:
-        raise RuntimeError(f"Trino {TRINO_VERSION} needs Java 24 or newer; set {JAVA_HOME_ENV} to such a JDK")
+        raise RuntimeError(f"Trino {TRINO_VERSION} needs Java 25 or newer; set {JAVA_HOME_ENV} to such a JDK")
     return Path(found[-1])
 
 
+def assembly_digest(home: Path) -> str:
+    """The digest :data:`ASSEMBLY_SHA256` pins: every jar mvn copied, by folder, name and content."""
+    lines = []
+    for folder in PARTS.values():
+        for jar in sorted((home / folder).glob("*.jar")):
+            if jar.name != Path(PLUGIN_SERVICE[0]).name:
+                lines.append(f"{folder}/{jar.name} {hashlib.sha256(jar.read_bytes()).hexdigest()}\n")
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
 def install() -> Path:
-    """The unpacked server (``lib/``, ``bin/``, ``plugin/iceberg``), made once from the cached tarball."""
-    tarball = maven.resolve(TRINO_SERVER)
+    """The assembled server (``lib/``, ``plugin/iceberg/``, ``TrinoMain.java``), made once in the
+    Maven cache; raises if mvn fails or what it copied is not what is pinned."""
     root = maven.repository() / ".icebarrier-unpacked"
-    home = root / f"trino-server-{TRINO_VERSION}"
+    home = root / f"trino-{TRINO_VERSION}-assembled"
     if (home / ".complete").is_file():
         return home
     root.mkdir(parents=True, exist_ok=True)
@@ -73,21 +92,29 @@ def install() -> Path:
             return home
         partial = root / f"{home.name}.partial"
         shutil.rmtree(partial, ignore_errors=True)
-        top = f"trino-server-{TRINO_VERSION}/"
-        wanted = (f"{top}lib/", f"{top}bin/", *(f"{top}plugin/{p}/" for p in PLUGINS))
-        with tarfile.open(tarball) as tar:
-            members = [m for m in tar if m.name.startswith(wanted)]
-            names = {m.name for m in members}
-            # a hard link to a file outside what is unpacked (another plugin's copy) becomes a file
-            outside = [m for m in members if m.islnk() and m.linkname not in names]
-            for m in members:
-                m.name = m.name[len(top) :]
-                if m.islnk():
-                    m.linkname = m.linkname[len(top) :]
-            tar.extractall(partial, members=[m for m in members if m not in outside], filter="tar")
-            for m in outside:
-                with tar.extractfile(top + m.linkname) as src, open(partial / m.name, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise RuntimeError(
+                f"Trino {TRINO_VERSION} is assembled by mvn, which is not installed (apt-get install maven)"
+            )
+        for profile, folder in PARTS.items():  # -C: a jar whose checksum differs from Central's fails
+            done = subprocess.run(
+                [mvn, "-B", "-q", "-C", f"-Dmaven.repo.local={maven.repository()}", "-f", str(POM), "-P", profile]
+                + [f"-Dtrino.out={partial / folder}", "package"],
+                capture_output=True,
+                text=True,
+                timeout=_ASSEMBLE_TIMEOUT_S,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"mvn could not assemble Trino {TRINO_VERSION} ({profile}): {done.stdout[-3000:]}")
+        digest = assembly_digest(partial)
+        if digest != ASSEMBLY_SHA256:
+            raise RuntimeError(
+                f"Trino {TRINO_VERSION}'s jars from Maven Central digest {digest}, not the pinned {ASSEMBLY_SHA256}"
+            )
+        with zipfile.ZipFile(partial / PLUGIN_SERVICE[0], "w") as services:
+            services.writestr("META-INF/services/io.trino.spi.Plugin", PLUGIN_SERVICE[1] + "\n")
+        (partial / "TrinoMain.java").write_text(MAIN)
         shutil.rmtree(home, ignore_errors=True)
         partial.rename(home)
         (home / ".complete").touch()
@@ -203,14 +230,10 @@ def trino_server(
     port = free_port()
     etc = work_dir / "etc"
     (etc / "catalog").mkdir(parents=True, exist_ok=True)
-    (etc / "node.properties").write_text(
-        f"node.environment=test\nnode.id=icebarrier-{port}\nnode.data-dir={work_dir / 'data'}\n"
-    )
-    (etc / "jvm.config").write_text(JVM_CONFIG)
     (etc / "config.properties").write_text(
         f"coordinator=true\nnode-scheduler.include-coordinator=true\nhttp-server.http.port={port}\n"
-        f"discovery.uri=http://127.0.0.1:{port}\nquery.max-memory=1GB\n"
-        + ("catalog.management=dynamic\n" if dynamic else "")
+        f"discovery.uri=http://127.0.0.1:{port}\nnode.internal-address=127.0.0.1\nquery.max-memory=1GB\n"
+        f"plugin.dir={home / 'plugin'}\n" + ("catalog.management=dynamic\n" if dynamic else "")
     )
     for name, text in catalogs.items():
         (etc / "catalog" / f"{name}.properties").write_text(text)
@@ -219,10 +242,13 @@ def trino_server(
     env = {**os.environ, "JAVA_HOME": str(jdk), "PATH": f"{jdk}/bin:{os.environ['PATH']}"}
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [str(home / "bin" / "launcher"), "run", f"--etc-dir={etc}", f"--data-dir={work_dir / 'data'}"],
+            [str(jdk / "bin" / "java"), *JVM_OPTIONS, "-Dnode.environment=test", f"-Dnode.id=icebarrier-{port}"]
+            + [f"-Dnode.data-dir={work_dir / 'data'}", f"-Dconfig={etc / 'config.properties'}"]
+            + ["-cp", f"{home / 'lib'}/*", str(home / "TrinoMain.java")],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
+            cwd=work_dir,  # etc/catalog is read from here
             start_new_session=True,
         )
     trino = Trino(port=port, log=log)
@@ -247,3 +273,7 @@ def trino_server(
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait()
+
+
+if __name__ == "__main__":  # python -m tests.trino: assemble it now (what .ci/run does before the tests)
+    print(install(), file=sys.stderr)

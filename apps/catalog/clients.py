@@ -101,8 +101,8 @@ def configuration(
 
 
 def trino_properties(warehouse: str, uri: str, credential: str, catalog: str, storage: dict[str, str]) -> str:
-    """A Trino catalog file: the Iceberg connector on the REST catalog (OAuth2 client credentials,
-    vended credentials), and the file system where the lake lives (Trino configures it per catalog,
+    """A Trino catalog file: the Iceberg connector on the REST catalog (OAuth2 client credentials;
+    vended credentials on S3), and the file system where the lake lives (Trino configures it per catalog,
     not per table): S3's endpoint, region and path style from the catalog, else the local disk."""
     from icebarrier.iceberg_ext import storage as s3
 
@@ -115,13 +115,14 @@ def trino_properties(warehouse: str, uri: str, credential: str, catalog: str, st
         "iceberg.rest-catalog.security=OAUTH2",
         f"iceberg.rest-catalog.oauth2.credential={credential}",
         f"iceberg.rest-catalog.oauth2.server-uri={uri}/v1/oauth/tokens",
-        "iceberg.rest-catalog.vended-credentials-enabled=true",
         # Trino places a table it creates at <namespace location>/<table>-<uuid> (the server gives
         # every namespace a location), never where another table's files are
         "iceberg.unique-table-location=true",
     ]
     if storage.get(s3.REGION) or storage.get(s3.ENDPOINT):
-        lines.append("fs.native-s3.enabled=true")
+        # S3: each table's files with the session credentials its load response vends (Trino 483
+        # refuses vended credentials for a file:// location, which has none)
+        lines += ["iceberg.rest-catalog.vended-credentials-enabled=true", "fs.native-s3.enabled=true"]
         lines += [f"{key}={storage[key]}" for key in (s3.ENDPOINT, s3.REGION, s3.PATH_STYLE) if storage.get(key)]
     else:
         lines.append("fs.hadoop.enabled=true")  # file:// table locations

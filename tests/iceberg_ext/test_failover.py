@@ -279,8 +279,10 @@ def test_a_scheduled_pipeline_with_readers_and_maintenance_survives_losing_its_p
             upkeep.set_policy(lake.conn, lake.T(table), {"retain_s": 2, "retain_last": 1})
         for reader in readers:
             reader.start()
+        # a lease outlives a failover when its TTL outlasts the promotion, which on a loaded machine
+        # takes tens of seconds (CI: a 30-s lease lapsed before the standby took writes)
         session = ConsistentRead(
-            lake.conn, lake.catalog, readers[0].names, level=Level.REPEATABLE_READ, ttl_s=30, holder="rr session"
+            lake.conn, lake.catalog, readers[0].names, level=Level.REPEATABLE_READ, ttl_s=120, holder="rr session"
         ).__enter__()
         first_cut, first = session.read()
         check_rows({t.name: rows for t, rows in first.items()})

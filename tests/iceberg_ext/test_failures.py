@@ -53,7 +53,7 @@ def master(request):
     "fault, master",
     [
         (AFTER_INPUT_RANGE, "local"),
-        (AFTER_ICEBERG_COMMIT, "local"),
+        pytest.param(AFTER_ICEBERG_COMMIT, "local", marks=pytest.mark.other_line),
         (AFTER_CONTROL_PLANE, "local"),
         pytest.param(AFTER_ICEBERG_COMMIT, "cluster", marks=pytest.mark.cluster),
     ],

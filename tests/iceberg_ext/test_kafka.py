@@ -448,6 +448,7 @@ def test_random_kills_broker_restart_and_new_partition_exactly_once(lake, spark,
 
 
 @pytest.mark.slow
+@pytest.mark.other_line
 def test_stream_skips_a_barrier_only_when_the_log_holds_nothing_for_it(lake, spark, kafka, tmp_path):
     """Spark's status is as old as its last trigger. With a 15-s trigger, a barrier issued while
     the topic is idle is skipped (Spark runs no micro-batch on an idle topic: only the skipper can

@@ -44,6 +44,7 @@ def _round(conn, runtimes, input_dir, batch_no, rows):
     return done
 
 
+@pytest.mark.other_line
 def test_shopping_pipeline_end_to_end(lake, spark, shopping):
     """Root jobs ingest files per barrier, SQL jobs keep aggregates, the delta join appends
     its increment; every table completes every barrier and the avg-price query is consistent."""

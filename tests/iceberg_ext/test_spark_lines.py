@@ -5,6 +5,7 @@ jar, and a line Iceberg serves no runtime for is refused in one line naming the 
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from click.testing import CliRunner
@@ -33,6 +34,7 @@ def test_a_configuration_for_a_spark_line_names_that_lines_pinned_runtime(lake, 
     assert out.exit_code == 0 and f"spark.jars {runtime}" in out.output, out.output
 
 
+@pytest.mark.other_line
 def test_the_installed_pyspark_picks_its_line(lake):
     """Without --spark-version the configuration is for the PySpark installed here."""
     import pyspark
@@ -52,3 +54,26 @@ def test_a_spark_line_without_an_iceberg_runtime_is_refused_naming_the_supported
     assert f"Spark {version} has no Iceberg" in said and "\n" not in said
     for line in spark_lines.LINES.values():
         assert f"Spark {line.version} ({line.install})" in said
+
+
+@pytest.mark.slow
+def test_the_suites_slice_passes_on_the_other_spark_line():
+    """The tests marked ``other_line`` (a root job killed at a fault point, the shopping pipeline's
+    root, SQL and transform jobs, Spark reading every warehouse of the catalog on S3, the Kafka
+    stream, the installed line's jars) run again on the supported line this suite does not run on,
+    in its own environment (tests/other_line.py): both lines are tested by one `pytest`."""
+    from tests import other_line
+
+    python = other_line.python()
+    line = other_line.other()
+    found = subprocess.run([python, "-c", "import pyspark; print(pyspark.__version__)"], capture_output=True, text=True)
+    assert found.stdout.startswith(f"{line.version}."), found.stderr
+    done = subprocess.run(
+        [python, "-m", "pytest", "-m", "other_line", "-n", "0", "-p", "no:cacheprovider", "-q", "-rfE"],
+        capture_output=True,
+        text=True,
+        cwd=other_line.REPO,
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    ran = [ln for ln in done.stdout.splitlines() if " passed" in ln]
+    assert ran and "skipped" not in ran[-1], done.stdout[-3000:]  # every test of the slice ran, on that line

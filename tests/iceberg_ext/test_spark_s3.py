@@ -163,6 +163,7 @@ def test_the_demo_runs_on_s3(pg_server, s3, tmp_path):
             admin.execute(f'DROP DATABASE IF EXISTS "{out["database"]}" WITH (FORCE)')
 
 
+@pytest.mark.other_line
 def test_spark_reads_every_warehouse_on_s3_with_only_the_catalog_uri_and_a_token(s3_lake, s3_server, spark):
     """Spark's REST client as `icebarrier connect --engine spark` prints it (both Iceberg jars, the
     access-delegation header, no storage settings): latest, read-committed, read-committed:<ns>,
