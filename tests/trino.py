@@ -1,10 +1,11 @@
 """A real Trino server for the tests and benchmarks, assembled from the jars Maven Central serves:
 Trino 483 is not published there as a server tarball, but its modules are. ``mvn`` copies
 ``trino-main`` and what it needs at run time into ``lib/``, and the Iceberg connector with what it
-needs beyond the server's SPI into ``plugin/iceberg/`` (``tests/peer/trino/pom.xml``), once, into
-the Maven cache; the digest of every jar copied is pinned here (:data:`ASSEMBLY_SHA256`). It runs on
-the Temurin 25 JDK under /usr/lib/jvm (Trino 483 needs Java 25; the rest of the suite keeps Java 17)
-as a coordinator that is its own worker on 127.0.0.1, with the catalog files given.
+needs beyond the server's SPI into ``plugin/iceberg/`` (its Hadoop file system into ``hdfs/``
+there; ``tests/peer/trino/pom.xml``), once, into the Maven cache; the digest of every jar copied is
+pinned here (:data:`ASSEMBLY_SHA256`). It runs on the Temurin 25 JDK under /usr/lib/jvm (Trino 483
+needs Java 25; the rest of the suite keeps Java 17) as a coordinator that is its own worker on
+127.0.0.1, with the catalog files given.
 
     with trino_server(work_dir, {"lake": properties_text}) as trino:
         trino.query("SELECT count(*) FROM lake.ns.orders")
@@ -33,11 +34,9 @@ TRINO_VERSION = "483"
 # SHA-256 of "<folder>/<jar> <jar's SHA-256>\n" for every jar mvn copies, sorted: the assembly pinned
 ASSEMBLY_SHA256 = "7dc506091ccf4aee263f05417989df193ebac9e8789f3f801470bd9e43a1d823"
 POM = Path(__file__).parent / "peer" / "trino" / "pom.xml"
-PARTS = {
-    "server": "lib",
-    "iceberg": "plugin/iceberg",
-    "hdfs": "plugin/iceberg/hdfs",
-}  # the pom's profile -> where it copies to
+# the pom's profiles -> where each copies to: the server; the Iceberg plugin; its Hadoop file system
+# (file:// locations), which the plugin loads from a class loader of its own
+PARTS = {"server": "lib", "iceberg": "plugin/iceberg", "hdfs": "plugin/iceberg/hdfs"}
 # the tarball's plugin folder names its plugin in a services jar trino's build makes; so do we
 PLUGIN_SERVICE = ("plugin/iceberg/icebarrier-services.jar", "io.trino.plugin.iceberg.IcebergPlugin")
 # the tarball's trino-server-main (the main class and its Java check) is not served: this is its main
