@@ -1,7 +1,8 @@
 """The Spark line the suite does not run on, for its slice (the ``other_line`` marker): a virtual
 environment that sees everything installed here (``--system-site-packages``) but holds the other
-line's PySpark, made once under ``~/.cache/icebarrier/venvs/`` with pip as a user would pick a line
-(``pip install -e '.[spark35]'``), then run by ``tests/iceberg_ext/test_spark_lines.py``.
+line's PySpark, made once under ``~/.cache/icebarrier/venvs/`` with pip, at the pin of the line's extra
+in pyproject.toml (``spark35``: ``pyspark==3.5.*``), then run by ``tests/iceberg_ext/test_spark_lines.py``.
+Only PySpark is in it: icebarrier and everything else come from the checkout installed here.
 
     python -m tests.other_line         # make it now (what .ci/run does before the tests)
 """
@@ -13,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 from pathlib import Path
 
@@ -31,6 +33,13 @@ def other() -> spark_lines.SparkLine:
     return next(line for line in spark_lines.LINES.values() if line is not here)
 
 
+def pyspark_pin(line: spark_lines.SparkLine) -> str:
+    """The PySpark requirement of the extra ``line.install`` names, as pyproject.toml has it."""
+    extra = line.install.split("[", 1)[1].split("]", 1)[0]
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return next(r for r in extras[extra] if r.startswith("pyspark"))
+
+
 def python(line: spark_lines.SparkLine | None = None) -> Path:
     """The interpreter of ``line``'s environment (the other line's), made once under a lock."""
     line = line or other()
@@ -45,9 +54,8 @@ def python(line: spark_lines.SparkLine | None = None) -> Path:
         if not made.is_file():
             shutil.rmtree(env, ignore_errors=True)
             venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env)
-            extra = line.install.split("[", 1)[1].split("]", 1)[0]  # the extra `line.install` names
             subprocess.run(
-                [env / "bin" / "python", "-m", "pip", "install", "-q", "-e", f"{REPO}[{extra}]"],
+                [env / "bin" / "python", "-m", "pip", "install", "-q", pyspark_pin(line)],
                 check=True,
                 env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
             )
