@@ -35,6 +35,7 @@ from pathlib import Path
 
 from icebarrier.apps.embedded import free_port
 from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.iceberg_ext import config
 
 VERSION = "3.9.1"
 SCALA = "2.13"
@@ -109,7 +110,7 @@ class KafkaUnavailableError(IcebarrierError):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "icebarrier" / "kafka" / VERSION
+    return config.cache_dir("kafka", VERSION)
 
 
 def libs() -> Path:

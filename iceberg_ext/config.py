@@ -77,6 +77,11 @@ def state_dir() -> Path:
     return Path(os.environ.get(HOME_ENV, Path.home() / ".icebarrier"))
 
 
+def cache_dir(*parts: str) -> Path:
+    """Where a component fetched or built once is cached: ``$XDG_CACHE_HOME/icebarrier/<parts>``."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "icebarrier", *parts)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     dsn: str

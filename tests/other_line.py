@@ -18,7 +18,7 @@ import tomllib
 import venv
 from pathlib import Path
 
-from icebarrier.iceberg_ext import spark_lines
+from icebarrier.iceberg_ext import config, spark_lines
 from icebarrier.iceberg_ext.errors import SparkUnavailableError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ def pyspark_pin(line: spark_lines.SparkLine) -> str:
 def python(line: spark_lines.SparkLine | None = None) -> Path:
     """The interpreter of ``line``'s environment (the other line's), made once under a lock."""
     line = line or other()
-    home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "icebarrier" / "venvs"
+    home = config.cache_dir("venvs")
     env = home / f"pyspark-{line.version}"
     made = env / ".complete"
     if made.is_file():

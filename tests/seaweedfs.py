@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from icebarrier.iceberg_ext.config import cache_dir as icebarrier_cache
+
 MODULE = "github.com/seaweedfs/seaweedfs"
 VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
 MODULE_SUM = "h1:LOYZFToHq9F7pSR6lkPGfkM8RmHlVFrzndKdhmNZjrU="  # go mod download's Sum: the module's hash
@@ -41,7 +43,7 @@ REGION = "us-east-1"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "icebarrier" / "seaweedfs" / VERSION
+    return icebarrier_cache("seaweedfs", VERSION)
 
 
 def binary() -> Path:
