@@ -364,11 +364,13 @@ class _Run(Reading, Audits):
 
     def maintained(self, final_at: float) -> bool:
         """The run may end as far as the maintenance service goes: it is not part of the run, has
-        compacted, or had MAINTAIN_GRACE_S since the run's end (a slow start, kills and failovers
-        can leave a short run's service nothing done by then; the tables are still there to do)."""
+        done each of MAINTAIN_PROVES, or had MAINTAIN_GRACE_S since the run's end (a slow start,
+        kills and failovers can leave a short run's service little done by then; the tables are
+        still there to do)."""
         if self.maintenance is None or time.monotonic() - final_at > MAINTAIN_GRACE_S:
             return True
-        return bool(self.cp.run("maintenance", self.maintenance.actions).get("compact done"))
+        done = self.cp.run("maintenance", self.maintenance.actions)
+        return all(done.get(action) for action in MAINTAIN_PROVES)
 
     def stalled(self, final: int) -> dict[str, int | None]:
         """The jobs short of ``final`` whose progress has not moved for STALL_S (each call looks)."""
@@ -414,7 +416,10 @@ class _Run(Reading, Audits):
 
 
 BEHIND_EVERY_S = 10.0  # after the run, how often the jobs short of the final barrier are named
-MAINTAIN_GRACE_S = 120.0  # after the run, how long the maintenance service has for its first compaction
+MAINTAIN_GRACE_S = 120.0  # after the run, how long the maintenance service has to do each of MAINTAIN_PROVES
+# What a run with the maintenance service must have seen done for it to prove anything about it: a
+# compaction (rewrites the files readers and jobs hold) and an expiry (deletes snapshots they pin).
+MAINTAIN_PROVES = ("compact done", "expire done")
 STALL_S = 180.0  # after the run, a job whose progress does not move for this long fails it (slow is fine)
 # A job exec job's exit is an injected fault's for this long after the fault ends (the server or
 # Postgres back: job exec's bounded retries of one request take up to ~8 s, a script's own longer).
@@ -589,10 +594,10 @@ def run_check(
             report.violations.append("no cut was validated through the catalog: the run proves nothing about it")
         if run.maintenance is not None:
             report.maintenance = run.cp.run("maintenance", run.maintenance.actions)
-            if not report.maintenance.get("compact done"):
+            if missing := [a for a in MAINTAIN_PROVES if not report.maintenance.get(a)]:
                 report.violations.append(
-                    f"the maintenance service compacted nothing in {MAINTAIN_GRACE_S:g}s after the run: the run"
-                    f" proves nothing about it; its last lines: {run.maintenance.tail()}"
+                    f"the maintenance service had no {' or '.join(missing)} in {MAINTAIN_GRACE_S:g}s after the"
+                    f" run: the run proves nothing about it; its last lines: {run.maintenance.tail()}"
                 )
         run.collect()
     finally:
