@@ -109,7 +109,7 @@ LINES = {
         ),
     ),
 }
-DEFAULT = LINES["3.5"]  # what the `spark` extra installs (4.1 once the whole suite runs on it)
+DEFAULT = LINES["4.1"]  # what the `spark` extra installs
 AWS_BUNDLE = _jar(
     "Iceberg's AWS bundle jar (S3FileIO, for a warehouse on S3)",
     f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG_VERSION}",

@@ -9,13 +9,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from icebarrier.iceberg_ext import spark_lines
+
 COMPOSE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
 
 
 def test_the_compose_file_gives_drivers_and_executors_what_they_need():
     """Postgres's host port is configurable; the warehouse has the same path for the driver and
     every container; the worker writes it as the user's uid and reaches the host; the Spark
-    images are 3.5 like the client's pyspark."""
+    images are the default line's (what `pip install icebarrier[spark]` gives the driver), another
+    line's named by one variable."""
     services = yaml.safe_load(COMPOSE.read_text())["services"]
     assert services["postgres"]["ports"] == ["${ICEBARRIER_PG_PORT:-5432}:5432"]
     for name in ("spark-worker", "catalog"):
@@ -23,10 +26,11 @@ def test_the_compose_file_gives_drivers_and_executors_what_they_need():
     assert services["catalog"]["environment"]["ICEBARRIER_WAREHOUSE"] == "${PWD}/warehouse"
     assert services["spark-worker"]["user"] == "${ICEBARRIER_UID:-185}"
     assert "host.docker.internal:host-gateway" in services["spark-worker"]["extra_hosts"]
-    import pyspark
-
+    line = spark_lines.DEFAULT
     for name in ("spark-master", "spark-worker"):
-        assert services[name]["image"].split(":")[1].startswith(".".join(pyspark.__version__.split(".")[:2]))
+        variable, image = services[name]["image"].removeprefix("${").removesuffix("}").split(":-")
+        assert variable == "ICEBARRIER_SPARK_IMAGE", services[name]["image"]
+        assert image.split(":")[1].startswith(f"{line.version}.") and f"-scala{line.scala}-" in image, image
     assert "ICEBARRIER_SPARK_DRIVER_HOST" in COMPOSE.read_text()
 
 
