@@ -18,10 +18,11 @@ Printed per run: barriers issued; computations (runs that published) and barrier
 last minute ÷ minute 2 of the metadata file's size (its largest), the load p50 (loads of
 ``latest`` through the server, five a second) and the append p50 (the writer's own: the script's
 append; Spark's commit time from the job's log) — goal <= 1.2 each. And the files under the table
-(issue 67): at each minute's end, the files under ``metadata/`` and ``data/`` and the snapshots
-the table keeps; the mean of the last 10 minutes ÷ the mean of the 10 before, for each folder
-(goal <= 1.1; runs shorter than 20 minutes compare their two last halves). ``--verbose`` prints
-each minute as it ends.
+(issue 67): the files under ``metadata/`` and ``data/``, counted every 5 s (compaction's cycle
+is ~40 s, so a count at each minute's end alone samples a sawtooth at random), each minute's mean
+and peak, and the snapshots the table keeps at its end; the mean count over the last 10 minutes
+÷ the mean over the 10 before, for each folder (goal <= 1.1; runs shorter than 20 minutes compare
+their two last halves). ``--verbose`` prints each minute as it ends.
 
 ``unmanaged``: a table no job writes, created through ``serve`` and appended 1,000 times by a
 PyIceberg client through ``latest`` with the service running: appends 951–1,000 ÷ 51–100 for
@@ -58,6 +59,7 @@ from icebarrier.iceberg_ext.config import Settings  # noqa: E402
 ENGINES = Path(__file__).resolve().parent / "engines"
 TABLE = TableName.parse("lake.d.t")
 LOADS_PER_S = 5
+FILES_EVERY_S = 5  # how often the files under the table are counted (compaction's cycle is ~40 s)
 
 
 def _schema():
@@ -119,8 +121,18 @@ def _files_under(table_dir: Path) -> dict[str, int]:
     return {part: sum(len(names) for _, _, names in os.walk(table_dir / part)) for part in ("metadata", "data")}
 
 
-def _files_ratios(files: list[dict[str, int]]) -> dict[str, float]:
-    """For each folder, the mean of the last 10 minutes' counts ÷ the mean of the 10 before
+def _minute_of(samples: list[dict[str, int]]) -> dict[str, float]:
+    """A minute's files under the table from its samples: each folder's mean (what the minute held,
+    the figure compared) and its peak (``<folder>_max``)."""
+    out: dict[str, float] = {}
+    for part in ("metadata", "data"):
+        out[part] = statistics.mean(s[part] for s in samples)
+        out[f"{part}_max"] = max(s[part] for s in samples)
+    return out
+
+
+def _files_ratios(files: list[dict[str, float]]) -> dict[str, float]:
+    """For each folder, the mean count over the last 10 minutes ÷ the mean over the 10 before
     (halves of the last 2w minutes, w = min(10, minutes // 2))."""
     w = min(10, len(files) // 2)
     last, before = files[-w:], files[-2 * w : -w]
@@ -169,6 +181,7 @@ def managed(args) -> dict:
                 http = session(uri, *tokens.create(conn, whole_lake=True))
                 total = int(args.minutes * 60)
                 per_s: list[dict] = []
+                samples: list[dict[str, int]] = []  # this minute's counts of the files under the table
                 started = time.monotonic()
                 issued = 1
                 for second in range(total):
@@ -182,9 +195,12 @@ def managed(args) -> dict:
                         if r.status_code != 200:
                             raise SystemExit(f"load failed: {r.status_code} {r.text[:300]}")
                     per_s.append({"loads": loads, "kib": metadata_kib(conn, settings, TABLE)})
-                    if second % 60 == 59:  # the files under the table, at each minute's end
+                    if second % FILES_EVERY_S == FILES_EVERY_S - 1:
+                        samples.append(_files_under(table_dir))
+                    if second % 60 == 59:  # the minute's files under the table: their mean and peak
                         snapshots = len(catalog.load_table("d.t").metadata.snapshots)
-                        files.append({**_files_under(table_dir), "snapshots": snapshots})
+                        files.append({**_minute_of(samples), "snapshots": snapshots})
+                        samples = []
                         if args.verbose:
                             print(f"minute {len(files)}: {files[-1]}", file=sys.stderr, flush=True)
                     if (wait := started + second + 1 - time.monotonic()) > 0:
@@ -386,14 +402,14 @@ def report_managed(results: list[dict], args) -> None:
             print(
                 "  "
                 + "  ".join(
-                    f"min {i + 1}: {f['metadata']}/{f['data']}/{f['snapshots']}"
+                    f"min {i + 1}: {f['metadata']:.0f}/{f['data']:.0f}/{f['snapshots']}"
                     for i, f in enumerate(files[m : m + 5], m)
                 )
             )
         growth = _files_ratios(files)
         w = min(10, len(files) // 2)
         print(
-            f"  files (metadata/data/snapshots kept at each minute's end, above): last {w} min ÷ the {w} before: "
+            f"  files (metadata/data: each minute's mean; snapshots kept at its end): last {w} min ÷ the {w} before: "
             f"metadata {growth['metadata']:.2f}, data {growth['data']:.2f}; goal <= 1.1: "
             f"{'met' if max(growth.values()) <= 1.1 else 'MISSED'}"
         )

@@ -62,7 +62,9 @@ def one_run(args) -> dict:
         text = QUERY.format(shopping=source)
         spark.sql(f"CREATE TABLE {sink} USING iceberg AS SELECT * FROM ({text}) WHERE false")
         with db.connect(dsn) as conn:
-            jobs.register(conn, JobDefinition(name="load", sinks=frozenset([source]), external_inputs=frozenset(["gen"])))
+            jobs.register(
+                conn, JobDefinition(name="load", sinks=frozenset([source]), external_inputs=frozenset(["gen"]))
+            )
             job = SqlJob("user_item_amount", f"INSERT OVERWRITE {sink} {text}", incremental=False)
             runtime = Runtime(job, settings=settings, spark=spark, conn=conn, log=lambda _: None)
             runtime.register()

@@ -24,14 +24,18 @@ from psycopg import sql
 from icebarrier.control_plane import db
 from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.spark import SMALL_JOBS_JVM_OPTIONS
+from tests import spark_cds
 from tests.helpers import calm_anchors
 from tests.s3 import moto_server
 
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 # Every Spark driver a test starts (its sessions, and the jobs' processes, which inherit the
-# environment) runs small jobs: the JVM options docs/declared-freshness.md recommends for them
-os.environ.setdefault("SPARK_SUBMIT_OPTS", SMALL_JOBS_JVM_OPTIONS)
+# environment) runs small jobs: the JVM options docs/declared-freshness.md recommends for them,
+# and the classes of this Spark line mapped from one archive (tests/spark_cds.py). Options of
+# the caller's own are kept as they are.
+if os.environ.get("SPARK_SUBMIT_OPTS", SMALL_JOBS_JVM_OPTIONS).startswith(SMALL_JOBS_JVM_OPTIONS):
+    os.environ["SPARK_SUBMIT_OPTS"] = spark_cds.driver_options()
 
 # peer/ holds other projects' suites that tests run against a live server (their own pytest)
 collect_ignore = ["peer"]
