@@ -277,9 +277,9 @@ def test_spark_reads_consistent_cuts_through_the_rest_catalog(lake, server, spar
     )
     seen = []
     try:
-        for i in range(120):  # each commit of the writer makes the next query a little slower
+        for i in range(60):  # each commit of the writer makes the next query a little slower
             seen.append(spark.sql(query).collect()[0])
-            if i == 59:
+            if i == 29:
                 time.sleep(1.5)  # quiet: the session moves on (without a pause it keeps its cut)
     finally:
         stop.set()
