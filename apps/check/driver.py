@@ -369,8 +369,7 @@ class _Run(Reading, Audits):
         still there to do)."""
         if self.maintenance is None or time.monotonic() - final_at > MAINTAIN_GRACE_S:
             return True
-        done = self.cp.run("maintenance", self.maintenance.actions)
-        return all(done.get(action) for action in MAINTAIN_PROVES)
+        return not unproven(self.cp.run("maintenance", self.maintenance.actions))
 
     def stalled(self, final: int) -> dict[str, int | None]:
         """The jobs short of ``final`` whose progress has not moved for STALL_S (each call looks)."""
@@ -425,6 +424,11 @@ STALL_S = 180.0  # after the run, a job whose progress does not move for this lo
 # Postgres back: job exec's bounded retries of one request take up to ~8 s, a script's own longer).
 EXIT_EXCUSED_S = 30.0
 DRAIN_S = 30.0  # a catalog server stopped with SIGTERM drains for up to this long first
+
+
+def unproven(done: dict[str, int]) -> list[str]:
+    """What of MAINTAIN_PROVES the maintenance service's counts (``action result`` -> how many) lack."""
+    return [action for action in MAINTAIN_PROVES if not done.get(action)]
 
 
 def run_check(
@@ -594,7 +598,7 @@ def run_check(
             report.violations.append("no cut was validated through the catalog: the run proves nothing about it")
         if run.maintenance is not None:
             report.maintenance = run.cp.run("maintenance", run.maintenance.actions)
-            if missing := [a for a in MAINTAIN_PROVES if not report.maintenance.get(a)]:
+            if missing := unproven(report.maintenance):
                 report.violations.append(
                     f"the maintenance service had no {' or '.join(missing)} in {MAINTAIN_GRACE_S:g}s after the"
                     f" run: the run proves nothing about it; its last lines: {run.maintenance.tail()}"
