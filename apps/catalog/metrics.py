@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fastapi import Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from icebarrier.apps.catalog.deps import Caller
@@ -346,6 +346,12 @@ class Metrics:
             ["warehouse"],
             registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+        )
+        self.not_modified = Counter(
+            "icebarrier_catalog_loads_not_modified",
+            "Table loads answered 304 Not Modified (the client had the answer: its ETag), by warehouse kind",
+            ["warehouse"],
+            registry=self.registry,
         )
 
 

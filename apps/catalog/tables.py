@@ -33,6 +33,7 @@ from icebarrier.apps.catalog.deps import (
     bearer,
     loading_table,
 )
+from icebarrier.apps.catalog.etags import cached_json
 from icebarrier.apps.catalog.idempotency import Committed, Writes
 from icebarrier.apps.catalog.lake import Lake
 from icebarrier.apps.catalog.lake.core import java_name
@@ -110,11 +111,12 @@ def register_table(to: Writing, namespace: NamespacePath, lake: LakeDep, access:
 
 
 async def load_table(request: Request) -> Response:
-    """Through latest, barrier-<B> and read-committed on the event loop (the load's one statement
-    on the async pool, the response from memory: no hop to the thread pool, which cost a fifth of
-    a load's CPU); a lease's load and a job session's, which read and write more, in the thread
-    pool. A plain Starlette route, the hottest of all: FastAPI's dependency solving cost a fifth
-    of a load's CPU; it reads the same path, token and header as the dependencies do."""
+    """With an ETag, and 304 to a client that has the answer (:mod:`.etags`). Through latest,
+    barrier-<B> and read-committed on the event loop (the load's one statement on the async pool,
+    the response from memory: no hop to the thread pool, which cost a fifth of a load's CPU); a
+    lease's load and a job session's, which read and write more, in the thread pool. A plain
+    Starlette route, the hottest of all: FastAPI's dependency solving cost a fifth of a load's
+    CPU; it reads the same path, token and header as the dependencies do."""
     started = time.perf_counter()
     request.scope["route"] = LOAD_ROUTE  # for the access log, as FastAPI's routes set it
     params = request.path_params
@@ -125,8 +127,12 @@ async def load_table(request: Request) -> Response:
         body = await loading.load_on_loop(access)
     else:
         body = await run_in_threadpool(loading.load, access)
-    request.app.state.metrics.load_seconds.labels(loading.warehouse.kind).observe(time.perf_counter() - started)
-    return Response(body, media_type="application/json")
+    answer = cached_json(body, request.headers.get("if-none-match"))
+    metrics, kind = request.app.state.metrics, loading.warehouse.kind
+    if answer.status_code == 304:
+        metrics.not_modified.labels(kind).inc()
+    metrics.load_seconds.labels(kind).observe(time.perf_counter() - started)
+    return answer
 
 
 @router.head(TABLE)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Header, Response
 
 from icebarrier.apps.catalog.deps import (
     Caller,
@@ -23,6 +23,7 @@ from icebarrier.apps.catalog.deps import (
     writable,
 )
 from icebarrier.apps.catalog.errors import ForbiddenError
+from icebarrier.apps.catalog.etags import cached_json
 from icebarrier.apps.catalog.idempotency import Writes
 from icebarrier.apps.catalog.models import (
     CommitViewRequest,
@@ -37,9 +38,14 @@ router = APIRouter(prefix="/v1/{prefix}")
 VIEW = "/namespaces/{namespace}/views/{view}"
 
 
-def _result(location: str, metadata: dict) -> Response:
+def _body(location: str, metadata: dict) -> bytes:
+    """A LoadViewResult's JSON."""
     body = {"metadata-location": location, "metadata": metadata, "config": {}}
-    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _result(location: str, metadata: dict) -> Response:
+    return Response(_body(location, metadata), media_type="application/json")
 
 
 async def view_writer(who: Caller, prefix: str) -> Principal:
@@ -90,11 +96,19 @@ def register_view(principal: ViewWriter, namespace: NamespacePath, lake: LakeDep
 
 
 @router.get(VIEW)
-def load_view(warehouse: Reading, who: Caller, namespace: NamespacePath, view: str, lake: LakeDep):
+def load_view(
+    warehouse: Reading,
+    who: Caller,
+    namespace: NamespacePath,
+    view: str,
+    lake: LakeDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+):
+    """With an ETag, and 304 to a client that has the answer (:mod:`.etags`)."""
     name = lake.table_name(namespace, check_table(view))
     acting(who[0], warehouse).require_read(name)
     with lake.pool.connection() as conn:
-        return _result(*lake.load_view(conn, name))
+        return cached_json(_body(*lake.load_view(conn, name)), if_none_match)
 
 
 @router.head(VIEW)

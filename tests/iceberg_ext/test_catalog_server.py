@@ -16,7 +16,15 @@ import requests
 from icebarrier.control_plane import barriers, jobs, leases, reads, tables, tokens
 from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER
-from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, staged_change, start_server, stop_server
+from tests.iceberg_ext.catalog_server import (
+    Pipeline,
+    access_token,
+    rest,
+    scrape,
+    staged_change,
+    start_server,
+    stop_server,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -289,6 +297,17 @@ def test_spark_reads_consistent_cuts_through_the_rest_catalog(lake, server, spar
     time.sleep(1.5)  # a quiet moment: the session moves on to the newest cut
     assert spark.sql(query).collect()[0].o == p.marks[-1] > seen[-1].o
     assert spark.table(f"{pinned}.{lake.namespace}.orders").count() == 3
+    # Nothing commits now: Iceberg 1.12's client sends the ETags it kept and is answered 304
+    metrics = {"Authorization": f"Bearer {access_token(server, cid, secret)}"}
+    counts = [
+        (f"icebarrier_catalog_{m}", (("warehouse", "read-committed"),))
+        for m in ("load_seconds_count", "loads_not_modified_total")
+    ]
+    before = scrape(server, metrics)
+    assert spark.sql(query).collect()[0].o == p.marks[-1]
+    after = scrape(server, metrics)
+    loads, not_modified = (after[k] - before.get(k, 0) for k in counts)
+    assert loads >= 2 and not_modified == loads, (loads, not_modified)  # every load of the query
 
 
 def test_without_session_stability_the_same_reads_do_mix(lake):
