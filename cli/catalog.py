@@ -103,6 +103,14 @@ from icebarrier.control_plane.model import (
     "`job exec` takes it before a long poll that would outlive the one it holds.",
 )
 @click.option(
+    "--scan-planning",
+    type=click.Choice(["client", "server"]),
+    default="client",
+    show_default=True,
+    help="Where clients plan scans by default: server tells every client (scan-planning-mode in /v1/config "
+    "and in each load) to plan on this server, at the warehouse's cut. A client may ask for it either way.",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",
@@ -127,6 +135,7 @@ def serve(
     shutdown_grace: str,
     heartbeat: str,
     token_ttl: str,
+    scan_planning: str,
     log_format: str,
 ) -> None:
     """Serve the lake over the Iceberg REST catalog protocol, with consistent warehouses:
@@ -166,6 +175,7 @@ def serve(
         "log_format": log_format,
         "heartbeat_s": heartbeat_s,
         "token_ttl_s": round(token_ttl_s),
+        "scan_planning": scan_planning,
     }
     settings = obj.settings()
     if workers == 1:

@@ -60,6 +60,7 @@ _STATUS = [  # (exception class name, HTTP status, REST error type), most specif
     ("TableNotFoundError", 404, "NoSuchTableException"),
     ("NoSuchNamespaceError", 404, "NoSuchNamespaceException"),
     ("NoSuchViewError", 404, "NoSuchViewException"),
+    ("NoSuchPlanTaskError", 404, "NoSuchPlanTaskException"),
     ("TableAlreadyExistsError", 409, "AlreadyExistsException"),
     ("NamespaceAlreadyExistsError", 409, "AlreadyExistsException"),
     ("ViewAlreadyExistsError", 409, "AlreadyExistsException"),

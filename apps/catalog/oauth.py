@@ -142,7 +142,10 @@ def config(request: Request, who: Caller, lake: LakeDep, warehouse: str = ""):
     path style of object storage; never a key: those come with each load, as the caller may)."""
     parsed = Warehouse.parse(warehouse or "latest")  # no warehouse named: latest
     return {
-        "defaults": lake.settings.storage.public() if is_object_storage(lake.settings.warehouse) else {},
+        "defaults": {
+            **(lake.settings.storage.public() if is_object_storage(lake.settings.warehouse) else {}),
+            "scan-planning-mode": lake.scan_planning,  # a default: a client's own setting wins
+        },
         "overrides": {"prefix": str(parsed)},
         "endpoints": request.app.state.endpoints,
         "idempotency-key-lifetime": idempotency.LIFETIME,

@@ -3,7 +3,8 @@
 Every engine that speaks the REST catalog (Spark, PyIceberg, DuckDB, Trino…) reads consistent
 cuts by naming a warehouse (see :mod:`.warehouses`); what is read and written is the lake's
 (:mod:`.lake`). The routes follow the spec's resources: configuration and OAuth2
-(:mod:`.oauth`), namespaces (:mod:`.namespaces`), tables and transactions (:mod:`.tables`), views (:mod:`.views`);
+(:mod:`.oauth`), namespaces (:mod:`.namespaces`), tables and transactions (:mod:`.tables`), scan
+planning (:mod:`.planning`), views (:mod:`.views`);
 job sessions (:mod:`.sessions`, icebarrier's own, for ``icebarrier job exec``); the status
 page (:mod:`.ui`, ``/ui``), Prometheus metrics (:mod:`.metrics`, ``/metrics``) and health
 (:mod:`.health`, ``/healthz`` and ``/readyz``, without a token).
@@ -28,6 +29,7 @@ from icebarrier.apps.catalog import (
     metrics,
     namespaces,
     oauth,
+    planning,
     sessions,
     tables,
     ui,
@@ -40,7 +42,16 @@ from icebarrier.iceberg_ext.config import Settings
 
 WORKER_ENV = "ICEBARRIER_SERVE_WORKER"  # `serve --workers N`: what each worker process builds its app from
 
-ROUTERS = (health.router, oauth.router, namespaces.router, tables.router, views.router, sessions.router, ui.router)
+ROUTERS = (
+    health.router,
+    oauth.router,
+    namespaces.router,
+    tables.router,
+    planning.router,
+    views.router,
+    sessions.router,
+    ui.router,
+)
 
 
 def served_endpoints(routes: list[APIRoute]) -> list[str]:
@@ -62,9 +73,10 @@ def create_app(
     log_format: str = "text",
     heartbeat_s: float = job_sessions.HEARTBEAT_S,
     token_ttl_s: int = tokens.SESSION_TTL_S,
+    scan_planning: str = "client",
 ) -> FastAPI:
     app = FastAPI(title="icebarrier consistent catalog", docs_url=None, redoc_url=None, openapi_url=None)
-    lake = Lake(settings, quiet_ms=quiet_ms, allowed_locations=allowed_locations)
+    lake = Lake(settings, quiet_ms=quiet_ms, allowed_locations=allowed_locations, scan_planning=scan_planning)
     app.state.lake = lake
     app.state.hub = Hub(settings.dsn, settings.schema, heartbeat_s=heartbeat_s)
     app.state.allow_anonymous_read = allow_anonymous_read

@@ -121,7 +121,13 @@ class LakeCore:
     """The server's view of the lake: the SQL catalog (PyIceberg) plus the control plane."""
 
     def __init__(
-        self, settings: Settings, *, quiet_ms: int, pool_size: int = 8, allowed_locations: Iterable[str] = ()
+        self,
+        settings: Settings,
+        *,
+        quiet_ms: int,
+        pool_size: int = 8,
+        allowed_locations: Iterable[str] = (),
+        scan_planning: str = "client",
     ) -> None:
         if not settings.is_default_catalog:
             raise IcebarrierError(
@@ -130,6 +136,7 @@ class LakeCore:
             )
         settings.check_storage()
         self.settings = settings
+        self.scan_planning = scan_planning  # where clients plan scans by default (`serve --scan-planning`)
         self.sessions = SessionVendor(settings.storage) if settings.storage.session_duration_s else None
         self.scoped = ScopedVendor(settings.storage) if settings.storage.session_role_arn else None
         if self.scoped is not None:

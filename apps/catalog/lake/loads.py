@@ -23,6 +23,7 @@ from icebarrier.control_plane.tokens import AuthenticationError, Principal
 from icebarrier.iceberg_ext.pinning import pinned
 
 LEASE_RENEW_S = 300.0
+SCAN_PLANNING_MODE = "scan-planning-mode"  # in a load's config: where the client plans (Iceberg 1.11+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,6 +129,8 @@ class Loads(Sessions):
         makes it) around the metadata's cached bytes: only the storage access is made per request
         (it depends on who asks, and session credentials are renewed)."""
         config, credentials = self.storage_access(table, table_location, principal, access, **where)
+        if self.scan_planning == "server":
+            config = {**config, SCAN_PLANNING_MODE: "server"}
         return around_metadata(
             location,
             metadata_json,

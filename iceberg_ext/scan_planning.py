@@ -1,0 +1,318 @@
+"""Scan planning on the server: the REST spec's ``planTableScan`` and ``fetchScanTasks`` bodies,
+from a table's metadata and its manifests.
+
+A request is parsed as the spec has it (:func:`parse_request`), its filter in either form
+clients send (a reference as a plain name, PyIceberg's; or as ``{"type": "reference", ...}``,
+Java's); a predicate on a transform, which PyIceberg's expressions cannot hold, prunes nothing
+(it stays in the residual the client applies). The plan is PyIceberg's own
+(:class:`pyiceberg.table.ManifestGroupPlanner`: partition summaries, partition values and
+column statistics; delete files matched to data files), over all of a snapshot's data manifests
+or one run of them (a plan task), with every delete manifest. Its tasks go out in the spec's JSON
+(:func:`scan_tasks_json`), with the client's own filter as each task's residual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PLAN_TASK_MANIFESTS = 16  # data manifests a plan answers inline, and each plan task's share beyond
+
+_CONTENT = {0: "data", 1: "position-deletes", 2: "equality-deletes"}
+_LOGICAL = {"and", "or"}
+_UNARY = {"is-null", "not-null", "is-nan", "not-nan"}
+_LITERAL = {"lt", "lt-eq", "gt", "gt-eq", "eq", "not-eq", "starts-with", "not-starts-with"}
+_SET = {"in", "not-in"}
+
+
+class PlanRequestError(ValueError):
+    """A request the spec does not allow, or one that names what the table does not have; the
+    message names the field."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanRequest:
+    snapshot_id: int | None = None
+    start_snapshot_id: int | None = None
+    end_snapshot_id: int | None = None
+    select: tuple[str, ...] | None = None
+    filter_json: Any = None  # as the client sent it: each task's residual
+    case_sensitive: bool = True
+    use_snapshot_schema: bool = False
+    stats_fields: tuple[str, ...] | None = None
+    min_rows_requested: int | None = None
+
+    @property
+    def row_filter(self):
+        from pyiceberg.expressions import AlwaysTrue
+
+        return AlwaysTrue() if self.filter_json is None else filter_from_json(self.filter_json)
+
+    def to_json(self) -> dict:
+        return {
+            "snapshot-id": self.snapshot_id,
+            "start-snapshot-id": self.start_snapshot_id,
+            "end-snapshot-id": self.end_snapshot_id,
+            "select": list(self.select) if self.select is not None else None,
+            "filter": self.filter_json,
+            "case-sensitive": self.case_sensitive,
+            "use-snapshot-schema": self.use_snapshot_schema,
+            "stats-fields": list(self.stats_fields) if self.stats_fields is not None else None,
+            "min-rows-requested": self.min_rows_requested,
+        }
+
+
+def _typed(body: dict, key: str, kind: type | tuple[type, ...], what: str):
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise PlanRequestError(f"{key} must be {what}, not {value!r}")
+    return value
+
+
+def _names(body: dict, key: str) -> tuple[str, ...] | None:
+    value = _typed(body, key, list, "a list of field names")
+    if value is not None and not all(isinstance(v, str) for v in value):
+        raise PlanRequestError(f"{key} must be a list of field names, not {value!r}")
+    return tuple(value) if value is not None else None
+
+
+def parse_request(body: object) -> ScanRequest:
+    """A PlanTableScanRequest (PlanRequestError naming the first bad field)."""
+    if not isinstance(body, dict):
+        raise PlanRequestError("the body must be a PlanTableScanRequest object")
+    request = ScanRequest(
+        snapshot_id=_typed(body, "snapshot-id", int, "a snapshot id"),
+        start_snapshot_id=_typed(body, "start-snapshot-id", int, "a snapshot id"),
+        end_snapshot_id=_typed(body, "end-snapshot-id", int, "a snapshot id"),
+        select=_names(body, "select"),
+        filter_json=body.get("filter"),
+        case_sensitive=body.get("case-sensitive", True) if body.get("case-sensitive") is not None else True,
+        use_snapshot_schema=bool(_typed(body, "use-snapshot-schema", bool, "true or false")),
+        stats_fields=_names(body, "stats-fields"),
+        min_rows_requested=_typed(body, "min-rows-requested", int, "a number of rows"),
+    )
+    if not isinstance(request.case_sensitive, bool):
+        raise PlanRequestError(f"case-sensitive must be true or false, not {request.case_sensitive!r}")
+    if request.snapshot_id is not None and (request.start_snapshot_id or request.end_snapshot_id) is not None:
+        raise PlanRequestError("snapshot-id and start-snapshot-id/end-snapshot-id exclude each other: send one")
+    if request.start_snapshot_id is not None and request.end_snapshot_id is None:
+        raise PlanRequestError("start-snapshot-id needs end-snapshot-id (an incremental scan has both)")
+    if request.min_rows_requested is not None and request.min_rows_requested < 0:
+        raise PlanRequestError(f"min-rows-requested must not be negative, not {request.min_rows_requested}")
+    if request.filter_json is not None:
+        filter_from_json(request.filter_json)  # malformed: refused now
+    return request
+
+
+def filter_from_json(node: Any, positive: bool = True):
+    """PyIceberg's expression of a spec ``Expression``. A predicate PyIceberg cannot hold (on a
+    transform) becomes what prunes nothing where it stands: true, or false under a NOT."""
+    from pyiceberg import expressions as e
+
+    if isinstance(node, bool):
+        return e.AlwaysTrue() if node else e.AlwaysFalse()
+    if not isinstance(node, dict) or not isinstance(node.get("type"), str):
+        raise PlanRequestError(f"filter: an expression must be an object with a type, not {node!r}")
+    kind = node["type"]
+    if kind in ("true", "false"):
+        return e.AlwaysTrue() if kind == "true" else e.AlwaysFalse()
+    if kind in _LOGICAL:
+        left, right = (filter_from_json(_child(node, side), positive) for side in ("left", "right"))
+        return e.And(left, right) if kind == "and" else e.Or(left, right)
+    if kind == "not":
+        return e.Not(filter_from_json(_child(node, "child"), not positive))
+    name = _reference(node.get("term"))
+    if name is None:  # a transform's term: nothing PyIceberg prunes with
+        return e.AlwaysTrue() if positive else e.AlwaysFalse()
+    try:
+        if kind in _UNARY:
+            return {"is-null": e.IsNull, "not-null": e.NotNull, "is-nan": e.IsNaN, "not-nan": e.NotNaN}[kind](name)
+        if kind in _LITERAL:
+            if "value" not in node:
+                raise PlanRequestError(f"filter: a {kind} predicate needs a value")
+            cls = {
+                "lt": e.LessThan,
+                "lt-eq": e.LessThanOrEqual,
+                "gt": e.GreaterThan,
+                "gt-eq": e.GreaterThanOrEqual,
+                "eq": e.EqualTo,
+                "not-eq": e.NotEqualTo,
+                "starts-with": e.StartsWith,
+                "not-starts-with": e.NotStartsWith,
+            }[kind]
+            return cls(name, _value(node["value"]))
+        if kind in _SET:
+            values = node.get("values")
+            if not isinstance(values, list) or not values:
+                raise PlanRequestError(f"filter: an {kind} predicate needs a list of values")
+            return (e.In if kind == "in" else e.NotIn)(name, [_value(v) for v in values])
+    except PlanRequestError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise PlanRequestError(f"filter: {kind} on {name}: {exc}") from None
+    raise PlanRequestError(f"filter: unknown expression type {kind!r}")
+
+
+def _child(node: dict, key: str) -> Any:
+    if key not in node:
+        raise PlanRequestError(f"filter: a {node['type']} expression needs {key}")
+    return node[key]
+
+
+def _reference(term: Any) -> str | None:
+    """A term's field name; None for a transform."""
+    if isinstance(term, str):
+        return term
+    if isinstance(term, dict) and term.get("type") == "reference" and isinstance(term.get("term"), str):
+        return term["term"]
+    if isinstance(term, dict) and term.get("type") == "transform":
+        return None
+    raise PlanRequestError(f"filter: a term must be a field name or a reference, not {term!r}")
+
+
+def _value(value: Any) -> Any:
+    """A literal's value (Java sends ``{"type": ..., "value": ...}`` for some; its value then)."""
+    if isinstance(value, dict) and "value" in value:
+        value = value["value"]
+    if value is None or isinstance(value, dict | list):
+        raise PlanRequestError(f"filter: a literal must be a single value, not {value!r}")
+    return value
+
+
+def bind_request(metadata, request: ScanRequest) -> Any:
+    """The schema the request is planned against (the snapshot's with ``use-snapshot-schema``),
+    after checking that its filter binds to it and its select and stats fields are in it."""
+    from pyiceberg.expressions.visitors import bind
+
+    schema = metadata.schema()
+    snapshot = metadata.snapshot_by_id(request.snapshot_id) if request.snapshot_id is not None else None
+    if request.use_snapshot_schema and snapshot is not None and snapshot.schema_id is not None:
+        schema = next((s for s in metadata.schemas if s.schema_id == snapshot.schema_id), schema)
+    for key, names in (("select", request.select), ("stats-fields", request.stats_fields)):
+        for name in names or ():
+            if name != "*" and _find(schema, name, request.case_sensitive) is None:
+                raise PlanRequestError(f"{key}: the table has no field {name!r}")
+    try:
+        bind(schema, request.row_filter, request.case_sensitive)
+    except PlanRequestError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - PyIceberg's binding raises ValueError, TypeError and its own
+        raise PlanRequestError(f"filter: {(str(exc).splitlines() or [type(exc).__name__])[0]}") from None
+    return schema
+
+
+def _find(schema, name, case_sensitive):
+    try:
+        return schema.find_field(name, case_sensitive)
+    except ValueError:
+        return None
+
+
+def data_manifests(metadata, snapshot, io) -> tuple[list, list]:
+    """The snapshot's data manifests and delete manifests (its manifest list, in order)."""
+    from pyiceberg.manifest import ManifestContent
+
+    manifests = snapshot.manifests(io)
+    return (
+        [m for m in manifests if m.content == ManifestContent.DATA],
+        [m for m in manifests if m.content != ManifestContent.DATA],
+    )
+
+
+def plan_files(metadata, io, schema, request: ScanRequest, data: list, deletes: list) -> list:
+    """PyIceberg's FileScanTasks of ``data`` manifests, with the delete files of ``deletes``
+    that apply (``metadata`` with ``schema`` current: the schema the request binds to)."""
+    from pyiceberg.table import ManifestGroupPlanner
+
+    if schema.schema_id != metadata.current_schema_id:
+        metadata = metadata.model_copy(update={"current_schema_id": schema.schema_id})
+    planner = ManifestGroupPlanner(metadata, io, request.row_filter, request.case_sensitive)
+    try:
+        tasks = list(planner.plan_files([*data, *deletes]))
+    except ValueError as exc:  # equality deletes: PyIceberg does not match them yet
+        raise PlanRequestError(f"this table cannot be planned on the server: {exc}; plan on the client") from None
+    if request.min_rows_requested is None:
+        return tasks
+    kept, rows = [], 0
+    for task in tasks:
+        if rows >= request.min_rows_requested:
+            break
+        kept.append(task)
+        rows += task.file.record_count if not task.delete_files else 0
+    return kept
+
+
+def scan_tasks_json(tasks: list, metadata, schema, request: ScanRequest) -> dict:
+    """``file-scan-tasks`` and ``delete-files`` (each task naming its deletes by index), the
+    spec's ContentFile JSON; statistics only of the ``stats-fields`` asked for."""
+    stats_ids = None
+    if request.stats_fields is not None:
+        stats_ids = {_find(schema, name, request.case_sensitive).field_id for name in request.stats_fields}
+    deletes: dict[str, int] = {}
+    delete_files: list[dict] = []
+    out = []
+    for task in tasks:
+        refs = []
+        for delete in sorted(task.delete_files, key=lambda d: d.file_path):
+            if delete.file_path not in deletes:
+                deletes[delete.file_path] = len(delete_files)
+                delete_files.append(content_file(delete, metadata, schema, None))
+            refs.append(deletes[delete.file_path])
+        entry: dict = {"data-file": content_file(task.file, metadata, schema, stats_ids)}
+        if refs:
+            entry["delete-file-references"] = refs
+        if request.filter_json is not None:
+            entry["residual-filter"] = request.filter_json
+        out.append(entry)
+    body: dict = {"file-scan-tasks": out}
+    if delete_files:
+        body["delete-files"] = delete_files
+    return body
+
+
+def content_file(data_file, metadata, schema, stats_ids: set[int] | None) -> dict:
+    """A DataFile as the spec's ContentFile (DataFile, PositionDeleteFile or EqualityDeleteFile)."""
+    from pyiceberg.conversions import from_bytes, to_json
+
+    spec = metadata.specs()[data_file.spec_id]
+    partition_type = spec.partition_type(schema)
+    partition = [
+        None if value is None else to_json(field.field_type, value)
+        for field, value in zip(partition_type.fields, data_file.partition, strict=False)
+    ]
+    out: dict = {
+        "spec-id": data_file.spec_id,
+        "partition": partition,
+        "content": _CONTENT[int(data_file.content)],
+        "file-path": data_file.file_path,
+        "file-format": str(data_file.file_format.value).lower(),
+        "file-size-in-bytes": data_file.file_size_in_bytes,
+        "record-count": data_file.record_count,
+    }
+    if data_file.split_offsets:
+        out["split-offsets"] = list(data_file.split_offsets)
+    if data_file.sort_order_id is not None:
+        out["sort-order-id"] = data_file.sort_order_id
+    if data_file.equality_ids:
+        out["equality-ids"] = list(data_file.equality_ids)
+    if stats_ids:
+        for key, counts in (
+            ("column-sizes", data_file.column_sizes),
+            ("value-counts", data_file.value_counts),
+            ("null-value-counts", data_file.null_value_counts),
+            ("nan-value-counts", data_file.nan_value_counts),
+        ):
+            kept = {k: v for k, v in (counts or {}).items() if k in stats_ids}
+            if kept:
+                out[key] = {"keys": list(kept), "values": list(kept.values())}
+        for key, bounds in (("lower-bounds", data_file.lower_bounds), ("upper-bounds", data_file.upper_bounds)):
+            kept = {}
+            for field_id, raw in (bounds or {}).items():
+                field = schema.find_field(field_id) if field_id in stats_ids else None
+                if field is not None and field.field_type.is_primitive:
+                    kept[field_id] = to_json(field.field_type, from_bytes(field.field_type, raw))
+            if kept:
+                out[key] = {"keys": list(kept), "values": list(kept.values())}
+    return out

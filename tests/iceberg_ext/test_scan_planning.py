@@ -1,0 +1,172 @@
+"""Server-side scan planning (apps/catalog/planning.py) through a real `icebarrier serve`:
+PyIceberg 0.12 planning on the server (``scan-planning-mode: server``) and plain HTTP as any
+client sends it. A plan is made at the warehouse's cut and equals a client-side plan of the same
+snapshot; large plans come in signed plan tasks any caller but the one they were made for is
+refused; bad requests are the spec's 400 naming the field."""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+import pytest
+import requests
+from pyiceberg.catalog.rest import RestCatalog
+from pyiceberg.expressions import EqualTo, GreaterThanOrEqual
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import LongType, NestedField, StringType
+
+from icebarrier.control_plane import barriers, jobs, leases, tokens
+from icebarrier.iceberg_ext import scan_planning
+from tests.iceberg_ext.catalog_server import Pipeline, access_token
+
+pytestmark = pytest.mark.slow
+
+SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=False),
+    NestedField(2, "region", StringType(), required=False),
+    NestedField(3, "amount", LongType(), required=False),
+)
+BY_REGION = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="region"))
+
+
+def planning(uri: str, warehouse: str, credential: str, mode: str = "server") -> RestCatalog:
+    return RestCatalog(
+        f"plan_{uuid.uuid4().hex[:6]}",
+        uri=uri,
+        warehouse=warehouse,
+        credential=credential,
+        **{"oauth2-server-uri": f"{uri}/v1/oauth/tokens", "scan-planning-mode": mode},
+    )
+
+
+def files(scan) -> list[str]:
+    return sorted(t.file.file_path for t in scan.plan_files())
+
+
+def _post(server, warehouse, name, path, headers, body) -> requests.Response:
+    namespace, table = name.rsplit(".", 1)
+    url = f"{server}/v1/{warehouse}/namespaces/{namespace}/tables/{table}/{path}"
+    return requests.post(url, headers=headers, json=body, timeout=60)
+
+
+def _regions(lake, name: str, appends: int):
+    """An unmanaged table partitioned by region, ``appends`` appends of one row in each of 4 regions."""
+    table = lake.catalog.create_table(name, schema=SCHEMA, partition_spec=BY_REGION)
+    arrow = SCHEMA.as_arrow()
+    for i in range(appends):
+        table.append(
+            pa.table({"id": [i * 4 + r for r in range(4)], "region": list("nsew"), "amount": [i] * 4}, schema=arrow)
+        )
+    return table
+
+
+def test_pyiceberg_plans_on_the_server_as_it_would_itself(lake, server):
+    """Pruning by partition and statistics, with and without a filter; a plan of more data
+    manifests than one answer holds comes as plan tasks PyIceberg follows; the rows read equal a
+    client-side plan's; the endpoints and the default mode are in /v1/config."""
+    name = f"{lake.namespace}.regions"
+    local = _regions(lake, name, appends=scan_planning.PLAN_TASK_MANIFESTS + 4)
+    cred = ":".join(tokens.create(lake.conn, whole_lake=True))
+    remote = planning(server, "latest", cred).load_table(name)
+    assert remote.catalog.supports_server_side_planning()
+    for row_filter in (None, EqualTo("region", "e"), GreaterThanOrEqual("amount", 18)):
+        scan, theirs = (
+            (t.scan(row_filter=row_filter) if row_filter is not None else t.scan()) for t in (remote, local)
+        )
+        assert files(scan) == files(theirs) and files(scan), row_filter
+        assert scan.to_arrow().sort_by("id").equals(theirs.to_arrow().sort_by("id"))
+    assert len(files(remote.scan(row_filter=EqualTo("region", "e")))) == scan_planning.PLAN_TASK_MANIFESTS + 4
+    headers = {"Authorization": f"Bearer {access_token(server, *cred.split(':'))}"}
+    answer = _post(server, "latest", name, "plan", headers, {}).json()
+    assert answer["status"] == "completed" and len(answer["plan-tasks"]) == 2 and "file-scan-tasks" not in answer
+    config = requests.get(f"{server}/v1/config", headers=headers, params={"warehouse": "latest"}, timeout=30).json()
+    assert config["defaults"]["scan-planning-mode"] == "client"
+    assert {"POST /v1/{prefix}/namespaces/{namespace}/tables/{table}/plan"} <= set(config["endpoints"])
+    assert {"POST /v1/{prefix}/namespaces/{namespace}/tables/{table}/tasks"} <= set(config["endpoints"])
+
+
+def test_a_plan_is_made_at_the_warehouses_cut(lake, server):
+    """barrier-<B>, read-committed and a lease plan the cut (never the newest snapshot), latest
+    the newest; a snapshot id the warehouse does not serve is a 400 naming the cut; one it
+    serves (an ancestor of the cut) is planned."""
+    p = Pipeline(lake, {"ingest": ["orders"]})
+    first, second = p.advance(rows=2), p.advance(rows=2)
+    job = p.tables["orders"][0]
+    b = barriers.issue(lake.conn).barrier  # committed, not completed: only latest sees it
+    table = lake.catalog.load_table(f"{lake.namespace}.orders")
+    table.append(pa.table({"id": [9], "barrier": [b]}))
+    cred = ":".join(tokens.create(lake.conn, whole_lake=True))
+    lease = leases.acquire(lake.conn, [lake.T("orders")], ttl_s=600, holder="t", barrier=first)
+    name = f"{lake.namespace}.orders"
+    rows = {
+        "latest": 5,
+        f"barrier-{first}": 2,
+        f"barrier-{second}": 4,
+        "read-committed": 4,
+        f"lease-{lease.lease_id}": 2,
+    }
+    for warehouse, expected in rows.items():
+        remote = planning(server, warehouse, cred).load_table(name)
+        assert remote.scan().to_arrow().num_rows == expected, warehouse
+    headers = {"Authorization": f"Bearer {access_token(server, *cred.split(':'))}"}
+    newest = lake.catalog.load_table(name).current_snapshot().snapshot_id
+    refused = _post(server, f"barrier-{second}", name, "plan", headers, {"snapshot-id": newest})
+    assert refused.status_code == 400 and f"snapshot-id {newest} is not served" in refused.json()["error"]["message"]
+    oldest = lake.catalog.load_table(name).history()[0].snapshot_id
+    ancestor = _post(server, f"barrier-{second}", name, "plan", headers, {"snapshot-id": oldest}).json()
+    assert sum(t["data-file"]["record-count"] for t in ancestor["file-scan-tasks"]) == 2
+    jobs.complete(lake.conn, job, b, {lake.T("orders"): table.current_snapshot().snapshot_id})
+
+
+def test_bad_plans_and_forged_tasks_are_the_specs_errors(lake, server):
+    """A malformed or mistyped filter, an unknown select or stats field, snapshot-id with a
+    start, a start without an end: 400 naming it. A plan task altered, forged, or sent for
+    another table, through another warehouse or with another token: the same 404. A reader not
+    granted the table: the load's 403, for the plan and its tasks."""
+    name = f"{lake.namespace}.regions"
+    _regions(lake, name, appends=scan_planning.PLAN_TASK_MANIFESTS + 1)
+    _regions(lake, f"{lake.namespace}.other", appends=1)
+    cred = tokens.create(lake.conn, whole_lake=True)
+    headers = {"Authorization": f"Bearer {access_token(server, *cred)}"}
+    bad = {
+        "filter": {"type": "eq", "term": "nowhere", "value": 1},
+        "select": ["id", "nowhere"],
+        "stats-fields": ["nowhere"],
+        "snapshot-id": "latest",
+        "case-sensitive": "yes",
+        "min-rows-requested": -1,
+    }
+    for key, value in bad.items():
+        r = _post(server, "latest", name, "plan", headers, {key: value})
+        assert r.status_code == 400 and key.split("-")[0] in r.json()["error"]["message"], (key, r.text)
+        assert r.json()["error"]["type"] == "BadRequestException"
+    for body in (
+        {"filter": {"type": "eq", "term": "id"}},
+        {"filter": {"type": "bogus", "term": "id", "value": 1}},
+        {"filter": {"type": "eq", "term": "id", "value": "x"}},
+        {"snapshot-id": 1, "start-snapshot-id": 1, "end-snapshot-id": 2},
+        {"start-snapshot-id": 1},
+    ):
+        r = _post(server, "latest", name, "plan", headers, body)
+        assert r.status_code == 400 and r.json()["error"]["message"], (body, r.text)
+    [task, _] = _post(server, "latest", name, "plan", headers, {}).json()["plan-tasks"]
+    assert _post(server, "latest", name, "tasks", headers, {"plan-task": task}).status_code == 200
+    other = {"Authorization": f"Bearer {access_token(server, *tokens.create(lake.conn, whole_lake=True))}"}
+    payload, mac = task.split(".")
+    for warehouse, table, who, sent in (
+        ("latest", name, headers, payload[:-2] + ("AA" if payload[-2:] != "AA" else "BB") + "." + mac),
+        ("latest", name, headers, "forged.token"),
+        ("latest", name, headers, "not a task"),
+        ("latest", f"{lake.namespace}.other", headers, task),
+        ("read-committed", name, headers, task),
+        ("latest", name, other, task),
+    ):
+        r = _post(server, warehouse, table, "tasks", who, {"plan-task": sent})
+        assert r.status_code == 404 and r.json()["error"]["type"] == "NoSuchPlanTaskException", r.text
+    ungranted = {"Authorization": f"Bearer {access_token(server, *tokens.create(lake.conn))}"}
+    load = requests.get(f"{server}/v1/latest/namespaces/{lake.namespace}/tables/regions", headers=ungranted, timeout=30)
+    plan = _post(server, "latest", name, "plan", ungranted, {})
+    assert load.status_code == plan.status_code == 403 and load.json() == plan.json()
