@@ -2,9 +2,9 @@
 from a table's metadata and its manifests.
 
 A request is parsed as the spec has it (:func:`parse_request`), its filter in either form
-clients send (a reference as a plain name, PyIceberg's; or as ``{"type": "reference", ...}``,
-Java's); a predicate on a transform, which PyIceberg's expressions cannot hold, prunes nothing
-(it stays in the residual the client applies). The plan is PyIceberg's own
+clients send (the older ``term``/``value``, PyIceberg's; the newer ``child``/``left``/``right``
+with references, typed literals and functions); what PyIceberg's expressions cannot hold prunes
+nothing (it stays in the residual the client applies). The plan is PyIceberg's own
 (:class:`pyiceberg.table.ManifestGroupPlanner`: partition summaries, partition values and
 column statistics; delete files matched to data files), over all of a snapshot's data manifests
 or one run of them (a plan task), with every delete manifest. Its tasks go out in the spec's JSON
@@ -42,11 +42,11 @@ class ScanRequest:
     stats_fields: tuple[str, ...] | None = None
     min_rows_requested: int | None = None
 
-    @property
-    def row_filter(self):
+    def row_filter(self, schema):
+        """The filter as PyIceberg's expression, its field ids named by ``schema``."""
         from pyiceberg.expressions import AlwaysTrue
 
-        return AlwaysTrue() if self.filter_json is None else filter_from_json(self.filter_json)
+        return AlwaysTrue() if self.filter_json is None else filter_from_json(self.filter_json, schema)
 
     def to_json(self) -> dict:
         return {
@@ -66,6 +66,8 @@ def _typed(body: dict, key: str, kind: type | tuple[type, ...], what: str):
     value = body.get(key)
     if value is None:
         return None
+    if kind is int and isinstance(value, float) and value.is_integer():  # JSON Schema's integer
+        value = int(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise PlanRequestError(f"{key} must be {what}, not {value!r}")
     return value
@@ -106,79 +108,133 @@ def parse_request(body: object) -> ScanRequest:
     return request
 
 
-def filter_from_json(node: Any, positive: bool = True):
-    """PyIceberg's expression of a spec ``Expression``. A predicate PyIceberg cannot hold (on a
-    transform) becomes what prunes nothing where it stands: true, or false under a NOT."""
+def filter_from_json(node: Any, schema=None, positive: bool = True):
+    """PyIceberg's expression of a spec ``Predicate``, in either form: the older one (``term``,
+    ``value``) or the newer (``child``, ``left``/``right``: references by name or by field id,
+    literals bare or typed, function applications). What PyIceberg's expressions cannot hold (a
+    transform, a function, two references compared, a field id without ``schema`` to name it)
+    becomes what prunes nothing where it stands: true, or false under a NOT."""
     from pyiceberg import expressions as e
 
+    nothing = e.AlwaysTrue() if positive else e.AlwaysFalse()
     if isinstance(node, bool):
         return e.AlwaysTrue() if node else e.AlwaysFalse()
     if not isinstance(node, dict) or not isinstance(node.get("type"), str):
-        raise PlanRequestError(f"filter: an expression must be an object with a type, not {node!r}")
+        raise PlanRequestError(f"filter: a predicate must be true, false or an object with a type, not {node!r}")
     kind = node["type"]
     if kind in ("true", "false"):
         return e.AlwaysTrue() if kind == "true" else e.AlwaysFalse()
     if kind in _LOGICAL:
-        left, right = (filter_from_json(_child(node, side), positive) for side in ("left", "right"))
+        left, right = (filter_from_json(_child(node, side), schema, positive) for side in ("left", "right"))
         return e.And(left, right) if kind == "and" else e.Or(left, right)
     if kind == "not":
-        return e.Not(filter_from_json(_child(node, "child"), not positive))
-    name = _reference(node.get("term"))
-    if name is None:  # a transform's term: nothing PyIceberg prunes with
-        return e.AlwaysTrue() if positive else e.AlwaysFalse()
+        return e.Not(filter_from_json(_child(node, "child"), schema, not positive))
     try:
         if kind in _UNARY:
-            return {"is-null": e.IsNull, "not-null": e.NotNull, "is-nan": e.IsNaN, "not-nan": e.NotNaN}[kind](name)
+            name = _operand(_either(node, "child", "term"), schema)
+            cls = {"is-null": e.IsNull, "not-null": e.NotNull, "is-nan": e.IsNaN, "not-nan": e.NotNaN}[kind]
+            return nothing if name is None else cls(name)
         if kind in _LITERAL:
-            if "value" not in node:
-                raise PlanRequestError(f"filter: a {kind} predicate needs a value")
-            cls = {
-                "lt": e.LessThan,
-                "lt-eq": e.LessThanOrEqual,
-                "gt": e.GreaterThan,
-                "gt-eq": e.GreaterThanOrEqual,
-                "eq": e.EqualTo,
-                "not-eq": e.NotEqualTo,
-                "starts-with": e.StartsWith,
-                "not-starts-with": e.NotStartsWith,
-            }[kind]
-            return cls(name, _value(node["value"]))
+            return _comparison(node, kind, schema) or nothing
         if kind in _SET:
-            values = node.get("values")
-            if not isinstance(values, list) or not values:
-                raise PlanRequestError(f"filter: an {kind} predicate needs a list of values")
-            return (e.In if kind == "in" else e.NotIn)(name, [_value(v) for v in values])
+            name = _operand(_either(node, "child", "term"), schema)
+            values = _literals(node.get("values"), kind)
+            return nothing if name is None else (e.In if kind == "in" else e.NotIn)(name, values)
     except PlanRequestError:
         raise
     except (TypeError, ValueError) as exc:
-        raise PlanRequestError(f"filter: {kind} on {name}: {exc}") from None
-    raise PlanRequestError(f"filter: unknown expression type {kind!r}")
+        raise PlanRequestError(f"filter: {kind}: {exc}") from None
+    raise PlanRequestError(f"filter: unknown predicate type {kind!r}")
+
+
+_FLIPPED = {"lt": "gt", "lt-eq": "gt-eq", "gt": "lt", "gt-eq": "lt-eq", "eq": "eq", "not-eq": "not-eq"}
+
+
+def _comparison(node: dict, kind: str, schema):
+    """A comparison of a field and a literal (None: anything else, which prunes nothing)."""
+    from pyiceberg import expressions as e
+
+    if "left" in node or "right" in node:
+        left, right = _child(node, "left"), _child(node, "right")
+        if _is_literal(left) and not _is_literal(right):  # 5 < x: x > 5
+            if kind not in _FLIPPED:
+                return None
+            left, right, kind = right, left, _FLIPPED[kind]
+        if _is_literal(left) or not _is_literal(right):
+            return None  # two literals, or two fields / functions: nothing to prune with
+        name, value = _operand(left, schema), _literal(right)
+    else:
+        if "value" not in node:
+            raise PlanRequestError(f"filter: a {kind} predicate needs a value (or left and right)")
+        name, value = _operand(_child(node, "term"), schema), _literal(node["value"])
+    if name is None:
+        return None
+    cls = {
+        "lt": e.LessThan,
+        "lt-eq": e.LessThanOrEqual,
+        "gt": e.GreaterThan,
+        "gt-eq": e.GreaterThanOrEqual,
+        "eq": e.EqualTo,
+        "not-eq": e.NotEqualTo,
+        "starts-with": e.StartsWith,
+        "not-starts-with": e.NotStartsWith,
+    }[kind]
+    return cls(name, value)
 
 
 def _child(node: dict, key: str) -> Any:
     if key not in node:
-        raise PlanRequestError(f"filter: a {node['type']} expression needs {key}")
+        raise PlanRequestError(f"filter: a {node['type']} predicate needs {key}")
     return node[key]
 
 
-def _reference(term: Any) -> str | None:
-    """A term's field name; None for a transform."""
+def _either(node: dict, key: str, legacy: str) -> Any:
+    if key not in node and legacy not in node:
+        raise PlanRequestError(f"filter: a {node['type']} predicate needs {key}")
+    return node[key] if key in node else node[legacy]
+
+
+def _operand(term: Any, schema) -> str | None:
+    """A field's name; None for what is not a plain field (a transform, a function, a field id
+    without a schema)."""
     if isinstance(term, str):
         return term
-    if isinstance(term, dict) and term.get("type") == "reference" and isinstance(term.get("term"), str):
-        return term["term"]
-    if isinstance(term, dict) and term.get("type") == "transform":
+    if isinstance(term, dict) and term.get("type") == "reference":
+        if isinstance(term.get("name"), str):
+            return term["name"]
+        if isinstance(term.get("id"), int) and not isinstance(term["id"], bool):
+            if schema is None:
+                return None
+            name = schema.find_column_name(term["id"])
+            if name is None:
+                raise PlanRequestError(f"filter: the table has no field id {term['id']}")
+            return name
+        if isinstance(term.get("term"), str):  # a reference as some clients wrap it
+            return term["term"]
+    if isinstance(term, dict) and term.get("type") in ("transform", "apply"):
         return None
-    raise PlanRequestError(f"filter: a term must be a field name or a reference, not {term!r}")
+    raise PlanRequestError(f"filter: an operand must be a field name, a reference or a function, not {term!r}")
 
 
-def _value(value: Any) -> Any:
-    """A literal's value (Java sends ``{"type": ..., "value": ...}`` for some; its value then)."""
-    if isinstance(value, dict) and "value" in value:
+def _is_literal(value: Any) -> bool:
+    return not (isinstance(value, dict) and value.get("type") in ("reference", "apply", "transform"))
+
+
+def _literal(value: Any) -> Any:
+    """A literal's value: bare, or ``{"type": "literal", "value": ...}``."""
+    if isinstance(value, dict) and value.get("type") == "literal" and "value" in value:
         value = value["value"]
     if value is None or isinstance(value, dict | list):
         raise PlanRequestError(f"filter: a literal must be a single value, not {value!r}")
     return value
+
+
+def _literals(values: Any, kind: str) -> list:
+    if isinstance(values, dict) and values.get("type") == "literals":
+        values = values.get("values")
+    if not isinstance(values, list) or not values:
+        raise PlanRequestError(f"filter: an {kind} predicate needs a list of values")
+    return [_literal(v) for v in values]
 
 
 def bind_request(metadata, request: ScanRequest) -> Any:
@@ -195,7 +251,7 @@ def bind_request(metadata, request: ScanRequest) -> Any:
             if name != "*" and _find(schema, name, request.case_sensitive) is None:
                 raise PlanRequestError(f"{key}: the table has no field {name!r}")
     try:
-        bind(schema, request.row_filter, request.case_sensitive)
+        bind(schema, request.row_filter(schema), request.case_sensitive)
     except PlanRequestError:
         raise
     except Exception as exc:  # noqa: BLE001 - PyIceberg's binding raises ValueError, TypeError and its own
@@ -221,16 +277,50 @@ def data_manifests(metadata, snapshot, io) -> tuple[list, list]:
     )
 
 
-def plan_files(metadata, io, schema, request: ScanRequest, data: list, deletes: list) -> list:
+def between(metadata, start_id: int, end_id: int) -> list[int]:
+    """The snapshots after ``start_id`` up to ``end_id`` (an incremental scan's), oldest first;
+    PlanRequestError unless ``end_id`` descends from ``start_id``."""
+    chain, current = [], metadata.snapshot_by_id(end_id)
+    while current is not None and current.snapshot_id != start_id:
+        chain.append(current.snapshot_id)
+        parent = current.parent_snapshot_id
+        current = metadata.snapshot_by_id(parent) if parent is not None else None
+    if current is None:
+        raise PlanRequestError(f"end-snapshot-id {end_id} does not descend from start-snapshot-id {start_id}")
+    return chain[::-1]
+
+
+def added_manifests(metadata, io, snapshot_ids: list[int]) -> list:
+    """The data manifests those snapshots wrote (each once)."""
+    from pyiceberg.manifest import ManifestContent
+
+    wanted, found = set(snapshot_ids), {}
+    for snapshot_id in snapshot_ids:
+        for manifest in metadata.snapshot_by_id(snapshot_id).manifests(io):
+            if manifest.content == ManifestContent.DATA and manifest.added_snapshot_id in wanted:
+                found.setdefault(manifest.manifest_path, manifest)
+    return list(found.values())
+
+
+def plan_files(metadata, io, schema, request: ScanRequest, data: list, deletes: list, added_by=None) -> list:
     """PyIceberg's FileScanTasks of ``data`` manifests, with the delete files of ``deletes``
-    that apply (``metadata`` with ``schema`` current: the schema the request binds to)."""
+    that apply (``metadata`` with ``schema`` current: the schema the request binds to);
+    ``added_by``: only the data files those snapshots added (an incremental scan)."""
+    from pyiceberg.manifest import ManifestEntryStatus
     from pyiceberg.table import ManifestGroupPlanner
 
     if schema.schema_id != metadata.current_schema_id:
         metadata = metadata.model_copy(update={"current_schema_id": schema.schema_id})
-    planner = ManifestGroupPlanner(metadata, io, request.row_filter, request.case_sensitive)
+    planner = ManifestGroupPlanner(metadata, io, request.row_filter(schema), request.case_sensitive)
+    wanted = set(added_by) if added_by is not None else None
+
+    def kept(entry) -> bool:
+        if wanted is None or entry.data_file.content != 0:
+            return True
+        return entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id in wanted
+
     try:
-        tasks = list(planner.plan_files([*data, *deletes]))
+        tasks = list(planner.plan_files([*data, *deletes], kept))
     except ValueError as exc:  # equality deletes: PyIceberg does not match them yet
         raise PlanRequestError(f"this table cannot be planned on the server: {exc}; plan on the client") from None
     if request.min_rows_requested is None:

@@ -122,25 +122,26 @@ def _plan(loading: Loading, access, scan: sp.ScanRequest, caller: str) -> Respon
     result: dict = {"status": "completed"}
     if answer.get("storage-credentials"):
         result["storage-credentials"] = answer["storage-credentials"]
-    snapshot_id = scan.snapshot_id if scan.snapshot_id is not None else metadata.current_snapshot_id
-    if scan.start_snapshot_id is not None:
-        raise MalformedRequestError(
-            "incremental plans (start-snapshot-id, end-snapshot-id) are not served yet; plan each snapshot"
-        )
+    incremental = scan.start_snapshot_id is not None
+    snapshot_id = scan.end_snapshot_id if incremental else scan.snapshot_id
+    snapshot_id = snapshot_id if snapshot_id is not None else metadata.current_snapshot_id
     if snapshot_id is None:  # the table had no snapshot at the cut
         return _json({**result, "file-scan-tasks": []})
-    snapshot = metadata.snapshot_by_id(snapshot_id)
-    if snapshot is None:
-        raise MalformedRequestError(
-            f"snapshot-id {snapshot_id} is not served through warehouse {loading.warehouse} "
-            f"(its cut of {loading.table} is snapshot {metadata.current_snapshot_id} and its ancestors); "
-            f"plan without snapshot-id, or through warehouse latest"
-        )
+    for key, wanted in (("snapshot-id", snapshot_id), ("start-snapshot-id", scan.start_snapshot_id)):
+        if wanted is not None and metadata.snapshot_by_id(wanted) is None:
+            raise MalformedRequestError(
+                f"{'end-snapshot-id' if incremental and key == 'snapshot-id' else key} {wanted} is not served "
+                f"through warehouse {loading.warehouse} (its cut of {loading.table} is snapshot "
+                f"{metadata.current_snapshot_id} and its ancestors); plan without it, or through warehouse latest"
+            )
     try:
         schema = sp.bind_request(metadata, scan)
-        data, deletes = sp.data_manifests(metadata, snapshot, io)
+        data, deletes = sp.data_manifests(metadata, metadata.snapshot_by_id(snapshot_id), io)
+        added_by = sp.between(metadata, scan.start_snapshot_id, snapshot_id) if incremental else None
+        if added_by is not None:
+            data = sp.added_manifests(metadata, io, added_by)
         if len(data) <= sp.PLAN_TASK_MANIFESTS:
-            tasks = sp.plan_files(metadata, io, schema, scan, data, deletes)
+            tasks = sp.plan_files(metadata, io, schema, scan, data, deletes, added_by)
             return _json({**result, **sp.scan_tasks_json(tasks, metadata, schema, scan)})
     except sp.PlanRequestError as exc:
         raise _refused(exc) from None
@@ -151,7 +152,7 @@ def _plan(loading: Loading, access, scan: sp.ScanRequest, caller: str) -> Respon
         "c": caller,
         "m": answer["metadata-location"],
         "s": snapshot_id,
-        "q": scan.to_json() | {"snapshot-id": snapshot_id},
+        "q": scan.to_json() | ({} if incremental else {"snapshot-id": snapshot_id}),
     }
     runs = range(0, len(data), sp.PLAN_TASK_MANIFESTS)
     return _json(
@@ -164,7 +165,7 @@ async def fetch_scan_tasks(request: Request, loading: Planning, who: Caller):
     """The file scan tasks of one plan task."""
     body = _parsed(await request.body())
     if not isinstance(body.get("plan-task"), str):
-        raise MalformedRequestError("plan-task is required: a plan task a plan of this table returned")
+        raise NoSuchPlanTaskError()  # none given: nothing this server made
     return await run_in_threadpool(_tasks, loading, body["plan-task"], _caller_id(who), who[0])
 
 
@@ -175,14 +176,16 @@ def _tasks(loading: Loading, token: str, caller: str, principal) -> Response:
     acting(principal, loading.warehouse).require_read(loading.table)  # still granted
     scan = sp.parse_request(task["q"])
     metadata, io = loading.lake.metadata(task["m"])
-    snapshot = metadata.snapshot_by_id(task["s"])
     try:
-        data, deletes = sp.data_manifests(metadata, snapshot, io)
+        data, deletes = sp.data_manifests(metadata, metadata.snapshot_by_id(task["s"]), io)
+        added_by = sp.between(metadata, scan.start_snapshot_id, task["s"]) if scan.start_snapshot_id else None
+        if added_by is not None:
+            data = sp.added_manifests(metadata, io, added_by)
     except FileNotFoundError:  # expired since: its manifests are gone
         raise NoSuchPlanTaskError() from None
     lo, hi = task["r"]
     schema = sp.bind_request(metadata, scan)
-    tasks = sp.plan_files(metadata, io, schema, scan, data[lo:hi], deletes)
+    tasks = sp.plan_files(metadata, io, schema, scan, data[lo:hi], deletes, added_by)
     return _json(sp.scan_tasks_json(tasks, metadata, schema, scan))
 
 

@@ -18,7 +18,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
-from icebarrier.control_plane import barriers, jobs, leases, tokens
+from icebarrier.control_plane import barriers, jobs, leases, reads, tokens
 from icebarrier.iceberg_ext import scan_planning
 from tests.iceberg_ext.catalog_server import Pipeline, access_token
 
@@ -170,3 +170,56 @@ def test_bad_plans_and_forged_tasks_are_the_specs_errors(lake, server):
     load = requests.get(f"{server}/v1/latest/namespaces/{lake.namespace}/tables/regions", headers=ungranted, timeout=30)
     plan = _post(server, "latest", name, "plan", ungranted, {})
     assert load.status_code == plan.status_code == 403 and load.json() == plan.json()
+
+
+def test_an_incremental_plan_between_two_barriers_is_what_the_pipeline_added(lake, server):
+    """start-snapshot-id and end-snapshot-id of two barriers' cuts: the data files the snapshots
+    after the first up to the second added, through latest and through barrier-<B> of the
+    second; a range the warehouse does not serve, or backwards, is a 400."""
+    p = Pipeline(lake, {"ingest": ["orders"]})
+    marks = [p.advance(rows=i + 1) for i in range(4)]
+    cut = {b: reads.resolve(lake.conn, [lake.T("orders")], barrier=b).snapshots[lake.T("orders")] for b in marks}
+    headers = {"Authorization": f"Bearer {access_token(server, *tokens.create(lake.conn, whole_lake=True))}"}
+    name = f"{lake.namespace}.orders"
+    body = {"start-snapshot-id": cut[marks[0]], "end-snapshot-id": cut[marks[2]]}
+    for warehouse in ("latest", f"barrier-{marks[2]}"):
+        answer = _post(server, warehouse, name, "plan", headers, body).json()
+        assert sorted(t["data-file"]["record-count"] for t in answer["file-scan-tasks"]) == [2, 3], warehouse
+    ahead = {"start-snapshot-id": cut[marks[0]], "end-snapshot-id": cut[marks[3]]}
+    r = _post(server, f"barrier-{marks[2]}", name, "plan", headers, ahead)
+    assert r.status_code == 400 and "end-snapshot-id" in r.json()["error"]["message"], r.text
+    backwards = {"start-snapshot-id": cut[marks[2]], "end-snapshot-id": cut[marks[0]]}
+    r = _post(server, "latest", name, "plan", headers, backwards)
+    assert r.status_code == 400 and "does not descend" in r.json()["error"]["message"], r.text
+
+
+def test_both_filter_forms_prune_alike(lake, server):
+    """The older form (term, value) and the newer (left/right or child, references by name or
+    field id, typed literals, a literal on the left) plan the same files; what cannot prune (a
+    function, a transform) plans every file, also under a NOT."""
+    name = f"{lake.namespace}.regions"
+    _regions(lake, name, appends=3)
+    headers = {"Authorization": f"Bearer {access_token(server, *tokens.create(lake.conn, whole_lake=True))}"}
+
+    def planned(row_filter) -> int:
+        answer = _post(server, "latest", name, "plan", headers, {"filter": row_filter})
+        assert answer.status_code == 200, answer.text
+        return len(answer.json()["file-scan-tasks"])
+
+    region = {"type": "reference", "name": "region"}
+    east = [
+        {"type": "eq", "term": "region", "value": "e"},
+        {"type": "eq", "left": region, "right": {"type": "literal", "value": "e", "data-type": "string"}},
+        {"type": "eq", "left": {"type": "reference", "id": 2}, "right": "e"},
+        {"type": "eq", "left": "e", "right": region},
+        {"type": "in", "child": region, "values": {"type": "literals", "values": ["e"], "data-type": "string"}},
+        {"type": "and", "left": True, "right": {"type": "not-eq", "term": "region", "value": "x"}}
+        | {"right": {"type": "in", "term": "region", "values": ["e"]}},
+    ]
+    assert [planned(f) for f in east] == [3] * len(east)
+    assert planned({"type": "gt", "left": 1, "right": {"type": "reference", "name": "amount"}}) == 4  # amount < 1
+    function = {"type": "eq", "left": {"type": "apply", "function": "lower", "arguments": [region]}, "right": "e"}
+    transform = {"type": "eq", "term": {"type": "transform", "transform": "identity", "term": "region"}, "value": "e"}
+    for unprunable in (function, transform, {"type": "not", "child": function}):
+        assert planned(unprunable) == 12, unprunable
+    assert planned({"type": "and", "left": function, "right": east[0]}) == 3
