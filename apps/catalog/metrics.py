@@ -347,6 +347,12 @@ class Metrics:
             registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
         )
+        self.plans = Counter(
+            "icebarrier_catalog_plans",
+            "Scans planned on the server (planTableScan), by warehouse kind",
+            ["warehouse"],
+            registry=self.registry,
+        )
         self.not_modified = Counter(
             "icebarrier_catalog_loads_not_modified",
             "Table loads answered 304 Not Modified (the client had the answer: its ETag), by warehouse kind",

@@ -114,7 +114,9 @@ async def plan_table_scan(request: Request, loading: Planning, who: Caller, acce
         scan = sp.parse_request(body)
     except sp.PlanRequestError as exc:
         raise _refused(exc) from None
-    return await run_in_threadpool(_plan, loading, access, scan, _caller_id(who))
+    answer = await run_in_threadpool(_plan, loading, access, scan, _caller_id(who))
+    request.app.state.metrics.plans.labels(loading.warehouse.kind).inc()
+    return answer
 
 
 def _plan(loading: Loading, access, scan: sp.ScanRequest, caller: str) -> Response:

@@ -20,7 +20,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from icebarrier.control_plane import barriers, jobs, leases, reads, tokens
 from icebarrier.iceberg_ext import scan_planning
-from tests.iceberg_ext.catalog_server import Pipeline, access_token
+from tests.iceberg_ext.catalog_server import Pipeline, access_token, scrape
 
 pytestmark = pytest.mark.slow
 
@@ -223,3 +223,38 @@ def test_both_filter_forms_prune_alike(lake, server):
     for unprunable in (function, transform, {"type": "not", "child": function}):
         assert planned(unprunable) == 12, unprunable
     assert planned({"type": "and", "left": function, "right": east[0]}) == 3
+
+
+def test_spark_plans_on_the_server_at_the_cut(lake, server, spark):
+    """Spark through Iceberg 1.12's REST client with ``scan-planning-mode=server``: a filtered
+    aggregate over a partitioned table planned in plan tasks equals the same query planned by
+    Spark itself; through barrier-<B> it reads the cut."""
+    from icebarrier.apps.catalog.clients import configuration
+
+    name = f"{lake.namespace}.regions"
+    _regions(lake, name, appends=scan_planning.PLAN_TASK_MANIFESTS + 2)
+    p = Pipeline(lake, {"ingest": ["orders"]})
+    first = p.advance(rows=2)
+    p.advance(rows=3)
+    cred = ":".join(tokens.create(lake.conn, whole_lake=True))
+    catalogs = {}
+    for warehouse, mode in (("latest", "server"), ("latest", "client"), (f"barrier-{first}", "server")):
+        catalog = f"plan_{uuid.uuid4().hex[:6]}"
+        for line in configuration("spark", warehouse, server, cred, catalog).splitlines():
+            key, value = line.split(" ", 1)
+            if key.startswith(f"spark.sql.catalog.{catalog}"):
+                spark.conf.set(key, value)
+        spark.conf.set(f"spark.sql.catalog.{catalog}.scan-planning-mode", mode)
+        catalogs[(warehouse, mode)] = catalog
+    query = (
+        "SELECT region, count(*) AS n, sum(amount) AS total FROM {}.{} "
+        "WHERE region IN ('e', 'w') AND amount >= 3 GROUP BY region ORDER BY region"
+    )
+    on_server = spark.sql(query.format(catalogs[("latest", "server")], name)).collect()
+    on_client = spark.sql(query.format(catalogs[("latest", "client")], name)).collect()
+    assert on_server == on_client and [r.n for r in on_server] == [15, 15]
+    headers = {"Authorization": f"Bearer {access_token(server, *cred.split(':'))}"}
+    plans = scrape(server, headers)[("icebarrier_catalog_plans_total", (("warehouse", "latest"),))]
+    assert plans >= 1
+    pinned = spark.table(f"{catalogs[(f'barrier-{first}', 'server')]}.{lake.namespace}.orders").count()
+    assert pinned == 2
