@@ -7,16 +7,21 @@ with references, typed literals and functions); what PyIceberg's expressions can
 nothing (it stays in the residual the client applies). The plan is PyIceberg's own
 (:class:`pyiceberg.table.ManifestGroupPlanner`: partition summaries, partition values and
 column statistics; delete files matched to data files), over all of a snapshot's data manifests
-or one run of them (a plan task), with every delete manifest. Its tasks go out in the spec's JSON
+or one run of them (a plan task), with every delete manifest. A manifest never changes once
+written, so its entries are read and decoded once and kept (:class:`ManifestCache`, least
+recently used first out, bounded by entries) for every later plan of every client. Its tasks go out in the spec's JSON
 (:func:`scan_tasks_json`), with the client's own filter as each task's residual.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 PLAN_TASK_MANIFESTS = 16  # data manifests a plan answers inline, and each plan task's share beyond
+CACHED_ENTRIES = 200_000  # manifest entries a server process keeps decoded (about 2 KB each)
 
 _CONTENT = {0: "data", 1: "position-deletes", 2: "equality-deletes"}
 _LOGICAL = {"and", "or"}
@@ -277,6 +282,62 @@ def data_manifests(metadata, snapshot, io) -> tuple[list, list]:
     )
 
 
+class ManifestCache:
+    """The decoded entries of manifests (live ones: added and existing), by path, for every plan
+    a server process makes; at most ``max_entries`` entries, the least recently used dropped
+    first. Thread-safe: plans run in the thread pool, and read manifests in parallel."""
+
+    def __init__(self, max_entries: int = CACHED_ENTRIES) -> None:
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._items: OrderedDict[str, tuple] = OrderedDict()
+        self.entries = self.hits = self.misses = 0
+
+    def get(self, manifest, io) -> tuple:
+        path = manifest.manifest_path
+        with self._lock:
+            found = self._items.get(path)
+            if found is not None:
+                self._items.move_to_end(path)
+                self.hits += 1
+                return found
+            self.misses += 1
+        read = tuple(manifest.fetch_manifest_entry(io, discard_deleted=True))  # outside the lock
+        with self._lock:
+            if path not in self._items and len(read) <= self.max_entries:
+                self._items[path] = read
+                self.entries += len(read)
+                while self.entries > self.max_entries:
+                    _, dropped = self._items.popitem(last=False)
+                    self.entries -= len(dropped)
+        return read
+
+
+def _planner(metadata, io, row_filter, case_sensitive: bool, cache: ManifestCache | None):
+    """PyIceberg's ManifestGroupPlanner, reading manifests through ``cache`` (its
+    ``plan_manifest_entries`` as PyIceberg 0.12 has it, with the entries from the cache)."""
+    from pyiceberg.table import ManifestGroupPlanner, _min_sequence_number
+    from pyiceberg.typedef import KeyDefaultDict
+    from pyiceberg.utils.concurrent import ExecutorFactory
+
+    class Cached(ManifestGroupPlanner):
+        def plan_manifest_entries(self, manifests):
+            evaluators = KeyDefaultDict(self._build_manifest_evaluator)
+            manifests = [m for m in manifests if evaluators[m.partition_spec_id](m)]
+            partition = KeyDefaultDict(self._build_partition_evaluator)
+            metrics = self._build_metrics_evaluator()
+            floor = _min_sequence_number(manifests)
+            work = [(m, partition[m.partition_spec_id]) for m in manifests if self._check_sequence_number(floor, m)]
+
+            def entries(item):
+                manifest, in_partition = item
+                return [e for e in cache.get(manifest, self.io) if in_partition(e.data_file) and metrics(e.data_file)]
+
+            return ExecutorFactory.get_or_create().map(entries, work)
+
+    return (Cached if cache is not None else ManifestGroupPlanner)(metadata, io, row_filter, case_sensitive)
+
+
 def between(metadata, start_id: int, end_id: int) -> list[int]:
     """The snapshots after ``start_id`` up to ``end_id`` (an incremental scan's), oldest first;
     PlanRequestError unless ``end_id`` descends from ``start_id``."""
@@ -302,16 +363,25 @@ def added_manifests(metadata, io, snapshot_ids: list[int]) -> list:
     return list(found.values())
 
 
-def plan_files(metadata, io, schema, request: ScanRequest, data: list, deletes: list, added_by=None) -> list:
+def plan_files(
+    metadata,
+    io,
+    schema,
+    request: ScanRequest,
+    data: list,
+    deletes: list,
+    added_by=None,
+    cache: ManifestCache | None = None,
+) -> list:
     """PyIceberg's FileScanTasks of ``data`` manifests, with the delete files of ``deletes``
     that apply (``metadata`` with ``schema`` current: the schema the request binds to);
-    ``added_by``: only the data files those snapshots added (an incremental scan)."""
+    ``added_by``: only the data files those snapshots added (an incremental scan); ``cache``:
+    the manifests' entries kept from earlier plans."""
     from pyiceberg.manifest import ManifestEntryStatus
-    from pyiceberg.table import ManifestGroupPlanner
 
     if schema.schema_id != metadata.current_schema_id:
         metadata = metadata.model_copy(update={"current_schema_id": schema.schema_id})
-    planner = ManifestGroupPlanner(metadata, io, request.row_filter(schema), request.case_sensitive)
+    planner = _planner(metadata, io, request.row_filter(schema), request.case_sensitive, cache)
     wanted = set(added_by) if added_by is not None else None
 
     def kept(entry) -> bool:

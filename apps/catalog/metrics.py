@@ -308,6 +308,29 @@ class LoadCacheCollector:
         )
 
 
+class ManifestCacheCollector:
+    """The manifests this process's scan plans keep decoded (:class:`.scan_planning.ManifestCache`)."""
+
+    def __init__(self, cache) -> None:
+        self.cache = cache
+
+    def collect(self):
+        reads = CounterMetricFamily(
+            "icebarrier_catalog_plan_manifest_reads",
+            "Manifests scan plans read, by where their entries came from: kept from an earlier plan (hit) "
+            "or read from storage (miss)",
+            labels=["from"],
+        )
+        reads.add_metric(["hit"], self.cache.hits)
+        reads.add_metric(["miss"], self.cache.misses)
+        yield reads
+        yield GaugeMetricFamily(
+            "icebarrier_catalog_plan_manifest_entries",
+            f"Manifest entries this process keeps decoded for scan plans (at most {self.cache.max_entries})",
+            value=self.cache.entries,
+        )
+
+
 class HubCollector:
     """The long polls this process holds (:mod:`.notices`)."""
 
@@ -340,6 +363,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=False)  # this process's own
         self.registry.register(LoadCacheCollector(lake.load_cache))
         self.registry.register(HubCollector(hub))
+        self.registry.register(ManifestCacheCollector(lake.manifest_cache))
         self.load_seconds = Histogram(
             "icebarrier_catalog_load_seconds",
             "Latency of a table load through the catalog, by warehouse kind",

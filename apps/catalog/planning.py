@@ -143,7 +143,7 @@ def _plan(loading: Loading, access, scan: sp.ScanRequest, caller: str) -> Respon
         if added_by is not None:
             data = sp.added_manifests(metadata, io, added_by)
         if len(data) <= sp.PLAN_TASK_MANIFESTS:
-            tasks = sp.plan_files(metadata, io, schema, scan, data, deletes, added_by)
+            tasks = sp.plan_files(metadata, io, schema, scan, data, deletes, added_by, loading.lake.manifest_cache)
             return _json({**result, **sp.scan_tasks_json(tasks, metadata, schema, scan)})
     except sp.PlanRequestError as exc:
         raise _refused(exc) from None
@@ -187,7 +187,7 @@ def _tasks(loading: Loading, token: str, caller: str, principal) -> Response:
         raise NoSuchPlanTaskError() from None
     lo, hi = task["r"]
     schema = sp.bind_request(metadata, scan)
-    tasks = sp.plan_files(metadata, io, schema, scan, data[lo:hi], deletes, added_by)
+    tasks = sp.plan_files(metadata, io, schema, scan, data[lo:hi], deletes, added_by, loading.lake.manifest_cache)
     return _json(sp.scan_tasks_json(tasks, metadata, schema, scan))
 
 

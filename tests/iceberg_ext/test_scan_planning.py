@@ -258,3 +258,32 @@ def test_spark_plans_on_the_server_at_the_cut(lake, server, spark):
     assert plans >= 1
     pinned = spark.table(f"{catalogs[(f'barrier-{first}', 'server')]}.{lake.namespace}.orders").count()
     assert pinned == 2
+
+
+def test_manifests_are_read_once_for_every_client_and_the_cache_is_bounded(lake, server):
+    """A second plan of the same snapshot, by another client, reads no manifest from storage
+    (every read a hit in /metrics); the cache keeps at most its bound of entries, dropping the
+    least recently used manifests, and answers alike when a manifest no longer fits."""
+    name = f"{lake.namespace}.regions"
+    table = _regions(lake, name, appends=6)
+    clients = [
+        {"Authorization": f"Bearer {access_token(server, *tokens.create(lake.conn, whole_lake=True))}"}
+        for _ in range(2)
+    ]
+    reads = {k: ("icebarrier_catalog_plan_manifest_reads_total", (("from", k),)) for k in ("hit", "miss")}
+    before = scrape(server, clients[0])
+    first = _post(server, "latest", name, "plan", clients[0], {}).json()
+    middle = scrape(server, clients[0])
+    second = _post(server, "latest", name, "plan", clients[1], {}).json()
+    after = scrape(server, clients[0])
+    assert first == second and len(first["file-scan-tasks"]) == 24
+    assert middle[reads["miss"]] - before.get(reads["miss"], 0) == 6
+    assert (after[reads["hit"]] - middle[reads["hit"]], after[reads["miss"]] - middle[reads["miss"]]) == (6, 0)
+
+    small = scan_planning.ManifestCache(max_entries=9)  # room for two manifests of 4 entries
+    manifests = table.current_snapshot().manifests(table.io)
+    for manifest in manifests:
+        assert len(small.get(manifest, table.io)) == 4
+    assert small.entries == 8 and (small.hits, small.misses) == (0, 6)
+    assert len(small.get(manifests[-1], table.io)) == 4 and small.hits == 1  # the most recent is kept
+    assert len(small.get(manifests[0], table.io)) == 4 and small.misses == 7  # the oldest was dropped

@@ -40,6 +40,7 @@ from icebarrier.iceberg_ext import locations, rebase
 from icebarrier.iceberg_ext import storage as s3
 from icebarrier.iceberg_ext.catalog import barrier_of, coalesced_after, input_range_of, is_compaction, load_catalog
 from icebarrier.iceberg_ext.config import Settings
+from icebarrier.iceberg_ext.scan_planning import ManifestCache
 
 LATEST = Warehouse("latest")
 
@@ -137,6 +138,7 @@ class LakeCore:
         settings.check_storage()
         self.settings = settings
         self.scan_planning = scan_planning  # where clients plan scans by default (`serve --scan-planning`)
+        self.manifest_cache = ManifestCache()  # every plan's manifests, read once (scan_planning)
         self.sessions = SessionVendor(settings.storage) if settings.storage.session_duration_s else None
         self.scoped = ScopedVendor(settings.storage) if settings.storage.session_role_arn else None
         if self.scoped is not None:
