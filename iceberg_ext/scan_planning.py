@@ -351,16 +351,13 @@ def between(metadata, start_id: int, end_id: int) -> list[int]:
     return chain[::-1]
 
 
-def added_manifests(metadata, io, snapshot_ids: list[int]) -> list:
-    """The data manifests those snapshots wrote (each once)."""
-    from pyiceberg.manifest import ManifestContent
-
-    wanted, found = set(snapshot_ids), {}
-    for snapshot_id in snapshot_ids:
-        for manifest in metadata.snapshot_by_id(snapshot_id).manifests(io):
-            if manifest.content == ManifestContent.DATA and manifest.added_snapshot_id in wanted:
-                found.setdefault(manifest.manifest_path, manifest)
-    return list(found.values())
+def added_since(metadata, data: list, start_id: int) -> list:
+    """Of the end snapshot's data manifests, those written after ``start_id``: no other holds a
+    file a later snapshot added (format 1 tables have no sequence numbers: all of them)."""
+    start = metadata.snapshot_by_id(start_id)
+    if metadata.format_version < 2 or start.sequence_number is None:
+        return data
+    return [m for m in data if m.sequence_number > start.sequence_number]
 
 
 def plan_files(
@@ -375,19 +372,16 @@ def plan_files(
 ) -> list:
     """PyIceberg's FileScanTasks of ``data`` manifests, with the delete files of ``deletes``
     that apply (``metadata`` with ``schema`` current: the schema the request binds to);
-    ``added_by``: only the data files those snapshots added (an incremental scan); ``cache``:
+    ``added_by``: only the data files those snapshots added that are still live (an incremental
+    scan: the files the end's cut reads that it did not read at the start); ``cache``:
     the manifests' entries kept from earlier plans."""
-    from pyiceberg.manifest import ManifestEntryStatus
-
     if schema.schema_id != metadata.current_schema_id:
         metadata = metadata.model_copy(update={"current_schema_id": schema.schema_id})
     planner = _planner(metadata, io, request.row_filter(schema), request.case_sensitive, cache)
     wanted = set(added_by) if added_by is not None else None
 
-    def kept(entry) -> bool:
-        if wanted is None or entry.data_file.content != 0:
-            return True
-        return entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id in wanted
+    def kept(entry) -> bool:  # a live entry keeps the id of the snapshot that added its file
+        return wanted is None or entry.data_file.content != 0 or entry.snapshot_id in wanted
 
     try:
         tasks = list(planner.plan_files([*data, *deletes], kept))

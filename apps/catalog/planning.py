@@ -141,7 +141,7 @@ def _plan(loading: Loading, access, scan: sp.ScanRequest, caller: str) -> Respon
         data, deletes = sp.data_manifests(metadata, metadata.snapshot_by_id(snapshot_id), io)
         added_by = sp.between(metadata, scan.start_snapshot_id, snapshot_id) if incremental else None
         if added_by is not None:
-            data = sp.added_manifests(metadata, io, added_by)
+            data = sp.added_since(metadata, data, scan.start_snapshot_id)
         if len(data) <= sp.PLAN_TASK_MANIFESTS:
             tasks = sp.plan_files(metadata, io, schema, scan, data, deletes, added_by, loading.lake.manifest_cache)
             return _json({**result, **sp.scan_tasks_json(tasks, metadata, schema, scan)})
@@ -182,7 +182,7 @@ def _tasks(loading: Loading, token: str, caller: str, principal) -> Response:
         data, deletes = sp.data_manifests(metadata, metadata.snapshot_by_id(task["s"]), io)
         added_by = sp.between(metadata, scan.start_snapshot_id, task["s"]) if scan.start_snapshot_id else None
         if added_by is not None:
-            data = sp.added_manifests(metadata, io, added_by)
+            data = sp.added_since(metadata, data, scan.start_snapshot_id)
     except FileNotFoundError:  # expired since: its manifests are gone
         raise NoSuchPlanTaskError() from None
     lo, hi = task["r"]
