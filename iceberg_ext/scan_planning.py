@@ -22,6 +22,7 @@ from typing import Any
 
 PLAN_TASK_MANIFESTS = 16  # data manifests a plan answers inline, and each plan task's share beyond
 CACHED_ENTRIES = 200_000  # manifest entries a server process keeps decoded (about 2 KB each)
+CACHED_LISTS = 4_096  # manifest lists it keeps read
 
 _CONTENT = {0: "data", 1: "position-deletes", 2: "equality-deletes"}
 _LOGICAL = {"and", "or"}
@@ -271,11 +272,11 @@ def _find(schema, name, case_sensitive):
         return None
 
 
-def data_manifests(metadata, snapshot, io) -> tuple[list, list]:
+def data_manifests(metadata, snapshot, io, cache: ManifestCache | None = None) -> tuple[list, list]:
     """The snapshot's data manifests and delete manifests (its manifest list, in order)."""
     from pyiceberg.manifest import ManifestContent
 
-    manifests = snapshot.manifests(io)
+    manifests = cache.manifests(snapshot, io) if cache is not None else snapshot.manifests(io)
     return (
         [m for m in manifests if m.content == ManifestContent.DATA],
         [m for m in manifests if m.content != ManifestContent.DATA],
@@ -287,11 +288,27 @@ class ManifestCache:
     a server process makes; at most ``max_entries`` entries, the least recently used dropped
     first. Thread-safe: plans run in the thread pool, and read manifests in parallel."""
 
-    def __init__(self, max_entries: int = CACHED_ENTRIES) -> None:
-        self.max_entries = max_entries
+    def __init__(self, max_entries: int = CACHED_ENTRIES, max_lists: int = CACHED_LISTS) -> None:
+        self.max_entries, self.max_lists = max_entries, max_lists
         self._lock = threading.Lock()
         self._items: OrderedDict[str, tuple] = OrderedDict()
+        self._lists: OrderedDict[str, tuple] = OrderedDict()
         self.entries = self.hits = self.misses = 0
+
+    def manifests(self, snapshot, io) -> tuple:
+        """A snapshot's manifest list (PyIceberg reads it again on every call)."""
+        path = snapshot.manifest_list
+        with self._lock:
+            found = self._lists.get(path)
+            if found is not None:
+                self._lists.move_to_end(path)
+                return found
+        read = tuple(snapshot.manifests(io))
+        with self._lock:
+            self._lists[path] = read
+            while len(self._lists) > self.max_lists:
+                self._lists.popitem(last=False)
+        return read
 
     def get(self, manifest, io) -> tuple:
         path = manifest.manifest_path

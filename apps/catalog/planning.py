@@ -138,7 +138,9 @@ def _plan(loading: Loading, access, scan: sp.ScanRequest, caller: str) -> Respon
             )
     try:
         schema = sp.bind_request(metadata, scan)
-        data, deletes = sp.data_manifests(metadata, metadata.snapshot_by_id(snapshot_id), io)
+        data, deletes = sp.data_manifests(
+            metadata, metadata.snapshot_by_id(snapshot_id), io, loading.lake.manifest_cache
+        )
         added_by = sp.between(metadata, scan.start_snapshot_id, snapshot_id) if incremental else None
         if added_by is not None:
             data = sp.added_since(metadata, data, scan.start_snapshot_id)
@@ -179,7 +181,7 @@ def _tasks(loading: Loading, token: str, caller: str, principal) -> Response:
     scan = sp.parse_request(task["q"])
     metadata, io = loading.lake.metadata(task["m"])
     try:
-        data, deletes = sp.data_manifests(metadata, metadata.snapshot_by_id(task["s"]), io)
+        data, deletes = sp.data_manifests(metadata, metadata.snapshot_by_id(task["s"]), io, loading.lake.manifest_cache)
         added_by = sp.between(metadata, scan.start_snapshot_id, task["s"]) if scan.start_snapshot_id else None
         if added_by is not None:
             data = sp.added_since(metadata, data, scan.start_snapshot_id)
