@@ -341,7 +341,7 @@ def _planner(metadata, io, row_filter, case_sensitive: bool, cache: ManifestCach
         def plan_manifest_entries(self, manifests):
             evaluators = KeyDefaultDict(self._build_manifest_evaluator)
             manifests = [m for m in manifests if evaluators[m.partition_spec_id](m)]
-            partition = KeyDefaultDict(self._build_partition_evaluator)
+            partition = KeyDefaultDict(lambda spec_id: _once_per_value(self._build_partition_evaluator(spec_id)))
             metrics = self._build_metrics_evaluator()
             floor = _min_sequence_number(manifests)
             work = [(m, partition[m.partition_spec_id]) for m in manifests if self._check_sequence_number(floor, m)]
@@ -353,6 +353,21 @@ def _planner(metadata, io, row_filter, case_sensitive: bool, cache: ManifestCach
             return ExecutorFactory.get_or_create().map(entries, work)
 
     return (Cached if cache is not None else ManifestGroupPlanner)(metadata, io, row_filter, case_sensitive)
+
+
+def _once_per_value(in_partition):
+    """``in_partition`` evaluated once per partition value in a plan (the files of a partition,
+    across every manifest, share one; a dict's reads and writes are safe across threads)."""
+    seen: dict = {}
+
+    def check(data_file) -> bool:
+        key = data_file.partition
+        found = seen.get(key)
+        if found is None:
+            found = seen[key] = in_partition(data_file)
+        return found
+
+    return check
 
 
 def between(metadata, start_id: int, end_id: int) -> list[int]:
