@@ -111,6 +111,14 @@ from icebarrier.control_plane.model import (
     "and in each load) to plan on this server, at the warehouse's cut. A client may ask for it either way.",
 )
 @click.option(
+    "--plan-submit-above",
+    type=click.IntRange(1, 1_000_000),
+    default=512,
+    show_default=True,
+    help="A scan plan over more data manifests than this is answered submitted at once; the client "
+    "fetches its result (any server process makes it) or cancels it.",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",
@@ -136,6 +144,7 @@ def serve(
     heartbeat: str,
     token_ttl: str,
     scan_planning: str,
+    plan_submit_above: int,
     log_format: str,
 ) -> None:
     """Serve the lake over the Iceberg REST catalog protocol, with consistent warehouses:
@@ -176,6 +185,7 @@ def serve(
         "heartbeat_s": heartbeat_s,
         "token_ttl_s": round(token_ttl_s),
         "scan_planning": scan_planning,
+        "plan_submit_above": plan_submit_above,
     }
     settings = obj.settings()
     if workers == 1:

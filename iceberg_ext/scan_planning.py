@@ -23,6 +23,7 @@ from typing import Any
 PLAN_TASK_MANIFESTS = 16  # data manifests a plan answers inline, and each plan task's share beyond
 CACHED_ENTRIES = 200_000  # manifest entries a server process keeps decoded (about 2 KB each)
 CACHED_LISTS = 4_096  # manifest lists it keeps read
+PLAN_SUBMIT_ABOVE = 512  # data manifests past which a plan is answered submitted (`serve --plan-submit-above`)
 
 _CONTENT = {0: "data", 1: "position-deletes", 2: "equality-deletes"}
 _LOGICAL = {"and", "or"}

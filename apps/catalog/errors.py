@@ -61,6 +61,7 @@ _STATUS = [  # (exception class name, HTTP status, REST error type), most specif
     ("NoSuchNamespaceError", 404, "NoSuchNamespaceException"),
     ("NoSuchViewError", 404, "NoSuchViewException"),
     ("NoSuchPlanTaskError", 404, "NoSuchPlanTaskException"),
+    ("NoSuchPlanIdError", 404, "NoSuchPlanIdException"),
     ("TableAlreadyExistsError", 409, "AlreadyExistsException"),
     ("NamespaceAlreadyExistsError", 409, "AlreadyExistsException"),
     ("ViewAlreadyExistsError", 409, "AlreadyExistsException"),

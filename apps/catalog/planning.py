@@ -1,4 +1,5 @@
-"""Server-side scan planning: ``planTableScan`` (``POST …/tables/{table}/plan``) and
+"""Server-side scan planning: ``planTableScan`` (``POST …/tables/{table}/plan``),
+``fetchPlanningResult`` and ``cancelPlanning`` (``GET``/``DELETE …/plan/{plan-id}``) and
 ``fetchScanTasks`` (``POST …/tables/{table}/tasks``), on every warehouse.
 
 A plan is made at the warehouse's cut: on the metadata a load of the table through the same
@@ -12,6 +13,11 @@ manifests answers in plan tasks, each a run of them. A task carries all it needs
 file, the snapshot, the run, the request, the warehouse, the table and who asked), signed with a
 key the server processes share (``catalog_key``): any process answers it, after a restart too,
 and a forged, altered or foreign one (another table's, warehouse's or token's) is the same 404.
+
+A plan of more than ``--plan-submit-above`` data manifests is answered ``submitted`` at once, with
+a plan id that carries the same (and when it expires, an hour on): fetching its result makes the
+plan (its plan tasks), on any process. A cancelled plan id is kept (a digest, until it expires)
+where every process sees it: fetching it then answers ``cancelled``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -35,6 +42,7 @@ from icebarrier.iceberg_ext import scan_planning as sp
 router = APIRouter(prefix="/v1/{prefix}")
 TABLE = "/namespaces/{namespace}/tables/{table}"
 KEY_NAME = "plan-tasks"
+PLAN_ID_TTL_S = 3600  # a submitted plan's result can be fetched this long
 
 
 class NoSuchPlanTaskError(IcebarrierError):
@@ -42,6 +50,13 @@ class NoSuchPlanTaskError(IcebarrierError):
 
     def __init__(self) -> None:
         super().__init__("no such plan task for this table and token; plan the scan again")
+
+
+class NoSuchPlanIdError(IcebarrierError):
+    """A plan id this server did not give this caller for this warehouse and table, or expired (404)."""
+
+    def __init__(self) -> None:
+        super().__init__("no such plan id for this table and token (or it expired); plan the scan again")
 
 
 Planning = Annotated[Loading, Depends(loading_table)]
@@ -69,14 +84,19 @@ def _sign(key: bytes, task: dict) -> str:
     return f"{payload.decode()}.{mac.decode()}"
 
 
-def _verify(key: bytes, token: object) -> dict:
+def _verify(key: bytes, token: object, loading: Loading, caller: str, missing: type[IcebarrierError]) -> dict:
+    """What ``token`` carries, if this server signed it for this warehouse, table and caller
+    (else ``missing``: one answer for every reason)."""
     if not isinstance(token, str) or token.count(".") != 1:
-        raise NoSuchPlanTaskError()
+        raise missing()
     payload, mac = token.split(".")
     expected = base64.urlsafe_b64encode(hmac.new(key, payload.encode(), hashlib.sha256).digest()).rstrip(b"=")
     if not hmac.compare_digest(expected, mac.encode()):
-        raise NoSuchPlanTaskError()
-    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        raise missing()
+    task = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    if (task.get("w"), task.get("t"), task.get("c")) != (str(loading.warehouse), str(loading.table), caller):
+        raise missing()
+    return task
 
 
 def _served(loading: Loading, access) -> tuple[dict, object, object]:
@@ -144,12 +164,12 @@ def _plan(loading: Loading, access, scan: sp.ScanRequest, caller: str) -> Respon
         added_by = sp.between(metadata, scan.start_snapshot_id, snapshot_id) if incremental else None
         if added_by is not None:
             data = sp.added_since(metadata, data, scan.start_snapshot_id)
-        if len(data) <= sp.PLAN_TASK_MANIFESTS:
+        inline = len(data) <= min(sp.PLAN_TASK_MANIFESTS, loading.lake.plan_submit_above)
+        if inline:
             tasks = sp.plan_files(metadata, io, schema, scan, data, deletes, added_by, loading.lake.manifest_cache)
             return _json({**result, **sp.scan_tasks_json(tasks, metadata, schema, scan)})
     except sp.PlanRequestError as exc:
         raise _refused(exc) from None
-    key = _key(loading.lake)
     common = {
         "w": str(loading.warehouse),
         "t": str(loading.table),
@@ -158,10 +178,69 @@ def _plan(loading: Loading, access, scan: sp.ScanRequest, caller: str) -> Respon
         "s": snapshot_id,
         "q": scan.to_json() | ({} if incremental else {"snapshot-id": snapshot_id}),
     }
-    runs = range(0, len(data), sp.PLAN_TASK_MANIFESTS)
-    return _json(
-        {**result, "plan-tasks": [_sign(key, {**common, "r": [lo, lo + sp.PLAN_TASK_MANIFESTS]}) for lo in runs]}
-    )
+    key = _key(loading.lake)
+    if len(data) > loading.lake.plan_submit_above:
+        plan_id = _sign(key, {**common, "x": int(time.time()) + PLAN_ID_TTL_S})
+        return _json({"status": "submitted", "plan-id": plan_id})
+    return _json({**result, "plan-tasks": _plan_tasks(key, common, len(data))})
+
+
+def _plan_tasks(key: bytes, common: dict, manifests: int) -> list[str]:
+    """The plan tasks of a plan over ``manifests`` data manifests: a run of them each."""
+    runs = range(0, manifests, sp.PLAN_TASK_MANIFESTS)
+    return [_sign(key, {**common, "r": [lo, lo + sp.PLAN_TASK_MANIFESTS]}) for lo in runs]
+
+
+def _cancelled_digest(plan_id: str) -> str:
+    return hashlib.sha256(plan_id.encode()).hexdigest()
+
+
+@router.get(TABLE + "/plan/{plan_id}")
+async def fetch_planning_result(plan_id: str, loading: Planning, who: Caller, access: Access):
+    """A submitted plan's result: its plan tasks (made now), or ``cancelled``."""
+    return await run_in_threadpool(_result, loading, access, plan_id, _caller_id(who))
+
+
+def _result(loading: Loading, access, plan_id: str, caller: str) -> Response:
+    plan = _verify(_key(loading.lake), plan_id, loading, caller, NoSuchPlanIdError)
+    if "x" not in plan or plan["x"] < time.time():
+        raise NoSuchPlanIdError()
+    with loading.lake.pool.connection() as conn:
+        if conn.execute("SELECT 1 FROM cancelled_plan WHERE digest = %s", (_cancelled_digest(plan_id),)).fetchone():
+            return _json({"status": "cancelled"})
+    answer = json.loads(loading.load(access))  # the grants again, and the credentials a load gets now
+    metadata, io = loading.lake.metadata(plan["m"])
+    scan = sp.parse_request(plan["q"])
+    try:
+        data, _ = sp.data_manifests(metadata, metadata.snapshot_by_id(plan["s"]), io, loading.lake.manifest_cache)
+        if scan.start_snapshot_id is not None:
+            data = sp.added_since(metadata, data, scan.start_snapshot_id)
+    except FileNotFoundError:  # expired since: its manifests are gone
+        raise NoSuchPlanIdError() from None
+    common = {k: plan[k] for k in ("w", "t", "c", "m", "s", "q")}
+    result: dict = {"status": "completed", "plan-id": plan_id}
+    if answer.get("storage-credentials"):
+        result["storage-credentials"] = answer["storage-credentials"]
+    return _json({**result, "plan-tasks": _plan_tasks(_key(loading.lake), common, len(data))})
+
+
+@router.delete(TABLE + "/plan/{plan_id}")
+async def cancel_planning(plan_id: str, loading: Planning, who: Caller):
+    """Forget a submitted plan: fetching its result answers ``cancelled`` from any process."""
+    await run_in_threadpool(_cancel, loading, plan_id, _caller_id(who))
+    return Response(status_code=204)
+
+
+def _cancel(loading: Loading, plan_id: str, caller: str) -> None:
+    plan = _verify(_key(loading.lake), plan_id, loading, caller, NoSuchPlanIdError)
+    if "x" not in plan or plan["x"] < time.time():
+        raise NoSuchPlanIdError()
+    with loading.lake.pool.connection() as conn:
+        conn.execute("DELETE FROM cancelled_plan WHERE expires_at < now()")
+        conn.execute(
+            "INSERT INTO cancelled_plan (digest, expires_at) VALUES (%s, to_timestamp(%s)) ON CONFLICT DO NOTHING",
+            (_cancelled_digest(plan_id), plan["x"]),
+        )
 
 
 @router.post(TABLE + "/tasks")
@@ -174,8 +253,8 @@ async def fetch_scan_tasks(request: Request, loading: Planning, who: Caller):
 
 
 def _tasks(loading: Loading, token: str, caller: str, principal) -> Response:
-    task = _verify(_key(loading.lake), token)
-    if (task.get("w"), task.get("t"), task.get("c")) != (str(loading.warehouse), str(loading.table), caller):
+    task = _verify(_key(loading.lake), token, loading, caller, NoSuchPlanTaskError)
+    if "r" not in task:  # a plan id is no plan task
         raise NoSuchPlanTaskError()
     acting(principal, loading.warehouse).require_read(loading.table)  # still granted
     scan = sp.parse_request(task["q"])

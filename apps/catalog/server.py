@@ -39,6 +39,7 @@ from icebarrier.apps.catalog.lake import Lake
 from icebarrier.apps.catalog.notices import Hub
 from icebarrier.control_plane import job_sessions, tokens
 from icebarrier.iceberg_ext.config import Settings
+from icebarrier.iceberg_ext.scan_planning import PLAN_SUBMIT_ABOVE
 
 WORKER_ENV = "ICEBARRIER_SERVE_WORKER"  # `serve --workers N`: what each worker process builds its app from
 
@@ -74,9 +75,16 @@ def create_app(
     heartbeat_s: float = job_sessions.HEARTBEAT_S,
     token_ttl_s: int = tokens.SESSION_TTL_S,
     scan_planning: str = "client",
+    plan_submit_above: int = PLAN_SUBMIT_ABOVE,
 ) -> FastAPI:
     app = FastAPI(title="icebarrier consistent catalog", docs_url=None, redoc_url=None, openapi_url=None)
-    lake = Lake(settings, quiet_ms=quiet_ms, allowed_locations=allowed_locations, scan_planning=scan_planning)
+    lake = Lake(
+        settings,
+        quiet_ms=quiet_ms,
+        allowed_locations=allowed_locations,
+        scan_planning=scan_planning,
+        plan_submit_above=plan_submit_above,
+    )
     app.state.lake = lake
     app.state.hub = Hub(settings.dsn, settings.schema, heartbeat_s=heartbeat_s)
     app.state.allow_anonymous_read = allow_anonymous_read

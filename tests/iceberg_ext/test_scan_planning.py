@@ -20,7 +20,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from icebarrier.control_plane import barriers, jobs, leases, reads, tokens
 from icebarrier.iceberg_ext import scan_planning
-from tests.iceberg_ext.catalog_server import Pipeline, access_token, scrape
+from tests.iceberg_ext.catalog_server import Pipeline, access_token, scrape, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -287,3 +287,48 @@ def test_manifests_are_read_once_for_every_client_and_the_cache_is_bounded(lake,
     assert small.entries == 8 and (small.hits, small.misses) == (0, 6)
     assert len(small.get(manifests[-1], table.io)) == 4 and small.hits == 1  # the most recent is kept
     assert len(small.get(manifests[0], table.io)) == 4 and small.misses == 7  # the oldest was dropped
+
+
+def test_a_submitted_plan_is_fetched_or_cancelled_from_any_server(lake):
+    """With ``--plan-submit-above 2`` a plan of more data manifests is answered submitted; its
+    result, fetched from another server process, is the plan (its tasks give the files a client
+    plan gives); another token, another table or an altered id gets the same 404; once cancelled
+    (through either process) it answers cancelled; a plan id is no plan task and the reverse."""
+    name = f"{lake.namespace}.regions"
+    local = _regions(lake, name, appends=5)
+    _regions(lake, f"{lake.namespace}.other", appends=5)
+    servers = [start_server(lake, "--plan-submit-above", "2") for _ in range(2)]
+    try:
+        (_, one), (_, two) = servers
+        cred = tokens.create(lake.conn, whole_lake=True)
+        headers = {"Authorization": f"Bearer {access_token(one, *cred)}"}
+        submitted = _post(
+            one, "latest", name, "plan", headers, {"filter": {"type": "eq", "term": "region", "value": "n"}}
+        )
+        assert submitted.json()["status"] == "submitted", submitted.text
+        plan_id = submitted.json()["plan-id"]
+        url = f"{two}/v1/latest/namespaces/{lake.namespace}/tables/regions/plan/{plan_id}"
+        result = requests.get(url, headers=headers, timeout=30).json()
+        assert result["status"] == "completed" and result["plan-id"] == plan_id and "file-scan-tasks" not in result
+        found = []
+        for task in result["plan-tasks"]:
+            answer = _post(two, "latest", name, "tasks", headers, {"plan-task": task}).json()
+            found += [t["data-file"]["file-path"] for t in answer["file-scan-tasks"]]
+        assert sorted(found) == files(local.scan(row_filter=EqualTo("region", "n"))) and len(found) == 5
+
+        other = {"Authorization": f"Bearer {access_token(two, *tokens.create(lake.conn, whole_lake=True))}"}
+        elsewhere = f"{two}/v1/latest/namespaces/{lake.namespace}/tables/other/plan/{plan_id}"
+        for target, who in ((url, other), (elsewhere, headers), (url[:-3] + "xyz", headers)):
+            r = requests.get(target, headers=who, timeout=30)
+            assert r.status_code == 404 and r.json()["error"]["type"] == "NoSuchPlanIdException", r.text
+        as_task = _post(two, "latest", name, "tasks", headers, {"plan-task": plan_id})
+        assert as_task.status_code == 404 and as_task.json()["error"]["type"] == "NoSuchPlanTaskException"
+        task_url = f"{two}/v1/latest/namespaces/{lake.namespace}/tables/regions/plan/{result['plan-tasks'][0]}"
+        assert requests.get(task_url, headers=headers, timeout=30).status_code == 404
+
+        assert requests.delete(url.replace(two, one), headers=other, timeout=30).status_code == 404
+        assert requests.delete(url.replace(two, one), headers=headers, timeout=30).status_code == 204
+        assert requests.get(url, headers=headers, timeout=30).json() == {"status": "cancelled"}
+    finally:
+        for proc, _ in servers:
+            stop_server(proc)

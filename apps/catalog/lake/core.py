@@ -40,7 +40,7 @@ from icebarrier.iceberg_ext import locations, rebase
 from icebarrier.iceberg_ext import storage as s3
 from icebarrier.iceberg_ext.catalog import barrier_of, coalesced_after, input_range_of, is_compaction, load_catalog
 from icebarrier.iceberg_ext.config import Settings
-from icebarrier.iceberg_ext.scan_planning import ManifestCache
+from icebarrier.iceberg_ext.scan_planning import PLAN_SUBMIT_ABOVE, ManifestCache
 
 LATEST = Warehouse("latest")
 
@@ -129,6 +129,7 @@ class LakeCore:
         pool_size: int = 8,
         allowed_locations: Iterable[str] = (),
         scan_planning: str = "client",
+        plan_submit_above: int = PLAN_SUBMIT_ABOVE,
     ) -> None:
         if not settings.is_default_catalog:
             raise IcebarrierError(
@@ -139,6 +140,7 @@ class LakeCore:
         self.settings = settings
         self.scan_planning = scan_planning  # where clients plan scans by default (`serve --scan-planning`)
         self.manifest_cache = ManifestCache()  # every plan's manifests, read once (scan_planning)
+        self.plan_submit_above = plan_submit_above  # data manifests past which a plan is answered submitted
         self.sessions = SessionVendor(settings.storage) if settings.storage.session_duration_s else None
         self.scoped = ScopedVendor(settings.storage) if settings.storage.session_role_arn else None
         if self.scoped is not None:
