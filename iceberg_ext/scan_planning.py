@@ -20,6 +20,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from icebarrier.control_plane.errors import IcebarrierError
+
 PLAN_TASK_MANIFESTS = 16  # data manifests a plan answers inline, and each plan task's share beyond
 CACHED_ENTRIES = 200_000  # manifest entries a server process keeps decoded (about 2 KB each)
 CACHED_LISTS = 4_096  # manifest lists it keeps read
@@ -32,7 +34,7 @@ _LITERAL = {"lt", "lt-eq", "gt", "gt-eq", "eq", "not-eq", "starts-with", "not-st
 _SET = {"in", "not-in"}
 
 
-class PlanRequestError(ValueError):
+class PlanRequestError(IcebarrierError):
     """A request the spec does not allow, or one that names what the table does not have; the
     message names the field."""
 
