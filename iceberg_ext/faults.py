@@ -40,13 +40,15 @@ def point(name: str) -> None:
 # maintenance service compact under a staged session (waiting for one before it rewrites), and
 # the server hold a publish until maintenance moved a staged sink (the race, made certain).
 # ``kafka-uncommitted`` makes a Kafka source read its ranges read_uncommitted (aborted
-# transactions' records enter the table: `check --kafka` must fail).
+# transactions' records enter the table: `check --kafka` must fail). ``plan-at-latest`` makes the
+# catalog server plan every scan on the table's newest metadata, whatever the warehouse's cut.
 MUTATION_ENV = "ICEBARRIER_MUTATION"
 NONATOMIC_PUBLISH = "nonatomic-publish"
 EXPIRE_PROTECTED = "expire-protected"
 NO_REBASE = "no-rebase"
 KAFKA_UNCOMMITTED = "kafka-uncommitted"
-MUTATIONS = (NONATOMIC_PUBLISH, EXPIRE_PROTECTED, NO_REBASE, KAFKA_UNCOMMITTED)
+PLAN_AT_LATEST = "plan-at-latest"
+MUTATIONS = (NONATOMIC_PUBLISH, EXPIRE_PROTECTED, NO_REBASE, KAFKA_UNCOMMITTED, PLAN_AT_LATEST)
 
 
 def mutated(name: str) -> bool:

@@ -37,6 +37,7 @@ from icebarrier.apps.catalog.delegation import Access
 from icebarrier.apps.catalog.deps import Caller, Loading, acting, loading_table
 from icebarrier.apps.catalog.errors import MalformedRequestError
 from icebarrier.control_plane.errors import IcebarrierError
+from icebarrier.iceberg_ext import faults
 from icebarrier.iceberg_ext import scan_planning as sp
 
 router = APIRouter(prefix="/v1/{prefix}")
@@ -103,6 +104,9 @@ def _served(loading: Loading, access) -> tuple[dict, object, object]:
     """What a load through the same warehouse and token returns (its grants and refusals with
     it): the answer, and the metadata it serves with the server's own FileIO."""
     answer = json.loads(loading.load(access))
+    if faults.mutated(faults.PLAN_AT_LATEST):  # the checker's mutation: the newest snapshot, not the cut
+        with loading.lake.pool.connection() as conn:
+            answer["metadata-location"] = loading.lake.current(conn, loading.table)[0]
     metadata, io = loading.lake.metadata(answer["metadata-location"])
     return answer, metadata, io
 

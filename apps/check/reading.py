@@ -26,7 +26,8 @@ class Reading:
     """The run's reads and validation (mixed into the run: its connections, report and model)."""
 
     def catalog_read(self, warehouse: str) -> dict | None:
-        """Every table as the catalog serves it through ``warehouse`` (one session); None if the
+        """Every table as the catalog serves it through ``warehouse`` (one session), every other
+        read planned on the server (its scan planning, at the warehouse's cut); None if the
         server was down or answered 503 (the schedule killed it, or Postgres restarted), or a
         read-committed session's loads came slower than its quiet window (it may have moved)."""
         import requests
@@ -43,12 +44,14 @@ class Reading:
                     "token", lambda conn: tokens.create(conn, name="check read-committed reader", whole_lake=True)
                 )
             )
+        planned = (self.report.catalog_reads + self.report.catalog_validated) % 2 == 1  # every other read
         try:
             catalog = RestCatalog(
                 f"check-{warehouse}",
                 uri=self.catalog_server.uri,
                 warehouse=warehouse,
                 credential=credential,
+                **{"scan-planning-mode": "server" if planned else "client"},
             )
             tables, previous = {}, None
             for name in SCHEMAS:
@@ -61,7 +64,9 @@ class Reading:
                     self.report.excused["catalog read-committed: loads slower than the session's quiet"] += 1
                     return None
                 previous = began
-            return {name: table.scan().to_arrow() for name, table in tables.items()}
+            read = {name: table.scan().to_arrow() for name, table in tables.items()}
+            self.report.catalog_planned += planned
+            return read
         except (requests.ConnectionError, ServiceUnavailableError):
             self.report.catalog_unavailable += 1
             return None

@@ -41,6 +41,7 @@ class CheckReport:
     kafka: bool = False  # orders_in read its orders from a Kafka topic (check --kafka)
     catalog_reads: int = 0  # read-committed reads through the catalog server
     catalog_validated: int = 0  # cuts validated through the catalog's barrier-<B> warehouse too
+    catalog_planned: int = 0  # of those reads and validations, planned on the server (scan planning)
     catalog_unavailable: int = 0  # catalog reads that found the server down (killed by the schedule)
     catalog_anomalies: int = 0
     catalog_stop_s: list[float] = field(default_factory=list)  # each SIGTERM of the server to its exit
@@ -110,6 +111,7 @@ class CheckReport:
             "catalog": {
                 "reads": self.catalog_reads,
                 "validated": self.catalog_validated,
+                "planned": self.catalog_planned,
                 "unavailable": self.catalog_unavailable,
                 "anomalies": self.catalog_anomalies,
                 "stop_s": [round(x, 3) for x in self.catalog_stop_s],

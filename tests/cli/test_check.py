@@ -102,6 +102,7 @@ def test_short_seeded_check_run_passes():
     # and stopped with SIGTERM: it drained (long polls answered at once) and exited
     assert report["faults"].get("catalog server@SIGTERM", 0) >= 1 and report["catalog"]["stop_s"]
     assert report["catalog"]["validated"] > 0 and report["catalog"]["reads"] > 0
+    assert report["catalog"]["planned"] > 0  # reads planned on the server, checked against the model too
     assert report["catalog"]["anomalies"] == 0
 
 
@@ -198,6 +199,19 @@ def test_a_server_that_publishes_non_atomically_fails_the_check():
     report = json.loads(done.stdout)
     assert not report["ok"] and report["mutation"] == "nonatomic-publish"
     assert any("visible before its barrier completed" in v for v in report["violations"]), report["violations"]
+
+
+@pytest.mark.slow
+def test_a_server_that_plans_scans_at_the_newest_snapshot_fails_the_check():
+    """The checker's mutation test for scan planning: a catalog server planning every scan at
+    the table's newest snapshot (ICEBARRIER_MUTATION=plan-at-latest) instead of the warehouse's
+    cut must fail the run: a barrier's cut read through the catalog, planned on the server, is
+    not the model's."""
+    done = _check("--seed", "11", "--duration", "12", "--mutation", "plan-at-latest", "--fail-fast")
+    assert done.returncode == 1, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert not report["ok"] and report["mutation"] == "plan-at-latest"
+    assert any("through the catalog" in v for v in report["violations"]), report["violations"]
 
 
 @pytest.mark.slow
