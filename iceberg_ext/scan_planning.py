@@ -141,14 +141,15 @@ def filter_from_json(node: Any, schema=None, positive: bool = True):
     try:
         if kind in _UNARY:
             name = _operand(_either(node, "child", "term"), schema)
-            cls = {"is-null": e.IsNull, "not-null": e.NotNull, "is-nan": e.IsNaN, "not-nan": e.NotNaN}[kind]
-            return nothing if name is None else cls(name)
+            unary: Any = {"is-null": e.IsNull, "not-null": e.NotNull, "is-nan": e.IsNaN, "not-nan": e.NotNaN}[kind]
+            return nothing if name is None else unary(name)
         if kind in _LITERAL:
             return _comparison(node, kind, schema) or nothing
         if kind in _SET:
             name = _operand(_either(node, "child", "term"), schema)
             values = _literals(node.get("values"), kind)
-            return nothing if name is None else (e.In if kind == "in" else e.NotIn)(name, values)
+            member: Any = e.In if kind == "in" else e.NotIn
+            return nothing if name is None else member(name, values)
     except PlanRequestError:
         raise
     except (TypeError, ValueError) as exc:
@@ -178,7 +179,7 @@ def _comparison(node: dict, kind: str, schema):
         name, value = _operand(_child(node, "term"), schema), _literal(node["value"])
     if name is None:
         return None
-    cls = {
+    cls: Any = {
         "lt": e.LessThan,
         "lt-eq": e.LessThanOrEqual,
         "gt": e.GreaterThan,
@@ -344,7 +345,9 @@ def _planner(metadata, io, row_filter, case_sensitive: bool, cache: ManifestCach
         def plan_manifest_entries(self, manifests):
             evaluators = KeyDefaultDict(self._build_manifest_evaluator)
             manifests = [m for m in manifests if evaluators[m.partition_spec_id](m)]
-            partition = KeyDefaultDict(lambda spec_id: _once_per_value(self._build_partition_evaluator(spec_id)))
+            partition: KeyDefaultDict[int, Any] = KeyDefaultDict(
+                lambda spec_id: _once_per_value(self._build_partition_evaluator(spec_id))
+            )
             metrics = self._build_metrics_evaluator()
             floor = _min_sequence_number(manifests)
             work = [(m, partition[m.partition_spec_id]) for m in manifests if self._check_sequence_number(floor, m)]
@@ -386,6 +389,15 @@ def between(metadata, start_id: int, end_id: int) -> list[int]:
     return chain[::-1]
 
 
+def manifests_of(metadata, io, snapshot_id: int, start_id: int | None, cache: ManifestCache) -> tuple:
+    """What a plan of ``snapshot_id`` reads: (data manifests, delete manifests, the snapshots
+    whose added files it returns: None, or from after ``start_id`` on for an incremental plan)."""
+    data, deletes = data_manifests(metadata, metadata.snapshot_by_id(snapshot_id), io, cache)
+    if start_id is None:
+        return data, deletes, None
+    return added_since(metadata, data, start_id), deletes, between(metadata, start_id, snapshot_id)
+
+
 def added_since(metadata, data: list, start_id: int) -> list:
     """Of the end snapshot's data manifests, those written after ``start_id``: no other holds a
     file a later snapshot added (format 1 tables have no sequence numbers: all of them)."""
@@ -424,13 +436,13 @@ def plan_files(
         raise PlanRequestError(f"this table cannot be planned on the server: {exc}; plan on the client") from None
     if request.min_rows_requested is None:
         return tasks
-    kept, rows = [], 0
+    enough, rows = [], 0
     for task in tasks:
         if rows >= request.min_rows_requested:
             break
-        kept.append(task)
+        enough.append(task)
         rows += task.file.record_count if not task.delete_files else 0
-    return kept
+    return enough
 
 
 def scan_tasks_json(tasks: list, metadata, schema, request: ScanRequest) -> dict:

@@ -28,7 +28,7 @@ import hmac
 import json
 import secrets
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -100,7 +100,7 @@ def _verify(key: bytes, token: object, loading: Loading, caller: str, missing: t
     return task
 
 
-def _served(loading: Loading, access) -> tuple[dict, object, object]:
+def _served(loading: Loading, access) -> tuple[dict, Any, Any]:
     """What a load through the same warehouse and token returns (its grants and refusals with
     it): the answer, and the metadata it serves with the server's own FileIO."""
     answer = json.loads(loading.load(access))
@@ -146,20 +146,18 @@ def _plan(loading: Loading, access, scan: sp.ScanRequest, caller: str) -> Respon
     snapshot_id = snapshot_id if snapshot_id is not None else metadata.current_snapshot_id
     if snapshot_id is None:  # the table had no snapshot at the cut
         return _json({**result, "file-scan-tasks": []})
-    for key, wanted in (("snapshot-id", snapshot_id), ("start-snapshot-id", scan.start_snapshot_id)):
+    for field, wanted in (("snapshot-id", snapshot_id), ("start-snapshot-id", scan.start_snapshot_id)):
         if wanted is not None and metadata.snapshot_by_id(wanted) is None:
             raise MalformedRequestError(
-                f"{'end-snapshot-id' if incremental and key == 'snapshot-id' else key} {wanted} is not served "
+                f"{'end-snapshot-id' if incremental and field == 'snapshot-id' else field} {wanted} is not served "
                 f"through warehouse {loading.warehouse} (its cut of {loading.table} is snapshot "
                 f"{metadata.current_snapshot_id} and its ancestors); plan without it, or through warehouse latest"
             )
     schema = sp.bind_request(metadata, scan)
-    data, deletes = sp.data_manifests(metadata, metadata.snapshot_by_id(snapshot_id), io, loading.lake.manifest_cache)
-    added_by = sp.between(metadata, scan.start_snapshot_id, snapshot_id) if incremental else None
-    if added_by is not None:
-        data = sp.added_since(metadata, data, scan.start_snapshot_id)
+    cache = loading.lake.manifest_cache
+    data, deletes, added_by = sp.manifests_of(metadata, io, snapshot_id, scan.start_snapshot_id, cache)
     if len(data) <= min(sp.PLAN_TASK_MANIFESTS, loading.lake.plan_submit_above):  # answered inline
-        tasks = sp.plan_files(metadata, io, schema, scan, data, deletes, added_by, loading.lake.manifest_cache)
+        tasks = sp.plan_files(metadata, io, schema, scan, data, deletes, added_by, cache)
         return _json({**result, **sp.scan_tasks_json(tasks, metadata, schema, scan)})
     common = {
         "w": str(loading.warehouse),
@@ -203,9 +201,7 @@ def _result(loading: Loading, access, plan_id: str, caller: str) -> Response:
     metadata, io = loading.lake.metadata(plan["m"])
     scan = sp.parse_request(plan["q"])
     try:
-        data, _ = sp.data_manifests(metadata, metadata.snapshot_by_id(plan["s"]), io, loading.lake.manifest_cache)
-        if scan.start_snapshot_id is not None:
-            data = sp.added_since(metadata, data, scan.start_snapshot_id)
+        data, _, _ = sp.manifests_of(metadata, io, plan["s"], scan.start_snapshot_id, loading.lake.manifest_cache)
     except FileNotFoundError:  # expired since: its manifests are gone
         raise NoSuchPlanIdError() from None
     common = {k: plan[k] for k in ("w", "t", "c", "m", "s", "q")}
@@ -250,16 +246,14 @@ def _tasks(loading: Loading, token: str, caller: str, principal) -> Response:
     acting(principal, loading.warehouse).require_read(loading.table)  # still granted
     scan = sp.parse_request(task["q"])
     metadata, io = loading.lake.metadata(task["m"])
+    cache = loading.lake.manifest_cache
     try:
-        data, deletes = sp.data_manifests(metadata, metadata.snapshot_by_id(task["s"]), io, loading.lake.manifest_cache)
-        added_by = sp.between(metadata, scan.start_snapshot_id, task["s"]) if scan.start_snapshot_id else None
-        if added_by is not None:
-            data = sp.added_since(metadata, data, scan.start_snapshot_id)
+        data, deletes, added_by = sp.manifests_of(metadata, io, task["s"], scan.start_snapshot_id, cache)
     except FileNotFoundError:  # expired since: its manifests are gone
         raise NoSuchPlanTaskError() from None
     lo, hi = task["r"]
     schema = sp.bind_request(metadata, scan)
-    tasks = sp.plan_files(metadata, io, schema, scan, data[lo:hi], deletes, added_by, loading.lake.manifest_cache)
+    tasks = sp.plan_files(metadata, io, schema, scan, data[lo:hi], deletes, added_by, cache)
     return _json(sp.scan_tasks_json(tasks, metadata, schema, scan))
 
 
