@@ -228,7 +228,8 @@ def test_both_filter_forms_prune_alike(lake, server):
 def test_spark_plans_on_the_server_at_the_cut(lake, server, spark):
     """Spark through Iceberg 1.12's REST client with ``scan-planning-mode=server``: a filtered
     aggregate over a partitioned table planned in plan tasks equals the same query planned by
-    Spark itself; through barrier-<B> it reads the cut."""
+    Spark itself; through barrier-<B> it reads the cut; an incremental read between two
+    barriers' cuts (which Spark plans itself) reads what the pipeline added."""
     from icebarrier.apps.catalog.clients import configuration
 
     name = f"{lake.namespace}.regions"
@@ -258,6 +259,23 @@ def test_spark_plans_on_the_server_at_the_cut(lake, server, spark):
     assert plans >= 1
     pinned = spark.table(f"{catalogs[(f'barrier-{first}', 'server')]}.{lake.namespace}.orders").count()
     assert pinned == 2
+    # an incremental read between two barriers' cuts, planned by the server and by Spark
+    third = p.advance(rows=4)
+    start, end = (
+        reads.resolve(lake.conn, [lake.T("orders")], barrier=b).snapshots[lake.T("orders")] for b in (first, third)
+    )
+    increments = [
+        spark.read.format("iceberg")
+        .option("start-snapshot-id", str(start))
+        .option("end-snapshot-id", str(end))
+        .load(f"{catalogs[('latest', mode)]}.{lake.namespace}.orders")
+        .count()
+        for mode in ("server", "client")
+    ]
+    assert increments == [3 + 4, 3 + 4]
+    # Iceberg 1.12's REST table plans only its point-in-time scans on the server: an incremental
+    # read is planned by Spark itself (RESTTable overrides newScan, not newIncrementalAppendScan)
+    assert scrape(server, headers)[("icebarrier_catalog_plans_total", (("warehouse", "latest"),))] == plans
 
 
 def test_manifests_are_read_once_for_every_client_and_the_cache_is_bounded(lake, server):
