@@ -113,7 +113,10 @@ def parse_request(body: object) -> ScanRequest:
     if request.min_rows_requested is not None and request.min_rows_requested < 0:
         raise PlanRequestError(f"min-rows-requested must not be negative, not {request.min_rows_requested}")
     if request.filter_json is not None:
-        filter_from_json(request.filter_json)  # malformed: refused now
+        try:
+            filter_from_json(request.filter_json)  # malformed: refused now
+        except RecursionError:
+            raise PlanRequestError("filter: nested too deeply") from None
     return request
 
 

@@ -116,6 +116,8 @@ def _parsed(body: bytes) -> dict:
         parsed = json.loads(body or b"{}")
     except ValueError:
         raise MalformedRequestError("the body is not JSON") from None
+    except RecursionError:
+        raise MalformedRequestError("the body is nested too deeply") from None
     if not isinstance(parsed, dict):
         raise MalformedRequestError("the body must be a JSON object")
     return parsed

@@ -152,6 +152,12 @@ def test_bad_plans_and_forged_tasks_are_the_specs_errors(lake, server):
     ):
         r = _post(server, "latest", name, "plan", headers, body)
         assert r.status_code == 400 and r.json()["error"]["message"], (body, r.text)
+    deep = '{"filter":' + '{"type":"not","child":' * 5000 + '{"type":"eq","term":"id","value":1}' + "}" * 5001
+    namespace, table = name.rsplit(".", 1)
+    r = requests.post(
+        f"{server}/v1/latest/namespaces/{namespace}/tables/{table}/plan", headers=headers, data=deep, timeout=60
+    )
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"], r.text
     [task, _] = _post(server, "latest", name, "plan", headers, {}).json()["plan-tasks"]
     assert _post(server, "latest", name, "tasks", headers, {"plan-task": task}).status_code == 200
     other = {"Authorization": f"Bearer {access_token(server, *tokens.create(lake.conn, whole_lake=True))}"}
