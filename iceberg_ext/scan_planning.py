@@ -9,8 +9,9 @@ nothing (it stays in the residual the client applies). The plan is PyIceberg's o
 column statistics; delete files matched to data files), over all of a snapshot's data manifests
 or one run of them (a plan task), with every delete manifest. A manifest never changes once
 written, so its entries are read and decoded once and kept (:class:`ManifestCache`, least
-recently used first out, bounded by entries) for every later plan of every client. Its tasks go out in the spec's JSON
-(:func:`scan_tasks_json`), with the client's own filter as each task's residual.
+recently used first out, bounded by entries) for every later plan of every client. Its tasks go
+out in the spec's JSON (:func:`scan_tasks_json`), with the client's own filter as each task's
+residual.
 """
 
 from __future__ import annotations
@@ -99,14 +100,13 @@ def parse_request(body: object) -> ScanRequest:
         end_snapshot_id=_typed(body, "end-snapshot-id", int, "a snapshot id"),
         select=_names(body, "select"),
         filter_json=body.get("filter"),
-        case_sensitive=body.get("case-sensitive", True) if body.get("case-sensitive") is not None else True,
+        case_sensitive=_typed(body, "case-sensitive", bool, "true or false") is not False,
         use_snapshot_schema=bool(_typed(body, "use-snapshot-schema", bool, "true or false")),
         stats_fields=_names(body, "stats-fields"),
         min_rows_requested=_typed(body, "min-rows-requested", int, "a number of rows"),
     )
-    if not isinstance(request.case_sensitive, bool):
-        raise PlanRequestError(f"case-sensitive must be true or false, not {request.case_sensitive!r}")
-    if request.snapshot_id is not None and (request.start_snapshot_id or request.end_snapshot_id) is not None:
+    ranged = request.start_snapshot_id is not None or request.end_snapshot_id is not None
+    if request.snapshot_id is not None and ranged:
         raise PlanRequestError("snapshot-id and start-snapshot-id/end-snapshot-id exclude each other: send one")
     if request.start_snapshot_id is not None and request.end_snapshot_id is None:
         raise PlanRequestError("start-snapshot-id needs end-snapshot-id (an incremental scan has both)")

@@ -144,7 +144,8 @@ def _plan(loading: Loading, access, scan: sp.ScanRequest, caller: str) -> Respon
     if answer.get("storage-credentials"):
         result["storage-credentials"] = answer["storage-credentials"]
     incremental = scan.start_snapshot_id is not None
-    snapshot_id = scan.end_snapshot_id if incremental else scan.snapshot_id
+    # an end without a start: every file live at it was added by then, a plan of that snapshot
+    snapshot_id = next((s for s in (scan.end_snapshot_id, scan.snapshot_id) if s is not None), None)
     snapshot_id = snapshot_id if snapshot_id is not None else metadata.current_snapshot_id
     if snapshot_id is None:  # the table had no snapshot at the cut
         return _json({**result, "file-scan-tasks": []})
