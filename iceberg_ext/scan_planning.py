@@ -24,6 +24,7 @@ from typing import Any
 from icebarrier.control_plane.errors import IcebarrierError
 
 PLAN_TASK_MANIFESTS = 16  # data manifests a plan answers inline, and each plan task's share beyond
+PLAN_TASK_FILES = 10_000  # and the files they list at most (a manifest of more is a task of its own)
 CACHED_ENTRIES = 200_000  # manifest entries a server process keeps decoded (about 2 KB each)
 CACHED_LISTS = 4_096  # manifest lists it keeps read
 PLAN_SUBMIT_ABOVE = 512  # data manifests past which a plan is answered submitted (`serve --plan-submit-above`)
@@ -390,6 +391,20 @@ def between(metadata, start_id: int, end_id: int) -> list[int]:
     if current is None:
         raise PlanRequestError(f"end-snapshot-id {end_id} does not descend from start-snapshot-id {start_id}")
     return chain[::-1]
+
+
+def runs(data: list) -> list[tuple[int, int]]:
+    """``data`` manifests in runs of at most :data:`PLAN_TASK_MANIFESTS` manifests listing at most
+    :data:`PLAN_TASK_FILES` files (a larger manifest alone): one plan answer, or one task, each.
+    A plan's memory and answer are bounded by a run's, however large the table."""
+    found, lo, files = [], 0, 0
+    for i, manifest in enumerate(data):
+        listed = (manifest.added_files_count or 0) + (manifest.existing_files_count or 0)
+        if i > lo and (i - lo >= PLAN_TASK_MANIFESTS or files + listed > PLAN_TASK_FILES):
+            found.append((lo, i))
+            lo, files = i, 0
+        files += listed
+    return [*found, (lo, len(data))] if data else []
 
 
 def manifests_of(metadata, io, snapshot_id: int, start_id: int | None, cache: ManifestCache) -> tuple:

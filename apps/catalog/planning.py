@@ -8,8 +8,8 @@ a snapshot id plans the cut, never the newest snapshot, and a snapshot id must b
 metadata serves (through ``barrier-<B>`` and ``read-committed`` the cut and its ancestors). Its
 ``storage-credentials`` are the load's. The work is :mod:`icebarrier.iceberg_ext.scan_planning`.
 
-A plan of more than :data:`~icebarrier.iceberg_ext.scan_planning.PLAN_TASK_MANIFESTS` data
-manifests answers in plan tasks, each a run of them. A task carries all it needs (the metadata
+A plan of more than one run of data manifests (:func:`~icebarrier.iceberg_ext.scan_planning.runs`:
+16 manifests, 10,000 files) answers in plan tasks, a run each. A task carries all it needs (the metadata
 file, the snapshot, the run, the request, the warehouse, the table and who asked), signed with a
 key the server processes share (``catalog_key``): any process answers it, after a restart too,
 and a forged, altered or foreign one (another table's, warehouse's or token's) is the same 404.
@@ -159,7 +159,7 @@ def _plan(loading: Loading, access, scan: sp.ScanRequest, caller: str) -> Respon
     schema = sp.bind_request(metadata, scan)
     cache = loading.lake.manifest_cache
     data, deletes, added_by = sp.manifests_of(metadata, io, snapshot_id, scan.start_snapshot_id, cache)
-    if len(data) <= min(sp.PLAN_TASK_MANIFESTS, loading.lake.plan_submit_above):  # answered inline
+    if len(sp.runs(data)) <= 1 and len(data) <= loading.lake.plan_submit_above:  # answered inline
         tasks = sp.plan_files(metadata, io, schema, scan, data, deletes, added_by, cache)
         return _json({**result, **sp.scan_tasks_json(tasks, metadata, schema, scan)})
     common = {
@@ -174,13 +174,12 @@ def _plan(loading: Loading, access, scan: sp.ScanRequest, caller: str) -> Respon
     if len(data) > loading.lake.plan_submit_above:
         plan_id = _sign(key, {**common, "x": int(time.time()) + PLAN_ID_TTL_S})
         return _json({"status": "submitted", "plan-id": plan_id})
-    return _json({**result, "plan-tasks": _plan_tasks(key, common, len(data))})
+    return _json({**result, "plan-tasks": _plan_tasks(key, common, data)})
 
 
-def _plan_tasks(key: bytes, common: dict, manifests: int) -> list[str]:
-    """The plan tasks of a plan over ``manifests`` data manifests: a run of them each."""
-    runs = range(0, manifests, sp.PLAN_TASK_MANIFESTS)
-    return [_sign(key, {**common, "r": [lo, lo + sp.PLAN_TASK_MANIFESTS]}) for lo in runs]
+def _plan_tasks(key: bytes, common: dict, data: list) -> list[str]:
+    """The plan tasks of a plan over ``data`` manifests: a run of them each."""
+    return [_sign(key, {**common, "r": [lo, hi]}) for lo, hi in sp.runs(data)]
 
 
 def _cancelled_digest(plan_id: str) -> str:
@@ -211,7 +210,7 @@ def _result(loading: Loading, access, plan_id: str, caller: str) -> Response:
     result: dict = {"status": "completed", "plan-id": plan_id}
     if answer.get("storage-credentials"):
         result["storage-credentials"] = answer["storage-credentials"]
-    return _json({**result, "plan-tasks": _plan_tasks(_key(loading.lake), common, len(data))})
+    return _json({**result, "plan-tasks": _plan_tasks(_key(loading.lake), common, data)})
 
 
 @router.delete(TABLE + "/plan/{plan_id}")

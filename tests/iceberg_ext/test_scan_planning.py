@@ -390,3 +390,16 @@ def test_deletes_and_an_evolved_schema_plan_as_on_the_client(lake, server, spark
     assert remote.scan().to_arrow().num_rows == 40 - 8 + 9
     old = remote.scan(snapshot_id=before)
     assert plan(old) == plan(local.scan(snapshot_id=before)) and old.to_arrow().num_rows == 32
+
+
+def test_runs_bound_a_plan_by_manifests_and_files():
+    """A run holds at most 16 manifests and 10,000 files; a larger manifest is a run alone."""
+    from types import SimpleNamespace
+
+    def manifests(*counts):
+        return [SimpleNamespace(added_files_count=c, existing_files_count=0) for c in counts]
+
+    assert scan_planning.runs([]) == []
+    assert scan_planning.runs(manifests(*[1] * 40)) == [(0, 16), (16, 32), (32, 40)]
+    assert scan_planning.runs(manifests(6_000, 5_000, 20_000, 1, 1)) == [(0, 1), (1, 2), (2, 3), (3, 5)]
+    assert scan_planning.runs(manifests(4_000, 6_000, 1)) == [(0, 2), (2, 3)]
