@@ -211,7 +211,10 @@ def test_a_server_that_plans_scans_at_the_newest_snapshot_fails_the_check():
     assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert not report["ok"] and report["mutation"] == "plan-at-latest"
-    assert any("through the catalog" in v for v in report["violations"]), report["violations"]
+    # a barrier's cut validated through the catalog, or a read-committed read through it (which a
+    # loaded machine may reach first), planned at the newest snapshot: not the model's cut
+    caught = [v for v in report["violations"] if "through the catalog" in v]
+    assert caught or report["catalog"]["anomalies"] > 0, (report["violations"], report["catalog"])
 
 
 @pytest.mark.slow
