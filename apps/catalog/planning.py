@@ -79,10 +79,13 @@ def _key(lake) -> bytes:
     return key
 
 
+def _mac(key: bytes, payload: bytes) -> bytes:
+    return base64.urlsafe_b64encode(hmac.new(key, payload, hashlib.sha256).digest()).rstrip(b"=")
+
+
 def _sign(key: bytes, task: dict) -> str:
     payload = base64.urlsafe_b64encode(json.dumps(task, separators=(",", ":")).encode()).rstrip(b"=")
-    mac = base64.urlsafe_b64encode(hmac.new(key, payload, hashlib.sha256).digest()).rstrip(b"=")
-    return f"{payload.decode()}.{mac.decode()}"
+    return f"{payload.decode()}.{_mac(key, payload).decode()}"
 
 
 def _verify(key: bytes, token: object, loading: Loading, caller: str, missing: type[IcebarrierError]) -> dict:
@@ -91,8 +94,7 @@ def _verify(key: bytes, token: object, loading: Loading, caller: str, missing: t
     if not isinstance(token, str) or token.count(".") != 1:
         raise missing()
     payload, mac = token.split(".")
-    expected = base64.urlsafe_b64encode(hmac.new(key, payload.encode(), hashlib.sha256).digest()).rstrip(b"=")
-    if not hmac.compare_digest(expected, mac.encode()):
+    if not hmac.compare_digest(_mac(key, payload.encode()), mac.encode()):
         raise missing()
     task = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
     if (task.get("w"), task.get("t"), task.get("c")) != (str(loading.warehouse), str(loading.table), caller):
@@ -109,6 +111,12 @@ def _served(loading: Loading, access) -> tuple[dict, Any, Any]:
             answer["metadata-location"] = loading.lake.current(conn, loading.table)[0]
     metadata, io = loading.lake.metadata(answer["metadata-location"])
     return answer, metadata, io
+
+
+def _completed(answer: dict) -> dict:
+    """A completed plan's answer so far: with the storage credentials the load gave, if any."""
+    credentials = answer.get("storage-credentials")
+    return {"status": "completed", **({"storage-credentials": credentials} if credentials else {})}
 
 
 def _parsed(body: bytes) -> dict:
@@ -140,9 +148,7 @@ async def plan_table_scan(request: Request, loading: Planning, who: Caller, acce
 
 def _plan(loading: Loading, access, scan: sp.ScanRequest, caller: str) -> Response:
     answer, metadata, io = _served(loading, access)
-    result: dict = {"status": "completed"}
-    if answer.get("storage-credentials"):
-        result["storage-credentials"] = answer["storage-credentials"]
+    result = _completed(answer)
     incremental = scan.start_snapshot_id is not None
     # an end without a start: every file live at it was added by then, a plan of that snapshot
     snapshot_id = next((s for s in (scan.end_snapshot_id, scan.snapshot_id) if s is not None), None)
@@ -192,10 +198,16 @@ async def fetch_planning_result(plan_id: str, loading: Planning, who: Caller, ac
     return await run_in_threadpool(_result, loading, access, plan_id, _caller_id(who))
 
 
-def _result(loading: Loading, access, plan_id: str, caller: str) -> Response:
+def _submitted(loading: Loading, plan_id: str, caller: str) -> dict:
+    """What a plan id this server gave ``caller`` carries, while it lives (else NoSuchPlanIdError)."""
     plan = _verify(_key(loading.lake), plan_id, loading, caller, NoSuchPlanIdError)
-    if "x" not in plan or plan["x"] < time.time():
+    if "x" not in plan or plan["x"] < time.time():  # a plan task, or expired
         raise NoSuchPlanIdError()
+    return plan
+
+
+def _result(loading: Loading, access, plan_id: str, caller: str) -> Response:
+    plan = _submitted(loading, plan_id, caller)
     with loading.lake.pool.connection() as conn:
         if conn.execute("SELECT 1 FROM cancelled_plan WHERE digest = %s", (_cancelled_digest(plan_id),)).fetchone():
             return _json({"status": "cancelled"})
@@ -207,9 +219,7 @@ def _result(loading: Loading, access, plan_id: str, caller: str) -> Response:
     except FileNotFoundError:  # expired since: its manifests are gone
         raise NoSuchPlanIdError() from None
     common = {k: plan[k] for k in ("w", "t", "c", "m", "s", "q")}
-    result: dict = {"status": "completed", "plan-id": plan_id}
-    if answer.get("storage-credentials"):
-        result["storage-credentials"] = answer["storage-credentials"]
+    result = _completed(answer) | {"plan-id": plan_id}
     return _json({**result, "plan-tasks": _plan_tasks(_key(loading.lake), common, data)})
 
 
@@ -221,9 +231,7 @@ async def cancel_planning(plan_id: str, loading: Planning, who: Caller):
 
 
 def _cancel(loading: Loading, plan_id: str, caller: str) -> None:
-    plan = _verify(_key(loading.lake), plan_id, loading, caller, NoSuchPlanIdError)
-    if "x" not in plan or plan["x"] < time.time():
-        raise NoSuchPlanIdError()
+    plan = _submitted(loading, plan_id, caller)
     with loading.lake.pool.connection() as conn:
         conn.execute("DELETE FROM cancelled_plan WHERE expires_at < now()")
         conn.execute(
