@@ -16,9 +16,12 @@ changed, or whose time came, and runs what the table's policy says is due, in th
   (Spark ``rewrite_manifests``), kept barrier like a compaction;
 - **remove-orphans**: files nothing references, data files after ``orphan_grace``, what is under
   the metadata folder (metadata files beyond ``write.metadata.previous-versions-max``, manifests
-  and manifest lists of replaced and given-up commits) after ``metadata_grace``; every half
-  ``metadata_grace``. It counts the files under the table as it goes: each pass logs them and
-  ``table_maintenance`` (so ``/metrics`` and ``table show``) holds the last count.
+  and manifest lists of replaced and given-up commits) after ``metadata_grace``. The metadata
+  folder is listed every tenth of ``metadata_grace`` (a table committing every second piles up
+  ~100 files a minute there, so it holds at most a tenth more than a grace's worth), the whole
+  location every half ``metadata_grace``; a minute apart at least. The manifests' data files
+  are read once per worker (a manifest never changes). Each pass counts what it listed: it logs
+  the count and ``table_maintenance`` (so ``/metrics`` and ``table show``) holds the last one.
 
 Each action is recorded (``table_maintenance``, the audit trail, ``/metrics``) when it did
 something, gave way or failed; a failure is logged and the service goes on with the next table.
@@ -36,6 +39,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
+import cachetools
+
 from icebarrier.control_plane import db, tables, upkeep
 from icebarrier.control_plane.db import Conn
 from icebarrier.control_plane.errors import IcebarrierError
@@ -50,6 +55,7 @@ from icebarrier.iceberg_ext.errors import CompactionDeferredError
 from icebarrier.iceberg_ext.upkeep import Looker, due
 
 MIN_ORPHAN_EVERY_S = 60.0
+MANIFESTS_CACHED = 200_000  # data-file paths of manifests a worker keeps for its orphan passes
 # A table without commits is looked at again this long after its last look (its protected
 # snapshots may have been released meanwhile), or when a snapshot passes its retention.
 IDLE_LOOK_S = 300.0
@@ -75,7 +81,8 @@ class _Table:
     pointer: str | None = None  # the metadata location at its last look
     policy: Policy | None = None
     look_at: float = 0.0  # time.time() of its next look even without a commit
-    orphans_at: float = 0.0
+    orphans_at: float = 0.0  # the next orphan pass (of the metadata folder at least)
+    sweep_at: float = 0.0  # the next orphan pass over the whole location
     said: dict[str, str] = field(default_factory=dict)  # action -> the last give-way reason recorded
     gave_way: bool = False  # at its last look an action gave way: look again at the next tick
     moved_at: float | None = None  # when the service first saw its pointer move since its last look
@@ -105,6 +112,7 @@ class Maintainer:
     _spark: object | None = None
     _spark_lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _manifests: threading.local = field(default_factory=threading.local)  # a worker's manifests' files
 
     def stop(self) -> None:
         self._stop.set()
@@ -257,10 +265,11 @@ class Maintainer:
         if actions and may_act is not None and not may_act():
             return None
         state.gave_way = False
+        sweep = now >= state.sweep_at
         ran = [
             a
             for a in (
-                self._run(conn, catalog, name, policy, x, locations() if x == "remove-orphans" else None)
+                self._run(conn, catalog, name, policy, x, locations() if x == "remove-orphans" else None, sweep)
                 for x in actions
             )
             if a is not None
@@ -269,7 +278,9 @@ class Maintainer:
             tbl = load_table(catalog, name)
             seen = self._looker.look(tbl, policy)
         if "remove-orphans" in actions:
-            state.orphans_at = now + _orphans_every_s(policy)
+            if sweep:
+                state.sweep_at = now + _sweep_every_s(policy)
+            state.orphans_at = min(now + _orphans_every_s(policy), state.sweep_at)
         _, next_ = due(seen, policy, orphans_at=state.orphans_at, now=now)
         files, state.files = state.files, None
         upkeep.observe(conn, name, seen.to_json(), next_, files)
@@ -283,18 +294,29 @@ class Maintainer:
         return ran
 
     def _first(self, status: upkeep.Status, now: float) -> _Table:
-        """A table's state at the service's start: orphans are due half a grace after the last run
-        recorded (another service's too), or now."""
+        """A table's state at the service's start: its orphan passes are due as
+        :func:`_orphans_every_s` and :func:`_sweep_every_s` say after the last one recorded (another
+        service's too), or now."""
         last = status.actions.get("remove-orphans")
-        at = datetime.fromisoformat(last["at"]).timestamp() + _orphans_every_s(status.policy) if last else now
-        return _Table(orphans_at=at)
+        if last is None:
+            return _Table(orphans_at=now, sweep_at=now)
+        at = datetime.fromisoformat(last["at"]).timestamp()
+        sweep_at = at + _sweep_every_s(status.policy)
+        return _Table(orphans_at=min(at + _orphans_every_s(status.policy), sweep_at), sweep_at=sweep_at)
 
     def _run(
-        self, conn: Conn, catalog, name: TableName, policy: Policy, action: str, locations: list[str] | None
+        self,
+        conn: Conn,
+        catalog,
+        name: TableName,
+        policy: Policy,
+        action: str,
+        locations: list[str] | None,
+        sweep: bool = True,
     ) -> Action | None:
         state = self._tables[name]
         try:
-            detail = self._act(conn, catalog, name, policy, action, locations)
+            detail = self._act(conn, catalog, name, policy, action, locations, sweep)
             result = "done"
         except CompactionDeferredError as exc:
             state.gave_way = True
@@ -314,7 +336,7 @@ class Maintainer:
         upkeep.record(conn, name, action, result, detail)
         return Action(table=name, action=action, result=result, detail=detail)
 
-    def _act(self, conn, catalog, name, policy: Policy, action: str, locations) -> dict | None:
+    def _act(self, conn, catalog, name, policy: Policy, action: str, locations, sweep: bool) -> dict | None:
         if action == "expire":
             report = maintenance.expire(
                 conn, catalog, name, older_than_s=policy.retain_s, retain_last=policy.retain_last
@@ -334,13 +356,15 @@ class Maintainer:
                 older_than_s=policy.orphan_grace_s,
                 metadata_older_than_s=policy.metadata_grace_s,
                 locations=locations,
+                metadata_only=not sweep,
+                manifests=self._manifests_read(),
             )
             self._tables[name].files = upkeep.Files(metadata=removed.metadata_files, data=removed.data_files)
             detail = {
                 "deleted": len(removed.orphans),
                 "kept_recent": removed.kept_recent,
                 "metadata_files": removed.metadata_files,
-                "data_files": removed.data_files,
+                **({"data_files": removed.data_files} if removed.data_files is not None else {}),
             }
             if not removed.orphans:  # a count of the files, not an action: logged, not recorded
                 self.log(Action(table=name, action=action, result="done", detail=detail).line())
@@ -359,6 +383,13 @@ class Maintainer:
         if report.snapshot_id is None:
             return None
         return {"barrier": report.barrier, "snapshot_id": report.snapshot_id, "rewritten": report.rewritten_files}
+
+    def _manifests_read(self) -> cachetools.LRUCache:
+        """This worker's data files of the manifests its orphan passes read (each worker thread
+        has its own: the cache is not thread-safe), bounded in paths held."""
+        if not hasattr(self._manifests, "cache"):
+            self._manifests.cache = cachetools.LRUCache(maxsize=MANIFESTS_CACHED, getsizeof=len)
+        return self._manifests.cache
 
     def _spark_session(self):
         with self._spark_lock:  # workers: one session, started once
@@ -417,7 +448,12 @@ class _Workers:
 
 
 def _orphans_every_s(policy: Policy) -> float:
-    """How often a table's location is listed for orphans: every half its metadata grace."""
+    """How often a table's metadata folder is listed for orphans: every tenth of its grace."""
+    return max(MIN_ORPHAN_EVERY_S, policy.metadata_grace_s / 10)
+
+
+def _sweep_every_s(policy: Policy) -> float:
+    """How often a table's whole location is listed for orphans: every half its metadata grace."""
     return max(MIN_ORPHAN_EVERY_S, policy.metadata_grace_s / 2)
 
 

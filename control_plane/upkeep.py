@@ -103,7 +103,7 @@ class Files:
     what it removed: under the metadata folder, and the rest (data files)."""
 
     metadata: int
-    data: int
+    data: int | None  # None: not listed at this pass (one over the metadata folder only)
     counted_at: datetime | None = None
 
     def to_json(self) -> dict:

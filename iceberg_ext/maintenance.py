@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
 from icebarrier.control_plane import db, job_sessions, leases, reads, revisions, snapshots, tables
@@ -129,21 +130,25 @@ def expire(
     )
 
 
-def reachable_files(tbl, snapshot_list, cache: dict[str, set[str]]) -> set[str]:
-    """Every file path (manifest lists, manifests, data and delete files) the snapshots use."""
+def reachable_files(tbl, snapshot_list, cache: MutableMapping[str, set[str]]) -> set[str]:
+    """Every file path (manifest lists, manifests, data and delete files) the snapshots use.
+    ``cache``: each manifest's files by its path (a dict, or a bounded cache that may refuse one)."""
     files: set[str] = set()
     for snap in snapshot_list:
         files.add(snap.manifest_list)
         for manifest in snap.manifests(tbl.io):
-            if manifest.manifest_path not in cache:
+            listed = cache.get(manifest.manifest_path)
+            if listed is None:
                 entries = manifest.fetch_manifest_entry(tbl.io, discard_deleted=False)
-                cache[manifest.manifest_path] = {e.data_file.file_path for e in entries}
+                listed = {e.data_file.file_path for e in entries}
+                with contextlib.suppress(ValueError):  # larger than a bounded cache holds
+                    cache[manifest.manifest_path] = listed
             files.add(manifest.manifest_path)
-            files |= cache[manifest.manifest_path]
+            files |= listed
     return files
 
 
-def staged_files(tbl, staged: tuple[str, ...], cache: dict[str, set[str]], table_snapshots: set[int]) -> set[str]:
+def staged_files(tbl, staged: tuple[str, ...], cache: MutableMapping[str, set[str]], table_snapshots: set[int]) -> set[str]:
     """What the staged (unpublished) commits of ``tbl`` need until they publish: their metadata
     files, every manifest list and manifest their snapshots use (a publish reads them to replay
     the job's snapshots), and the data files the job's own snapshots added (those not among

@@ -16,6 +16,7 @@ with NAME when maintenance deletes NAME.
 from __future__ import annotations
 
 import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 from icebarrier.control_plane import db, idempotency, job_sessions, leases
@@ -45,7 +46,7 @@ class OrphanReport:
     kept_recent: int
     dry_run: bool
     metadata_files: int  # under the table's metadata folder, after the removal (a dry run: none removed)
-    data_files: int  # the rest of the table's location, after the removal
+    data_files: int | None  # the rest of the table's location, after the removal (None: not listed)
 
     def to_json(self) -> dict:
         return {
@@ -59,12 +60,13 @@ class OrphanReport:
         }
 
 
-def referenced_files(tbl, staged: tuple[str, ...]) -> set[str]:
+def referenced_files(tbl, staged: tuple[str, ...], manifests: MutableMapping[str, set[str]] | None = None) -> set[str]:
     """Every file the table's metadata reaches: snapshots' files, metadata files (current,
-    logged, statistics, pinned ones of live snapshots) and what its staged commits use."""
+    logged, statistics, pinned ones of live snapshots) and what its staged commits use.
+    ``manifests``: the data files of manifests read before (a manifest never changes), by path."""
     from icebarrier.iceberg_ext.pinning import PINNED_PREFIX
 
-    cache: dict[str, set[str]] = {}
+    cache = manifests if manifests is not None else {}
     metadata = tbl.metadata
     table_snapshots = {s.snapshot_id for s in metadata.snapshots}
     files = reachable_files(tbl, metadata.snapshots, cache) | staged_files(tbl, staged, cache, table_snapshots)
@@ -76,18 +78,17 @@ def referenced_files(tbl, staged: tuple[str, ...]) -> set[str]:
     return files
 
 
-def _listing(tbl, nested: list[str]):
+def _listing(tbl, nested: list[str], folder: str):
     """(path as the table names it, what it names (:func:`same_file`), modified time) of every file
-    under the table's location, skipping other tables' locations nested inside it (``nested``:
-    their paths, as :func:`same_file` gives them)."""
+    under ``folder`` (the table's location or a folder in it), skipping other tables' locations
+    nested inside it (``nested``: their paths, as :func:`same_file` gives them)."""
     from pyarrow.fs import FileSelector, FileType
     from pyiceberg.io.pyarrow import PyArrowFileIO
 
-    location = tbl.metadata.location.rstrip("/")
-    scheme, netloc, path = PyArrowFileIO.parse_location(location)
+    scheme, netloc, path = PyArrowFileIO.parse_location(folder)
     io = tbl.io if isinstance(tbl.io, PyArrowFileIO) else PyArrowFileIO(tbl.io.properties)
     fs = io.fs_by_scheme(scheme, netloc)
-    prefix = location[: len(location) - len(path)] if location.endswith(path) else f"{scheme}://"
+    prefix = folder[: len(folder) - len(path)] if folder.endswith(path) else f"{scheme}://"
     for info in fs.get_file_info(FileSelector(path, recursive=True, allow_not_found=True)):
         if info.type != FileType.File:
             continue
@@ -106,6 +107,8 @@ def remove_orphans(
     metadata_older_than_s: float | None = None,
     dry_run: bool = False,
     locations: list[str] | None = None,
+    metadata_only: bool = False,
+    manifests: MutableMapping[str, set[str]] | None = None,
 ) -> OrphanReport:
     """Delete the files under ``table``'s location that nothing references, modified more than
     ``older_than_s`` ago (files under the metadata folder: ``metadata_older_than_s``, if given; a
@@ -113,7 +116,9 @@ def remove_orphans(
     pointer) and before any session or staging of the table opened (its files may not be
     referenced yet). Runs under the table's expiry lock (one maintenance at a time).
     ``locations``: every table's location (:func:`table_locations`; read once for many tables),
-    so that a table living inside this one's folder keeps its files."""
+    so that a table living inside this one's folder keeps its files. ``metadata_only``: list only
+    the metadata folder (what a commit every second piles up), if it lies in the table's location;
+    the report then counts no data files. ``manifests``: see :func:`referenced_files`."""
     import datetime as dt
 
     with leases.expiry_lock(conn, table):
@@ -121,7 +126,7 @@ def remove_orphans(
         tbl = load_table(catalog, table)
         referenced = {
             same_file(p)
-            for p in referenced_files(tbl, staging.metadata_locations)
+            for p in referenced_files(tbl, staging.metadata_locations, manifests)
             | idempotency.referenced(conn, tbl.metadata.location)
         }
         now = dt.datetime.now(dt.UTC)
@@ -133,8 +138,10 @@ def remove_orphans(
         others = (same_file(t) for t in (locations if locations is not None else table_locations(catalog)))
         nested = [p for s, n, p in others if (s, n) == (scheme, netloc) and p.startswith(f"{location}/")]
         metadata_folder = same_file(metadata_folder_of(tbl))[2] + "/"
+        metadata_only = metadata_only and metadata_folder.startswith(f"{location}/")
+        folder = metadata_folder_of(tbl) if metadata_only else tbl.metadata.location.rstrip("/")
         listed, orphans, recent, counts = 0, [], 0, {True: 0, False: 0}
-        for path, key, modified in _listing(tbl, nested):
+        for path, key, modified in _listing(tbl, nested, folder):
             listed += 1
             in_metadata = key[2].startswith(metadata_folder)
             counts[in_metadata] += 1
@@ -157,7 +164,7 @@ def remove_orphans(
         kept_recent=recent,
         dry_run=dry_run,
         metadata_files=counts[True],
-        data_files=counts[False],
+        data_files=None if metadata_only else counts[False],
     )
 
 

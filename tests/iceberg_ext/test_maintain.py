@@ -235,6 +235,44 @@ def test_the_files_under_a_table_go_each_after_its_grace_and_are_counted(lake, s
     assert again.actions["remove-orphans"]["done"] == recorded and again.files.counted_at > status.files.counted_at
 
 
+
+def test_the_metadata_folder_is_listed_every_tenth_of_its_grace(lake, spark):
+    """Issue 67: a table committing every second piles up ~100 files a minute under ``metadata/``;
+    listed every half grace, the folder held a grace and a half's worth and still climbed. It is
+    listed every tenth of the grace (a minute at least), the whole location every half grace: a
+    manifest left past the metadata grace goes at the next pass over the metadata folder, a stray
+    data file past its own grace waits for the pass over the whole location, and the data count
+    shown is that pass's."""
+    _events(lake, spark)
+    for i in range(2):
+        _ingest(lake, spark, i * 10)
+    table = lake.T("events")
+    root = Path(load_table(lake.catalog, table).metadata.location.removeprefix("file:"))
+    upkeep.set_policy(
+        lake.conn, table, {"metadata_grace_s": 1200, "orphan_grace_s": 60, "compact_min_files": 100}
+    )
+    logged: list[str] = []
+    service = Maintainer(lake.settings, log=logged.append, spark_factory=lambda: spark, only=frozenset([table]))
+    start = time.time()
+    service.maintain(lake.conn, lake.catalog, now=start)  # the first pass lists the whole location
+    data = sum(1 for f in _files(root) if f.parent != root / "metadata")
+    assert f"data_files {data})" in logged[-1], logged
+
+    left, stray = root / "metadata" / "left-m0.avro", root / "data" / "stray.parquet"
+    for f, age in ((left, 1300), (stray, 120)):  # each past its grace
+        f.write_bytes(b"left behind")
+        os.utime(f, (time.time() - age,) * 2)
+    for action in service.maintain(lake.conn, lake.catalog, now=start + 121):  # a tenth of the grace on
+        logged.append(action.line())
+    line = next(ln for ln in logged if "remove-orphans done (deleted 1" in ln)
+    assert "metadata_files" in line and " data_files" not in line, line  # the metadata folder only
+    assert not left.exists() and stray.exists()
+    assert upkeep.statuses(lake.conn, [table])[0].files.data == data  # the whole pass's count
+
+    for action in service.maintain(lake.conn, lake.catalog, now=start + 601):  # half the grace on
+        logged.append(action.line())
+    assert not stray.exists()
+    assert f"data_files {data}" in logged[-1], logged
 def test_compaction_gives_way_to_a_commit_its_job_has_not_completed(lake, spark):
     """While the table holds a commit whose barrier the job has not completed, the compaction
     gives way (recorded once, not at every look); after the job completes, it runs."""
