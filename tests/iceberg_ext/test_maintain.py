@@ -14,6 +14,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from icebarrier.apps.embedded import CLI, free_port
@@ -99,6 +100,7 @@ def test_bad_policy_input_is_one_line_and_writes_nothing(lake, spark):
     assert not [e for e in audit.events(lake.conn) if e.action == "table maintenance"]
 
 
+@pytest.mark.other_line  # the maintenance service's Spark work, on both lines
 def test_the_service_expires_compacts_and_keeps_what_is_protected(lake, spark):
     """One pass over a table of many small commits: snapshots past the retention expire except
     the leased one; small files are compacted into a snapshot that keeps the last barrier (the
@@ -139,6 +141,7 @@ def test_the_service_expires_compacts_and_keeps_what_is_protected(lake, spark):
     assert spark.table(str(table)).count() == 39
 
 
+@pytest.mark.other_line  # the maintenance service's Spark work, on both lines
 def test_manifests_past_the_policy_are_rewritten_keeping_the_barrier(lake, spark, server):
     """More manifests than the policy allows: one rewrite, a compaction snapshot at the last
     barrier, the same rows; /metrics shows what the service saw and did."""
