@@ -440,18 +440,26 @@ def plan_files(
     ``added_by``: only the data files those snapshots added that are still live (an incremental
     scan: the files the end's cut reads that it did not read at the start); ``cache``:
     the manifests' entries kept from earlier plans."""
+    from pyiceberg.manifest import DataFileContent
+
     if schema.schema_id != metadata.current_schema_id:
         metadata = metadata.model_copy(update={"current_schema_id": schema.schema_id})
     planner = _planner(metadata, io, request.row_filter(schema), request.case_sensitive, cache)
     wanted = set(added_by) if added_by is not None else None
+    equality, sequence = [], {}
 
     def kept(entry) -> bool:  # a live entry keeps the id of the snapshot that added its file
-        return wanted is None or entry.data_file.content != 0 or entry.snapshot_id in wanted
+        content = entry.data_file.content
+        if content == DataFileContent.EQUALITY_DELETES:  # PyIceberg 0.12 refuses them: matched below
+            equality.append(entry)
+            return False
+        if content == DataFileContent.DATA:
+            sequence[entry.data_file.file_path] = entry.sequence_number
+        return wanted is None or content != DataFileContent.DATA or entry.snapshot_id in wanted
 
-    try:
-        tasks = list(planner.plan_files([*data, *deletes], kept))
-    except ValueError as exc:  # equality deletes: PyIceberg does not match them yet
-        raise PlanRequestError(f"this table cannot be planned on the server: {exc}; plan on the client") from None
+    tasks = list(planner.plan_files([*data, *deletes], kept))
+    for task in tasks if equality else ():
+        task.delete_files |= equality_deletes_of(metadata, task.file, sequence[task.file.file_path], equality)
     if request.min_rows_requested is None:
         return tasks
     enough, rows = [], 0
@@ -461,6 +469,24 @@ def plan_files(
         enough.append(task)
         rows += task.file.record_count if not task.delete_files else 0
     return enough
+
+
+def equality_deletes_of(metadata, data_file, data_sequence: int, equality: list) -> set:
+    """The equality deletes of ``equality`` (manifest entries) that apply to ``data_file``, as
+    the spec has it: written after it (a data sequence number strictly greater than the file's)
+    and in its partition (the same spec and partition), or in every partition (an unpartitioned
+    spec's delete). Statistics prune nothing: a delete that matches no row of the file removes
+    none, and the client applies what it is given."""
+    specs = metadata.specs()
+    return {
+        e.data_file
+        for e in equality
+        if e.sequence_number > data_sequence
+        and (
+            specs[e.data_file.spec_id].is_unpartitioned()
+            or (e.data_file.spec_id == data_file.spec_id and e.data_file.partition == data_file.partition)
+        )
+    }
 
 
 def scan_tasks_json(tasks: list, metadata, schema, request: ScanRequest) -> dict:

@@ -6,6 +6,7 @@ refused; bad requests are the spec's 400 naming the field."""
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pyarrow as pa
@@ -390,6 +391,75 @@ def test_deletes_and_an_evolved_schema_plan_as_on_the_client(lake, server, spark
     assert remote.scan().to_arrow().num_rows == 40 - 8 + 9
     old = remote.scan(snapshot_id=before)
     assert plan(old) == plan(local.scan(snapshot_id=before)) and old.to_arrow().num_rows == 32
+
+
+def _equality_delete(spark, name: str, ids: list[int], region: str) -> str:
+    """An equality-delete file (rows whose ``id`` is in ``ids``) in partition ``region``, written
+    with PyArrow and committed with Iceberg Java's RowDelta, as Flink's upserts write them (Spark
+    and PyIceberg write none). Its path."""
+    import pyarrow.parquet as pq
+
+    jvm = spark.sparkContext._jvm
+    table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, f"lake.{name}")
+    field_id = table.schema().findField("id").fieldId()
+    path = f"{table.location()}/data/region={region}/eq-{uuid.uuid4().hex[:8]}.parquet"
+    local = path.removeprefix("file:").removeprefix("//")
+    column = pa.field("id", pa.int64(), metadata={"PARQUET:field_id": str(field_id)})
+    pq.write_table(pa.table({"id": ids}, schema=pa.schema([column])), local)
+    field_ids = spark.sparkContext._gateway.new_array(jvm.int, 1)
+    field_ids[0] = field_id
+    delete = (
+        jvm.org.apache.iceberg.FileMetadata.deleteFileBuilder(table.spec())
+        .ofEqualityDeletes(field_ids)
+        .withPath(path)
+        .withFormat("parquet")
+        .withFileSizeInBytes(os.path.getsize(local))
+        .withRecordCount(len(ids))
+        .withPartitionPath(f"region={region}")
+        .build()
+    )
+    table.newRowDelta().addDeletes(delete).commit()
+    return path
+
+
+def test_equality_deletes_apply_to_the_files_written_before_them_in_their_partition(lake, server, spark):
+    """Equality deletes (Flink's upserts): a plan on the server gives each data file the equality
+    deletes of its partition written after it (a greater sequence number), as Iceberg Java does;
+    a file written after a delete, or in another partition, is not given it. Spark planning on
+    the server reads the rows Spark planning itself reads."""
+    from icebarrier.apps.catalog.clients import configuration
+
+    name = f"{lake.namespace}.upserts"
+    spark.sql(
+        f"CREATE TABLE lake.{name} (id bigint, region string) USING iceberg PARTITIONED BY (region) "
+        "TBLPROPERTIES ('format-version'='2')"
+    )
+    spark.sql(f"INSERT INTO lake.{name} SELECT id, IF(id % 2 = 0, 'e', 'w') FROM range(10)")
+    deletes = _equality_delete(spark, name, [2, 3, 4], region="e")  # 3 is in w: not deleted
+    spark.sql(f"INSERT INTO lake.{name} VALUES (2, 'e')")  # written after the delete: kept
+    cred = ":".join(tokens.create(lake.conn, whole_lake=True))
+    headers = {"Authorization": f"Bearer {access_token(server, *cred.split(':'))}"}
+    plan = _post(server, "latest", name, "plan", headers, {})
+    assert plan.status_code == 200, plan.text
+    body = plan.json()
+    given = {
+        (t["data-file"]["partition"][0], t["data-file"]["record-count"]): [
+            body["delete-files"][i]["file-path"] for i in t.get("delete-file-references", [])
+        ]
+        for t in body["file-scan-tasks"]
+    }
+    assert given == {("e", 5): [deletes], ("w", 5): [], ("e", 1): []}, given
+    assert body["delete-files"][0]["content"] == "equality-deletes" and body["delete-files"][0]["equality-ids"] == [1]
+    read = {}
+    for mode in ("server", "client"):
+        catalog = f"plan_{uuid.uuid4().hex[:6]}"
+        for line in configuration("spark", "latest", server, cred, catalog).splitlines():
+            key, value = line.split(" ", 1)
+            if key.startswith(f"spark.sql.catalog.{catalog}"):
+                spark.conf.set(key, value)
+        spark.conf.set(f"spark.sql.catalog.{catalog}.scan-planning-mode", mode)
+        read[mode] = [r.id for r in spark.sql(f"SELECT id FROM {catalog}.{name} ORDER BY id").collect()]
+    assert read["server"] == read["client"] == [0, 1, 2, 3, 5, 6, 7, 8, 9], read
 
 
 def test_runs_bound_a_plan_by_manifests_and_files():
