@@ -6,7 +6,8 @@ clients send (the older ``term``/``value``, PyIceberg's; the newer ``child``/``l
 with references, typed literals and functions); what PyIceberg's expressions cannot hold prunes
 nothing (it stays in the residual the client applies). The plan is PyIceberg's own
 (:class:`pyiceberg.table.ManifestGroupPlanner`: partition summaries, partition values and
-column statistics; delete files matched to data files), over all of a snapshot's data manifests
+column statistics; position deletes matched to data files; equality deletes, which it refuses,
+matched by :func:`equality_deletes_of`), over all of a snapshot's data manifests
 or one run of them (a plan task), with every delete manifest. A manifest never changes once
 written, so its entries are read and decoded once and kept (:class:`ManifestCache`, least
 recently used first out, bounded by entries) for every later plan of every client. Its tasks go
