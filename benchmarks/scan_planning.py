@@ -14,7 +14,11 @@ filter selecting one partition):
 - **incremental**: a plan between the cuts of the first and the last barrier ÷ a plan of the last
   one (both without a filter, over HTTP, their plan tasks followed);
 - **plans/s** from ``--clients`` client processes on a warm cache, each plan a partition of its
-  own, and the server's RSS after 1,000 distinct plans.
+  own, and the server's RSS after 1,000 distinct plans;
+- **Spark**: a Spark session (Iceberg 1.12's REST client) planning the same filtered query with
+  ``scan-planning-mode`` client and server, each its median of 5 (after one to warm both):
+  the time to Spark's executed plan (which is when Iceberg plans the scan; the server's count
+  of plans proves it did there), client ÷ server.
 
 Runs worst first (the highest warm ratio). A scratch database and warehouse; removed afterwards.
 """
@@ -119,6 +123,47 @@ def http_plan(s: requests.Session, uri: str, body: dict) -> int:
     return files
 
 
+def spark_planning(settings: Settings, s: requests.Session, uri: str, credential: str) -> tuple[float, float]:
+    """Seconds to Spark's executed plan of a query selecting one partition, Iceberg planning on the
+    client and on the server (each the median of 5, after one to warm both)."""
+    from icebarrier.apps.catalog.clients import configuration
+    from icebarrier.iceberg_ext.spark import spark_session
+
+    spark = spark_session(settings, app_name="icebarrier-plan-bench")
+    try:
+        timed = {}
+        for mode in ("client", "server"):
+            catalog = f"plan_{mode}"
+            for line in configuration("spark", "latest", uri, credential, catalog).splitlines():
+                key, value = line.split(" ", 1)
+                if key.startswith(f"spark.sql.catalog.{catalog}"):
+                    spark.conf.set(key, value)
+            spark.conf.set(f"spark.sql.catalog.{catalog}.scan-planning-mode", mode)
+            query = f"SELECT count(*) FROM {catalog}.{NAME} WHERE part = 7"
+            plans = _plans(s, uri)
+            times = []
+            for _ in range(6):
+                started = time.perf_counter()
+                spark.sql(query)._jdf.queryExecution().executedPlan()
+                times.append(time.perf_counter() - started)
+            planned_here = _plans(s, uri) - plans
+            assert planned_here == (6 if mode == "server" else 0), (mode, planned_here)
+            timed[mode] = statistics.median(times[1:])
+        return timed["client"], timed["server"]
+    finally:
+        spark.stop()
+
+
+def _plans(s: requests.Session, uri: str) -> float:
+    """The server's count of plans made through latest (``/metrics``)."""
+    text = s.get(f"{uri}/metrics", timeout=60).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith('icebarrier_catalog_plans_total{') and 'warehouse="latest"' in line
+    )
+
+
 def _client(args) -> int:
     uri, client_id, secret, parts = args
     s = session(uri, client_id, secret)
@@ -169,6 +214,7 @@ def one_run(args) -> dict:
                     done = sum(pool.map(_client, [(uri, client_id, secret, p) for p in per]))
                 rate = done / (time.perf_counter() - t3)
                 rss = tree_rss_mb(proc.pid)
+                spark_client_s, spark_server_s = spark_planning(settings, s, uri, credential)
             finally:
                 proc.terminate()
                 proc.wait(30)
@@ -181,6 +227,8 @@ def one_run(args) -> dict:
             "plans_per_s": rate,
             "plans": done,
             "rss_mb": rss,
+            "spark_client_s": spark_client_s,
+            "spark_server_s": spark_server_s,
         }
     finally:
         shutil.rmtree(warehouse, ignore_errors=True)
@@ -201,11 +249,16 @@ def main() -> int:
     print(
         f"\n{args.partitions * args.commits} data files in {args.partitions} partitions, {args.commits} commits; worst first"
     )
-    print("run  own plan  server cold ÷ own  warm ÷ own (goal <= 0.1)  warm  incremental ÷ full  plans/s  RSS after")
+    print(
+        "run  own plan  server cold ÷ own  warm ÷ own (goal <= 0.1)  warm  incremental ÷ full  plans/s  RSS after"
+        "  Spark planning, client ÷ server"
+    )
     for i, r in enumerate(sorted(results, key=lambda r: -r["warm"])):
         print(
             f"{i + 1:>3}  {r['own_s'] * 1000:7.0f} ms  {r['cold']:17.2f}  {r['warm']:24.3f}  {r['warm_ms']:4.0f} ms"
             f"  {r['incremental']:17.2f}  {r['plans_per_s']:7.1f}  {r['rss_mb']:.0f} MB ({r['plans']} plans)"
+            f"  {r['spark_client_s'] * 1000:.0f} ÷ {r['spark_server_s'] * 1000:.0f} ms"
+            f" = {r['spark_client_s'] / r['spark_server_s']:.2f}"
         )
     return 0 if all(r["warm"] <= 0.1 for r in results) else 1
 
