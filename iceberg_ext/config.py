@@ -221,5 +221,4 @@ class Settings:
             conn.execute(
                 psycopg.sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(psycopg.sql.Identifier(self.catalog_schema))
             )
-        if self.warehouse.startswith("file://"):
-            Path(self.warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+        storage.make_local(self.warehouse)

@@ -175,6 +175,31 @@ def is_object_storage(warehouse: str) -> bool:
     return scheme(warehouse) in ("s3", "s3a")
 
 
+def local_folder(warehouse: str) -> str:
+    """The folder of a local warehouse (a path, or a ``file:`` URI)."""
+    return urlparse(warehouse).path if warehouse.startswith("file:") else warehouse
+
+
+def make_local(warehouse: str) -> None:
+    """Create a local warehouse's folder if it does not exist yet (``serve`` is often the first to
+    use it); one line naming it if it cannot be created or written. Object storage: nothing."""
+    if is_object_storage(warehouse):
+        return
+    folder = local_folder(warehouse)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"warehouse {warehouse}: its folder cannot be created ({exc.strerror}); create it, or set "
+            f"--warehouse / ICEBARRIER_WAREHOUSE to a folder this user may write"
+        ) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigurationError(
+            f"warehouse {warehouse}: this user may not write its folder; grant it, or set "
+            f"--warehouse / ICEBARRIER_WAREHOUSE to a folder this user may write"
+        )
+
+
 def validate_warehouse(warehouse: str) -> None:
     parsed = urlparse(warehouse)
     if parsed.scheme not in SCHEMES:

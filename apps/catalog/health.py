@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from urllib.parse import urlparse
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -49,7 +48,7 @@ def _probe(settings) -> bool:
         if storage.is_object_storage(warehouse):
             settings.check_storage()
             return True
-        path = urlparse(warehouse).path if warehouse.startswith("file:") else warehouse
+        path = storage.local_folder(warehouse)
         return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
     except Exception:  # noqa: BLE001 - any failure is "not ready"; what failed is not for an anonymous client
         return False

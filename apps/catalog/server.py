@@ -115,11 +115,16 @@ def create_app(
 
 
 def check_settings(settings: Settings) -> None:
-    """What a server refuses to start on (the database, its schema, the storage), checked once."""
+    """What a server refuses to start on (the database, its schema, the storage), checked once; a
+    local warehouse's folder that does not exist yet is created (else ``/readyz`` said "storage"
+    until something else made it)."""
     from icebarrier.control_plane import db
+    from icebarrier.iceberg_ext import storage
 
     db.connect(settings.dsn, settings.schema).close()
     settings.check_storage()
+    if settings.is_default_catalog:
+        storage.make_local(settings.warehouse)
 
 
 def process_app(settings: Settings, **options) -> FastAPI:

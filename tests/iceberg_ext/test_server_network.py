@@ -93,6 +93,31 @@ def test_readiness_fails_on_a_warehouse_it_cannot_write(tmp_path):
     assert StorageProbe().ok(Settings(dsn="postgresql://unused", warehouse=str(tmp_path)))
 
 
+def test_serve_makes_a_missing_local_warehouse_and_refuses_one_it_cannot(lake, tmp_path):
+    """`serve` on a local warehouse folder that does not exist yet makes it (``/readyz`` said 503
+    "storage" until something else did); one it cannot make is refused in one line at start."""
+    import os
+    import subprocess
+
+    fresh = tmp_path / "new" / "warehouse"
+    proc, uri = start_server(lake, env_extra={"ICEBARRIER_WAREHOUSE": str(fresh)})
+    try:
+        assert fresh.is_dir()
+        ready = requests.get(f"{uri}/readyz", timeout=30)
+        assert ready.status_code == 200, ready.text
+    finally:
+        stop_server(proc)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    env = {**os.environ, "ICEBARRIER_SCHEMA": lake.settings.schema, "ICEBARRIER_WAREHOUSE": str(blocker / "wh")}
+    done = subprocess.run(
+        ["icebarrier", "serve", "--port", "0"], env=env, capture_output=True, text=True, timeout=120
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert "a-file/wh: its folder cannot be created" in lines[0], lines
+
+
 def _declared_upload(server: str, megabytes: int) -> tuple[int, int]:
     """POST a body of ``megabytes`` declared by Content-Length, a megabyte at a time, reading the
     answer as soon as one comes: (status, megabytes sent by then)."""
