@@ -221,4 +221,5 @@ class Settings:
             conn.execute(
                 psycopg.sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(psycopg.sql.Identifier(self.catalog_schema))
             )
-        storage.make_local(self.warehouse)
+        if self.warehouse:
+            storage.make_local(self.warehouse)

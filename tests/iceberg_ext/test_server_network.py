@@ -14,7 +14,7 @@ from icebarrier.apps.catalog.health import StorageProbe
 from icebarrier.cli.main import cli as command
 from icebarrier.control_plane import tokens
 from icebarrier.iceberg_ext.config import Settings
-from tests.iceberg_ext.catalog_server import access_token, start_server, stop_server
+from tests.iceberg_ext.catalog_server import access_token, free_port, start_server, stop_server
 from tests.iceberg_ext.test_catalog_conformance import _job_token
 
 RULE = "a name is 1 to 128 characters, not blank, not '.' or '..', without '/' or control characters"
@@ -111,7 +111,7 @@ def test_serve_makes_a_missing_local_warehouse_and_refuses_one_it_cannot(lake, t
     blocker.write_text("not a folder")
     env = {**os.environ, "ICEBARRIER_SCHEMA": lake.settings.schema, "ICEBARRIER_WAREHOUSE": str(blocker / "wh")}
     done = subprocess.run(
-        ["icebarrier", "serve", "--port", "0"], env=env, capture_output=True, text=True, timeout=120
+        ["icebarrier", "serve", "--port", str(free_port())], env=env, capture_output=True, text=True, timeout=120
     )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
