@@ -295,7 +295,7 @@ def _grant_options(command):
     )(command)
 
 
-def _namespace(text: str) -> tuple[str, ...]:
+def parse_namespace(text: str) -> tuple[str, ...]:
     """A namespace as written (``a.b``: two levels; ```a.b```: one)."""
     levels = split_name(text.strip())
     if levels is None:
@@ -313,10 +313,11 @@ def _grants(obj, namespaces, table_names, write: bool) -> list[tokens.Grant]:
     catalog = obj.catalog() if namespaces or table_names else None
     given = []
     for text in namespaces:
-        namespace = _namespace(text)
+        namespace = parse_namespace(text)
         if not catalog.namespace_exists(sql_levels(namespace)):
             raise InvalidValueError(
-                f"namespace {quote_name(namespace)} does not exist in the catalog; check --namespace"
+                f"namespace {quote_name(namespace)} does not exist in the catalog; check --namespace, or create it "
+                f"with `icebarrier namespace create {quote_name(namespace)}`"
             )
         given.append(tokens.Grant("namespace", quote_name(namespace), privilege))
     for text in table_names:
@@ -399,7 +400,7 @@ def grant(obj, client_id: str, namespaces, table_names, write: bool) -> None:
 @click.pass_obj
 def ungrant(obj, client_id: str, namespaces, table_names) -> None:
     """Take grants back from a token; servers apply it at once."""
-    taken = [tokens.Grant("namespace", quote_name(_namespace(n)), "read") for n in namespaces]
+    taken = [tokens.Grant("namespace", quote_name(parse_namespace(n)), "read") for n in namespaces]
     taken += [tokens.Grant("table", str(TableName.parse(t)), "read") for t in table_names]
     if not taken:
         raise click.UsageError("name what to take back: --namespace NS and/or --table CATALOG.NS.TABLE")

@@ -156,6 +156,7 @@ def _register_commands() -> None:
         job,
         lease,
         maintenance,
+        namespace,
         run,
         schedule,
         spark,
@@ -178,6 +179,7 @@ def _register_commands() -> None:
         demo,
         check,
         catalog,
+        namespace,
         audit,
         doctor,
     ):

@@ -170,8 +170,8 @@ class Principal:
         ):
             raise NotGrantedError(
                 f"{self.describe()} may not change namespace {name}: it needs a write grant on it or a namespace "
-                f"above it; an admin grants it with `icebarrier token grant {self.client_id or 'CLIENT_ID'} --write "
-                f"--namespace {name}`"
+                f"above it; an admin creates a namespace with `icebarrier namespace create {name}`, and grants it "
+                f"with `icebarrier token grant {self.client_id or 'CLIENT_ID'} --write --namespace {name}`"
             )
         if not self.sees_namespace(catalog, namespace):
             raise NotGrantedError(

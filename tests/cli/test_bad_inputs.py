@@ -150,6 +150,9 @@ def _cases():
     yield ["token", "create", "--admin", "--namespace", "db"], "--namespace"
     yield ["token", "grant", "ib-nope", "--table", ORDERS], "ib-nope"
     yield ["token", "grant", "ib-nope"], "--namespace"
+    yield ["namespace", "create"], "NAMESPACE"
+    yield ["namespace", "create", "Bad-NS"], "Bad-NS"
+    yield ["namespace", "create", "made_first", "bad ns!"], "bad ns!"  # none made: each checked first
     yield ["token", "ungrant", "ib-nope", "--table", ORDERS], "ib-nope"
     for j in BAD_JOBS[:4]:
         yield ["job", "exec", j, "--credential", "a:b", "--", "true"], j

@@ -16,7 +16,7 @@ from pyiceberg.exceptions import ForbiddenError
 
 from icebarrier.cli.main import cli as command
 from icebarrier.control_plane import audit, barriers, jobs, tokens
-from icebarrier.control_plane.model import JobDefinition
+from icebarrier.control_plane.model import JobDefinition, TableName
 from icebarrier.iceberg_ext.catalog import SUMMARY_BARRIER
 from tests.iceberg_ext.catalog_server import access_token, rest
 
@@ -202,3 +202,23 @@ def _pointers(lake) -> dict:
         (f"{lake.namespace}%",),
     ).fetchall()
     return {(r["table_namespace"], r["table_name"]): r["metadata_location"] for r in rows}
+
+
+def test_the_admin_makes_a_new_pipelines_namespace(lake, server):
+    """The first hour (issue 70): a new pipeline's sink lives in a namespace nobody made yet. The
+    job's token may not make it (a 403 naming `icebarrier namespace create`), nor can a reader be
+    granted it; the admin makes it (again: it exists, nothing changes), the job's token then
+    creates its sink there, and the reader is granted the namespace."""
+    ns = f"{lake.namespace}_new"
+    sink = TableName.parse(f"lake.{ns}.out")
+    jobs.register(lake.conn, JobDefinition(name="fresh", sinks=frozenset([sink]), external_inputs=frozenset(["x"])))
+    job = rest(server, "latest", ":".join(tokens.create(lake.conn, job="fresh")))
+    with pytest.raises(ForbiddenError, match=f"icebarrier namespace create {ns}"):
+        job.create_namespace(ns)
+    reader = _cli(lake, "token", "create", "--reader", "--namespace", lake.namespace)["client_id"]
+    assert f"icebarrier namespace create {ns}" in _refused(lake, "token", "grant", reader, "--namespace", ns)
+    assert _cli(lake, "namespace", "create", ns) == {"created": [ns], "existed": []}
+    assert _cli(lake, "namespace", "create", ns) == {"created": [], "existed": [ns]}
+    job.create_table(f"{ns}.out", schema=SCHEMA)
+    assert lake.catalog.table_exists(f"{ns}.out")
+    assert _cli(lake, "token", "grant", reader, "--namespace", ns)["client_id"] == reader
