@@ -6,7 +6,7 @@ import click
 
 from icebarrier.cli.render import emit
 from icebarrier.control_plane import db as cp_db
-from icebarrier.control_plane import replication, schema
+from icebarrier.control_plane import replication, schema_version
 from icebarrier.control_plane.model import parse_job_name
 
 
@@ -34,7 +34,7 @@ def status(obj) -> None:
     tables whose locations overlap (left by versions that did not confine locations)."""
     settings = obj.settings()
     with cp_db.connect(settings.dsn, settings.schema, check_schema=False) as conn:
-        st = schema.status(conn)
+        st = schema_version.status(conn, cp_db.schema_of(conn))
         pairs = _overlapping_locations(conn, settings) if st.up_to_date else []
     state = "up to date" if st.up_to_date else "out of date: run `icebarrier db upgrade`"
     lines = [f"schema {st.schema}: current {st.current or '(none)'}, head {st.head} ({state})"]

@@ -27,9 +27,10 @@ from icebarrier.control_plane.errors import (
     IcebarrierError,
     LockTimeoutError,
     PermissionDeniedError,
-    from_sqlstate,
 )
 from icebarrier.control_plane.model import parse_duration_s, parse_schema_name
+from icebarrier.control_plane.schema_version import require_current
+from icebarrier.control_plane.sqlstates import from_sqlstate
 
 DEFAULT_SCHEMA = "icebarrier"
 DSN_ENV = "ICEBARRIER_DSN"
@@ -147,10 +148,8 @@ def connect(
         raise ControlPlaneUnavailableError(unreachable(dsn, exc)) from exc
     conn.info_schema = schema  # type: ignore[attr-defined]
     if check_schema:
-        from icebarrier.control_plane.schema import require_current
-
         try:
-            require_current(conn)
+            require_current(conn, schema)
         except BaseException:
             conn.close()
             raise
@@ -273,7 +272,7 @@ def call(conn: Conn, function: str, *args) -> list[dict]:
     """Call a control-plane function (``SELECT * FROM function(args)``) and return its rows.
 
     The functions check who may do what and their rules, and raise their own SQLSTATEs; those
-    come back as the matching :class:`IcebarrierError` (``errors.from_sqlstate``)."""
+    come back as the matching :class:`IcebarrierError` (:func:`.sqlstates.from_sqlstate`)."""
     with translated(conn, function):
         return conn.execute(_call_query(function, len(args)), args).fetchall()
 

@@ -1,15 +1,13 @@
-"""The control-plane schema: migrations (alembic), version checks and role grants.
+"""The control-plane schema: migrations (alembic) and role grants.
 
-``icebarrier db upgrade`` and the tests call :func:`upgrade`; every other entry point calls
-:func:`require_current` (through ``db.connect``) and refuses an out-of-date schema.
+``icebarrier db upgrade`` and the tests call :func:`upgrade`; every other entry point refuses an
+out-of-date schema (:func:`.schema_version.require_current`, through ``db.connect``).
 """
 
 from __future__ import annotations
 
-import functools
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -17,84 +15,11 @@ from psycopg import sql
 from icebarrier.control_plane.db import Conn, resolve_dsn, resolve_schema, schema_of
 from icebarrier.control_plane.errors import (
     GrantNotPerformedError,
-    IcebarrierError,
     PermissionDeniedError,
     RoleNotFoundError,
     SchemaMigrationError,
-    SchemaOutOfDateError,
 )
-
-
-# The views users query (DESIGN.md, "Control-plane views").
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SchemaStatus:
-    schema: str
-    current: str | None
-    head: str
-
-    @property
-    def up_to_date(self) -> bool:
-        return self.current == self.head
-
-    def to_json(self) -> dict:
-        return {"schema": self.schema, "current": self.current, "head": self.head, "up_to_date": self.up_to_date}
-
-
-def script_location() -> Path:
-    """The migrations folder: shipped in the wheel as control_plane/_migrations, else ../alembic."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_migrations", here.parent / "alembic"):
-        if (candidate / "env.py").is_file():
-            return candidate
-    raise FileNotFoundError(f"icebarrier migrations not found next to {here}; reinstall icebarrier")
-
-
-def _alembic_config():
-    from alembic.config import Config
-
-    cfg = Config()
-    cfg.set_main_option("script_location", str(script_location()))
-    return cfg
-
-
-@functools.cache
-def head_revision() -> str:
-    from alembic.script import ScriptDirectory
-
-    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
-    if head is None:
-        raise IcebarrierError("icebarrier's migrations have no head revision; reinstall icebarrier")
-    return head
-
-
-def current_revision(conn: Conn) -> str | None:
-    schema = schema_of(conn)
-    access = conn.execute(
-        "SELECT has_schema_privilege(n.oid, 'USAGE') AS ok FROM pg_namespace n WHERE nspname = %s", (schema,)
-    ).fetchone()
-    if access is not None and not _first(access):
-        raise PermissionDeniedError(
-            conn.info.user,
-            "connect",
-            None,
-            f"role {conn.info.user} has no access to control-plane schema {schema}",
-            f"ask the admin for `icebarrier db grant-job {conn.info.user} JOB` or `db grant-reader {conn.info.user}`",
-        )
-    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL AS ok", (f"{schema}.alembic_version",)).fetchone()
-    if not _first(exists):
-        return None
-    row = conn.execute(sql.SQL("SELECT version_num FROM {}.alembic_version").format(sql.Identifier(schema))).fetchone()
-    return str(_first(row)) if row else None
-
-
-def status(conn: Conn) -> SchemaStatus:
-    return SchemaStatus(schema=schema_of(conn), current=current_revision(conn), head=head_revision())
-
-
-def require_current(conn: Conn) -> None:
-    st = status(conn)
-    if not st.up_to_date:
-        raise SchemaOutOfDateError(st.schema, st.current, st.head)
+from icebarrier.control_plane.schema_version import SchemaStatus, alembic_config, status
 
 
 def upgrade(dsn: str | None = None, schema: str | None = None, revision: str = "head") -> SchemaStatus:
@@ -131,7 +56,7 @@ def _run_alembic(dsn: str | None, schema: str | None, direction: str, revision: 
             connection.exec_driver_sql(
                 sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)).as_string(None)
             )
-            cfg = _alembic_config()
+            cfg = alembic_config()
             cfg.attributes["connection"] = connection
             cfg.attributes["schema"] = schema
             getattr(command, direction)(cfg, revision)
@@ -141,7 +66,7 @@ def _run_alembic(dsn: str | None, schema: str | None, direction: str, revision: 
     finally:
         engine.dispose()
     with connect(dsn, schema, check_schema=False) as conn:
-        return status(conn)
+        return status(conn, schema)
 
 
 # What each kind of role may read and call (DESIGN.md, "Who may do what"): the views DESIGN.md

@@ -21,7 +21,8 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from icebarrier.control_plane import schema
+from icebarrier.control_plane import schema_version
+from icebarrier.control_plane.db import schema_of
 from icebarrier.iceberg_ext import storage
 
 router = APIRouter()
@@ -65,7 +66,7 @@ def readyz(request: Request):
     failing = ["stopping"] if request.app.state.hub.closing else []
     try:
         with lake.pool.connection(timeout=2.0) as conn:
-            if schema.current_revision(conn) != schema.head_revision():
+            if schema_version.current_revision(conn, schema_of(conn)) != schema_version.head_revision():
                 failing.append("schema")
     except Exception:  # noqa: BLE001 - unreachable, refused, timed out: all "postgres"
         failing.append("postgres")

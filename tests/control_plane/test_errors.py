@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from icebarrier.control_plane import errors
+from icebarrier.control_plane import errors, sqlstates
 from icebarrier.iceberg_ext.errors import LeaseLostError, StatementNotPinnableError
 
 SAMPLES = [
@@ -59,7 +59,7 @@ def test_every_sqlstate_builds_an_icebarrier_error():
         "holders": [],
         "anchor": 5,
     }
-    for code in errors.SQLSTATES:
-        error = errors.from_sqlstate(code, "message from SQL", json.dumps(detail))
+    for code in sqlstates.SQLSTATES:
+        error = sqlstates.from_sqlstate(code, "message from SQL", json.dumps(detail))
         assert isinstance(error, errors.IcebarrierError), code
-    assert errors.from_sqlstate("23505", "duplicate", None) is None
+    assert sqlstates.from_sqlstate("23505", "duplicate", None) is None

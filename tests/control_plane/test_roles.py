@@ -18,6 +18,7 @@ from icebarrier.control_plane import (
     revisions,
     runs,
     schema,
+    schema_version,
     snapshots,
 )
 from icebarrier.control_plane.errors import IcebarrierError, PermissionDeniedError
@@ -299,4 +300,4 @@ def test_upgrade_takes_back_what_earlier_grants_gave(make_db, pg_server):
                 c.execute("SELECT * FROM icebarrier.catalog_token")
             c.execute("SELECT * FROM icebarrier.table_versions").fetchall()
         with db.connect(reader) as c:  # the version check on connect passes: the views are what it reads
-            assert schema.status(c).up_to_date
+            assert schema_version.status(c, db.schema_of(c)).up_to_date

@@ -3,7 +3,7 @@
 import psycopg
 import pytest
 
-from icebarrier.control_plane import db, schema
+from icebarrier.control_plane import db, schema, schema_version
 from icebarrier.control_plane.errors import ControlPlaneUnavailableError, RoleNotFoundError, SchemaOutOfDateError
 from tests.workers import run_all, upgrade_worker
 
@@ -13,7 +13,7 @@ def test_upgrade_is_idempotent_and_reports_head(make_db):
     dsn = make_db()
     first = schema.upgrade(dsn)
     second = schema.upgrade(dsn)
-    assert first.current == second.current == schema.head_revision()
+    assert first.current == second.current == schema_version.head_revision()
     with psycopg.connect(dsn) as c:
         views = {
             r[0] for r in c.execute("SELECT table_name FROM information_schema.views WHERE table_schema = 'icebarrier'")
@@ -25,7 +25,7 @@ def test_two_processes_upgrade_at_once(make_db):
     """Concurrent upgrades from two processes both succeed and migrate exactly once."""
     dsn = make_db()
     results = run_all(upgrade_worker, [(dsn,), (dsn,), (dsn,)])
-    assert results == [schema.head_revision()] * 3
+    assert results == [schema_version.head_revision()] * 3
 
 
 def test_out_of_date_schema_is_refused(make_db):
