@@ -35,7 +35,7 @@ from icebarrier.control_plane.model import TableName, barrier_label
 from icebarrier.iceberg_ext.catalog import ancestors, barrier_of, is_compaction, load_table, summary_properties
 
 if TYPE_CHECKING:
-    from icebarrier.iceberg_ext.job import BarrierContext
+    from icebarrier.iceberg_ext.barrier_context import BarrierContext
 
 DIALECT = "spark"
 # Part of every fingerprint: partials written by a different planner are not continued from.

@@ -359,6 +359,14 @@ class KafkaLog:
     def summary(self, offsets: dict[int, tuple[int, int]]) -> dict[str, str]:
         return {SUMMARY_TOPIC: self.topic, SUMMARY_OFFSETS: encode_offsets(offsets)}
 
+    def batch_spec(self, df, previous: dict | None, batch_id: int) -> dict:
+        """A micro-batch's range as the control plane records it (:func:`batch_offsets`)."""
+        return self.spec(batch_offsets(df, previous), batch_id=batch_id)
+
+    def batch_summary(self, spec: dict) -> dict[str, str]:
+        """The snapshot summary properties of a micro-batch's recorded range."""
+        return self.summary(offsets_of(spec))
+
     def close(self) -> None:
         for consumer in (self._consumer, self._peek):
             if consumer is not None:

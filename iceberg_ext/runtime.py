@@ -32,10 +32,11 @@ from icebarrier.control_plane.jobs import NextBarrier, Plan
 from icebarrier.control_plane.model import Level, TableName, barrier_label, format_duration_s, parse_duration_s
 from icebarrier.control_plane.notices import SAFETY_POLL_S, Listener, Wait
 from icebarrier.iceberg_ext import faults
+from icebarrier.iceberg_ext.barrier_context import BarrierContext, Computation, Output
 from icebarrier.iceberg_ext.catalog import load_catalog, load_table
 from icebarrier.iceberg_ext.commits import BarrierCommit
 from icebarrier.iceberg_ext.config import Settings
-from icebarrier.iceberg_ext.job import BarrierContext, Computation, Job, Output, RootJob
+from icebarrier.iceberg_ext.job import Job, RootJob
 from icebarrier.iceberg_ext.lineage import Lineage
 from icebarrier.iceberg_ext.reads import ConsistentRead
 
@@ -507,9 +508,10 @@ def foreach_batch(
     previous micro-batch (never past an anchor). The batch id is recorded as the barrier's
     input range before writing (Spark's checkpoint maps it to source offsets); a restarted
     query that replays a batch id completes the same barrier again, which writes nothing twice.
-    From Kafka (``kafka``, a :class:`~icebarrier.iceberg_ext.kafka.KafkaLog`; see
-    :func:`icebarrier.iceberg_ext.kafka.stream`) the batch's offsets per partition are recorded
-    with it and written into the snapshot summary.
+    From Kafka (``kafka``, a :class:`~icebarrier.iceberg_ext.kafka.KafkaLog`, which
+    :func:`icebarrier.iceberg_ext.kafka.stream` gives; the runtime knows only its ``batch_spec``
+    and ``batch_summary``) the batch's offsets per partition are recorded with it and written into
+    the snapshot summary.
 
         query = (stream_df.writeStream.foreachBatch(foreach_batch(job))
                  .option("checkpointLocation", ...).start())
@@ -534,10 +536,8 @@ def foreach_batch(
                 plan = _wait_for_barrier(rt, wait_s)
                 spec: dict = {"batch_id": batch_id}
                 if kafka is not None:
-                    from icebarrier.iceberg_ext.kafka import batch_offsets
-
                     previous = runs.last_range(rt.conn, job.name, before_barrier=plan.barrier)
-                    spec = kafka.spec(batch_offsets(df, previous), batch_id=batch_id)
+                    spec = kafka.batch_spec(df, previous, batch_id)
                 spec = runs.record_range(rt.conn, job.name, plan.barrier, spec, range_key=key)
             else:  # a replayed batch: its barrier again (resumed, or completed already: nothing written twice)
                 spec = runs.recorded_range(rt.conn, job.name, barrier)
@@ -547,9 +547,7 @@ def foreach_batch(
         faults.point(faults.AFTER_INPUT_RANGE)
         properties = {}
         if kafka is not None:
-            from icebarrier.iceberg_ext.kafka import offsets_of
-
-            properties = kafka.summary(offsets_of(spec))
+            properties = kafka.batch_summary(spec)
         transform = getattr(job, "transform", None)
         data = transform(df) if transform is not None else df
         sink = TableName.parse(job.sinks[0])
