@@ -52,7 +52,9 @@ def build(settings: Settings, files: int, per_commit: int) -> None:
     from pyiceberg.typedef import Record
     from pyiceberg.types import IntegerType, LongType, NestedField
 
-    schema = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "part", IntegerType(), required=False))
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=False), NestedField(2, "part", IntegerType(), required=False)
+    )
     spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="part"))
     catalog = load_catalog(settings)
     catalog.create_namespace_if_not_exists("bench")

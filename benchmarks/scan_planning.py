@@ -160,7 +160,7 @@ def _plans(s: requests.Session, uri: str) -> float:
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith('icebarrier_catalog_plans_total{') and 'warehouse="latest"' in line
+        if line.startswith("icebarrier_catalog_plans_total{") and 'warehouse="latest"' in line
     )
 
 

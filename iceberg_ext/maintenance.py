@@ -148,7 +148,9 @@ def reachable_files(tbl, snapshot_list, cache: MutableMapping[str, set[str]]) ->
     return files
 
 
-def staged_files(tbl, staged: tuple[str, ...], cache: MutableMapping[str, set[str]], table_snapshots: set[int]) -> set[str]:
+def staged_files(
+    tbl, staged: tuple[str, ...], cache: MutableMapping[str, set[str]], table_snapshots: set[int]
+) -> set[str]:
     """What the staged (unpublished) commits of ``tbl`` need until they publish: their metadata
     files, every manifest list and manifest their snapshots use (a publish reads them to replay
     the job's snapshots), and the data files the job's own snapshots added (those not among

@@ -509,7 +509,7 @@ def foreach_batch(
     input range before writing (Spark's checkpoint maps it to source offsets); a restarted
     query that replays a batch id completes the same barrier again, which writes nothing twice.
     From Kafka (``kafka``, a :class:`~icebarrier.iceberg_ext.kafka.KafkaLog`, which
-    :func:`icebarrier.iceberg_ext.kafka.stream` gives; the runtime knows only its ``batch_spec``
+    :func:`icebarrier.iceberg_ext.kafka_stream.stream` gives; the runtime knows only its ``batch_spec``
     and ``batch_summary``) the batch's offsets per partition are recorded with it and written into
     the snapshot summary.
 

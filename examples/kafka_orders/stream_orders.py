@@ -17,7 +17,7 @@ from pipeline import ORDER, bootstrap, build  # noqa: E402
 
 from icebarrier.iceberg_ext.config import Settings  # noqa: E402
 from icebarrier.iceberg_ext.job import RootJob  # noqa: E402
-from icebarrier.iceberg_ext.kafka import json_rows, stream  # noqa: E402
+from icebarrier.iceberg_ext.kafka_stream import json_rows, stream  # noqa: E402
 from icebarrier.iceberg_ext.spark import spark_session  # noqa: E402
 
 

@@ -17,7 +17,8 @@ import threading
 
 from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.job import RootJob
-from icebarrier.iceberg_ext.kafka import KafkaSource, json_rows, stream
+from icebarrier.iceberg_ext.kafka import KafkaSource
+from icebarrier.iceberg_ext.kafka_stream import json_rows, stream
 from icebarrier.iceberg_ext.runtime import Runtime
 
 SCHEMA = "id bigint, user_id int, amount bigint"

@@ -238,7 +238,6 @@ def test_the_files_under_a_table_go_each_after_its_grace_and_are_counted(lake, s
     assert again.actions["remove-orphans"]["done"] == recorded and again.files.counted_at > status.files.counted_at
 
 
-
 def test_the_metadata_folder_is_listed_every_tenth_of_its_grace(lake, spark):
     """Issue 67: a table committing every second piles up ~100 files a minute under ``metadata/``;
     listed every half grace, the folder held a grace and a half's worth and still climbed. It is
@@ -251,9 +250,7 @@ def test_the_metadata_folder_is_listed_every_tenth_of_its_grace(lake, spark):
         _ingest(lake, spark, i * 10)
     table = lake.T("events")
     root = Path(load_table(lake.catalog, table).metadata.location.removeprefix("file:"))
-    upkeep.set_policy(
-        lake.conn, table, {"metadata_grace_s": 1200, "orphan_grace_s": 60, "compact_min_files": 100}
-    )
+    upkeep.set_policy(lake.conn, table, {"metadata_grace_s": 1200, "orphan_grace_s": 60, "compact_min_files": 100})
     logged: list[str] = []
     service = Maintainer(lake.settings, log=logged.append, spark_factory=lambda: spark, only=frozenset([table]))
     start = time.time()
@@ -276,6 +273,8 @@ def test_the_metadata_folder_is_listed_every_tenth_of_its_grace(lake, spark):
         logged.append(action.line())
     assert not stray.exists()
     assert f"data_files {data}" in logged[-1], logged
+
+
 def test_compaction_gives_way_to_a_commit_its_job_has_not_completed(lake, spark):
     """While the table holds a commit whose barrier the job has not completed, the compaction
     gives way (recorded once, not at every look); after the job completes, it runs."""
