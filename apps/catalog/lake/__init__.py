@@ -31,6 +31,6 @@ __all__ = ["LATEST", "Lake", "LakeCore", "NeedsStorage", "memory_only"]
 
 
 class Lake(Loads, Commits, Admin, Views):
-    """The lake as the server serves it: loads (:mod:`.loads`), job sessions (:mod:`.sessions`),
-    commits and publish (:mod:`.commits`), table administration (:mod:`.admin`) and views (:mod:`.views`) over one core
-    (:mod:`.core`)."""
+    """The lake as the server serves it: loads (:mod:`.loads`), job sessions (:mod:`.sessions`)
+    and their staged commits (:mod:`.staging`), commits and publish (:mod:`.commits`), table
+    administration (:mod:`.admin`) and views (:mod:`.views`) over one core (:mod:`.core`)."""

@@ -8,7 +8,8 @@ import time
 
 from icebarrier.apps.catalog.delegation import Delegation
 from icebarrier.apps.catalog.errors import ForbiddenError, UnprocessableError
-from icebarrier.apps.catalog.lake.core import LATEST, LakeCore
+from icebarrier.apps.catalog.lake.core import LATEST
+from icebarrier.apps.catalog.lake.staging import Staging
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import job_sessions, jobs
 from icebarrier.control_plane.job_sessions import JobSession
@@ -26,7 +27,7 @@ from icebarrier.iceberg_ext.catalog import (
 )
 
 
-class Sessions(LakeCore):
+class Sessions(Staging):
     @staticmethod
     def session(conn, warehouse: Warehouse, principal: Principal) -> JobSession:
         """The session a request through warehouse ``job`` works in (opened by the job's first request)."""
