@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-from icebarrier.apps.job_exec import CatalogRequestError, SessionClient
 from icebarrier.apps.maintain import Maintainer
+from icebarrier.apps.session_client import CatalogRequestError, SessionClient
 from icebarrier.cli.main import cli as command
 from icebarrier.control_plane import barriers, jobs, reads, tokens, upkeep
 from icebarrier.control_plane.model import JobDefinition, TableName

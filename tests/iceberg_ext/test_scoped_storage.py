@@ -395,7 +395,7 @@ def test_a_job_session_stages_and_publishes_with_its_sink_credentials_only(weed_
     """Through a job's session (what `job exec` opens) a PyIceberg script with no keys of its own
     creates its sink and appends to it (staged, with the sink's write credentials), and the
     publish completes the barrier."""
-    from icebarrier.apps.job_exec import SessionClient
+    from icebarrier.apps.session_client import SessionClient
 
     lake = weed_lake
     jobs.register(lake.conn, JobDefinition(name="w", sinks=frozenset([lake.T("t")]), external_inputs=frozenset(["x"])))
