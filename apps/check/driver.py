@@ -1,7 +1,7 @@
 """The checker's driver: barriers, faults, readers, validation and audits.
 
-The driver issues barriers, launches the job and expiry processes (:mod:`.processes`) and
-services (:mod:`.services`), applies the fault schedule (:mod:`.fault_plan`: a pure function of
+The driver issues barriers, launches the job and expiry processes (:mod:`.processes`, supervised
+by :mod:`.supervision`) and services (:mod:`.services`), applies the fault schedule (:mod:`.fault_plan`: a pure function of
 the seed), reads at every level and validates every barrier (:mod:`.reading`), audits what the
 processes did (:mod:`.audits`) and reports (:mod:`.report`), checking everything against the
 model (:mod:`.model`):
@@ -28,25 +28,23 @@ model (:mod:`.model`):
 from __future__ import annotations
 
 import json
-import os
 import queue
 import random
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 from icebarrier.apps.check.audits import Audits
-from icebarrier.apps.check.exec_jobs import EXEC_JOBS, HOLD, exec_command
-from icebarrier.apps.check.fault_plan import fault_schedule, launch_fault
+from icebarrier.apps.check.exec_jobs import EXEC_JOBS
+from icebarrier.apps.check.fault_plan import fault_schedule
 from icebarrier.apps.check.model import DERIVED, JOBS, ROOTS, SCHEMAS, WINDOW
 from icebarrier.apps.check.processes import Env, Reconnecting
 from icebarrier.apps.check.reading import Reading
 from icebarrier.apps.check.report import CheckReport
 from icebarrier.apps.check.services import CatalogServer, Maintenance
-from icebarrier.apps.embedded import children
+from icebarrier.apps.check.supervision import Supervision
 from icebarrier.apps.pg_pair import PostgresPair
 from icebarrier.control_plane import barriers, jobs, leases, reads, tokens
 from icebarrier.control_plane.errors import (
@@ -55,15 +53,13 @@ from icebarrier.control_plane.errors import (
     NoValidCutError,
     SnapshotExpiredError,
 )
-from icebarrier.control_plane.model import JobDefinition, parse_duration_s
-from icebarrier.iceberg_ext import faults
+from icebarrier.control_plane.model import JobDefinition
 from icebarrier.iceberg_ext.catalog import (
     create_table,
     load_catalog,
 )
 from icebarrier.iceberg_ext.reads import ConsistentRead
 
-_PROCESS_MAIN = "import sys; from icebarrier.apps.check.processes import main; main(sys.argv[1:])"
 ANCHOR_INTERVAL_S = 3.0
 # A job exec job costs a process start and a session per step (2-6 s here): anchors (which
 # coalescing never crosses) come no faster than that in a long run, or it could never catch up.
@@ -186,7 +182,7 @@ class _Pinner:
 # -- the run -----------------------------------------------------------------------------------------------------
 
 
-class _Run(Reading, Audits):
+class _Run(Reading, Audits, Supervision):
     def __init__(
         self,
         env: Env,
@@ -258,110 +254,6 @@ class _Run(Reading, Audits):
             )
         self.catalog_server.start()
 
-    # -- processes
-
-    def _spawn(self, *args: str, extra_env: dict | None = None) -> subprocess.Popen:
-        return subprocess.Popen(
-            [sys.executable, "-c", _PROCESS_MAIN, *args],
-            env={**os.environ, faults.FAULT_ENV: "", faults.FAULT_AFTER_ENV: "0", **(extra_env or {})},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-
-    def launch(self, job: str, until: int) -> None:
-        self.launches[job] += 1
-        if job in self.exec_jobs:  # `icebarrier job exec --follow` (--once for the final barrier)
-            log = open(Path(self.env.reports) / f"{job}.log", "a")
-            offset = log.tell()
-            proc = subprocess.Popen(
-                exec_command(
-                    job,
-                    uri=self.catalog_server.uri,
-                    credential=self.credentials[job],
-                    namespace=self.env.ns,
-                    seed=self.env.seed,
-                    barriers_file=self.barriers_file,
-                    follow=until == 2**62,
-                ),
-                env={k: v for k, v in os.environ.items() if k not in (faults.FAULT_ENV, faults.MUTATION_ENV)},
-                stdout=log,
-                stderr=log,
-                text=True,
-            )
-            log.close()
-            proc.fault = None  # type: ignore[attr-defined]
-            proc.log_offset = offset  # type: ignore[attr-defined]  # where this launch's lines begin
-            self.procs[job] = proc
-            return
-        point, after = launch_fault(self.env.seed, job, self.launches[job], self.fault_rate)
-        extra = {faults.FAULT_ENV: point, faults.FAULT_AFTER_ENV: str(after)} if point else {}
-        if self.mutation == faults.KAFKA_UNCOMMITTED:  # the job processes' bug (the others are the services')
-            extra[faults.MUTATION_ENV] = self.mutation
-        proc = self._spawn(
-            "job", self.env.to_json(), job, str(until), str(self.env.seed * 31 + self.launches[job]), extra_env=extra
-        )
-        proc.fault = point  # type: ignore[attr-defined]
-        self.procs[job] = proc
-
-    def kill(self, job: str) -> None:
-        if self.procs[job].poll() is None:
-            self.procs[job].kill()
-            self.procs[job].wait()
-            self.report.faults[f"{job}@{'job exec ' if job in self.exec_jobs else ''}killed"] += 1
-            if job in self.exec_jobs:  # its session stays held: a run started meanwhile with --once is refused
-                self.outage("its previous job exec killed", parse_duration_s(HOLD), job=job)
-
-    def kill_script(self, job: str) -> None:
-        """SIGKILL of the script a job exec job runs (job exec itself lives on)."""
-        for pid in children(self.procs[job].pid):
-            try:
-                os.kill(pid, 9)
-                self.report.faults[f"{job}@script killed"] += 1
-                self.outage("its script killed", 0.0, job=job)
-            except ProcessLookupError:
-                pass
-
-    def outage(self, what: str, down_s: float, *, job: str | None = None) -> None:
-        """An injected fault that may make a job exec job exit (``job``: that one only, else any)
-        until ``down_s`` plus :data:`EXIT_EXCUSED_S` from now."""
-        now = time.monotonic()
-        self.outages.append((now + down_s + EXIT_EXCUSED_S, what, job))
-
-    def cause_of_exit(self, job: str) -> str | None:
-        """The injected fault a job exec job's exit now comes from (None: none; a violation)."""
-        now = time.monotonic()
-        return next(
-            (what for until, what, only in reversed(self.outages) if now <= until and only in (None, job)), None
-        )
-
-    def reap(self, final: int | None) -> None:
-        """Restart job processes that ended before their work was done."""
-        for job, proc in self.procs.items():
-            code = proc.poll()
-            if code is None:
-                continue
-            if job in self.exec_jobs:
-                if code not in (0, -9):  # -9: the schedule killed job exec itself
-                    with open(Path(self.env.reports) / f"{job}.log") as log:
-                        log.seek(proc.log_offset)
-                        lines = log.read().strip().splitlines()
-                    self.exec_errors[job] = next((ln for ln in reversed(lines) if ln.startswith("error")), "")
-                    cause = self.cause_of_exit(job)
-                    if cause is not None:  # the script killed (137), the catalog unreachable too long (1)
-                        self.report.faults[f"{job}@job exec exit {code} ({cause})"] += 1
-                    else:  # restarted all the same, as a supervisor would; the run fails
-                        self.report.violations.append(
-                            f"job exec {job} exited {code} with no injected fault to cause it: "
-                            f"{self.exec_errors[job] or 'no error line'}"
-                        )
-            elif code == faults.CRASH_EXIT_CODE:
-                self.report.faults[f"{job}@{proc.fault}"] += 1
-            elif code not in (0, -9):
-                raise IcebarrierError(f"check process {job} failed (exit {code}): {proc.stderr.read()[-2000:]}")
-            if final is None or code != 0 or self.cp.run("progress", lambda c: jobs.show(c, job).progress) != final:
-                self.launch(job, final or 2**62)
-
     def maintained(self, final_at: float) -> bool:
         """The run may end as far as the maintenance service goes: it is not part of the run, has
         done each of MAINTAIN_PROVES, or had MAINTAIN_GRACE_S since the run's end (a slow start,
@@ -420,9 +312,6 @@ MAINTAIN_GRACE_S = 120.0  # after the run, how long the maintenance service has 
 # compaction (rewrites the files readers and jobs hold) and an expiry (deletes snapshots they pin).
 MAINTAIN_PROVES = ("compact done", "expire done")
 STALL_S = 180.0  # after the run, a job whose progress does not move for this long fails it (slow is fine)
-# A job exec job's exit is an injected fault's for this long after the fault ends (the server or
-# Postgres back: job exec's bounded retries of one request take up to ~8 s, a script's own longer).
-EXIT_EXCUSED_S = 30.0
 DRAIN_S = 30.0  # a catalog server stopped with SIGTERM drains for up to this long first
 
 
