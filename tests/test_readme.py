@@ -91,13 +91,15 @@ def drop(pg_server: str, database: str, roles=()) -> None:
             admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
-@pytest.mark.slow
-def test_the_readme_shell_blocks_run_as_written(pg_server, tmp_path):
-    """The admin tour and the catalog lines after it, in a database and with roles of their own."""
-    code = [c for _, c in marked_tested(README, "sh")]
+def run_tour(doc: Path, pg_server: str, tmp_path: Path) -> dict[str, str]:
+    """``doc``'s tested shell blocks in order, in one shell, in the database its ``createdb`` line
+    names and with the roles it creates, each under a scratch name (dropped afterwards): what
+    each line printed."""
+    code = [c for _, c in marked_tested(doc, "sh")]
     suffix = uuid.uuid4().hex[:8]
+    database = re.search(r"^createdb(?: -\S+ \S+)* (\w+)", "\n".join(code), re.M)[1]
     roles = sorted(set(re.findall(r"CREATE ROLE (\w+)", "\n".join(code))))
-    names = {"icebarrier_tour": f"icebarrier_tour_{suffix}", **{r: f"{r}_{suffix}" for r in roles}}
+    names = {database: f"{database}_{suffix}", **{r: f"{r}_{suffix}" for r in roles}}
     try:
         outputs = run_session(
             shell_lines(code, names, pg_server, free_port()),
@@ -105,8 +107,32 @@ def test_the_readme_shell_blocks_run_as_written(pg_server, tmp_path):
             session_env(ICEBARRIER_WAREHOUSE=str(tmp_path / "warehouse")),
         )
     finally:
-        drop(pg_server, names["icebarrier_tour"], [names[r] for r in roles])
-    said = dict(outputs)
+        drop(pg_server, names[database], [names[r] for r in roles])
+    return dict(outputs)
+
+
+def test_every_tested_shell_block_is_run():
+    """The pages whose tested shell blocks a test below runs, and no other has any."""
+    run = {README, ROOT / "docs" / "getting-started.md", EXAMPLE / "README.md", KAFKA_EXAMPLE / "README.md"}
+    assert {doc for doc in DOCS if marked_tested(doc, "sh")} == run
+
+
+@pytest.mark.slow
+def test_the_readme_tour_runs_as_written(pg_server, tmp_path):
+    """The README's five-minute tour: a pipeline registered and completed, a cut, the topology,
+    and the catalog served with a configuration printed for three engines."""
+    said = run_tour(README, pg_server, tmp_path)
+    assert "flowchart LR" in next(out for line, out in said.items() if line.startswith("icebarrier topology "))
+    cut = next(out for line, out in said.items() if line.startswith("icebarrier cut "))
+    assert "lake.db.revenue_by_day" in cut, cut
+    printed = [out for line, out in said.items() if line.startswith("icebarrier connect ")]
+    assert len(printed) == 3 and "spark.sql.catalog." in printed[0] and "connector.name=iceberg" in printed[2]
+
+
+@pytest.mark.slow
+def test_the_admin_tour_runs_as_written(pg_server, tmp_path):
+    """docs/getting-started.md: the admin tour and the catalog lines after it."""
+    said = run_tour(ROOT / "docs" / "getting-started.md", pg_server, tmp_path)
     assert "flowchart LR" in said["icebarrier topology --format mermaid"]
     assert "ingest_orders" in said["icebarrier job list"]
 
@@ -170,12 +196,16 @@ def test_the_kafka_example_runs_from_its_readme(pg_server, tmp_path):
     assert not (tmp_path / "examples" / "kafka_orders" / "data").exists(), "the walk-through leaves its data/ behind"
 
 
+PYTHON_BLOCKS = [(doc, i) for doc in DOCS for i in range(len(marked_tested(doc, "python")))]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("index", range(len(marked_tested(README, "python"))))
-def test_a_readme_python_block_runs(pg_server, tmp_path, index):
-    """A Python block runs as a script against a database `icebarrier db upgrade` prepared (or,
-    marked ``imports``, is imported: it defines jobs and runs none)."""
-    note, code = marked_tested(README, "python")[index]
+@pytest.mark.parametrize("doc, index", PYTHON_BLOCKS, ids=[f"{d.relative_to(ROOT)}-{i}" for d, i in PYTHON_BLOCKS])
+def test_a_python_block_runs(pg_server, tmp_path, doc, index):
+    """A tested Python block of the README or the docs runs as a script against a database
+    `icebarrier db upgrade` prepared (or, marked ``imports``, is imported: it defines jobs and runs
+    none)."""
+    note, code = marked_tested(doc, "python")[index]
     (tmp_path / "snippet.py").write_text(code)
     run = (
         ["-c", "import runpy; runpy.run_path('snippet.py', run_name='readme')"] if "imports" in note else ["snippet.py"]
@@ -187,4 +217,4 @@ def test_a_readme_python_block_runs(pg_server, tmp_path, index):
         done = subprocess.run(
             [sys.executable, *run], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
         )
-    assert done.returncode == 0, f"README Python block {index} failed:\n{code}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"{doc.name} Python block {index} failed:\n{code}\n{done.stderr[-3000:]}"

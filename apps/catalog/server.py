@@ -55,6 +55,37 @@ ROUTERS = (
 )
 
 
+def openapi_document() -> dict:
+    """The server's OpenAPI document (its routes, not served: the docs site renders it). A table's
+    load is a plain Starlette route (the hottest, without FastAPI's dependency solving), so it is
+    described here as the spec's ``loadTable``."""
+    app = FastAPI(title="icebarrier consistent catalog", version=_version())
+    for router in ROUTERS:
+        app.include_router(router)
+    document = app.openapi()
+    document["paths"].setdefault(tables.router.prefix + tables.TABLE, {})["get"] = {
+        "operationId": "loadTable",
+        "summary": "Load a table at the warehouse's cut",
+        "description": (
+            "The spec's LoadTableResult: the metadata served through the warehouse (latest, read-committed, "
+            "read-committed:<ns>, barrier-<B>, lease-<ID>, a job's session), the storage config and credentials "
+            "of the caller's grants, an ETag (304 to If-None-Match with it)."
+        ),
+        "parameters": [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in ("prefix", "namespace", "table")
+        ],
+        "responses": {"200": {"description": "LoadTableResult"}, "304": {"description": "Not modified"}},
+    }
+    return document
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("icebarrier")
+
+
 def served_endpoints(routes: list[APIRoute]) -> list[str]:
     """``"<VERB> <path>"`` of every catalog route under ``/v1/{prefix}`` (the spec's format)."""
     found = {f"{method} {r.path}" for r in routes if r.path.startswith("/v1/{prefix}/") for method in r.methods or ()}
