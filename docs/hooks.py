@@ -27,7 +27,6 @@ SKIP = ("data", "__pycache__")
 
 def on_pre_build(config) -> None:
     from icebarrier.apps.catalog.server import openapi_document
-
     from icebarrier.cli.main import cli
 
     require_help(cli)
