@@ -18,7 +18,6 @@ residual.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -294,29 +293,33 @@ def data_manifests(metadata, snapshot, io, cache: ManifestCache | None = None) -
 
 class ManifestCache:
     """The decoded entries of manifests (live ones: added and existing), by path, for every plan
-    a server process makes; at most ``max_entries`` entries, the least recently used dropped
-    first. Thread-safe: plans run in the thread pool, and read manifests in parallel."""
+    a server process makes; at most ``max_entries`` entries, the least recently used manifests
+    dropped first (a manifest larger than that is read and not kept). Thread-safe: plans run in
+    the thread pool, and read manifests in parallel."""
 
     def __init__(self, max_entries: int = CACHED_ENTRIES, max_lists: int = CACHED_LISTS) -> None:
-        self.max_entries, self.max_lists = max_entries, max_lists
+        import cachetools
+
+        self.max_entries = max_entries
         self._lock = threading.Lock()
-        self._items: OrderedDict[str, tuple] = OrderedDict()
-        self._lists: OrderedDict[str, tuple] = OrderedDict()
-        self.entries = self.hits = self.misses = 0
+        self._items = cachetools.LRUCache(maxsize=max_entries, getsizeof=len)
+        self._lists = cachetools.LRUCache(maxsize=max_lists)
+        self.hits = self.misses = 0
+
+    @property
+    def entries(self) -> int:
+        return int(self._items.currsize)
 
     def manifests(self, snapshot, io) -> tuple:
         """A snapshot's manifest list (PyIceberg reads it again on every call)."""
         path = snapshot.manifest_list
         with self._lock:
             found = self._lists.get(path)
-            if found is not None:
-                self._lists.move_to_end(path)
-                return found
+        if found is not None:
+            return found
         read = tuple(snapshot.manifests(io))
         with self._lock:
             self._lists[path] = read
-            while len(self._lists) > self.max_lists:
-                self._lists.popitem(last=False)
         return read
 
     def get(self, manifest, io) -> tuple:
@@ -324,18 +327,13 @@ class ManifestCache:
         with self._lock:
             found = self._items.get(path)
             if found is not None:
-                self._items.move_to_end(path)
                 self.hits += 1
                 return found
             self.misses += 1
         read = tuple(manifest.fetch_manifest_entry(io, discard_deleted=True))  # outside the lock
-        with self._lock:
-            if path not in self._items and len(read) <= self.max_entries:
+        if len(read) <= self.max_entries:
+            with self._lock:
                 self._items[path] = read
-                self.entries += len(read)
-                while self.entries > self.max_entries:
-                    _, dropped = self._items.popitem(last=False)
-                    self.entries -= len(dropped)
         return read
 
 
