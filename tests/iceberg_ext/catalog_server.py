@@ -140,6 +140,21 @@ def rest(uri: str, warehouse: str, credential: str) -> RestCatalog:
     )
 
 
+def spark_catalog(spark, warehouse: str, uri: str, credential: str, **properties: str) -> str:
+    """A catalog of a fresh name in the running Spark session, as ``icebarrier connect --engine
+    spark`` configures it (and ``properties``: more of its own, e.g. ``scan-planning-mode``); its name."""
+    from icebarrier.apps.catalog.clients import configuration
+
+    name = f"c_{uuid.uuid4().hex[:8]}"
+    for line in configuration("spark", warehouse, uri, credential, name).splitlines():
+        key, value = line.split(" ", 1)
+        if key.startswith(f"spark.sql.catalog.{name}"):
+            spark.conf.set(key, value)
+    for key, value in properties.items():
+        spark.conf.set(f"spark.sql.catalog.{name}.{key}", value)
+    return name
+
+
 def access_token(uri: str, client_id: str, secret: str) -> str:
     r = requests.post(
         f"{uri}/v1/oauth/tokens",

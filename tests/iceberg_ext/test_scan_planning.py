@@ -21,7 +21,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from icebarrier.control_plane import barriers, jobs, leases, reads, tokens
 from icebarrier.iceberg_ext import scan_planning
-from tests.iceberg_ext.catalog_server import Pipeline, access_token, scrape, start_server, stop_server
+from tests.iceberg_ext.catalog_server import Pipeline, access_token, scrape, spark_catalog, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -237,7 +237,6 @@ def test_spark_plans_on_the_server_at_the_cut(lake, server, spark):
     aggregate over a partitioned table planned in plan tasks equals the same query planned by
     Spark itself; through barrier-<B> it reads the cut; an incremental read between two
     barriers' cuts (which Spark plans itself) reads what the pipeline added."""
-    from icebarrier.apps.catalog.clients import configuration
 
     name = f"{lake.namespace}.regions"
     _regions(lake, name, appends=scan_planning.PLAN_TASK_MANIFESTS + 2)
@@ -245,15 +244,10 @@ def test_spark_plans_on_the_server_at_the_cut(lake, server, spark):
     first = p.advance(rows=2)
     p.advance(rows=3)
     cred = ":".join(tokens.create(lake.conn, whole_lake=True))
-    catalogs = {}
-    for warehouse, mode in (("latest", "server"), ("latest", "client"), (f"barrier-{first}", "server")):
-        catalog = f"plan_{uuid.uuid4().hex[:6]}"
-        for line in configuration("spark", warehouse, server, cred, catalog).splitlines():
-            key, value = line.split(" ", 1)
-            if key.startswith(f"spark.sql.catalog.{catalog}"):
-                spark.conf.set(key, value)
-        spark.conf.set(f"spark.sql.catalog.{catalog}.scan-planning-mode", mode)
-        catalogs[(warehouse, mode)] = catalog
+    catalogs = {
+        (warehouse, mode): spark_catalog(spark, warehouse, server, cred, **{"scan-planning-mode": mode})
+        for warehouse, mode in (("latest", "server"), ("latest", "client"), (f"barrier-{first}", "server"))
+    }
     query = (
         "SELECT region, count(*) AS n, sum(amount) AS total FROM {}.{} "
         "WHERE region IN ('e', 'w') AND amount >= 3 GROUP BY region ORDER BY region"
@@ -427,7 +421,6 @@ def test_equality_deletes_apply_to_the_files_written_before_them_in_their_partit
     deletes of its partition written after it (a greater sequence number), as Iceberg Java does;
     a file written after a delete, or in another partition, is not given it. Spark planning on
     the server reads the rows Spark planning itself reads."""
-    from icebarrier.apps.catalog.clients import configuration
 
     name = f"{lake.namespace}.upserts"
     spark.sql(
@@ -452,12 +445,7 @@ def test_equality_deletes_apply_to_the_files_written_before_them_in_their_partit
     assert body["delete-files"][0]["content"] == "equality-deletes" and body["delete-files"][0]["equality-ids"] == [1]
     read = {}
     for mode in ("server", "client"):
-        catalog = f"plan_{uuid.uuid4().hex[:6]}"
-        for line in configuration("spark", "latest", server, cred, catalog).splitlines():
-            key, value = line.split(" ", 1)
-            if key.startswith(f"spark.sql.catalog.{catalog}"):
-                spark.conf.set(key, value)
-        spark.conf.set(f"spark.sql.catalog.{catalog}.scan-planning-mode", mode)
+        catalog = spark_catalog(spark, "latest", server, cred, **{"scan-planning-mode": mode})
         read[mode] = [r.id for r in spark.sql(f"SELECT id FROM {catalog}.{name} ORDER BY id").collect()]
     assert read["server"] == read["client"] == [0, 1, 2, 3, 5, 6, 7, 8, 9], read
 
