@@ -302,8 +302,8 @@ class ManifestCache:
 
         self.max_entries = max_entries
         self._lock = threading.Lock()
-        self._items = cachetools.LRUCache(maxsize=max_entries, getsizeof=len)
-        self._lists = cachetools.LRUCache(maxsize=max_lists)
+        self._items: cachetools.LRUCache[str, tuple] = cachetools.LRUCache(maxsize=max_entries, getsizeof=len)
+        self._lists: cachetools.LRUCache[str, tuple] = cachetools.LRUCache(maxsize=max_lists)
         self.hits = self.misses = 0
 
     @property
