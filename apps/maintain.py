@@ -312,7 +312,7 @@ class Maintainer:
         policy: Policy,
         action: str,
         locations: list[str] | None,
-        sweep: bool = True,
+        sweep: bool,
     ) -> Action | None:
         state = self._tables[name]
         try:

@@ -188,7 +188,6 @@ def serve(
         "plan_submit_above": plan_submit_above,
     }
     settings = obj.settings()
-    server.check_settings(settings)  # one line now, not one per worker; a missing local warehouse made
     if workers == 1:
         uvicorn.run(
             server.process_app(settings, **options),
@@ -199,6 +198,7 @@ def serve(
             **running,
         )
         return
+    server.check_settings(settings)  # one line now, not one per worker
     os.environ[server.WORKER_ENV] = json.dumps({"config": obj.config, "dsn": obj.dsn, "schema": obj.schema, **options})
     uvicorn.run(
         f"{server.__name__}:{server.worker_app.__name__}",

@@ -137,9 +137,10 @@ def remove_orphans(
         scheme, netloc, location = same_file(tbl.metadata.location.rstrip("/"))
         others = (same_file(t) for t in (locations if locations is not None else table_locations(catalog)))
         nested = [p for s, n, p in others if (s, n) == (scheme, netloc) and p.startswith(f"{location}/")]
-        metadata_folder = same_file(metadata_folder_of(tbl))[2] + "/"
+        metadata_path = metadata_folder_of(tbl)
+        metadata_folder = same_file(metadata_path)[2] + "/"
         metadata_only = metadata_only and metadata_folder.startswith(f"{location}/")
-        folder = metadata_folder_of(tbl) if metadata_only else tbl.metadata.location.rstrip("/")
+        folder = metadata_path if metadata_only else tbl.metadata.location.rstrip("/")
         listed, orphans, recent, counts = 0, [], 0, {True: 0, False: 0}
         for path, key, modified in _listing(tbl, nested, folder):
             listed += 1

@@ -146,9 +146,9 @@ def create_app(
 
 
 def check_settings(settings: Settings) -> None:
-    """What a server refuses to start on (the database, its schema, the storage), checked once; a
-    local warehouse's folder that does not exist yet is created (else ``/readyz`` said "storage"
-    until something else made it)."""
+    """What a server refuses to start on (the database, its schema, the storage), checked once
+    before its workers start (each worker's lake checks it again, and makes a local warehouse's
+    folder that does not exist yet)."""
     from icebarrier.control_plane import db
     from icebarrier.iceberg_ext import storage
 

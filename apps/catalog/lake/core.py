@@ -137,6 +137,7 @@ class LakeCore:
                 "remove [catalog_properties] from the configuration"
             )
         settings.check_storage()
+        s3.make_local(settings.warehouse)  # a local warehouse's folder, if nothing made it yet
         self.settings = settings
         self.scan_planning = scan_planning  # where clients plan scans by default (`serve --scan-planning`)
         self.manifest_cache = ManifestCache()  # every plan's manifests, read once (scan_planning)
