@@ -55,11 +55,12 @@ from icebarrier.iceberg_ext.errors import CompactionDeferredError
 from icebarrier.iceberg_ext.upkeep import Looker, due
 
 MIN_ORPHAN_EVERY_S = 60.0
-MANIFESTS_CACHED = 200_000  # data-file paths of manifests a worker keeps for its orphan passes
+MANIFESTS_CACHED = 200_000  # data-file paths of manifests a worker keeps for its expiries and orphan passes
 # A table without commits is looked at again this long after its last look (its protected
 # snapshots may have been released meanwhile), or when a snapshot passes its retention.
 IDLE_LOOK_S = 300.0
 RETRY_S = 1.0  # after the control plane was unreachable
+REWRITES = ("compact", "rewrite-manifests")  # the actions that change the current snapshot's files
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,17 +267,19 @@ class Maintainer:
             return None
         state.gave_way = False
         sweep = now >= state.sweep_at
-        ran = [
-            a
-            for a in (
-                self._run(conn, catalog, name, policy, x, locations() if x == "remove-orphans" else None, sweep)
-                for x in actions
-            )
-            if a is not None
-        ]
+        ran: list[Action] = []
+        rewritten = False  # the current snapshot's files changed since ``seen``
+        for x in actions:
+            if rewritten:
+                seen, rewritten = self._looker.look(load_table(catalog, name), policy), False
+                if x not in due(seen, policy, orphans_at=state.orphans_at, now=now)[0]:
+                    continue  # a compaction rewrites manifests too: most often none are left to rewrite
+            a = self._run(conn, catalog, name, policy, x, locations() if x == "remove-orphans" else None, sweep)
+            if a is not None:
+                ran.append(a)
+                rewritten = a.action in REWRITES and a.result == "done"
         if any(a.result == "done" and a.action != "remove-orphans" for a in ran):  # the table changed
-            tbl = load_table(catalog, name)
-            seen = self._looker.look(tbl, policy)
+            seen = self._looker.look(load_table(catalog, name), policy)
         if "remove-orphans" in actions:
             if sweep:
                 state.sweep_at = now + _sweep_every_s(policy)
@@ -315,6 +318,7 @@ class Maintainer:
         sweep: bool,
     ) -> Action | None:
         state = self._tables[name]
+        started = time.perf_counter()
         try:
             detail = self._act(conn, catalog, name, policy, action, locations, sweep)
             result = "done"
@@ -332,6 +336,10 @@ class Maintainer:
             detail = {"why": why[:500]}
         if detail is None:
             return None  # nothing to do after all
+        detail["seconds"] = round(time.perf_counter() - started, 2)  # what it cost: an operator sees it
+        if action == "remove-orphans" and result == "done" and not detail["deleted"]:
+            self.log(Action(table=name, action=action, result=result, detail=detail).line())
+            return None  # a count of the files, not an action: logged, not recorded
         state.said[action] = detail.get("why", "")
         upkeep.record(conn, name, action, result, detail)
         return Action(table=name, action=action, result=result, detail=detail)
@@ -339,7 +347,12 @@ class Maintainer:
     def _act(self, conn, catalog, name, policy: Policy, action: str, locations, sweep: bool) -> dict | None:
         if action == "expire":
             report = maintenance.expire(
-                conn, catalog, name, older_than_s=policy.retain_s, retain_last=policy.retain_last
+                conn,
+                catalog,
+                name,
+                older_than_s=policy.retain_s,
+                retain_last=policy.retain_last,
+                manifests=self._manifests_read(),
             )
             if not report.expired:
                 return None
@@ -366,9 +379,6 @@ class Maintainer:
                 "metadata_files": removed.metadata_files,
                 **({"data_files": removed.data_files} if removed.data_files is not None else {}),
             }
-            if not removed.orphans:  # a count of the files, not an action: logged, not recorded
-                self.log(Action(table=name, action=action, result="done", detail=detail).line())
-                return None
             return detail
         manifests = action == "rewrite-manifests"
         report = maintenance.compact(
@@ -385,8 +395,8 @@ class Maintainer:
         return {"barrier": report.barrier, "snapshot_id": report.snapshot_id, "rewritten": report.rewritten_files}
 
     def _manifests_read(self) -> cachetools.LRUCache:
-        """This worker's data files of the manifests its orphan passes read (each worker thread
-        has its own: the cache is not thread-safe), bounded in paths held."""
+        """This worker's data files of the manifests its expiries and orphan passes read (each
+        worker thread has its own: the cache is not thread-safe), bounded in paths held."""
         if not hasattr(self._manifests, "cache"):
             self._manifests.cache = cachetools.LRUCache(maxsize=MANIFESTS_CACHED, getsizeof=len)
         return self._manifests.cache

@@ -20,7 +20,7 @@ last minute ÷ minute 2 of the metadata file's size (its largest), the load p50 
 append; Spark's commit time from the job's log) — goal <= 1.2 each. And the files under the table
 (issue 67): the files under ``metadata/`` and ``data/``, counted every 5 s (compaction's cycle
 is ~40 s, so a count at each minute's end alone samples a sawtooth at random), each minute's mean
-and peak, and the snapshots the table keeps at its end; the mean count over the last 10 minutes
+and peak, and the snapshots the table keeps (also every 5 s); the mean count over the last 10 minutes
 ÷ the mean over the 10 before, for each folder (goal <= 1.1; runs shorter than 20 minutes compare
 their two last halves). ``--verbose`` prints each minute as it ends.
 
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -125,7 +126,7 @@ def _minute_of(samples: list[dict[str, int]]) -> dict[str, float]:
     """A minute's files under the table from its samples: each folder's mean (what the minute held,
     the figure compared) and its peak (``<folder>_max``)."""
     out: dict[str, float] = {}
-    for part in ("metadata", "data"):
+    for part in ("metadata", "data", "snapshots"):
         out[part] = statistics.mean(s[part] for s in samples)
         out[f"{part}_max"] = max(s[part] for s in samples)
     return out
@@ -196,10 +197,10 @@ def managed(args) -> dict:
                             raise SystemExit(f"load failed: {r.status_code} {r.text[:300]}")
                     per_s.append({"loads": loads, "kib": metadata_kib(conn, settings, TABLE)})
                     if second % FILES_EVERY_S == FILES_EVERY_S - 1:
-                        samples.append(_files_under(table_dir))
-                    if second % 60 == 59:  # the minute's files under the table: their mean and peak
                         snapshots = len(catalog.load_table("d.t").metadata.snapshots)
-                        files.append({**_minute_of(samples), "snapshots": snapshots})
+                        samples.append({**_files_under(table_dir), "snapshots": snapshots})
+                    if second % 60 == 59:  # the minute's files under the table: their mean and peak
+                        files.append(_minute_of(samples))
                         samples = []
                         if args.verbose:
                             print(f"minute {len(files)}: {files[-1]}", file=sys.stderr, flush=True)
@@ -236,6 +237,8 @@ def managed(args) -> dict:
             server.terminate()
             server.wait(30)
             log_tail = (logs / "writer.log").read_text()[-2000:] if (logs / "writer.log").exists() else ""
+            if args.logs:
+                shutil.copytree(logs, Path(args.logs) / f"run-{os.getpid()}")
         appends = _appends(args.mode, times, logs / "writer.log", started, commits)
 
         def minute(m: int) -> dict:
@@ -353,6 +356,7 @@ def main() -> int:
     parser.add_argument("--appends", type=int, default=1000, help="unmanaged: appends (>= 200)")
     parser.add_argument("--pause", type=float, default=0.2, help="unmanaged: seconds between appends")
     parser.add_argument("--verbose", action="store_true", help="the files under the table at each minute, as it goes")
+    parser.add_argument("--logs", help="keep each run's service and writer logs in this folder")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -402,14 +406,14 @@ def report_managed(results: list[dict], args) -> None:
             print(
                 "  "
                 + "  ".join(
-                    f"min {i + 1}: {f['metadata']:.0f}/{f['data']:.0f}/{f['snapshots']}"
+                    f"min {i + 1}: {f['metadata']:.0f}/{f['data']:.0f}/{f['snapshots']:.0f}"
                     for i, f in enumerate(files[m : m + 5], m)
                 )
             )
         growth = _files_ratios(files)
         w = min(10, len(files) // 2)
         print(
-            f"  files (metadata/data: each minute's mean; snapshots kept at its end): last {w} min ÷ the {w} before: "
+            f"  files (metadata/data/snapshots kept: each minute's mean): last {w} min ÷ the {w} before: "
             f"metadata {growth['metadata']:.2f}, data {growth['data']:.2f}; goal <= 1.1: "
             f"{'met' if max(growth.values()) <= 1.1 else 'MISSED'}"
         )

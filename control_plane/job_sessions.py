@@ -318,20 +318,25 @@ def close(conn: Conn, job: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Staging:
-    """What maintenance of one table must leave alone: the metadata files staged for it (a job
-    session's or a multi-sink job's commits not yet published), and since when its writer has
-    had a session or staged commits open (files written since may belong to them)."""
+    """What maintenance of one table must leave alone: the commits staged for it (a job session's
+    or a multi-sink job's, not yet published: each staged metadata file and the one it was built
+    on, None for a table the job created), and since when its writer has had a session or staged
+    commits open (files written since may belong to them)."""
 
-    metadata_locations: tuple[str, ...]
+    pending: tuple[tuple[str, str | None], ...]
     open_since: datetime | None
+
+    @property
+    def metadata_locations(self) -> tuple[str, ...]:
+        return tuple(location for location, _ in self.pending)
 
 
 def staging(conn: Conn, table: TableName) -> Staging:
     """The staging of ``table`` right now (see :class:`Staging`)."""
     row = db.one(
         conn.execute(
-            "SELECT coalesce((SELECT array_agg(metadata_location ORDER BY metadata_location) FROM catalog_pending "
-            "WHERE table_name = %(t)s), '{}') AS locations, "
+            "SELECT coalesce((SELECT jsonb_agg(jsonb_build_array(metadata_location, base_location) "
+            "ORDER BY metadata_location) FROM catalog_pending WHERE table_name = %(t)s), '[]') AS pending, "
             "(SELECT min(t) FROM (SELECT staged_at AS t FROM catalog_pending WHERE table_name = %(t)s "
             "UNION ALL SELECT s.opened_at FROM job_session s JOIN job j ON j.name = s.job_name AND j.active "
             "JOIN job_sink k ON k.job_id = j.job_id JOIN managed_table m ON m.table_id = k.table_id "
@@ -339,4 +344,4 @@ def staging(conn: Conn, table: TableName) -> Staging:
             {"t": str(table)},
         )
     )
-    return Staging(tuple(row["locations"]), row["since"])
+    return Staging(tuple((location, base) for location, base in row["pending"]), row["since"])

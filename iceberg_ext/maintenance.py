@@ -93,8 +93,12 @@ def expire(
     older_than_s: float | None = None,
     retain_last: int = 1,
     dry_run: bool = False,
+    manifests: MutableMapping[str, set[str]] | None = None,
 ) -> ExpiryReport:
     """Expire the snapshots of ``table`` outside the protected set, and their files.
+    ``manifests``: each manifest's files by its path, kept by the caller across calls (the
+    maintenance service's, shared with its orphan passes), so that an expiry reads only the
+    manifests it has not read before.
 
     Expiries of one table run one at a time (a second one waits, then plans from the table
     as the first left it)."""
@@ -117,8 +121,8 @@ def expire(
         if faults.mutated(faults.EXPIRE_PROTECTED):  # the checker's test of itself: a deliberate bug
             removable = [c for c in candidates if c not in retained]
         if removable and not dry_run:
-            staged = job_sessions.staging(conn, table).metadata_locations
-            deleted = retry_commit(lambda: _expire_and_delete(load_table(catalog, table), removable, staged))
+            staged = job_sessions.staging(conn, table).pending
+            deleted = retry_commit(lambda: _expire_and_delete(load_table(catalog, table), removable, staged, manifests))
     return ExpiryReport(
         table=table,
         candidates=len(candidates),
@@ -148,29 +152,40 @@ def reachable_files(tbl, snapshot_list, cache: MutableMapping[str, set[str]]) ->
     return files
 
 
-def staged_files(
-    tbl, staged: tuple[str, ...], cache: MutableMapping[str, set[str]], table_snapshots: set[int]
-) -> set[str]:
-    """What the staged (unpublished) commits of ``tbl`` need until they publish: their metadata
-    files, every manifest list and manifest their snapshots use (a publish reads them to replay
-    the job's snapshots), and the data files the job's own snapshots added (those not among
-    ``table_snapshots``, the table's). A data file a staged commit only carries from its base is
-    the table's to keep or drop: where maintenance dropped it (a compaction, then the expiry of
-    what it replaced), the publish replays the job's snapshots on the table as it is and needs it
-    no more; kept for the staged commit, nothing referenced it once published, and it waited out
-    the data files' grace (issue 67)."""
+def staged_files(tbl, pending: tuple[tuple[str, str | None], ...], table_snapshots: set[int]) -> set[str]:
+    """What the staged (unpublished) commits of ``tbl`` need until they publish (``pending``: each
+    staged metadata file and the one it was built on, :class:`~icebarrier.control_plane.job_sessions.Staging`):
+    both metadata files, and of the job's own snapshots (those above its base) every manifest
+    list and manifest they use (a publish reads them to replay the job's snapshots) and the data
+    files they added. The snapshots a staged commit carries from its base are the table's to keep
+    or drop: where maintenance dropped a data file (a compaction, then the expiry of what it
+    replaced), the publish replays the job's snapshots on the table as it is and needs it no
+    more (kept for the staged commit, nothing referenced it once published, and it waited out the
+    data files' grace); and the manifest list of a base snapshot the table expired is gone, so
+    reading it failed the expiry or orphan pass beside the staged commit (issue 67). Without a
+    base (a table the job created), or one the staged commit does not descend from, every
+    snapshot the table does not have (``table_snapshots``) is the job's."""
     from pyiceberg.manifest import ManifestEntryStatus
     from pyiceberg.serializers import FromInputFile
 
-    files = set(staged)
-    for location in staged:
-        metadata = FromInputFile.table_metadata(tbl.io.new_input(location))
-        for snap in metadata.snapshots:
+    from icebarrier.iceberg_ext.rebase import NotRebasableError, job_snapshots
+
+    def read(location: str):
+        return FromInputFile.table_metadata(tbl.io.new_input(location))
+
+    files: set[str] = set()
+    for location, base in pending:
+        files |= {location, *([base] if base else [])}
+        metadata = read(location)
+        try:
+            own = job_snapshots(metadata, read(base).current_snapshot_id if base else None)
+        except NotRebasableError:
+            own = [s for s in metadata.snapshots if s.snapshot_id not in table_snapshots]
+        for snap in own:
             files.add(snap.manifest_list)
-            own = snap.snapshot_id not in table_snapshots
             for manifest in snap.manifests(tbl.io):
                 files.add(manifest.manifest_path)
-                if own and manifest.added_snapshot_id == snap.snapshot_id:
+                if manifest.added_snapshot_id == snap.snapshot_id:
                     entries = manifest.fetch_manifest_entry(tbl.io, discard_deleted=False)
                     files |= {e.data_file.file_path for e in entries if e.status == ManifestEntryStatus.ADDED}
     return files
@@ -200,17 +215,24 @@ def delete_file(io, path: str) -> None:
             os.remove(os.path.join(folder, f".{name}.crc"))
 
 
-def _expire_and_delete(tbl, snapshot_ids: list[int], staged: tuple[str, ...] = ()) -> int:
+def _expire_and_delete(
+    tbl,
+    snapshot_ids: list[int],
+    staged: tuple[tuple[str, str | None], ...] = (),
+    cache: MutableMapping[str, set[str]] | None = None,
+) -> int:
+    """Expire ``snapshot_ids`` and delete the files only they used. ``cache``: each manifest's
+    files by its path, kept across calls (a manifest never changes; :func:`reachable_files`)."""
     present = {s.snapshot_id for s in tbl.metadata.snapshots}
     ids = [s for s in snapshot_ids if s in present]
     if not ids:
         return 0
-    cache: dict[str, set[str]] = {}
+    cache = {} if cache is None else cache
     removed = [s for s in tbl.metadata.snapshots if s.snapshot_id in set(ids)]
     before = reachable_files(tbl, removed, cache)
     tbl.maintenance.expire_snapshots().by_ids(ids).commit()
     tbl.refresh()
-    kept = reachable_files(tbl, tbl.metadata.snapshots, cache) | staged_files(tbl, staged, cache, present)
+    kept = reachable_files(tbl, tbl.metadata.snapshots, cache) | staged_files(tbl, staged, present)
     after = {same_file(p) for p in kept}
     doomed = {p for p in before if same_file(p) not in after}
     for path in doomed:

@@ -60,16 +60,19 @@ class OrphanReport:
         }
 
 
-def referenced_files(tbl, staged: tuple[str, ...], manifests: MutableMapping[str, set[str]] | None = None) -> set[str]:
+def referenced_files(
+    tbl, staged: tuple[tuple[str, str | None], ...], manifests: MutableMapping[str, set[str]] | None = None
+) -> set[str]:
     """Every file the table's metadata reaches: snapshots' files, metadata files (current,
-    logged, statistics, pinned ones of live snapshots) and what its staged commits use.
+    logged, statistics, pinned ones of live snapshots) and what its staged commits use
+    (``staged``: :func:`~icebarrier.iceberg_ext.maintenance.staged_files`).
     ``manifests``: the data files of manifests read before (a manifest never changes), by path."""
     from icebarrier.iceberg_ext.pinning import PINNED_PREFIX
 
     cache = manifests if manifests is not None else {}
     metadata = tbl.metadata
     table_snapshots = {s.snapshot_id for s in metadata.snapshots}
-    files = reachable_files(tbl, metadata.snapshots, cache) | staged_files(tbl, staged, cache, table_snapshots)
+    files = reachable_files(tbl, metadata.snapshots, cache) | staged_files(tbl, staged, table_snapshots)
     files |= {tbl.metadata_location, *(e.metadata_file for e in metadata.metadata_log)}
     files |= {s.statistics_path for s in metadata.statistics}
     files |= {s.statistics_path for s in metadata.partition_statistics}
@@ -126,7 +129,7 @@ def remove_orphans(
         tbl = load_table(catalog, table)
         referenced = {
             same_file(p)
-            for p in referenced_files(tbl, staging.metadata_locations, manifests)
+            for p in referenced_files(tbl, staging.pending, manifests)
             | idempotency.referenced(conn, tbl.metadata.location)
         }
         now = dt.datetime.now(dt.UTC)

@@ -25,7 +25,7 @@ class Seen:
     expirable_at_ms: int | None  # when the next one will be, if no commit comes (epoch ms)
     data_files: int  # in the current snapshot
     small_files: int  # of those, smaller than the policy's target (3/4 of it)
-    manifests: int  # in the current snapshot
+    manifests: int  # in the current snapshot, with live files (the next commit drops the others)
     metadata_bytes: int  # the current metadata file
 
     def to_json(self) -> dict:
@@ -61,7 +61,13 @@ class Looker:
         ]
         current = tbl.current_snapshot()
         sizes: list[int] = []
-        manifests = current.manifests(tbl.io) if current is not None else []
+        # A manifest of only deleted entries (a compaction's) goes at the next commit, an append's
+        # too: counted, it made a rewrite due that the next append failed (issue 67).
+        manifests = [
+            m
+            for m in (current.manifests(tbl.io) if current is not None else [])
+            if m.has_added_files() or m.has_existing_files()
+        ]
         for manifest in manifests:
             if manifest.content != ManifestContent.DATA:
                 continue

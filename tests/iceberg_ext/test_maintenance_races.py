@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
+from pyiceberg.serializers import FromInputFile
 
 from icebarrier.apps.maintain import Maintainer
 from icebarrier.apps.session_client import CatalogRequestError, SessionClient
@@ -123,30 +124,70 @@ def test_a_staged_commit_is_replayed_over_a_compaction_that_landed_before_the_pu
     _replayed_over_compaction(lake, marks)
 
 
+def _stage(lake, table) -> tuple[str, str]:
+    """A job's staged commit on ``table`` as the server writes one (an append, its metadata file
+    written, the pointer left at its base): (staged metadata, base metadata)."""
+    tx = table.transaction()
+    tx.append(pa.table({"id": [-1], "barrier": [-1]}, schema=SCHEMA))
+    staged = lake.catalog._update_and_stage_table(table, table._identifier, tx._requirements, tx._updates)
+    lake.catalog._write_metadata(staged.metadata, staged.io, staged.metadata_location)
+    return staged.metadata_location, table.metadata_location
+
+
 def test_an_expiry_beside_a_staged_commit_leaves_no_data_file_behind(lake, spark):
     """Issue 67: a job's staged commit lists its base's snapshots. Maintenance compacts the table,
     rewrites its manifests and expires everything before: the data files only the expired
     snapshots used (the compaction's inputs) go with the expiry, though the staged commit still
-    lists them; its own manifest lists and manifests stay (its publish reads them to replay it).
-    Kept for the staged commit, nothing referenced them once it published, and they waited out
-    the data files' three days' grace."""
+    lists them, and so do the base's manifest lists; the staged commit's own manifest list,
+    manifests and data file stay (its publish reads them to replay it). Kept for the staged
+    commit, nothing referenced them once it published, and they waited out the data files'
+    three days' grace."""
     table = lake.catalog.create_table(f"{lake.namespace}.t", schema=SCHEMA)
     for b in range(3):
         table.append(pa.table({"id": [b], "barrier": [b]}, schema=SCHEMA))
     table = lake.catalog.load_table(f"{lake.namespace}.t")
-    staged = table.metadata_location  # what a job's staged commit on this base lists
+    pending = _stage(lake, table)
+    staged = FromInputFile.table_metadata(table.io.new_input(pending[0])).current_snapshot()
+    added = [m for m in staged.manifests(table.io) if m.added_snapshot_id == staged.snapshot_id]
+    own = {staged.manifest_list, *pending, *(m.manifest_path for m in added)}
+    own |= {e.data_file.file_path for m in added for e in m.fetch_manifest_entry(table.io)}
     small = _data_files(table)
     maintained = {"icebarrier.operation": "compaction", SUMMARY_JOB: maintenance.MAINTENANCE_JOB}
     spark_io.rewrite_data_files(spark, lake.T("t"), options={"min-input-files": "2"}, properties=maintained)
     spark_io.rewrite_manifests(spark, lake.T("t"), properties=maintained)
     tbl = load_table(lake.catalog, lake.T("t"))
     older = [s.snapshot_id for s in tbl.metadata.snapshots if s.snapshot_id != tbl.metadata.current_snapshot_id]
-    staged_lists = {s.manifest_list for s in tbl.metadata.snapshots if s.snapshot_id in older[:3]}
-    deleted = maintenance._expire_and_delete(tbl, older, staged=(staged,))
+    base_lists = {s.manifest_list for s in tbl.metadata.snapshots if s.snapshot_id in older[:3]}
+    deleted = maintenance._expire_and_delete(tbl, older, staged=(pending,))
     on_disk = {maintenance.same_file(str(f)) for f in Path(_root(tbl)).rglob("*") if not f.name.endswith(".crc")}
     assert not {maintenance.same_file(f) for f in small} & on_disk and deleted >= len(small)
-    assert {maintenance.same_file(f) for f in staged_lists} <= on_disk  # the staged commit's, kept
+    assert not {maintenance.same_file(f) for f in base_lists} & on_disk  # the table's to drop
+    assert {maintenance.same_file(f) for f in own} <= on_disk  # the staged commit's own, kept
     assert _rows(lake) == [0, 1, 2]
+
+
+def test_maintenance_beside_a_commit_staged_on_snapshots_an_expiry_removed(lake, spark, server):
+    """Issue 67: an expiry read the staging, a job staged a commit on the table as it was, and the
+    expiry then removed snapshots the staged commit's history lists, with their manifest lists.
+    The next expiry and orphan pass beside the staged commit read only its own snapshots (before,
+    reading a removed manifest list failed them, every pass until it published); the publish
+    drops the removed snapshots and lands."""
+    from icebarrier.iceberg_ext.orphans import remove_orphans
+
+    credential = _job(lake)
+    marks = [_barrier(lake, server, credential)["barrier"] for _ in range(3)]
+
+    def maintain_beside_it() -> None:
+        tbl = load_table(lake.catalog, lake.T("t"))
+        oldest = tbl.metadata.snapshots[0].snapshot_id
+        assert maintenance._expire_and_delete(tbl, [oldest], staged=()) > 0  # as the racing expiry saw it
+        report = maintenance.expire(lake.conn, lake.catalog, lake.T("t"), older_than_s=0, retain_last=1)
+        assert report.expired and report.files_deleted, report  # the second barrier's snapshot
+        remove_orphans(lake.conn, lake.catalog, lake.T("t"), older_than_s=0, metadata_older_than_s=0)
+
+    marks.append(_barrier(lake, server, credential, staged=maintain_beside_it)["barrier"])
+    assert _rows(lake) == sorted(marks)
+    assert reads.resolve(lake.conn, [lake.T("t")]).barrier == marks[-1]
 
 
 def _data_files(table) -> set[str]:
