@@ -49,7 +49,8 @@ class EmbeddedPostgres:
         return f"postgresql://postgres@127.0.0.1:{port}/{dbname}"
 
     def start(self, *, port: int | None = None) -> str:
-        """Start (or reuse a running) server and return its DSN (on ``port``, else a free one)."""
+        """Start (or reuse a running) server and return its DSN (on ``port``, else the one it last
+        ran on if free, else a free one)."""
         bin_dir = find_binaries()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         undo = json.loads(self._undo_file.read_text()) if self._undo_file.exists() else {"modes": {}}
@@ -82,7 +83,7 @@ class EmbeddedPostgres:
                 ],
                 user,
             )
-        port = port or free_port()
+        port = port or self._last_port() or free_port()
         log = self.data_dir / "server.log"
         run_as(
             [
@@ -136,6 +137,14 @@ class EmbeddedPostgres:
                 os.chmod(path, mode)
         if undo.get("created_user"):
             subprocess.run(["userdel", OS_USER], check=False, capture_output=True)
+
+    def _last_port(self) -> int | None:
+        """The port it last ran on, if no one listens there now (a DSN given out stays valid)."""
+        if not self._port_file.exists():
+            return None
+        port = json.loads(self._port_file.read_text())["port"]
+        with socket.socket() as s:
+            return None if s.connect_ex(("127.0.0.1", port)) == 0 else port
 
     def _running_port(self) -> int | None:
         pid_file = self.data_dir / "postmaster.pid"

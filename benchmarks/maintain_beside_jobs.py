@@ -20,9 +20,9 @@ last minute ÷ minute 2 of the metadata file's size (its largest), the load p50 
 append; Spark's commit time from the job's log) — goal <= 1.2 each. And the files under the table
 (issue 67): the files under ``metadata/`` and ``data/``, counted every 5 s (compaction's cycle
 is ~40 s, so a count at each minute's end alone samples a sawtooth at random), each minute's mean
-and peak, and the snapshots the table keeps (also every 5 s); the mean count over the last 10 minutes
-÷ the mean over the 10 before, for each folder (goal <= 1.1; runs shorter than 20 minutes compare
-their two last halves). ``--verbose`` prints each minute as it ends.
+and peak, and the snapshots the table keeps (also every 5 s) beside the writer's commits of each
+minute; the mean count over the last 10 minutes ÷ the mean over the 10 before, for each folder
+(goal <= 1.1; runs shorter than 20 minutes compare their two last halves). ``--verbose`` prints each minute as it ends.
 
 ``unmanaged``: a table no job writes, created through ``serve`` and appended 1,000 times by a
 PyIceberg client through ``latest`` with the service running: appends 951–1,000 ÷ 51–100 for
@@ -222,6 +222,9 @@ def managed(args) -> dict:
                     )
                 ]
                 computations = len(commits)
+                wall_start = time.time() - (time.monotonic() - started)
+                for m, f in enumerate(files):  # the writer's commits in each minute: what the snapshots follow
+                    f["commits"] = sum(1 for at in commits if m * 60 <= at - wall_start < (m + 1) * 60)
                 actions = upkeep.statuses(conn, [TABLE])[0].actions
                 failed_runs = (
                     conn.execute("SELECT count(*) AS n FROM schedule_run WHERE exit_code <> 0").fetchone()["n"]
@@ -406,14 +409,14 @@ def report_managed(results: list[dict], args) -> None:
             print(
                 "  "
                 + "  ".join(
-                    f"min {i + 1}: {f['metadata']:.0f}/{f['data']:.0f}/{f['snapshots']:.0f}"
+                    f"min {i + 1}: {f['metadata']:.0f}/{f['data']:.0f}/{f['snapshots']:.0f}/{f['commits']}"
                     for i, f in enumerate(files[m : m + 5], m)
                 )
             )
         growth = _files_ratios(files)
         w = min(10, len(files) // 2)
         print(
-            f"  files (metadata/data/snapshots kept: each minute's mean): last {w} min ÷ the {w} before: "
+            f"  files (metadata/data/snapshots kept: each minute's mean; /the minute's commits): last {w} min ÷ the {w} before: "
             f"metadata {growth['metadata']:.2f}, data {growth['data']:.2f}; goal <= 1.1: "
             f"{'met' if max(growth.values()) <= 1.1 else 'MISSED'}"
         )

@@ -157,6 +157,7 @@ def _register_commands() -> None:
         lease,
         maintenance,
         namespace,
+        postgres,
         run,
         schedule,
         spark,
@@ -180,6 +181,7 @@ def _register_commands() -> None:
         check,
         catalog,
         namespace,
+        postgres,
         audit,
         doctor,
     ):

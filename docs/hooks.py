@@ -7,14 +7,23 @@
 - The server's OpenAPI document is written for the REST reference (``rest.md``).
 - A CLI command without help text fails the build, naming it (the reference is generated from the
   commands: ``cli.md``).
+- The pages with a Mermaid diagram load Mermaid from the site itself, not from a CDN (Material
+  fetches it from unpkg unless it is loaded already), so the diagrams render offline: the
+  pinned ``mermaid.min.js``, fetched once with ``npm pack`` from the npm registry into the cache,
+  its SHA-256 checked.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import posixpath
 import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
@@ -23,6 +32,8 @@ from mkdocs.structure.files import File
 REPO = Path(__file__).resolve().parent.parent
 LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")
 SKIP = ("data", "__pycache__")
+MERMAID = ("11.17.2", "581ed7d74bd9048d0e3a91363927d72ef22942d7722546b27f7cc29e35390eb8")  # mermaid.min.js
+MERMAID_JS = "assets/javascripts/mermaid.min.js"  # in the site
 
 
 def on_pre_build(config) -> None:
@@ -94,3 +105,47 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         return f"{m.group(1)}{relative}{'#' + anchor if anchor else ''}{m.group(3)}"
 
     return LINK.sub(rewrite, markdown)
+
+
+def mermaid_js() -> Path:
+    """The pinned ``mermaid.min.js``: from the cache, else fetched with ``npm pack`` (the package's
+    integrity checked by npm against the registry) and checked against its pinned SHA-256."""
+    from icebarrier.iceberg_ext.config import cache_dir
+
+    version, digest = MERMAID
+    path = cache_dir("mermaid", version) / "mermaid.min.js"
+    if path.exists():
+        return path
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            subprocess.run(
+                ["npm", "pack", f"mermaid@{version}", "--silent", "--pack-destination", tmp],
+                check=True,
+                capture_output=True,
+                timeout=600,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise PluginError(f"cannot fetch mermaid@{version} with npm ({exc}); install Node.js and npm") from None
+        with tarfile.open(next(Path(tmp).glob("mermaid-*.tgz"))) as tgz:
+            member = tgz.extractfile("package/dist/mermaid.min.js")
+            data = member.read() if member else b""
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise PluginError(f"mermaid@{version}'s mermaid.min.js does not have its pinned SHA-256 {digest}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_bytes(data)
+    partial.replace(path)
+    return path
+
+
+def on_post_page(output: str, page, config) -> str:
+    if 'class="mermaid"' not in output:
+        return output
+    up = "../" * page.url.count("/")  # the page's folder to the site's root (directory URLs)
+    return output.replace("</head>", f'<script src="{up}{MERMAID_JS}"></script></head>', 1)
+
+
+def on_post_build(config) -> None:
+    target = Path(config["site_dir"]) / MERMAID_JS
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(mermaid_js(), target)

@@ -4,6 +4,7 @@ text fails it naming the command. Built here from a copy of docs/ with the fault
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -45,6 +46,10 @@ def test_the_site_builds_with_every_link_resolved(tmp_path):
     assert 'href="getting-started/' in home  # the README's docs/ links, as the site's pages
     assert "icebarrier namespace create" in (tmp_path / "site" / "cli" / "index.html").read_text()
     assert "/v1/oauth/tokens" in (tmp_path / "site" / "rest" / "index.html").read_text()
+    # the diagrams render offline: Mermaid from the site itself (Material would fetch it from unpkg)
+    assert '<script src="assets/javascripts/mermaid.min.js">' in home and 'class="mermaid"' in home
+    served = (tmp_path / "site" / "assets" / "javascripts" / "mermaid.min.js").read_bytes()
+    assert hashlib.sha256(served).hexdigest() == _hooks().MERMAID[1]
 
 
 def test_a_link_to_a_missing_page_or_anchor_fails_the_build_naming_both(tmp_path):
@@ -55,10 +60,15 @@ def test_a_link_to_a_missing_page_or_anchor_fails_the_build_naming_both(tmp_path
     assert "no-such-anchor" in done.stderr, done.stderr[-3000:]
 
 
-def test_a_command_without_help_fails_the_reference_naming_it():
+def _hooks():
     spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
+    return hooks
+
+
+def test_a_command_without_help_fails_the_reference_naming_it():
+    hooks = _hooks()
 
     @click.group(help="A tool.")
     def tool() -> None: ...

@@ -6,7 +6,7 @@ import psycopg
 import pytest
 
 from icebarrier.apps.embedded import EmbeddedPostgres
-from icebarrier.control_plane import schema
+from icebarrier.control_plane import schema, schema_version
 
 # embedded servers one at a time (tests/conftest.py, pytest_collection_modifyitems)
 pytestmark = pytest.mark.xdist_group("embedded-postgres")
@@ -53,3 +53,38 @@ def test_removing_it_leaves_nothing_behind(tmp_path):
     assert {p: stat.S_IMODE(p.stat().st_mode) for p in before} == before
     if user is not None:
         assert any(u.pw_name == user for u in pwd.getpwall()) == existed
+
+
+def test_the_postgres_command_runs_one_to_try_icebarrier_between_commands(tmp_path):
+    """`icebarrier postgres start` prints a DSN alone (for `export ICEBARRIER_DSN=$(…)`), of a
+    database `icebarrier` on a server that outlives the command and is found again; `stop` stops
+    it with its data kept (the control plane's schema is there after the next start); `remove`
+    leaves nothing under the state directory."""
+    import os
+    import subprocess
+
+    from icebarrier.apps.embedded import CLI
+
+    env = {**os.environ, "ICEBARRIER_HOME": str(tmp_path / "home")}
+    env.pop("ICEBARRIER_DSN", None)
+
+    def icebarrier(*args: str) -> str:
+        done = subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    dsn = icebarrier("postgres", "start")
+    try:
+        assert dsn.startswith("postgresql://postgres@127.0.0.1:") and dsn.endswith("/icebarrier"), dsn
+        assert icebarrier("postgres", "start") == dsn  # running: found, not started again
+        icebarrier("--dsn", dsn, "db", "upgrade")
+        assert "stopped" in icebarrier("postgres", "stop")
+        port = int(dsn.rsplit(":", 1)[1].split("/")[0])
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+        assert icebarrier("postgres", "start") == dsn  # the same port, its data kept:
+        with psycopg.connect(dsn) as conn:
+            assert schema_version.status(conn, "icebarrier").up_to_date
+    finally:
+        icebarrier("postgres", "remove")
+    assert not (tmp_path / "home" / "postgres").exists()

@@ -153,6 +153,8 @@ def _cases():
     yield ["namespace", "create"], "NAMESPACE"
     yield ["namespace", "create", "Bad-NS"], "Bad-NS"
     yield ["namespace", "create", "made_first", "bad ns!"], "bad ns!"  # none made: each checked first
+    yield ["postgres", "begin"], "begin"  # (no server started: the embedded tests start one)
+    yield ["postgres", "start", "extra"], "extra"
     yield ["token", "ungrant", "ib-nope", "--table", ORDERS], "ib-nope"
     for j in BAD_JOBS[:4]:
         yield ["job", "exec", j, "--credential", "a:b", "--", "true"], j
