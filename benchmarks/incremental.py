@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from proc import child_run  # noqa: E402
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
 from icebarrier.control_plane import barriers, db, jobs  # noqa: E402
@@ -209,11 +209,7 @@ def main() -> int:
         print(f"run {i + 1} of {args.runs} …", file=sys.stderr, flush=True)
         child = ["--dsn", args.dsn, "--sizes", ",".join(f"{s:g}" for s in args.sizes), "--barriers", str(args.barriers)]
         child += ["--new-rows", str(args.new_rows), "--one"]
-        out = subprocess.run([sys.executable, __file__, *child], capture_output=True, text=True)
-        if out.returncode != 0:
-            print(out.stderr[-3000:], file=sys.stderr)
-            return out.returncode
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        runs.append(child_run([__file__, *child]))
         print(f"run {i + 1}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
     report(runs, args.sizes)
     return 0

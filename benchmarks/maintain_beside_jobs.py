@@ -49,6 +49,7 @@ from urllib.parse import urlparse
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from catalog import session, start  # noqa: E402
+from proc import child_run  # noqa: E402
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
 from icebarrier.apps.embedded import CLI  # noqa: E402
@@ -370,12 +371,7 @@ def main() -> int:
     results = []
     for i in range(args.runs):
         print(f"run {i + 1} of {args.runs}: {args.mode} …", file=sys.stderr, flush=True)
-        child = [sys.executable, __file__, *sys.argv[1:], "--one"]
-        out = subprocess.run(child, capture_output=True, text=True)
-        if out.returncode != 0:
-            print(out.stderr[-3000:], file=sys.stderr)
-            return out.returncode
-        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        results.append(child_run([__file__, *sys.argv[1:], "--one"]))
     (report_unmanaged if args.mode == "unmanaged" else report_managed)(results, args)
     return 0
 

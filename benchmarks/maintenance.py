@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from catalog import session, start  # noqa: E402
-from proc import tree_cpu_s  # noqa: E402
+from proc import child_run, tree_cpu_s  # noqa: E402
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
 from icebarrier.apps.embedded import CLI  # noqa: E402
@@ -209,12 +209,7 @@ def main() -> int:
                 flush=True,
             )
             minutes = args.minutes if variant == "with" else min(args.minutes, args.without_minutes)
-            child = [sys.executable, __file__, "--dsn", args.dsn, "--minutes", str(minutes), "--one", variant]
-            out = subprocess.run(child, capture_output=True, text=True)
-            if out.returncode != 0:
-                print(out.stderr[-3000:], file=sys.stderr)
-                return out.returncode
-            run[variant] = json.loads(out.stdout.strip().splitlines()[-1])
+            run[variant] = child_run([__file__, "--dsn", args.dsn, "--minutes", str(minutes), "--one", variant])
         runs.append(run)
     report(runs, args.minutes)
     if args.plot:

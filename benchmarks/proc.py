@@ -1,11 +1,25 @@
-"""CPU time and memory of processes, read from /proc (Linux)."""
+"""Processes: a benchmark's run in a process of its own, and CPU time and memory read from /proc
+(Linux)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 TICK_S = os.sysconf("SC_CLK_TCK")
+
+
+def child_run(argv: list[str], python: str | Path = sys.executable) -> dict:
+    """Run ``python argv`` (a benchmark script with ``--one``: one run, its result as the last line
+    of JSON on stdout) in a process of its own, so that runs share no JVM, cache or memory; its
+    result. A failed run ends the benchmark with the last of what it said."""
+    done = subprocess.run([str(python), *argv], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{Path(argv[0]).name} {' '.join(argv[1:])}: failed\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def cpu_s(pid: int) -> float:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))  # tests.other_line: the other line's environment
 
 from incremental import JOBS, ORDERS, _schema  # noqa: E402
+from proc import child_run  # noqa: E402
 from scratch import DEFAULT_SERVER, scratch_database  # noqa: E402
 
 from icebarrier.control_plane import barriers, db, jobs  # noqa: E402
@@ -84,11 +84,9 @@ def one_run(args) -> dict:
 
 
 def child(python: Path, args) -> dict:
-    argv = [str(python), __file__, "--dsn", args.dsn, "--rows", str(args.rows), "--barriers", str(args.barriers)]
-    done = subprocess.run([*argv, "--one"], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{python}: {done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_run(
+        [__file__, "--dsn", args.dsn, "--rows", str(args.rows), "--barriers", str(args.barriers), "--one"], python
+    )
 
 
 def main() -> int:
