@@ -12,8 +12,9 @@ changed, or whose time came, and runs what the table's policy says is due, in th
   downstream skip it. Not while the table holds a commit its job has not completed, nor while a
   job session's commit is staged on it; a pipeline commit that lands first wins (Iceberg's own
   validation fails the rewrite, which gives way and tries again at its next look);
-- **rewrite-manifests**: when the current snapshot has more manifests than the policy allows
-  (Spark ``rewrite_manifests``), kept barrier like a compaction;
+- **rewrite-manifests**: when the current snapshot has more manifests with live files than the
+  policy allows (Spark ``rewrite_manifests``), kept barrier like a compaction; after a
+  compaction only if still due (it rewrites manifests too);
 - **remove-orphans**: files nothing references, data files after ``orphan_grace``, what is under
   the metadata folder (metadata files beyond ``write.metadata.previous-versions-max``, manifests
   and manifest lists of replaced and given-up commits) after ``metadata_grace``. The metadata
