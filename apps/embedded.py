@@ -104,6 +104,17 @@ class EmbeddedPostgres:
         self._port_file.write_text(json.dumps({"port": port}))
         return self.dsn(port)
 
+    def database(self, name: str) -> str:
+        """Start (or find) the server, with a database ``name`` (made if missing); its DSN."""
+        import psycopg
+        from psycopg import sql
+
+        dsn = self.start()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return self.dsn(int(psycopg.conninfo.conninfo_to_dict(dsn)["port"]), name)
+
     def restart(self, *, down_s: float = 0.0) -> str:
         """Stop (fast: every connection is closed), stay down ``down_s``, start on the same port
         (so clients reconnect with the DSN they have)."""

@@ -6,8 +6,6 @@ commands under the state directory. A production control plane is a Postgres you
 from __future__ import annotations
 
 import click
-import psycopg
-from psycopg import sql
 
 from icebarrier.cli.render import emit
 
@@ -34,12 +32,8 @@ def start(obj) -> None:
     alone, for `export ICEBARRIER_DSN=$(icebarrier postgres start)`. It keeps running until
     `icebarrier postgres stop`; its data stays until `icebarrier postgres remove`."""
     server = _server()
-    dsn = server.start()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone() is None:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
-    url = server.dsn(int(psycopg.conninfo.conninfo_to_dict(dsn)["port"]), DATABASE)
-    emit(obj, {"dsn": url, "data_dir": str(server.data_dir), "runs_as": server.runs_as()}, url)
+    dsn = server.database(DATABASE)
+    emit(obj, {"dsn": dsn, "data_dir": str(server.data_dir), "runs_as": server.runs_as()}, dsn)
 
 
 @postgres_group.command("stop")
