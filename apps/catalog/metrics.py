@@ -262,6 +262,12 @@ def _maintenance(rows: list[dict]):
         "When the maintenance service last listed the table's files and removed its orphans",
         labels=["table"],
     )
+    took = GaugeMetricFamily(
+        "icebarrier_maintenance_last_action_seconds",
+        "How long the maintenance service's last action of each kind on the table took (a service "
+        "falling behind shows where its time goes)",
+        labels=["table", "action"],
+    )
     for r in rows:
         name = r["table_name"]
         if r["snapshots"] is not None:
@@ -269,6 +275,9 @@ def _maintenance(rows: list[dict]):
                 family.add_metric([name], float(r[column]))
         for action, result, n in upkeep.counts(r["actions"]):
             actions.add_metric([name, action, result], n)
+        for action, last in r["actions"].items():
+            if (seconds := (last.get("detail") or {}).get("seconds")) is not None:
+                took.add_metric([name, action], float(seconds))
         if r["orphans_checked_at"] is not None:
             files.add_metric([name, "metadata"], float(r["metadata_files"]))
             files.add_metric([name, "data"], float(r["data_files_under"]))
@@ -277,6 +286,7 @@ def _maintenance(rows: list[dict]):
     yield actions
     yield files
     yield orphans_checked
+    yield took
 
 
 class LoadCacheCollector:

@@ -166,6 +166,7 @@ def test_manifests_past_the_policy_are_rewritten_keeping_the_barrier(lake, spark
     samples = scrape(server, {"Authorization": f"Bearer {access_token(server, cid, secret)}"}, {"tables": "all"})
     labels = (("table", str(table)),)
     assert samples[("icebarrier_table_manifests", labels)] == 1
+    assert samples[("icebarrier_maintenance_last_action_seconds", (("action", "rewrite-manifests"), *labels))] > 0
     assert samples[("icebarrier_table_data_files", labels)] == 6
     assert samples[("icebarrier_table_snapshots", labels)] == 7
     done = (("action", "rewrite-manifests"), ("result", "done"), ("table", str(table)))
