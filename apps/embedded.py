@@ -149,24 +149,28 @@ class EmbeddedPostgres:
         if undo.get("created_user"):
             subprocess.run(["userdel", OS_USER], check=False, capture_output=True)
 
+    def _recorded_port(self) -> int | None:
+        """The port it last ran on (None: it never started here)."""
+        return json.loads(self._port_file.read_text())["port"] if self._port_file.exists() else None
+
     def _last_port(self) -> int | None:
         """The port it last ran on, if no one listens there now (a DSN given out stays valid)."""
-        if not self._port_file.exists():
-            return None
-        port = json.loads(self._port_file.read_text())["port"]
-        with socket.socket() as s:
-            return None if s.connect_ex(("127.0.0.1", port)) == 0 else port
+        port = self._recorded_port()
+        return None if port is None or _listening(port) else port
 
     def _running_port(self) -> int | None:
-        pid_file = self.data_dir / "postmaster.pid"
-        if not pid_file.exists() or not self._port_file.exists():
-            return None
-        port = json.loads(self._port_file.read_text())["port"]
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return port
-        except OSError:
-            return None
+        port = self._recorded_port()
+        running = port is not None and (self.data_dir / "postmaster.pid").exists() and _listening(port)
+        return port if running else None
+
+
+def _listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def find_binaries() -> Path:

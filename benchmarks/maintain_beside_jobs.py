@@ -223,7 +223,7 @@ def managed(args) -> dict:
                     )
                 ]
                 computations = len(commits)
-                wall_start = time.time() - (time.monotonic() - started)
+                wall_start = time.time() - (time.monotonic() - started)  # the epoch time of second 0
                 for m, f in enumerate(files):  # the writer's commits in each minute: what the snapshots follow
                     f["commits"] = sum(1 for at in commits if m * 60 <= at - wall_start < (m + 1) * 60)
                 actions = upkeep.statuses(conn, [TABLE])[0].actions
@@ -243,7 +243,7 @@ def managed(args) -> dict:
             log_tail = (logs / "writer.log").read_text()[-2000:] if (logs / "writer.log").exists() else ""
             if args.logs:
                 shutil.copytree(logs, Path(args.logs) / f"run-{os.getpid()}")
-        appends = _appends(args.mode, times, logs / "writer.log", started, commits)
+        appends = _appends(args.mode, times, logs / "writer.log", wall_start, commits)
 
         def minute(m: int) -> dict:
             window = per_s[(m - 1) * 60 : m * 60]
@@ -272,11 +272,10 @@ def managed(args) -> dict:
         }
 
 
-def _appends(mode: str, times: Path, log: Path, started: float, commits: list[float]) -> list[tuple[float, float]]:
+def _appends(mode: str, times: Path, log: Path, wall_start: float, commits: list[float]) -> list[tuple[float, float]]:
     """(seconds since the start, the writer's append ms) of each of its commits: the script's own
     timing, or for Spark the runtime's line per computed barrier (its read, write and record), in
     the order of the commits the control plane recorded (``commits``: their epoch times)."""
-    wall_start = time.time() - (time.monotonic() - started)
     if mode != "spark":
         rows = [json.loads(line) for line in times.read_text().splitlines()] if times.exists() else []
         return [(r["at"] - wall_start, r["append_ms"]) for r in rows]
