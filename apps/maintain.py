@@ -270,16 +270,18 @@ class Maintainer:
         sweep = now >= state.sweep_at
         ran: list[Action] = []
         rewritten = False  # the current snapshot's files changed since ``seen``
+        stale = False  # the table changed since ``seen``
         for x in actions:
             if rewritten:
-                seen, rewritten = self._looker.look(load_table(catalog, name), policy), False
+                seen, rewritten, stale = self._looker.look(load_table(catalog, name), policy), False, False
                 if x not in due(seen, policy, orphans_at=state.orphans_at, now=now)[0]:
                     continue  # a compaction rewrites manifests too: most often none are left to rewrite
             a = self._run(conn, catalog, name, policy, x, locations() if x == "remove-orphans" else None, sweep)
             if a is not None:
                 ran.append(a)
                 rewritten = a.action in REWRITES and a.result == "done"
-        if any(a.result == "done" and a.action != "remove-orphans" for a in ran):  # the table changed
+                stale = stale or (a.result == "done" and a.action != "remove-orphans")
+        if stale:  # what the next look is due on, as the actions left the table
             seen = self._looker.look(load_table(catalog, name), policy)
         if "remove-orphans" in actions:
             if sweep:
