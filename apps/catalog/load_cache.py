@@ -22,7 +22,13 @@ Why an answer from memory is the database's answer at the time the load came:
   the snapshot: that load asks the database (``Loading.load_on_loop``).
 - A read-committed session's moment is kept until it is a tenth of the quiet interval old, when
   the database would write its time again: no process moves it before the quiet interval, so
-  every process gives the session the same moment, as without memory.
+  every process gives the session the same moment, as without memory. Every twentieth of the
+  quiet interval memory tells the database, in one statement (``session_touch``, migration
+  0037), when each session it answered last used its moment; the database confirms the moments
+  still the sessions' and memory keeps them another tenth of the interval from when it asked.
+  A client loading without pause never waits for the database (before, it went there ten
+  times a second), and the database still knows its last load within a twentieth of the quiet
+  interval (plus the statement's time).
 - A load's answer is kept only if no notice came while its statement ran: a notice that
   overtook the answer would otherwise be undone by it (one generation counter).
 - Without a listening connection nothing is kept or answered from memory; when one connects
@@ -60,6 +66,7 @@ RECONNECT_S = 1.0
 CATCH_UP_S = 1.0  # a load waits this long at most for memory to catch up, then asks the database
 MAX_POINTERS = 100_000  # about 30 MB of keys and locations at most
 MAX_TOKENS = 10_000
+TOUCH_MIN_S = 0.01  # moments are touched no more often (a quiet interval under 0.2 s: less than every twentieth)
 MODES = ("latest", "read-committed", "barrier")  # the loads memory answers
 # A cut connection is found in 5 + 2 * 5 s; connect_timeout bounds a reconnection's wait.
 _LISTENER = {
@@ -69,9 +76,11 @@ _LISTENER = {
     "keepalives_count": 5,
     "connect_timeout": 10,
 }
+_TOUCH = "SELECT token_hash, scope FROM session_touch(%s, %s, %s, %s)"
 _ANNOUNCED = "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = %s AND tgrelid = to_regclass(%s))"
 
 _Key = tuple[str, str, str]  # the SQL catalog's (catalog_name, table_namespace, table_name)
+_Session = tuple[str, str | None]  # a read-committed session: (token hash, scope)
 
 
 def _key(table: TableName) -> _Key:
@@ -82,14 +91,16 @@ class LoadCache:
     """Used on the server's event loop only (no locks). ``catalog_schema``: the SQL catalog's
     schema, where the pointers are."""
 
-    def __init__(self, dsn: str | None, schema: str | None, catalog_schema: str) -> None:
+    def __init__(self, dsn: str | None, schema: str | None, catalog_schema: str, *, quiet_ms: int) -> None:
         self._dsn, self._schema = db.resolve_dsn(dsn), db.resolve_schema(schema)
         self._catalog_schema = catalog_schema
+        self._quiet_s = quiet_ms / 1000
         self._pointers: dict[_Key, str] = {}
         self._managed: dict[str, bool] = {}  # managed key: is the table managed
         self._cuts: dict[tuple[str, int], int] = {}  # (managed key, B): S(T, B), a plain cut's snapshot
         self._tokens: dict[str, tuple[Principal, float]] = {}  # token hash: who, valid until (monotonic)
-        self._moments: dict[tuple[str, str | None], tuple[int, float]] = {}  # (token hash, scope): B, until
+        self._moments: dict[_Session, tuple[int, float]] = {}  # B, until
+        self._used: dict[_Session, float] = {}  # the moments given since the last touch: when last
         self._generation = 0
         # Catching up (:meth:`_readable`): the catch-ups sent and not answered yet, oldest first,
         # each the loads that wait for it; the loads that wait for the next one (sent at the end
@@ -99,9 +110,9 @@ class LoadCache:
         self._pgconn: psycopg.pq.abc.PGconn | None = None
         self._fd = -1
         self._lost: asyncio.Future | None = None
-        self._task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self.live = False  # listening: memory may be used
-        self.hits = self.misses = self.catch_ups = 0
+        self.hits = self.misses = self.catch_ups = self.touches = 0
 
     @property
     def generation(self) -> int:
@@ -121,7 +132,14 @@ class LoadCache:
             self.misses += 1
         else:
             self.hits += 1
+            self._used_moment(query, time.monotonic())
         return state
+
+    def _used_moment(self, query: LoadQuery, now: float) -> None:
+        """A read-committed load was given its session's moment at ``now``: the next touch says so."""
+        if query.mode == "read-committed" and query.hashed_token is not None and query.job is None:
+            self._used.pop(key := (query.hashed_token, query.scope), None)
+            _put(self._used, MAX_TOKENS, key, now)
 
     def _recall(self, query: LoadQuery, now: float) -> LoadState | None:
         """What memory holds for ``query``, a token and a moment only until their time at ``now``."""
@@ -193,6 +211,7 @@ class LoadCache:
             # loads is never more than it would see without memory (moves are past 1.1 quiet).
             until = asked_at - state.moment_age_s + query.quiet_ms / 10_000
             _put(self._moments, MAX_TOKENS, (hashed, query.scope), (state.moment, until))
+            self._used_moment(query, asked_at)  # session_cut writes its time only a tenth of quiet apart
 
     async def _caught_up(self) -> bool:
         """Wait for a catch-up sent after now (the loads of one turn of the event loop share
@@ -222,7 +241,7 @@ class LoadCache:
 
     def _forget_all(self, *, live: bool) -> None:
         self._generation += 1
-        for kept in (self._pointers, self._managed, self._cuts, self._tokens, self._moments):
+        for kept in (self._pointers, self._managed, self._cuts, self._tokens, self._moments, self._used):
             kept.clear()
         self.live = live
         self._release()  # loads waiting for a catch-up: memory is empty, they ask the database
@@ -234,15 +253,51 @@ class LoadCache:
         self._in_flight.clear()
         self._next = None
 
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._listen(), name="icebarrier-load-cache")
+    async def start(self, pool) -> None:
+        """Listen, and touch the moments given (``pool``: the server's async pool)."""
+        self._tasks = [
+            asyncio.create_task(self._listen(), name="icebarrier-load-cache"),
+            asyncio.create_task(self._touch_moments(pool), name="icebarrier-moments"),
+        ]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
             with suppress(asyncio.CancelledError):
-                await self._task
+                await task
         self._forget_all(live=False)
+
+    async def _touch_moments(self, pool) -> None:
+        """Every twentieth of the quiet interval, the moments given since the last time, in one
+        statement: the database writes each session's last use (never earlier than it has it)
+        where the session's moment is still the one given; memory keeps those moments another
+        tenth of the quiet interval from when it asked, and forgets the others (their next load
+        asks the database). A statement that fails leaves the moments to end at their time."""
+        while True:
+            await asyncio.sleep(max(self._quiet_s / 20, TOUCH_MIN_S))
+            used, self._used = self._used, {}
+            given = {key: self._moments[key][0] for key in used if key in self._moments}
+            if not given or not self.live:
+                continue
+            try:
+                async with pool.connection() as conn:
+                    asked_at = time.monotonic()  # with a connection: the database's time is about now
+                    ago = [asked_at - used[key] for key in given]
+                    arrays = ([key[0] for key in given], [key[1] for key in given], list(given.values()), ago)
+                    confirmed = {
+                        (r["token_hash"], r["scope"]) for r in await (await conn.execute(_TOUCH, arrays)).fetchall()
+                    }
+            except psycopg.Error:
+                continue
+            self.touches += 1
+            for key, barrier in given.items():
+                kept = self._moments.get(key)
+                if kept is None or kept[0] != barrier:
+                    continue  # memory has moved on since it asked
+                if key in confirmed:
+                    self._moments[key] = (barrier, max(kept[1], asked_at + self._quiet_s / 10))
+                else:
+                    del self._moments[key]
 
     async def _listen(self) -> None:
         """Listen, and keep listening: memory is used only while a connection listens."""

@@ -311,6 +311,12 @@ class LoadCacheCollector:
             "(one Sync on its listening connection)",
             value=self.cache.catch_ups,
         )
+        yield CounterMetricFamily(
+            "icebarrier_catalog_moment_touches",
+            "Statements in which this process told the database when its read-committed sessions last "
+            "used their moments (session_touch: one for all of them, every twentieth of the quiet interval)",
+            value=self.cache.touches,
+        )
         yield GaugeMetricFamily(
             "icebarrier_catalog_load_cache_live",
             "1 while this process listens for the notices that keep its memory of loads current, else 0",

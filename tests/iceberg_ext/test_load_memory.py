@@ -149,8 +149,40 @@ def test_read_committed_moves_on_after_a_quiet_moment_with_memory(lake):
         _from_memory(server, path, headers, 1)
         p.advance()
         assert _snapshots(server, path, headers) == 1  # moments later: the session's moment holds
-        time.sleep(5.5)
+        time.sleep(6)  # past 1.1 times the quiet interval, where it moves (between quiet and that: either)
         assert _snapshots(server, path, headers) == 2  # quiet: the newest cut
+    finally:
+        err = stop_server(proc)
+    assert "Traceback" not in err, err[-3000:]
+
+
+def test_a_session_loading_without_pause_stays_in_memory_and_the_database_knows_its_last_load(lake):
+    """A read-committed session loading without pause for five times as long as memory holds a
+    moment it asked for (a tenth of the quiet interval) is not answered by the database: memory's
+    touches (every twentieth of the interval, one statement) keep the moment, and write the
+    session's last load, so the database would keep the moment for it too."""
+    p = Pipeline(lake, {"ingest": ["orders"]})
+    p.advance()
+    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
+    proc, server = start_server(lake, "--session-quiet", "10s")  # a moment held 1 s, touched every 0.5 s
+    try:
+        headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
+        path = f"read-committed/namespaces/{lake.namespace}/tables/orders"
+        _from_memory(server, path, headers, 1)
+        before = _answered(server, headers)["database"]
+        mark = lake.conn.execute("SELECT clock_timestamp() AS t").fetchone()["t"]
+        p.advance()  # a newer cut: the session keeps its moment
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            assert _snapshots(server, path, headers) == 1
+        assert _answered(server, headers)["database"] - before <= 1  # one, if a touch came late
+        last_load = "SELECT t.rc_loaded_at FROM catalog_token t WHERE t.client_id = %s"
+        deadline = time.monotonic() + 30
+        while lake.conn.execute(last_load, (rid,)).fetchone()["rc_loaded_at"] <= mark:
+            assert time.monotonic() < deadline, "no touch wrote the session's last load"
+            time.sleep(0.05)
+        samples = scrape(server, headers)
+        assert samples[("icebarrier_catalog_moment_touches_total", ())] > 0
     finally:
         err = stop_server(proc)
     assert "Traceback" not in err, err[-3000:]

@@ -157,8 +157,8 @@ class LakeCore:
                     f"run `icebarrier db upgrade`"
                 )
         self.async_pool = db.async_pool(settings.dsn, settings.schema)  # loads; opened on the server's loop
-        self.load_cache = LoadCache(settings.dsn, settings.schema, settings.catalog_schema)  # started there too
         self.quiet_ms = quiet_ms
+        self.load_cache = LoadCache(settings.dsn, settings.schema, settings.catalog_schema, quiet_ms=quiet_ms)
         self.confinement = locations.Confinement.of(settings.warehouse, allowed_locations)
         self.metadata_cache = _LRU(4096)  # location: (metadata, io)
         self.metadata_json_cache = _LRU(4096)  # location: (its JSON, the table's location)
@@ -212,7 +212,7 @@ class LakeCore:
 
     async def open(self) -> None:
         await self.async_pool.open()
-        await self.load_cache.start()
+        await self.load_cache.start(self.async_pool)
 
     async def aclose(self) -> None:
         await self.load_cache.stop()
