@@ -8,6 +8,7 @@ with a message saying how to provide one. Tests never skip because a service is 
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 import signal
@@ -46,6 +47,17 @@ os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.enviro
 
 # peer/ holds other projects' suites that tests run against a live server (their own pytest)
 collect_ignore = ["peer"]
+
+
+def pytest_sessionstart(session) -> None:
+    """The checkout's bytecode, compiled once before the tests (the controller; only what
+    changed): where PYTHONDONTWRITEBYTECODE is set (this machine's environment and CI's), every
+    `icebarrier` process the suite starts would otherwise compile our modules again, 0.15-0.17 s
+    of each start (`python -X importtime`)."""
+    if not hasattr(session.config, "workerinput"):
+        root = Path(__file__).resolve().parent.parent
+        for folder in ("icebarrier", "apps", "cli", "control_plane", "iceberg_ext", "tests", "examples"):
+            compileall.compile_dir(root / folder, quiet=2)
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
