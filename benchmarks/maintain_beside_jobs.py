@@ -242,7 +242,10 @@ def managed(args) -> dict:
             server.wait(30)
             log_tail = (logs / "writer.log").read_text()[-2000:] if (logs / "writer.log").exists() else ""
             if args.logs:
-                shutil.copytree(logs, Path(args.logs) / f"run-{os.getpid()}")
+                kept = Path(args.logs) / f"run-{os.getpid()}"
+                shutil.copytree(logs, kept)
+                if times.exists():  # the writer's own times, to look at a run again
+                    shutil.copy(times, kept)
         appends = _appends(args.mode, times, logs / "writer.log", wall_start, commits)
 
         def minute(m: int) -> dict:
@@ -359,7 +362,7 @@ def main() -> int:
     parser.add_argument("--appends", type=int, default=1000, help="unmanaged: appends (>= 200)")
     parser.add_argument("--pause", type=float, default=0.2, help="unmanaged: seconds between appends")
     parser.add_argument("--verbose", action="store_true", help="the files under the table at each minute, as it goes")
-    parser.add_argument("--logs", help="keep each run's service and writer logs in this folder")
+    parser.add_argument("--logs", help="keep each run's service and writer logs and the writer's times in this folder")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
