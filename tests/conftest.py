@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import tomllib
 import uuid
 from pathlib import Path
 
@@ -56,7 +57,8 @@ def pytest_sessionstart(session) -> None:
     of each start (`python -X importtime`)."""
     if not hasattr(session.config, "workerinput"):
         root = Path(__file__).resolve().parent.parent
-        for folder in ("icebarrier", "apps", "cli", "control_plane", "iceberg_ext", "tests", "examples"):
+        installed = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+        for folder in (*installed.values(), "tests", "examples"):  # what installs, and what tests run as scripts
             compileall.compile_dir(root / folder, quiet=2)
 
 
