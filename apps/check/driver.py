@@ -27,6 +27,7 @@ model (:mod:`.model`):
 
 from __future__ import annotations
 
+import bisect
 import json
 import queue
 import random
@@ -34,6 +35,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from icebarrier.apps.check.audits import Audits
@@ -64,6 +66,7 @@ ANCHOR_INTERVAL_S = 3.0
 # A job exec job costs a process start and a session per step (2-6 s here): anchors (which
 # coalescing never crosses) come no faster than that in a long run, or it could never catch up.
 EXEC_ANCHOR_INTERVAL_S = 10.0
+TERM_RETRY_S = 0.5  # a SIGTERM due while the catalog server is down is tried again this much later
 
 
 class KafkaOrders:
@@ -390,9 +393,11 @@ def run_check(
                     report.faults["catalog server@killed"] += 1
                     run.outage("the catalog server killed", fault.down_s)
                 elif fault.kind == "server-term":
-                    if run.catalog_server.terminate(fault.down_s):  # else it was down already
+                    if run.catalog_server.terminate(fault.down_s):
                         report.faults["catalog server@SIGTERM"] += 1
                         run.outage("the catalog server stopped", fault.down_s + DRAIN_S)
+                    else:  # a fault before it has the server down: sent once it runs again
+                        bisect.insort(schedule, replace(fault, at_s=elapsed + TERM_RETRY_S), key=lambda f: f.at_s)
                 elif fault.kind == "maintain":
                     run.maintenance.kill(fault.down_s)
                     report.faults["maintain@killed"] += 1
