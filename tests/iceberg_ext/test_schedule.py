@@ -169,20 +169,12 @@ def test_the_schedule_meets_targets_coalescing_retrying_and_handing_over(lake, s
         for table, seen in met.items():
             share = sum(seen) / len(seen)
             assert share >= 0.9, f"{table}: target met {share:.0%} of {len(seen)} samples\n{first.log()[-3000:]}"
-        killed: list[int] = []
-
-        def kill_ingest_once() -> None:
-            if not killed:
-                pids = script_pids(f"pyiceberg_root.py {lake.namespace}")
-                for pid in pids:
-                    os.kill(pid, signal.SIGKILL)
-                killed.extend(pids)
-
         deadline = time.monotonic() + 3 * longest  # ingest runs at least once a target
-        while not killed:
+        while not (killed := script_pids(f"pyiceberg_root.py {lake.namespace}")):
             assert time.monotonic() < deadline, f"ingest never ran in {3 * longest} s\n{first.log()[-3000:]}"
-            kill_ingest_once()
             time.sleep(0.2)
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
         first.wait_for("job ingest: run failed")
         retried = first.wait_for("retry 1 in")
         # the killed run costs the targets what it took plus its retry; then they recover
