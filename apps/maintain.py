@@ -115,6 +115,7 @@ class Maintainer:
     _spark_lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _manifests: threading.local = field(default_factory=threading.local)  # a worker's manifests' files
+    _locations: dict = field(default_factory=dict)  # every table's location, as last listed
 
     def stop(self) -> None:
         self._stop.set()
@@ -182,7 +183,8 @@ class Maintainer:
         if self.only is not None:
             pointers = {name: p for name, p in pointers.items() if name in self.only}
         todo = self._due(conn, pointers, now)
-        locations = _Once(lambda: orphans.table_locations(catalog))  # listed once a pass, if needed
+        # listed once a pass, if needed; loading only the tables whose location may have moved
+        locations = _Once(lambda: orphans.table_locations(conn, self.settings, catalog, self._locations))
 
         def look(status: upkeep.Status, conn: Conn, catalog) -> list[Action] | None:
             return self._look(conn, catalog, status, pointers[status.policy.table], now, may_act, locations)

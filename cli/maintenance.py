@@ -129,7 +129,7 @@ def remove_orphans(obj, table_names, older_than: str, dry_run: bool) -> None:
     older = parse_duration_s(older_than, allow_zero=True)
     conn, catalog = obj.conn(), obj.catalog()
     names = _named_or_all(conn, table_names)
-    locations = table_locations(catalog)
+    locations = table_locations(conn, obj.settings(), catalog)
     reports = [run(conn, catalog, t, older_than_s=older, dry_run=dry_run, locations=locations) for t in names]
     emit(
         obj,

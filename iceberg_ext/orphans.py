@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from icebarrier.control_plane import db, idempotency, job_sessions, leases
 from icebarrier.control_plane.model import TableName
-from icebarrier.iceberg_ext.catalog import load_table
+from icebarrier.iceberg_ext.catalog import load_table, pointer_rows
 from icebarrier.iceberg_ext.maintenance import reachable_files, same_file, staged_files
 
 
@@ -109,7 +109,7 @@ def remove_orphans(
     older_than_s: float = ORPHAN_GRACE_S,
     metadata_older_than_s: float | None = None,
     dry_run: bool = False,
-    locations: list[str] | None = None,
+    locations: list[str],
     metadata_only: bool = False,
     manifests: MutableMapping[str, set[str]] | None = None,
 ) -> OrphanReport:
@@ -138,7 +138,7 @@ def remove_orphans(
         if staging.open_since is not None:
             cutoff, metadata_cutoff = min(cutoff, staging.open_since), min(metadata_cutoff, staging.open_since)
         scheme, netloc, location = same_file(tbl.metadata.location.rstrip("/"))
-        others = (same_file(t) for t in (locations if locations is not None else table_locations(catalog)))
+        others = (same_file(t) for t in locations)
         nested = [p for s, n, p in others if (s, n) == (scheme, netloc) and p.startswith(f"{location}/")]
         metadata_path = metadata_folder_of(tbl)
         metadata_folder = same_file(metadata_path)[2] + "/"
@@ -180,13 +180,33 @@ def metadata_folder_of(tbl) -> str:
     return tbl.properties.get(TableProperties.WRITE_METADATA_PATH, f"{location}/metadata").rstrip("/")
 
 
-def table_locations(catalog) -> list[str]:
-    """Every table's location in the catalog (other tables may live inside a table's folder)."""
-    found = []
-    for namespace in catalog.list_namespaces():
-        for identifier in catalog.list_tables(namespace):
-            try:
-                found.append(catalog.load_table(identifier).metadata.location.rstrip("/"))
-            except Exception:  # noqa: BLE001 - a table dropped meanwhile, or unreadable: not ours to skip
-                continue
-    return found
+def table_locations(conn, settings, catalog, known: dict | None = None) -> list[str]:
+    """Every table's location in the catalog (another table may live inside a table's folder).
+
+    ``known``: what an earlier call found, kept by the caller (a service's passes) and updated
+    here, so that a table is loaded again only when its location may have moved: its metadata
+    file's folder is no longer the one read before, or that folder is not ``LOCATION/metadata``
+    (metadata written elsewhere). A location moves with a ``set-location`` update, whose metadata
+    file goes under the new location unless the table writes its metadata elsewhere. Without it a
+    pass over one table loaded every table of the lake."""
+    known = {} if known is None else known
+    rows = pointer_rows(conn, settings)
+    for key in set(known) - {(r["ns"], r["name"]) for r in rows}:
+        del known[key]  # dropped
+    for row in rows:
+        key, pointer = (row["ns"], row["name"]), row["metadata_location"]
+        was = known.get(key)
+        if was is not None and (was[0] == pointer or _folder(pointer) == _folder(was[0]) == f"{was[1]}/metadata"):
+            known[key] = (pointer, was[1])
+            continue
+        try:
+            location = catalog.load_table(f"{row['ns']}.{row['name']}").metadata.location.rstrip("/")
+        except Exception:  # noqa: BLE001 - a table dropped meanwhile, or unreadable: not ours to skip
+            known.pop(key, None)
+            continue
+        known[key] = (pointer, location)
+    return [location for _, location in known.values()]
+
+
+def _folder(path: str) -> str:
+    return path.rsplit("/", 1)[0]

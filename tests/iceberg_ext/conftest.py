@@ -110,6 +110,16 @@ def _lake(lake_dsn, warehouse: str, monkeypatch, storage: Storage | None = None)
         yield Lake(settings=settings, conn=conn, catalog=catalog, namespace=namespace)
     with psycopg.connect(lake_dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(cp_schema)))
+        # the namespace leaves the worker's shared catalog (its files stay): what lists every
+        # table of the catalog (orphan removal's nested tables) then reads the test's own, not
+        # every table of the run's earlier tests (on S3 servers since stopped, some)
+        for table, column in (("iceberg_tables", "table_namespace"), ("iceberg_namespace_properties", "namespace")):
+            admin.execute(
+                sql.SQL("DELETE FROM {}.{} WHERE catalog_name = %s AND ({} = %s OR {} LIKE %s)").format(
+                    sql.Identifier(settings.catalog_schema), sql.Identifier(table), *[sql.Identifier(column)] * 2
+                ),
+                (settings.catalog, namespace, f"{namespace}.%"),
+            )
 
 
 @pytest.fixture

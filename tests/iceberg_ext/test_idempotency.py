@@ -13,7 +13,7 @@ import requests
 import uuid6
 
 from icebarrier.control_plane import barriers, idempotency, jobs, tokens
-from icebarrier.iceberg_ext.orphans import remove_orphans
+from icebarrier.iceberg_ext.orphans import remove_orphans, table_locations
 from tests.dropping_proxy import DroppingProxy
 from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, staged_change, start_server, stop_server
 from tests.iceberg_ext.test_job_exec import command, job_exec, setup_pipeline
@@ -96,11 +96,27 @@ def test_a_commit_answer_is_read_back_from_its_metadata_file_which_orphan_remova
     set_v("3")  # the first commit's file has left the metadata log (previous-versions-max 1)
     now = lake.catalog.load_table(name)
     assert kept not in {e.metadata_file for e in now.metadata.metadata_log} | {now.metadata_location}
-    assert kept not in remove_orphans(lake.conn, lake.catalog, lake.T("facts"), older_than_s=0).orphans
+    assert (
+        kept
+        not in remove_orphans(
+            lake.conn,
+            lake.catalog,
+            lake.T("facts"),
+            older_than_s=0,
+            locations=table_locations(lake.conn, lake.settings, lake.catalog),
+        ).orphans
+    )
     again = set_v("1", key)
     assert again.headers.get("Idempotent-Replayed") == "true" and again.content == first.content
     lake.conn.execute("UPDATE idempotency_key SET expires_at = now() - interval '1 second' WHERE key = %s", (key,))
-    doomed = remove_orphans(lake.conn, lake.catalog, lake.T("facts"), older_than_s=0, dry_run=True).orphans
+    doomed = remove_orphans(
+        lake.conn,
+        lake.catalog,
+        lake.T("facts"),
+        older_than_s=0,
+        dry_run=True,
+        locations=table_locations(lake.conn, lake.settings, lake.catalog),
+    ).orphans
     assert kept in doomed  # the live key was what kept it
     lake.conn.execute("UPDATE idempotency_key SET expires_at = now() + interval '1 hour' WHERE key = %s", (key,))
     made.io.delete(kept)

@@ -172,7 +172,7 @@ def test_maintenance_beside_a_commit_staged_on_snapshots_an_expiry_removed(lake,
     The next expiry and orphan pass beside the staged commit read only its own snapshots (before,
     reading a removed manifest list failed them, every pass until it published); the publish
     drops the removed snapshots and lands."""
-    from icebarrier.iceberg_ext.orphans import remove_orphans
+    from icebarrier.iceberg_ext.orphans import remove_orphans, table_locations
 
     credential = _job(lake)
     marks = [_barrier(lake, server, credential)["barrier"] for _ in range(3)]
@@ -183,7 +183,14 @@ def test_maintenance_beside_a_commit_staged_on_snapshots_an_expiry_removed(lake,
         assert maintenance._expire_and_delete(tbl, [oldest], staged=()) > 0  # as the racing expiry saw it
         report = maintenance.expire(lake.conn, lake.catalog, lake.T("t"), older_than_s=0, retain_last=1)
         assert report.expired and report.files_deleted, report  # the second barrier's snapshot
-        remove_orphans(lake.conn, lake.catalog, lake.T("t"), older_than_s=0, metadata_older_than_s=0)
+        remove_orphans(
+            lake.conn,
+            lake.catalog,
+            lake.T("t"),
+            older_than_s=0,
+            metadata_older_than_s=0,
+            locations=table_locations(lake.conn, lake.settings, lake.catalog),
+        )
 
     marks.append(_barrier(lake, server, credential, staged=maintain_beside_it)["barrier"])
     assert _rows(lake) == sorted(marks)
@@ -351,7 +358,7 @@ def test_orphan_removal_keeps_the_files_spark_wrote_for_a_pyiceberg_table(lake, 
     """Spark spells a local file ``file:/…`` where PyIceberg spells it ``file:///…``: a compaction's
     files (written by Spark) of a table PyIceberg created are referenced all the same, and orphan
     removal with no grace at all deletes only what nothing references."""
-    from icebarrier.iceberg_ext.orphans import remove_orphans
+    from icebarrier.iceberg_ext.orphans import remove_orphans, table_locations
 
     table = lake.catalog.create_table(f"{lake.namespace}.t", schema=SCHEMA)
     for i in range(3):
@@ -363,7 +370,14 @@ def test_orphan_removal_keeps_the_files_spark_wrote_for_a_pyiceberg_table(lake, 
     stray = f"{tbl.metadata.location}/data/stray.parquet".removeprefix("file://")
     with open(stray, "wb") as f:
         f.write(b"nothing references me")
-    report = remove_orphans(lake.conn, lake.catalog, lake.T("t"), older_than_s=0, metadata_older_than_s=0)
+    report = remove_orphans(
+        lake.conn,
+        lake.catalog,
+        lake.T("t"),
+        older_than_s=0,
+        metadata_older_than_s=0,
+        locations=table_locations(lake.conn, lake.settings, lake.catalog),
+    )
     data = [o.rsplit("/", 1)[1] for o in report.orphans if "/data/" in o and not o.endswith(".crc")]
     assert data == ["stray.parquet"]  # (Hadoop's .crc files beside Spark's are referenced by nothing)
     assert _rows(lake) == [0, 1, 2]  # every file of the current snapshot is there

@@ -301,7 +301,7 @@ def test_orphan_removal_on_a_local_warehouse_deletes_only_old_unreferenced_files
 
     from icebarrier.control_plane import jobs
     from icebarrier.control_plane.model import JobDefinition
-    from icebarrier.iceberg_ext.orphans import remove_orphans
+    from icebarrier.iceberg_ext.orphans import remove_orphans, table_locations
 
     jobs.register(
         lake.conn, JobDefinition(name="writer", sinks=frozenset([lake.T("t")]), external_inputs=frozenset(["ext:t"]))
@@ -315,10 +315,77 @@ def test_orphan_removal_on_a_local_warehouse_deletes_only_old_unreferenced_files
         f.write_bytes(b"not referenced")
     os.utime(old, (time.time() - 7200, time.time() - 7200))
     referenced = {p for p in root.rglob("*") if p.is_file()} - {old, new}
-    report = remove_orphans(lake.conn, lake.catalog, lake.T("t"), older_than_s=3600)
+    report = remove_orphans(
+        lake.conn,
+        lake.catalog,
+        lake.T("t"),
+        older_than_s=3600,
+        locations=table_locations(lake.conn, lake.settings, lake.catalog),
+    )
     assert report.orphans == (old.as_uri(),) and report.kept_recent == 1
     assert not old.exists() and new.exists() and all(p.exists() for p in referenced)
     assert lake.catalog.load_table(f"{lake.namespace}.t").scan().to_arrow().num_rows == 2
+
+
+def test_a_table_moved_inside_another_keeps_its_files_and_listings_load_only_what_may_have_moved(lake):
+    """Orphan removal keeps the files of a table living inside the folder of the table it cleans.
+    The service lists every table's location once a pass, keeping what it read: a table whose
+    metadata stays in its ``LOCATION/metadata`` folder is not loaded again on a commit; one moved
+    (``set-location``), or writing its metadata elsewhere, is."""
+    from pathlib import Path
+
+    import pyarrow as pa
+    from pyiceberg.table.update import SetLocationUpdate
+
+    from icebarrier.control_plane import jobs
+    from icebarrier.control_plane.model import JobDefinition
+    from icebarrier.iceberg_ext.orphans import remove_orphans, table_locations
+
+    class Counted:  # the lake's catalog, its loads counted
+        def __init__(self, catalog):
+            self.catalog, self.loads = catalog, []
+
+        def load_table(self, identifier):
+            self.loads.append(identifier.rsplit(".", 1)[1])
+            return self.catalog.load_table(identifier)
+
+    sinks = frozenset(lake.T(t) for t in ("outer", "inner", "apart"))
+    jobs.register(lake.conn, JobDefinition(name="writer", sinks=sinks, external_inputs=frozenset(["ext:t"])))
+    schema = pa.schema([("id", pa.int64())])
+    ns = lake.namespace
+    outer, inner = (lake.catalog.create_table(f"{ns}.{t}", schema=schema) for t in ("outer", "inner"))
+    apart = lake.catalog.create_table(f"{ns}.apart", schema=schema)
+    with apart.transaction() as tx:
+        tx.set_properties({"write.metadata.path": f"{apart.metadata.location}/elsewhere"})
+    known: dict = {}
+    counted = Counted(lake.catalog)
+    first = table_locations(lake.conn, lake.settings, counted, known)
+    assert {"outer", "inner", "apart"} <= set(counted.loads)
+    assert {t.metadata.location for t in (outer, inner, apart)} <= set(first)
+
+    for t in (outer, inner, apart):
+        t.append(pa.table({"id": [1]}))
+    counted.loads.clear()
+    assert sorted(table_locations(lake.conn, lake.settings, counted, known)) == sorted(first)
+    assert counted.loads == ["apart"]  # its metadata folder does not tell where it lives
+
+    moved = f"{outer.metadata.location}/nested"
+    lake.catalog.commit_table(inner, (), (SetLocationUpdate(location=moved),))  # PyIceberg's API has none
+    inner = lake.catalog.load_table(f"{ns}.inner")
+    inner.append(pa.table({"id": [2]}))  # its data now lands inside outer's folder
+    counted.loads.clear()
+    locations = table_locations(lake.conn, lake.settings, counted, known)
+    assert counted.loads == ["inner"] and moved in locations
+
+    root = Path(outer.metadata.location.removeprefix("file://"))
+    stray = root / "data" / "stray.parquet"
+    stray.write_bytes(b"not referenced")
+    nested = [p for p in (root / "nested").rglob("*") if p.is_file()]
+    assert nested
+    report = remove_orphans(lake.conn, lake.catalog, lake.T("outer"), older_than_s=0, locations=locations)
+    assert report.orphans == (stray.as_uri(),), report.orphans
+    assert all(p.exists() for p in nested)
+    assert lake.catalog.load_table(f"{ns}.inner").scan().to_arrow().num_rows == 2
 
 
 def test_session_credentials_are_vended_instead_of_keys_and_a_dead_sts_is_one_line(s3_lake, s3, tmp_path):
