@@ -38,7 +38,7 @@ LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 # and the classes of this Spark line mapped from one archive (tests/spark_cds.py). Options of
 # the caller's own are kept as they are.
 if os.environ.get("SPARK_SUBMIT_OPTS", SMALL_JOBS_JVM_OPTIONS).startswith(SMALL_JOBS_JVM_OPTIONS):
-    os.environ["SPARK_SUBMIT_OPTS"] = spark_cds.driver_options()
+    os.environ.update(spark_cds.driver_env())
 
 # The console scripts of the Python running the tests (`icebarrier`, `python3`) first on PATH:
 # under pyenv, PATH otherwise finds its shims, a bash script that costs about 0.3 s more for each
