@@ -115,7 +115,6 @@ class Maintainer:
     _spark_lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _manifests: threading.local = field(default_factory=threading.local)  # a worker's manifests' files
-    _locations: dict = field(default_factory=dict)  # every table's location, as last listed
 
     def stop(self) -> None:
         self._stop.set()
@@ -183,11 +182,9 @@ class Maintainer:
         if self.only is not None:
             pointers = {name: p for name, p in pointers.items() if name in self.only}
         todo = self._due(conn, pointers, now)
-        # listed once a pass, if needed; loading only the tables whose location may have moved
-        locations = _Once(lambda: orphans.table_locations(conn, self.settings, catalog, self._locations))
 
         def look(status: upkeep.Status, conn: Conn, catalog) -> list[Action] | None:
-            return self._look(conn, catalog, status, pointers[status.policy.table], now, may_act, locations)
+            return self._look(conn, catalog, status, pointers[status.policy.table], now, may_act)
 
         if self._pool is None:
             done: list[Action] = []
@@ -248,7 +245,6 @@ class Maintainer:
         pointer: str,
         now: float,
         may_act: Callable[[], bool] | None,
-        locations: _Once,
     ) -> list[Action] | None:
         """Look at one table and run what is due. None: the pass ends here (stopped, or the
         lease lapsed)."""
@@ -278,7 +274,7 @@ class Maintainer:
                 seen, rewritten, stale = self._looker.look(load_table(catalog, name), policy), False, False
                 if x not in due(seen, policy, orphans_at=state.orphans_at, now=now)[0]:
                     continue  # a compaction rewrites manifests too: most often none are left to rewrite
-            a = self._run(conn, catalog, name, policy, x, locations() if x == "remove-orphans" else None, sweep)
+            a = self._run(conn, catalog, name, policy, x, sweep)
             if a is not None:
                 ran.append(a)
                 rewritten = a.action in REWRITES and a.result == "done"
@@ -319,13 +315,12 @@ class Maintainer:
         name: TableName,
         policy: Policy,
         action: str,
-        locations: list[str] | None,
         sweep: bool,
     ) -> Action | None:
         state = self._tables[name]
         started = time.perf_counter()
         try:
-            detail = self._act(conn, catalog, name, policy, action, locations, sweep)
+            detail = self._act(conn, catalog, name, policy, action, sweep)
             result = "done"
         except CompactionDeferredError as exc:
             state.gave_way = True
@@ -349,7 +344,7 @@ class Maintainer:
         upkeep.record(conn, name, action, result, detail)
         return Action(table=name, action=action, result=result, detail=detail)
 
-    def _act(self, conn, catalog, name, policy: Policy, action: str, locations, sweep: bool) -> dict | None:
+    def _act(self, conn, catalog, name, policy: Policy, action: str, sweep: bool) -> dict | None:
         if action == "expire":
             report = maintenance.expire(
                 conn,
@@ -373,7 +368,7 @@ class Maintainer:
                 name,
                 older_than_s=policy.orphan_grace_s,
                 metadata_older_than_s=policy.metadata_grace_s,
-                locations=locations,
+                catalog_schema=self.settings.catalog_schema,
                 metadata_only=not sweep,
                 manifests=self._manifests_read(),
             )
@@ -420,19 +415,6 @@ class Maintainer:
             else:
                 self._spark = self.spark_factory()
         return self._spark
-
-
-class _Once:
-    """A value computed at its first use, once, whichever worker asks first."""
-
-    def __init__(self, make: Callable[[], object]) -> None:
-        self._make, self._lock, self._value, self._made = make, threading.Lock(), None, False
-
-    def __call__(self):
-        with self._lock:
-            if not self._made:
-                self._value, self._made = self._make(), True
-            return self._value
 
 
 class _Workers:

@@ -124,13 +124,11 @@ def remove_orphans(obj, table_names, older_than: str, dry_run: bool) -> None:
     references (failed and killed runs leave them), older than --older-than and than any job
     session or staging of the table still open. Works on a local warehouse and on S3."""
     from icebarrier.iceberg_ext.orphans import remove_orphans as run
-    from icebarrier.iceberg_ext.orphans import table_locations
 
     older = parse_duration_s(older_than, allow_zero=True)
-    conn, catalog = obj.conn(), obj.catalog()
+    conn, catalog, schema = obj.conn(), obj.catalog(), obj.settings().catalog_schema
     names = _named_or_all(conn, table_names)
-    locations = table_locations(conn, obj.settings(), catalog)
-    reports = [run(conn, catalog, t, older_than_s=older, dry_run=dry_run, locations=locations) for t in names]
+    reports = [run(conn, catalog, t, catalog_schema=schema, older_than_s=older, dry_run=dry_run) for t in names]
     emit(
         obj,
         [r.to_json() for r in reports],

@@ -533,12 +533,16 @@ def names_breaking_rule(settings) -> list[tuple[str, str, str]]:
     return found
 
 
-def pointer_rows(conn, settings, only=None) -> list[dict]:
-    """Every table of the SQL catalog as the catalog stores it (``ns``, ``name``,
-    ``metadata_location``), whatever its name, or (``only``, a TableName) that one if it exists."""
+def pointers(conn, settings, only=None) -> dict:
+    """Every table of the SQL catalog (TableName -> its metadata location), managed or not, or
+    (``only``, a TableName) that one if it exists; a table whose name icebarrier cannot spell
+    (outside the names rule) is left out."""
     from psycopg import sql
 
-    return conn.execute(
+    from icebarrier.control_plane.errors import IcebarrierError
+    from icebarrier.control_plane.model import TableName, check_name, check_namespace
+
+    rows = conn.execute(
         sql.SQL(
             "SELECT table_namespace AS ns, table_name AS name, metadata_location FROM {}.iceberg_tables "
             "WHERE catalog_name = %s AND metadata_location IS NOT NULL AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL)"
@@ -546,17 +550,8 @@ def pointer_rows(conn, settings, only=None) -> list[dict]:
         ).format(sql.Identifier(settings.catalog_schema)),
         (settings.catalog, *((only.sql_namespace, only.name) if only is not None else ())),
     ).fetchall()
-
-
-def pointers(conn, settings, only=None) -> dict:
-    """Every table of the SQL catalog (TableName -> its metadata location), managed or not, or
-    (``only``, a TableName) that one if it exists; a table whose name icebarrier cannot spell
-    (outside the names rule) is left out."""
-    from icebarrier.control_plane.errors import IcebarrierError
-    from icebarrier.control_plane.model import TableName, check_name, check_namespace
-
     found = {}
-    for row in pointer_rows(conn, settings, only):
+    for row in rows:
         try:
             name = TableName.from_sql_catalog(settings.catalog, row["ns"], row["name"])
             check_namespace(name.namespace)

@@ -177,6 +177,29 @@ def near(conn, catalog_schema: str, catalog: str, spot: str, read_location: Call
     return found + [p for _, p in placeable(catalog, pending, read_location)]
 
 
+def inside(conn, catalog_schema: str, catalog: str, spot: str, read_location: Callable[[str], str]) -> list[Placed]:
+    """The tables that may live under normalized ``spot`` (not at it), without the lock or a write:
+    the placements under it (:func:`near`), and the tables marked since the last placement,
+    placed now (more, never fewer: a placement gone stale names a folder to keep, which errs on
+    the side of keeping files). What orphan removal keeps out of a table's listing; the
+    placements are brought up to date by the next table placed."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        marked = cur.execute(
+            sql.SQL(
+                "SELECT m.table_namespace, m.table_name, t.metadata_location FROM {cs}.icebarrier_placement_mark m "
+                "JOIN {cs}.iceberg_tables t ON t.catalog_name = m.catalog_name "
+                "AND t.table_namespace = m.table_namespace AND t.table_name = m.table_name "
+                "WHERE m.catalog_name = %s AND t.metadata_location IS NOT NULL"
+            ).format(cs=sql.Identifier(catalog_schema)),
+            (catalog,),
+        ).fetchall()
+    found = [
+        *near(conn, catalog_schema, catalog, spot, read_location),
+        *(p for _, p in placeable(catalog, marked, read_location)),
+    ]
+    return [p for p in found if p.location != spot and contains(spot, p.location)]
+
+
 def reader(properties: dict[str, str]) -> Callable[[str], str]:
     """``read_location`` for :func:`place` from PyIceberg's FileIO with ``properties``."""
 

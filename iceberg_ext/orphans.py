@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from icebarrier.control_plane import db, idempotency, job_sessions, leases
 from icebarrier.control_plane.model import TableName
-from icebarrier.iceberg_ext.catalog import load_table, pointer_rows
+from icebarrier.iceberg_ext.catalog import load_table
+from icebarrier.iceberg_ext.locations import inside, normalized, reader
 from icebarrier.iceberg_ext.maintenance import reachable_files, same_file, staged_files
 
 
@@ -106,10 +107,10 @@ def remove_orphans(
     catalog,
     table: TableName,
     *,
+    catalog_schema: str,
     older_than_s: float = ORPHAN_GRACE_S,
     metadata_older_than_s: float | None = None,
     dry_run: bool = False,
-    locations: list[str],
     metadata_only: bool = False,
     manifests: MutableMapping[str, set[str]] | None = None,
 ) -> OrphanReport:
@@ -118,8 +119,8 @@ def remove_orphans(
     commit writes its manifests, manifest list and metadata file moments before it swaps the
     pointer) and before any session or staging of the table opened (its files may not be
     referenced yet). Runs under the table's expiry lock (one maintenance at a time).
-    ``locations``: every table's location (:func:`table_locations`; read once for many tables),
-    so that a table living inside this one's folder keeps its files. ``metadata_only``: list only
+    A table living inside this one's folder keeps its files (:func:`~icebarrier.iceberg_ext.locations.inside`:
+    the placements under the location of the catalog in ``catalog_schema``). ``metadata_only``: list only
     the metadata folder (what a commit every second piles up), if it lies in the table's location;
     the report then counts no data files. ``manifests``: see :func:`referenced_files`."""
     import datetime as dt
@@ -137,9 +138,10 @@ def remove_orphans(
         metadata_cutoff = now - dt.timedelta(seconds=metadata_older_than_s or older_than_s)
         if staging.open_since is not None:
             cutoff, metadata_cutoff = min(cutoff, staging.open_since), min(metadata_cutoff, staging.open_since)
-        scheme, netloc, location = same_file(tbl.metadata.location.rstrip("/"))
-        others = (same_file(t) for t in locations)
-        nested = [p for s, n, p in others if (s, n) == (scheme, netloc) and p.startswith(f"{location}/")]
+        location = same_file(tbl.metadata.location.rstrip("/"))[2]
+        spot = normalized(tbl.metadata.location)
+        read = reader(catalog.properties)
+        nested = [same_file(p.location)[2] for p in inside(conn, catalog_schema, table.catalog, spot, read)]
         metadata_path = metadata_folder_of(tbl)
         metadata_folder = same_file(metadata_path)[2] + "/"
         metadata_only = metadata_only and metadata_folder.startswith(f"{location}/")
@@ -178,35 +180,3 @@ def metadata_folder_of(tbl) -> str:
 
     location = tbl.metadata.location.rstrip("/")
     return tbl.properties.get(TableProperties.WRITE_METADATA_PATH, f"{location}/metadata").rstrip("/")
-
-
-def table_locations(conn, settings, catalog, known: dict | None = None) -> list[str]:
-    """Every table's location in the catalog (another table may live inside a table's folder).
-
-    ``known``: what an earlier call found, kept by the caller (a service's passes) and updated
-    here, so that a table is loaded again only when its location may have moved: its metadata
-    file's folder is no longer the one read before, or that folder is not ``LOCATION/metadata``
-    (metadata written elsewhere). A location moves with a ``set-location`` update, whose metadata
-    file goes under the new location unless the table writes its metadata elsewhere. Without it a
-    pass over one table loaded every table of the lake."""
-    known = {} if known is None else known
-    rows = pointer_rows(conn, settings)
-    for key in set(known) - {(r["ns"], r["name"]) for r in rows}:
-        del known[key]  # dropped
-    for row in rows:
-        key, pointer = (row["ns"], row["name"]), row["metadata_location"]
-        was = known.get(key)
-        if was is not None and (was[0] == pointer or _folder(pointer) == _folder(was[0]) == f"{was[1]}/metadata"):
-            known[key] = (pointer, was[1])
-            continue
-        try:
-            location = catalog.load_table(f"{row['ns']}.{row['name']}").metadata.location.rstrip("/")
-        except Exception:  # noqa: BLE001 - a table dropped meanwhile, or unreadable: not ours to skip
-            known.pop(key, None)
-            continue
-        known[key] = (pointer, location)
-    return [location for _, location in known.values()]
-
-
-def _folder(path: str) -> str:
-    return path.rsplit("/", 1)[0]

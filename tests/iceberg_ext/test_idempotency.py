@@ -13,7 +13,7 @@ import requests
 import uuid6
 
 from icebarrier.control_plane import barriers, idempotency, jobs, tokens
-from icebarrier.iceberg_ext.orphans import remove_orphans, table_locations
+from icebarrier.iceberg_ext.orphans import remove_orphans
 from tests.dropping_proxy import DroppingProxy
 from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, staged_change, start_server, stop_server
 from tests.iceberg_ext.test_job_exec import command, job_exec, setup_pipeline
@@ -103,7 +103,7 @@ def test_a_commit_answer_is_read_back_from_its_metadata_file_which_orphan_remova
             lake.catalog,
             lake.T("facts"),
             older_than_s=0,
-            locations=table_locations(lake.conn, lake.settings, lake.catalog),
+            catalog_schema=lake.settings.catalog_schema,
         ).orphans
     )
     again = set_v("1", key)
@@ -115,7 +115,7 @@ def test_a_commit_answer_is_read_back_from_its_metadata_file_which_orphan_remova
         lake.T("facts"),
         older_than_s=0,
         dry_run=True,
-        locations=table_locations(lake.conn, lake.settings, lake.catalog),
+        catalog_schema=lake.settings.catalog_schema,
     ).orphans
     assert kept in doomed  # the live key was what kept it
     lake.conn.execute("UPDATE idempotency_key SET expires_at = now() + interval '1 hour' WHERE key = %s", (key,))

@@ -172,7 +172,7 @@ def test_maintenance_beside_a_commit_staged_on_snapshots_an_expiry_removed(lake,
     The next expiry and orphan pass beside the staged commit read only its own snapshots (before,
     reading a removed manifest list failed them, every pass until it published); the publish
     drops the removed snapshots and lands."""
-    from icebarrier.iceberg_ext.orphans import remove_orphans, table_locations
+    from icebarrier.iceberg_ext.orphans import remove_orphans
 
     credential = _job(lake)
     marks = [_barrier(lake, server, credential)["barrier"] for _ in range(3)]
@@ -189,7 +189,7 @@ def test_maintenance_beside_a_commit_staged_on_snapshots_an_expiry_removed(lake,
             lake.T("t"),
             older_than_s=0,
             metadata_older_than_s=0,
-            locations=table_locations(lake.conn, lake.settings, lake.catalog),
+            catalog_schema=lake.settings.catalog_schema,
         )
 
     marks.append(_barrier(lake, server, credential, staged=maintain_beside_it)["barrier"])
@@ -358,7 +358,7 @@ def test_orphan_removal_keeps_the_files_spark_wrote_for_a_pyiceberg_table(lake, 
     """Spark spells a local file ``file:/…`` where PyIceberg spells it ``file:///…``: a compaction's
     files (written by Spark) of a table PyIceberg created are referenced all the same, and orphan
     removal with no grace at all deletes only what nothing references."""
-    from icebarrier.iceberg_ext.orphans import remove_orphans, table_locations
+    from icebarrier.iceberg_ext.orphans import remove_orphans
 
     table = lake.catalog.create_table(f"{lake.namespace}.t", schema=SCHEMA)
     for i in range(3):
@@ -376,7 +376,7 @@ def test_orphan_removal_keeps_the_files_spark_wrote_for_a_pyiceberg_table(lake, 
         lake.T("t"),
         older_than_s=0,
         metadata_older_than_s=0,
-        locations=table_locations(lake.conn, lake.settings, lake.catalog),
+        catalog_schema=lake.settings.catalog_schema,
     )
     data = [o.rsplit("/", 1)[1] for o in report.orphans if "/data/" in o and not o.endswith(".crc")]
     assert data == ["stray.parquet"]  # (Hadoop's .crc files beside Spark's are referenced by nothing)

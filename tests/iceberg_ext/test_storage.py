@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from icebarrier.apps.catalog.clients import configuration
-from icebarrier.control_plane import barriers, job_sessions, leases, reads, tokens
+from icebarrier.control_plane import barriers, db, job_sessions, leases, reads, tokens
 from icebarrier.iceberg_ext.catalog import summary_properties
 from tests.iceberg_ext.catalog_server import (
     Pipeline,
@@ -301,7 +301,7 @@ def test_orphan_removal_on_a_local_warehouse_deletes_only_old_unreferenced_files
 
     from icebarrier.control_plane import jobs
     from icebarrier.control_plane.model import JobDefinition
-    from icebarrier.iceberg_ext.orphans import remove_orphans, table_locations
+    from icebarrier.iceberg_ext.orphans import remove_orphans
 
     jobs.register(
         lake.conn, JobDefinition(name="writer", sinks=frozenset([lake.T("t")]), external_inputs=frozenset(["ext:t"]))
@@ -320,18 +320,19 @@ def test_orphan_removal_on_a_local_warehouse_deletes_only_old_unreferenced_files
         lake.catalog,
         lake.T("t"),
         older_than_s=3600,
-        locations=table_locations(lake.conn, lake.settings, lake.catalog),
+        catalog_schema=lake.settings.catalog_schema,
     )
     assert report.orphans == (old.as_uri(),) and report.kept_recent == 1
     assert not old.exists() and new.exists() and all(p.exists() for p in referenced)
     assert lake.catalog.load_table(f"{lake.namespace}.t").scan().to_arrow().num_rows == 2
 
 
-def test_a_table_moved_inside_another_keeps_its_files_and_listings_load_only_what_may_have_moved(lake):
-    """Orphan removal keeps the files of a table living inside the folder of the table it cleans.
-    The service lists every table's location once a pass, keeping what it read: a table whose
-    metadata stays in its ``LOCATION/metadata`` folder is not loaded again on a commit; one moved
-    (``set-location``), or writing its metadata elsewhere, is."""
+def test_tables_moved_inside_another_keep_their_files_placed_or_not_yet(lake):
+    """Orphan removal keeps the files of tables living inside the folder of the table it cleans,
+    found by the catalog's placements under its location (not by loading every table of the
+    lake): a table moved there by a writer that does not place tables (the SQL catalog's own
+    commit, as Spark's JDBC catalog does: marked, not placed yet), one writing its metadata
+    elsewhere (its location read off its metadata file), and both once placed."""
     from pathlib import Path
 
     import pyarrow as pa
@@ -339,53 +340,40 @@ def test_a_table_moved_inside_another_keeps_its_files_and_listings_load_only_wha
 
     from icebarrier.control_plane import jobs
     from icebarrier.control_plane.model import JobDefinition
-    from icebarrier.iceberg_ext.orphans import remove_orphans, table_locations
-
-    class Counted:  # the lake's catalog, its loads counted
-        def __init__(self, catalog):
-            self.catalog, self.loads = catalog, []
-
-        def load_table(self, identifier):
-            self.loads.append(identifier.rsplit(".", 1)[1])
-            return self.catalog.load_table(identifier)
+    from icebarrier.iceberg_ext import locations
+    from icebarrier.iceberg_ext.orphans import remove_orphans
 
     sinks = frozenset(lake.T(t) for t in ("outer", "inner", "apart"))
     jobs.register(lake.conn, JobDefinition(name="writer", sinks=sinks, external_inputs=frozenset(["ext:t"])))
-    schema = pa.schema([("id", pa.int64())])
-    ns = lake.namespace
-    outer, inner = (lake.catalog.create_table(f"{ns}.{t}", schema=schema) for t in ("outer", "inner"))
-    apart = lake.catalog.create_table(f"{ns}.apart", schema=schema)
+    schema, ns = pa.schema([("id", pa.int64())]), lake.namespace
+    outer, inner, apart = (lake.catalog.create_table(f"{ns}.{t}", schema=schema) for t in ("outer", "inner", "apart"))
     with apart.transaction() as tx:
         tx.set_properties({"write.metadata.path": f"{apart.metadata.location}/elsewhere"})
-    known: dict = {}
-    counted = Counted(lake.catalog)
-    first = table_locations(lake.conn, lake.settings, counted, known)
-    assert {"outer", "inner", "apart"} <= set(counted.loads)
-    assert {t.metadata.location for t in (outer, inner, apart)} <= set(first)
-
-    for t in (outer, inner, apart):
-        t.append(pa.table({"id": [1]}))
-    counted.loads.clear()
-    assert sorted(table_locations(lake.conn, lake.settings, counted, known)) == sorted(first)
-    assert counted.loads == ["apart"]  # its metadata folder does not tell where it lives
-
-    moved = f"{outer.metadata.location}/nested"
-    lake.catalog.commit_table(inner, (), (SetLocationUpdate(location=moved),))  # PyIceberg's API has none
-    inner = lake.catalog.load_table(f"{ns}.inner")
-    inner.append(pa.table({"id": [2]}))  # its data now lands inside outer's folder
-    counted.loads.clear()
-    locations = table_locations(lake.conn, lake.settings, counted, known)
-    assert counted.loads == ["inner"] and moved in locations
-
+    outer.append(pa.table({"id": [0]}))
     root = Path(outer.metadata.location.removeprefix("file://"))
-    stray = root / "data" / "stray.parquet"
-    stray.write_bytes(b"not referenced")
-    nested = [p for p in (root / "nested").rglob("*") if p.is_file()]
-    assert nested
-    report = remove_orphans(lake.conn, lake.catalog, lake.T("outer"), older_than_s=0, locations=locations)
-    assert report.orphans == (stray.as_uri(),), report.orphans
-    assert all(p.exists() for p in nested)
-    assert lake.catalog.load_table(f"{ns}.inner").scan().to_arrow().num_rows == 2
+    for name, tbl in (("inner", inner), ("apart", apart)):
+        # PyIceberg's API has no set-location; its catalog commits the update as Spark's would
+        lake.catalog.commit_table(tbl, (), (SetLocationUpdate(location=f"{outer.metadata.location}/{name}"),))
+        lake.catalog.load_table(f"{ns}.{name}").append(pa.table({"id": [1]}))  # data inside outer's folder
+
+    def removal() -> None:
+        stray = root / "data" / "stray.parquet"
+        stray.write_bytes(b"not referenced")
+        nested = [p for name in ("inner", "apart") for p in (root / name).rglob("*") if p.is_file()]
+        report = remove_orphans(
+            lake.conn, lake.catalog, lake.T("outer"), catalog_schema=lake.settings.catalog_schema, older_than_s=0
+        )
+        assert report.orphans == (stray.as_uri(),), report.orphans
+        assert nested and all(p.exists() for p in nested)
+        for name in ("inner", "apart"):
+            assert lake.catalog.load_table(f"{ns}.{name}").scan().to_arrow().num_rows == 1
+
+    removal()  # marked by the catalog's trigger, not placed yet
+    cs, read = lake.settings.catalog_schema, locations.reader(lake.catalog.properties)
+    with lake.conn.transaction():
+        db.advisory_lock(lake.conn, locations.LOCK, [0], what="placing")
+        assert locations.refresh(lake.conn, cs, lake.settings.catalog, read) >= 2
+    removal()  # placed
 
 
 def test_session_credentials_are_vended_instead_of_keys_and_a_dead_sts_is_one_line(s3_lake, s3, tmp_path):
