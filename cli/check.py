@@ -160,7 +160,7 @@ def check(
             broker = stack.enter_context(_broker(Broker(home / "kafka"), f"check_{seed}_orders"))
             bootstrap = broker.bootstrap
         dsn = server.start().dsn() if failover else server.start()
-        env = private_env(dsn, home, seed, warehouse=warehouse, storage=storage.fileio(), kafka=bootstrap)
+        env = private_env(dsn, home, seed, warehouse=warehouse, storage=storage, kafka=bootstrap)
         upgrade(env.settings)
         report = CheckReport(seed=seed)
         with _live(report, duration_s, say) as line:

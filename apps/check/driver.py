@@ -61,6 +61,7 @@ from icebarrier.iceberg_ext.catalog import (
     load_catalog,
 )
 from icebarrier.iceberg_ext.reads import ConsistentRead
+from icebarrier.iceberg_ext.storage import Storage
 
 ANCHOR_INTERVAL_S = 3.0
 # A job exec job costs a process start and a session per step (2-6 s here): anchors (which
@@ -512,7 +513,7 @@ def run_check(
 
 
 def private_env(
-    dsn: str, home: Path, seed: int, *, warehouse: str | None = None, storage: dict | None = None, kafka: str = ""
+    dsn: str, home: Path, seed: int, *, warehouse: str | None = None, storage: Storage | None = None, kafka: str = ""
 ) -> Env:
     """An Env for a run on ``dsn``, with the processes' reports under ``home`` (a folder the caller
     owns and removes), and its warehouse there too unless given (e.g. a prefix on S3)."""
@@ -523,6 +524,7 @@ def private_env(
         ns=f"check_{seed}",
         seed=seed,
         reports=str(home / "reports"),
-        storage=dict(storage or {}),
+        storage=storage.fileio() if storage else {},
+        readers=dict(storage.readers) if storage else {},
         kafka=kafka,
     )

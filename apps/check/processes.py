@@ -49,6 +49,7 @@ class Env:
     seed: int
     reports: str  # folder for the processes' JSON-line reports
     storage: dict = field(default_factory=dict)  # FileIO settings (a warehouse on S3)
+    readers: dict = field(default_factory=dict)  # ``[storage.readers]``: keys the catalog vends to readers
     kafka: str = ""  # a broker's bootstrap address: orders_in reads its orders from topic <ns>_orders
 
     @property
@@ -58,7 +59,10 @@ class Env:
     @property
     def settings(self) -> Settings:
         return Settings(
-            dsn=self.dsn, schema=self.schema, warehouse=self.warehouse, storage=Storage(properties=self.storage)
+            dsn=self.dsn,
+            schema=self.schema,
+            warehouse=self.warehouse,
+            storage=Storage(properties=self.storage, readers=self.readers),
         ).validated()
 
     def t(self, name: str) -> TableName:

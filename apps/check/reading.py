@@ -45,13 +45,17 @@ class Reading:
                 )
             )
         planned = (self.report.catalog_reads + self.report.catalog_validated) % 2 == 1  # every other read
+        # a reader token is vended the run's [storage.readers] keys; without them it brings its own
+        # (docs/storage.md). Never none: S3 refuses an anonymous read of a private object (moto only
+        # of objects with an ACL, as Spark's compactions write them: a run with --maintain found it)
+        own = {} if self.env.readers else self.env.storage
         try:
             catalog = RestCatalog(
                 f"check-{warehouse}",
                 uri=self.catalog_server.uri,
                 warehouse=warehouse,
                 credential=credential,
-                **{"scan-planning-mode": "server" if planned else "client"},
+                **{"scan-planning-mode": "server" if planned else "client", **own},
             )
             tables, previous = {}, None
             for name in SCHEMAS:

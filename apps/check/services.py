@@ -31,8 +31,13 @@ class Service:
     def __init__(self, env, home: Path, *, mutation: str | None = None) -> None:
         self.env, self.mutation = env, mutation
         self.config = home / f"{self.name}.toml"
-        storage = "".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in env.storage.items())
-        self.config.write_text(f"[storage]\n{storage}" if storage else "")
+        self.config.write_text(
+            "".join(
+                f"[{section}]\n" + "".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in values.items())
+                for section, values in (("storage", env.storage), ("storage.readers", env.readers))
+                if values
+            )
+        )
         self.log_path = home / f"{self.name}.log"
         self.log = open(self.log_path, "a")  # noqa: SIM115 - closed by stop()
         self.proc: subprocess.Popen | None = None
