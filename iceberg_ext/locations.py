@@ -121,6 +121,14 @@ def catalog_tables(conn, catalog_schema: str, catalog: str, read_location: Calla
 # again the rows the SQL catalog's trigger marked. Both below run under LOCK.
 
 
+# the marked tables' pointer rows as they are now (None: the table is gone), from ``marked``
+_MARKED_POINTERS = (
+    "SELECT m.table_namespace, m.table_name, t.metadata_location FROM marked m "
+    "LEFT JOIN {cs}.iceberg_tables t ON t.catalog_name = %(c)s "
+    "AND t.table_namespace = m.table_namespace AND t.table_name = m.table_name"
+)
+
+
 def refresh(conn, catalog_schema: str, catalog: str, read_location: Callable[[str], str]) -> int:
     """Place again every table of ``catalog`` marked since the last placement (its pointer row as
     it is now; a table gone or unplaceable places nothing); how many were marked."""
@@ -129,10 +137,7 @@ def refresh(conn, catalog_schema: str, catalog: str, read_location: Callable[[st
         marked = cur.execute(
             sql.SQL(
                 "WITH marked AS (DELETE FROM {cs}.icebarrier_placement_mark WHERE catalog_name = %(c)s "
-                "RETURNING table_namespace, table_name) "
-                "SELECT m.table_namespace, m.table_name, t.metadata_location FROM marked m "
-                "LEFT JOIN {cs}.iceberg_tables t ON t.catalog_name = %(c)s "
-                "AND t.table_namespace = m.table_namespace AND t.table_name = m.table_name"
+                "RETURNING table_namespace, table_name) " + _MARKED_POINTERS
             ).format(cs=cs),
             {"c": catalog},
         ).fetchall()
@@ -186,16 +191,15 @@ def inside(conn, catalog_schema: str, catalog: str, spot: str, read_location: Ca
     with conn.cursor(row_factory=tuple_row) as cur:
         marked = cur.execute(
             sql.SQL(
-                "SELECT m.table_namespace, m.table_name, t.metadata_location FROM {cs}.icebarrier_placement_mark m "
-                "JOIN {cs}.iceberg_tables t ON t.catalog_name = m.catalog_name "
-                "AND t.table_namespace = m.table_namespace AND t.table_name = m.table_name "
-                "WHERE m.catalog_name = %s AND t.metadata_location IS NOT NULL"
+                "WITH marked AS (SELECT table_namespace, table_name FROM {cs}.icebarrier_placement_mark "
+                "WHERE catalog_name = %(c)s) " + _MARKED_POINTERS
             ).format(cs=sql.Identifier(catalog_schema)),
-            (catalog,),
+            {"c": catalog},
         ).fetchall()
+    present = (row for row in marked if row[2] is not None)
     found = [
         *near(conn, catalog_schema, catalog, spot, read_location),
-        *(p for _, p in placeable(catalog, marked, read_location)),
+        *(p for _, p in placeable(catalog, present, read_location)),
     ]
     return [p for p in found if p.location != spot and contains(spot, p.location)]
 
