@@ -67,7 +67,9 @@ ANCHOR_INTERVAL_S = 3.0
 # A job exec job costs a process start and a session per step (2-6 s here): anchors (which
 # coalescing never crosses) come no faster than that in a long run, or it could never catch up.
 EXEC_ANCHOR_INTERVAL_S = 10.0
-TERM_RETRY_S = 0.5  # a SIGTERM due while the catalog server is down is tried again this much later
+# a SIGTERM due while the catalog server is down, or a kill due while it drains after one, is
+# tried again this much later
+TERM_RETRY_S = 0.5
 
 
 class KafkaOrders:
@@ -390,6 +392,11 @@ def run_check(
                 elif fault.kind == "script":
                     run.kill_script(fault.job)
                 elif fault.kind == "server":
+                    if run.catalog_server.stopping is not None:  # draining after a SIGTERM: killed once
+                        bisect.insort(  # it has stopped, so that every SIGTERM's stop is measured
+                            schedule, replace(fault, at_s=elapsed + TERM_RETRY_S), key=lambda f: f.at_s
+                        )
+                        continue
                     run.catalog_server.kill(fault.down_s)
                     report.faults["catalog server@killed"] += 1
                     run.outage("the catalog server killed", fault.down_s)
