@@ -118,7 +118,8 @@ def catalog_tables(conn, catalog_schema: str, catalog: str, read_location: Calla
 
 
 # The catalog's placements (iceberg_ext/catalog.py, _PLACEMENTS): a row a table, kept by placing
-# again the rows the SQL catalog's trigger marked. Both below run under LOCK.
+# again the rows the SQL catalog's trigger marked. `refresh` and `near` run under LOCK; `inside`
+# only reads, without it.
 
 
 # the marked tables' pointer rows as they are now (None: the table is gone), from ``marked``
