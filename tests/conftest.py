@@ -77,12 +77,34 @@ def pytest_collection_modifyitems(items) -> None:
     ``icebarrier-pg`` that the first creates and removes; the tests of a primary and standby
     (``pg_pair``) with them, since both open the same parent directories to that user, and the
     embedded tests check that every mode they changed is as before."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: a module's stay together
     for item in items:
         if item.get_closest_marker("cluster"):
             item.add_marker(pytest.mark.xdist_group("spark-cluster"))
         if "pg_pair" in getattr(item, "fixturenames", ()):  # it opens the same directories for its server's user
             item.add_marker(pytest.mark.xdist_group("embedded-postgres"))
+        if "kafka" in getattr(item, "fixturenames", ()):  # one broker, for these tests only (ON_DEMAND)
+            item.add_marker(pytest.mark.xdist_group("kafka"))
+
+
+# The session's services that some tests only use, each in an xdist group of its own (above), so
+# that one worker runs them one after the other: started for the first, stopped after the last.
+ON_DEMAND = ("kafka", "spark_cluster")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A worker's service that only some tests use (:data:`ON_DEMAND`) stops once the next test
+    of this worker does not use it, instead of running idle to the end of the run (a Kafka broker
+    idle burns ~1.4 CPU-s a minute; the suite is bound by its 2 cores); a later test that uses it
+    starts it again. xdist hands a worker its next test before this one ends (None: the last)."""
+    yield
+    if nextitem is None:
+        return
+    for name in ON_DEMAND:
+        if name in item.fixturenames and name not in nextitem.fixturenames:
+            for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
+                fixturedef.finish(item._request)  # what pytest does at the session's end, now
 
 
 def _children(pid: int) -> set[int]:
