@@ -76,7 +76,8 @@ def pytest_collection_modifyitems(items) -> None:
     ``pytestmark``) run one at a time, since as root every embedded server runs as the OS user
     ``icebarrier-pg`` that the first creates and removes; the tests of a primary and standby
     (``pg_pair``) with them, since both open the same parent directories to that user, and the
-    embedded tests check that every mode they changed is as before."""
+    embedded tests check that every mode they changed is as before; the Kafka tests share one
+    broker (:data:`ON_DEMAND`)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: a module's stay together
     for item in items:
         if item.get_closest_marker("cluster"):
@@ -96,7 +97,7 @@ ON_DEMAND = ("kafka", "spark_cluster")
 def pytest_runtest_teardown(item, nextitem):
     """A worker's service that only some tests use (:data:`ON_DEMAND`) stops once the next test
     of this worker does not use it, instead of running idle to the end of the run (a Kafka broker
-    idle burns ~1.4 CPU-s a minute; the suite is bound by its 2 cores); a later test that uses it
+    idle burned 1.4-2.4 CPU-s a minute; the suite is bound by its 2 cores); a later test that uses it
     starts it again. xdist hands a worker its next test before this one ends (None: the last)."""
     yield
     if nextitem is None:
