@@ -40,7 +40,7 @@ from pathlib import Path
 
 from icebarrier.apps.check.audits import Audits
 from icebarrier.apps.check.exec_jobs import EXEC_JOBS
-from icebarrier.apps.check.fault_plan import fault_schedule
+from icebarrier.apps.check.fault_plan import Fault, fault_schedule
 from icebarrier.apps.check.model import DERIVED, JOBS, ROOTS, SCHEMAS, WINDOW
 from icebarrier.apps.check.processes import Env, Reconnecting
 from icebarrier.apps.check.reading import Reading
@@ -326,6 +326,11 @@ def unproven(done: dict[str, int]) -> list[str]:
     return [action for action in MAINTAIN_PROVES if not done.get(action)]
 
 
+def _retry_later(schedule: list[Fault], fault: Fault, now_s: float) -> None:
+    """``fault`` back in the (sorted) ``schedule``, :data:`TERM_RETRY_S` after ``now_s``."""
+    bisect.insort(schedule, replace(fault, at_s=now_s + TERM_RETRY_S), key=lambda f: f.at_s)
+
+
 def run_check(
     env: Env,
     *,
@@ -393,9 +398,7 @@ def run_check(
                     run.kill_script(fault.job)
                 elif fault.kind == "server":
                     if run.catalog_server.stopping is not None:  # draining after a SIGTERM: killed once
-                        bisect.insort(  # it has stopped, so that every SIGTERM's stop is measured
-                            schedule, replace(fault, at_s=elapsed + TERM_RETRY_S), key=lambda f: f.at_s
-                        )
+                        _retry_later(schedule, fault, elapsed)  # it has stopped: every SIGTERM's stop measured
                         continue
                     run.catalog_server.kill(fault.down_s)
                     report.faults["catalog server@killed"] += 1
@@ -405,7 +408,7 @@ def run_check(
                         report.faults["catalog server@SIGTERM"] += 1
                         run.outage("the catalog server stopped", fault.down_s + DRAIN_S)
                     else:  # a fault before it has the server down: sent once it runs again
-                        bisect.insort(schedule, replace(fault, at_s=elapsed + TERM_RETRY_S), key=lambda f: f.at_s)
+                        _retry_later(schedule, fault, elapsed)
                 elif fault.kind == "maintain":
                     run.maintenance.kill(fault.down_s)
                     report.faults["maintain@killed"] += 1
