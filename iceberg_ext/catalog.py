@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterator
+from typing import cast
 
 from icebarrier.control_plane import upkeep
 from icebarrier.control_plane.errors import IcebarrierError, SnapshotExpiredError
@@ -72,6 +73,15 @@ def load_catalog(settings: Settings):
         raise IcebarrierError("this needs PyIceberg; pip install 'icebarrier[iceberg]'") from None
     settings.require_catalog_schema()
     return _catalog_of(settings)
+
+
+def catalog_properties(settings: Settings) -> dict[str, str]:
+    """The properties of the catalog :func:`load_catalog` makes (PyIceberg's configuration for
+    its name, then ours, merged as PyIceberg merges them), without making it: its FileIO's."""
+    from pyiceberg.utils.config import Config, merge_config
+
+    ours: dict = settings.pyiceberg_properties()
+    return cast(dict[str, str], merge_config(Config().get_catalog_config(settings.catalog) or {}, ours))
 
 
 def _catalog_of(settings: Settings, *, cached: bool = True):

@@ -46,7 +46,7 @@ from icebarrier.apps.check.processes import Env, Reconnecting
 from icebarrier.apps.check.reading import Reading
 from icebarrier.apps.check.report import CheckReport
 from icebarrier.apps.check.services import CatalogServer, Maintenance
-from icebarrier.apps.check.supervision import Supervision
+from icebarrier.apps.check.supervision import Forked, Supervision
 from icebarrier.apps.pg_pair import PostgresPair
 from icebarrier.control_plane import barriers, jobs, leases, reads, tokens
 from icebarrier.control_plane.errors import (
@@ -217,8 +217,9 @@ class _Run(Reading, Audits, Supervision):
         self.catalog = load_catalog(env.settings)
         self.names = [env.t(n) for n in SCHEMAS]
         self.cp = Reconnecting(env, "driver", on_wait=lambda what, s: report.waits.append(("driver", what, s)))
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen | Forked] = {}
         self.launches: Counter = Counter()
+        self.forked = 0  # the job and expiry processes launched
         self.pinner = _Pinner(env, self.names, report)
         self.accepted: dict[int, int] = {}  # barrier -> number, of the cuts the validator read
         self.rr: ConsistentRead | None = None
@@ -486,7 +487,7 @@ def run_check(
                 proc.kill()
     try:
         if expiry is not None and expiry.returncode not in (0, None):
-            report.violations.append(f"the expiry process failed: {expiry.stderr.read()[-1000:]}")
+            report.violations.append(f"the expiry process failed: {expiry.printed(1000)}")
         if fail_fast and report.violations:
             run.count_completions()
             run.collect()

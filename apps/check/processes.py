@@ -1,7 +1,8 @@
 """The checker's processes: the jobs and the expiry, each a separate OS process.
 
-    python -c "import sys; from icebarrier.apps.check.processes import main; main(sys.argv[1:])" \
-        job ENV_JSON JOB UNTIL SPEED_SEED | expiry ENV_JSON SEED
+    main(["job", ENV_JSON, JOB, UNTIL, SPEED_SEED])  |  main(["expiry", ENV_JSON, SEED])
+
+each in a process forked from the run's fork server (:class:`~.supervision.Forked`).
 
 Both survive a restart of the control-plane Postgres: every unit of work goes through
 :class:`Reconnecting`, which retries it on a lost connection for a bounded time and

@@ -5,9 +5,9 @@ explains is a violation (a part of the run, :class:`~.driver._Run`)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,23 +19,74 @@ from icebarrier.control_plane.errors import IcebarrierError
 from icebarrier.control_plane.model import parse_duration_s
 from icebarrier.iceberg_ext import faults
 
-_PROCESS_MAIN = "import sys; from icebarrier.apps.check.processes import main; main(sys.argv[1:])"
+# The job and expiry processes are forked from a server process that imported their modules
+# once (multiprocessing's fork server, started with the run's first launch): a launch costs a
+# fork instead of an interpreter's start and its imports, PyIceberg's SQL catalog among them
+# (measured: FIXME). Each is still an OS process of its own, killed with SIGKILL.
+_FORKS = multiprocessing.get_context("forkserver")
+_FORKS.set_forkserver_preload(["icebarrier.apps.check.processes", "pyiceberg.catalog.sql"])
 # A job exec job's exit is an injected fault's for this long after the fault ends (the server or
 # Postgres back: job exec's bounded retries of one request take up to ~8 s, a script's own longer).
 EXIT_EXCUSED_S = 30.0
+
+
+def _forked_main(args: list[str], environ: dict[str, str], errors: str) -> None:
+    """A forked process's start: its environment its own, its output to ``errors`` (stdout,
+    which is the run's report, to nowhere)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    with open(os.devnull, "w") as nowhere:
+        os.dup2(nowhere.fileno(), 1)
+    with open(errors, "a") as log:
+        os.dup2(log.fileno(), 2)
+    from icebarrier.apps.check.processes import main
+
+    main(args)
+
+
+class Forked:
+    """A job or expiry process forked from the run's fork server, polled, waited for and killed
+    as a ``subprocess.Popen``; what it printed is in ``errors``."""
+
+    def __init__(self, args: list[str], environ: dict[str, str], errors: Path) -> None:
+        self.errors = errors
+        self._process = _FORKS.Process(target=_forked_main, args=(args, environ, str(errors)), daemon=True)
+        self._process.start()
+        self.pid = self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"check process {self.pid}", timeout or 0)
+        return self._process.exitcode
+
+    def kill(self) -> None:
+        self._process.kill()
+
+    def printed(self, most: int) -> str:
+        """The end of what it printed (a traceback, when it failed)."""
+        return self.errors.read_text(errors="replace")[-most:] if self.errors.exists() else ""
 
 
 class Supervision:
     """The run's processes (mixed into the run: its environment, report, catalog server and
     control-plane connection; ``procs``, ``launches``, ``outages`` and ``exec_errors`` are its)."""
 
-    def _spawn(self, *args: str, extra_env: dict | None = None) -> subprocess.Popen:
-        return subprocess.Popen(
-            [sys.executable, "-c", _PROCESS_MAIN, *args],
-            env={**os.environ, faults.FAULT_ENV: "", faults.FAULT_AFTER_ENV: "0", **(extra_env or {})},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
+    def _spawn(self, *args: str, extra_env: dict | None = None) -> Forked:
+        """A job or expiry process (``args``: :func:`~.processes.main`'s), its output in the run's
+        report folder (one file a launch)."""
+        self.forked += 1
+        return Forked(
+            list(args),
+            {**os.environ, faults.FAULT_ENV: "", faults.FAULT_AFTER_ENV: "0", **(extra_env or {})},
+            Path(self.env.reports) / f"{args[0]}-{self.forked}.err",
         )
 
     def launch(self, job: str, until: int) -> None:
@@ -127,6 +178,6 @@ class Supervision:
             elif code == faults.CRASH_EXIT_CODE:
                 self.report.faults[f"{job}@{proc.fault}"] += 1
             elif code not in (0, -9):
-                raise IcebarrierError(f"check process {job} failed (exit {code}): {proc.stderr.read()[-2000:]}")
+                raise IcebarrierError(f"check process {job} failed (exit {code}): {proc.printed(2000)}")
             if final is None or code != 0 or self.cp.run("progress", lambda c: jobs.show(c, job).progress) != final:
                 self.launch(job, final or 2**62)

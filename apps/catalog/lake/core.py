@@ -38,7 +38,7 @@ from icebarrier.control_plane.model import TableName, sql_namespace
 from icebarrier.control_plane.tokens import Principal
 from icebarrier.iceberg_ext import locations
 from icebarrier.iceberg_ext import storage as s3
-from icebarrier.iceberg_ext.catalog import load_catalog
+from icebarrier.iceberg_ext.catalog import catalog_properties, load_catalog
 from icebarrier.iceberg_ext.config import Settings
 from icebarrier.iceberg_ext.scan_planning import PLAN_SUBMIT_ABOVE, ManifestCache
 
@@ -146,7 +146,8 @@ class LakeCore:
         self.scoped = ScopedVendor(settings.storage) if settings.storage.session_role_arn else None
         if self.scoped is not None:
             self.scoped.check(settings.warehouse)
-        self.catalog = load_catalog(settings)
+        settings.require_catalog_schema()
+        self.properties = catalog_properties(settings)  # the catalog's, its FileIO's
         self.pool = db.pool(settings.dsn, settings.schema, max_size=pool_size)
         with self.pool.connection() as conn:
             placements = sql.Identifier(settings.catalog_schema, "icebarrier_placement").as_string(conn)
@@ -442,9 +443,16 @@ class LakeCore:
             identifier=table.identifier,
             metadata=metadata,
             metadata_location=metadata_location,
-            io=load_file_io({**self.catalog.properties, **properties}, metadata_location),
+            io=load_file_io({**self.properties, **properties}, metadata_location),
             catalog=self.catalog,
         )
+
+    @functools.cached_property
+    def catalog(self):
+        """PyIceberg's SQL catalog, made on first use: the writes (creating, committing, dropping,
+        renaming) go through it, loads and reads never (a server that only serves reads does
+        not import it: 0.8 CPU-s of its start)."""
+        return load_catalog(self.settings)
 
     def default_location(self, conn, table: TableName, near: locations.Near | None = None) -> str:
         """Where ``table`` lives when its creation names no location: under its namespace's
@@ -454,7 +462,7 @@ class LakeCore:
         if namespace_location := self.namespace_location(conn, table.namespace):
             location = f"{namespace_location.rstrip('/')}/{table.name}"
         else:
-            location = f"{self.catalog.properties['warehouse'].rstrip('/')}/{table.sql_namespace}/{table.name}"
+            location = f"{self.properties['warehouse'].rstrip('/')}/{table.sql_namespace}/{table.name}"
         spot = locations.normalized(location)
         if near is not None and any(o.table != str(table) and locations.overlap(spot, o.location) for o in near(spot)):
             return f"{location}-{uuid.uuid4().hex[:8]}"
@@ -465,7 +473,7 @@ class LakeCore:
             from pyiceberg.io import load_file_io
             from pyiceberg.serializers import FromInputFile
 
-            io = load_file_io(self.catalog.properties, location)
+            io = load_file_io(self.properties, location)
             return FromInputFile.table_metadata(io.new_input(location)), io
 
         return self.metadata_cache.get(location, read)

@@ -62,7 +62,7 @@ class Views(LakeCore):
     def _read(self, location: str) -> dict:
         from pyiceberg.io import load_file_io
 
-        with load_file_io(self.catalog.properties, location).new_input(location).open() as f:
+        with load_file_io(self.properties, location).new_input(location).open() as f:
             return json.loads(f.read())
 
     def _write(self, metadata: dict, version: int) -> str:
@@ -74,7 +74,7 @@ class Views(LakeCore):
             metadata["properties"].get(view_metadata.METADATA_PATH) or f"{metadata['location'].rstrip('/')}/metadata"
         )
         location = f"{folder.rstrip('/')}/{version:05d}-{uuid.uuid4()}.metadata.json"
-        with load_file_io(self.catalog.properties, location).new_output(location).create(overwrite=False) as f:
+        with load_file_io(self.properties, location).new_output(location).create(overwrite=False) as f:
             f.write(json.dumps(metadata, separators=(",", ":")).encode())
         return location
 
