@@ -1,6 +1,7 @@
 """Spark: generated configuration, barrier-tagged writes, pinned reads, compaction, tags, query."""
 
 import json
+import os
 
 from click.testing import CliRunner
 
@@ -38,6 +39,21 @@ def test_spark_conf_is_complete_with_iceberg_jars_from_the_maven_cache(lake):
     assert jars[0].endswith(f"iceberg-spark-runtime-{line.version}_{line.scala}-{ICEBERG_VERSION}.jar")
     out = CliRunner().invoke(command, ["spark-conf"])
     assert out.exit_code == 0 and "--conf spark.sql.catalog.lake=org.apache.iceberg.spark.SparkCatalog" in out.stdout
+
+
+def test_a_local_session_copies_no_jar_its_launcher_put_on_the_class_path(lake, spark):
+    """The suite's drivers have Iceberg's jars on their class path (``SPARK_DIST_CLASSPATH``,
+    tests/spark_cds.py): a local session adds none of them to ``spark.jars`` (Spark would copy
+    each, 118 MB, into the session's folder), and Iceberg works from the class path's copy."""
+    from pathlib import Path
+
+    on_path = os.environ["SPARK_DIST_CLASSPATH"].split(os.pathsep)
+    assert any("iceberg-spark-runtime" in jar for jar in on_path)
+    added = spark.sparkContext.getConf().get("spark.jars", "")
+    assert not any(Path(jar).name in added for jar in on_path), added
+    spark.sql(f"CREATE TABLE lake.{lake.namespace}.from_class_path (a bigint) USING iceberg")
+    spark.sql(f"INSERT INTO lake.{lake.namespace}.from_class_path VALUES (1)")
+    assert spark.sql(f"SELECT count(*) FROM lake.{lake.namespace}.from_class_path").collect()[0][0] == 1
 
 
 def _setup(lake, spark):
