@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -230,11 +231,18 @@ class ControlPlaneOutage:
     (:func:`icebarrier.control_plane.db.pool`); this covers the ones killed mid-request."""
 
     def __init__(self, app, lake) -> None:
-        import psycopg
-        import sqlalchemy.exc
-
         self.app, self.lake = app, lake
-        self.outages = (psycopg.OperationalError, sqlalchemy.exc.OperationalError)
+
+    @staticmethod
+    def _outages() -> tuple[type[BaseException], ...]:
+        """The errors of a dead connection: psycopg's, and SQLAlchemy's once the SQL catalog (made
+        on the first write, :attr:`~icebarrier.apps.catalog.lake.core.LakeCore.catalog`) has
+        imported it; before, none of its errors can be raised (importing it here cost each start
+        0.2 CPU-s)."""
+        import psycopg
+
+        sqlalchemy = sys.modules.get("sqlalchemy.exc")
+        return (psycopg.OperationalError,) + ((sqlalchemy.OperationalError,) if sqlalchemy else ())
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -264,7 +272,7 @@ class ControlPlaneOutage:
             delivered = False
             try:
                 return await self.app(scope, replay, tracked)
-            except self.outages as exc:
+            except self._outages() as exc:
                 if started:
                     raise
                 await self.lake.check_connections()

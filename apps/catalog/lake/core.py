@@ -449,9 +449,9 @@ class LakeCore:
 
     @functools.cached_property
     def catalog(self):
-        """PyIceberg's SQL catalog, made on first use: the writes (creating, committing, dropping,
-        renaming) go through it, loads and reads never (a server that only serves reads does
-        not import it: 0.8 CPU-s of its start)."""
+        """PyIceberg's SQL catalog, made on first use: creating, committing, dropping and renaming
+        tables and the namespace routes go through it, loads never (a server that only serves
+        loads never imports it and SQLAlchemy: 0.8 CPU-s of a start)."""
         return load_catalog(self.settings)
 
     def default_location(self, conn, table: TableName, near: locations.Near | None = None) -> str:
