@@ -134,6 +134,11 @@ def test_a_pinned_snapshot_expired_behind_the_control_planes_back_is_reported(li
                     )
                 except ValueError as gone:  # its session ended meanwhile and the run's expiry took it
                     assert "does not exist" in str(gone), gone
+                    with _cp(env) as c:  # gone while still pinned would be the product's fault, not a race
+                        pinned_still = c.execute(
+                            "SELECT 1 FROM active_leases WHERE snapshot_id = %s", (snapshot_id,)
+                        ).fetchone()
+                    assert pinned_still is None, f"snapshot {snapshot_id} expired while a lease pins it"
                     continue
                 with _cp(env) as c:  # still pinned after the expiry: a real corruption, not a late one
                     still = c.execute(
