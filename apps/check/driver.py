@@ -219,7 +219,6 @@ class _Run(Reading, Audits, Supervision):
         self.cp = Reconnecting(env, "driver", on_wait=lambda what, s: report.waits.append(("driver", what, s)))
         self.procs: dict[str, subprocess.Popen | Forked] = {}
         self.launches: Counter = Counter()
-        self.forked = 0  # the job and expiry processes launched
         self.pinner = _Pinner(env, self.names, report)
         self.accepted: dict[int, int] = {}  # barrier -> number, of the cuts the validator read
         self.rr: ConsistentRead | None = None
@@ -385,7 +384,7 @@ def run_check(
         run.maintenance.start()
         expiry = None
     else:
-        expiry = run._spawn("expiry", env.to_json(), str(env.seed))
+        expiry = run._spawn("expiry", "expiry", env.to_json(), str(env.seed))
     run.pinner.start()
     started, final, final_at = time.monotonic(), None, 0.0
     try:

@@ -80,14 +80,13 @@ class Supervision:
     """The run's processes (mixed into the run: its environment, report, catalog server and
     control-plane connection; ``procs``, ``launches``, ``outages`` and ``exec_errors`` are its)."""
 
-    def _spawn(self, *args: str, extra_env: dict | None = None) -> Forked:
+    def _spawn(self, name: str, *args: str, extra_env: dict | None = None) -> Forked:
         """A job or expiry process (``args``: :func:`~.processes.main`'s), its output in the run's
-        report folder (one file a launch)."""
-        self.forked += 1
+        report folder as ``name``.err (one file a launch)."""
         return Forked(
             list(args),
             {**os.environ, faults.FAULT_ENV: "", faults.FAULT_AFTER_ENV: "0", **(extra_env or {})},
-            Path(self.env.reports) / f"{args[0]}-{self.forked}.err",
+            Path(self.env.reports) / f"{name}.err",
         )
 
     def launch(self, job: str, until: int) -> None:
@@ -120,7 +119,13 @@ class Supervision:
         if self.mutation == faults.KAFKA_UNCOMMITTED:  # the job processes' bug (the others are the services')
             extra[faults.MUTATION_ENV] = self.mutation
         proc = self._spawn(
-            "job", self.env.to_json(), job, str(until), str(self.env.seed * 31 + self.launches[job]), extra_env=extra
+            f"{job}-{self.launches[job]}",
+            "job",
+            self.env.to_json(),
+            job,
+            str(until),
+            str(self.env.seed * 31 + self.launches[job]),
+            extra_env=extra,
         )
         proc.fault = point  # type: ignore[attr-defined]
         self.procs[job] = proc
