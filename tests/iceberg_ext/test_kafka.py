@@ -388,42 +388,28 @@ WAYS = ["consumer", "stream"]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("way", WAYS)
-def test_killed_at_each_point_under_load_exactly_once(lake, spark, kafka, tmp_path, way):
-    """The job SIGKILLs itself after recording a range (before the Iceberg commit), after the
-    commit, and after the control-plane record, one after the other, under a transactional load
-    with aborts; restarted each time, every barrier holds exactly its range."""
-    topic = new_topic(kafka)
-    sink = _create_sink(spark, lake)
-    barriers.set_interval_s(lake.conn, 1)
-    load = Load(Orders(kafka, topic), per_s=300)
-    load.start()
-    worker = Worker(lake, kafka, topic, way, tmp_path)
-    for fault in (AFTER_INPUT_RANGE, AFTER_ICEBERG_COMMIT, AFTER_CONTROL_PLANE):
-        worker.start(fault, fault_after=1)
-        assert worker.proc.wait(180) == CRASH_EXIT_CODE, f"{fault}: {worker.log.read_text()[-3000:]}"
-    worker.start()
-    _moved(lake, f"{lake.namespace}_orders", worker)
-    load.stop.set()
-    load.join()
-    _settle(lake, spark, kafka, topic, sink, f"{lake.namespace}_orders", worker)
-    _exactly_once(lake, spark, kafka, topic, sink, f"{lake.namespace}_orders")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("way", WAYS)
-def test_random_kills_broker_restart_and_new_partition_exactly_once(lake, spark, kafka, tmp_path, way):
-    """Under load: the job SIGKILLed at random moments (three times), the broker stopped and started
-    again, a partition added; every barrier holds exactly its range, the table every committed record."""
+def test_killed_at_each_point_and_at_random_across_a_broker_restart_and_a_new_partition_exactly_once(
+    lake, spark, kafka, tmp_path, way
+):
+    """Under a transactional load with aborts: the job SIGKILLs itself after recording a range
+    (before the Iceberg commit), after the commit, and after the control-plane record, one after
+    the other; then it is SIGKILLed at random moments of its work (twice), the broker stopped and
+    started again, a partition added. Restarted each time, every barrier holds exactly its range,
+    the table every committed record."""
     topic = new_topic(kafka)
     sink = _create_sink(spark, lake)
     barriers.set_interval_s(lake.conn, 1)
     orders = Orders(kafka, topic)
     load = Load(orders, per_s=300)
     load.start()
-    rng = random.Random(os.environ.get("PYTEST_XDIST_WORKER", "0"))
-    worker = Worker(lake, kafka, topic, way, tmp_path).start()
     job = f"{lake.namespace}_orders"
-    for _ in range(3):  # a random moment of a running job's work (not its JVM's start)
+    worker = Worker(lake, kafka, topic, way, tmp_path)
+    for fault in (AFTER_INPUT_RANGE, AFTER_ICEBERG_COMMIT, AFTER_CONTROL_PLANE):
+        worker.start(fault, fault_after=1)
+        assert worker.proc.wait(180) == CRASH_EXIT_CODE, f"{fault}: {worker.log.read_text()[-3000:]}"
+    worker.start()
+    rng = random.Random(os.environ.get("PYTEST_XDIST_WORKER", "0"))
+    for _ in range(2):  # a random moment of a running job's work (not its JVM's start)
         _moved(lake, job, worker)
         time.sleep(rng.uniform(0, 1.5))
         worker.kill()
@@ -441,8 +427,8 @@ def test_random_kills_broker_restart_and_new_partition_exactly_once(lake, spark,
     time.sleep(3)
     load.stop.set()
     load.join()
-    _settle(lake, spark, kafka, topic, sink, f"{lake.namespace}_orders", worker)
-    checked = _exactly_once(lake, spark, kafka, topic, sink, f"{lake.namespace}_orders")
+    _settle(lake, spark, kafka, topic, sink, job, worker)
+    checked = _exactly_once(lake, spark, kafka, topic, sink, job)
     assert checked >= 4
     assert set(orders.produced) | set(later.produced) <= {r.id for r in spark.table(sink).select("id").collect()}
 

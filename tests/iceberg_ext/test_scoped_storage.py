@@ -318,14 +318,14 @@ with Runtime(SqlJob(sys.argv[1], sys.argv[2]), settings=settings, spark=spark, l
 def test_a_spark_query_outlives_its_first_credentials_through_the_refresh_endpoint(
     lake_dsn, tmp_path, monkeypatch, spark
 ):
-    """On a store whose STS makes 60-s credentials (no duration-s: STS's default), a Spark query
+    """On a store whose STS makes 20-s credentials (no duration-s: STS's default), a Spark query
     planned with the credentials of its load runs after they expired: Iceberg's client fetched
     fresh ones from the table's /credentials (the server's log shows it) and reads every row."""
     from icebarrier.apps.catalog.clients import configuration
     from tests.iceberg_ext.catalog_server import Pipeline, start_server, stop_server
     from tests.iceberg_ext.conftest import _configured_lake
 
-    with seaweed(tmp_path / "short", token_duration="60s") as short:
+    with seaweed(tmp_path / "short", token_duration="20s") as short:
         toml = short.storage_toml().replace('"duration-s" = 900\n', "")
         lakes = _configured_lake(lake_dsn, toml, f"s3://{BUCKET}/wh", tmp_path, monkeypatch)
         lake = next(lakes)
@@ -340,7 +340,7 @@ def test_a_spark_query_outlives_its_first_credentials_through_the_refresh_endpoi
                     key, value = line.split(" ", 1)
                     if key.startswith(f"spark.sql.catalog.{name}"):
                         spark.conf.set(key, value)
-                planned = spark.table(f"{name}.{lake.namespace}.orders")  # loaded now, with 60-s credentials
+                planned = spark.table(f"{name}.{lake.namespace}.orders")  # loaded now, with 20-s credentials
                 issued = [e for e in audit.events(lake.conn) if e.action == "storage credentials"]
                 expires_at = max(e.detail["expires_at_ms"] for e in issued) / 1000
                 time.sleep(max(0.0, expires_at - time.time()) + 2)
