@@ -453,8 +453,8 @@ def run_check(
             if run.rng.random() < 0.2:
                 run.audit_pins()
                 run.audit_commits(final=False)
-                if fail_fast:
-                    run.audit_refusals()
+            if fail_fast:
+                run.audit_refusals()  # the jobs' logs: a read of two files, each loop
             if fail_fast and report.violations:
                 progress("check: a violation found; ending the run there (--fail-fast)")
                 break

@@ -212,8 +212,8 @@ def _root(tbl) -> str:
 
 def test_the_no_rebase_mutation_loses_the_race(lake, spark, server):
     """The server started with the no-rebase mutation refuses the commit maintenance moved the table
-    under (what the job saw before this release): the tests above fail on it. (The first barriers
-    go through a sound server: the mutated one holds each publish up to 20 s for a rival.)"""
+    under (what the job saw before this release): the tests above fail on it. (No maintenance
+    service runs here: the mutated server holds no publish for a rival; the rewrites are the test's.)"""
     proc, uri = start_server(lake, "--session-quiet", "1s", env_extra={faults.MUTATION_ENV: faults.NO_REBASE})
     try:
         credential = _job(lake)
