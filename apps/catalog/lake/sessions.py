@@ -170,9 +170,10 @@ class Sessions(Staging):
         race was met, publishes go on at their pace (the run still has to end). With no maintenance
         service holding its lease no rival is coming: nothing is held (a checker's run before its
         service starts, a test's barriers that compact by hand)."""
-        if self._rival_met or not conn.execute(
-            "SELECT 1 FROM maintenance_state WHERE lease_until > clock_timestamp()"
-        ).fetchone():
+        if (
+            self._rival_met
+            or not conn.execute("SELECT 1 FROM maintenance_state WHERE lease_until > clock_timestamp()").fetchone()
+        ):
             return
         deadline = time.monotonic() + self.NO_REBASE_WINDOW_S
         while time.monotonic() < deadline:
