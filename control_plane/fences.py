@@ -136,6 +136,17 @@ class Fence:
         enough to outlive it must look again before it commits)."""
         return time.monotonic() < self.valid_until
 
+    @staticmethod
+    def held(conn: Conn, state_table: str) -> bool:
+        """Whether some holder of the service whose state is ``state_table`` has a lease that runs
+        now (as the database's clock sees it)."""
+        return (
+            conn.execute(
+                sql.SQL("SELECT 1 FROM {} WHERE lease_until > clock_timestamp()").format(sql.Identifier(state_table))
+            ).fetchone()
+            is not None
+        )
+
     def publish(self, plan: object) -> None:
         """Say the holder is alive, and what it plans (JSON), for the status page."""
         assert self.conn is not None

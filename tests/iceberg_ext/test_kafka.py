@@ -394,8 +394,8 @@ def test_killed_at_each_point_and_at_random_across_a_broker_restart_and_a_new_pa
     """Under a transactional load with aborts: the job SIGKILLs itself after recording a range
     (before the Iceberg commit), after the commit, and after the control-plane record, one after
     the other; then it is SIGKILLed at random moments of its work (the stream once, the consumer
-    twice), the broker stopped and started again, a partition added. Restarted each time, every barrier holds exactly its range,
-    the table every committed record."""
+    twice), the broker stopped and started again, a partition added. Restarted each time, every
+    barrier holds exactly its range, the table every committed record."""
     topic = new_topic(kafka)
     sink = _create_sink(spark, lake)
     barriers.set_interval_s(lake.conn, 1)

@@ -12,6 +12,7 @@ from icebarrier.apps.catalog.lake.core import LATEST
 from icebarrier.apps.catalog.lake.staging import Staging
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import job_sessions, jobs
+from icebarrier.control_plane.fences import Fence
 from icebarrier.control_plane.job_sessions import JobSession
 from icebarrier.control_plane.jobs import Completion, Plan
 from icebarrier.control_plane.model import TableName
@@ -170,10 +171,7 @@ class Sessions(Staging):
         race was met, publishes go on at their pace (the run still has to end). With no maintenance
         service holding its lease no rival is coming: nothing is held (a checker's run before its
         service starts, a test's barriers that compact by hand)."""
-        if (
-            self._rival_met
-            or not conn.execute("SELECT 1 FROM maintenance_state WHERE lease_until > clock_timestamp()").fetchone()
-        ):
+        if self._rival_met or not Fence.held(conn, "maintenance_state"):
             return
         deadline = time.monotonic() + self.NO_REBASE_WINDOW_S
         while time.monotonic() < deadline:
