@@ -130,13 +130,15 @@ def every_warehouse(lake, marks: list[int], rows: int = 10) -> dict[str, int]:
     }
 
 
-def rest(uri: str, warehouse: str, credential: str) -> RestCatalog:
+def rest(uri: str, warehouse: str, credential: str, **properties: str) -> RestCatalog:
+    """PyIceberg's REST catalog through ``warehouse`` (``properties``: more of its own, e.g.
+    ``{"scan-planning-mode": "server"}``)."""
     return RestCatalog(
         f"rest_{uuid.uuid4().hex[:6]}",
         uri=uri,
         warehouse=warehouse,
         credential=credential,
-        **{"oauth2-server-uri": f"{uri}/v1/oauth/tokens"},
+        **{"oauth2-server-uri": f"{uri}/v1/oauth/tokens", **properties},
     )
 
 

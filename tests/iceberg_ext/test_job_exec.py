@@ -581,21 +581,27 @@ def test_follow_runs_a_barrier_whose_command_failed_again(lake, server, tmp_path
 
 def test_a_session_lists_the_sinks_it_created_and_only_it_sees_them(lake, server):
     """A first run creates its sink through its session: `list tables` through the session shows
-    it before publishing; through latest (and other jobs) it is not there until published."""
+    it before publishing, and a scan of it planned on the server through the session reads what
+    the session staged; through latest (and other jobs) it is not there until published."""
     import requests
 
     from tests.iceberg_ext.catalog_server import access_token
 
     creds = setup_pipeline(lake)
-    barriers.issue(lake.conn)
+    mark = barriers.issue(lake.conn).barrier
     client_id, secret = creds["ingest"].split(":")
     auth = {"Authorization": f"Bearer {access_token(server, client_id, secret)}"}
     opened = requests.post(f"{server}/icebarrier/v1/jobs/ingest/session", json={}, headers=auth, timeout=30).json()
     assert opened["ready"], opened
     session = rest(server, "job", creds["ingest"])
     latest = rest(server, "latest", creds["ingest"])
-    session.create_table(f"{lake.namespace}.orders", schema=pa.schema([("id", pa.int64()), ("barrier", pa.int64())]))
+    created = session.create_table(
+        f"{lake.namespace}.orders", schema=pa.schema([("id", pa.int64()), ("barrier", pa.int64())])
+    )
     assert (lake.namespace, "orders") in session.list_tables(lake.namespace)
+    created.append(pa.table({"id": [1, 2], "barrier": [mark, mark]}))  # staged in the session
+    on_server = rest(server, "job", creds["ingest"], **{"scan-planning-mode": "server"})
+    assert on_server.load_table(f"{lake.namespace}.orders").scan().to_arrow().num_rows == 2  # planned there
     assert (lake.namespace, "orders") not in latest.list_tables(lake.namespace)
     assert (lake.namespace, "orders") not in rest(server, "latest", creds["count"]).list_tables(lake.namespace)
     published = requests.post(

@@ -21,7 +21,15 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from icebarrier.control_plane import barriers, jobs, leases, reads, tokens
 from icebarrier.iceberg_ext import scan_planning
-from tests.iceberg_ext.catalog_server import Pipeline, access_token, scrape, spark_catalog, start_server, stop_server
+from tests.iceberg_ext.catalog_server import (
+    Pipeline,
+    access_token,
+    rest,
+    scrape,
+    spark_catalog,
+    start_server,
+    stop_server,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -34,13 +42,7 @@ BY_REGION = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=I
 
 
 def planning(uri: str, warehouse: str, credential: str, mode: str = "server") -> RestCatalog:
-    return RestCatalog(
-        f"plan_{uuid.uuid4().hex[:6]}",
-        uri=uri,
-        warehouse=warehouse,
-        credential=credential,
-        **{"oauth2-server-uri": f"{uri}/v1/oauth/tokens", "scan-planning-mode": mode},
-    )
+    return rest(uri, warehouse, credential, **{"scan-planning-mode": mode})
 
 
 def files(scan) -> list[str]:

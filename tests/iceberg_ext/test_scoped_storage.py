@@ -105,9 +105,10 @@ def test_an_expired_credential_is_refused(tmp_path):
 
 def test_pyiceberg_reads_and_writes_through_serve_with_table_credentials_only(weed_lake, weed_server, weed):
     """Through `icebarrier serve` on SeaweedFS with per-table credentials: a job creates and
-    writes its sink with what it is handed; a reader granted the namespace reads it; the reader's
-    credentials write nothing, the job's open no other table; loadCredentials gives fresh ones;
-    each one made is in the audit trail."""
+    writes its sink with what it is handed; a reader granted the namespace reads it, and a plan
+    on the server gives it the table's own credentials, which read the planned file and no other
+    table's; the reader's credentials write nothing, the job's open no other table;
+    loadCredentials gives fresh ones; each one made is in the audit trail."""
     lake = weed_lake
     ns = lake.namespace
     jobs.register(lake.conn, JobDefinition(name="w", sinks=frozenset([lake.T("t")]), external_inputs=frozenset(["x"])))
@@ -125,12 +126,24 @@ def test_pyiceberg_reads_and_writes_through_serve_with_table_credentials_only(we
     location = answer["metadata"]["location"]
     assert credential["prefix"] == location.rstrip("/") + "/" and s3.SESSION_TOKEN in credential["config"]
     assert answer["config"][REFRESH_ENDPOINT].endswith(f"/namespaces/{ns}/tables/t/credentials")
+    plan = requests.post(
+        f"{weed_server}/v1/latest/namespaces/{ns}/tables/t/plan",
+        json={},
+        headers={**_headers(weed_server, reader_cred), "X-Iceberg-Access-Delegation": "vended-credentials"},
+        timeout=30,
+    ).json()
+    [planned] = plan["storage-credentials"]  # a plan on the server carries the table's own, as its load
+    assert planned["prefix"] == credential["prefix"] and s3.SESSION_TOKEN in planned["config"]
+    [task] = plan["file-scan-tasks"]
+    data_key = task["data-file"]["file-path"].removeprefix(f"s3://{BUCKET}/")
+    assert _client(weed, planned["config"]).get_object(Bucket=BUCKET, Key=data_key)["ContentLength"] > 0
     key = location.removeprefix(f"s3://{BUCKET}/") + "/data/planted.parquet"
     _denied(lambda: _client(weed, answer["config"]).put_object(Bucket=BUCKET, Key=key, Body=b"x"))
     job_answer = _load(weed_server, job_cred, f"{ns}/tables/t")
     _client(weed, job_answer["config"]).put_object(Bucket=BUCKET, Key=key, Body=b"x")  # its own sink
     other = lake.catalog.load_table(f"{ns}.other").metadata.location.removeprefix(f"s3://{BUCKET}/")
     _denied(lambda: _client(weed, job_answer["config"]).get_object(Bucket=BUCKET, Key=other + "/x"))
+    _denied(lambda: _client(weed, planned["config"]).get_object(Bucket=BUCKET, Key=other + "/x"))
     refreshed = requests.get(
         f"{weed_server}/{answer['config'][REFRESH_ENDPOINT]}", headers=_headers(weed_server, reader_cred), timeout=30
     )

@@ -22,6 +22,7 @@ from tests.iceberg_ext.catalog_server import (
     access_token,
     every_warehouse,
     rest,
+    scrape,
     start_server,
     stop_server,
 )
@@ -57,10 +58,16 @@ def load_config(server: str, cred: str, table: str, delegation: str | None) -> d
     return r.json()["config"]
 
 
+def _plans(server: str, headers: dict) -> float:
+    """Scans the server has planned, through every warehouse."""
+    return sum(v for (name, _), v in scrape(server, headers).items() if name == "icebarrier_catalog_plans_total")
+
+
 def test_every_engine_reads_every_warehouse_on_s3_with_only_the_catalog_uri_and_a_token(s3_lake, s3_server, s3):
-    """PyIceberg (pyarrow's S3) and DuckDB (httpfs, vended credentials) read latest,
-    read-committed, read-committed:<ns>, barrier-<B> and lease-<ID> with exact row counts; the
-    table's files are in the bucket; a reader is handed the readers' keys, a job the server's."""
+    """PyIceberg (pyarrow's S3; planning itself and planning on the server) and DuckDB (httpfs,
+    vended credentials) read latest, read-committed, read-committed:<ns>, barrier-<B> and
+    lease-<ID> with exact row counts; the table's files are in the bucket; a reader is handed the
+    readers' keys, a job the server's."""
     lake = s3_lake
     p = Pipeline(lake, {"ingest": ["orders", "payments"]})
     marks = [p.advance(rows=10) for _ in range(3)]
@@ -68,12 +75,17 @@ def test_every_engine_reads_every_warehouse_on_s3_with_only_the_catalog_uri_and_
     assert any(k.endswith(".parquet") for k in files) and any(k.endswith(".metadata.json") for k in files)
     reader = ":".join(tokens.create(lake.conn, whole_lake=True))
     orders = f"{lake.namespace}.orders"
-    for warehouse, rows in every_warehouse(lake, marks).items():
-        table = rest(s3_server, warehouse, reader).load_table(orders)  # no storage settings of its own
-        assert table.scan().to_arrow().num_rows == rows, warehouse
+    metrics = {"Authorization": f"Bearer {access_token(s3_server, *reader.split(':'))}"}
+    planned = _plans(s3_server, metrics)
+    warehouses = every_warehouse(lake, marks)
+    for warehouse, rows in warehouses.items():
+        for planning in ("client", "server"):  # no storage settings of its own
+            table = rest(s3_server, warehouse, reader, **{"scan-planning-mode": planning}).load_table(orders)
+            assert table.scan().to_arrow().num_rows == rows, (warehouse, planning)
         assert (
             duck(s3_server, warehouse, reader).execute(f"SELECT count(*) FROM lake.{orders}").fetchone()[0] == rows
         ), warehouse
+    assert _plans(s3_server, metrics) - planned == len(warehouses)  # each server-planned read asked the server
     # who gets which keys
     as_reader = load_config(s3_server, reader, orders, "vended-credentials")
     assert as_reader["s3.access-key-id"] == READER_KEY and SECRET_KEY not in as_reader.values()
