@@ -1,6 +1,7 @@
 """A server process's memory of what loads read, so that most loads ask Postgres nothing
 themselves: who holds an access token, where a table's pointer is, whether the table is managed,
-S(T, B) of a plain cut, and a read-committed session's moment. It answers loads through
+S(T, B) of a plain cut, a read-committed session's moment, and the names of a namespace's tables
+and views (a list's answer, dropped at a notice of any of its rows). It answers loads through
 ``latest``, ``read-committed`` and ``barrier-<B>``; the database announces every change that
 could make a remembered answer wrong (migration 0022).
 
@@ -50,6 +51,7 @@ import sys
 import time
 from collections import deque
 from contextlib import suppress
+from typing import NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -66,6 +68,7 @@ RECONNECT_S = 1.0
 CATCH_UP_S = 1.0  # a load waits this long at most for memory to catch up, then asks the database
 MAX_POINTERS = 100_000  # about 30 MB of keys and locations at most
 MAX_TOKENS = 10_000
+MAX_LISTS = 1_000  # namespaces whose names are kept (a namespace's list: its tables' and views' names)
 TOUCH_MIN_S = 0.01  # moments are touched no more often (a quiet interval under 0.2 s: less than every twentieth)
 MODES = ("latest", "read-committed", "barrier")  # the loads memory answers
 # A cut connection is found in 5 + 2 * 5 s; connect_timeout bounds a reconnection's wait.
@@ -81,6 +84,13 @@ _ANNOUNCED = "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = %s AND tgre
 
 _Key = tuple[str, str, str]  # the SQL catalog's (catalog_name, table_namespace, table_name)
 _Session = tuple[str, str | None]  # a read-committed session: (token hash, scope)
+
+
+class Listed(NamedTuple):
+    """A namespace's names in the SQL catalog, each sorted."""
+
+    tables: tuple[str, ...]
+    views: tuple[str, ...]
 
 
 def _key(table: TableName) -> _Key:
@@ -100,6 +110,7 @@ class LoadCache:
         self._cuts: dict[tuple[str, int], int] = {}  # (managed key, B): S(T, B), a plain cut's snapshot
         self._tokens: dict[str, tuple[Principal, float]] = {}  # token hash: who, valid until (monotonic)
         self._moments: dict[_Session, tuple[int, float]] = {}  # B, until
+        self._lists: dict[tuple[str, str], Listed] = {}  # (catalog, namespace): its names, as listed
         self._used: dict[_Session, float] = {}  # the moments given since the last touch: when last
         self._generation = 0
         # Catching up (:meth:`_readable`): the catch-ups sent and not answered yet, oldest first,
@@ -185,6 +196,20 @@ class LoadCache:
         if generation == self._generation:
             _put(self._tokens, MAX_TOKENS, hashed_token, (principal, until))
 
+    async def listed(self, catalog: str, namespace: str) -> Listed | None:
+        """A namespace's tables' and views' names from memory, as the database would list them now
+        (None: ask it); after a catch-up, as a load's. A notice of any row of the namespace (a
+        table created, dropped, renamed or committed) drops them."""
+        key = (catalog, namespace)
+        if not self.live or key not in self._lists or not await self._caught_up():
+            return None
+        return self._lists.get(key)
+
+    def keep_listed(self, generation: int, catalog: str, namespace: str, listed: Listed) -> None:
+        """Remember a namespace's names as the database listed them at ``generation``."""
+        if generation == self._generation:
+            _put(self._lists, MAX_LISTS, (catalog, namespace), listed)
+
     def keep(self, generation: int, query: LoadQuery, state: LoadState, *, asked_at: float) -> None:
         """Remember what the database answered (``asked_at``: ``time.monotonic()`` before the
         statement was sent), unless a notice came since ``generation`` or the answer is one
@@ -238,10 +263,11 @@ class LoadCache:
         else:
             catalog, namespace, name = json.loads(payload)
             self._pointers.pop((catalog, namespace, name), None)
+            self._lists.pop((catalog, namespace), None)
 
     def _forget_all(self, *, live: bool) -> None:
         self._generation += 1
-        for kept in (self._pointers, self._managed, self._cuts, self._tokens, self._moments, self._used):
+        for kept in (self._pointers, self._managed, self._cuts, self._tokens, self._moments, self._used, self._lists):
             kept.clear()
         self.live = live
         self._release()  # loads waiting for a catch-up: memory is empty, they ask the database

@@ -59,7 +59,7 @@ def _json(model) -> Response:
 
 
 @router.get("/namespaces/{namespace}/tables")
-def list_tables(
+async def list_tables(
     warehouse: Reading,
     who: Caller,
     namespace: NamespacePath,
@@ -67,16 +67,22 @@ def list_tables(
     pageToken: str | None = None,
     pageSize: PageSize = None,
 ):
-    """The catalog's tables the caller may read; through a job's session also the sinks it
-    created and has not published (nobody else sees them yet). One statement, the answer's JSON made directly (a
-    thousand identifiers through FastAPI's encoder took 13 ms)."""
+    """The catalog's tables the caller may read, on the event loop: the namespace's names from
+    the process's memory, else in one statement (:meth:`.lake.LakeCore.names`), the answer's JSON
+    made directly (a thousand identifiers through FastAPI's encoder took 13 ms). Through a job's
+    session also the sinks it created and has not published (nobody else sees them yet)."""
     principal = acting(who[0], warehouse)
     principal.require_namespace(lake.settings.catalog, namespace)
+    if warehouse.kind == "job":
+        return await run_in_threadpool(_session_tables, lake, warehouse, principal, namespace)
+    return identifiers(lake, principal, namespace, (await lake.names(namespace)).tables)
+
+
+def _session_tables(lake: Lake, warehouse, principal: Principal, namespace: tuple[str, ...]) -> Response:
     with lake.pool.connection() as conn:
         found = set(lake.table_names(conn, namespace))
-        if warehouse.kind == "job":
-            session = lake.session(conn, warehouse, principal)
-            found.update(t.identifier[-1] for t in lake.created(conn, session.job) if t.namespace == namespace)
+        session = lake.session(conn, warehouse, principal)
+        found.update(t.identifier[-1] for t in lake.created(conn, session.job) if t.namespace == namespace)
     return identifiers(lake, principal, namespace, found)
 
 

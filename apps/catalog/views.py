@@ -67,7 +67,7 @@ ViewWriter = Annotated[Principal, Depends(view_writer)]
 
 
 @router.get("/namespaces/{namespace}/views")
-def list_views(
+async def list_views(
     warehouse: Reading,
     who: Caller,
     namespace: NamespacePath,
@@ -75,10 +75,10 @@ def list_views(
     pageToken: str | None = None,
     pageSize: PageSize = None,
 ):
+    """The namespace's views the caller may read, on the event loop (as tables are listed)."""
     principal = acting(who[0], warehouse)
     principal.require_namespace(lake.settings.catalog, namespace)
-    with lake.pool.connection() as conn:
-        return identifiers(lake, principal, namespace, lake.view_names(conn, namespace))
+    return identifiers(lake, principal, namespace, (await lake.names(namespace)).views)
 
 
 @router.post("/namespaces/{namespace}/views")

@@ -18,6 +18,8 @@ import requests
 from icebarrier.control_plane import barriers, jobs, revisions, tokens
 from icebarrier.iceberg_ext.catalog import POINTER_TRIGGER, watch_pointers
 from tests.iceberg_ext.catalog_server import Pipeline, access_token, rest, scrape, start_server, stop_server
+from tests.iceberg_ext.test_catalog_conformance import _job_token
+from tests.iceberg_ext.test_views import _version
 from tests.pg_counter import TransactionCounter
 
 pytestmark = pytest.mark.slow
@@ -364,3 +366,38 @@ def test_a_callers_token_is_answered_from_memory_and_refused_as_soon_as_it_is_re
         assert _answered(server, headers)["database"] == loads + 3, "a job's load was answered from memory"
         tokens.revoke(lake.conn, job[0])
         assert config() == 401
+
+
+def test_a_namespaces_list_comes_from_memory_and_shows_every_change_at_once(lake):
+    """Lists of tables and views ask the database nothing once a process holds the namespace's
+    names, yet every change committed before a list came is in it, whoever wrote it and while
+    the server's notices come 300 ms late: a table created and dropped directly in the SQL
+    catalog (as Spark's JDBC catalog writes), renamed into another namespace, a view created.
+    An empty namespace lists nothing; a missing one is the 404."""
+    ns = lake.namespace
+    other = f"{ns}_other"
+    lake.catalog.create_namespace(other)
+    lake.catalog.create_table(f"{ns}.a", schema=ROW)
+    with _late_notices(lake, tokens.create(lake.conn, whole_lake=True)) as (server, headers, proxy):
+
+        def listed(namespace: str, kind: str = "tables") -> list[str]:
+            r = requests.get(f"{server}/v1/latest/namespaces/{namespace}/{kind}", headers=headers, timeout=30)
+            assert r.status_code == 200, r.text
+            return [i["name"] for i in r.json()["identifiers"]]
+
+        assert listed(ns) == ["a"]
+        before = proxy.transactions
+        assert [listed(ns) for _ in range(3)] == [["a"]] * 3 and listed(ns, "views") == []
+        assert proxy.transactions == before, "a list was asked of the database again"
+        lake.catalog.create_table(f"{ns}.b", schema=ROW)
+        assert listed(ns) == ["a", "b"]
+        lake.catalog.drop_table(f"{ns}.a")
+        assert listed(ns) == ["b"]
+        assert listed(other) == []
+        lake.catalog.rename_table(f"{ns}.b", f"{other}.b")
+        assert (listed(ns), listed(other)) == ([], ["b"])
+        rest(server, "latest", _job_token(lake)).create_view((other, "v"), ROW, _version("SELECT 1", other))
+        assert (listed(other), listed(other, "views")) == (["b"], ["v"])
+        missing = requests.get(f"{server}/v1/latest/namespaces/{ns}_nowhere/tables", headers=headers, timeout=30)
+        assert missing.status_code == 404 and missing.json()["error"]["type"] == "NoSuchNamespaceException"
+    lake.catalog.drop_table(f"{other}.b")

@@ -234,6 +234,46 @@ def test_both_filter_forms_prune_alike(lake, server):
     assert planned({"type": "and", "left": function, "right": east[0]}) == 3
 
 
+def test_each_request_field_shapes_the_plan_as_the_spec_says(lake, server):
+    """stats-fields: each file with the statistics of those fields only (none without it);
+    case-sensitive false: a filter and stats field named in capitals bind (true: 400 naming it);
+    select: checked, every file still planned (a projection prunes no file); min-rows-requested:
+    tasks until that many rows; use-snapshot-schema: a filter on a column added after the
+    snapshot planned binds to the current schema, and with it to the snapshot's (400)."""
+    name = f"{lake.namespace}.regions"
+    table = _regions(lake, name, appends=3)  # 12 files of one row: 4 regions x 3 appends
+    old = table.current_snapshot().snapshot_id
+    headers = {"Authorization": f"Bearer {access_token(server, *tokens.create(lake.conn, whole_lake=True))}"}
+
+    def plan(body: dict) -> list[dict]:
+        answer = _post(server, "latest", name, "plan", headers, body)
+        assert answer.status_code == 200, (body, answer.text)
+        return answer.json()["file-scan-tasks"]
+
+    def stats(task: dict) -> set[int]:
+        file = task["data-file"]
+        return {
+            k for key in ("lower-bounds", "upper-bounds", "value-counts") for k in file.get(key, {}).get("keys", [])
+        }
+
+    assert {frozenset(stats(t)) for t in plan({"stats-fields": ["amount"]})} == {frozenset({3})}
+    assert {frozenset(stats(t)) for t in plan({})} == {frozenset()}
+    east = {"type": "eq", "term": "REGION", "value": "e"}
+    assert len(plan({"filter": east, "case-sensitive": False, "stats-fields": ["AMOUNT"]})) == 3
+    refused = _post(server, "latest", name, "plan", headers, {"filter": east})
+    assert refused.status_code == 400 and "REGION" in refused.json()["error"]["message"], refused.text
+    assert len(plan({"select": ["id", "region"]})) == 12
+    assert len(plan({"min-rows-requested": 5})) == 5
+    with table.update_schema() as update:
+        update.add_column("note", StringType())
+    noted = {"type": "is-null", "term": "note"}
+    assert len(plan({"snapshot-id": old, "filter": noted})) == 12  # the current schema: every row's note is null
+    refused = _post(
+        server, "latest", name, "plan", headers, {"snapshot-id": old, "filter": noted, "use-snapshot-schema": True}
+    )
+    assert refused.status_code == 400 and "note" in refused.json()["error"]["message"], refused.text
+
+
 def test_spark_plans_on_the_server_at_the_cut(lake, server, spark):
     """Spark through Iceberg 1.12's REST client with ``scan-planning-mode=server``: a filtered
     aggregate over a partitioned table planned in plan tasks equals the same query planned by

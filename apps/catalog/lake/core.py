@@ -30,7 +30,7 @@ from icebarrier.apps.catalog.delegation import (
     storage_credential,
 )
 from icebarrier.apps.catalog.errors import ForbiddenError
-from icebarrier.apps.catalog.load_cache import LoadCache
+from icebarrier.apps.catalog.load_cache import Listed, LoadCache
 from icebarrier.apps.catalog.warehouses import Warehouse
 from icebarrier.control_plane import audit, db, jobs
 from icebarrier.control_plane.errors import ConfigurationError, IcebarrierError
@@ -181,6 +181,10 @@ class LakeCore:
         self._list_sql = in_catalog(
             "SELECT table_name FROM {cs}.iceberg_tables WHERE catalog_name = %s AND table_namespace = %s "
             "AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) ORDER BY table_name"
+        )
+        self._names_sql = in_catalog(
+            "SELECT table_name, coalesce(iceberg_type, 'TABLE') = 'VIEW' AS view FROM {cs}.iceberg_tables "
+            "WHERE catalog_name = %s AND table_namespace = %s ORDER BY table_name"
         )
         self._swap_sql = in_catalog(
             "UPDATE {cs}.iceberg_tables SET metadata_location = %s, previous_metadata_location = %s "
@@ -356,19 +360,44 @@ class LakeCore:
             self.namespace_location(conn, namespace)
         return names
 
+    async def names(self, namespace: tuple[str, ...]) -> Listed:
+        """The namespace's tables' and views' names, each sorted (as :meth:`table_names` lists
+        them), on the event loop: from the process's memory (:mod:`..load_cache`), else in one
+        statement on the async pool, then kept; NoSuchNamespaceError if the namespace does not
+        exist (an empty one is not kept: whether it still exists is not announced)."""
+        from pyiceberg.exceptions import NoSuchNamespaceError
+
+        cache, catalog, levels = self.load_cache, self.settings.catalog, sql_namespace(namespace)
+        if (listed := await cache.listed(catalog, levels)) is not None:
+            return listed
+        generation = cache.generation
+        async with self.async_pool.connection() as conn:
+            rows = await (await conn.execute(self._names_sql, (catalog, levels))).fetchall()
+            if not rows and not (await (await conn.execute(*self._namespace_query(levels))).fetchone())["found"]:
+                raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(namespace)}")
+        listed = Listed(
+            tables=tuple(r["table_name"] for r in rows if not r["view"]),
+            views=tuple(r["table_name"] for r in rows if r["view"]),
+        )
+        if rows:
+            cache.keep_listed(generation, catalog, levels, listed)
+        return listed
+
     def namespace_location(self, conn, namespace: tuple[str, ...]) -> str | None:
         """The namespace's ``location`` property (None: it has none), in one statement;
         NoSuchNamespaceError if it does not exist (as PyIceberg's SQL catalog decides)."""
         from pyiceberg.exceptions import NoSuchNamespaceError
 
-        levels = sql_namespace(namespace)
-        under = levels.replace("!", "!!").replace("_", "!_").replace("%", "!%") + ".%"
-        row = conn.execute(
-            self._namespace_sql, {"catalog": self.settings.catalog, "namespace": levels, "under": under}
-        ).fetchone()
+        row = conn.execute(*self._namespace_query(sql_namespace(namespace))).fetchone()
         if not row["found"]:
             raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(namespace)}")
         return row["location"]
+
+    def _namespace_query(self, levels: str) -> tuple[str, dict]:
+        """Whether the namespace of SQL name ``levels`` exists, and its location: the statement and
+        its parameters."""
+        under = levels.replace("!", "!!").replace("_", "!_").replace("%", "!%") + ".%"
+        return self._namespace_sql, {"catalog": self.settings.catalog, "namespace": levels, "under": under}
 
     def current(self, conn, table: TableName):
         """(metadata location, metadata, io) of the table's current version."""
