@@ -31,7 +31,7 @@ from icebarrier.apps.catalog.models import (
     RegisterTableRequest,
     RenameTableRequest,
 )
-from icebarrier.apps.catalog.tables import identifiers
+from icebarrier.apps.catalog.tables import listing
 from icebarrier.control_plane.tokens import Principal
 
 router = APIRouter(prefix="/v1/{prefix}")
@@ -78,7 +78,7 @@ async def list_views(
     """The namespace's views the caller may read, on the event loop (as tables are listed)."""
     principal = acting(who[0], warehouse)
     principal.require_namespace(lake.settings.catalog, namespace)
-    return identifiers(lake, principal, namespace, (await lake.names(namespace)).views)
+    return await listing(lake, principal, namespace, (await lake.names(namespace)).views)
 
 
 @router.post("/namespaces/{namespace}/views")
