@@ -396,8 +396,11 @@ def test_a_namespaces_list_comes_from_memory_and_shows_every_change_at_once(lake
         assert listed(other) == []
         lake.catalog.rename_table(f"{ns}.b", f"{other}.b")
         assert (listed(ns), listed(other)) == ([], ["b"])
-        rest(server, "latest", _job_token(lake)).create_view((other, "v"), ROW, _version("SELECT 1", other))
+        writer = rest(server, "latest", _job_token(lake))
+        writer.create_view((other, "v"), ROW, _version("SELECT 1", other))
         assert (listed(other), listed(other, "views")) == (["b"], ["v"])
         missing = requests.get(f"{server}/v1/latest/namespaces/{ns}_nowhere/tables", headers=headers, timeout=30)
         assert missing.status_code == 404 and missing.json()["error"]["type"] == "NoSuchNamespaceException"
+        writer.drop_view((other, "v"))  # the worker's catalog is shared: the other namespace goes too
     lake.catalog.drop_table(f"{other}.b")
+    lake.catalog.drop_namespace(other)
