@@ -51,8 +51,6 @@ def python(line: spark_lines.SparkLine | None = None) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     with open(home / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not script.is_file() and made.is_file():
-            _console_script(script)  # an environment made before the script was
         if not made.is_file():
             shutil.rmtree(env, ignore_errors=True)
             venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env)
@@ -61,8 +59,9 @@ def python(line: spark_lines.SparkLine | None = None) -> Path:
                 check=True,
                 env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
             )
-            _console_script(script)
             made.touch()
+        if not script.is_file():  # also for an environment made before the script was
+            _console_script(script)
     return env / "bin" / "python"
 
 

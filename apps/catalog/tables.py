@@ -74,17 +74,18 @@ async def list_tables(
     session also the sinks it created and has not published (nobody else sees them yet)."""
     principal = acting(who[0], warehouse)
     principal.require_namespace(lake.settings.catalog, namespace)
+    names = (await lake.names(namespace)).tables
     if warehouse.kind == "job":
-        return await run_in_threadpool(_session_tables, lake, warehouse, principal, namespace)
-    return await listing(lake, principal, namespace, (await lake.names(namespace)).tables)
+        created = await run_in_threadpool(_created, lake, warehouse, principal, namespace)
+        names = tuple({*names, *created})  # identifiers() sorts them
+    return await listing(lake, principal, namespace, names)
 
 
-def _session_tables(lake: Lake, warehouse, principal: Principal, namespace: tuple[str, ...]) -> Response:
+def _created(lake: Lake, warehouse, principal: Principal, namespace: tuple[str, ...]) -> list[str]:
+    """The sinks in ``namespace`` the job's session created and has not published."""
     with lake.pool.connection() as conn:
-        found = set(lake.table_names(conn, namespace))
         session = lake.session(conn, warehouse, principal)
-        found.update(t.identifier[-1] for t in lake.created(conn, session.job) if t.namespace == namespace)
-    return identifiers(lake, principal, namespace, found)
+        return [t.identifier[-1] for t in lake.created(conn, session.job) if t.namespace == namespace]
 
 
 async def listing(lake: Lake, principal: Principal, namespace: tuple[str, ...], names: tuple[str, ...]) -> Response:

@@ -18,7 +18,6 @@ from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import tuple_row
 from pyiceberg.exceptions import ViewAlreadyExistsError
 from pyiceberg.utils.config import Config
 
@@ -177,10 +176,6 @@ class LakeCore:
             "AND coalesce(iceberg_type, 'TABLE') = 'TABLE') END AS location "
             "FROM (SELECT 1) x LEFT JOIN managed_table m ON m.name = %(name)s "
             "LEFT JOIN job_sink k ON k.table_id = m.table_id LEFT JOIN job j ON j.job_id = k.job_id AND j.active"
-        )
-        self._list_sql = in_catalog(
-            "SELECT table_name FROM {cs}.iceberg_tables WHERE catalog_name = %s AND table_namespace = %s "
-            "AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) ORDER BY table_name"
         )
         self._names_sql = in_catalog(
             "SELECT table_name, coalesce(iceberg_type, 'TABLE') = 'VIEW' AS view FROM {cs}.iceberg_tables "
@@ -351,17 +346,8 @@ class LakeCore:
         if not managed:
             principal.require_write_unmanaged(table)
 
-    def table_names(self, conn, namespace: tuple[str, ...]) -> list[str]:
-        """The names of the namespace's tables (as PyIceberg's SQL catalog lists them, in one
-        statement); NoSuchNamespaceError if the namespace does not exist."""
-        with conn.cursor(row_factory=tuple_row) as cur:  # a thousand dicts cost more than the statement
-            names = [r[0] for r in cur.execute(self._list_sql, (self.settings.catalog, sql_namespace(namespace)))]
-        if not names:
-            self.namespace_location(conn, namespace)
-        return names
-
     async def names(self, namespace: tuple[str, ...]) -> Listed:
-        """The namespace's tables' and views' names, each sorted (as :meth:`table_names` lists
+        """The namespace's tables' and views' names, each sorted (as PyIceberg's SQL catalog lists
         them), on the event loop: from the process's memory (:mod:`..load_cache`), else in one
         statement on the async pool, then kept; NoSuchNamespaceError if the namespace does not
         exist (an empty one is not kept: whether it still exists is not announced)."""
