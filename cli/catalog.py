@@ -32,7 +32,8 @@ from icebarrier.control_plane.model import (
     type=click.IntRange(1, 64),
     default=1,
     show_default=True,
-    help="Server processes on the one port (a dead one is replaced); all state is in Postgres.",
+    help="Server processes; one more accepts each connection and hands it to the one holding fewest (a dead "
+    "one is replaced). All state is in Postgres.",
 )
 @click.option(
     "--session-quiet",
@@ -172,6 +173,7 @@ def serve(
     import uvicorn
 
     from icebarrier.apps.catalog import server
+    from icebarrier.apps.catalog import workers as workers_module
 
     options = {
         "quiet_ms": quiet_ms,
@@ -200,16 +202,16 @@ def serve(
         return
     server.check_settings(settings)  # one line now, not one per worker
     os.environ[server.WORKER_ENV] = json.dumps({"config": obj.config, "dsn": obj.dsn, "schema": obj.schema, **options})
-    uvicorn.run(
+    config = uvicorn.Config(
         f"{server.__name__}:{server.worker_app.__name__}",
         factory=True,
-        workers=workers,
         host=host,
         port=port,
         log_level="warning",
         http=server.HTTP_PROTOCOL,
         **running,
     )
+    workers_module.serve(config, workers)
 
 
 @click.command("connect")

@@ -69,6 +69,19 @@ def _listens(pid: int, port: int) -> bool:
         return False
 
 
+def worker_pids(supervisor: int) -> set[int]:
+    """The worker processes of `serve --workers` (the supervisor's spawned children, not the
+    helper multiprocessing starts beside them)."""
+    pids = set()
+    for child in psutil.Process(supervisor).children():
+        try:
+            if not any("resource_tracker" in part for part in child.cmdline()):
+                pids.add(child.pid)
+        except psutil.NoSuchProcess:  # it exited meanwhile
+            pass
+    return pids
+
+
 def stop_server(proc: subprocess.Popen) -> str:
     proc.send_signal(signal.SIGTERM)
     try:

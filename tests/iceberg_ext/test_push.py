@@ -19,7 +19,7 @@ import pytest
 from icebarrier.control_plane import barriers, job_sessions, jobs, tokens
 from icebarrier.control_plane.model import JobDefinition
 from tests.helpers import WEEK_S
-from tests.iceberg_ext.catalog_server import access_token, scrape, start_server, stop_server
+from tests.iceberg_ext.catalog_server import access_token, scrape, start_server, stop_server, worker_pids
 from tests.iceberg_ext.test_job_exec import exec_args
 from tests.pg_counter import TransactionCounter
 
@@ -154,16 +154,6 @@ def test_following_jobs_cost_nothing_while_idle_and_wake_when_their_source_moves
         steps = summaries[job]["steps"]  # its first barrier bootstraps (runs the command); no other
         assert [s["outcome"] for s in steps] == ["published"] and steps[0]["barrier"] < marks[0], steps
         assert jobs.show(lake.conn, job).progress == marks[-1]  # skipped by the control plane
-
-
-def worker_pids(supervisor: int) -> set[int]:
-    """The worker processes of `serve --workers` (uvicorn's spawned children, not its helpers)."""
-    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
-    return {
-        int(p)
-        for p in children
-        if "resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
-    }
 
 
 def test_serve_workers_replace_a_killed_process_and_following_jobs_keep_going(lake, tmp_path):
