@@ -26,7 +26,9 @@ namespace of ``--tables``. With ``--beside N`` each catalog holds N other tables
 ``beside``), put there in bulk (rows of the SQL catalogs' pointer tables; commits of 1,000 puts
 through Nessie's API; never loaded), so every measure is taken in a lake of N more tables
 without an hour of creates per catalog. icebarrier runs twice: through ``latest`` and through
-``read-committed`` (every load pinned at the client's session moment, 16 reader tokens rotated).
+``read-committed`` (every load pinned at the client's session moment, 16 reader tokens rotated);
+for each, its processes' garbage-collector pauses of 10 ms or more while ``wrk`` loaded (from
+their ``/metrics``), what a load p99 meets.
 It prints one table, peer × measure, and each peer ÷ icebarrier.
 """
 
@@ -484,11 +486,48 @@ def icebarrier(args, dsn: str, work: Path) -> tuple[dict[str, float], dict[str, 
         loads = {}
         for warehouse in ("latest", "read-committed"):
             target = Target("icebarrier", uri, {}, f"/v1/{warehouse}/namespaces/bench/tables/{{table}}", access)
+            before = gc_pauses(uri, access[0], args.workers)
             loads[warehouse] = measure_loads(target, args, work)
+            after = gc_pauses(uri, access[0], args.workers)
+            loads[warehouse]["GC pauses ≥ 10 ms while loading"] = long_pauses(before, after)
         return measures, loads["latest"], loads["read-committed"]
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def gc_pauses(uri: str, token: str, workers: int) -> list[dict[float, float]]:
+    """Each server process's garbage-collector pauses so far, as cumulative histogram buckets
+    (seconds: count), from its ``/metrics``: one connection per process, each kept open while
+    the next is made (the server hands a new connection to the process that holds fewest)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sessions = [requests.Session() for _ in range(workers)]
+    found = []
+    try:
+        for session in sessions:
+            text = session.get(f"{uri}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30).text
+            buckets: dict[float, float] = {}
+            for family in text_string_to_metric_families(text):
+                if family.name == "icebarrier_catalog_gc_pause_seconds":
+                    for sample in family.samples:
+                        if sample.name.endswith("_bucket"):
+                            le = float(sample.labels["le"])
+                            buckets[le] = buckets.get(le, 0) + sample.value
+            found.append(buckets)
+    finally:
+        for session in sessions:
+            session.close()
+    return found
+
+
+def long_pauses(before: list[dict[float, float]], after: list[dict[float, float]]) -> str:
+    """The pauses of 10 ms or more between two :func:`gc_pauses`, and the bound of the longest. A
+    pause holds every answer of its process: it is what a load's p99 meets."""
+    between = {le: sum(a[le] - b[le] for a, b in zip(after, before, strict=True)) for le in after[0]}
+    total = between[float("inf")]
+    longest = min(le for le, n in between.items() if n == total)
+    return f"{total - between[0.01]:g} (longest ≤ {longest * 1000:g} ms)"
 
 
 def access_token(uri: str, credential: tuple[str, str]) -> str:

@@ -16,16 +16,19 @@ issued (a counter: its rate is the barrier rate) and the read-committed cut's ag
 server process: catalog table loads by warehouse kind, as a latency histogram; loads answered
 from memory or the database, and whether the memory is live (:mod:`.load_cache`); the long polls
 of `job exec --follow` it holds waiting for a notice, and what they cost by event (plans, plans
-again on a notice or on time, renewals taken up with no plan, heartbeat lines).
+again on a notice or on time, renewals taken up with no plan, heartbeat lines); how long Python's
+garbage collector held it, by generation (every answer waits while it runs).
 """
 
 from __future__ import annotations
 
+import bisect
+import time
 from dataclasses import dataclass
 
 from fastapi import Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from icebarrier.apps.catalog.deps import Caller
 from icebarrier.apps.catalog.notices import LONG_POLL_EVENTS
@@ -347,6 +350,42 @@ class ManifestCacheCollector:
         )
 
 
+class GcPauses:
+    """How long each of Python's garbage collections held this process, by generation: a
+    ``gc.callbacks`` entry (:func:`.server.process_app` adds it) counting into plain lists, not a
+    Histogram, whose lock a collection could start inside of."""
+
+    BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+    def __init__(self) -> None:
+        self.counts = [[0] * (len(self.BUCKETS_S) + 1) for _ in range(3)]  # per generation, per bucket
+        self.sums_s = [0.0] * 3
+        self.started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+            return
+        took_s = time.perf_counter() - self.started
+        generation = info["generation"]
+        self.sums_s[generation] += took_s
+        self.counts[generation][bisect.bisect_left(self.BUCKETS_S, took_s)] += 1
+
+    def collect(self):
+        pauses = HistogramMetricFamily(
+            "icebarrier_catalog_gc_pause_seconds",
+            "How long Python's garbage collector held this process (every answer waits), by generation",
+            labels=["generation"],
+        )
+        for generation, counts in enumerate(self.counts):
+            cumulative, buckets = 0, []
+            for bound, count in zip((*map(str, self.BUCKETS_S), "+Inf"), counts, strict=True):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            pauses.add_metric([str(generation)], buckets, self.sums_s[generation])
+        yield pauses
+
+
 class HubCollector:
     """The long polls this process holds (:mod:`.notices`)."""
 
@@ -380,6 +419,8 @@ class Metrics:
         self.registry.register(LoadCacheCollector(lake.load_cache))
         self.registry.register(HubCollector(hub))
         self.registry.register(ManifestCacheCollector(lake.manifest_cache))
+        self.gc_pauses = GcPauses()  # counts once a serving process adds it to gc.callbacks
+        self.registry.register(self.gc_pauses)
         self.load_seconds = Histogram(
             "icebarrier_catalog_load_seconds",
             "Latency of a table load through the catalog, by warehouse kind",

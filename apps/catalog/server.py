@@ -160,9 +160,11 @@ def check_settings(settings: Settings) -> None:
 
 def process_app(settings: Settings, **options) -> FastAPI:
     """The app of a process that serves it and nothing else (``icebarrier serve``, each of its
-    ``--workers``): :func:`create_app`, and at start the garbage collector set for a server."""
+    ``--workers``): :func:`create_app`, the garbage collector set for a server at start, and its
+    pauses timed."""
     app = create_app(settings, **options)
     app.router.add_event_handler("startup", _collect_for_a_server)
+    gc.callbacks.append(app.state.metrics.gc_pauses)  # its pauses in /metrics
     return app
 
 

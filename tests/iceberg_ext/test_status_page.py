@@ -53,7 +53,8 @@ def test_metrics_give_each_table_its_lag_and_freshness_and_time_the_loads(lake, 
     """By default the lake is summarized (tables by kind and target state, the stalest and most
     behind): no series per table. The tables a scrape names (a namespace, a table) get theirs:
     a table one barrier behind has lag > 0 and 1 barrier behind, a caught-up one 0; barriers
-    issued count up; a pinned load shows in the load histogram under its warehouse kind."""
+    issued count up; a pinned load shows in the load histogram under its warehouse kind; the
+    garbage collector's pauses are timed."""
     p = Pipeline(lake, {"ingest": ["orders"], "late": ["late"]})
     p.advance()
     b = p.advance(only={f"{lake.namespace}_ingest"})
@@ -77,6 +78,9 @@ def test_metrics_give_each_table_its_lag_and_freshness_and_time_the_loads(lake, 
     )
     assert samples[("icebarrier_barriers_issued_total", ())] == 2
     assert samples[("icebarrier_catalog_load_seconds_count", (("warehouse", "barrier"),))] == 1
+    # the full collection at start (what it built is frozen after it) is timed, as every one is
+    assert samples[("icebarrier_catalog_gc_pause_seconds_count", (("generation", "2"),))] >= 1
+    assert samples[("icebarrier_catalog_gc_pause_seconds_sum", (("generation", "2"),))] > 0
     assert not any(name.startswith("icebarrier_table_target") for name, _ in samples)  # no targets yet
     targets.set_target_lag(lake.conn, lake.T("orders"), 3600)
     targets.set_target_lag(lake.conn, lake.T("late"), 0.001)
