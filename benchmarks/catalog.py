@@ -128,25 +128,8 @@ def start(
 
 def start_floor(body: Path, workers: int) -> tuple[subprocess.Popen, str]:
     """``floor_app.py`` answering with ``body``, served as ``icebarrier serve`` serves."""
-    from icebarrier.apps.catalog.server import HTTP_PROTOCOL
-
     return _serve(
-        lambda port: [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "floor_app:app",
-            "--app-dir",
-            str(Path(__file__).parent),
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-            "--log-level",
-            "warning",
-            "--http",
-            HTTP_PROTOCOL,
-        ],
+        lambda port: [sys.executable, str(Path(__file__).parent / "floor_app.py"), str(port), str(workers)],
         {**os.environ, "FLOOR_BODY": str(body)},
     )
 
