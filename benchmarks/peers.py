@@ -27,8 +27,8 @@ namespace of ``--tables``. With ``--beside N`` each catalog holds N other tables
 through Nessie's API; never loaded), so every measure is taken in a lake of N more tables
 without an hour of creates per catalog. icebarrier runs twice: through ``latest`` and through
 ``read-committed`` (every load pinned at the client's session moment, 16 reader tokens rotated);
-for each, its processes' garbage-collector pauses of 10 ms or more while ``wrk`` loaded (from
-their ``/metrics``), what a load p99 meets.
+for each, from its processes' ``/metrics``, their garbage-collector pauses and their own loads of
+10 ms or more while ``wrk`` loaded: where a load p99 comes from.
 It prints one table, peer × measure, and each peer ÷ icebarrier.
 """
 
@@ -486,20 +486,25 @@ def icebarrier(args, dsn: str, work: Path) -> tuple[dict[str, float], dict[str, 
         loads = {}
         for warehouse in ("latest", "read-committed"):
             target = Target("icebarrier", uri, {}, f"/v1/{warehouse}/namespaces/bench/tables/{{table}}", access)
-            before = gc_pauses(uri, access[0], args.workers)
+            before = server_histograms(uri, access[0], args.workers)
             loads[warehouse] = measure_loads(target, args, work)
-            after = gc_pauses(uri, access[0], args.workers)
-            loads[warehouse]["GC pauses ≥ 10 ms while loading"] = long_pauses(before, after)
+            loads[warehouse] |= slow_between(before, server_histograms(uri, access[0], args.workers))
         return measures, loads["latest"], loads["read-committed"]
     finally:
         proc.terminate()
         proc.wait(30)
 
 
-def gc_pauses(uri: str, token: str, workers: int) -> list[dict[float, float]]:
-    """Each server process's garbage-collector pauses so far, as cumulative histogram buckets
-    (seconds: count), from its ``/metrics``: one connection per process, each kept open while
-    the next is made (the server hands a new connection to the process that holds fewest)."""
+SLOW = {  # the server's histograms a benchmark window's p99 can be traced to, and what is slow in each
+    "icebarrier_catalog_gc_pause_seconds": ("GC pauses ≥ 10 ms while loading", 0.01),
+    "icebarrier_catalog_load_seconds": ("loads ≥ 10 ms inside the server", 0.01),
+}
+
+
+def server_histograms(uri: str, token: str, workers: int) -> list[dict[str, dict[float, float]]]:
+    """Each server process's :data:`SLOW` histograms so far, as cumulative buckets (seconds:
+    count, label sets summed), from its ``/metrics``: one connection per process, each kept open
+    while the next is made (the server hands a new connection to the process that holds fewest)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     sessions = [requests.Session() for _ in range(workers)]
@@ -507,27 +512,33 @@ def gc_pauses(uri: str, token: str, workers: int) -> list[dict[float, float]]:
     try:
         for session in sessions:
             text = session.get(f"{uri}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30).text
-            buckets: dict[float, float] = {}
+            histograms: dict[str, dict[float, float]] = {name: {} for name in SLOW}
             for family in text_string_to_metric_families(text):
-                if family.name == "icebarrier_catalog_gc_pause_seconds":
-                    for sample in family.samples:
-                        if sample.name.endswith("_bucket"):
-                            le = float(sample.labels["le"])
-                            buckets[le] = buckets.get(le, 0) + sample.value
-            found.append(buckets)
+                for sample in family.samples if family.name in SLOW else ():
+                    if sample.name.endswith("_bucket"):
+                        buckets = histograms[family.name]
+                        le = float(sample.labels["le"])
+                        buckets[le] = buckets.get(le, 0) + sample.value
+            found.append(histograms)
     finally:
         for session in sessions:
             session.close()
     return found
 
 
-def long_pauses(before: list[dict[float, float]], after: list[dict[float, float]]) -> str:
-    """The pauses of 10 ms or more between two :func:`gc_pauses`, and the bound of the longest. A
-    pause holds every answer of its process: it is what a load's p99 meets."""
-    between = {le: sum(a[le] - b[le] for a, b in zip(after, before, strict=True)) for le in after[0]}
-    total = between[float("inf")]
-    longest = min(le for le, n in between.items() if n == total)
-    return f"{total - between[0.01]:g} (longest ≤ {longest * 1000:g} ms)"
+def slow_between(before: list[dict], after: list[dict]) -> dict[str, str]:
+    """What was slow between two :func:`server_histograms`: how many, and the bound of the slowest.
+    A GC pause holds every answer of its process; a slow load is one request's own time. Either is
+    what a load's p99 meets."""
+    slow = {}
+    for name, (measure, over_s) in SLOW.items():
+        between = {
+            le: sum(a[name][le] - b[name][le] for a, b in zip(after, before, strict=True)) for le in after[0][name]
+        }
+        total = between[float("inf")]
+        slowest = min(le for le, n in between.items() if n == total)
+        slow[measure] = f"{total - between[over_s]:g} (slowest ≤ {slowest * 1000:g} ms)"
+    return slow
 
 
 def access_token(uri: str, credential: tuple[str, str]) -> str:

@@ -9,8 +9,11 @@ over a Unix socket to the ready worker with the fewest open connections, as Node
 module does by default. Each worker serves what it is handed with uvicorn's own protocol and
 says on the same socket when it is ready, when connections close (before their descriptors are
 closed: a connection the worker no longer has is never counted against it) and that it is
-alive. A worker that dies is replaced; one that stops answering for :data:`HUNG_S` is killed and
-replaced; one that fails before it serves stops the server, as uvicorn's workers do.
+alive. When every worker's queue is full (their event loops held up while a burst comes in),
+the connection accepted is held and offered again, and the rest wait in the listening socket's
+backlog: none is dropped. A worker that dies is replaced; one that stops answering for
+:data:`HUNG_S` is killed and replaced; one that fails before it serves stops the server, as
+uvicorn's workers do.
 
 Messages, one per datagram (``SOCK_SEQPACKET``): to a worker ``c`` with a connection's
 descriptor, or ``p`` (are you alive); from a worker ``r`` (ready), ``p`` (alive), or a number
@@ -41,6 +44,7 @@ logger = logging.getLogger("uvicorn.error")
 PING_S = 1.0  # how often the supervisor asks each ready worker whether it is alive
 HUNG_S = 30.0  # a worker whose event loop has not answered for this long is killed and replaced
 PAUSE_ACCEPT_S = 1.0  # after an accept fails for want of descriptors or memory
+RETRY_HELD_S = 0.01  # a connection no worker could take yet is offered again this often
 STOP_MARGIN_S = 5.0  # on top of the workers' shutdown grace, before one still running is killed
 
 _SPAWN = multiprocessing.get_context("spawn")
@@ -65,8 +69,9 @@ class Supervisor:
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
     listener: socket.socket | None = None
     listening: bool = False
-    accepting: bool = False  # listening, a worker is ready, and no accept failed a moment ago
+    accepting: bool = False  # listening, a worker is ready, none held, and no accept failed a moment ago
     accept_after: float = 0.0
+    held: socket.socket | None = None  # accepted when every ready worker's queue was full: offered first
     next_ping: float = 0.0
     stopping: bool = False
     failed: bool = False
@@ -94,11 +99,13 @@ class Supervisor:
             for _ in range(self.count):
                 self._spawn()
             while not self.stopping:
-                for key, _ in self.selector.select(timeout=PING_S):
+                for key, _ in self.selector.select(timeout=RETRY_HELD_S if self.held else PING_S):
                     key.data()
                 self._watch()
         finally:
             self.listener.close()
+            if self.held is not None:
+                self.held.close()
             self._stop_workers()
             signal.set_wakeup_fd(previous)
             for sig, handler in handlers.items():
@@ -180,7 +187,7 @@ class Supervisor:
                 self._refuse(exc)
                 return
             self.listening = True
-        wanted = any(w.ready for w in self.workers) and time.monotonic() >= self.accept_after
+        wanted = any(w.ready for w in self.workers) and self.held is None and time.monotonic() >= self.accept_after
         if wanted and not self.accepting:
             self.selector.register(self.listener, selectors.EVENT_READ, self._accept)
         elif self.accepting and not wanted:
@@ -201,7 +208,7 @@ class Supervisor:
         for worker in self.workers:  # closes reported before these connections came are counted
             if worker.ready:
                 self._hear(worker)
-        while True:
+        while self.held is None:
             try:
                 connection, _ = self.listener.accept()
             except BlockingIOError:
@@ -209,29 +216,36 @@ class Supervisor:
             except ConnectionAbortedError:
                 continue
             except OSError as exc:  # EMFILE, ENFILE, ENOBUFS, ENOMEM: the queue waits a moment
-                logger.error("Accepting a connection failed (%s); trying again in %.0f s.", exc, PAUSE_ACCEPT_S)
                 if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     raise
+                logger.error("Accepting a connection failed (%s); trying again in %.0f s.", exc, PAUSE_ACCEPT_S)
                 self.accept_after = time.monotonic() + PAUSE_ACCEPT_S
                 self._listen()
                 return
-            with connection:
-                self._hand(connection)
+            if self._hand(connection):
+                connection.close()  # the worker has its own descriptor of it
+            else:  # every ready worker's queue is full (their loops are busy): the rest wait in the backlog
+                self.held = connection
+                self._listen()
 
-    def _hand(self, connection: socket.socket) -> None:
-        """To the ready worker holding fewest (the first of equals); if none takes it, it closes."""
+    def _hand(self, connection: socket.socket) -> bool:
+        """To the ready worker holding fewest (the first of equals), if any can take it now."""
         for worker in sorted((w for w in self.workers if w.ready), key=lambda w: w.open):
             try:
                 socket.send_fds(worker.channel, [b"c"], [connection.fileno()])
             except OSError:  # its queue is full, or it is going: the next one
                 continue
             worker.open += 1
-            return
+            return True
+        return False
 
     def _watch(self) -> None:
         now = time.monotonic()
+        if self.held is not None and self._hand(self.held):
+            self.held.close()
+            self.held = None
         if self.listening and not self.accepting:
-            self._listen()  # after a pause in accepting
+            self._listen()  # after a pause in accepting, or a connection held
         if now < self.next_ping:
             return
         self.next_ping = now + PING_S
@@ -312,9 +326,9 @@ class _HandedServer(uvicorn.Server):
                 return
             except OSError:
                 message, fds = b"", []
-            if not message:  # the supervisor is gone: stop as on SIGTERM
+            if not message:  # the supervisor is gone: stop as on SIGTERM (long polls end at once)
                 loop.remove_reader(self.channel.fileno())
-                self.should_exit = True
+                signal.raise_signal(signal.SIGTERM)
                 return
             for fd in fds:
                 task = loop.create_task(self._serve_one(socket.socket(fileno=fd)))

@@ -3,12 +3,14 @@ the fewest; closes are counted, a killed worker is replaced and takes the next c
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import select
 import signal
 import socket
 import ssl
+import subprocess
 import time
 
 import psutil
@@ -132,6 +134,64 @@ def test_connections_go_to_the_worker_holding_fewest(lake):
     assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
     assert f"Worker process [{second}] exited by signal SIGKILL; a new one takes its place." in err, err
     assert not any(psutil.pid_exists(p) for p in (first, third)), "a worker outlived the server"
+
+
+def test_a_burst_while_both_workers_are_held_up_loses_no_connection(lake):
+    """Both workers stopped (SIGSTOP: their event loops take nothing from their queues) while 700
+    clients connect: each worker's queue fills (278 connections here), the supervisor holds the
+    next and leaves the rest in the backlog. Resumed, every client is answered, and the two hold
+    350 each. Another server on the address fails with one line."""
+    proc, uri = start_server(lake, "--workers", "2")
+    port = int(uri.rsplit(":", 1)[1])
+    pids = sorted(worker_pids(proc.pid))
+    opened: list[http.client.HTTPConnection] = []
+    try:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        socks = []
+        for _ in range(700):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", port))
+            socks.append(sock)
+        for sock in socks:
+            select.select([], [sock], [], 60)
+            sock.setblocking(True)
+            sock.settimeout(60)
+            connection = http.client.HTTPConnection("127.0.0.1", port)
+            connection.sock = sock
+            connection.request("GET", "/healthz")  # sent: it waits in the socket for a worker
+            opened.append(connection)
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        for connection in opened:
+            answer = connection.getresponse()
+            answer.read()
+            assert answer.status == 200, answer.status
+        assert sorted(counts(proc.pid, port).values()) == [350, 350]
+
+        second = subprocess.run(
+            ["icebarrier", "serve", "--port", str(port), "--workers", "2"],
+            env={
+                **os.environ,
+                "ICEBARRIER_DSN": lake.settings.dsn,
+                "ICEBARRIER_SCHEMA": lake.settings.schema,
+                "ICEBARRIER_WAREHOUSE": lake.settings.warehouse,
+            },
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert second.returncode == 3 and "address already in use" in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr and len(second.stderr.strip().splitlines()) == 1, second.stderr
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        for connection in opened:
+            connection.close()
+        err = stop_server(proc)
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
 
 
 def test_workers_over_tls_count_failed_handshakes_as_closed(lake, tmp_path):
