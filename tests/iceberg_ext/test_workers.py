@@ -141,7 +141,7 @@ def test_a_burst_while_both_workers_are_held_up_loses_no_connection(lake):
     clients connect: each worker's queue fills (278 connections here), the supervisor holds the
     next and leaves the rest in the backlog. Resumed, every client is answered, and the two hold
     350 each. Another server on the address fails with one line."""
-    proc, uri = start_server(lake, "--workers", "2")
+    proc, uri = start_server(lake, "--workers", "2", "--max-per-token", "1000")  # all from one address
     port = int(uri.rsplit(":", 1)[1])
     pids = sorted(worker_pids(proc.pid))
     opened: list[http.client.HTTPConnection] = []
