@@ -532,8 +532,10 @@ def slow_between(before: list[dict], after: list[dict]) -> dict[str, str]:
     what a load's p99 meets."""
     slow = {}
     for name, (measure, over_s) in SLOW.items():
+        bounds = set().union(*(a[name] for a in after))  # a histogram with no sample yet has no buckets
         between = {
-            le: sum(a[name][le] - b[name][le] for a, b in zip(after, before, strict=True)) for le in after[0][name]
+            le: sum(a[name].get(le, 0) - b[name].get(le, 0) for a, b in zip(after, before, strict=True))
+            for le in bounds
         }
         total = between[float("inf")]
         slowest = min(le for le, n in between.items() if n == total)
