@@ -6,23 +6,24 @@ first accepts every connection already queued, so four clients that connect toge
 land on one process while the other idles (1 opening in 20, measured; ``docs/peers.md``). Here
 the supervising process alone accepts, and passes each connection's descriptor (``SCM_RIGHTS``)
 over a Unix socket to the ready worker with the fewest open connections, as Node's cluster
-module does by default. Each worker serves what it is handed with uvicorn's own protocol and
-says on the same socket when it is ready, when connections close (before their descriptors are
-closed: a connection the worker no longer has is never counted against it) and that it is
-alive. When every worker's queue is full (their event loops held up while a burst comes in),
-the connection accepted is held and offered again, and the rest wait in the listening socket's
+module does by default. Each worker serves what it is handed with uvicorn's own protocol, says
+on the same socket when it is ready and that it is alive, and counts the connections it closes
+in memory the supervisor reads (before their descriptors close: a connection the worker no
+longer has is never counted against it, and a close costs the supervisor nothing). When
+every worker's queue is full (their event loops held up while a burst comes in), the
+connection accepted is held and offered again, and the rest wait in the listening socket's
 backlog: none is dropped. A worker that dies is replaced; one that stops answering for
 :data:`HUNG_S` is killed and replaced; one that fails before it serves stops the server, as
 uvicorn's workers do.
 
 Messages, one per datagram (``SOCK_SEQPACKET``): to a worker ``c`` with a connection's
-descriptor, or ``p`` (are you alive); from a worker ``r`` (ready), ``p`` (alive), or a number
-(that many of its connections closed).
+descriptor, or ``p`` (are you alive); from a worker ``r`` (ready) or ``p`` (alive).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import functools
 import logging
@@ -54,7 +55,8 @@ _SPAWN = multiprocessing.get_context("spawn")
 class _Worker:
     process: BaseProcess
     channel: socket.socket
-    open: int = 0  # connections handed and not reported closed
+    closed: ctypes.c_longlong  # connections it has closed: it counts them, in memory both processes share
+    handed: int = 0
     ready: bool = False
     asked_at: float | None = None  # when it was asked whether it is alive, until it answers
 
@@ -121,34 +123,32 @@ class Supervisor:
 
     def _spawn(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        process = _SPAWN.Process(target=_work, args=(self.config, theirs), name="icebarrier-serve-worker")
+        closed = _SPAWN.RawValue("q", 0)
+        process = _SPAWN.Process(target=_work, args=(self.config, theirs, closed), name="icebarrier-serve-worker")
         process.start()
         theirs.close()
         ours.setblocking(False)
-        worker = _Worker(process=process, channel=ours)
+        worker = _Worker(process=process, channel=ours, closed=closed)
         self.workers.append(worker)
         self.selector.register(ours, selectors.EVENT_READ, functools.partial(self._hear, worker))
         self.selector.register(process.sentinel, selectors.EVENT_READ, functools.partial(self._died, worker))
 
     def _hear(self, worker: _Worker) -> None:
-        while True:
-            try:
-                message = worker.channel.recv(32)
-            except BlockingIOError:
-                return
-            except OSError:
-                message = b""
-            if not message:  # the worker is exiting; its sentinel says when it is gone
-                worker.ready = False
-                self._forget(worker.channel)
-                return
-            if message == b"r":
-                worker.ready = True
-                self._listen()
-            elif message == b"p":
-                worker.asked_at = None
-            else:
-                worker.open -= int(message)
+        """One message (the selector calls again while there are more)."""
+        try:
+            message = worker.channel.recv(32)
+        except BlockingIOError:
+            return
+        except OSError:
+            message = b""
+        if not message:  # the worker is exiting; its sentinel says when it is gone
+            worker.ready = False
+            self._forget(worker.channel)
+        elif message == b"r":
+            worker.ready = True
+            self._listen()
+        elif message == b"p":
+            worker.asked_at = None
 
     def _forget(self, fileobj) -> None:
         try:
@@ -204,38 +204,33 @@ class Supervisor:
         self.failed = self.stopping = True
 
     def _accept(self) -> None:
+        """One connection (the selector calls again while more are queued)."""
         assert self.listener is not None
-        for worker in self.workers:  # closes reported before these connections came are counted
-            if worker.ready:
-                self._hear(worker)
-        while self.held is None:
-            try:
-                connection, _ = self.listener.accept()
-            except BlockingIOError:
-                return
-            except ConnectionAbortedError:
-                continue
-            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS, ENOMEM: the queue waits a moment
-                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    raise
-                logger.error("Accepting a connection failed (%s); trying again in %.0f s.", exc, PAUSE_ACCEPT_S)
-                self.accept_after = time.monotonic() + PAUSE_ACCEPT_S
-                self._listen()
-                return
-            if self._hand(connection):
-                connection.close()  # the worker has its own descriptor of it
-            else:  # every ready worker's queue is full (their loops are busy): the rest wait in the backlog
-                self.held = connection
-                self._listen()
+        try:
+            connection, _ = self.listener.accept()
+        except (BlockingIOError, ConnectionAbortedError):
+            return
+        except OSError as exc:  # EMFILE, ENFILE, ENOBUFS, ENOMEM: the queue waits a moment
+            if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                raise
+            logger.error("Accepting a connection failed (%s); trying again in %.0f s.", exc, PAUSE_ACCEPT_S)
+            self.accept_after = time.monotonic() + PAUSE_ACCEPT_S
+            self._listen()
+            return
+        if self._hand(connection):
+            connection.close()  # the worker has its own descriptor of it
+        else:  # every ready worker's queue is full (their loops are busy): the rest wait in the backlog
+            self.held = connection
+            self._listen()
 
     def _hand(self, connection: socket.socket) -> bool:
         """To the ready worker holding fewest (the first of equals), if any can take it now."""
-        for worker in sorted((w for w in self.workers if w.ready), key=lambda w: w.open):
+        for worker in sorted((w for w in self.workers if w.ready), key=lambda w: w.handed - w.closed.value):
             try:
                 socket.send_fds(worker.channel, [b"c"], [connection.fileno()])
             except OSError:  # its queue is full, or it is going: the next one
                 continue
-            worker.open += 1
+            worker.handed += 1
             return True
         return False
 
@@ -281,30 +276,30 @@ class Supervisor:
             worker.channel.close()
 
 
-def _work(config: uvicorn.Config, channel: socket.socket) -> None:
+def _work(config: uvicorn.Config, channel: socket.socket, closed: ctypes.c_longlong) -> None:
     """A worker process: uvicorn's server with no socket of its own, serving what it is handed."""
     config.configure_logging()
     try:
-        _HandedServer(config, channel).run(sockets=[])
+        _HandedServer(config, channel, closed).run(sockets=[])
     except KeyboardInterrupt:  # Ctrl+C reaches the whole process group: the supervisor stops us
         pass
 
 
 class _HandedServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, channel: socket.socket) -> None:
+    def __init__(self, config: uvicorn.Config, channel: socket.socket, closed: ctypes.c_longlong) -> None:
         super().__init__(config)
         self.channel = channel
-        self.unreported = 0  # closed connections the supervisor has not been told of
+        self.closed = closed  # written by this process's event loop only; the supervisor reads it
         self.handed: set[asyncio.Task] = set()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=[])  # the app's start-up; no listener
-        report = self._closed
+        closed = self.closed
 
         class Counted(self.config.http_protocol_class):  # type: ignore[name-defined]
             def connection_lost(self, exc: Exception | None) -> None:
                 super().connection_lost(exc)
-                report()  # the transport closes the descriptor after this returns
+                closed.value += 1  # before the transport closes the descriptor, after this returns
 
         self.protocol = functools.partial(
             Counted, config=self.config, server_state=self.server_state, app_state=self.lifespan.state
@@ -336,27 +331,19 @@ class _HandedServer(uvicorn.Server):
                 task.add_done_callback(self.handed.discard)
             if message == b"p":
                 self._tell(b"p")
-                if self.unreported:
-                    self._closed(0)
 
     async def _serve_one(self, connection: socket.socket) -> None:
         try:
             await asyncio.get_running_loop().connect_accepted_socket(self.protocol, connection, ssl=self.config.ssl)
         except OSError:  # reset before it was served, or a TLS handshake that failed
-            self._closed()  # told before its descriptor closes, as every close is
+            self.closed.value += 1  # counted before its descriptor closes, as every close is
             connection.close()
 
-    def _closed(self, count: int = 1) -> None:
-        self.unreported += count
-        if self._tell(b"%d" % self.unreported):
-            self.unreported = 0
-
-    def _tell(self, message: bytes) -> bool:
+    def _tell(self, message: bytes) -> None:
         try:
             self.channel.send(message)
-        except OSError:  # full (told with the next) or the supervisor is gone
-            return False
-        return True
+        except OSError:  # full (asked again) or the supervisor is gone
+            pass
 
 
 def serve(config: uvicorn.Config, workers: int) -> None:
