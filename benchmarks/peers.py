@@ -28,7 +28,7 @@ through Nessie's API; never loaded), so every measure is taken in a lake of N mo
 without an hour of creates per catalog. icebarrier runs twice: through ``latest`` and through
 ``read-committed`` (every load pinned at the client's session moment, 16 reader tokens rotated);
 for each, from its processes' ``/metrics``, their garbage-collector pauses and their own loads of
-10 ms or more while ``wrk`` loaded: where a load p99 comes from.
+10 ms or more while ``wrk`` measured (after its warm-up): where a load p99 comes from.
 It prints one table, peer × measure, and each peer ÷ icebarrier.
 """
 
@@ -258,8 +258,9 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def measure_loads(target: Target, args, work: Path) -> dict[str, float]:
+def measure_loads(target: Target, args, work: Path, warmed: Callable[[], None] = lambda: None) -> dict[str, float]:
     wrk(target, args.tables, clients=4, seconds=3, work=work)  # warm: JIT, caches, pinned files
+    warmed()
     one = wrk(target, args.tables, clients=1, seconds=args.seconds, work=work)
     four = wrk(target, args.tables, clients=4, seconds=args.seconds, work=work)
     sixteen = wrk(target, args.tables, clients=16, seconds=args.seconds, work=work)
@@ -486,8 +487,12 @@ def icebarrier(args, dsn: str, work: Path) -> tuple[dict[str, float], dict[str, 
         loads = {}
         for warehouse in ("latest", "read-committed"):
             target = Target("icebarrier", uri, {}, f"/v1/{warehouse}/namespaces/bench/tables/{{table}}", access)
-            before = server_histograms(uri, access[0], args.workers)
-            loads[warehouse] = measure_loads(target, args, work)
+            before = []  # once warm: the measured windows only
+
+            def warmed(before=before) -> None:
+                before += server_histograms(uri, access[0], args.workers)
+
+            loads[warehouse] = measure_loads(target, args, work, warmed)
             loads[warehouse] |= slow_between(before, server_histograms(uri, access[0], args.workers))
         return measures, loads["latest"], loads["read-committed"]
     finally:

@@ -29,7 +29,11 @@ Why an answer from memory is the database's answer at the time the load came:
   still the sessions' and memory keeps them another tenth of the interval from when it asked.
   A client loading without pause never waits for the database (before, it went there ten
   times a second), and the database still knows its last load within a twentieth of the quiet
-  interval (plus the statement's time).
+  interval (plus the statement's time). Touches start a twentieth apart whatever each took; a
+  load whose moment's time ran out while a touch carrying it is out waits for that touch's
+  answer instead of asking the database (which would answer no sooner: a slow touch otherwise
+  sent every session's next load to write its session at once, up to half a second each under
+  16 clients). A moment's time is judged as when its load came, not after the catch-up.
 - A load's answer is kept only if no notice came while its statement ran: a notice that
   overtook the answer would otherwise be undone by it (one generation counter).
 - Without a listening connection nothing is kept or answered from memory; when one connects
@@ -112,6 +116,7 @@ class LoadCache:
         self._moments: dict[_Session, tuple[int, float]] = {}  # B, until
         self._lists: dict[tuple[str, str], Listed] = {}  # (catalog, namespace): its names, as listed
         self._used: dict[_Session, float] = {}  # the moments given since the last touch: when last
+        self._touching: tuple[dict[_Session, int], asyncio.Future] | None = None  # a touch out: its moments
         self._generation = 0
         # Catching up (:meth:`_readable`): the catch-ups sent and not answered yet, oldest first,
         # each the loads that wait for it; the loads that wait for the next one (sent at the end
@@ -137,14 +142,34 @@ class LoadCache:
         if query.mode not in MODES or query.job is not None:
             return None
         state = None
-        if self.live and self._recall(query, time.monotonic()) is not None and await self._caught_up():
-            state = self._recall(query, time.monotonic())  # as it is after the catch-up
+        came = time.monotonic()
+        if self.live and self._recall(query, came) is None and self._touching_moment_of(query):
+            await self._touched()  # what the database says of the moment: kept another tenth, or ended
+            came = time.monotonic()
+        if self.live and self._recall(query, came) is not None and await self._caught_up():
+            state = self._recall(query, came)  # as it is after the catch-up, a moment's time as when it came
         if state is None:
             self.misses += 1
         else:
             self.hits += 1
             self._used_moment(query, time.monotonic())
         return state
+
+    def _touching_moment_of(self, query: LoadQuery) -> bool:
+        """Whether the touch out now carries the session's moment, which memory still holds: its
+        time ran out while the touch was out (a slow database). The load waits for the touch's
+        answer rather than asking the database itself: what it asks would be answered no sooner,
+        and every session's loads would ask at once."""
+        if self._touching is None or query.mode != "read-committed" or query.hashed_token is None:
+            return False
+        key = (query.hashed_token, query.scope)
+        kept = self._moments.get(key)
+        return kept is not None and self._touching[0].get(key) == kept[0]
+
+    async def _touched(self) -> None:
+        assert self._touching is not None
+        with suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._touching[1]), CATCH_UP_S)
 
     def _used_moment(self, query: LoadQuery, now: float) -> None:
         """A read-committed load was given its session's moment at ``now``: the next touch says so."""
@@ -298,32 +323,45 @@ class LoadCache:
         statement: the database writes each session's last use (never earlier than it has it)
         where the session's moment is still the one given; memory keeps those moments another
         tenth of the quiet interval from when it asked, and forgets the others (their next load
-        asks the database). A statement that fails leaves the moments to end at their time."""
-        while True:
-            await asyncio.sleep(max(self._quiet_s / 20, TOUCH_MIN_S))
+        asks the database). A statement that fails leaves the moments to end at their time. A
+        load whose moment's time ends while the touch is out waits for its answer
+        (:meth:`_touching_moment_of`)."""
+        period_s = max(self._quiet_s / 20, TOUCH_MIN_S)
+        started = time.monotonic()
+        while True:  # a period from one touch's start to the next: a slow statement delays none after it
+            await asyncio.sleep(max(0.0, started + period_s - time.monotonic()))
+            started = time.monotonic()
             used, self._used = self._used, {}
             given = {key: self._moments[key][0] for key in used if key in self._moments}
             if not given or not self.live:
                 continue
+            self._touching = (given, asyncio.get_running_loop().create_future())
             try:
-                async with pool.connection() as conn:
-                    asked_at = time.monotonic()  # with a connection: the database's time is about now
-                    ago = [asked_at - used[key] for key in given]
-                    arrays = ([key[0] for key in given], [key[1] for key in given], list(given.values()), ago)
-                    confirmed = {
-                        (r["token_hash"], r["scope"]) for r in await (await conn.execute(_TOUCH, arrays)).fetchall()
-                    }
-            except psycopg.Error:
-                continue
-            self.touches += 1
-            for key, barrier in given.items():
-                kept = self._moments.get(key)
-                if kept is None or kept[0] != barrier:
-                    continue  # memory has moved on since it asked
-                if key in confirmed:
-                    self._moments[key] = (barrier, max(kept[1], asked_at + self._quiet_s / 10))
-                else:
-                    del self._moments[key]
+                await self._touch(pool, given, used)
+            finally:
+                touching, self._touching = self._touching, None
+                touching[1].set_result(None)
+
+    async def _touch(self, pool, given: dict[_Session, int], used: dict[_Session, float]) -> None:
+        try:
+            async with pool.connection() as conn:
+                asked_at = time.monotonic()  # with a connection: the database's time is about now
+                ago = [asked_at - used[key] for key in given]
+                arrays = ([key[0] for key in given], [key[1] for key in given], list(given.values()), ago)
+                confirmed = {
+                    (r["token_hash"], r["scope"]) for r in await (await conn.execute(_TOUCH, arrays)).fetchall()
+                }
+        except psycopg.Error:
+            return
+        self.touches += 1
+        for key, barrier in given.items():
+            kept = self._moments.get(key)
+            if kept is None or kept[0] != barrier:
+                continue  # memory has moved on since it asked
+            if key in confirmed:
+                self._moments[key] = (barrier, max(kept[1], asked_at + self._quiet_s / 10))
+            else:
+                del self._moments[key]
 
     async def _listen(self) -> None:
         """Listen, and keep listening: memory is used only while a connection listens."""

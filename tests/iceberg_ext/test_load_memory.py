@@ -190,6 +190,43 @@ def test_a_session_loading_without_pause_stays_in_memory_and_the_database_knows_
     assert "Traceback" not in err, err[-3000:]
 
 
+def test_a_session_whose_touches_are_slow_waits_for_them_and_never_asks_the_database(lake):
+    """Every touch answered 0.8 s late (Postgres' function made to sleep first): longer than the
+    margin memory keeps a moment past a touch's start, shorter than a catch-up's longest wait. A
+    session loading without pause for 5 s is still answered by memory, every load: one whose
+    moment's time ran out while a touch carrying it was out waits for the touch, which keeps the
+    moment. (Before, each such load asked the database, and under 16 clients their writes of
+    the session queued behind one another for up to half a second.)"""
+    p = Pipeline(lake, {"ingest": ["orders"]})
+    p.advance()
+    touch = "session_touch(text[], text[], bigint[], double precision[])"
+    lake.conn.execute(f"ALTER FUNCTION {touch} RENAME TO session_touch_at_once")
+    lake.conn.execute(
+        """CREATE FUNCTION session_touch(a text[], b text[], c bigint[], d double precision[])
+        RETURNS TABLE (token_hash text, scope text) LANGUAGE plpgsql AS $$
+        BEGIN PERFORM pg_sleep(0.8); RETURN QUERY SELECT * FROM session_touch_at_once(a, b, c, d); END $$"""
+    )
+    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
+    proc, server = start_server(lake, "--session-quiet", "10s")  # a moment held 1 s, touched every 0.5 s
+    try:
+        headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
+        path = f"read-committed/namespaces/{lake.namespace}/tables/orders"
+        _from_memory(server, path, headers, 1)
+        before = _answered(server, headers)
+        deadline = time.monotonic() + 5
+        loads = 0
+        while time.monotonic() < deadline:
+            assert _snapshots(server, path, headers) == 1
+            loads += 1
+        after = _answered(server, headers)
+        assert after["database"] == before["database"], (before, after)
+        assert after["memory"] - before["memory"] == loads
+        assert scrape(server, headers)[("icebarrier_catalog_moment_touches_total", ())] >= 3
+    finally:
+        err = stop_server(proc)
+    assert "Traceback" not in err, err[-3000:]
+
+
 def test_memory_is_dropped_while_its_listener_is_cut_off(lake, server):
     """The listening connection killed: memory is off at once (a write meanwhile is seen), then
     on again, empty, once it listens again."""
