@@ -158,19 +158,31 @@ def test_read_committed_moves_on_after_a_quiet_moment_with_memory(lake):
     assert "Traceback" not in err, err[-3000:]
 
 
+@contextlib.contextmanager
+def _session_in_memory(lake) -> Iterator[tuple[Pipeline, str, str, dict, str]]:
+    """``orders`` at one barrier, a server that holds a read-committed moment 1 s past each touch
+    (touched every 0.5 s), and a reader's session whose moment memory holds: the pipeline, the
+    reader's id, the server, the reader's headers and the table's path. No traceback."""
+    p = Pipeline(lake, {"ingest": ["orders"]})
+    p.advance()
+    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
+    proc, server = start_server(lake, "--session-quiet", "10s")
+    try:
+        headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
+        path = f"read-committed/namespaces/{lake.namespace}/tables/orders"
+        _from_memory(server, path, headers, 1)
+        yield p, rid, server, headers, path
+    finally:
+        err = stop_server(proc)
+    assert "Traceback" not in err, err[-3000:]
+
+
 def test_a_session_loading_without_pause_stays_in_memory_and_the_database_knows_its_last_load(lake):
     """A read-committed session loading without pause for five times as long as memory holds a
     moment it asked for (a tenth of the quiet interval) is not answered by the database: memory's
     touches (every twentieth of the interval, one statement) keep the moment, and write the
     session's last load, so the database would keep the moment for it too."""
-    p = Pipeline(lake, {"ingest": ["orders"]})
-    p.advance()
-    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
-    proc, server = start_server(lake, "--session-quiet", "10s")  # a moment held 1 s, touched every 0.5 s
-    try:
-        headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
-        path = f"read-committed/namespaces/{lake.namespace}/tables/orders"
-        _from_memory(server, path, headers, 1)
+    with _session_in_memory(lake) as (p, rid, server, headers, path):
         before = _answered(server, headers)["database"]
         mark = lake.conn.execute("SELECT clock_timestamp() AS t").fetchone()["t"]
         p.advance()  # a newer cut: the session keeps its moment
@@ -185,9 +197,6 @@ def test_a_session_loading_without_pause_stays_in_memory_and_the_database_knows_
             time.sleep(0.05)
         samples = scrape(server, headers)
         assert samples[("icebarrier_catalog_moment_touches_total", ())] > 0
-    finally:
-        err = stop_server(proc)
-    assert "Traceback" not in err, err[-3000:]
 
 
 def test_a_session_whose_touches_are_slow_waits_for_them_and_never_asks_the_database(lake):
@@ -197,8 +206,6 @@ def test_a_session_whose_touches_are_slow_waits_for_them_and_never_asks_the_data
     moment's time ran out while a touch carrying it was out waits for the touch, which keeps the
     moment. (Before, each such load asked the database, and under 16 clients their writes of
     the session queued behind one another for up to half a second.)"""
-    p = Pipeline(lake, {"ingest": ["orders"]})
-    p.advance()
     touch = "session_touch(text[], text[], bigint[], double precision[])"
     lake.conn.execute(f"ALTER FUNCTION {touch} RENAME TO session_touch_at_once")
     lake.conn.execute(
@@ -206,12 +213,7 @@ def test_a_session_whose_touches_are_slow_waits_for_them_and_never_asks_the_data
         RETURNS TABLE (token_hash text, scope text) LANGUAGE plpgsql AS $$
         BEGIN PERFORM pg_sleep(0.8); RETURN QUERY SELECT * FROM session_touch_at_once(a, b, c, d); END $$"""
     )
-    rid, rsecret = tokens.create(lake.conn, whole_lake=True)
-    proc, server = start_server(lake, "--session-quiet", "10s")  # a moment held 1 s, touched every 0.5 s
-    try:
-        headers = {"Authorization": f"Bearer {access_token(server, rid, rsecret)}"}
-        path = f"read-committed/namespaces/{lake.namespace}/tables/orders"
-        _from_memory(server, path, headers, 1)
+    with _session_in_memory(lake) as (_, _, server, headers, path):
         before = _answered(server, headers)
         deadline = time.monotonic() + 5
         loads = 0
@@ -222,9 +224,6 @@ def test_a_session_whose_touches_are_slow_waits_for_them_and_never_asks_the_data
         assert after["database"] == before["database"], (before, after)
         assert after["memory"] - before["memory"] == loads
         assert scrape(server, headers)[("icebarrier_catalog_moment_touches_total", ())] >= 3
-    finally:
-        err = stop_server(proc)
-    assert "Traceback" not in err, err[-3000:]
 
 
 def test_memory_is_dropped_while_its_listener_is_cut_off(lake, server):
